@@ -1,0 +1,35 @@
+"""Errors raised by gna_interp. Each message says what was wrong and what to do."""
+
+from __future__ import annotations
+
+
+class GnaError(Exception):
+    """Base class of every gna_interp error."""
+
+
+class UnknownModelError(GnaError, ValueError):
+    """A model spec that is neither an alias, a path, a zoo name nor a hub id."""
+
+
+class ModelPathError(GnaError, FileNotFoundError):
+    """A spec that names a local path which does not exist or is not a model."""
+
+
+class ModelUnavailableError(GnaError, OSError):
+    """A hub id that cannot be fetched (no network, no such repo)."""
+
+
+class GGUFError(GnaError, ValueError):
+    """A `.gguf` file that cannot be read as a causal language model."""
+
+
+class UnsupportedArchitectureError(GnaError, ValueError):
+    """An architecture that TransformerLens's bridge (or gna_interp) does not support."""
+
+
+class HeadError(GnaError, ValueError):
+    """A head name that does not parse, or a head that the model does not have."""
+
+
+class InputError(GnaError, ValueError):
+    """A prompt or tensor that cannot be fed to the model as given."""

