@@ -153,6 +153,28 @@ def _gguf_cache_key(path: Path) -> str:
     return f"{path.stem}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
 
 
+def _check_gguf_has_model(path: Path) -> None:
+    """Read the GGUF header (memory-mapped) and refuse files without an architecture or weights.
+
+    Without this check transformers would build the architecture's *default* config for a
+    metadata-only file (a 7B Llama) and run out of memory before saying anything useful.
+    """
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:
+        raise GGUFError(f"{str(path)!r} is not a readable GGUF file: {type(e).__name__}: {e}") from e
+    names = {t.name for t in reader.tensors}
+    arch_field = reader.fields.get("general.architecture")
+    if arch_field is None or not names or "token_embd.weight" not in names:
+        raise GGUFError(
+            f"{str(path)!r} is a GGUF file but holds no language model: "
+            f"{len(names)} tensors, architecture field {'present' if arch_field else 'missing'}, "
+            f"no 'token_embd.weight'. Pass a GGUF export of a causal LM (e.g. a llama.cpp model file)."
+        )
+
+
 def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     """Dequantise a `.gguf` file into a cached Hugging Face directory and return that directory.
 
@@ -166,6 +188,7 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     target = cache_dir() / "gguf" / _gguf_cache_key(path)
     if (target / "config.json").is_file() and not refresh:
         return target
+    _check_gguf_has_model(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

@@ -1,0 +1,229 @@
+"""Loading every family through the bridge: parity with plain Hugging Face, head layout, patterns, errors."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from gna_interp import HeadRef, load_model, patterns
+from gna_interp.errors import (
+    GGUFError,
+    HeadError,
+    InputError,
+    ModelPathError,
+    ModelUnavailableError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+)
+from gna_interp.models import loading
+from gna_interp.models.tiny import byte_tokenizer
+
+PROMPTS = ["Memorize the following dictionary:\nscallops:84\nriver:7\nThe value of the key 'river' is", "apple:3\n"]
+
+
+def expected_heads(fam: str, cfg) -> dict[str, int]:
+    """Head counts by kind, derived from the HF config independently of gna_interp's detection."""
+    if fam == "llama":
+        return {"attn": cfg.num_hidden_layers * cfg.num_attention_heads}
+    if fam == "mamba":
+        return {"ssm1": cfg.num_hidden_layers * cfg.intermediate_size}
+    if fam == "mamba2":
+        return {"ssm2": cfg.num_hidden_layers * cfg.num_heads}
+    if fam == "bamba":
+        n_attn = len(cfg.attn_layer_indices)
+        return {"attn": n_attn * cfg.num_attention_heads,
+                "ssm2": (cfg.num_hidden_layers - n_attn) * cfg.mamba_n_heads}
+    if fam == "jamba":
+        n_attn = sum(cfg.layers_block_type[i] == "attention" for i in range(cfg.num_hidden_layers))
+        return {"attn": n_attn * cfg.num_attention_heads,
+                "ssm1": (cfg.num_hidden_layers - n_attn) * cfg.mamba_expand * cfg.hidden_size}
+    raise AssertionError(fam)
+
+
+@pytest.mark.parametrize("fam", ["llama", "mamba", "mamba2", "bamba", "jamba"])
+def test_bridge_logits_equal_plain_hf(fam, tiny_dirs, tiny_models):
+    model = tiny_models[fam]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dirs[fam], attn_implementation="eager").eval()
+    batch = model.tokenize(PROMPTS[0])
+    with torch.no_grad():
+        ref = hf(batch.ids).logits
+    got = model.forward(batch)
+    assert got.shape == ref.shape
+    assert (got - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("fam", ["llama", "mamba", "mamba2", "bamba", "jamba"])
+def test_head_counts_match_config(fam, tiny_models):
+    model = tiny_models[fam]
+    counts: dict[str, int] = {}
+    for h in model.heads():
+        counts[h.kind] = counts.get(h.kind, 0) + 1
+    assert counts == expected_heads(fam, model.hf_model.config)
+    assert model.unsupported() == []
+    names = [h.name for h in model.heads()]
+    assert len(set(names)) == len(names)
+    assert all(model.check_head(n) == HeadRef.parse(n) for n in names[:5])
+
+
+def test_gqa_layout(tiny_models):
+    spec = tiny_models["llama"].layer_spec(0, "attn")
+    cfg = tiny_models["llama"].hf_model.config
+    assert (spec.n_heads, spec.n_groups, spec.head_dim) == (cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                           cfg.hidden_size // cfg.num_attention_heads)
+
+
+def test_hybrid_layer_kinds(tiny_models):
+    assert tiny_models["bamba"].layer_kinds() == ["ssm2", "attn", "ssm2"]
+    assert tiny_models["jamba"].layer_kinds() == ["ssm1", "attn", "ssm1"]
+
+
+def test_channel_groups(tiny_models):
+    model = tiny_models["mamba"]
+    d_inner = model.hf_model.config.intermediate_size
+    groups = model.heads(channel_group=24)
+    per_layer = [g for g in groups if g.layer == 0]
+    assert sum(g.width for g in per_layer) == d_inner
+    assert per_layer[-1].width == d_inner - 24 * (len(per_layer) - 1)
+    assert model.check_head(per_layer[-1]) == per_layer[-1]
+
+
+@pytest.mark.parametrize("fam", ["llama", "bamba", "jamba"])
+def test_attention_patterns_rows_sum_to_one_and_are_causal(fam, tiny_models):
+    model = tiny_models[fam]
+    ps = patterns(model, PROMPTS[0], heads=model.heads(kind="attn"))
+    pat = ps.stack()
+    assert pat.shape[1] == len(model.heads(kind="attn"))
+    torch.testing.assert_close(pat.sum(-1), torch.ones(pat.shape[:-1]), atol=1e-5, rtol=0)
+    assert torch.triu(pat, diagonal=1).abs().max() == 0
+
+
+@pytest.mark.parametrize("fam", ["llama", "bamba"])
+def test_patterns_under_left_padding_equal_unpadded(fam, tiny_models):
+    model = tiny_models[fam]
+    heads = model.heads(kind="attn")
+    padded = patterns(model, PROMPTS, heads=heads)
+    assert padded.batch.padded
+    alone = patterns(model, PROMPTS[1], heads=heads)
+    short = padded.sample(1)
+    torch.testing.assert_close(short, alone.sample(0), atol=1e-5, rtol=1e-4)
+    assert padded.str_tokens[1] == alone.str_tokens[0]
+    # padding rows and columns carry no weight
+    pad = ~padded.batch.attention_mask[1].bool()
+    assert padded.stack()[1][:, pad].abs().max() == 0 and padded.stack()[1][:, :, pad].abs().max() == 0
+
+
+@pytest.mark.parametrize("fam", ["llama", "mamba", "mamba2", "bamba"])
+def test_left_padded_logits_equal_unpadded(fam, tiny_models):
+    model = tiny_models[fam]
+    batch = model.tokenize(PROMPTS)
+    n = int(batch.attention_mask[1].sum())
+    padded = model.forward(batch)[1, -n:]
+    alone = model.forward(PROMPTS[1])[0]
+    assert (padded - alone).abs().max().item() <= 1e-4
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+def test_unknown_spec():
+    with pytest.raises(UnknownModelError, match="unknown model spec 'not a model!'"):
+        load_model("not a model!")
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(ModelPathError, match="no such file or directory"):
+        load_model(tmp_path / "absent")
+    with pytest.raises(ModelPathError, match="no such file"):
+        load_model("./nowhere/model.gguf")
+    with pytest.raises(ModelPathError, match="without config.json"):
+        load_model(tmp_path)
+
+
+def test_unknown_zoo_model():
+    with pytest.raises(UnknownModelError, match="zoo model 'nope'"):
+        load_model("zoo:nope")
+
+
+def test_hub_id_offline_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(loading, "_hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(ModelUnavailableError, match="local Hugging Face directory or a .gguf"):
+        load_model("someorg/some-model")
+
+
+def test_corrupt_gguf(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"this is not a gguf file at all" * 10)
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        load_model(bad)
+
+
+def test_gguf_without_a_model(tmp_path, monkeypatch):
+    import gguf
+
+    monkeypatch.setenv("GNA_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "meta_only.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_string("general.name", "metadata only")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert path.read_bytes()[:4] == b"GGUF"
+    with pytest.raises(GGUFError, match="holds no language model"):
+        load_model(path)
+
+
+def test_unsupported_architecture(tmp_path):
+    from transformers import BioGptConfig, BioGptForCausalLM
+
+    BioGptForCausalLM(BioGptConfig(vocab_size=300, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=64)).save_pretrained(tmp_path)
+    byte_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedArchitectureError, match="BioGptForCausalLM"):
+        load_model(tmp_path)
+
+
+def test_unsupported_mixers_are_reported_not_dropped(tmp_path):
+    from transformers import Lfm2Config, Lfm2ForCausalLM, RwkvConfig, RwkvForCausalLM
+
+    RwkvForCausalLM(RwkvConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                               intermediate_size=64, context_length=64)).save_pretrained(tmp_path / "rwkv")
+    Lfm2ForCausalLM(Lfm2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2,
+                               layer_types=["conv", "full_attention"])).save_pretrained(tmp_path / "lfm2")
+    for d in ("rwkv", "lfm2"):
+        byte_tokenizer().save_pretrained(tmp_path / d)
+    rwkv = load_model(tmp_path / "rwkv")
+    assert rwkv.layer_kinds() == ["unsupported", "unsupported"]
+    assert {s.hf_class for s in rwkv.unsupported()} == {"RwkvSelfAttention"}
+    assert rwkv.heads() == []
+    lfm2 = load_model(tmp_path / "lfm2")
+    assert lfm2.layer_kinds() == ["unsupported", "attn"]
+    assert [h.name for h in lfm2.heads()] == [f"L1H{i}" for i in range(4)]
+    with pytest.raises(HeadError, match="no 'attn' mixer"):
+        lfm2.check_head("L0H0")
+
+
+def test_head_out_of_range(tiny_models):
+    model = tiny_models["bamba"]
+    with pytest.raises(HeadError, match="L1H4 is out of range: layer 1 .* has 4 query heads"):
+        model.check_head("L1H4")
+    with pytest.raises(HeadError, match="layer 7 is out of range"):
+        model.check_head("L7H0")
+    with pytest.raises(HeadError, match="layer 0 .* has no 'attn' mixer"):
+        model.check_head("L0H0")
+    with pytest.raises(HeadError, match="malformed head name"):
+        model.check_heads("L1H0,oops")
+    with pytest.raises(HeadError, match="out of range"):
+        patterns(model, "hi", heads=["L1H9"])
+
+
+def test_prompt_longer_than_context(tiny_models):
+    model = tiny_models["llama"]
+    with pytest.raises(InputError, match=f"context of {model.n_ctx} tokens"):
+        model.tokenize("x" * (model.n_ctx + 1))
+    with pytest.raises(InputError, match="no prompt"):
+        model.tokenize([])
