@@ -92,10 +92,24 @@ class PatternSet:
         return pat[:, keep][:, :, keep]
 
 
+DEFAULT_SSM1_GROUPS = 16
+
+
+def default_heads(model: Model) -> list[HeadRef]:
+    """Heads shown when none are named: every attention and Mamba-2 head; a Mamba-1 layer (thousands
+    of channels) as ``DEFAULT_SSM1_GROUPS`` equal channel groups rather than one matrix per channel."""
+    out = [h for h in model.heads() if h.kind in PROVIDERS and h.kind != "ssm1"]
+    for spec in model.layers:
+        if spec.kind == "ssm1" and "ssm1" in PROVIDERS:
+            width = -(-spec.n_heads // DEFAULT_SSM1_GROUPS)
+            out.extend(model.heads(kind="ssm1", channel_group=width, layers=[spec.layer]))
+    return sorted(out, key=lambda h: h.layer)
+
+
 def patterns(model: Model, inputs: str | Sequence[str] | Tensor | TokenBatch,
              heads: str | HeadRef | Sequence[str | HeadRef] | None = None,
              **options: Any) -> PatternSet:
-    """Per-head patterns ``[batch, q, k]`` for ``heads`` (default: every head whose kind has a provider).
+    """Per-head patterns ``[batch, q, k]`` for ``heads`` (default: :func:`default_heads`).
 
     One forward with only the needed hooks cached. Left padding is handled through the attention
     mask: the patterns of real tokens equal those of the unpadded prompt. Extra ``options`` go to
@@ -103,8 +117,7 @@ def patterns(model: Model, inputs: str | Sequence[str] | Tensor | TokenBatch,
     """
     batch = model.as_batch(inputs)
     if heads is None:
-        wanted = [h for h in model.heads() if h.kind in PROVIDERS and h.kind != "ssm1"] or \
-                 [h for h in model.heads() if h.kind in PROVIDERS]
+        wanted = default_heads(model)
     else:
         wanted = model.check_heads(heads)  # type: ignore[arg-type]
     missing = sorted({h.kind for h in wanted if h.kind not in PROVIDERS})
