@@ -10,7 +10,9 @@ import torch
 from gna_interp.models.loading import smollm2_gguf_path
 from gna_interp.models.tiny import FAMILIES, build_tiny
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# One thread: the tiny test models are too small to gain from more, and a shared or loaded
+# machine makes multi-threaded small ops many times slower.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,49 @@
+"""Tasks that G&A discovery runs on, segment annotation, and scoring from shared forwards.
+
+The task interface (what circuit code consumes)
+------------------------------------------------
+A :class:`Task` is a ``name`` plus an immutable tuple of :class:`Sample`; it is built without a model,
+so the same seed gives the same prompts everywhere. A :class:`Sample` holds:
+
+- ``prompt`` -- the text; the scored prediction is the one made at its last token;
+- ``candidates`` -- the continuations to compare (``" 42"``, ``" B"``), ``gold`` -- the right one's index;
+- ``spans`` -- tokenizer-free character spans of the prompt's lines/options and of its query;
+- ``cue_start`` -- where the answer cue begins (what a chat template leaves in the reply);
+- ``meta`` -- task facts (key, value, depth, subject, ...), copied into result tables.
+
+``sample.segments(tokenizer)`` / ``task.segments(tokenizer)`` map the spans onto token positions
+(:class:`Segments`): ``items[i]`` (a :class:`Span`, with ``.summary`` = last token, e.g. the newline),
+``query``, ``final``. For KV retrieval and letter-format multiple choice, ``candidates[i]`` belongs to
+``items[i]``, so the Aggregate head's target is ``items[gold].summary`` seen from ``final``.
+
+Scoring: :func:`evaluate` (or :func:`plan_scoring` once + :func:`run_plan` many times, e.g. under
+ablation hooks) scores every candidate by the summed log-prob of its tokens (the official scorer),
+from batched forwards rather than one per candidate: attention-only models run each prompt once and
+continue the candidates from its KV cache; SSMs and hybrids batch full teacher-forced rows. Hooks
+that need positions are given as a callable ``Chunk -> hooks`` (full rows, pad offsets per row).
+Results are :class:`CandidateScores` (accuracy, logit difference gold minus best other, gold
+probability, a per-sample DataFrame).
+
+Tasks: :class:`KVRetrieval` (official and completion templates), :class:`MultipleChoice` (MMLU format;
+letters or cloze; hub, local file or synthetic questions; optional chat template).
+"""
+
+from gna_interp.tasks.base import Sample, Task
+from gna_interp.tasks.evaluate import Evaluation, evaluate
+from gna_interp.tasks.kv import PAPER_SIZES, KVRetrieval
+from gna_interp.tasks.mmlu import MultipleChoice, Question, file_questions, hub_questions, synthetic_questions
+from gna_interp.tasks.scoring import (
+    CandidateScores,
+    Chunk,
+    ScoringPlan,
+    plan_scoring,
+    run_plan,
+    score_candidates,
+)
+from gna_interp.tasks.segments import CharSegments, Segments, Span, TextBuilder, annotate
+from gna_interp.tasks.words import word_list
+
+__all__ = ["PAPER_SIZES", "CandidateScores", "CharSegments", "Chunk", "Evaluation", "KVRetrieval",
+           "MultipleChoice", "Question", "Sample", "ScoringPlan", "Segments", "Span", "Task", "TextBuilder",
+           "annotate", "evaluate", "file_questions", "hub_questions", "plan_scoring", "run_plan",
+           "score_candidates", "synthetic_questions", "word_list"]

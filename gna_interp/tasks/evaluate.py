@@ -1,0 +1,66 @@
+"""`evaluate(model, task)`: score a task's candidates and summarise, with a progress bar."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+from gna_interp.models.model import Model
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.scoring import CandidateScores, Hooks, Method, ScoringPlan, plan_scoring, run_plan
+
+
+@dataclass
+class Evaluation:
+    """Result of :func:`evaluate`: metrics, the per-sample table and the raw candidate scores."""
+
+    task: str
+    scores: CandidateScores
+    seconds: float
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """``accuracy, logit_diff, gold_prob, chance, n_samples, n_forwards, seconds``."""
+        return {**self.scores.metrics(), "n_forwards": self.scores.n_forwards, "seconds": self.seconds}
+
+    @property
+    def accuracy(self) -> float:
+        return self.metrics["accuracy"]
+
+    @property
+    def logit_diff(self) -> float:
+        return self.metrics["logit_diff"]
+
+    @property
+    def gold_prob(self) -> float:
+        return self.metrics["gold_prob"]
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """Per-sample table (see :meth:`CandidateScores.to_frame`)."""
+        return self.scores.to_frame()
+
+    def __repr__(self) -> str:
+        m = self.metrics
+        return (f"Evaluation({self.task!r}: accuracy={m['accuracy']:.3f} (chance {m['chance']:.3f}), "
+                f"logit_diff={m['logit_diff']:.3f}, gold_prob={m['gold_prob']:.3f}, n={m['n_samples']}, "
+                f"{m['n_forwards']} forwards, {m['seconds']:.1f}s)")
+
+
+def evaluate(model: Model, task: Task | ScoringPlan, batch_size: int = 16, method: Method = "auto",
+             fwd_hooks: Hooks = (), progress: bool = True, share_prefix: bool | None = None) -> Evaluation:
+    """Score every sample of ``task`` on ``model`` (CPU or GPU, wherever the model lives).
+
+    ``batch_size`` is the number of sequences per forward pass; ``share_prefix`` (default: on for
+    attention-only models) runs each prompt once and continues the candidates from its cache.
+    Pass a :class:`ScoringPlan` (from :func:`plan_scoring`) instead of a task to skip re-tokenizing
+    when evaluating many times, e.g. under different ablations given as ``fwd_hooks``.
+    """
+    plan = task if isinstance(task, ScoringPlan) else plan_scoring(model, task.samples, method)
+    name = getattr(task, "name", "samples")
+    start = time.perf_counter()
+    scores = run_plan(model, plan, batch_size, fwd_hooks, progress, desc=f"evaluate {name}",
+                      share_prefix=share_prefix)
+    return Evaluation(name, scores, time.perf_counter() - start)

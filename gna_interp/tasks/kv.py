@@ -1,0 +1,89 @@
+"""KV-retrieval (Bick, Xing & Gu 2025): find the value of one key in an in-context dictionary.
+
+Official template::
+
+    Memorize the following dictionary:
+    apple:42
+    river:7
+    ...
+    The value of the key 'river' is            -> candidates " 42", " 7", ... (gold " 7")
+
+Completion template: the same dictionary, then ``river:`` -> candidates ``"42\\n"``, ``"7\\n"``, ...
+Candidates are the dictionary's values in line order, so ``candidates[i]`` belongs to line ``i``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+from gna_interp.errors import InputError
+from gna_interp.tasks.base import Sample, Task
+from gna_interp.tasks.seeding import StableRng
+from gna_interp.tasks.segments import CharSegments, TextBuilder
+from gna_interp.tasks.words import word_list
+
+Template = Literal["official", "completion"]
+TEMPLATES: tuple[str, ...] = ("official", "completion")
+HEADER = "Memorize the following dictionary:\n"
+PAPER_SIZES: tuple[int, ...] = (10, 15, 20, 25, 30, 35, 40, 45, 50)
+# What follows a value in each template's candidates. The official scorer sums the log-probs of
+# " 42": when digits are split into tokens, " 4" is then a prefix of " 42" and always scores at least
+# as high, a bias of the official protocol that we keep for fidelity. The completion template ends
+# each candidate with the line's newline, so no candidate is a prefix of another.
+DEFAULT_VALUE_SUFFIX = {"official": "", "completion": "\n"}
+
+
+class KVRetrieval(Task):
+    """``n_samples`` dictionaries of ``n_pairs`` ``key:value`` lines with one key queried.
+
+    Keys are distinct words from the shipped list (or ``words``), values distinct integers
+    ``0..max_value``, the queried line uniform over positions. Seeded with :class:`StableRng`: the same
+    arguments give the same prompts on every machine. ``value_suffix`` overrides what follows each
+    value in the candidates (default: ``""`` for ``official``, ``"\\n"`` for ``completion``).
+    """
+
+    def __init__(self, n_pairs: int = 10, n_samples: int = 64, seed: int = 0, template: Template = "official",
+                 max_value: int = 99, words: Sequence[str] | None = None, value_suffix: str | None = None) -> None:
+        if template not in TEMPLATES:
+            raise InputError(f"unknown KV template {template!r}; choose one of {TEMPLATES}")
+        keys = tuple(dict.fromkeys(words)) if words is not None else word_list()
+        if n_pairs < 1 or n_samples < 1:
+            raise InputError(f"n_pairs and n_samples must be >= 1, got n_pairs={n_pairs}, n_samples={n_samples}")
+        if max_value < 0:
+            raise InputError(f"max_value must be >= 0, got {max_value}")
+        if n_pairs > max_value + 1:
+            raise InputError(
+                f"n_pairs={n_pairs} needs {n_pairs} distinct values but values are the integers 0..{max_value} "
+                f"({max_value + 1} distinct); lower n_pairs or raise max_value"
+            )
+        if n_pairs > len(keys):
+            raise InputError(f"n_pairs={n_pairs} needs {n_pairs} distinct keys but the word list has {len(keys)}; "
+                             f"lower n_pairs or pass a longer `words` list")
+        bad = [w for w in keys if not w or any(c in w for c in ":\n'")]
+        if bad:
+            raise InputError(f"keys may not be empty or contain ':', newlines or quotes: {bad[:5]}")
+        self.n_pairs, self.seed, self.template, self.max_value = n_pairs, seed, template, max_value
+        self.value_suffix = DEFAULT_VALUE_SUFFIX[template] if value_suffix is None else value_suffix
+        samples = [self._sample(i, keys) for i in range(n_samples)]
+        super().__init__(f"kv{n_pairs}-{template}", samples)
+
+    def _sample(self, i: int, keys: Sequence[str]) -> Sample:
+        rng = StableRng("kv", self.seed, i)
+        ks = rng.sample(keys, self.n_pairs)
+        vs = rng.sample(range(self.max_value + 1), self.n_pairs)
+        q = rng.below(self.n_pairs)
+        b = TextBuilder()
+        b.add(HEADER)
+        lines = [b.add(f"{k}:{v}\n") for k, v in zip(ks, vs)]
+        cue_start = b.position
+        if self.template == "official":
+            b.add("The value of the key '")
+            query = b.add(ks[q])
+            b.add("' is")
+            cands = tuple(f" {v}{self.value_suffix}" for v in vs)
+        else:
+            query = b.add(ks[q])
+            b.add(":")
+            cands = tuple(f"{v}{self.value_suffix}" for v in vs)
+        return Sample(b.text, cands, q, CharSegments(tuple(lines), query), cue_start,
+                      {"n_pairs": self.n_pairs, "key": ks[q], "value": vs[q], "depth": q, "template": self.template})

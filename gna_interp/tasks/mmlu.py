@@ -1,0 +1,215 @@
+"""MMLU-format multiple choice: ``question\\nA. …\\nB. …\\nC. …\\nD. …\\nAnswer:`` scored on the letters.
+
+Formats:
+
+- ``letters``: candidates ``" A"``, ``" B"``, ...; the option lines are the segments
+  (``candidates[i]`` belongs to ``items[i]``), the question is the query. A letter is tokenized in
+  context, so ``" A"`` is one token for BPE/SentencePiece vocabularies that have it and
+  ``" "`` + ``"A"`` (a shared first token, which cancels in every comparison) for those that do
+  not; ``letter_prefix=""`` scores ``"A"`` instead.
+- ``cloze``: ``question\\nAnswer:`` with the full option texts (``" Paris"``) as candidates: the
+  "knowledge" format, no option lines in the prompt.
+
+Sources: :func:`hub_questions` (``datasets``: ``cais/mmlu``, needs a reachable hub),
+:func:`file_questions` (local jsonl/json/csv/parquet with ``question``, ``choices``, ``answer``),
+:func:`synthetic_questions` (offline, the answer is stated in the question's context).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from gna_interp.errors import InputError, ModelUnavailableError
+from gna_interp.tasks.base import Sample, Task
+from gna_interp.tasks.seeding import StableRng
+from gna_interp.tasks.segments import CharSegments, TextBuilder
+from gna_interp.tasks.words import word_list
+
+Format = Literal["letters", "cloze"]
+FORMATS: tuple[str, ...] = ("letters", "cloze")
+LETTERS = string.ascii_uppercase
+MMLU_HUB_ID = "cais/mmlu"
+
+
+@dataclass(frozen=True)
+class Question:
+    """One multiple-choice question; ``answer`` indexes ``choices``."""
+
+    question: str
+    choices: tuple[str, ...]
+    answer: int
+    subject: str = ""
+
+    def __post_init__(self) -> None:
+        if not 2 <= len(self.choices) <= len(LETTERS):
+            raise InputError(f"a question needs 2..{len(LETTERS)} choices, got {len(self.choices)}: "
+                             f"{self.question[:60]!r}")
+        if not 0 <= self.answer < len(self.choices):
+            raise InputError(f"answer {self.answer} is not an index into {len(self.choices)} choices: "
+                             f"{self.question[:60]!r}")
+
+
+class MultipleChoice(Task):
+    """Multiple-choice questions as a task (``letters`` or ``cloze`` format).
+
+    ``header`` is an optional first paragraph (e.g. ``"The following are multiple choice questions
+    (with answers) about anatomy."``); ``tokenizer`` with ``chat=True`` wraps each question in the
+    model's chat template, the cue ``"Answer:"`` opening the assistant's reply.
+    """
+
+    def __init__(self, questions: Sequence[Question], format: Format = "letters", name: str = "mc",
+                 header: str | None = None, letter_prefix: str = " ", chat: bool = False,
+                 tokenizer: Any = None) -> None:
+        if format not in FORMATS:
+            raise InputError(f"unknown multiple-choice format {format!r}; choose one of {FORMATS}")
+        if chat and tokenizer is None:
+            raise InputError("chat=True needs the model's tokenizer (tokenizer=model.tokenizer) for its chat template")
+        self.format = format
+        samples = [self._sample(q, header, letter_prefix) for q in questions]
+        if not samples:
+            raise InputError(f"no questions given for task {name!r}")
+        super().__init__(f"{name}-{format}", samples)
+        if chat:
+            wrapped = self.with_chat_template(tokenizer)
+            self.samples, self.name = wrapped.samples, wrapped.name
+
+    def _sample(self, q: Question, header: str | None, letter_prefix: str) -> Sample:
+        b = TextBuilder()
+        if header:
+            b.add(header.rstrip("\n") + "\n\n")
+        query = b.add(q.question.strip())
+        b.add("\n")
+        items: list[tuple[int, int]] = []
+        if self.format == "letters":
+            items = [b.add(f"{LETTERS[i]}. {c.strip()}\n") for i, c in enumerate(q.choices)]
+            cands = tuple(f"{letter_prefix}{LETTERS[i]}" for i in range(len(q.choices)))
+        else:
+            cands = tuple(f" {c.strip()}" for c in q.choices)
+            if len(set(cands)) != len(cands):
+                raise InputError(f"cloze scoring needs distinct option texts; {q.question[:60]!r} repeats one")
+        cue_start = b.add("Answer:")[0]
+        return Sample(b.text, cands, q.answer, CharSegments(tuple(items), query), cue_start,
+                      {"subject": q.subject, "format": self.format, "answer_letter": LETTERS[q.answer]})
+
+    @classmethod
+    def from_hub(cls, subject: str = "all", split: str = "test", n_samples: int | None = None,
+                 **kwargs: Any) -> "MultipleChoice":
+        """MMLU from the hub (``cais/mmlu``, one subject or ``all``)."""
+        return cls(hub_questions(subject, split, n_samples), name=f"mmlu-{subject}", **kwargs)
+
+    @classmethod
+    def from_file(cls, path: str | Path, n_samples: int | None = None, **kwargs: Any) -> "MultipleChoice":
+        """Questions from a local jsonl/json/csv/parquet file (see :func:`file_questions`)."""
+        qs = file_questions(path)
+        return cls(qs[:n_samples] if n_samples else qs, name=Path(path).stem, **kwargs)
+
+    @classmethod
+    def synthetic(cls, n_samples: int = 64, seed: int = 0, n_choices: int = 4, **kwargs: Any) -> "MultipleChoice":
+        """Offline questions whose answer is stated in the question (see :func:`synthetic_questions`)."""
+        return cls(synthetic_questions(n_samples, seed, n_choices), name="synthetic", **kwargs)
+
+
+def hub_questions(subject: str = "all", split: str = "test", n_samples: int | None = None) -> list[Question]:
+    """Load MMLU questions with ``datasets`` from the Hugging Face hub (needs network)."""
+    from gna_interp.models.loading import _hub_reachable
+
+    if not _hub_reachable():
+        raise ModelUnavailableError(
+            f"{MMLU_HUB_ID} is on the Hugging Face hub, which is not reachable from here; use "
+            f"MultipleChoice.from_file(path) with a local jsonl/csv/parquet copy, or MultipleChoice.synthetic()"
+        )
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(MMLU_HUB_ID, subject, split=split)
+    except Exception as e:  # datasets raises many types for a bad config/split/network
+        raise ModelUnavailableError(f"could not load {MMLU_HUB_ID} subject={subject!r} split={split!r}: "
+                                    f"{type(e).__name__}: {e}") from e
+    n = len(ds) if n_samples is None else min(n_samples, len(ds))
+    return [Question(r["question"], tuple(r["choices"]), int(r["answer"]), r.get("subject", subject))
+            for r in ds.select(range(n))]
+
+
+def _parse_choices(value: Any, row: int) -> tuple[str, ...]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InputError(f"row {row}: 'choices' is the text {value[:60]!r}; it must be a list "
+                             f"(a JSON list like [\"a\", \"b\"] in CSV files)") from None
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"row {row}: 'choices' must be a list of option texts, got {type(value).__name__}")
+    return tuple(str(c) for c in value)
+
+
+def _parse_answer(value: Any, n: int, row: int) -> int:
+    if isinstance(value, str) and value.strip().upper() in LETTERS[:n] and len(value.strip()) == 1:
+        return LETTERS.index(value.strip().upper())
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"row {row}: answer {value!r} is neither an option index (0..{n - 1}) nor a letter "
+                         f"({LETTERS[0]}..{LETTERS[n - 1]})") from None
+
+
+def file_questions(path: str | Path) -> list[Question]:
+    """Read questions from a ``.jsonl``/``.json``/``.csv``/``.parquet`` file.
+
+    Columns: ``question``; ``choices`` (a list, or a JSON list in CSV) or one column per letter
+    ``A``, ``B``, ...; ``answer`` (0-based index or letter); optional ``subject``.
+    """
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no such question file: {str(path)!r}")
+    readers = {".jsonl": lambda p: pd.read_json(p, lines=True), ".json": pd.read_json,
+               ".csv": pd.read_csv, ".parquet": pd.read_parquet}
+    if path.suffix not in readers:
+        raise InputError(f"{path.name!r}: unsupported question file type; use one of {sorted(readers)}")
+    df = readers[path.suffix](path)
+    letter_cols = [c for c in LETTERS if c in df.columns]
+    missing = [c for c in ("question", "answer") if c not in df.columns]
+    if "choices" not in df.columns and len(letter_cols) < 2:
+        missing.append("choices")
+    if missing:
+        raise InputError(
+            f"{path.name!r} lacks the column(s) {missing}; it has {list(df.columns)}. A question file needs "
+            f"'question', 'choices' (a list, or columns 'A', 'B', ...) and 'answer' (index or letter)"
+        )
+    out = []
+    for i, r in enumerate(df.to_dict("records")):
+        choices = _parse_choices(r["choices"], i) if "choices" in df.columns else \
+            tuple(str(r[c]) for c in letter_cols if not pd.isna(r[c]))
+        out.append(Question(str(r["question"]), choices, _parse_answer(r["answer"], len(choices), i),
+                            str(r.get("subject", "") or "")))
+    if not out:
+        raise InputError(f"{path.name!r} holds no questions")
+    return out
+
+
+def synthetic_questions(n_samples: int = 64, seed: int = 0, n_choices: int = 4) -> list[Question]:
+    """Questions answerable from their own context, e.g. ``"The lamp belongs to the pilot. … Who owns
+    the drum?"`` with the owners as options, shuffled independently of the facts. Seeded, stable."""
+    if n_samples < 1:
+        raise InputError(f"n_samples must be >= 1, got {n_samples}")
+    if not 2 <= n_choices <= len(LETTERS):
+        raise InputError(f"n_choices must be in 2..{len(LETTERS)}, got {n_choices}")
+    words = word_list()
+    out = []
+    for i in range(n_samples):
+        rng = StableRng("mc", seed, i)
+        drawn = rng.sample(words, 2 * n_choices)
+        things, owners = drawn[:n_choices], drawn[n_choices:]
+        asked = rng.below(n_choices)
+        facts = " ".join(f"The {t} belongs to the {o}." for t, o in zip(things, owners))
+        order = rng.shuffled(range(n_choices))
+        choices = tuple(owners[k] for k in order)
+        out.append(Question(f"{facts}\nWho owns the {things[asked]}?", choices, order.index(asked), "synthetic"))
+    return out

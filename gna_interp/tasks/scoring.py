@@ -1,0 +1,388 @@
+"""Score every candidate continuation of every sample, sharing forwards instead of one per candidate.
+
+A candidate's score is the sum of the log-probabilities of its tokens given the prompt (the official
+KV-retrieval scorer). Candidate tokens are those that ``prompt + candidate`` adds to the prompt's
+tokens, so a leading space is tokenized in context (``" A"`` for BPE, ``"▁A"`` for SentencePiece).
+
+To score candidate ``c = (t1..tL)`` the model must be fed ``prompt + t1..t(L-1)``. These *rows* are
+deduplicated per sample: a row that is a prefix of another is dropped, its log-probs are read from
+the longer one. Single-token candidates therefore share one row (first-token scoring); multi-token
+ones are teacher-forced behind the shared prompt, the rows of many samples batched together:
+
+- attention-only models run each prompt once and continue every row from its KV cache
+  (``share_prefix``, the prompt's cost is paid once, not once per candidate);
+- SSMs and hybrids (whose caches cannot be split and continued) run full rows, left-padded,
+  with logits only at the last few positions (``logits_to_keep``).
+
+Methods:
+
+- ``auto`` (default): exact, as above;
+- ``first_token``: score only each candidate's first token (one row per sample; the candidates'
+  first tokens must differ), the usual letter-scoring shortcut;
+- ``per_candidate``: the official protocol, one forward of ``prompt + candidate`` per candidate
+  (for timing and reference; same scores as ``auto``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from gna_interp.errors import InputError
+from gna_interp.models.model import Model, TokenBatch
+from gna_interp.tasks.base import Sample
+
+Method = Literal["auto", "first_token", "per_candidate"]
+METHODS: tuple[str, ...] = ("auto", "first_token", "per_candidate")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One sequence to feed: a sample's prompt tokens plus ``fed`` continuation tokens."""
+
+    sample: int
+    ids: tuple[int, ...]
+    prompt_len: int
+
+    @property
+    def n_fed(self) -> int:
+        return len(self.ids) - self.prompt_len
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where candidate ``cand`` of ``sample`` is read: its ``tokens``, predicted along row ``row``."""
+
+    sample: int
+    cand: int
+    row: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    """Tokenized rows and targets for a list of samples under one model's tokenizer (reusable)."""
+
+    samples: tuple[Sample, ...]
+    rows: tuple[Row, ...]
+    targets: tuple[Target, ...]
+    method: str
+    prompt_ids: tuple[tuple[int, ...], ...]
+
+    @property
+    def n_candidates(self) -> list[int]:
+        return [len(s.candidates) for s in self.samples]
+
+    @property
+    def n_row_tokens(self) -> int:
+        """Tokens fed when every row is run in full (prompt repeated per row)."""
+        return sum(len(r.ids) for r in self.rows)
+
+    @property
+    def n_shared_tokens(self) -> int:
+        """Tokens fed when the prompts are run once and the rows continue from their cache."""
+        return sum(map(len, self.prompt_ids)) + sum(r.n_fed for r in self.rows)
+
+    def describe(self) -> str:
+        n_c = sum(self.n_candidates)
+        return f"{len(self.samples)} samples, {n_c} candidates -> {len(self.rows)} rows ({self.method})"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one forward pass holds, for hooks that need positions: ``rows[i]`` sits in batch row ``i``
+    behind ``pad[i]`` padding tokens, so its sample's prompt position ``p`` is at ``pad[i] + p``."""
+
+    rows: tuple[Row, ...]
+    pad: Int[Tensor, "row"]
+    batch: TokenBatch
+
+    @property
+    def sample_index(self) -> list[int]:
+        return [r.sample for r in self.rows]
+
+
+Hooks = Sequence[tuple[Any, Callable]] | Callable[[Chunk], Sequence[tuple[Any, Callable]]]
+
+
+def _candidate_tokens(tokenizer: Any, prompt_ids: list[int], prompt: str, cands: Sequence[str],
+                      index: int) -> list[tuple[int, ...]]:
+    joint = tokenizer([prompt + c for c in cands])["input_ids"]
+    out = []
+    n = len(prompt_ids)
+    for c, ids in zip(cands, joint):
+        ids = list(ids)
+        if ids[:n] != prompt_ids:
+            raise InputError(
+                f"sample {index}: candidate {c!r} merges with the end of the prompt into one token "
+                f"(prompt ends {prompt[-20:]!r}), so it cannot be scored as a continuation; end the prompt "
+                f"on a token boundary (e.g. move a shared leading space from the candidates into the prompt)"
+            )
+        tail = tuple(ids[n:])
+        if not tail:
+            raise InputError(f"sample {index}: candidate {c!r} tokenizes to nothing after the prompt; "
+                             f"give every candidate some text the tokenizer keeps")
+        out.append(tail)
+    return out
+
+
+def plan_scoring(model: Model, samples: Sequence[Sample], method: Method = "auto") -> ScoringPlan:
+    """Tokenize ``samples`` and decide the rows to feed; raises :class:`InputError` for bad input."""
+    if method not in METHODS:
+        raise InputError(f"unknown scoring method {method!r}; choose one of {METHODS}")
+    samples = tuple(samples)
+    if not samples:
+        raise InputError("no samples to score")
+    tok = model.tokenizer
+    prompt_ids = [list(ids) for ids in tok([s.prompt for s in samples])["input_ids"]]
+    rows: list[Row] = []
+    targets: list[Target] = []
+    for i, (s, p_ids) in enumerate(zip(samples, prompt_ids)):
+        if not p_ids:
+            raise InputError(f"sample {i}: the prompt tokenizes to nothing; pass non-empty text")
+        cand_toks = _candidate_tokens(tok, p_ids, s.prompt, s.candidates, i)
+        if method == "first_token":
+            firsts = [t[0] for t in cand_toks]
+            if len(set(firsts)) != len(firsts):
+                shared = sorted({s.candidates[j] for j, f in enumerate(firsts) if firsts.count(f) > 1})
+                raise InputError(f"sample {i}: candidates {shared} share their first token, so first-token "
+                                 f"scoring cannot tell them apart; use method='auto'")
+            cand_toks = [t[:1] for t in cand_toks]
+        longest = max(len(p_ids) + len(t) - (method != "per_candidate") for t in cand_toks)
+        if model.n_ctx and longest > model.n_ctx:
+            raise InputError(
+                f"sample {i}: prompt plus candidate is {longest} tokens but {model.name} has a context of "
+                f"{model.n_ctx} tokens; shorten the prompt (fewer dictionary pairs) or pick a longer-context model"
+            )
+        if method == "per_candidate":
+            for j, t in enumerate(cand_toks):
+                targets.append(Target(i, j, len(rows), t))
+                rows.append(Row(i, tuple(p_ids) + t, len(p_ids)))
+            continue
+        fed = [t[:-1] for t in cand_toks]
+        keep = sorted({f for f in fed if not any(len(g) > len(f) and g[: len(f)] == f for g in fed)})
+        base = len(rows)
+        rows.extend(Row(i, tuple(p_ids) + f, len(p_ids)) for f in keep)
+        for j, (f, t) in enumerate(zip(fed, cand_toks)):
+            r = next(k for k, g in enumerate(keep) if g[: len(f)] == f)
+            targets.append(Target(i, j, base + r, t))
+    return ScoringPlan(samples, tuple(rows), tuple(targets), method, tuple(tuple(p) for p in prompt_ids))
+
+
+@dataclass
+class CandidateScores:
+    """Scores of every candidate of every sample.
+
+    ``scores[i, j]`` is the summed log-prob of candidate ``j`` of sample ``i`` (``-inf`` beyond the
+    sample's candidates); ``n_tokens[i, j]`` its token count (0 for padding entries).
+    """
+
+    samples: tuple[Sample, ...]
+    scores: Float[Tensor, "sample cand"]
+    n_tokens: Int[Tensor, "sample cand"]
+    method: str
+    n_forwards: int
+
+    @property
+    def gold(self) -> Int[Tensor, "sample"]:
+        return torch.tensor([s.gold for s in self.samples])
+
+    @property
+    def pred(self) -> Int[Tensor, "sample"]:
+        return self.scores.argmax(-1)
+
+    @property
+    def correct(self) -> Tensor:
+        return self.pred == self.gold
+
+    @property
+    def gold_score(self) -> Float[Tensor, "sample"]:
+        return self.scores.gather(1, self.gold[:, None])[:, 0]
+
+    @property
+    def best_other(self) -> Float[Tensor, "sample"]:
+        """Best score among the non-gold candidates (``-inf`` when there is a single candidate)."""
+        others = self.scores.scatter(1, self.gold[:, None], -math.inf)
+        return others.max(-1).values
+
+    @property
+    def logit_diff(self) -> Float[Tensor, "sample"]:
+        """Gold minus best other score; for single-token candidates exactly the logit difference."""
+        return self.gold_score - self.best_other
+
+    @property
+    def gold_prob(self) -> Float[Tensor, "sample"]:
+        """Probability the model gives the gold continuation (product over its tokens)."""
+        return self.gold_score.exp()
+
+    def metrics(self) -> dict[str, float]:
+        """``accuracy``, mean ``logit_diff``, mean ``gold_prob``, ``chance``, ``n_samples``."""
+        n_c = (self.n_tokens > 0).sum(-1).float()
+        return {"accuracy": self.correct.float().mean().item(),
+                "logit_diff": self.logit_diff.mean().item(),
+                "gold_prob": self.gold_prob.mean().item(),
+                "chance": (1 / n_c).mean().item(),
+                "n_samples": len(self.samples)}
+
+    def to_frame(self) -> pd.DataFrame:
+        """Per-sample table: ``sample, gold, pred, correct, answer, predicted, gold_score, best_other,
+        logit_diff, gold_prob, n_candidates`` and the sample's ``meta``."""
+        pred, gold = self.pred.tolist(), self.gold.tolist()
+        rows = []
+        for i, s in enumerate(self.samples):
+            rows.append({"sample": i, "gold": gold[i], "pred": pred[i], "correct": pred[i] == gold[i],
+                         "answer": s.answer, "predicted": s.candidates[pred[i]],
+                         "gold_score": self.gold_score[i].item(), "best_other": self.best_other[i].item(),
+                         "logit_diff": self.logit_diff[i].item(), "gold_prob": self.gold_prob[i].item(),
+                         "n_candidates": len(s.candidates), **dict(s.meta)})
+        return pd.DataFrame(rows)
+
+
+def _left_pad(model: Model, seqs: Sequence[Sequence[int]]) -> tuple[TokenBatch, Int[Tensor, "row"]]:
+    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    width = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for k, x in enumerate(seqs):
+        ids[k, width - len(x):] = torch.tensor(x, dtype=torch.long)
+        mask[k, width - len(x):] = 1
+    return model.as_batch(ids, mask), width - torch.tensor([len(x) for x in seqs])
+
+
+def can_share_prefix(model: Model) -> bool:
+    """Whether prompts can be run once and candidates continued from a KV cache: attention-only models.
+
+    SSM and hybrid caches in Hugging Face cannot be split per row and continued by several tokens.
+    """
+    return bool(model.layers) and all(s.kind == "attn" for s in model.layers)
+
+
+class _Scores:
+    def __init__(self, plan: ScoringPlan) -> None:
+        self.by_row: dict[int, list[Target]] = {}
+        for t in plan.targets:
+            self.by_row.setdefault(t.row, []).append(t)
+        shape = (len(plan.samples), max(plan.n_candidates))
+        self.scores = torch.full(shape, -math.inf, dtype=torch.float64)
+        self.n_tok = torch.zeros(shape, dtype=torch.long)
+
+    def put(self, t: Target, logp: Float[Tensor, "n_tokens vocab"]) -> None:
+        """``logp[j]`` is the next-token distribution that predicts ``t.tokens[j]``."""
+        lp = logp[torch.arange(len(t.tokens)), torch.tensor(t.tokens, device=logp.device)].sum()
+        self.scores[t.sample, t.cand] = lp.double().cpu()
+        self.n_tok[t.sample, t.cand] = len(t.tokens)
+
+
+def _run_rows(model: Model, plan: ScoringPlan, acc: _Scores, batch_size: int, fwd_hooks: Hooks,
+              bar: Any) -> int:
+    """Every row in full (prompt + fed tokens), ``batch_size`` rows per forward."""
+    if plan.method == "per_candidate":
+        chunks = [[r] for r in range(len(plan.rows))]
+    else:
+        order = sorted(range(len(plan.rows)), key=lambda r: (-len(plan.rows[r].ids), r))
+        chunks = [order[k: k + batch_size] for k in range(0, len(order), batch_size)]
+    bar.reset(total=len(chunks))
+    for chunk_rows in chunks:
+        rows = [plan.rows[r] for r in chunk_rows]
+        batch, pad = _left_pad(model, [r.ids for r in rows])
+        hooks = fwd_hooks(Chunk(tuple(rows), pad, batch)) if callable(fwd_hooks) else fwd_hooks
+        keep = {} if plan.method == "per_candidate" else {"logits_to_keep": max(r.n_fed for r in rows) + 1}
+        logp = torch.log_softmax(model.run_with_hooks(batch, fwd_hooks=hooks, **keep).float(), dim=-1)
+        kept = logp.shape[1]
+        for k, (r_id, r) in enumerate(zip(chunk_rows, rows)):
+            start = kept - len(r.ids) + r.prompt_len - 1  # predicts the candidate's first token
+            for t in acc.by_row.get(r_id, ()):
+                acc.put(t, logp[k, start: start + len(t.tokens)])
+        bar.update()
+    return len(chunks)
+
+
+def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: _Scores, batch_size: int,
+                       fwd_hooks: Sequence[tuple[Any, Callable]], bar: Any) -> int:
+    """Prompts once (``batch_size`` per forward, KV cache kept), then the rows' fed tokens continue
+    from their prompt's cache, ``batch_size`` rows per forward."""
+    rows_of: dict[int, list[int]] = {}
+    for r_id, r in enumerate(plan.rows):
+        rows_of.setdefault(r.sample, []).append(r_id)
+    chunks = [list(range(k, min(k + batch_size, len(plan.samples)))) for k in range(0, len(plan.samples), batch_size)]
+    bar.reset(total=len(chunks))
+    n_forwards = 0
+    for samples in chunks:
+        batch, _ = _left_pad(model, [plan.prompt_ids[i] for i in samples])
+        logits, cache = model.run_with_hooks(batch, fwd_hooks=fwd_hooks, return_type="logits_and_cache",
+                                             logits_to_keep=1)
+        n_forwards += 1
+        first = torch.log_softmax(logits[:, -1].float(), dim=-1)
+        where = {s: k for k, s in enumerate(samples)}
+        cont = [r for s in samples for r in rows_of.get(s, ()) if plan.rows[r].n_fed > 0]
+        for r_id in (r for s in samples for r in rows_of.get(s, ()) if plan.rows[r].n_fed == 0):
+            for t in acc.by_row.get(r_id, ()):
+                acc.put(t, first[where[t.sample]][None])
+        for k in range(0, len(cont), batch_size):
+            part = [plan.rows[r] for r in cont[k: k + batch_size]]
+            idx = torch.tensor([where[r.sample] for r in part], device=batch.ids.device)
+            n_fed = max(r.n_fed for r in part)
+            ids = torch.full((len(part), n_fed), int(batch.ids[0, -1]), dtype=torch.long, device=batch.ids.device)
+            # (right padding, masked out: any id will do)
+            mask = torch.zeros((len(part), n_fed), dtype=torch.long, device=batch.ids.device)
+            for j, r in enumerate(part):
+                ids[j, : r.n_fed] = torch.tensor(r.ids[r.prompt_len:])
+                mask[j, : r.n_fed] = 1
+            part_cache = copy.deepcopy(cache)
+            part_cache.batch_select_indices(idx)
+            more = model.bridge.run_with_hooks(ids, fwd_hooks=list(fwd_hooks), return_type="logits",
+                                               attention_mask=torch.cat([batch.attention_mask[idx], mask], 1),
+                                               past_key_values=part_cache)
+            n_forwards += 1
+            more = torch.log_softmax(more.float(), dim=-1)
+            for j, (r_id, r) in enumerate(zip(cont[k: k + batch_size], part)):
+                for t in acc.by_row.get(r_id, ()):
+                    logp = torch.cat([first[where[r.sample]][None], more[j, : r.n_fed]], 0)
+                    acc.put(t, logp[: len(t.tokens)])
+        bar.update()
+    return n_forwards
+
+
+@torch.no_grad()
+def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: Hooks = (),
+             progress: bool = False, desc: str | None = None, share_prefix: bool | None = None) -> CandidateScores:
+    """Run the forwards of ``plan`` (``batch_size`` sequences each) and collect every candidate's score.
+
+    ``share_prefix`` (default: on for attention-only models) runs each prompt once and continues the
+    candidates from its KV cache instead of repeating the prompt in every row; the scores are the same.
+    ``fwd_hooks`` are TransformerLens hooks applied to every forward; pass a callable ``Chunk -> hooks``
+    for hooks that need to know which sample sits where (this runs full rows, never a shared prefix).
+    """
+    if batch_size < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    if share_prefix and not can_share_prefix(model):
+        raise InputError(f"share_prefix=True needs an attention-only model; {model.name} has "
+                         f"{sorted(set(model.layer_kinds()))} blocks. Leave share_prefix unset")
+    if share_prefix and (callable(fwd_hooks) or plan.method == "per_candidate"):
+        raise InputError("share_prefix=True cannot be combined with position-aware (callable) hooks or "
+                         "method='per_candidate'; leave share_prefix unset")
+    if share_prefix is None:
+        share_prefix = can_share_prefix(model) and not callable(fwd_hooks) and plan.method != "per_candidate"
+    acc = _Scores(plan)
+    with tqdm(desc=desc or "scoring", unit="batch", disable=not progress, leave=False) as bar:
+        if share_prefix:
+            n = _run_shared_prefix(model, plan, acc, batch_size, fwd_hooks, bar)  # type: ignore[arg-type]
+        else:
+            n = _run_rows(model, plan, acc, batch_size, fwd_hooks, bar)
+    return CandidateScores(plan.samples, acc.scores, acc.n_tok, plan.method, n)
+
+
+def score_candidates(model: Model, samples: Sequence[Sample], method: Method = "auto", batch_size: int = 16,
+                     fwd_hooks: Hooks = (), progress: bool = False,
+                     share_prefix: bool | None = None) -> CandidateScores:
+    """Plan and run the scoring of ``samples`` in one go (see :func:`plan_scoring`, :func:`run_plan`)."""
+    return run_plan(model, plan_scoring(model, samples, method), batch_size, fwd_hooks, progress,
+                    share_prefix=share_prefix)

