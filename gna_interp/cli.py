@@ -83,7 +83,7 @@ def run_models(args: argparse.Namespace) -> int:
 def _patterns_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
     p.add_argument("--prompt", required=True, help="the prompt text")
-    p.add_argument("--heads", default=None, help="comma-separated heads, e.g. L3H1,L5H2 or L1S0 (default: all attention/SSM-2 heads of the first two layers)")
+    p.add_argument("--heads", default=None, help="comma-separated heads, e.g. L3H1,L5H2 or L1S0 (default: heads of the first two layers; Mamba-1 layers as 16 channel groups)")
     p.add_argument("--out", default="patterns.html", help="output HTML file")
     p.add_argument("--form", default="attention", choices=["attention", "exact"], help="SSM implicit-attention form")
     p.set_defaults(run=run_patterns)
@@ -92,6 +92,7 @@ def _patterns_args(p: argparse.ArgumentParser) -> None:
 def run_patterns(args: argparse.Namespace) -> int:
     from gna_interp.models.loading import load_model
     from gna_interp.patterns import patterns
+    from gna_interp.patterns.base import default_heads
     from gna_interp.viz.attention import patterns_page
 
     spec = args.model or _first_default()
@@ -99,8 +100,9 @@ def run_patterns(args: argparse.Namespace) -> int:
     if args.heads:
         heads = model.check_heads(args.heads)
     else:
-        first = sorted({h.layer for h in model.heads() if h.kind != "ssm1"})[:2]
-        heads = [h for h in model.heads(layers=first) if h.kind != "ssm1"]
+        candidates = default_heads(model)
+        first = sorted({h.layer for h in candidates})[:2]
+        heads = [h for h in candidates if h.layer in first]
     options = {"form": args.form} if any(h.kind != "attn" for h in heads) else {}
     ps = patterns(model, args.prompt, heads=heads, **options)
     out = Path(args.out)
@@ -108,6 +110,119 @@ def run_patterns(args: argparse.Namespace) -> int:
     out.write_text(patterns_page(ps, f"{model.name}: {len(heads)} heads", heads,
                                  note=f"model {model.name} ({model.architecture})"), encoding="utf-8")
     print(f"wrote {out} ({len(heads)} heads: {', '.join(h.name for h in heads[:12])}{' ...' if len(heads) > 12 else ''})")
+    return 0
+
+
+@command("zoo", "list the shipped zoo models, or train one (gna zoo train NAME)")
+def _zoo_args(p: argparse.ArgumentParser) -> None:
+    zsub = p.add_subparsers(dest="zoo_command", required=True)
+    zsub.add_parser("list", help="shipped zoo models with their card numbers, and the trainable recipes")
+    t = zsub.add_parser("train", help="train one zoo model on CPU and write checkpoint + model card")
+    t.add_argument("name", help="zoo model name (see `gna zoo list`)")
+    t.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's)")
+    t.add_argument("--seed", type=int, default=None, help="seed (default: the recipe's)")
+    t.add_argument("--threads", type=int, default=None, help="torch threads (default: the recipe's)")
+    t.add_argument("--eval-samples", type=int, default=200, help="samples per dictionary size for the card")
+    dest = t.add_mutually_exclusive_group()
+    dest.add_argument("--out", default=None, help="output directory (default: ./zoo/NAME)")
+    dest.add_argument("--install", action="store_true", help="write into the package's zoo folder (replaces the shipped model)")
+    p.set_defaults(run=run_zoo)
+
+
+def run_zoo(args: argparse.Namespace) -> int:
+    from gna_interp.models.loading import zoo_dir, zoo_names
+    from gna_interp.zoo.training import RECIPES, read_card, recipe, train
+
+    if args.zoo_command == "list":
+        shipped = zoo_names()
+        for name in shipped:
+            card = read_card(zoo_dir() / name)
+            acc = ", ".join(f"{n}: {v['accuracy']:.2f}" for n, v in card["evaluation"]["by_pairs"].items())
+            print(f"zoo:{name}  {card['architecture']}, {card['parameters']['total']:,} params, "
+                  f"{card['training']['steps']} steps; accuracy by pairs {acc}")
+        if not shipped:
+            print("no zoo models shipped with this install")
+        print(f"recipes: {', '.join(sorted(RECIPES))} (gna zoo train NAME)")
+        return 0
+    recipe(args.name)  # clear error for an unknown name before any work
+    out = zoo_dir() / args.name if args.install else Path(args.out or Path("zoo") / args.name)
+    train(args.name, out, steps=args.steps, seed=args.seed, threads=args.threads, eval_samples=args.eval_samples)
+    return 0
+
+
+@command("report", "rebuild DIR/report.html (self-contained, offline) from the scan.csv and circuit.json in DIR")
+def _report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", help="a `gna scan` output folder")
+    p.add_argument("--model", default=None, help="model spec for the G&A cards (default: the one circuit.json names)")
+    p.add_argument("--no-png", action="store_true", help="do not export the figures as PNG files")
+    p.set_defaults(run=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from gna_interp.models.loading import load_model
+    from gna_interp.report import build_report
+
+    model = load_model(args.model, device=getattr(args, "device", None)) if args.model else None
+    out = build_report(args.dir, model=model, png=not args.no_png)
+    print(f"wrote {out}")
+    return 0
+
+
+@command("scan", "find the G&A heads of a model on KV retrieval; writes scan.csv, circuit.json, summary.md")
+def _scan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
+    p.add_argument("--task", default="kv", choices=["kv"], help="task (kv: KV retrieval, official template)")
+    p.add_argument("--pairs", type=int, default=6, help="dictionary lines per prompt (default 6)")
+    p.add_argument("--samples", type=int, default=16, help="prompts (default 16)")
+    p.add_argument("--max-value", type=int, default=9,
+                   help="values are 0..MAX (default 9: one digit, so every candidate shares one forward row "
+                        "even with digit-splitting tokenizers; 99 is the paper's range)")
+    p.add_argument("--seed", type=int, default=0, help="task seed")
+    p.add_argument("--strategy", default="auto", choices=["auto", "exact", "attribution", "naive"])
+    p.add_argument("--method", default="zero", choices=["zero", "mean", "resample"],
+                   help="ablation (mean/resample read a second KV task with seed+1)")
+    p.add_argument("--metric", default="logit_diff", choices=["logit_diff", "accuracy"])
+    p.add_argument("--verify", type=int, default=None, help="heads auto re-checks exactly (default: 15%%, at least 20)")
+    p.add_argument("--top-k", type=int, default=5, help="heads removed together in the ablation curve (default 5)")
+    p.add_argument("--seeds", type=int, default=3, help="random-head draws for the curve (default 3)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--out", default="gna_scan", help="output folder (default ./gna_scan)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted scan from DIR/scan.ckpt.json")
+    p.set_defaults(run=run_scan)
+
+
+def run_scan(args: argparse.Namespace) -> int:
+    import torch
+
+    from gna_interp.circuits.discover import discover
+    from gna_interp.models.loading import load_model
+    from gna_interp.tasks import KVRetrieval
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = args.model or _first_default()
+    out = Path(args.out)
+    ckpt = out / "scan.ckpt.json"
+    if ckpt.exists() and not args.resume:
+        ckpt.unlink()
+    task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, seed=args.seed, max_value=args.max_value)
+    reference = None
+    if args.method != "zero":
+        reference = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, seed=args.seed + 1, max_value=args.max_value)
+    print(f"loading {spec} ...", flush=True)
+    model = load_model(spec, device=getattr(args, "device", None))
+    print(f"{model.name}: {len(model.heads())} heads; task {task.name}, {len(task)} samples; "
+          f"{args.strategy} scan, {args.method} ablation, metric {args.metric}", flush=True)
+    circuit = discover(model, task, strategy=args.strategy, method=args.method, metric=args.metric,
+                       reference=reference, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size,
+                       checkpoint=ckpt, verify=args.verify)
+    circuit.save(out)
+    print(circuit.summary(top=10))
+    print(f"wrote {out / 'scan.csv'}, {out / 'circuit.json'}, {out / 'summary.md'} ({circuit.seconds:.0f}s)")
+    from gna_interp.report import build_report
+
+    print(f"wrote {build_report(out, model=model, task=task)}")
     return 0
 
 

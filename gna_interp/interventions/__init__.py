@@ -1,8 +1,8 @@
-"""Interventions on a loaded model, each a context manager that restores the model on exit.
+"""Interventions on a loaded model, each a context manager that restores the model on exit
+(exceptions included) and leaves no hook behind. One module per intervention."""
 
-One module per intervention; this file only re-exports (append your line).
-"""
-
+from gna_interp.interventions.ablation import ablate
+from gna_interp.interventions.layers import skip_layers
 from gna_interp.interventions.masking import mask_pattern
 
-__all__ = ["mask_pattern"]
+__all__ = ["ablate", "mask_pattern", "skip_layers"]

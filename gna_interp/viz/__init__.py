@@ -1,6 +1,12 @@
 """Figures and HTML views. They take results and tensors, never load or run models."""
 
 from gna_interp.viz.attention import attention_heads, patterns_page
-from gna_interp.viz.html import page
+from gna_interp.viz.cards import ga_card
+from gna_interp.viz.compare import compare_heads
+from gna_interp.viz.curves import ablation_curve
+from gna_interp.viz.export import write_pngs
+from gna_interp.viz.html import figure_div, page
+from gna_interp.viz.scores import score_heatmap
 
-__all__ = ["attention_heads", "page", "patterns_page"]
+__all__ = ["ablation_curve", "attention_heads", "compare_heads", "figure_div", "ga_card", "page", "patterns_page",
+           "score_heatmap", "write_pngs"]

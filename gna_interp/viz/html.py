@@ -31,6 +31,13 @@ def circuitsvis_widget(element: str, **props: Any) -> str:
             f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{element}, {convert_props(props)});</script>')
 
 
+def figure_div(fig: Any) -> str:
+    """A plotly figure as an HTML fragment (``<div>`` + render call) that uses the page's plotly JS
+    (:func:`page` with ``plotly=True``); the figure's own ``layout.height`` sets its height."""
+    return fig.to_html(full_html=False, include_plotlyjs=False,
+                       config={"displaylogo": False, "responsive": True})
+
+
 def page(title: str, sections: Sequence[str], *, circuitsvis: bool = False, plotly: bool = False) -> str:
     """A complete HTML document with ``sections`` as its body and the needed JS bundles inlined once."""
     head = [f"<title>{html.escape(title)}</title>", '<meta charset="utf-8">',

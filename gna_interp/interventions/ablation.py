@@ -1,0 +1,187 @@
+"""`ablate(model, heads, method)`: run the model with some heads' outputs removed, for every head kind.
+
+Where a head is cut: at the **input of its layer's output projection** -- the bridge hook
+``blocks.{l}.attn.o.hook_in`` (attention, ``[batch, pos, head, d_head]``) or
+``blocks.{l}.mixer.out_proj.hook_in`` (Mamba-1 / Mamba-2 mixers, ``[batch, pos, d_inner]``).
+A head owns a slice of that input's (flattened) channels:
+
+========  =====================================  ==========================================
+kind      channels                               official zero-ablation (weight edit)
+========  =====================================  ==========================================
+``attn``  ``head*d_head : (head+1)*d_head``      zero those columns of ``o_proj``
+``ssm2``  ``head*head_dim : (head+1)*head_dim``  zero that ``head_dim`` slice of ``out_proj``
+``ssm1``  ``channel : channel+width``            zero that channel's column of ``out_proj``
+========  =====================================  ==========================================
+
+Setting the slice to zero is exactly the official procedure (the projection is linear and the
+slice only meets those columns), without touching any weight. Methods:
+
+- ``zero``: the slice becomes 0;
+- ``mean``: the slice becomes its mean over every real (non-padding) token of ``reference``;
+- ``resample``: row ``b`` of the batch gets the slice from reference row ``b % n_reference``,
+  right-aligned (the last positions meet, as left padding aligns prompts); positions the reference
+  row does not cover (shorter prompt, padding) get the ``mean`` value.
+
+Hooks live only inside the ``with`` block; they are removed on exit, exceptions included.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Literal, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.model import Model, TokenBatch
+
+AblationMethod = Literal["zero", "mean", "resample"]
+METHODS: tuple[str, ...] = ("zero", "mean", "resample")
+
+__all__ = ["METHODS", "AblationMethod", "HeadSite", "Replacement", "ablate", "ablation_hooks", "flat_channels",
+           "head_site", "replacements"]
+
+
+@dataclass(frozen=True)
+class HeadSite:
+    """Where one head's output lives: ``hook`` (a bridge hook name) and its flat channel range."""
+
+    head: HeadRef
+    hook: str
+    start: int
+    stop: int
+    width: int  # total flat channels of the hook (n_heads * head_dim, or d_inner)
+
+    @property
+    def columns(self) -> slice:
+        return slice(self.start, self.stop)
+
+
+def head_site(model: Model, head: HeadRef | str) -> HeadSite:
+    """The output-projection input hook of ``head`` and the channels it owns there."""
+    h = model.check_head(head)
+    spec = model.layer_spec(h.layer, h.kind)
+    hook = f"{spec.bridge_path}.o.hook_in" if h.kind == "attn" else f"{spec.bridge_path}.out_proj.hook_in"
+    if hook not in model.bridge.hook_dict:
+        raise UnsupportedArchitectureError(
+            f"cannot ablate {h.name}: the bridge of {model.name} has no hook {hook!r} at the input of "
+            f"the layer's output projection ({spec.hf_class})"
+        )
+    if h.kind == "ssm1":
+        return HeadSite(h, hook, h.head, h.head + h.width, spec.n_heads)
+    return HeadSite(h, hook, h.head * spec.head_dim, (h.head + 1) * spec.head_dim, spec.n_heads * spec.head_dim)
+
+
+def flat_channels(x: Tensor, site: HeadSite) -> Tensor:
+    """``x`` ([b, p, h, d] or [b, p, h*d]) as a [b, p, width] view."""
+    flat = x.flatten(2) if x.dim() == 4 else x
+    if flat.dim() != 3 or flat.shape[-1] != site.width:
+        raise UnsupportedArchitectureError(
+            f"hook {site.hook} carries a tensor of shape {tuple(x.shape)}; expected [batch, pos, {site.width}] "
+            f"(or [batch, pos, heads, head_dim]) to ablate {site.head.name}"
+        )
+    return flat
+
+
+@dataclass
+class Replacement:
+    """What replaces one head's slice: zero, a mean vector ``[w]``, or resampled rows ``[r, p_ref, w]``."""
+
+    site: HeadSite
+    mean: Float[Tensor, " w"] | None = None
+    rows: Float[Tensor, "ref pos w"] | None = None
+    row_mask: Tensor | None = None  # [ref, pos] bool, real tokens of the reference rows
+
+    def value(self, batch: int, pos: int) -> Tensor | float:
+        """The replacement for a ``[batch, pos, w]`` slice (row ``i`` reads reference row ``i % ref``)."""
+        if self.rows is None:
+            return 0.0 if self.mean is None else self.mean
+        assert self.mean is not None and self.row_mask is not None
+        n_ref, p_ref, w = self.rows.shape
+        idx = torch.arange(batch, device=self.rows.device) % n_ref
+        src, ok = self.rows[idx], self.row_mask[idx]
+        out = self.mean.expand(batch, pos, w).clone()
+        n = min(pos, p_ref)
+        take = ok[:, p_ref - n:, None]
+        out[:, pos - n:] = torch.where(take, src[:, p_ref - n:], out[:, pos - n:])
+        return out
+
+
+def _check_method(method: str, reference: Any) -> None:
+    if method not in METHODS:
+        raise InputError(f"unknown ablation method {method!r}; choose one of {METHODS}")
+    if method == "zero" and reference is not None:
+        raise InputError("zero ablation takes no reference; pass reference=... only with method='mean' or 'resample'")
+    if method != "zero" and reference is None:
+        raise InputError(f"method={method!r} needs a reference batch (prompts, a TokenBatch or a Task) "
+                         f"whose activations replace the ablated heads' outputs")
+
+
+def _reference_batch(model: Model, reference: Any) -> TokenBatch:
+    prompts = getattr(reference, "prompts", None)  # a Task
+    return model.as_batch(list(prompts) if prompts is not None else reference)
+
+
+def replacements(model: Model, heads: str | HeadRef | Sequence[str | HeadRef], method: AblationMethod = "zero",
+                 reference: Any = None) -> list[Replacement]:
+    """Validate ``heads`` (names, ``"L0H1,L2S3"`` or HeadRefs) and compute what replaces each one's output
+    (one reference forward at most)."""
+    _check_method(method, reference)
+    if not isinstance(heads, (str, HeadRef, Sequence)):
+        raise HeadError(f"heads must be a head name, a HeadRef or a list of them, got {type(heads).__name__}")
+    sites = [head_site(model, h) for h in dict.fromkeys(model.check_heads(heads))]
+    if method == "zero" or not sites:
+        return [Replacement(s) for s in sites]
+    batch = _reference_batch(model, reference)
+    names = sorted({s.hook for s in sites})
+    _, cache = model.run_with_cache(batch, names_filter=lambda n: n in names)
+    mask = batch.attention_mask.bool()
+    out = []
+    for s in sites:
+        act = flat_channels(cache[s.hook], s)[..., s.columns].float()
+        mean = act[mask].mean(0)
+        if method == "mean":
+            out.append(Replacement(s, mean=mean))
+        else:
+            out.append(Replacement(s, mean=mean, rows=act, row_mask=mask))
+    return out
+
+
+def ablation_hooks(replaced: Sequence[Replacement], rows: slice | None = None) -> list[tuple[str, Callable[..., Tensor]]]:
+    """TransformerLens forward hooks applying ``replaced``; with ``rows``, only those batch rows are
+    touched (for resampling, the first of them counts as row 0)."""
+    by_hook: dict[str, list[Replacement]] = {}
+    for r in replaced:
+        by_hook.setdefault(r.site.hook, []).append(r)
+
+    def make(entries: list[Replacement]) -> Callable[..., Tensor]:
+        def hook(x: Tensor, hook: Any = None) -> Tensor:
+            x = x.clone(memory_format=torch.contiguous_format)  # contiguous: the flat view below writes into x
+            flat = flat_channels(x, entries[0].site)
+            part = flat if rows is None else flat[rows]
+            for r in entries:
+                val = r.value(part.shape[0], part.shape[1])
+                part[..., r.site.columns] = val.to(part.dtype) if isinstance(val, Tensor) else val
+            return x
+
+        return hook
+
+    return [(name, make(entries)) for name, entries in by_hook.items()]
+
+
+@contextmanager
+def ablate(model: Model, heads: str | HeadRef | Sequence[str | HeadRef], method: AblationMethod = "zero",
+           reference: Any = None) -> Iterator[list[HeadRef]]:
+    """Inside the block, ``heads`` of ``model`` are ablated in every forward; yields the parsed heads.
+
+    ``heads`` are HeadRefs or names (``"L3H1,L5S2"``); ``method`` is ``zero``, ``mean`` or
+    ``resample``; ``reference`` (prompts, ids, a TokenBatch or a Task) supplies the activations for
+    ``mean``/``resample``. Zero ablation equals zeroing the heads' output-projection columns.
+    """
+    replaced = replacements(model, heads, method, reference)
+    with model.bridge.hooks(fwd_hooks=ablation_hooks(replaced)):
+        yield [r.site.head for r in replaced]

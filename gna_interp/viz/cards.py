@@ -1,0 +1,107 @@
+"""`ga_card(...)`: the G&A picture of one sample -- a gather head inside each segment, an aggregate head
+from the final token over the segments and their summary tokens, and the gold and predicted answers."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Sequence
+
+from gna_interp.errors import InputError
+from gna_interp.models.heads import HeadRef
+from gna_interp.patterns.base import PatternSet
+from gna_interp.tasks.segments import Segments
+from gna_interp.viz.attention import display_rows
+
+_GOLD, _PRED, _OTHER = "#2e8b57", "#c0392b", "#9aa5b1"
+
+
+def _show(token: str) -> str:
+    return token.replace("\n", "\\n").replace("\t", "\\t") or "\u2205"
+
+
+def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | str, segments: Segments,
+            sample: int = 0, gold: int | None = None, pred: int | None = None,
+            candidates: Sequence[str] | None = None, title: str | None = None) -> Any:
+    """Plotly figure of one sample seen by a Gather head and an Aggregate head.
+
+    Left: for every segment (one row per dictionary line / option), the ``gather`` head's weights
+    from the segment's summary token onto each token of that segment, the token text written in its
+    cell; the row label gives the share of the summary token's whole row that stays inside its own
+    segment. Right: the ``aggregate`` head's final-row weight on each segment, split into the summary
+    token (dark) and the rest of the segment (light); gold green, a wrong prediction red. SSM heads
+    are shown as ``|M| / Σ|M|`` per row (as in :func:`~gna_interp.viz.attention.attention_heads`).
+
+    ``segments`` index the sample's own tokens (``sample.segments(tokenizer)``); ``gold`` and
+    ``pred`` are item indices and ``candidates`` the answer texts (``candidates[i]`` belongs to item
+    ``i``), all optional.
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    g, a = HeadRef.parse(gather), HeadRef.parse(aggregate)
+    tokens = patterns.str_tokens[sample]
+    if segments.n_tokens != len(tokens):
+        raise InputError(f"segments cover {segments.n_tokens} tokens but sample {sample} has {len(tokens)}; "
+                         f"annotate the same prompt with the same tokenizer")
+    if not segments.items:
+        raise InputError("the segments have no items (lines / options): nothing to gather over")
+    pats = display_rows(patterns.sample(sample, [g, a]), [g, a]).cpu()
+    pg, pa = pats[0], pats[1]
+    width = max(len(s) for s in segments.items)
+    z, text, hover, labels = [], [], [], []
+    for i, span in enumerate(segments.items):
+        row = pg[span.summary]
+        seg = [float(row[p]) for p in range(span.start, span.stop)]
+        inside = sum(seg)
+        z.append(seg + [math.nan] * (width - len(seg)))
+        text.append([_show(tokens[p]) for p in range(span.start, span.stop)] + [""] * (width - len(seg)))
+        hover.append([f"{html.escape(_show(tokens[p]), quote=False)} (pos {p}) ← summary pos {span.summary}" for p in
+                      range(span.start, span.stop)] + [""] * (width - len(seg)))
+        segment_text = "".join(tokens[span.start:span.stop]).strip()
+        tag = " ★gold" if i == gold else " ✗pred" if i == pred else ""
+        labels.append(f"{i}: {html.escape(segment_text[:24], quote=False)} ({inside:.0%} in){tag}")
+    final = segments.final
+    summ = [float(pa[final, sp.summary]) for sp in segments.items]
+    rest = [float(pa[final, sp.start:sp.summary].sum()) for sp in segments.items]
+    total = [x + y for x, y in zip(summ, rest)]
+    colours = [_GOLD if i == gold else _PRED if i == pred else _OTHER for i in range(len(summ))]
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.6, 0.4], horizontal_spacing=0.03,
+                        subplot_titles=[f"gather {g.name}: summary token → own segment",
+                                        f"aggregate {a.name}: final → segments ({sum(total):.0%} of its row)"])
+    ys = list(range(len(labels)))
+    fig.add_trace(go.Heatmap(z=z, x=list(range(width)), y=ys, text=text, texttemplate="%{text}", customdata=hover,
+                             hovertemplate="%{customdata}<br>weight %{z:.3f}<extra></extra>", colorscale="Blues",
+                             zmin=0, zmax=1, xgap=2, ygap=2,
+                             colorbar=dict(title=dict(text="weight"), x=1.02, len=0.8)), row=1, col=1)
+    fig.add_trace(go.Bar(x=summ, y=ys, orientation="h", marker_color=colours, name="on the summary token",
+                         customdata=labels, hovertemplate="%{customdata}<br>on the summary token %{x:.3f}<extra></extra>"),
+                  row=1, col=2)
+    fig.add_trace(go.Bar(x=rest, y=ys, orientation="h", marker_color=colours, marker_opacity=0.4,
+                         name="on the rest of the segment", text=[f"{v:.3f}" for v in total], textposition="outside",
+                         cliponaxis=False, customdata=labels,
+                         hovertemplate="%{customdata}<br>on the rest of the segment %{x:.3f}<extra></extra>"),
+                  row=1, col=2)
+    fig.update_yaxes(tickvals=ys, ticktext=labels, autorange="reversed", title_text="segment", row=1, col=1)
+    fig.update_xaxes(title_text="token within segment", tickvals=list(range(width)), row=1, col=1)
+    fig.update_xaxes(title_text=f"weight from final token {html.escape(_show(tokens[final]), quote=False)!r}",
+                     range=[0, max(0.05, max(total)) * 1.25], row=1, col=2)
+    fig.update_layout(title=dict(text=title or _answer_title(g, a, gold, pred, candidates)), barmode="stack",
+                      height=int(200 + 26 * len(labels)), template="plotly_white", margin=dict(l=190, r=90, t=110, b=60),
+                      legend=dict(orientation="h", yanchor="top", y=-0.2 - 6 / (len(labels) + 6), x=0.6))
+    return fig
+
+
+def _answer_title(g: HeadRef, a: HeadRef, gold: int | None, pred: int | None,
+                  candidates: Sequence[str] | None) -> str:
+    head = f"G&amp;A card: gather {g.name}, aggregate {a.name}"
+    parts = []
+
+    def say(i: int) -> str:
+        return f"{html.escape(repr(candidates[i]), quote=False)} (segment {i})" if candidates else f"segment {i}"
+    if gold is not None:
+        parts.append(f"gold {say(gold)}")
+    if pred is not None:
+        ok = "" if gold is None else (" ✓" if pred == gold else " ✗")
+        parts.append(f"predicted {say(pred)}{ok}")
+    return head + (f"<br><sup>{' · '.join(parts)}</sup>" if parts else "")

@@ -1,0 +1,364 @@
+"""Train the zoo models on KV retrieval (official template) and write checkpoint, tokenizer and model card.
+
+Every zoo model sees the same data: at step ``i`` one dictionary size ``n`` is drawn (uniform over the
+recipe's ``pairs`` range, from a :class:`~gna_interp.tasks.seeding.StableRng` stream named by the seed
+and ``i``), and the batch is ``KVRetrieval(n, batch_size, seed=data_seed(seed, i))`` -- the project's own
+task generator, official template. Each official prompt and its answer is followed by a few more query
+lines in the same wording (``"\nThe value of the key 'K2' is 17"``, other keys of the same dictionary,
+at most ``n // 2`` queries so that answering never reduces to elimination), so one sequence carries several
+answers; the evaluated single-query prompt is exactly the prefix of every training sequence. The zoo
+tokenizer makes an answer ``" 42"`` the single token ``"42"`` (the very token of the dictionary line),
+and the loss is the cross-entropy of every answer's value token, predicted at the query's last token
+``" is"``; nothing else in the sequence is trained on (keys and values are random, so it carries no
+learnable signal).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from gna_interp.errors import InputError, UnknownModelError
+
+DEFAULT_EVAL_SIZES: tuple[int, ...] = (5, 8, 10, 20, 40)
+CARD_JSON = "card.json"
+CARD_MD = "MODEL_CARD.md"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one zoo model is built and trained.
+
+    ``config`` holds the Hugging Face config arguments (``vocab_size`` and the special-token ids are
+    filled in from the tokenizer); ``pairs`` is the inclusive range of training dictionary sizes, and
+    ``train_pairs`` (its upper end) the size the acceptance bar refers to.
+    """
+
+    name: str
+    family: str
+    hf_class: str
+    config_class: str
+    config: dict[str, Any]
+    description: str
+    steps: int = 800
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup: int = 50
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    pairs: tuple[int, int] = (2, 8)
+    queries: int = 4
+    seed: int = 0
+    threads: int = 1
+
+    @property
+    def train_pairs(self) -> int:
+        return self.pairs[1]
+
+
+_D = 64  # width of every zoo model
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("transformer-kv", "transformer", "LlamaForCausalLM", "LlamaConfig",
+           dict(hidden_size=_D, intermediate_size=4 * _D, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.1),
+           "Llama architecture: 2 blocks of RoPE attention (4 heads, d_head 16) + SwiGLU MLP."),
+    Recipe("mamba1-kv", "mamba1", "MambaForCausalLM", "MambaConfig",
+           dict(hidden_size=_D, state_size=16, num_hidden_layers=4, expand=2, conv_kernel=4,
+                tie_word_embeddings=True, use_mambapy=True, initializer_range=0.1),
+           "Mamba-1 (S6): 4 blocks, d_inner 128 channels, state 16, conv 4."),
+    Recipe("mamba2-kv", "mamba2", "Mamba2ForCausalLM", "Mamba2Config",
+           dict(hidden_size=_D, state_size=32, num_hidden_layers=4, expand=2, head_dim=16, num_heads=8,
+                n_groups=1, conv_kernel=4, chunk_size=64, tie_word_embeddings=True, initializer_range=0.1),
+           "Mamba-2 (SSD): 4 blocks, 8 SSM heads x head_dim 16, state 32, 1 group, conv 4."),
+    Recipe("hybrid-kv", "hybrid", "BambaForCausalLM", "BambaConfig",
+           dict(hidden_size=_D, intermediate_size=2 * _D, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=4, attn_layer_indices=[2], mamba_n_heads=8, mamba_d_head=16,
+                mamba_n_groups=1, mamba_d_state=32, mamba_expand=2, mamba_chunk_size=64,
+                max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.1),
+           "Bamba hybrid: 4 blocks, Mamba-2 mixers (8 heads x 16, state 32) in blocks 0, 1, 3 and "
+           "RoPE attention (4 heads) in block 2; every block has a SwiGLU MLP (width 128)."),
+)}
+
+
+def recipe(name: str) -> Recipe:
+    """The recipe of zoo model ``name``; :class:`UnknownModelError` lists the known names."""
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise UnknownModelError(f"unknown zoo model {name!r}; known zoo models: {sorted(RECIPES)}") from None
+
+
+def data_seed(seed: int, step: int) -> int:
+    """Seed of the :class:`KVRetrieval` batch at ``step`` (disjoint from small evaluation seeds)."""
+    return 1_000_000 * (seed + 1) + step
+
+
+def pairs_at(r: Recipe, step: int) -> int:
+    """Dictionary size of the batch at ``step``: uniform over ``r.pairs``, fixed by the seed."""
+    from gna_interp.tasks.seeding import StableRng
+
+    lo, hi = r.pairs
+    return lo + StableRng("zoo-pairs", r.seed, step).below(hi - lo + 1)
+
+
+def training_text(sample: Any, extra: Sequence[int]) -> tuple[str, list[int]]:
+    """An official KV prompt plus its answer, followed by one more query line in the same wording for
+    each dictionary line in ``extra``; returns the text and the character offset of every answer value."""
+    lines = [sample.prompt[a:b].rstrip("\n").split(":") for a, b in sample.spans.items]
+    key = sample.meta["key"]
+    if sample.prompt[sample.cue_start:] != f"The value of the key '{key}' is":
+        raise InputError(f"unexpected KV cue {sample.prompt[sample.cue_start:]!r}; the zoo trains on the official template")
+    text = sample.prompt + sample.answer
+    starts = [len(text) - len(sample.answer.lstrip())]
+    for i in extra:
+        k, v = lines[i]
+        text += f"\nThe value of the key '{k}' is {v}"
+        starts.append(len(text) - len(v))
+    return text, starts
+
+
+def training_batch(tokenizer: Any, r: Recipe, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids [batch, pos], positions [q], values [batch, q])`` of ``step``.
+
+    Each sequence is an official-template KV prompt and its answer followed by ``r.queries - 1`` more
+    query lines (distinct keys of the same dictionary, same wording). ``values[:, j]`` is the token of
+    the ``j``-th answer value, predicted at ``positions[j]`` (that query's ``" is"`` token); the structure
+    is identical across the batch because every key and value is one token.
+    """
+    from gna_interp.tasks import KVRetrieval
+    from gna_interp.tasks.seeding import StableRng
+
+    n = pairs_at(r, step)
+    q = max(1, min(r.queries, n // 2))  # at least half the lines stay unqueried: no elimination shortcut
+    task = KVRetrieval(n, r.batch_size, seed=data_seed(r.seed, step), template="official")
+    ids, values, where = [], [], None
+    for i, s in enumerate(task):
+        others = [j for j in range(n) if j != s.gold]
+        text, starts = training_text(s, StableRng("zoo-queries", r.seed, step, i).sample(others, q - 1))
+        enc = tokenizer(text, return_offsets_mapping=True)
+        pos = [next((t for t, (a, _) in enumerate(enc["offset_mapping"]) if a == c), -1) for c in starts]
+        if -1 in pos or tokenizer.unk_token_id in enc["input_ids"]:
+            raise InputError(f"the zoo tokenizer does not split the answers of {text!r} into known value tokens")
+        if where is not None and (pos != where or len(enc["input_ids"]) != len(ids[0])):
+            raise InputError("training sequences of one batch tokenised to different structures")
+        where = pos
+        ids.append(enc["input_ids"])
+        values.append([enc["input_ids"][t] for t in pos])
+    full = torch.tensor(ids)
+    last = max(where)
+    return full[:, :last], torch.tensor(where) - 1, torch.tensor(values)
+
+
+def build_model(r: Recipe, tokenizer: Any) -> torch.nn.Module:
+    """A freshly initialised model of recipe ``r`` (seeded with ``r.seed``) sized for ``tokenizer``."""
+    import transformers
+
+    cfg = getattr(transformers, r.config_class)(vocab_size=len(tokenizer), **r.config)
+    cfg.pad_token_id = cfg.eos_token_id = cfg.bos_token_id = tokenizer.pad_token_id
+    torch.manual_seed(r.seed)
+    return getattr(transformers, r.hf_class)(cfg)
+
+
+def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
+    """``total`` (tied embeddings counted once) and ``non_embedding`` parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    emb = model.get_input_embeddings().weight.numel()
+    return {"total": total, "non_embedding": total - emb}
+
+
+def _lr_at(r: Recipe, step: int, steps: int) -> float:
+    if step < r.warmup:
+        return r.lr * (step + 1) / r.warmup
+    frac = (step - r.warmup) / max(1, steps - r.warmup)
+    return r.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` did: where it wrote, the card, and the loss curve."""
+
+    out: Path
+    card: dict[str, Any]
+    losses: list[float] = field(default_factory=list)
+
+
+def train(name: str, out: str | os.PathLike, steps: int | None = None, seed: int | None = None,
+          eval_sizes: Sequence[int] = DEFAULT_EVAL_SIZES, eval_samples: int = 200, threads: int | None = None,
+          log: Callable[[str], None] | None = print, log_every: int = 50) -> TrainResult:
+    """Train zoo model ``name`` from scratch on CPU, save it to ``out`` and evaluate it there.
+
+    ``out`` receives ``model.safetensors`` (fp32), ``config.json``, the tokenizer files, ``card.json``
+    and ``MODEL_CARD.md``. Accuracy per dictionary size in ``eval_sizes`` is measured with
+    :func:`gna_interp.tasks.evaluate` on ``KVRetrieval(n, eval_samples, seed=0)`` after loading the
+    saved directory through :func:`gna_interp.load_model`. ``steps``/``seed``/``threads`` override the recipe.
+    """
+    from gna_interp.models.loading import quiet_transformers
+    from gna_interp.zoo.tokenizer import build_tokenizer
+
+    r = recipe(name)
+    r = replace(r, steps=r.steps if steps is None else steps, seed=r.seed if seed is None else seed,
+                threads=r.threads if threads is None else threads)
+    if r.steps < 1:
+        raise InputError(f"steps must be >= 1, got {r.steps}")
+    say = log or (lambda _msg: None)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(r.threads)
+    try:
+        tokenizer = build_tokenizer()
+        with quiet_transformers():
+            model = build_model(r, tokenizer)
+        model.train()
+        counts = parameter_counts(model)
+        say(f"{name}: {r.hf_class}, {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
+            f"{r.steps} steps, batch {r.batch_size}, dictionaries {r.pairs[0]}-{r.pairs[1]} pairs, seed {r.seed}")
+        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": r.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=r.lr, betas=(0.9, 0.98))
+        losses: list[float] = []
+        start = time.perf_counter()
+        for step in range(r.steps):
+            inputs, positions, values = training_batch(tokenizer, r, step)
+            for g in opt.param_groups:
+                g["lr"] = _lr_at(r, step, r.steps)
+            logits = model(input_ids=inputs, logits_to_keep=positions).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), values.flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), r.grad_clip)
+            opt.step()
+            losses.append(loss.item())
+            if log and ((step + 1) % log_every == 0 or step + 1 == r.steps):
+                recent = losses[-log_every:]
+                say(f"  step {step + 1}/{r.steps}  loss {sum(recent) / len(recent):.4f}  "
+                    f"{time.perf_counter() - start:.0f}s")
+        wall = time.perf_counter() - start
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        model.eval()
+        with quiet_transformers():
+            model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        card = _card(r, counts, wall, losses)
+        card["evaluation"] = evaluate_checkpoint(out, eval_sizes, eval_samples)
+        write_card(out, card)
+        say(f"  wrote {out}; accuracy " + ", ".join(f"{k} pairs {v['accuracy']:.3f}"
+                                                     for k, v in card["evaluation"]["by_pairs"].items()))
+        return TrainResult(out, card, losses)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _card(r: Recipe, counts: dict[str, int], wall: float, losses: list[float]) -> dict[str, Any]:
+    import transformers
+
+    tail = losses[-min(50, len(losses)):]
+    return {
+        "name": r.name,
+        "family": r.family,
+        "architecture": r.hf_class,
+        "description": r.description,
+        "config": r.config,
+        "parameters": counts,
+        "dtype": "float32",
+        "tokenizer": "word-level (gna_interp.zoo.tokenizer): template words, the shipped word list, values 0-99",
+        "training": {
+            "seed": r.seed, "steps": r.steps, "batch_size": r.batch_size, "lr": r.lr, "warmup": r.warmup,
+            "schedule": "linear warmup, cosine decay to 10%", "optimizer": "AdamW(betas=(0.9, 0.98))",
+            "weight_decay": r.weight_decay, "grad_clip": r.grad_clip,
+            "pairs": list(r.pairs), "train_pairs": r.train_pairs,
+            "queries": r.queries,
+            "data": "KVRetrieval(n, batch_size, seed=1_000_000*(seed+1)+step, template='official'); "
+                    "n uniform over pairs per step (StableRng('zoo-pairs', seed, step)); each official prompt "
+                    "and answer is followed by max(1, min(queries, n // 2)) - 1 more query lines in the same "
+                    "wording for other keys of the dictionary (StableRng('zoo-queries', seed, step, i))",
+            "loss": "cross-entropy of every answer's value token, predicted at its query's last token ' is' "
+                    "(answers only; nothing else in the sequence is trained on)",
+            "threads": r.threads, "device": "cpu", "wall_seconds": round(wall, 1),
+            "final_loss": round(sum(tail) / len(tail), 4),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+    }
+
+
+def evaluate_checkpoint(path: str | os.PathLike, sizes: Sequence[int] = DEFAULT_EVAL_SIZES,
+                        n_samples: int = 200, seed: int = 0) -> dict[str, Any]:
+    """KV accuracy of the checkpoint at ``path`` per dictionary size, via ``load_model`` and ``evaluate``."""
+    from gna_interp.models.loading import load_model
+    from gna_interp.tasks import KVRetrieval, evaluate
+
+    model = load_model(path, device="cpu")
+    by_pairs: dict[str, dict[str, float]] = {}
+    for n in sizes:
+        ev = evaluate(model, KVRetrieval(n, n_samples, seed=seed, template="official"), batch_size=32,
+                      progress=False)
+        m = ev.metrics
+        by_pairs[str(n)] = {"accuracy": round(m["accuracy"], 4), "logit_diff": round(m["logit_diff"], 3),
+                            "gold_prob": round(m["gold_prob"], 4), "chance": round(m["chance"], 4)}
+    return {"task": "KVRetrieval(n_pairs, n_samples, seed, template='official')", "n_samples": n_samples,
+            "seed": seed, "scorer": "gna_interp.tasks.evaluate (summed log-prob of each candidate)",
+            "by_pairs": by_pairs}
+
+
+def write_card(out: str | os.PathLike, card: dict[str, Any]) -> None:
+    """Write ``card.json`` and a human-readable ``MODEL_CARD.md`` into ``out``."""
+    out = Path(out)
+    (out / CARD_JSON).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
+    (out / CARD_MD).write_text(render_card(card), encoding="utf-8")
+
+
+def render_card(card: dict[str, Any]) -> str:
+    """The Markdown model card of a ``card.json`` dictionary."""
+    t, ev, p = card["training"], card["evaluation"], card["parameters"]
+    rows = "\n".join(f"| {n} | {v['accuracy']:.3f} | {v['chance']:.3f} | {v['logit_diff']:.2f} | {v['gold_prob']:.3f} |"
+                     for n, v in ev["by_pairs"].items())
+    cfg = "\n".join(f"- `{k}`: {v}" for k, v in card["config"].items())
+    return f"""# zoo:{card['name']}
+
+{card['description']}
+
+- Architecture: `{card['architecture']}` ({card['family']}), load with `gna_interp.load_model("zoo:{card['name']}")`
+- Parameters: {p['total']:,} ({p['non_embedding']:,} without the tied embedding), stored as {card['dtype']} safetensors
+- Tokenizer: {card['tokenizer']}
+
+## Training
+
+- Task: KV retrieval, official template, dictionaries of {t['pairs'][0]}-{t['pairs'][1]} pairs
+  (training dictionary size {t['train_pairs']}); data: {t['data']}
+- Loss: {t['loss']}
+- Seed {t['seed']}, {t['steps']} steps, batch {t['batch_size']}, lr {t['lr']} ({t['schedule']}, warmup {t['warmup']}),
+  {t['optimizer']}, weight decay {t['weight_decay']}, grad clip {t['grad_clip']}
+- Wall time {t['wall_seconds']} s on CPU, {t['threads']} thread(s); final loss {t['final_loss']}
+- torch {t['torch']}, transformers {t['transformers']}, Python {t['python']}
+- Reproduce: `gna zoo train {card['name']} --steps {t['steps']} --seed {t['seed']}`
+
+## Accuracy
+
+Measured with `gna_interp.tasks.evaluate` on `KVRetrieval(n_pairs, {ev['n_samples']}, seed={ev['seed']})`
+(candidates: the dictionary's values; {ev['scorer']}).
+
+| pairs | accuracy | chance | logit diff | gold prob |
+|---|---|---|---|---|
+{rows}
+
+## Config
+
+{cfg}
+"""
+
+
+def read_card(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``card.json`` of a zoo checkpoint directory."""
+    f = Path(path) / CARD_JSON
+    if not f.is_file():
+        raise InputError(f"{str(path)!r} has no {CARD_JSON}; is it a zoo checkpoint?")
+    return json.loads(f.read_text(encoding="utf-8"))

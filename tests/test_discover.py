@@ -1,0 +1,121 @@
+"""`discover`: circuit structure, ablation curve, saved files, `gna scan`; SmolLM2 equality checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gna_interp import HeadRef
+from gna_interp.circuits import ablation_curve, discover, scan_heads
+from gna_interp.circuits.discover import CURVE_COLUMNS, Circuit
+from gna_interp.cli import main
+from gna_interp.errors import InputError
+from gna_interp.interventions import ablate
+from gna_interp.tasks import KVRetrieval, evaluate
+
+TASK = KVRetrieval(n_pairs=3, n_samples=4, max_value=20, seed=3)
+
+
+@pytest.fixture(scope="module")
+def circuit(tiny_models) -> Circuit:
+    return discover(tiny_models["llama"], TASK, strategy="auto", verify=6, k=3, seeds=2, batch_size=4,
+                    role_samples=2, progress=False)
+
+
+def test_circuit_ranks_heads_with_roles(circuit, tiny_models):
+    df = circuit.heads()
+    assert len(df) == len(tiny_models["llama"].heads())
+    assert df["rank"].tolist() == list(range(1, len(df) + 1))
+    assert df["role"].isin(["gather", "aggregate", "other"]).all()
+    assert {"gather", "aggregate", "gold_share", "sharpness", "source"} <= set(df.columns)
+    assert (df["source"].head(6) == "exact").all()
+
+
+def test_curve_top_k_and_random(circuit, tiny_models):
+    c = circuit.curve
+    assert list(c.columns) == CURVE_COLUMNS
+    top = c[c["series"] == "top"]
+    assert top["k"].tolist() == [0, 1, 2, 3]
+    ranked = circuit.scan.top(3)
+    assert top["heads"].iloc[3] == ",".join(h.name for h in ranked)
+    rnd = c[c["series"] == "random"]
+    assert sorted(rnd["seed"].unique()) == [0, 1] and len(rnd) == 2 * 4
+    assert (rnd[rnd["k"] == 0]["accuracy"] == top["accuracy"].iloc[0]).all()
+    # each point is a real evaluation under `ablate`
+    model = tiny_models["llama"]
+    with ablate(model, ranked[:2]):
+        m = evaluate(model, TASK, batch_size=4, progress=False).metrics
+    assert top["logit_diff"].iloc[2] == pytest.approx(m["logit_diff"], abs=1e-6)
+    assert circuit.baseline["accuracy"] == pytest.approx(top["accuracy"].iloc[0])
+
+
+def test_ablation_curve_is_reproducible_and_checks_k(tiny_models):
+    model = tiny_models["mamba2"]
+    heads = model.heads()
+    a = ablation_curve(model, TASK, heads, heads, k=2, seeds=1, batch_size=4)
+    b = ablation_curve(model, TASK, heads, heads, k=2, seeds=1, batch_size=4)
+    assert a.equals(b)
+    with pytest.raises(InputError, match="cannot remove"):
+        ablation_curve(model, TASK, heads[:1], heads, k=2)
+
+
+def test_saved_files_feed_the_report(circuit, tmp_path):
+    from gna_interp.report.inputs import load_inputs
+
+    circuit.save(tmp_path)
+    data = json.loads((tmp_path / "circuit.json").read_text())
+    assert data["model"] == circuit.model and data["task"]["n_pairs"] == 3 and data["task"]["max_value"] == 20
+    assert data["rule"] == circuit.rule.to_dict() and len(data["curve"]) == len(circuit.curve)
+    inputs = load_inputs(tmp_path)
+    assert list(inputs.scan.columns[:8]) == ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank"]
+    assert inputs.heads["name"].tolist() == circuit.heads()["name"].tolist()
+    assert inputs.baseline["accuracy"] == pytest.approx(circuit.baseline["accuracy"])
+    text = (tmp_path / "summary.md").read_text()
+    assert circuit.heads()["name"].iloc[0] in text and "random heads" in text
+
+
+def test_pair_prefers_an_earlier_gather_head():
+    import pandas as pd
+
+    from gna_interp.circuits.scan import HeadScan
+
+    ablated = {"L2H0": 0.2, "L2H1": 0.3, "L1H0": 0.5, "L0H0": 0.9, "L0H1": 1.2}  # baseline 1.0
+    heads = [HeadRef.parse(n) for n in ablated]
+    per = lambda v: {"logit_diff": torch.tensor([v], dtype=torch.float64), "correct": torch.tensor([True])}  # noqa: E731
+    scan = HeadScan("m", "t", "zero", "logit_diff", "exact", heads, per(1.0), {h: per(ablated[h.name]) for h in heads})
+    roles = {"L2H0": "aggregate", "L2H1": "gather", "L1H0": "gather", "L0H0": "gather", "L0H1": "gather"}
+    frame = lambda r: pd.DataFrame({"name": list(r), "role": list(r.values())})  # noqa: E731
+    c = Circuit("m", {"name": "t"}, scan, frame(roles), {}, pd.DataFrame(columns=CURVE_COLUMNS))
+    assert [h.name for h in c.pair()] == ["L1H0", "L2H0"]  # best-ranked gather head in an earlier layer
+    c.roles = frame({**roles, "L1H0": "other", "L0H0": "other"})
+    assert [h.name for h in c.pair()] == ["L2H1", "L2H0"]  # none earlier (L0H1 does not hurt): any layer
+    c.roles = frame({**roles, "L2H0": "other"})
+    assert c.pair() is None
+
+
+def test_gna_scan_command(tiny_dirs, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["--device", "cpu", "scan", "--model", str(tiny_dirs["mamba2"]), "--pairs", "3", "--samples", "3",
+            "--max-value", "20", "--top-k", "2", "--seeds", "1", "--batch-size", "3", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| rank | head |" in printed and "wrote" in printed
+    for f in ("scan.csv", "circuit.json", "summary.md", "scan.ckpt.json"):
+        assert (out / f).is_file(), f
+    first = (out / "scan.csv").read_text()
+    assert main(argv + ["--resume"]) == 0  # resumes from the finished checkpoint
+    assert (out / "scan.csv").read_text().splitlines()[0] == first.splitlines()[0]
+    assert main(["scan", "--model", str(tiny_dirs["mamba2"]), "--pairs", "0", "--out", str(out)]) == 2
+
+
+@pytest.mark.smollm2
+def test_smollm2_fast_exact_equals_naive(smollm2):
+    task = KVRetrieval(n_pairs=3, n_samples=2, max_value=9, seed=5)
+    heads = ["L0H4", "L14H2", "L29H8"]
+    naive = scan_heads(smollm2, task, heads=heads, strategy="naive", batch_size=2, progress=False)
+    exact = scan_heads(smollm2, task, heads=heads, strategy="exact", batch_size=2, progress=False)
+    for h in naive.exact:
+        torch.testing.assert_close(exact.exact[h]["logit_diff"], naive.exact[h]["logit_diff"], atol=1e-4, rtol=0)
+    assert max(abs(exact.to_frame()["drop"])) > 1e-4

@@ -1,0 +1,57 @@
+"""The notebooks are stored without outputs and run top to bottom offline (nbclient, a fresh kernel)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+CELL_TIMEOUT_S = 180
+
+
+def _load(path: Path):
+    nbformat = pytest.importorskip("nbformat")
+    return nbformat.read(path, as_version=4)
+
+
+def test_both_notebooks_are_there():
+    assert [p.name for p in NOTEBOOKS] == ["01_quickstart.ipynb", "02_ssm_vs_attention.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_stored_without_outputs(path: Path):
+    nb = _load(path)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code, f"{path.name} has no code cells"
+    dirty = [i for i, c in enumerate(code) if c.outputs or c.execution_count is not None]
+    assert not dirty, f"{path.name}: code cells {dirty} carry outputs; strip them before committing"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path):
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    nb = _load(path)
+    env_threads = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "TQDM_DISABLE": "1"}
+    old = {k: os.environ.get(k) for k in env_threads}
+    os.environ.update(env_threads)
+    start = time.perf_counter()
+    try:
+        client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                                         resources={"metadata": {"path": str(tmp_path)}})
+        client.execute()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    seconds = time.perf_counter() - start
+    print(f"{path.name}: {seconds:.1f}s on {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors

@@ -1,0 +1,135 @@
+"""The report: built from a scan folder, rendered in real headless Chromium, offline, with every plot drawn."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from html import escape
+from pathlib import Path
+
+import pytest
+
+from gna_interp.cli import main
+from gna_interp.report import build_report, card_heads, load_inputs
+from gna_interp.viz.export import png_export_problem
+from made_up import write_scan_folder
+
+CHROMIUM = os.environ.get("GNA_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-quic", "--no-first-run"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def hybrid_report(tiny_dirs, tiny_models, tmp_path_factory) -> Path:
+    """report.html of a made-up scan of the tiny Bamba hybrid (attention + Mamba-2 heads), PNGs included."""
+    folder = write_scan_folder(tmp_path_factory.mktemp("scan"), str(tiny_dirs["bamba"]), tiny_models["bamba"].heads())
+    return build_report(folder, model=tiny_models["bamba"], png=png_export_problem() is None)
+
+
+def test_report_reads_roles_and_embeds_each_bundle_once(hybrid_report):
+    html = hybrid_report.read_text(encoding="utf-8")
+    assert html.count("var CircuitsVis") == 1 and html.count("CircuitsVis.render(") == 1
+    assert html.count("* plotly.js v") == 1  # the library's banner: plotly.js embedded once
+    assert html.count("Plotly.newPlot") == 5  # heatmap, curve, two cards, attention-vs-SSM
+    for section in ("Model and task", "Where the heads are", "Top heads and their roles", "Ablation curve",
+                    "G&amp;A cards", "Patterns of the top heads", "Attention vs SSM"):
+        assert f"<h2>{section}</h2>" in html
+    gather, aggregate = load_inputs(hybrid_report.parent).pair
+    assert f"gather {gather.name}" in html and f"aggregate {aggregate.name}" in html
+    assert "accuracy=0.9" in html and "BambaForCausalLM" in html
+
+
+def test_report_writes_pngs_when_kaleido_works(hybrid_report):
+    problem = png_export_problem()
+    if problem:
+        pytest.skip(f"PNG export unavailable here: {problem}")
+    pngs = sorted((hybrid_report.parent / "figures").glob("*.png"))
+    assert [p.stem for p in pngs] == ["ablation_curve", "compare", "ga_card_0", "ga_card_1", "heatmap"]
+    for p in pngs:
+        assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 20_000, p
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
+def test_report_renders_offline_in_headless_chromium(hybrid_report):
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    console, errors, requests = [], [], []
+    shot = hybrid_report.parent / "report.png"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(hybrid_report.as_uri(), wait_until="load", timeout=120_000)
+            page.wait_for_function(
+                "document.querySelectorAll('.js-plotly-plot .main-svg').length >= 10"
+                " && document.querySelectorAll('.cv-widget canvas').length >= 1", timeout=120_000)
+            drawn = page.evaluate("""() => {
+                const plots = [...document.querySelectorAll('.js-plotly-plot')];
+                return {
+                  plots: plots.length,
+                  sized: plots.filter(p => p.getBoundingClientRect().height > 200).length,
+                  heatmaps: document.querySelectorAll('.js-plotly-plot .hm image').length,
+                  bars: document.querySelectorAll('.js-plotly-plot .bars path').length,
+                  lines: document.querySelectorAll('.js-plotly-plot .scatterlayer path.js-line').length,
+                  titles: [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent),
+                  canvases: document.querySelectorAll('.cv-widget canvas').length,
+                  heads: document.querySelector('.cv-widget').innerText,
+                };
+            }""")
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    print(f"screenshot: {shot}")
+    assert not errors, errors
+    assert not [c for c in console if c.startswith("error")], console
+    assert all(u.startswith(("file:", "data:", "blob:", "about:")) for u in requests), requests
+    assert drawn["plots"] == drawn["sized"] == 5, drawn
+    assert drawn["heatmaps"] >= 2 + 2 + 2 and drawn["bars"] >= 8 and drawn["lines"] >= 3, drawn
+    assert len(drawn["titles"]) == 5 and all(drawn["titles"]), drawn
+    assert drawn["canvases"] >= 1 and "L" in drawn["heads"], drawn
+    assert shot.read_bytes()[:8] == PNG_MAGIC and shot.stat().st_size > 100_000
+
+
+def test_report_command_rebuilds_without_a_model_it_cannot_find(tiny_dirs, tiny_models, tmp_path, capsys):
+    folder = write_scan_folder(tmp_path / "scan", str(tmp_path / "gone"), tiny_models["llama"].heads())
+    assert main(["report", str(folder), "--no-png"]) == 0
+    html = (folder / "report.html").read_text(encoding="utf-8")
+    assert "Not drawn:" in html and "Plotly.newPlot" in html and "CircuitsVis.render(" not in html
+    assert main(["report", str(folder), "--no-png", "--model", str(tiny_dirs["llama"])]) == 0
+    assert "CircuitsVis.render(" in (folder / "report.html").read_text(encoding="utf-8")
+
+
+def test_report_needs_a_scan(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "has no scan.csv" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_report_from_a_real_discovery(tiny_models, tmp_path):
+    """The files discovery writes (scan.csv with roles, circuit.json) make a full report."""
+    from gna_interp.circuits.discover import discover
+    from gna_interp.tasks import KVRetrieval
+
+    model, task = tiny_models["llama"], KVRetrieval(n_pairs=4, n_samples=4, seed=1)
+    circuit = discover(model, task, strategy="exact", k=2, seeds=2, role_samples=2, progress=False)
+    folder = circuit.save(tmp_path / "run")
+    html = build_report(folder, model=model, png=False).read_text(encoding="utf-8")
+    assert html.count("Plotly.newPlot") >= 2 and html.count("CircuitsVis.render(") == 1
+    best = circuit.heads()["name"].iloc[0]
+    assert f"<td>{best}</td>" in html and "gold_share" in html
+    pair, why = card_heads(circuit.heads(), circuit.pair())
+    assert escape(why) in html and html.count("Plotly.newPlot") == 4  # heatmap, curve, a card per sample (n_cards=2)
+    assert f"gather {pair[0].name}, aggregate {pair[1].name}" in html
+
+
+@pytest.mark.slow
+def test_scan_command_writes_the_report(tiny_dirs, tmp_path, capsys):
+    out = tmp_path / "scan"
+    assert main(["scan", "--model", str(tiny_dirs["llama"]), "--pairs", "3", "--samples", "3", "--strategy", "exact",
+                 "--top-k", "1", "--seeds", "1", "--out", str(out)]) == 0
+    assert f"wrote {out / 'report.html'}" in capsys.readouterr().out
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert html.count("var CircuitsVis") == 1 and "Ablation curve" in html and "G&amp;A card" in html

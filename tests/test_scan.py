@@ -1,0 +1,227 @@
+"""`scan_heads`: fast exact equals the naive loop, attribution is a correct first-order estimate, auto,
+checkpoint kill-and-resume, result frame, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from gna_interp import HeadRef
+from gna_interp.circuits import scan_heads
+from gna_interp.circuits import scan as scan_mod
+from gna_interp.circuits.attribution import attribution_estimates, metric_weights
+from gna_interp.circuits.readout import layout_chunks
+from gna_interp.circuits.replay import ReplayMismatch
+from gna_interp.errors import InputError
+from gna_interp.interventions.ablation import Replacement, ablation_hooks, head_site
+from gna_interp.tasks import KVRetrieval, plan_scoring, run_plan
+
+TASK = KVRetrieval(n_pairs=3, n_samples=3, max_value=20, seed=1)
+HEADS = {
+    "llama": ["L0H1", "L1H2", "L2H3", "L2H0"],
+    "mamba": ["L0C0+16", "L1C40+8"],
+    "mamba2": ["L0S1", "L1S3", "L1S0"],
+    "bamba": ["L0S1", "L1H2", "L2S0"],
+    "jamba": ["L1H1", "L2C3+5"],
+}
+
+
+@pytest.mark.parametrize("family", sorted(HEADS))
+def test_fast_exact_equals_the_naive_loop(tiny_models, family):
+    model = tiny_models[family]
+    kw = dict(heads=HEADS[family], batch_size=2, progress=False)  # 2 forwards per pass, left padding inside
+    naive = scan_heads(model, TASK, strategy="naive", **kw)
+    exact = scan_heads(model, TASK, strategy="exact", stack=2, **kw)
+    assert set(exact.exact) == set(naive.exact) == set(model.check_heads(HEADS[family]))
+    for h in naive.exact:
+        torch.testing.assert_close(exact.exact[h]["logit_diff"], naive.exact[h]["logit_diff"], atol=1e-4, rtol=0)
+        assert torch.equal(exact.exact[h]["correct"], naive.exact[h]["correct"])
+    torch.testing.assert_close(exact.baseline["logit_diff"], naive.baseline["logit_diff"], atol=1e-4, rtol=0)
+    drops = exact.to_frame()["drop"].abs()
+    assert drops.max() > 1e-5, "no head changed anything: the comparison would be vacuous"
+
+
+def test_exact_with_mean_ablation_matches_naive_and_accuracy_metric(tiny_models):
+    model = tiny_models["llama"]
+    ref = KVRetrieval(n_pairs=3, n_samples=2, max_value=20, seed=7)
+    kw = dict(heads=["L0H0", "L1H3"], method="mean", reference=ref, metric="accuracy", batch_size=2, progress=False)
+    naive = scan_heads(model, TASK, strategy="naive", **kw).to_frame().set_index("name")
+    exact = scan_heads(model, TASK, strategy="exact", **kw).to_frame().set_index("name")
+    assert list(exact.columns) == ["layer", "head", "kind", "baseline", "ablated", "drop", "rank", "source", "est_drop"]
+    assert (exact.loc[naive.index, "ablated"] == naive["ablated"]).all()
+
+
+def test_attribution_is_the_first_order_effect(tiny_models):
+    """With a replacement a' = (1 - eps) a the exact effect is eps * (-a . grad): attribution must match it."""
+    model = tiny_models["bamba"]
+    plan = plan_scoring(model, TASK.samples)
+    chunks = layout_chunks(model, plan, batch_size=len(plan.rows))  # one forward: resample rows = this batch
+    batch = chunks[0].batch
+    eps = 1e-3
+    for name in ["L0S2", "L1H1"]:
+        site = head_site(model, name)
+        _, cache = model.run_with_cache(batch, names_filter=site.hook)
+        act = cache[site.hook].flatten(2)[..., site.columns].float()
+        r = Replacement(site, mean=torch.zeros(act.shape[-1]), rows=(1 - eps) * act,
+                        row_mask=torch.ones(act.shape[:2], dtype=torch.bool))
+        clean = run_plan(model, plan, len(plan.rows), share_prefix=False)
+        est, clean2 = attribution_estimates(model, plan, chunks, [r], metric_weights(plan, clean))
+        moved = run_plan(model, plan, len(plan.rows), fwd_hooks=ablation_hooks([r]), share_prefix=False)
+        other = clean.scores.scatter(1, clean.gold[:, None], float("-inf")).argmax(-1, keepdim=True)
+        ld = lambda s: (s.gold_score - s.scores.gather(1, other)[:, 0]).mean().item()  # noqa: E731
+        exact = ld(moved) - ld(clean)
+        assert abs(exact) > 1e-7
+        assert est[0].item() == pytest.approx(exact, rel=0.05, abs=2e-6)
+        torch.testing.assert_close(clean2.scores, clean.scores, atol=1e-4, rtol=0)
+
+
+def test_attribution_and_auto_scans(tiny_models):
+    model = tiny_models["llama"]
+    heads = model.heads()
+    exact = scan_heads(model, TASK, strategy="exact", batch_size=4, progress=False)
+    attr = scan_heads(model, TASK, strategy="attribution", batch_size=4, progress=False)
+    assert not attr.exact and set(attr.estimates) == set(heads)
+    fa = attr.to_frame()
+    assert (fa["source"] == "attribution").all() and fa["drop"].tolist() == pytest.approx(fa["est_drop"].tolist())
+    auto = scan_heads(model, TASK, strategy="auto", verify=5, batch_size=4, progress=False)
+    assert len(auto.exact) == 5
+    fu = auto.to_frame()
+    assert (fu["source"].head(5) == "exact").all() and (fu["source"].iloc[5:] == "attribution").all()
+    best5 = sorted(heads, key=lambda h: attr.estimates[h])[:5]  # lowest estimated ablated = largest est. drop
+    assert set(auto.exact) == set(best5)
+    for h in auto.exact:
+        torch.testing.assert_close(auto.exact[h]["logit_diff"], exact.exact[h]["logit_diff"], atol=1e-4, rtol=0)
+
+
+def test_frame_ranks_and_top(tiny_models):
+    scan = scan_heads(tiny_models["mamba2"], TASK, strategy="exact", batch_size=4, progress=False)
+    df = scan.to_frame()
+    assert df["rank"].tolist() == list(range(1, len(df) + 1))
+    assert (df["drop"].diff().dropna() <= 1e-12).all()
+    assert (df["drop"] == df["baseline"] - df["ablated"]).all()
+    assert scan.top(2) == [HeadRef.parse(n) for n in df["name"][:2]]
+    assert df["baseline"].nunique() == 1
+
+
+def test_fallback_to_naive_when_replay_does_not_reproduce_the_model(tiny_models, monkeypatch):
+    model = tiny_models["llama"]
+
+    def broken(*args, **kwargs):
+        raise ReplayMismatch("simulated: work between blocks")
+
+    monkeypatch.setattr(scan_mod, "verify_replay", broken)
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        scan = scan_heads(model, TASK, heads=["L1H1"], strategy="exact", batch_size=4, progress=False)
+    naive = scan_heads(model, TASK, heads=["L1H1"], strategy="naive", batch_size=4, progress=False)
+    assert scan.ablated("L1H1") == pytest.approx(naive.ablated("L1H1"), abs=1e-6)
+
+
+def test_bad_arguments(tiny_models, tmp_path):
+    model = tiny_models["llama"]
+    with pytest.raises(InputError, match="unknown strategy"):
+        scan_heads(model, TASK, strategy="fast")
+    with pytest.raises(InputError, match="unknown metric"):
+        scan_heads(model, TASK, metric="loss")
+    with pytest.raises(InputError, match="batch_size"):
+        scan_heads(model, TASK, batch_size=0)
+    with pytest.raises(InputError, match="needs a Task"):
+        scan_heads(model, ["a prompt"])
+    with pytest.raises(InputError, match="no heads"):
+        scan_heads(model, TASK, heads=[])
+    bad = tmp_path / "ck.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match="cannot be read"):
+        scan_heads(model, TASK, heads=["L0H0"], checkpoint=bad, progress=False)
+
+
+_KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    torch.set_num_threads(1)
+    from gna_interp import load_model
+    from gna_interp.circuits import scan as scan_mod
+    from gna_interp.tasks import KVRetrieval
+
+    model_dir, ckpt, kill_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    real_write = scan_mod._write_checkpoint
+    writes = []
+
+    def write_then_die(path, state):
+        real_write(path, state)
+        if len(state["exact"]) >= kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)   # killed mid-scan, right after a checkpoint
+
+    scan_mod._write_checkpoint = write_then_die
+    model = load_model(model_dir, device="cpu")
+    task = KVRetrieval(n_pairs=3, n_samples=3, max_value=20, seed=1)
+    scan_mod.scan_heads(model, task, strategy="exact", stack=2, batch_size=2, checkpoint=ckpt, progress=False)
+    print("not killed")
+""")
+
+
+def test_killed_scan_resumes_without_redoing_finished_heads(tiny_dirs, tiny_models, tmp_path, monkeypatch):
+    model = tiny_models["llama"]
+    ckpt = tmp_path / "scan.ckpt.json"
+    script = tmp_path / "killer.py"
+    script.write_text(_KILLER)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, str(script), str(tiny_dirs["llama"]), str(ckpt), "4"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    state = json.loads(ckpt.read_text())
+    done = set(state["exact"])
+    assert 4 <= len(done) < 12
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "a temporary checkpoint file was left behind"
+
+    computed: list[str] = []
+    real_group = scan_mod._exact_group
+
+    def counting(model_, plan, prefixes, group):
+        computed.extend(r.site.head.name for r in group)
+        return real_group(model_, plan, prefixes, group)
+
+    monkeypatch.setattr(scan_mod, "_exact_group", counting)
+    resumed = scan_heads(model, TASK, strategy="exact", stack=2, batch_size=2, checkpoint=ckpt, progress=False)
+    assert not set(computed) & done and len(computed) == 12 - len(done)
+    fresh = scan_heads(model, TASK, strategy="exact", stack=2, batch_size=2, progress=False)
+    a, b = resumed.to_frame(), fresh.to_frame()
+    assert a["name"].tolist() == b["name"].tolist()
+    assert a["ablated"].tolist() == pytest.approx(b["ablated"].tolist(), abs=1e-6)
+    assert len(json.loads(ckpt.read_text())["exact"]) == 12
+
+    # a checkpoint of another scan is refused
+    with pytest.raises(InputError, match="different scan"):
+        scan_heads(model, TASK, heads=["L0H0"], checkpoint=ckpt, progress=False)
+
+
+def _torch_hooks(model) -> int:
+    points = {id(hp): hp for hp in model.bridge.hook_dict.values()}.values()
+    blocks = list(model.bridge.blocks)
+    return (sum(len(hp._forward_hooks) + len(hp._forward_pre_hooks) for hp in points)
+            + sum(len(b._forward_pre_hooks) for b in blocks))
+
+
+@pytest.mark.parametrize("where,strategy", [("replay", "exact"), ("final_logits", "attribution")])
+def test_no_hook_or_gradient_flag_survives_an_exception(tiny_models, monkeypatch, where, strategy):
+    from gna_interp.circuits import attribution as attr_mod
+
+    model = tiny_models["bamba"]
+    before = _torch_hooks(model)
+    flags = [p.requires_grad for p in model.hf_model.parameters()]
+    module = scan_mod if where == "replay" else attr_mod
+
+    def boom(*args, **kwargs):
+        assert _torch_hooks(model) > before  # raised while the scan's hooks are attached
+        raise KeyboardInterrupt("interrupted mid-scan")
+
+    monkeypatch.setattr(module, where, boom)
+    with pytest.raises(KeyboardInterrupt):
+        scan_heads(model, TASK, heads=["L0S1", "L1H2"], strategy=strategy, batch_size=4, progress=False)
+    assert _torch_hooks(model) == before
+    assert [p.requires_grad for p in model.hf_model.parameters()] == flags

@@ -1,0 +1,156 @@
+"""The tiny model zoo: tokenizer, smoke training, reproducibility, and the shipped checkpoints."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gna_interp import load_model
+from gna_interp.cli import main
+from gna_interp.errors import UnknownModelError
+from gna_interp.models.loading import zoo_dir, zoo_names
+from gna_interp.tasks import KVRetrieval, evaluate
+from gna_interp.zoo import RECIPES, build_tokenizer, read_card, recipe, train, training_batch
+
+ZOO = ("transformer-kv", "mamba1-kv", "mamba2-kv", "hybrid-kv")
+# acceptance bars of the issue at the training dictionary size (SSMs are reported, not gated)
+BARS = {"transformer-kv": 0.95, "hybrid-kv": 0.90}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def test_tokenizer_covers_the_official_template(tok) -> None:
+    task = KVRetrieval(40, 8, seed=3)
+    for s in task:
+        prompt = tok(s.prompt)["input_ids"]
+        ids = tok(s.prompt + s.answer)["input_ids"]
+        assert tok.unk_token_id not in ids
+        assert tok.decode(prompt) == s.prompt
+        # 6 header tokens, then key, ":", value, newline (one token each), then the 9-token cue
+        assert len(prompt) == 6 + 4 * 40 + 9
+        # the answer " V" is one token, the very token of its dictionary line, right after " is"
+        assert ids[:-1] == prompt and ids[-1] == tok.convert_tokens_to_ids(str(s.meta["value"]))
+    seg = task[0].segments(tok)
+    assert seg.aligned and len(seg.items) == 40
+
+
+def test_training_batch_is_deterministic_and_official(tok) -> None:
+    r = recipe("transformer-kv")
+    x1, p1, v1 = training_batch(tok, r, 7)
+    x2, p2, v2 = training_batch(tok, r, 7)
+    assert torch.equal(x1, x2) and torch.equal(p1, p2) and torch.equal(v1, v2)
+    assert x1.shape[0] == r.batch_size and v1.shape == (r.batch_size, len(p1))
+    for row in range(3):
+        text = tok.decode(x1[row])
+        assert text.startswith("Memorize the following dictionary:\n") and text.endswith("' is")
+        # the first query is exactly an official prompt; its answer is a value of the dictionary
+        first = text[: text.index("' is") + 4]  # the space before each answer value is not a token
+        assert first.count("The value of the key") == 1
+        lines = dict(line.split(":") for line in first.split("\n")[1:-1])
+        key = first[first.index("key '") + 5: -4]
+        assert tok.decode([int(v1[row, 0])]) == lines[key]
+        # every answer is predicted at its query's last token
+        assert all(tok.decode([int(x1[row, p])]) == " is" for p in p1)
+    x3, _, _ = training_batch(tok, r, 8)
+    assert x1.shape != x3.shape or not torch.equal(x1, x3)
+
+
+def test_unknown_zoo_name_lists_the_names() -> None:
+    with pytest.raises(UnknownModelError, match="transformer-kv"):
+        recipe("nope")
+    with pytest.raises(UnknownModelError, match="available zoo models"):
+        load_model("zoo:nope")
+    assert main(["zoo", "train", "nope"]) == 2
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_smoke_training_writes_a_loadable_checkpoint(name: str, tmp_path: Path) -> None:
+    res = train(name, tmp_path / name, steps=2, eval_sizes=(3,), eval_samples=4, log=None)
+    assert len(res.losses) == 2 and all(torch.isfinite(torch.tensor(res.losses)))
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "card.json", "MODEL_CARD.md"):
+        assert (tmp_path / name / f).is_file(), f
+    card = read_card(tmp_path / name)
+    assert card["training"]["steps"] == 2 and card["architecture"] == RECIPES[name].hf_class
+    assert 0.0 <= card["evaluation"]["by_pairs"]["3"]["accuracy"] <= 1.0
+
+
+def test_short_run_is_reproducible_from_its_seed(tmp_path: Path) -> None:
+    runs = [train("transformer-kv", tmp_path / f"r{i}", steps=4, seed=s, eval_sizes=(4,), eval_samples=8, log=None)
+            for i, s in enumerate((5, 5, 6))]
+    w = [load_file(str(r.out / "model.safetensors")) for r in runs]
+    assert runs[0].losses == runs[1].losses
+    assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
+    assert runs[0].card["evaluation"] == runs[1].card["evaluation"]
+    assert runs[0].losses != runs[2].losses
+
+
+def test_all_four_models_are_shipped_within_10_mb() -> None:
+    assert set(ZOO) <= set(zoo_names())
+    total = sum(f.stat().st_size for n in ZOO for f in (zoo_dir() / n).iterdir())
+    assert total <= 10 * 2**20, f"zoo is {total / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_shipped_model_card(name: str) -> None:
+    card = read_card(zoo_dir() / name)
+    t = card["training"]
+    for key in ("seed", "steps", "wall_seconds", "batch_size", "lr", "pairs", "train_pairs", "loss"):
+        assert key in t, key
+    assert card["parameters"]["total"] > 0 and card["architecture"] == RECIPES[name].hf_class
+    by = card["evaluation"]["by_pairs"]
+    assert {"5", "10", "20", "40", str(t["train_pairs"])} <= set(by)
+    assert (zoo_dir() / name / "MODEL_CARD.md").read_text().count("|") > 10
+    # same data and steps for every family (the comparison the zoo is for)
+    ref = read_card(zoo_dir() / "transformer-kv")["training"]
+    assert (t["steps"], t["batch_size"], t["pairs"], t["seed"]) == (ref["steps"], ref["batch_size"], ref["pairs"], ref["seed"])
+
+
+def _expected_heads(card: dict) -> Counter:
+    c = card["config"]
+    if card["family"] == "transformer":
+        return Counter({"attn": c["num_hidden_layers"] * c["num_attention_heads"]})
+    if card["family"] == "mamba1":
+        return Counter({"ssm1": c["num_hidden_layers"] * c["expand"] * c["hidden_size"]})
+    if card["family"] == "mamba2":
+        return Counter({"ssm2": c["num_hidden_layers"] * c["num_heads"]})
+    n_attn = len(c["attn_layer_indices"])
+    return Counter({"attn": n_attn * c["num_attention_heads"],
+                    "ssm2": (c["num_hidden_layers"] - n_attn) * c["mamba_n_heads"]})
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_shipped_model_loads_with_parity_and_matches_its_card(name: str) -> None:
+    model = load_model(f"zoo:{name}", device="cpu")
+    card = read_card(zoo_dir() / name)
+    assert Counter(h.kind for h in model.heads()) == _expected_heads(card)
+    n = card["training"]["train_pairs"]
+    batch = model.tokenize(KVRetrieval(n, 4, seed=11).prompts)
+    with torch.no_grad():
+        hf = model.hf_model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits
+    assert (model.forward(batch) - hf).abs().max().item() <= 1e-4
+    # the card's accuracy at the training size is what the shipped weights really score
+    ev = card["evaluation"]
+    acc = evaluate(model, KVRetrieval(n, ev["n_samples"], seed=ev["seed"]), progress=False).accuracy
+    assert abs(acc - ev["by_pairs"][str(n)]["accuracy"]) <= 0.02, (acc, ev["by_pairs"][str(n)])
+
+
+@pytest.mark.xfail(strict=True, reason="issue 5 is open: the shipped checkpoints are under-trained (800 steps; "
+                   "cards show 0.17 / 0.12 at 8 pairs). Retrain with `gna zoo train NAME --install`, then drop this mark.")
+@pytest.mark.parametrize("name", sorted(BARS))
+def test_acceptance_bar_at_the_training_size(name: str) -> None:
+    card = read_card(zoo_dir() / name)
+    n = str(card["training"]["train_pairs"])
+    assert card["evaluation"]["by_pairs"][n]["accuracy"] >= BARS[name]
+
+
+def test_cli_zoo_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["zoo", "list"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"zoo:{n}" in out for n in ZOO)
