@@ -7,57 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gna_interp import load_model
 from gna_interp.errors import HeadError, InputError
 from gna_interp.interventions import mask_pattern
-from gna_interp.patterns.ssm import hf_mixer, layer_terms, unwrap
+from gna_interp.patterns.ssm import layer_terms, unwrap
 
 PROMPTS = ["Memorize the following dictionary:\nscallops:84\npear:12\nThe value of the key 'pear' is",
            "the quick brown fox jumps"]
-
-
-def liven(model, seed: int = 0) -> None:
-    """Unit-scale SSM projections so that M x matters next to D x (see tests/test_ssm_patterns.py)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for spec in model.layers:
-            if spec.kind not in ("ssm1", "ssm2"):
-                continue
-            oc = hf_mixer(model, spec)
-            for name in ("in_proj", "x_proj", "dt_proj"):
-                if hasattr(oc, name):
-                    w = unwrap(getattr(oc, name)).weight
-                    w.copy_(torch.randn(w.shape, generator=g) / w.shape[1] ** 0.5)
-            conv = unwrap(oc.conv1d)
-            conv.weight.copy_(torch.randn(conv.weight.shape, generator=g) * 0.5)
-            if conv.bias is not None:
-                conv.bias.copy_(torch.randn(conv.bias.shape, generator=g) * 0.5)
-            bias = unwrap(oc.dt_proj).bias if hasattr(oc, "dt_proj") else oc.dt_bias
-            bias.copy_(torch.rand(bias.shape, generator=g) - 0.5)
-            oc.D.copy_(torch.rand(oc.D.shape, generator=g) + 0.5)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def models(tiny_dirs):
-    """Private, livened copies of the shared tiny checkpoints (the conftest models must not be mutated)."""
-    cache: dict[str, object] = {}
-
-    def get(family: str):
-        if family not in cache:
-            model = load_model(tiny_dirs[family], device="cpu")
-            liven(model)
-            cache[family] = model
-        return cache[family]
-
-    return get
 
 
 def hook_count(model) -> int:

@@ -11,63 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gna_interp import load_model, patterns
+from gna_interp import patterns
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
-from gna_interp.patterns.ssm import (SSMTerms, hf_mixer, implicit_attention, layer_terms, mix, mixer_output,
-                                     unwrap)
+from gna_interp.patterns.ssm import SSMTerms, hf_mixer, implicit_attention, layer_terms, mix, mixer_output
 
 PROMPTS = ["Memorize the following dictionary:\nscallops:84\npear:12\nThe value of the key 'pear' is",
            "the quick brown fox jumps"]
-
-
-def liven(model, seed: int = 0) -> None:
-    """Re-draw the SSM mixers' projections at unit scale so ``M x`` matters next to ``D x``."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for spec in model.layers:
-            if spec.kind not in ("ssm1", "ssm2"):
-                continue
-            oc = hf_mixer(model, spec)
-            for name in ("in_proj", "x_proj"):
-                if hasattr(oc, name):
-                    w = unwrap(getattr(oc, name)).weight
-                    w.copy_(torch.randn(w.shape, generator=g) / w.shape[1] ** 0.5)
-            conv = unwrap(oc.conv1d)
-            conv.weight.copy_(torch.randn(conv.weight.shape, generator=g) * 0.5)
-            if conv.bias is not None:  # non-zero at padding positions: the padding mask must be applied
-                conv.bias.copy_(torch.randn(conv.bias.shape, generator=g) * 0.5)
-            oc.D.copy_(torch.rand(oc.D.shape, generator=g) + 0.5)
-            if hasattr(oc, "dt_proj"):  # Mamba-1: Δ around 0.3..1 instead of 0.001..0.1
-                dt_proj = unwrap(oc.dt_proj)
-                dt_proj.weight.copy_(torch.randn(dt_proj.weight.shape, generator=g) / dt_proj.weight.shape[1] ** 0.5)
-                dt_proj.bias.copy_(torch.rand(dt_proj.bias.shape, generator=g) - 0.5)
-            else:  # Mamba-2: same for dt_bias
-                oc.dt_bias.copy_(torch.rand(oc.dt_bias.shape, generator=g) - 0.5)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add overhead on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def models(tiny_dirs):
-    """Private, livened copies of the shared tiny checkpoints (the conftest models must not be mutated)."""
-    cache: dict[str, object] = {}
-
-    def get(family: str):
-        if family not in cache:
-            model = load_model(tiny_dirs[family], device="cpu")
-            liven(model)
-            cache[family] = model
-        return cache[family]
-
-    return get
 
 
 def _layer_io(model, spec, batch):
