@@ -4,7 +4,7 @@
 :func:`gna_interp.tasks.plan_scoring` decides the rows (prompt + teacher-forced candidate tokens) and
 targets; :func:`gna_interp.tasks.run_plan` runs them through full forwards. The fast head scans need
 the same scores from hidden states they computed themselves, at only the positions the metric reads,
-so this module lays the rows out (left-padded, as ``run_plan`` does) and turns log-probs at the read
+so this module lays the same chunks out (:func:`~gna_interp.tasks.scoring.row_chunks`, :meth:`Model.pad_ids`) and turns log-probs at the read
 positions back into a :class:`~gna_interp.tasks.CandidateScores`.
 """
 
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from gna_interp.errors import InputError
 from gna_interp.models.model import Model, TokenBatch
-from gna_interp.tasks.scoring import CandidateScores, ScoringPlan
+from gna_interp.tasks.scoring import CandidateScores, ScoringPlan, row_chunks
 
 __all__ = ["ChunkLayout", "ScoreTable", "layout_chunks", "read_logprobs"]
 
@@ -59,27 +59,20 @@ def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int) -> list[Chun
     by_row: dict[int, list[int]] = {}
     for t_idx, t in enumerate(plan.targets):
         by_row.setdefault(t.row, []).append(t_idx)
-    order = sorted(range(len(plan.rows)), key=lambda r: (-len(plan.rows[r].ids), r))
-    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     out = []
-    for k0 in range(0, len(order), batch_size):
-        rows = order[k0: k0 + batch_size]
-        width = max(len(plan.rows[r].ids) for r in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for rows in row_chunks(plan, batch_size):
+        batch = model.pad_ids([plan.rows[r].ids for r in rows])
+        pads = batch.pad.tolist()
         rr, pp, tt, gg = [], [], [], []
         for k, r_id in enumerate(rows):
             r = plan.rows[r_id]
-            pad = width - len(r.ids)
-            ids[k, pad:] = torch.tensor(r.ids)
-            mask[k, pad:] = 1
             for t_idx in by_row.get(r_id, ()):
                 for j, tok in enumerate(plan.targets[t_idx].tokens):
                     rr.append(k)
-                    pp.append(pad + r.prompt_len - 1 + j)
+                    pp.append(pads[k] + r.prompt_len - 1 + j)
                     tt.append(tok)
                     gg.append(t_idx)
-        out.append(ChunkLayout(tuple(rows), model.as_batch(ids, mask), torch.tensor(rr, dtype=torch.long),
+        out.append(ChunkLayout(tuple(rows), batch, torch.tensor(rr, dtype=torch.long),
                                torch.tensor(pp, dtype=torch.long), torch.tensor(tt, dtype=torch.long),
                                torch.tensor(gg, dtype=torch.long)))
     return out

@@ -35,7 +35,7 @@ import torch
 
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
-from gna_interp.models.model import Model, TokenBatch
+from gna_interp.models.model import Model
 from gna_interp.patterns import patterns
 from gna_interp.patterns.sharpness import row_distribution, sharpness
 from gna_interp.tasks.base import Sample, Task
@@ -118,17 +118,6 @@ def decision_inputs(model: Model, samples: Sequence[Sample]) -> list[list[int]]:
     return out
 
 
-def _left_padded(model: Model, ids: list[list[int]]) -> TokenBatch:
-    width = max(len(x) for x in ids)
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-    t = torch.full((len(ids), width), pad, dtype=torch.long)
-    m = torch.zeros((len(ids), width), dtype=torch.long)
-    for i, x in enumerate(ids):
-        t[i, width - len(x):] = torch.tensor(x)
-        m[i, width - len(x):] = 1
-    return model.as_batch(t, m)
-
-
 def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,
                 n_samples: int | None = 8, batch_size: int = 8, form: str = "exact",
                 rule: RoleRule | None = None) -> pd.DataFrame:
@@ -160,7 +149,7 @@ def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str |
     fed = decision_inputs(model, samples)
     for b0 in range(0, len(samples), batch_size):
         part = samples[b0:b0 + batch_size]
-        ps = patterns(model, _left_padded(model, fed[b0:b0 + batch_size]), heads=chosen, **options)
+        ps = patterns(model, model.pad_ids(fed[b0:b0 + batch_size]), heads=chosen, **options)
         for j, s in enumerate(part):
             sg = segs[b0 + j]
             pat = ps.sample(j, chosen)

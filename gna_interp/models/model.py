@@ -27,6 +27,11 @@ class TokenBatch:
     def padded(self) -> bool:
         return bool((self.attention_mask == 0).any())
 
+    @property
+    def pad(self) -> Int[Tensor, "batch"]:
+        """Padding tokens in front of each row (the offset of its first real token, left padding)."""
+        return (self.attention_mask == 0).sum(1)
+
 
 class Model:
     """A loaded model: the TransformerLens bridge (``.bridge``), its tokenizer and its head layout.
@@ -181,6 +186,19 @@ class Model:
             mask = torch.ones_like(ids) if attention_mask is None else attention_mask.reshape(ids.shape)
             return TokenBatch(ids.to(self.device), mask.to(self.device))
         return self.tokenize(inputs)
+
+    def pad_ids(self, seqs: Sequence[Sequence[int]]) -> TokenBatch:
+        """Left-pad lists of token ids into one :class:`TokenBatch` (padding masked out)."""
+        if not seqs:
+            raise InputError("no token sequences given")
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for k, x in enumerate(seqs):
+            ids[k, width - len(x):] = torch.tensor(list(x), dtype=torch.long)
+            mask[k, width - len(x):] = 1
+        return self.as_batch(ids, mask)
 
     # ---- running --------------------------------------------------------------------------
     def _forward_kwargs(self, batch: TokenBatch) -> dict[str, Any]:

@@ -8,7 +8,7 @@ function that turns the cache into ``[batch, n, q, k]`` for the requested heads 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 from jaxtyping import Float

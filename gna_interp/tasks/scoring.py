@@ -246,15 +246,10 @@ class CandidateScores:
         return pd.DataFrame(rows)
 
 
-def _left_pad(model: Model, seqs: Sequence[Sequence[int]]) -> tuple[TokenBatch, Int[Tensor, "row"]]:
-    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-    width = max(len(x) for x in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for k, x in enumerate(seqs):
-        ids[k, width - len(x):] = torch.tensor(x, dtype=torch.long)
-        mask[k, width - len(x):] = 1
-    return model.as_batch(ids, mask), width - torch.tensor([len(x) for x in seqs])
+def row_chunks(plan: "ScoringPlan", batch_size: int) -> list[list[int]]:
+    """The plan's row indices batched for full forwards: longest rows first, ``batch_size`` per chunk."""
+    order = sorted(range(len(plan.rows)), key=lambda r: (-len(plan.rows[r].ids), r))
+    return [order[k: k + batch_size] for k in range(0, len(order), batch_size)]
 
 
 def can_share_prefix(model: Model) -> bool:
@@ -287,12 +282,12 @@ def _run_rows(model: Model, plan: ScoringPlan, acc: _Scores, batch_size: int, fw
     if plan.method == "per_candidate":
         chunks = [[r] for r in range(len(plan.rows))]
     else:
-        order = sorted(range(len(plan.rows)), key=lambda r: (-len(plan.rows[r].ids), r))
-        chunks = [order[k: k + batch_size] for k in range(0, len(order), batch_size)]
+        chunks = row_chunks(plan, batch_size)
     bar.reset(total=len(chunks))
     for chunk_rows in chunks:
         rows = [plan.rows[r] for r in chunk_rows]
-        batch, pad = _left_pad(model, [r.ids for r in rows])
+        batch = model.pad_ids([r.ids for r in rows])
+        pad = batch.pad.cpu()
         hooks = fwd_hooks(Chunk(tuple(rows), pad, batch)) if callable(fwd_hooks) else fwd_hooks
         keep = {} if plan.method == "per_candidate" else {"logits_to_keep": max(r.n_fed for r in rows) + 1}
         logp = torch.log_softmax(model.run_with_hooks(batch, fwd_hooks=hooks, **keep).float(), dim=-1)
@@ -316,7 +311,7 @@ def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: _Scores, batch_size
     bar.reset(total=len(chunks))
     n_forwards = 0
     for samples in chunks:
-        batch, _ = _left_pad(model, [plan.prompt_ids[i] for i in samples])
+        batch = model.pad_ids([plan.prompt_ids[i] for i in samples])
         logits, cache = model.run_with_hooks(batch, fwd_hooks=fwd_hooks, return_type="logits_and_cache",
                                              logits_to_keep=1)
         n_forwards += 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
