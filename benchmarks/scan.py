@@ -13,7 +13,8 @@ metric ``logit_diff``. Strategies (all through :func:`gna_interp.circuits.scan_h
   which already asks the model for the last few positions' logits only;
 - **exact**: prefix reuse + stacked ablations + logits only at the reads;
 - **attribution**: one forward + one backward per batch;
-- **auto**: attribution, then exact on the ``default_verify`` best-ranked heads.
+- **auto**: attribution, then exact runs until the top 10 are settled (the ``default_verify`` best-ranked
+  heads, then those whose estimate plus its calibrated error bound could still enter the top 10).
 
 Speed-ups are computed from CPU time (``time.process_time``; wall time is printed too): on shared cores
 the wall clock also measures the neighbours' load. A naive forward costs the same whatever head it ablates, so by default the naive loops run on a
@@ -35,8 +36,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gna_interp import HeadRef  # noqa: E402
 from gna_interp.circuits.readout import ScoreTable, layout_chunks, read_logprobs  # noqa: E402
-from gna_interp.circuits.scan import default_verify, scan_heads  # noqa: E402
+from gna_interp.circuits.scan import scan_heads  # noqa: E402
 from gna_interp.interventions.ablation import ablation_hooks, replacements  # noqa: E402
 from gna_interp.models import load_model  # noqa: E402
 from gna_interp.tasks import KVRetrieval, plan_scoring  # noqa: E402
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "vs_scorer": res["exact"]["heads_per_cpu_s"] / base2 / ceiling["vs_scorer"]},
         "attribution": {"spearman": rho, "top10_overlap": len(set(top_attr) & set(top_exact)),
                         "top10_attr": top_attr},
-        "auto": {"verified": default_verify(len(heads)), "top10_same_set": set(top_auto) == set(top_exact),
+        "auto": {"verified": len(auto.exact), "top10_same_set": set(top_auto) == set(top_exact),
                  "top10_same_order": top_auto == top_exact, "top10_overlap": len(set(top_auto) & set(top_exact)),
                  "top10_auto": top_auto},
         "top10_exact": top_exact,
@@ -199,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"exact top 10: {', '.join(f'{n} ({d:.3f})' for n, d in zip(top_exact, summary['top10_exact_drop']))}")
     if args.csv:
         table = ef[["layer", "head", "drop", "rank"]].join(af[["est_drop", "rank"]].rename(columns={"rank": "rank_attribution"}))
+        table["size"] = [attr.sizes[h] for h in map(HeadRef.parse, table.index)]
+        table["auto_exact"] = [HeadRef.parse(n) in auto.exact for n in table.index]
         table.sort_values("rank").to_csv(args.csv)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1, default=float))

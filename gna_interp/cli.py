@@ -182,7 +182,10 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="zero", choices=["zero", "mean", "resample"],
                    help="ablation (mean/resample read a second KV task with seed+1)")
     p.add_argument("--metric", default="logit_diff", choices=["logit_diff", "accuracy"])
-    p.add_argument("--verify", type=int, default=None, help="heads auto re-checks exactly (default: 15%%, at least 20)")
+    p.add_argument("--verify", type=int, default=None,
+                   help="heads auto runs exactly before calibrating its error bound (default: 20)")
+    p.add_argument("--certify", type=int, default=10,
+                   help="leading heads auto settles exactly (default 10)")
     p.add_argument("--top-k", type=int, default=5, help="heads removed together in the ablation curve (default 5)")
     p.add_argument("--seeds", type=int, default=3, help="random-head draws for the curve (default 3)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -216,7 +219,7 @@ def run_scan(args: argparse.Namespace) -> int:
           f"{args.strategy} scan, {args.method} ablation, metric {args.metric}", flush=True)
     circuit = discover(model, task, strategy=args.strategy, method=args.method, metric=args.metric,
                        reference=reference, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size,
-                       checkpoint=ckpt, verify=args.verify)
+                       checkpoint=ckpt, verify=args.verify, certify=args.certify)
     circuit.save(out)
     print(circuit.summary(top=10))
     print(f"wrote {out / 'scan.csv'}, {out / 'circuit.json'}, {out / 'summary.md'} ({circuit.seconds:.0f}s)")

@@ -16,10 +16,11 @@ from gna_interp import HeadRef
 from gna_interp.circuits import scan_heads
 from gna_interp.circuits import scan as scan_mod
 from gna_interp.circuits.attribution import attribution_estimates, metric_weights
+from gna_interp.circuits.scan import _next_to_verify  # noqa: F401 (the bound auto stops on)
 from gna_interp.circuits.readout import layout_chunks
 from gna_interp.circuits.replay import ReplayMismatch
 from gna_interp.errors import InputError
-from gna_interp.interventions.ablation import Replacement, ablation_hooks, head_site
+from gna_interp.interventions.ablation import Replacement, ablation_hooks, head_site, replacements
 from gna_interp.tasks import KVRetrieval, plan_scoring, run_plan
 
 TASK = KVRetrieval(n_pairs=3, n_samples=3, max_value=20, seed=1)
@@ -71,7 +72,7 @@ def test_attribution_is_the_first_order_effect(tiny_models):
         r = Replacement(site, mean=torch.zeros(act.shape[-1]), rows=(1 - eps) * act,
                         row_mask=torch.ones(act.shape[:2], dtype=torch.bool))
         clean = run_plan(model, plan, len(plan.rows), share_prefix=False)
-        est, clean2 = attribution_estimates(model, plan, chunks, [r], metric_weights(plan, clean))
+        est, _, clean2 = attribution_estimates(model, plan, chunks, [r], metric_weights(plan, clean))
         moved = run_plan(model, plan, len(plan.rows), fwd_hooks=ablation_hooks([r]), share_prefix=False)
         other = clean.scores.scatter(1, clean.gold[:, None], float("-inf")).argmax(-1, keepdim=True)
         ld = lambda s: (s.gold_score - s.scores.gather(1, other)[:, 0]).mean().item()  # noqa: E731
@@ -89,7 +90,7 @@ def test_attribution_and_auto_scans(tiny_models):
     assert not attr.exact and set(attr.estimates) == set(heads)
     fa = attr.to_frame()
     assert (fa["source"] == "attribution").all() and fa["drop"].tolist() == pytest.approx(fa["est_drop"].tolist())
-    auto = scan_heads(model, TASK, strategy="auto", verify=5, batch_size=4, progress=False)
+    auto = scan_heads(model, TASK, strategy="auto", verify=5, certify=0, batch_size=4, progress=False)
     assert len(auto.exact) == 5
     fu = auto.to_frame()
     assert (fu["source"].head(5) == "exact").all() and (fu["source"].iloc[5:] == "attribution").all()
@@ -97,6 +98,37 @@ def test_attribution_and_auto_scans(tiny_models):
     assert set(auto.exact) == set(best5)
     for h in auto.exact:
         torch.testing.assert_close(auto.exact[h]["logit_diff"], exact.exact[h]["logit_diff"], atol=1e-4, rtol=0)
+
+
+def test_ablation_size_is_the_relative_residual_write(tiny_models):
+    """size = mean over real tokens of ||(a' - a) W_O[:, head]|| / ||block input||, for attention and SSM heads."""
+    model = tiny_models["bamba"]
+    plan = plan_scoring(model, TASK.samples)
+    chunks = layout_chunks(model, plan, batch_size=len(plan.rows))
+    batch = chunks[0].batch
+    names = ["L0S2", "L1H1", "L2S0"]
+    att = attribution_estimates(model, plan, chunks, replacements(model, names))
+    for k, name in enumerate(names):
+        site = head_site(model, name)
+        layer = model.hf_model.model.layers[site.head.layer]
+        proj = (layer.self_attn.o_proj if site.head.kind == "attn" else layer.mamba.out_proj).weight
+        _, cache = model.run_with_cache(batch, names_filter=[site.hook, f"blocks.{site.head.layer}.hook_in"])
+        a = cache[site.hook].flatten(2)[..., site.columns]
+        x = cache[f"blocks.{site.head.layer}.hook_in"]
+        ratios = [(a[b, t] @ proj[:, site.columns].T).norm() / x[b, t].norm()
+                  for b in range(a.shape[0]) for t in range(a.shape[1]) if batch.attention_mask[b, t]]
+        assert att.size[k].item() == pytest.approx(torch.stack(ratios).mean().item(), rel=1e-4)
+
+
+def test_auto_settles_the_leading_heads(tiny_models):
+    """``certify=k``: auto's top k equals exact's, and no unrun head's bound is above the k-th exact drop."""
+    model = tiny_models["llama"]
+    exact = scan_heads(model, TASK, strategy="exact", batch_size=4, progress=False).to_frame()
+    for k in (3, 6):
+        auto = scan_heads(model, TASK, strategy="auto", verify=2, certify=k, batch_size=4, progress=False)
+        assert len(auto.exact) >= k
+        assert set(auto.to_frame()["name"][:k]) == set(exact["name"][:k])
+        assert _next_to_verify(auto, k, 100) == []
 
 
 def test_frame_ranks_and_top(tiny_models):

@@ -7,14 +7,16 @@ the head's channels and all positions. The metric is the task's mean logit diffe
 minus the best other candidate's score, each a sum of log-probs); the best other candidate is
 frozen at its clean value, so the gradient is that of a smooth function. The estimate is exact for a
 model that is linear in the head's output; it breaks where ablating a head moves later layers far
-from the clean run (large, saturating effects) -- ``auto`` scans therefore re-check the leaders
-exactly.
+from the clean run (large, saturating effects). The same pass therefore also measures each
+ablation's **size**: the norm of the change it writes into the residual stream, ``(a' − a) W_O``,
+relative to the norm of the residual stream entering the head's block (mean over real tokens). An
+``auto`` scan uses the sizes to bound how far an estimate can be off (:mod:`gna_interp.circuits.scan`).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import torch
 from jaxtyping import Float
@@ -26,7 +28,15 @@ from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
 from gna_interp.tasks.scoring import CandidateScores, ScoringPlan
 
-__all__ = ["attribution_estimates", "metric_weights"]
+__all__ = ["Attribution", "attribution_estimates", "metric_weights"]
+
+
+class Attribution(NamedTuple):
+    """What :func:`attribution_estimates` returns, one entry per replaced head."""
+
+    delta: Float[Tensor, " heads"]  # estimated change of the mean logit difference
+    size: Float[Tensor, " heads"]  # relative size of the ablation's write into the residual stream
+    clean: CandidateScores  # clean candidate scores, read from the same forwards
 
 
 def metric_weights(plan: ScoringPlan, clean: CandidateScores) -> Float[Tensor, " n_targets"]:
@@ -60,9 +70,10 @@ def _inputs_only_grad(model: Model) -> Iterator[None]:
 
 def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[ChunkLayout],
                           replaced: Sequence[Replacement], weights: Float[Tensor, " n_targets"] | None = None,
-                          progress: Callable[[int], None] | None = None) -> tuple[Float[Tensor, " heads"], CandidateScores]:
-    """Estimated change of the mean logit difference when each of ``replaced``'s heads is ablated, and
-    the clean candidate scores read from the same forwards.
+                          progress: Callable[[int], None] | None = None) -> Attribution:
+    """Estimated change of the mean logit difference when each of ``replaced``'s heads is ablated, the
+    relative size of each ablation (see the module docstring), and the clean candidate scores read from
+    the same forwards.
 
     One forward (with gradients) and one backward per chunk, for all heads at once. ``weights`` are
     :func:`metric_weights` of a clean run; ``None`` derives them from each chunk's own clean scores,
@@ -71,14 +82,24 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
     if weights is None and len(plan.rows) != len(plan.samples):
         raise ValueError("attribution without precomputed weights needs exactly one scoring row per sample")
     hooks_at = sorted({r.site.hook for r in replaced})
+    layers = sorted({r.site.head.layer for r in replaced})
+    proj = {h: _projection(model, h) for h in hooks_at}
     est = torch.zeros(len(replaced), dtype=torch.float64)
+    size = torch.zeros(len(replaced), dtype=torch.float64)
+    n_tokens = 0
     clean = ScoreTable(plan)
     for chunk in chunks:
         acts: dict[str, Tensor] = {}
         final: dict[str, Tensor] = {}
+        resid: dict[int, Tensor] = {}
 
         def start(x: Tensor, hook: Any = None) -> Tensor:
+            resid[0] = x.detach()
             return x.detach().requires_grad_(True)
+
+        def keep_resid(x: Tensor, hook: Any) -> Tensor:
+            resid[int(hook.name.split(".")[1])] = x.detach()
+            return x
 
         def keep(x: Tensor, hook: Any) -> Tensor:
             acts[hook.name] = x
@@ -88,7 +109,8 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
             final["x"] = x
             return x
 
-        fwd = [("blocks.0.hook_in", start)] + [(h, keep) for h in hooks_at] + [("ln_final.hook_in", keep_final)]
+        fwd = ([("blocks.0.hook_in", start)] + [(f"blocks.{i}.hook_in", keep_resid) for i in layers if i > 0]
+               + [(h, keep) for h in hooks_at] + [("ln_final.hook_in", keep_final)])
         batch = chunk.batch
         kwargs = {"attention_mask": batch.attention_mask} if batch.padded else {}
         with _inputs_only_grad(model), torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd):
@@ -103,15 +125,29 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
             grads = dict(zip(hooks_at, torch.autograd.grad(objective, [acts[h] for h in hooks_at],
                                                            allow_unused=True)))
         mask = batch.attention_mask.bool()
+        n_tokens += int(mask.sum())
         for k, r in enumerate(replaced):
-            g = grads[r.site.hook]
-            if g is None:
-                continue
             a = flat_channels(acts[r.site.hook].detach(), r.site)[..., r.site.columns]
-            gs = flat_channels(g, r.site)[..., r.site.columns]
             val = r.value(a.shape[0], a.shape[1])
             repl = val.to(a.dtype) if isinstance(val, Tensor) else torch.full_like(a, float(val))
-            est[k] += ((repl - a) * gs)[mask].sum().double().item()
+            diff = (repl - a)[mask]
+            with torch.no_grad():
+                write = diff @ proj[r.site.hook][:, r.site.columns].T.to(diff.dtype)
+                size[k] += (write.norm(dim=-1) / resid[r.site.head.layer][mask].norm(dim=-1).clamp_min(1e-12)
+                            ).sum().double().item()
+            g = grads[r.site.hook]
+            if g is not None:
+                est[k] += (diff * flat_channels(g, r.site)[..., r.site.columns][mask]).sum().double().item()
         if progress is not None:
             progress(1)
-    return est, clean.result()
+    return Attribution(est, size / max(1, n_tokens), clean.result())
+
+
+def _projection(model: Model, hook: str) -> Float[Tensor, "d_model width"]:
+    """Weight of the output projection whose input is ``hook`` (``...o.hook_in`` / ``...out_proj.hook_in``)."""
+    component = model.bridge.get_submodule(hook.rsplit(".", 1)[0])
+    linear = getattr(component, "original_component", None) or component
+    weight = getattr(linear, "weight", None)
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        raise RuntimeError(f"attribution: the output projection at {hook!r} of {model.name} has no 2-D weight")
+    return weight.detach()

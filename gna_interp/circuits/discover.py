@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from gna_interp.circuits.roles import RoleRule, role_scores
-from gna_interp.circuits.scan import HeadScan, Metric, Strategy, scan_heads
+from gna_interp.circuits.scan import DEFAULT_CERTIFY, HeadScan, Metric, Strategy, scan_heads
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod, ablate
 from gna_interp.models.heads import HeadRef
@@ -194,7 +194,8 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
              strategy: Strategy = "auto", method: AblationMethod = "zero", metric: Metric = "logit_diff",
              reference: Any = None, k: int = 5, seeds: int = 3, batch_size: int = 16, role_samples: int = 8,
              role_heads: int = 512, form: str = "exact", rule: RoleRule | None = None,
-             checkpoint: str | Path | None = None, verify: int | None = None, progress: bool = True) -> Circuit:
+             checkpoint: str | Path | None = None, verify: int | None = None, certify: int = DEFAULT_CERTIFY,
+             progress: bool = True) -> Circuit:
     """Find the G&A circuit of ``model`` on ``task``: scan every head (see :func:`scan_heads`), score
     the roles of the best-ranked ``role_heads`` heads on ``role_samples`` samples (see
     :func:`role_scores`), and measure the ablation curve of the top ``k`` heads against ``seeds``
@@ -206,7 +207,7 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
     rule = rule or RoleRule()
     scan = scan_heads(model, task, heads=heads, method=method, metric=metric, strategy=strategy,
                       batch_size=batch_size, reference=reference, checkpoint=checkpoint, verify=verify,
-                      progress=progress)
+                      certify=certify, progress=progress)
     ranked = scan.top(len(scan.heads))
     scored = ranked[:role_heads]
     roles = role_scores(model, task, heads=scored, n_samples=role_samples, batch_size=min(batch_size, 8),

@@ -10,7 +10,14 @@ Strategies:
   rows through :func:`gna_interp.tasks.run_plan`, no KV-cached prompt).
 - ``attribution``: attribution patching (:mod:`gna_interp.circuits.attribution`) -- a first-order
   estimate for all heads from one forward and one backward per batch.
-- ``auto``: ``attribution``, then ``exact`` for the ``verify`` heads it ranks highest.
+- ``auto``: ``attribution``, then ``exact`` runs until the leading ``certify`` heads are settled. It
+  first runs the ``verify`` heads with the largest estimated drops exactly, then calibrates how far an
+  estimate can be off: ``c`` = the largest ``(exact drop − estimated drop) / size`` seen among the heads
+  run so far, where ``size`` is the ablation's relative write into the residual stream (first-order
+  estimates fail where that is large). While some unrun head could still beat the ``certify``-th
+  exact drop -- ``estimated drop + c · size`` above it -- the most threatening such heads are run
+  exactly and ``c`` is recalibrated. The bound is empirical (``c`` is learnt from the heads run), not
+  a proof.
 
 Metrics: ``logit_diff`` (mean over samples of the gold candidate's score minus the best other's;
 scores are summed log-probs, see :mod:`gna_interp.tasks.scoring`) or ``accuracy``. ``drop`` is
@@ -57,9 +64,10 @@ Metric = Literal["logit_diff", "accuracy"]
 STRATEGIES: tuple[str, ...] = ("exact", "naive", "attribution", "auto")
 METRICS: tuple[str, ...] = ("logit_diff", "accuracy")
 COLUMNS = ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank", "source", "est_drop"]
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 __all__ = ["COLUMNS", "METRICS", "STRATEGIES", "HeadScan", "Metric", "Strategy", "default_verify", "scan_heads"]
+DEFAULT_CERTIFY = 10
 
 
 @dataclass
@@ -68,8 +76,10 @@ class HeadScan:
 
     ``baseline`` / ``exact[head]`` hold per-sample ``logit_diff`` and ``correct`` tensors (clean run /
     that head ablated); ``estimates[head]`` is the attribution estimate of the ablated mean logit
-    difference. :meth:`to_frame` has one row per head with columns ``layer, head, kind, name,
-    baseline, ablated, drop, rank, source, est_drop``.
+    difference and ``sizes[head]`` the relative size of its ablation (see
+    :mod:`gna_interp.circuits.attribution`).
+    :meth:`to_frame` has one row per head with columns ``layer, head, kind, name, baseline, ablated,
+    drop, rank, source, est_drop``.
     """
 
     model: str
@@ -81,6 +91,7 @@ class HeadScan:
     baseline: dict[str, Tensor]
     exact: dict[HeadRef, dict[str, Tensor]] = field(default_factory=dict)
     estimates: dict[HeadRef, float] = field(default_factory=dict)
+    sizes: dict[HeadRef, float] = field(default_factory=dict)
     seconds: float = 0.0
 
     def _value(self, per_sample: dict[str, Tensor], metric: str | None = None) -> float:
@@ -130,13 +141,9 @@ class HeadScan:
                 f"{len(self.exact)} exact, {self.seconds:.1f}s)")
 
 
-def default_verify(n_heads: int) -> int:
-    """How many heads ``auto`` re-checks exactly by default: 15% of them, at least 20 (all if fewer).
-
-    On SmolLM2-135M (270 heads, KV retrieval) that keeps ``auto`` about 10x faster than the naive loop;
-    heads whose ablation effect is far from linear can still rank below the cut (see
-    ``benchmarks/scan.py``), so pass a larger ``verify`` when the exact top list matters."""
-    return min(n_heads, max(20, math.ceil(0.15 * n_heads)))
+def default_verify(n_heads: int, certify: int = DEFAULT_CERTIFY) -> int:
+    """How many heads ``auto`` runs exactly before calibrating: twice ``certify``, at least 20 (all if fewer)."""
+    return min(n_heads, max(20, 2 * certify))
 
 
 # ---- per-sample summaries -------------------------------------------------------------------
@@ -217,6 +224,7 @@ class _Progress:
             "method": s.method, "baseline": _to_json(s.baseline) if s.baseline else None,
             "exact": {h.name: _to_json(v) for h, v in s.exact.items()},
             "estimates": {h.name: v for h, v in s.estimates.items()},
+            "sizes": {h.name: v for h, v in s.sizes.items()},
         })
 
     def done(self, results: dict[HeadRef, CandidateScores]) -> None:
@@ -312,11 +320,24 @@ def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[ChunkLayout
     if len(plan.rows) != len(plan.samples):  # a sample spans several rows: weights from a clean pass first
         weights = metric_weights(plan, _clean_from_prefixes(plan, prefixes))
     with tqdm(total=len(chunks), desc="attribution", unit="batch", disable=not progress, leave=False) as bar:
-        est, clean = attribution_estimates(model, plan, chunks, replaced, weights, bar.update)
+        att = attribution_estimates(model, plan, chunks, replaced, weights, bar.update)
     if not scan.baseline:
-        scan.baseline = _per_sample(clean)
+        scan.baseline = _per_sample(att.clean)
     base_ld = float(scan.baseline["logit_diff"].mean())
-    scan.estimates = {r.site.head: base_ld + float(e) for r, e in zip(replaced, est)}
+    scan.estimates = {r.site.head: base_ld + float(e) for r, e in zip(replaced, att.delta)}
+    scan.sizes = {r.site.head: float(z) for r, z in zip(replaced, att.size)}
+
+
+def _next_to_verify(scan: HeadScan, certify: int, count: int) -> list[HeadRef]:
+    """The unrun heads that could still displace the ``certify``-th exact drop (most threatening first,
+    at most ``count``); empty when the leading heads are settled (see the module docstring)."""
+    base_ld = float(scan.baseline["logit_diff"].mean())
+    drop = {h: base_ld - float(v["logit_diff"].mean()) for h, v in scan.exact.items()}
+    est = {h: base_ld - scan.estimates[h] for h in scan.heads}
+    c = max([0.0] + [(drop[h] - est[h]) / scan.sizes[h] for h in drop if scan.sizes[h] > 0])
+    bar = sorted(drop.values(), reverse=True)[certify - 1] if len(drop) >= certify else -math.inf
+    bound = {h: est[h] + c * scan.sizes[h] for h in scan.heads if h not in drop}
+    return sorted((h for h, b in bound.items() if b > bar), key=lambda h: -bound[h])[:count]
 
 
 def _exact_phase(model: Model, plan: ScoringPlan, batch_size: int, prefixes: _Prefixes, todo: list[Replacement],
@@ -344,7 +365,8 @@ def _exact_phase(model: Model, plan: ScoringPlan, batch_size: int, prefixes: _Pr
 def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str] | str | None = None,
                method: AblationMethod = "zero", metric: Metric = "logit_diff", strategy: Strategy = "exact",
                batch_size: int = 16, reference: Any = None, checkpoint: str | os.PathLike | None = None,
-               verify: int | None = None, stack: int | None = None, scoring: str = "auto",
+               verify: int | None = None, certify: int = DEFAULT_CERTIFY, stack: int | None = None,
+               scoring: str = "auto",
                progress: bool = True, max_prefix_bytes: int = 2 << 30) -> HeadScan:
     """Ablate each head of ``heads`` (default: every head of ``model``) on its own and measure ``metric``.
 
@@ -355,7 +377,8 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
         strategy: ``exact`` / ``naive`` / ``attribution`` / ``auto`` (see the module docstring).
         batch_size: sequences per forward (a stacked replay holds ``stack * batch_size`` rows).
         checkpoint: JSON file written atomically as heads finish; resumes from it when it exists.
-        verify: heads ``auto`` re-checks exactly (default :func:`default_verify`).
+        verify: heads ``auto`` runs exactly before calibrating (default :func:`default_verify`).
+        certify: leading heads ``auto`` settles (0: only the ``verify`` heads are run exactly).
         stack: ablations per replay (default: as many as keep a replay within 64 rows).
         scoring: candidate scoring method of :func:`plan_scoring` (``auto`` or ``first_token``).
         progress: show a progress bar.
@@ -376,6 +399,8 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
         raise InputError(f"no heads to scan: {model.name} has no supported heads, or the list given was empty")
     if verify is not None and verify < 0:
         raise InputError(f"verify must be >= 0, got {verify}")
+    if certify < 0:
+        raise InputError(f"certify must be >= 0, got {certify}")
     start = time.perf_counter()
     plan, task_name = _as_plan(model, task, scoring)
     replaced = replacements(model, head_list, method, reference)
@@ -392,13 +417,14 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
             scan.baseline = _from_json(state["baseline"])
         scan.exact = {HeadRef.parse(k): _from_json(v) for k, v in state.get("exact", {}).items()}
         scan.estimates = {HeadRef.parse(k): float(v) for k, v in state.get("estimates", {}).items()}
+        scan.sizes = {HeadRef.parse(k): float(v) for k, v in state.get("sizes", {}).items()}
 
     prefixes = _Prefixes(model, chunks, max_prefix_bytes)
     if strategy in ("attribution", "auto") and len(scan.estimates) < len(head_list):
         _attribution_phase(model, plan, chunks, prefixes, replaced, scan, progress)
         _Progress(scan, path, fingerprint, None).save()
     if strategy == "auto":
-        n_verify = default_verify(len(head_list)) if verify is None else min(verify, len(head_list))
+        n_verify = default_verify(len(head_list), certify) if verify is None else min(verify, len(head_list))
         base_ld = float(scan.baseline["logit_diff"].mean())
         ranked = sorted(head_list, key=lambda h: -(base_ld - scan.estimates[h]))
         todo = [h for h in ranked[:n_verify] if h not in scan.exact]
@@ -406,11 +432,16 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
         todo = [h for h in head_list if h not in scan.exact]
     else:
         todo = []
-    if todo or not scan.baseline:
-        rec = _Progress(scan, path, fingerprint, None)
-        with tqdm(total=len(todo), desc=f"scan {strategy}", unit="head", disable=not progress) as bar:
-            rec.bar = bar
+    rec = _Progress(scan, path, fingerprint, None)
+    with tqdm(total=len(todo), desc=f"scan {strategy}", unit="head", disable=not progress) as bar:
+        rec.bar = bar
+        if todo or not scan.baseline:
             _exact_phase(model, plan, batch_size, prefixes, [by_head[h] for h in todo], stack,
                          strategy == "naive", scan, rec)
+        if strategy == "auto" and certify > 0:
+            while more := _next_to_verify(scan, min(certify, len(head_list)), stack):
+                bar.total += len(more)
+                bar.refresh()
+                _exact_phase(model, plan, batch_size, prefixes, [by_head[h] for h in more], stack, False, scan, rec)
     scan.seconds = time.perf_counter() - start
     return scan
