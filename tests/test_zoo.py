@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from gna_interp import load_model
 from gna_interp.cli import main
-from gna_interp.errors import UnknownModelError
+from gna_interp.errors import InputError, UnknownModelError
 from gna_interp.models.loading import zoo_dir, zoo_names
 from gna_interp.tasks import KVRetrieval, evaluate
 from gna_interp.zoo import RECIPES, build_tokenizer, read_card, recipe, train, training_batch
@@ -154,3 +154,13 @@ def test_cli_zoo_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["zoo", "list"]) == 0
     out = capsys.readouterr().out
     assert all(f"zoo:{n}" in out for n in ZOO)
+
+
+def test_words_outside_a_word_level_vocabulary_are_refused() -> None:
+    """Keys the zoo tokenizer does not know would become [UNK]: scoring and tokenize say so, naming them."""
+    model = load_model("zoo:transformer-kv", device="cpu")
+    task = KVRetrieval(3, 2, seed=0, words=["qwertzx", "blorpq", "zzgrab", "apple"][: 4])
+    with pytest.raises(InputError, match="outside .*vocabulary"):
+        evaluate(model, task, progress=False)
+    with pytest.raises(InputError, match="qwertzx|blorpq|zzgrab"):
+        model.tokenize(task.prompts)

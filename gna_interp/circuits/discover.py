@@ -40,6 +40,8 @@ def task_description(task: Task) -> dict[str, Any]:
     for attr in ("n_pairs", "seed", "template", "max_value", "value_suffix"):
         if hasattr(task, attr):
             out[attr] = getattr(task, attr)
+    if getattr(task, "words", None) is not None:
+        out["words"] = list(task.words)
     if hasattr(task, "n_pairs"):
         out["kind"] = "kv"
     return out

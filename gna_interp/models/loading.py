@@ -266,7 +266,21 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
             ) from e
         raise ModelPathError(f"could not load the model files in {location!r}: {e}") from e
     bridge.eval()
-    return Model(bridge, tokenizer, resolved)
+    model = Model(bridge, tokenizer, resolved)
+    model.kv_words = _card_keys(location)
+    return model
+
+
+def _card_keys(location: str) -> tuple[str, ...] | None:
+    """The KV keys a zoo checkpoint was trained with (``card.json``'s ``keys``), if ``location`` has them."""
+    card = Path(location) / "card.json"
+    if not card.is_file():
+        return None
+    try:
+        keys = json.loads(card.read_text(encoding="utf-8")).get("keys")
+    except ValueError as e:
+        raise ModelPathError(f"{str(card)!r} is not valid JSON ({e}); re-train or re-install the zoo model") from e
+    return tuple(keys) if keys else None
 
 
 def _architectures(location: str) -> str:

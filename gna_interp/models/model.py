@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -47,6 +49,8 @@ class Model:
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
         self.layers: list[LayerSpec] = detect_layers(bridge)
+        # keys a zoo model was trained with (its card's "keys"); tasks for it must draw keys from these
+        self.kv_words: tuple[str, ...] | None = None
         self._by_layer_kind = {(s.layer, s.kind): s for s in self.layers if s.kind != "unsupported"}
 
     # ---- identity -------------------------------------------------------------------------
@@ -155,8 +159,22 @@ class Model:
         ids, mask = enc["input_ids"], enc["attention_mask"]
         if ids.shape[1] == 0:
             raise InputError("the prompt tokenizes to nothing; pass non-empty text")
+        for row, keep, text in zip(ids.tolist(), mask.tolist(), batch):
+            self.check_known([t for t, k in zip(row, keep) if k], text)
         self.check_length(ids.shape[1])
         return TokenBatch(ids.to(self.device), mask.to(self.device))
+
+    def check_known(self, ids: Sequence[int], text: str) -> None:
+        """Raise :class:`InputError` if ``text`` (tokenised to ``ids``) holds words outside the vocabulary."""
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if unk is None or unk not in ids or str(self.tokenizer.unk_token) in text:
+            return
+        known = set(self.tokenizer.get_vocab())
+        words = sorted({w for w in re.findall(r"[A-Za-z]+", text) if w not in known and f" {w}" not in known})
+        hint = (f"; this model was trained on the keys in model.kv_words ({len(self.kv_words)} words): build tasks "
+                f"with KVRetrieval(..., words=model.kv_words)" if self.kv_words else "")
+        raise InputError(f"the prompt holds text outside {self.name}'s vocabulary (it becomes "
+                         f"{self.tokenizer.unk_token!r}): {words[:8] or text[:60]!r}{hint}")
 
     def check_length(self, n_tokens: int) -> None:
         """Raise :class:`InputError` if ``n_tokens`` exceeds the model's context."""

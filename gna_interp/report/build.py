@@ -156,7 +156,7 @@ def task_from_circuit(circuit: dict[str, Any]) -> Any:
 
     spec = circuit.get("task")
     if isinstance(spec, dict) and spec.get("kind") == "kv":
-        keys = ("n_pairs", "n_samples", "seed", "template", "max_value", "value_suffix")
+        keys = ("n_pairs", "n_samples", "seed", "template", "max_value", "value_suffix", "words")
         return KVRetrieval(**{k: spec[k] for k in keys if k in spec})
     return None
 

@@ -63,6 +63,7 @@ class KVRetrieval(Task):
         if bad:
             raise InputError(f"keys may not be empty or contain ':', newlines or quotes: {bad[:5]}")
         self.n_pairs, self.seed, self.template, self.max_value = n_pairs, seed, template, max_value
+        self.words = None if words is None else keys  # None: the shipped word list
         self.value_suffix = DEFAULT_VALUE_SUFFIX[template] if value_suffix is None else value_suffix
         samples = [self._sample(i, keys) for i in range(n_samples)]
         super().__init__(f"kv{n_pairs}-{template}", samples)

@@ -148,6 +148,7 @@ def plan_scoring(model: Model, samples: Sequence[Sample], method: Method = "auto
     for i, (s, p_ids) in enumerate(zip(samples, prompt_ids)):
         if not p_ids:
             raise InputError(f"sample {i}: the prompt tokenizes to nothing; pass non-empty text")
+        model.check_known(p_ids, s.prompt)
         cand_toks = _candidate_tokens(tok, p_ids, s.prompt, s.candidates, i)
         if method == "first_token":
             firsts = [t[0] for t in cand_toks]
