@@ -184,7 +184,7 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", default="logit_diff", choices=["logit_diff", "accuracy"])
     p.add_argument("--verify", type=int, default=None,
                    help="heads auto runs exactly before calibrating its error bound (default: 20)")
-    p.add_argument("--certify", type=int, default=10,
+    p.add_argument("--certify", type=int, default=10,  # circuits.scan.DEFAULT_CERTIFY (not imported: keeps start-up light)
                    help="leading heads auto settles exactly (default 10)")
     p.add_argument("--top-k", type=int, default=5, help="heads removed together in the ablation curve (default 5)")
     p.add_argument("--seeds", type=int, default=3, help="random-head draws for the curve (default 3)")

@@ -16,7 +16,7 @@ from gna_interp import HeadRef
 from gna_interp.circuits import scan_heads
 from gna_interp.circuits import scan as scan_mod
 from gna_interp.circuits.attribution import attribution_estimates, metric_weights
-from gna_interp.circuits.scan import _next_to_verify  # noqa: F401 (the bound auto stops on)
+from gna_interp.circuits.scan import _next_to_verify
 from gna_interp.circuits.readout import layout_chunks
 from gna_interp.circuits.replay import ReplayMismatch
 from gna_interp.errors import InputError

@@ -25,6 +25,7 @@ from torch import Tensor
 from gna_interp.circuits.readout import ChunkLayout, ScoreTable, read_logprobs
 from gna_interp.circuits.replay import final_logits
 from gna_interp.interventions.ablation import Replacement, flat_channels
+from gna_interp.models.arch import _hf_module
 from gna_interp.models.model import Model
 from gna_interp.tasks.scoring import CandidateScores, ScoringPlan
 
@@ -146,8 +147,7 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
 def _projection(model: Model, hook: str) -> Float[Tensor, "d_model width"]:
     """Weight of the output projection whose input is ``hook`` (``...o.hook_in`` / ``...out_proj.hook_in``)."""
     component = model.bridge.get_submodule(hook.rsplit(".", 1)[0])
-    linear = getattr(component, "original_component", None) or component
-    weight = getattr(linear, "weight", None)
+    weight = getattr(_hf_module(component) or component, "weight", None)
     if not isinstance(weight, Tensor) or weight.dim() != 2:
         raise RuntimeError(f"attribution: the output projection at {hook!r} of {model.name} has no 2-D weight")
     return weight.detach()

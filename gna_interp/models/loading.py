@@ -273,11 +273,13 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
 
 def _card_keys(location: str) -> tuple[str, ...] | None:
     """The KV keys a zoo checkpoint was trained with (``card.json``'s ``keys``), if ``location`` has them."""
-    card = Path(location) / "card.json"
+    from gna_interp.zoo.training import CARD_JSON, read_card
+
+    card = Path(location) / CARD_JSON
     if not card.is_file():
         return None
     try:
-        keys = json.loads(card.read_text(encoding="utf-8")).get("keys")
+        keys = read_card(location).get("keys")
     except ValueError as e:
         raise ModelPathError(f"{str(card)!r} is not valid JSON ({e}); re-train or re-install the zoo model") from e
     return tuple(keys) if keys else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
