@@ -74,6 +74,9 @@ def test_saved_files_feed_the_report(circuit, tmp_path):
     assert inputs.baseline["accuracy"] == pytest.approx(circuit.baseline["accuracy"])
     text = (tmp_path / "summary.md").read_text()
     assert circuit.heads()["name"].iloc[0] in text and "random heads" in text
+    c = circuit.curve
+    k1 = [c[(c["series"] == s) & (c["k"] == 1)]["accuracy"].mean() for s in ("top", "random")]
+    assert f"k=1 {k1[0]:.3f} vs {k1[1]:.3f}" in text
 
 
 def test_pair_prefers_an_earlier_gather_head():

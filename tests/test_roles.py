@@ -33,7 +33,8 @@ def test_scores_of_a_hand_made_gather_and_aggregate_pattern():
     p[1, 9] = 0
     p[1, 9, [7, 4, 3, 8]] = torch.tensor([0.6, 0.1, 0.1, 0.2])
     s = _sample_scores(p, items, gold=1, final=9)
-    gather, prev, agg, to_summ, to_items, share, select, sharp = s.T.tolist()
+    gather, prev, width, agg, to_summ, to_items, share, select, sharp = s.T.tolist()
+    assert width == [pytest.approx(3.5)] * 2  # segments of 3 and 4 tokens
     assert gather[0] == pytest.approx((0.8 + 0.9) / 2) and prev[0] == pytest.approx((0.4 + 0.3) / 2)
     assert gather[1] == pytest.approx(0.0) and agg[0] == pytest.approx(0.0)
     assert agg[1] == pytest.approx(0.7) and to_summ[1] == pytest.approx(0.7) and to_items[1] == pytest.approx(0.8)
@@ -52,6 +53,10 @@ def test_scores_of_a_hand_made_gather_and_aggregate_pattern():
     ({"aggregate": 0.1, "selectivity": 0.9, "gather": 0.6, "gather_prev": 0.2}, "gather"),
     ({"aggregate": 0.0, "selectivity": 0.0, "gather": 0.9, "gather_prev": 0.85}, "other"),     # previous-token head
     ({"aggregate": 0.0, "selectivity": 0.0, "gather": 0.2, "gather_prev": 0.0}, "other"),
+    # two-token lines (key, value): the adjacent token is the whole line, so no spread test
+    ({"aggregate": 0.0, "selectivity": 0.0, "gather": 0.9, "gather_prev": 0.9, "line_tokens": 2.0}, "gather"),
+    ({"aggregate": 0.0, "selectivity": 0.0, "gather": 0.9, "gather_prev": 0.9, "line_tokens": 5.0}, "other"),
+    ({"aggregate": 0.0, "selectivity": 0.0, "gather": 0.2, "gather_prev": 0.2, "line_tokens": 2.0}, "other"),
 ])
 def test_role_rule(scores, role):
     assert RoleRule().label(scores) == role

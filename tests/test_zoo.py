@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from gna_interp.errors import InputError, UnknownModelError
 from gna_interp.models.loading import zoo_dir, zoo_names
 from gna_interp.tasks import KVRetrieval, evaluate
 from gna_interp.zoo import RECIPES, build_tokenizer, read_card, recipe, train, training_batch
+from gna_interp.zoo.tokenizer import DROPPED, N_KEYS, zoo_keys
 
 ZOO = ("transformer-kv", "mamba1-kv", "mamba2-kv", "hybrid-kv")
 # acceptance bars of the issue at the training dictionary size (SSMs are reported, not gated)
@@ -27,18 +29,23 @@ def tok():
 
 
 def test_tokenizer_covers_the_official_template(tok) -> None:
-    task = KVRetrieval(40, 8, seed=3)
+    task = KVRetrieval(40, 8, seed=3, words=zoo_keys())
     for s in task:
         prompt = tok(s.prompt)["input_ids"]
         ids = tok(s.prompt + s.answer)["input_ids"]
         assert tok.unk_token_id not in ids
-        assert tok.decode(prompt) == s.prompt
-        # 6 header tokens, then key, ":", value, newline (one token each), then the 9-token cue
-        assert len(prompt) == 6 + 4 * 40 + 9
-        # the answer " V" is one token, the very token of its dictionary line, right after " is"
+        # separators, line breaks, quotes and the cue's closing "' is" are dropped, nothing else
+        assert tok.decode(prompt) == re.sub(DROPPED, "", s.prompt)
+        # 4 header tokens, then key and value (one token each), then the 6-token cue ending with the key
+        assert len(prompt) == 4 + 2 * 40 + 6
+        assert tok.convert_ids_to_tokens(prompt[-6:]) == ["The", " value", " of", " the", " key", s.meta["key"]]
+        # the answer " V" is one token, the very token of its dictionary line
         assert ids[:-1] == prompt and ids[-1] == tok.convert_tokens_to_ids(str(s.meta["value"]))
     seg = task[0].segments(tok)
-    assert seg.aligned and len(seg.items) == 40
+    assert seg.aligned and len(seg.items) == 40 and seg.final == len(tok(task[0].prompt)["input_ids"]) - 1
+    # each line's summary token is its value
+    ids = tok(task[0].prompt)["input_ids"]
+    assert all(tok.convert_ids_to_tokens(ids[it.summary]).isdigit() for it in seg.items)
 
 
 def test_training_batch_is_deterministic_and_official(tok) -> None:
@@ -47,17 +54,22 @@ def test_training_batch_is_deterministic_and_official(tok) -> None:
     x2, p2, v2 = training_batch(tok, r, 7)
     assert torch.equal(x1, x2) and torch.equal(p1, p2) and torch.equal(v1, v2)
     assert x1.shape[0] == r.batch_size and v1.shape == (r.batch_size, len(p1))
+    keys = set(zoo_keys())
+    cue = ["The", " value", " of", " the", " key"]
     for row in range(3):
-        text = tok.decode(x1[row])
-        assert text.startswith("Memorize the following dictionary:\n") and text.endswith("' is")
-        # the first query is exactly an official prompt; its answer is a value of the dictionary
-        first = text[: text.index("' is") + 4]  # the space before each answer value is not a token
-        assert first.count("The value of the key") == 1
-        lines = dict(line.split(":") for line in first.split("\n")[1:-1])
-        key = first[first.index("key '") + 5: -4]
-        assert tok.decode([int(v1[row, 0])]) == lines[key]
-        # every answer is predicted at its query's last token
-        assert all(tok.decode([int(x1[row, p])]) == " is" for p in p1)
+        toks = tok.convert_ids_to_tokens(x1[row].tolist())
+        assert toks[:4] == ["Memorize", " the", " following", " dictionary"]
+        cut = toks.index("The")
+        lines = dict(zip(toks[4:cut:2], toks[5:cut:2]))  # key, value per line
+        assert set(lines) <= keys and all(v.isdigit() for v in lines.values())
+        # every answer is predicted at the asked key; the first query is exactly an official prompt,
+        # then restated lines and official questions alternate
+        at = [toks[p] for p in p1]
+        assert all(a in lines for a in at)
+        assert int(p1[0]) == cut + 5 and toks[cut:cut + 5] == cue
+        assert all(toks[p - 5:p] == cue for p in p1[2::2].tolist())
+        assert all(toks[p - 1].isdigit() for p in p1[1::2].tolist())
+        assert all(tok.convert_ids_to_tokens(int(v)) == lines[k] for v, k in zip(v1[row], at))
     x3, _, _ = training_batch(tok, r, 8)
     assert x1.shape != x3.shape or not torch.equal(x1, x3)
 
@@ -131,19 +143,17 @@ def test_shipped_model_loads_with_parity_and_matches_its_card(name: str) -> None
     card = read_card(zoo_dir() / name)
     assert Counter(h.kind for h in model.heads()) == _expected_heads(card)
     n = card["training"]["train_pairs"]
-    batch = model.tokenize(KVRetrieval(n, 4, seed=11).prompts)
+    assert model.kv_words == tuple(card["keys"]) == zoo_keys()
+    batch = model.tokenize(KVRetrieval(n, 4, seed=11, words=model.kv_words).prompts)
     with torch.no_grad():
         hf = model.hf_model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits
     assert (model.forward(batch) - hf).abs().max().item() <= 1e-4
     # the card's accuracy at the training size is what the shipped weights really score
     ev = card["evaluation"]
-    acc = evaluate(model, KVRetrieval(n, ev["n_samples"], seed=ev["seed"]), progress=False).accuracy
+    acc = evaluate(model, KVRetrieval(n, ev["n_samples"], seed=ev["seed"], words=model.kv_words), progress=False).accuracy
     assert abs(acc - ev["by_pairs"][str(n)]["accuracy"]) <= 0.02, (acc, ev["by_pairs"][str(n)])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 5 is open: the shipped checkpoints do not retrieve (cards show 0.17 / "
-                   "0.12 at 8 pairs); the recipe, not the step count, is the problem -- see the session-2 note and the "
-                   "wip/zoo-recipe branch. Retrain with `gna zoo train NAME --install`, then drop this mark.")
 @pytest.mark.parametrize("name", sorted(BARS))
 def test_acceptance_bar_at_the_training_size(name: str) -> None:
     card = read_card(zoo_dir() / name)
@@ -157,11 +167,13 @@ def test_cli_zoo_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(f"zoo:{n}" in out for n in ZOO)
 
 
-def test_words_outside_a_word_level_vocabulary_are_refused() -> None:
-    """Keys the zoo tokenizer does not know would become [UNK]: scoring and tokenize say so, naming them."""
+def test_zoo_model_refuses_keys_outside_its_vocabulary() -> None:
+    """A KV task with the default 900-word list has keys the zoo tokenizer maps to [UNK]: clear error."""
     model = load_model("zoo:transformer-kv", device="cpu")
-    task = KVRetrieval(3, 2, seed=0, words=["qwertzx", "blorpq", "zzgrab", "apple"][: 4])
-    with pytest.raises(InputError, match="outside .*vocabulary"):
-        evaluate(model, task, progress=False)
-    with pytest.raises(InputError, match="qwertzx|blorpq|zzgrab"):
-        model.tokenize(task.prompts)
+    assert len(model.kv_words) == N_KEYS
+    outside = KVRetrieval(10, 4, seed=0).prompts[0]
+    with pytest.raises(InputError, match="model.kv_words"):
+        evaluate(model, KVRetrieval(10, 4, seed=0), progress=False)
+    with pytest.raises(InputError, match="outside"):
+        model.tokenize(outside)
+    evaluate(model, KVRetrieval(10, 4, seed=0, words=model.kv_words), progress=False)  # its own keys are fine

@@ -143,6 +143,11 @@ class Circuit:
             lines.append(f"- removing the top {cs['k']} heads: accuracy {cs['top']:.3f}; {cs['k']} random heads: "
                          f"{cs['random_mean']:.3f} (min {cs['random_min']:.3f}, max {cs['random_max']:.3f}, "
                          f"{cs['seeds']} seeds); baseline {cs['baseline']:.3f}")
+            means = self.curve.groupby(["series", "k"])["accuracy"].mean()
+            steps = [f"k={k} {means['top', k]:.3f} vs {means['random', k]:.3f}"
+                     for k in range(1, cs["k"] + 1) if ("top", k) in means and ("random", k) in means]
+            if steps:
+                lines.append("- accuracy curve, top k vs k random (mean over seeds): " + ", ".join(steps))
         return "\n".join(lines) + "\n"
 
     def save(self, out: str | Path) -> Path:

@@ -8,7 +8,8 @@ their summary tokens ``s_j`` (last token of the line) and the *decision position
 
 - ``gather`` -- mean over segments of the mass from ``s_j`` onto the rest of its own segment,
   ``Σ_{k ∈ S_j, k < s_j} p[s_j, k]``; ``gather_prev`` -- the part of it on the token right before
-  ``s_j`` (what a previous-token head puts there anyway);
+  ``s_j`` (what a previous-token head puts there anyway); ``line_tokens`` -- mean tokens per segment,
+  its summary included (2 for a line that is just ``key``, ``value``);
 - ``aggregate`` -- mass from ``f`` onto the gold segment ``Σ_{k ∈ S_gold} p[f, k]``;
   ``to_summaries`` -- mass from ``f`` onto all summary tokens; ``to_items`` -- onto all segments;
   ``gold_share`` -- ``aggregate / to_items`` (chance: ``1 / n`` for ``n`` segments);
@@ -41,7 +42,7 @@ from gna_interp.patterns.sharpness import row_distribution, sharpness
 from gna_interp.tasks.base import Sample, Task
 from gna_interp.tasks.scoring import plan_scoring
 
-ROLE_COLUMNS = ["name", "gather", "gather_prev", "aggregate", "to_summaries", "to_items", "gold_share",
+ROLE_COLUMNS = ["name", "gather", "gather_prev", "line_tokens", "aggregate", "to_summaries", "to_items", "gold_share",
                 "selectivity", "sharpness", "role"]
 ROLES: tuple[str, ...] = ("gather", "aggregate", "other")
 
@@ -57,6 +58,9 @@ class RoleRule:
       segments goes to the gold one well above chance: it *selects*, it does not spread);
     - else **gather** when ``gather >= gather_min`` (summary tokens read their own segment) and
       ``gather - gather_prev >= spread_min`` (beyond the adjacent token: not a previous-token head);
+      when the lines are two tokens (``line_tokens <= 2``, e.g. the zoo tokenizer's ``key``, ``value``),
+      the adjacent token is the whole rest of the line, reading it is all the gathering there is, and
+      the spread test is skipped (scores without ``line_tokens`` count as longer lines);
     - else **other**.
     """
 
@@ -69,7 +73,9 @@ class RoleRule:
         """The role of one head from its scores."""
         if scores["aggregate"] >= self.aggregate_min and scores["selectivity"] >= self.selectivity_min:
             return "aggregate"
-        if scores["gather"] >= self.gather_min and scores["gather"] - scores["gather_prev"] >= self.spread_min:
+        short = float(scores.get("line_tokens", math.inf)) <= 2
+        spread = scores["gather"] - scores["gather_prev"] >= self.spread_min
+        if scores["gather"] >= self.gather_min and (short or spread):
             return "gather"
         return "other"
 
@@ -97,7 +103,8 @@ def _sample_scores(p: torch.Tensor, items: Sequence[Any], gold: int, final: int)
         sharp = torch.nan_to_num(sharp, nan=0.0)
     else:
         sharp = torch.ones(p.shape[0])
-    return torch.stack([torch.stack(g, -1).mean(-1), torch.stack(prev, -1).mean(-1), to_gold, to_summ,
+    width = torch.full_like(to_gold, sum(len(sp) for sp in items) / len(items))
+    return torch.stack([torch.stack(g, -1).mean(-1), torch.stack(prev, -1).mean(-1), width, to_gold, to_summ,
                         to_items, share, select, sharp], dim=-1)
 
 

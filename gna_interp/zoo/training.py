@@ -2,15 +2,23 @@
 
 Every zoo model sees the same data: at step ``i`` one dictionary size ``n`` is drawn (uniform over the
 recipe's ``pairs`` range, from a :class:`~gna_interp.tasks.seeding.StableRng` stream named by the seed
-and ``i``), and the batch is ``KVRetrieval(n, batch_size, seed=data_seed(seed, i))`` -- the project's own
-task generator, official template. Each official prompt and its answer is followed by a few more query
-lines in the same wording (``"\nThe value of the key 'K2' is 17"``, other keys of the same dictionary,
-at most ``n // 2`` queries so that answering never reduces to elimination), so one sequence carries several
-answers; the evaluated single-query prompt is exactly the prefix of every training sequence. The zoo
-tokenizer makes an answer ``" 42"`` the single token ``"42"`` (the very token of the dictionary line),
-and the loss is the cross-entropy of every answer's value token, predicted at the query's last token
-``" is"``; nothing else in the sequence is trained on (keys and values are random, so it carries no
-learnable signal).
+and ``i``), and the batch is ``KVRetrieval(n, batch_size, seed=data_seed(seed, i), words=zoo_keys())`` --
+the project's own task generator, official template, keys from the zoo's key set. Each official prompt
+and its answer is followed by more queries, ``queries * n`` in all, keys drawn with replacement (so
+answering never reduces to elimination), alternately the line restated (``"\nK2:17"``, the completion
+template) and the official question (``"\nThe value of the key 'K2' is 17"``), so one sequence carries
+many answers; the evaluated single-query prompt is exactly the prefix of every training sequence.
+Under the zoo tokenizer both forms end with the asked key's token, where the answer is predicted; a
+restated line costs two tokens, an official question six. The loss is the cross-entropy of every
+answer's value token; nothing else in the sequence is trained on (keys and values are random, so it
+carries no learnable signal).
+
+What decides whether a d=64 transformer learns retrieval within minutes on CPU (measured while
+building the zoo): the token layout of :mod:`gna_interp.zoo.tokenizer` (64 keys; value right after its
+key; answer predicted at the asked key), and token embeddings initialised with standard deviation
+``embed_std`` = 1 (at ``initializer_range`` 0.1 they are swamped by the first block's output, and
+2-layer Llama models stayed at chance even on 2-pair dictionaries). Even so the transformer sits on a
+loss plateau for over a thousand steps before retrieval appears abruptly, which sets ``steps``.
 """
 
 from __future__ import annotations
@@ -48,14 +56,15 @@ class Recipe:
     config_class: str
     config: dict[str, Any]
     description: str
-    steps: int = 800
+    steps: int = 3000
     batch_size: int = 32
     lr: float = 3e-3
     warmup: int = 50
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     pairs: tuple[int, int] = (2, 8)
-    queries: int = 4
+    queries: int = 2
+    embed_std: float = 1.0
     seed: int = 0
     threads: int = 1
 
@@ -110,17 +119,19 @@ def pairs_at(r: Recipe, step: int) -> int:
 
 
 def training_text(sample: Any, extra: Sequence[int]) -> tuple[str, list[int]]:
-    """An official KV prompt plus its answer, followed by one more query line in the same wording for
-    each dictionary line in ``extra``; returns the text and the character offset of every answer value."""
+    """An official KV prompt plus its answer, followed by one more query for each dictionary line in
+    ``extra``, alternately the line restated (``"\nK:V"``, the completion template) and the official
+    question (``"\nThe value of the key 'K' is V"``); returns the text and the character offset of
+    every answer value."""
     lines = [sample.prompt[a:b].rstrip("\n").split(":") for a, b in sample.spans.items]
     key = sample.meta["key"]
     if sample.prompt[sample.cue_start:] != f"The value of the key '{key}' is":
         raise InputError(f"unexpected KV cue {sample.prompt[sample.cue_start:]!r}; the zoo trains on the official template")
     text = sample.prompt + sample.answer
     starts = [len(text) - len(sample.answer.lstrip())]
-    for i in extra:
+    for t, i in enumerate(extra):
         k, v = lines[i]
-        text += f"\nThe value of the key '{k}' is {v}"
+        text += f"\n{k}:{v}" if t % 2 == 0 else f"\nThe value of the key '{k}' is {v}"
         starts.append(len(text) - len(v))
     return text, starts
 
@@ -128,21 +139,22 @@ def training_text(sample: Any, extra: Sequence[int]) -> tuple[str, list[int]]:
 def training_batch(tokenizer: Any, r: Recipe, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(ids [batch, pos], positions [q], values [batch, q])`` of ``step``.
 
-    Each sequence is an official-template KV prompt and its answer followed by ``r.queries - 1`` more
-    query lines (distinct keys of the same dictionary, same wording). ``values[:, j]`` is the token of
-    the ``j``-th answer value, predicted at ``positions[j]`` (that query's ``" is"`` token); the structure
-    is identical across the batch because every key and value is one token.
+    Each sequence is an official-template KV prompt and its answer followed by ``r.queries * n - 1``
+    more queries (keys of the same dictionary drawn with replacement). ``values[:, j]`` is the token
+    of the ``j``-th answer value, predicted at ``positions[j]`` (that query's last token, the asked
+    key); the structure is identical across the batch because every key and value is one token.
     """
     from gna_interp.tasks import KVRetrieval
     from gna_interp.tasks.seeding import StableRng
+    from gna_interp.zoo.tokenizer import zoo_keys
 
     n = pairs_at(r, step)
-    q = max(1, min(r.queries, n // 2))  # at least half the lines stay unqueried: no elimination shortcut
-    task = KVRetrieval(n, r.batch_size, seed=data_seed(r.seed, step), template="official")
+    q = max(1, r.queries * n)
+    task = KVRetrieval(n, r.batch_size, seed=data_seed(r.seed, step), template="official", words=zoo_keys())
     ids, values, where = [], [], None
     for i, s in enumerate(task):
-        others = [j for j in range(n) if j != s.gold]
-        text, starts = training_text(s, StableRng("zoo-queries", r.seed, step, i).sample(others, q - 1))
+        rng = StableRng("zoo-queries", r.seed, step, i)
+        text, starts = training_text(s, [rng.below(n) for _ in range(q - 1)])
         enc = tokenizer(text, return_offsets_mapping=True)
         pos = [next((t for t, (a, _) in enumerate(enc["offset_mapping"]) if a == c), -1) for c in starts]
         if -1 in pos or tokenizer.unk_token_id in enc["input_ids"]:
@@ -164,7 +176,10 @@ def build_model(r: Recipe, tokenizer: Any) -> torch.nn.Module:
     cfg = getattr(transformers, r.config_class)(vocab_size=len(tokenizer), **r.config)
     cfg.pad_token_id = cfg.eos_token_id = cfg.bos_token_id = tokenizer.pad_token_id
     torch.manual_seed(r.seed)
-    return getattr(transformers, r.hf_class)(cfg)
+    model = getattr(transformers, r.hf_class)(cfg)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.normal_(0.0, r.embed_std)
+    return model
 
 
 def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
@@ -260,6 +275,8 @@ def train(name: str, out: str | os.PathLike, steps: int | None = None, seed: int
 def _card(r: Recipe, counts: dict[str, int], wall: float, losses: list[float]) -> dict[str, Any]:
     import transformers
 
+    from gna_interp.zoo.tokenizer import zoo_keys
+
     tail = losses[-min(50, len(losses)):]
     return {
         "name": r.name,
@@ -269,18 +286,21 @@ def _card(r: Recipe, counts: dict[str, int], wall: float, losses: list[float]) -
         "config": r.config,
         "parameters": counts,
         "dtype": "float32",
-        "tokenizer": "word-level (gna_interp.zoo.tokenizer): template words, the shipped word list, values 0-99",
+        "tokenizer": f"word-level (gna_interp.zoo.tokenizer): template words, {len(zoo_keys())} keys, values 0-99",
+        "keys": list(zoo_keys()),
         "training": {
             "seed": r.seed, "steps": r.steps, "batch_size": r.batch_size, "lr": r.lr, "warmup": r.warmup,
             "schedule": "linear warmup, cosine decay to 10%", "optimizer": "AdamW(betas=(0.9, 0.98))",
             "weight_decay": r.weight_decay, "grad_clip": r.grad_clip,
             "pairs": list(r.pairs), "train_pairs": r.train_pairs,
             "queries": r.queries,
-            "data": "KVRetrieval(n, batch_size, seed=1_000_000*(seed+1)+step, template='official'); "
+            "embed_std": r.embed_std,
+            "data": "KVRetrieval(n, batch_size, seed=1_000_000*(seed+1)+step, template='official', words=keys); "
                     "n uniform over pairs per step (StableRng('zoo-pairs', seed, step)); each official prompt "
-                    "and answer is followed by max(1, min(queries, n // 2)) - 1 more query lines in the same "
-                    "wording for other keys of the dictionary (StableRng('zoo-queries', seed, step, i))",
-            "loss": "cross-entropy of every answer's value token, predicted at its query's last token ' is' "
+                    "and answer is followed by queries * n - 1 more query lines, keys of the dictionary drawn "
+                    "with replacement (StableRng('zoo-queries', seed, step, i)), alternately the line restated "
+                    "('\\nK:V', completion template) and the official question",
+            "loss": "cross-entropy of every answer's value token, predicted at its query's last token (the asked key) "
                     "(answers only; nothing else in the sequence is trained on)",
             "threads": r.threads, "device": "cpu", "wall_seconds": round(wall, 1),
             "final_loss": round(sum(tail) / len(tail), 4),
@@ -292,19 +312,21 @@ def _card(r: Recipe, counts: dict[str, int], wall: float, losses: list[float]) -
 
 def evaluate_checkpoint(path: str | os.PathLike, sizes: Sequence[int] = DEFAULT_EVAL_SIZES,
                         n_samples: int = 200, seed: int = 0) -> dict[str, Any]:
-    """KV accuracy of the checkpoint at ``path`` per dictionary size, via ``load_model`` and ``evaluate``."""
+    """KV accuracy of the checkpoint at ``path`` per dictionary size, via ``load_model`` and ``evaluate``
+    (keys from the zoo key set)."""
     from gna_interp.models.loading import load_model
     from gna_interp.tasks import KVRetrieval, evaluate
+    from gna_interp.zoo.tokenizer import zoo_keys
 
     model = load_model(path, device="cpu")
     by_pairs: dict[str, dict[str, float]] = {}
     for n in sizes:
-        ev = evaluate(model, KVRetrieval(n, n_samples, seed=seed, template="official"), batch_size=32,
-                      progress=False)
+        task = KVRetrieval(n, n_samples, seed=seed, template="official", words=model.kv_words or zoo_keys())
+        ev = evaluate(model, task, batch_size=32, progress=False)
         m = ev.metrics
         by_pairs[str(n)] = {"accuracy": round(m["accuracy"], 4), "logit_diff": round(m["logit_diff"], 3),
                             "gold_prob": round(m["gold_prob"], 4), "chance": round(m["chance"], 4)}
-    return {"task": "KVRetrieval(n_pairs, n_samples, seed, template='official')", "n_samples": n_samples,
+    return {"task": "KVRetrieval(n_pairs, n_samples, seed, template='official', words=keys)", "n_samples": n_samples,
             "seed": seed, "scorer": "gna_interp.tasks.evaluate (summed log-prob of each candidate)",
             "by_pairs": by_pairs}
 
@@ -343,7 +365,7 @@ def render_card(card: dict[str, Any]) -> str:
 
 ## Accuracy
 
-Measured with `gna_interp.tasks.evaluate` on `KVRetrieval(n_pairs, {ev['n_samples']}, seed={ev['seed']})`
+Measured with `gna_interp.tasks.evaluate` on `KVRetrieval(n_pairs, {ev['n_samples']}, seed={ev['seed']}, words=keys)`
 (candidates: the dictionary's values; {ev['scorer']}).
 
 | pairs | accuracy | chance | logit diff | gold prob |
