@@ -23,11 +23,12 @@ def command(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentParser
 
 
 def default_model_specs() -> list[str]:
-    """The models ``gna`` uses when none is named: SmolLM2 when its GGUF is installed, then zoo models."""
+    """The models ``gna`` uses when none is named: SmolLM2 when its GGUF is installed, then zoo models
+    (the zoo transformer first)."""
     from gna_interp.models.loading import smollm2_gguf_path, zoo_names
 
     specs = ["smollm2-135m"] if smollm2_gguf_path() else []
-    return specs + [f"zoo:{n}" for n in zoo_names()]
+    return specs + [f"zoo:{n}" for n in sorted(zoo_names(), key=lambda n: n != "transformer-kv")]
 
 
 def describe_model(model) -> str:

@@ -177,3 +177,28 @@ def test_zoo_model_refuses_keys_outside_its_vocabulary() -> None:
     with pytest.raises(InputError, match="outside"):
         model.tokenize(outside)
     evaluate(model, KVRetrieval(10, 4, seed=0, words=model.kv_words), progress=False)  # its own keys are fine
+
+
+def test_discover_finds_the_zoo_transformers_circuit() -> None:
+    """On the trained zoo transformer discovery finds a layer-0 gather head feeding a layer-1 aggregate
+    head, and removing the top heads hurts far more than removing as many random heads."""
+    from gna_interp.circuits.discover import discover
+
+    model = load_model("zoo:transformer-kv", device="cpu")
+    task = KVRetrieval(8, 32, seed=0, words=model.kv_words, max_value=99)
+    circuit = discover(model, task, k=2, seeds=3, role_samples=8, progress=False)
+    assert circuit.baseline["accuracy"] >= 0.9
+    gather, aggregate = circuit.pair()
+    assert (gather.layer, aggregate.layer) == (0, 1)
+    roles = circuit.heads().set_index("name")
+    assert roles.loc[aggregate.name, "selectivity"] >= 0.9 and roles.loc[gather.name, "line_tokens"] == 2
+    c = circuit.curve.groupby(["series", "k"])["accuracy"].mean()
+    assert c["top", 2] <= 0.25 and c["random", 2] - c["top", 2] >= 0.2
+
+
+def test_default_model_without_smollm2_is_the_zoo_transformer(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gna_interp.models.loading as loading
+    from gna_interp.cli import default_model_specs
+
+    monkeypatch.setattr(loading, "smollm2_gguf_path", lambda: None)
+    assert default_model_specs()[0] == "zoo:transformer-kv"
