@@ -112,14 +112,17 @@ class HeadScan:
             return self.estimates[h]
         return math.nan
 
+    def est_drop(self, head: HeadRef) -> float:
+        """Attribution estimate of the logit-difference drop when ``head`` is ablated (NaN if none)."""
+        return self._value(self.baseline, "logit_diff") - self.estimates[head] if head in self.estimates else math.nan
+
     def to_frame(self) -> pd.DataFrame:
         """One row per head, sorted by rank (1 = largest drop)."""
         base = self.baseline_value
-        base_ld = self._value(self.baseline, "logit_diff")
         rows = []
         for h in self.heads:
             abl = self.ablated(h)
-            est = base_ld - self.estimates[h] if h in self.estimates else math.nan
+            est = self.est_drop(h)
             rows.append({"layer": h.layer, "head": h.head, "kind": h.kind, "name": h.name, "baseline": base,
                          "ablated": abl, "drop": base - abl, "source": "exact" if h in self.exact else
                          ("attribution" if h in self.estimates else "none"), "est_drop": est})
@@ -331,9 +334,9 @@ def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[ChunkLayout
 def _next_to_verify(scan: HeadScan, certify: int, count: int) -> list[HeadRef]:
     """The unrun heads that could still displace the ``certify``-th exact drop (most threatening first,
     at most ``count``); empty when the leading heads are settled (see the module docstring)."""
-    base_ld = float(scan.baseline["logit_diff"].mean())
-    drop = {h: base_ld - float(v["logit_diff"].mean()) for h, v in scan.exact.items()}
-    est = {h: base_ld - scan.estimates[h] for h in scan.heads}
+    base_ld = scan._value(scan.baseline, "logit_diff")
+    drop = {h: base_ld - scan._value(v, "logit_diff") for h, v in scan.exact.items()}
+    est = {h: scan.est_drop(h) for h in scan.heads}
     c = max([0.0] + [(drop[h] - est[h]) / scan.sizes[h] for h in drop if scan.sizes[h] > 0])
     bar = sorted(drop.values(), reverse=True)[certify - 1] if len(drop) >= certify else -math.inf
     bound = {h: est[h] + c * scan.sizes[h] for h in scan.heads if h not in drop}
@@ -425,8 +428,7 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
         _Progress(scan, path, fingerprint, None).save()
     if strategy == "auto":
         n_verify = default_verify(len(head_list), certify) if verify is None else min(verify, len(head_list))
-        base_ld = float(scan.baseline["logit_diff"].mean())
-        ranked = sorted(head_list, key=lambda h: -(base_ld - scan.estimates[h]))
+        ranked = sorted(head_list, key=lambda h: -scan.est_drop(h))
         todo = [h for h in ranked[:n_verify] if h not in scan.exact]
     elif strategy in ("exact", "naive"):
         todo = [h for h in head_list if h not in scan.exact]

@@ -34,8 +34,9 @@ PAD = "<|endoftext|>"
 UNK = "[UNK]"
 SPLIT_PATTERN = r" ?[A-Za-z]+|[0-9]+| ?[^\sA-Za-z0-9]|\s"
 DROPPED = r"[:\n]| ?'( is)?"  # separators, line breaks, quotes and the cue's closing "' is" are no tokens
-# Texts whose pieces are in the vocabulary besides keys and values: both KV templates.
-TEMPLATE_TEXTS = (HEADER, "The value of the key 'x' is", "x:", "\n", " ")
+# Texts whose pieces are in the vocabulary besides keys and values: the official KV template (the
+# completion template's "x:" lines add no piece: the colon and line break are dropped) and a lone space.
+TEMPLATE_TEXTS = (HEADER, "The value of the key 'x' is", " ")
 NUMBER_SPACE = r" (?=[0-9])"  # a space before a number belongs to no token
 MAX_VALUE = 99
 
