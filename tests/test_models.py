@@ -148,7 +148,7 @@ def test_unknown_zoo_model():
 
 
 def test_hub_id_offline_says_what_to_do(monkeypatch):
-    monkeypatch.setattr(loading, "_hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(loading, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(ModelUnavailableError, match="local Hugging Face directory or a .gguf"):
         load_model("someorg/some-model")
 

@@ -91,7 +91,7 @@ def test_file_errors(tmp_path):
 
 
 def test_hub_unreachable_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(loading, "_hub_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(loading, "hub_reachable", lambda *a, **k: False)
     with pytest.raises(ModelUnavailableError, match="not reachable.*from_file.*synthetic"):
         MultipleChoice.from_hub("anatomy")
 

@@ -114,7 +114,8 @@ def resolve_spec(spec: str | os.PathLike) -> ResolvedSpec:
     )
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers from here (False when ``HF_HUB_OFFLINE`` is set)."""
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
@@ -235,7 +236,7 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
     from gna_interp.models.model import Model
 
     resolved = resolve_spec(spec)
-    if resolved.source == "hub" and not _hub_reachable():
+    if resolved.source == "hub" and not hub_reachable():
         raise ModelUnavailableError(
             f"{resolved.location!r} is a Hugging Face hub id but the hub is not reachable from here. "
             f"Pass a local Hugging Face directory or a .gguf file instead"

@@ -115,9 +115,9 @@ class MultipleChoice(Task):
 
 def hub_questions(subject: str = "all", split: str = "test", n_samples: int | None = None) -> list[Question]:
     """Load MMLU questions with ``datasets`` from the Hugging Face hub (needs network)."""
-    from gna_interp.models.loading import _hub_reachable
+    from gna_interp.models.loading import hub_reachable
 
-    if not _hub_reachable():
+    if not hub_reachable():
         raise ModelUnavailableError(
             f"{MMLU_HUB_ID} is on the Hugging Face hub, which is not reachable from here; use "
             f"MultipleChoice.from_file(path) with a local jsonl/csv/parquet copy, or MultipleChoice.synthetic()"
