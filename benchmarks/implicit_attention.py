@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gna_interp.patterns.ssm import SSMTerms, implicit_attention, ssm_terms  # noqa: E402
+from gna_interp.models.ssm_kernel import SSMTerms, implicit_attention, ssm_terms  # noqa: E402
 
 GIB = 2**30
 MIB = 2**20

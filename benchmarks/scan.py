@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gna_interp import HeadRef  # noqa: E402
-from gna_interp.circuits.readout import ScoreTable, layout_chunks, read_logprobs  # noqa: E402
+from gna_interp.tasks.scoring import ScoreTable, layout_chunks, read_logprobs  # noqa: E402
 from gna_interp.circuits.scan import scan_heads  # noqa: E402
 from gna_interp.interventions.ablation import ablation_hooks, replacements  # noqa: E402
 from gna_interp.models import load_model  # noqa: E402

@@ -26,7 +26,7 @@ import torch
 
 from gna_interp import load_model
 from gna_interp.circuits import prune_curve
-from gna_interp.models.loading import smollm2_gguf_path
+from gna_interp.models import smollm2_gguf_path
 from gna_interp.models.tiny import build_tiny
 from gna_interp.tasks import KVRetrieval, plan_scoring, run_plan
 from gna_interp.tasks.scoring import can_share_prefix

@@ -1,10 +1,10 @@
-"""The ``gna`` command line: ``gna models``, ``gna patterns`` (more subcommands register here)."""
+"""The ``gna`` command line: ``gna scan`` (the main job), ``gna models``, ``gna patterns``, ``gna report``,
+``gna zoo``. Each subcommand registers itself with :func:`command`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -25,31 +25,10 @@ def command(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentParser
 def default_model_specs() -> list[str]:
     """The models ``gna`` uses when none is named: SmolLM2 when its GGUF is installed, then zoo models
     (the zoo transformer first)."""
-    from gna_interp.models.loading import smollm2_gguf_path, zoo_names
+    from gna_interp.models import smollm2_gguf_path, zoo_names
 
     specs = ["smollm2-135m"] if smollm2_gguf_path() else []
     return specs + [f"zoo:{n}" for n in sorted(zoo_names(), key=lambda n: n != "transformer-kv")]
-
-
-def describe_model(model) -> str:
-    """One paragraph: architecture, blocks by mixer kind, head counts by kind."""
-    kinds = Counter(model.layer_kinds())
-    heads = Counter(h.kind for h in model.heads())
-    blocks = ", ".join(f"{n}x {k}" for k, n in kinds.items())
-    units = ", ".join(f"{n} {k}" for k, n in heads.items()) or "none"
-    lines = [f"  architecture: {model.architecture}", f"  blocks: {model.n_layers} ({blocks})", f"  heads: {units}"]
-    attn = [s for s in model.layers if s.kind == "attn"]
-    if attn:
-        s = attn[0]
-        lines.append(f"  attention: {s.n_heads} query heads, {s.n_groups} KV heads, d_head {s.head_dim}")
-    for kind, label in (("ssm2", "Mamba-2 heads"), ("ssm1", "Mamba-1 channels")):
-        ssm = [s for s in model.layers if s.kind == kind]
-        if ssm:
-            s = ssm[0]
-            lines.append(f"  {label}: {s.n_heads} per layer, head_dim {s.head_dim}, groups {s.n_groups}, state {s.state_size}")
-    for s in model.unsupported():
-        lines.append(f"  UNSUPPORTED mixer at {s.bridge_path}: {s.hf_class} (no heads listed for it)")
-    return "\n".join(lines)
 
 
 @command("models", "show what model specs resolve to, their families and head counts")
@@ -60,7 +39,7 @@ def _models_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from gna_interp.models.loading import ALIASES, resolve_spec, load_model
+    from gna_interp.models import ALIASES, resolve_spec, load_model
 
     specs = args.specs or default_model_specs()
     if not specs:
@@ -73,7 +52,7 @@ def run_models(args: argparse.Namespace) -> int:
             resolved = resolve_spec(spec)
             print(resolved.describe())
             if not args.no_load:
-                print(describe_model(load_model(spec, device=getattr(args, "device", None))))
+                print(load_model(spec, device=getattr(args, "device", None)).describe())
         except GnaError as e:
             print(f"  error: {e}")
             failed += bool(args.specs)
@@ -86,14 +65,14 @@ def _patterns_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--heads", default=None, help="comma-separated heads, e.g. L3H1,L5H2 or L1S0 (default: heads of the first two layers; Mamba-1 layers as 16 channel groups)")
     p.add_argument("--out", default="patterns.html", help="output HTML file")
-    p.add_argument("--form", default="attention", choices=["attention", "exact"], help="SSM implicit-attention form")
+    p.add_argument("--form", default="exact", choices=["exact", "attention"],
+                   help="SSM implicit-attention form (exact: with the Δ_s factor, reproduces the scan; default)")
     p.set_defaults(run=run_patterns)
 
 
 def run_patterns(args: argparse.Namespace) -> int:
-    from gna_interp.models.loading import load_model
-    from gna_interp.patterns import patterns
-    from gna_interp.patterns.base import default_heads
+    from gna_interp.mixing import patterns
+    from gna_interp.models import load_model
     from gna_interp.viz.attention import patterns_page
 
     spec = args.model or _first_default()
@@ -101,15 +80,13 @@ def run_patterns(args: argparse.Namespace) -> int:
     if args.heads:
         heads = model.check_heads(args.heads)
     else:
-        candidates = default_heads(model)
+        candidates = model.default_heads()
         first = sorted({h.layer for h in candidates})[:2]
         heads = [h for h in candidates if h.layer in first]
-    options = {"form": args.form} if any(h.kind != "attn" for h in heads) else {}
-    ps = patterns(model, args.prompt, heads=heads, **options)
+    ps = patterns(model, args.prompt, heads=heads, form=args.form)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(patterns_page(ps, f"{model.name}: {len(heads)} heads", heads,
-                                 note=f"model {model.name} ({model.architecture})"), encoding="utf-8")
+    patterns_page(ps, f"{model.name}: {len(heads)} heads", heads,
+                  note=f"model {model.name} ({model.architecture})").save(out)
     print(f"wrote {out} ({len(heads)} heads: {', '.join(h.name for h in heads[:12])}{' ...' if len(heads) > 12 else ''})")
     return 0
 
@@ -131,7 +108,7 @@ def _zoo_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_zoo(args: argparse.Namespace) -> int:
-    from gna_interp.models.loading import zoo_dir, zoo_names
+    from gna_interp.models import zoo_dir, zoo_names
     from gna_interp.zoo.training import RECIPES, read_card, recipe, train
 
     if args.zoo_command == "list":
@@ -151,20 +128,17 @@ def run_zoo(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("report", "rebuild DIR/report.html (self-contained, offline) from the scan.csv and circuit.json in DIR")
+@command("report", "rebuild DIR/report.html (self-contained, offline) from the circuit saved in DIR; needs no model")
 def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", help="a `gna scan` output folder")
-    p.add_argument("--model", default=None, help="model spec for the G&A cards (default: the one circuit.json names)")
     p.add_argument("--no-png", action="store_true", help="do not export the figures as PNG files")
     p.set_defaults(run=run_report)
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from gna_interp.models.loading import load_model
     from gna_interp.report import build_report
 
-    model = load_model(args.model, device=getattr(args, "device", None)) if args.model else None
-    out = build_report(args.dir, model=model, png=not args.no_png)
+    out = build_report(args.dir, png=not args.no_png)
     print(f"wrote {out}")
     return 0
 
@@ -199,8 +173,9 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
 def run_scan(args: argparse.Namespace) -> int:
     import torch
 
-    from gna_interp.circuits.discover import discover
-    from gna_interp.models.loading import load_model
+    from gna_interp.circuits import discover
+    from gna_interp.models import load_model
+    from gna_interp.report import build_report
     from gna_interp.tasks import KVRetrieval
 
     if args.threads:
@@ -223,9 +198,7 @@ def run_scan(args: argparse.Namespace) -> int:
     circuit.save(out)
     print(circuit.summary(top=10))
     print(f"wrote {out / 'scan.csv'}, {out / 'circuit.json'}, {out / 'summary.md'} ({circuit.seconds:.0f}s)")
-    from gna_interp.report import build_report
-
-    print(f"wrote {build_report(out, model=model, task=task)}")
+    print(f"wrote {build_report(out)}")
     return 0
 
 

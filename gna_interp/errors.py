@@ -33,3 +33,7 @@ class HeadError(GnaError, ValueError):
 
 class InputError(GnaError, ValueError):
     """A prompt or tensor that cannot be fed to the model as given."""
+
+
+class OptionError(InputError):
+    """An option that does not exist (the message names the closest one) or has an invalid value."""

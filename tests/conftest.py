@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gna_interp.models.loading import smollm2_gguf_path
-from gna_interp.patterns.ssm import hf_mixer, unwrap
+from gna_interp.models import smollm2_gguf_path
+from gna_interp.models.mixer import unwrap
 from gna_interp.models.tiny import FAMILIES, build_tiny
 
 # One thread: the tiny test models are too small to gain from more, and a shared or loaded
@@ -52,7 +52,7 @@ def liven(model, seed: int = 0) -> None:
         for spec in model.layers:
             if spec.kind not in ("ssm1", "ssm2"):
                 continue
-            oc = hf_mixer(model, spec)
+            oc = model.hf_module(spec.bridge_path)
             for name in ("in_proj", "x_proj"):
                 if hasattr(oc, name):
                     w = unwrap(getattr(oc, name)).weight

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +34,35 @@ def made_up_curve(k_max: int = 4, seeds: int = 3) -> list[dict[str, Any]]:
     return rows
 
 
-def write_scan_folder(folder: Path, model_spec: str, heads: list[HeadRef], n_pairs: int = 4) -> Path:
-    """``scan.csv`` and ``circuit.json`` for ``heads`` of the model at ``model_spec``, in the format of
-    :meth:`gna_interp.circuits.discover.Circuit.save`, with a gather/aggregate pair whatever the model."""
-    folder.mkdir(parents=True, exist_ok=True)
-    scan = made_up_scan(heads)
-    scan.to_csv(folder / "scan.csv", index=False)
-    by_role = {r: scan.loc[scan["role"] == r, "name"].iloc[0] for r in ("gather", "aggregate")}
-    curve = [{**row, "heads": ",".join(row["heads"]) if "heads" in row else ""} for row in made_up_curve()]
-    circuit = {"model": model_spec, "task": {"name": f"kv{n_pairs}-official", "kind": "kv", "n_pairs": n_pairs,
-                                             "n_samples": 4, "seed": 0, "template": "official"},
-               "metric": "logit_diff", "method": "zero", "strategy": "exact",
-               "baseline": {"accuracy": 0.9, "logit_diff": 2.0, "chance": 0.25}, "chance": 0.25,
-               "heads": scan.to_dict("records"), "pair": by_role, "curve": curve}
-    (folder / "circuit.json").write_text(json.dumps(circuit), encoding="utf-8")
-    return folder
+def made_up_circuit(model: Any, heads: list[HeadRef], n_pairs: int = 4, n_cards: int = 2) -> Any:
+    """A :class:`~gna_interp.circuits.Circuit` of ``heads`` of ``model`` with made-up drops, roles and curve
+    (a gather/aggregate pair whatever the model) and real views (patterns of the card heads on
+    ``n_cards`` samples of a KV task, computed with ``model``)."""
+    import torch
+
+    from gna_interp.circuits import Circuit, HeadScan, card_views
+    from gna_interp.tasks import KVRetrieval
+
+    frame = made_up_scan(heads)
+    n = 4
+    base = {"logit_diff": torch.full((n,), 2.0, dtype=torch.float64), "correct": torch.ones(n, dtype=torch.bool)}
+    exact = {HeadRef.parse(r["name"]): {"logit_diff": torch.full((n,), float(r["ablated"]), dtype=torch.float64),
+                                        "correct": torch.ones(n, dtype=torch.bool)} for _, r in frame.iterrows()}
+    task = KVRetrieval(n_pairs=n_pairs, n_samples=n, seed=0)
+    scan = HeadScan(model.name, task.name, "zero", "logit_diff", "exact", list(heads), base, exact)
+    roles = frame[["layer", "head", "kind", "name", "role"]].assign(
+        gather=[0.9 if r == "gather" else 0.1 for r in frame["role"]],
+        aggregate=[0.8 if r == "aggregate" else 0.05 for r in frame["role"]])
+    curve = pd.DataFrame([{**row, "heads": ",".join(row["heads"]) if "heads" in row else ""}
+                          for row in made_up_curve()])
+    circuit = Circuit(model.name, task.to_dict(), scan, roles, {"accuracy": 0.9, "logit_diff": 2.0, "chance": 0.25},
+                      curve)
+    if n_cards:
+        ranked = scan.top(len(heads))
+        circuit.views = card_views(model, task, ranked, circuit.to_frame(), circuit.pair(), n_cards)
+    return circuit
+
+
+def write_scan_folder(folder: Path, model: Any, heads: list[HeadRef], n_pairs: int = 4, n_cards: int = 2) -> Path:
+    """:func:`made_up_circuit` saved into ``folder`` (as `gna scan` saves a circuit)."""
+    return made_up_circuit(model, heads, n_pairs, n_cards).save(folder)

@@ -8,7 +8,7 @@ import torch
 from gna_interp import HeadRef, load_model
 from gna_interp.errors import HeadError, InputError
 from gna_interp.interventions import ablate
-from gna_interp.interventions.ablation import head_site, replacements
+from gna_interp.interventions.ablation import replacements
 
 PROMPTS = ["Memorize the following dictionary:\nfig:12\nowl:7\nThe value of the key 'owl' is",
            "Memorize the following dictionary:\nsun:3\nThe value of"]
@@ -43,7 +43,7 @@ def test_zero_ablation_equals_zeroing_output_projection_columns(tiny_dirs, tiny_
     # The official procedure, on a separate copy of the weights: zero the heads' columns of o_proj / out_proj.
     edited = load_model(tiny_dirs[family], device="cpu")
     for h in model.check_heads(heads):
-        site = head_site(model, h)
+        site = model.head_site(h)
         with torch.no_grad():
             _out_proj(edited, h.layer, h.kind).weight[:, site.columns] = 0
     reference = edited.forward(PROMPTS)
@@ -55,19 +55,19 @@ def test_zero_ablation_equals_zeroing_output_projection_columns(tiny_dirs, tiny_
 def test_head_sites_cover_each_kind(tiny_models):
     m = tiny_models["bamba"]
     spec = m.layer_spec(0, "ssm2")
-    s = head_site(m, "L0S2")
+    s = m.head_site("L0S2")
     assert (s.hook, s.start, s.stop, s.width) == ("blocks.0.mixer.out_proj.hook_in", 2 * spec.head_dim,
                                                   3 * spec.head_dim, spec.n_heads * spec.head_dim)
-    a = head_site(m, HeadRef(1, 3))
+    a = m.head_site(HeadRef(1, 3))
     assert a.hook == "blocks.1.attn.o.hook_in" and (a.start, a.stop) == (48, 64)
-    j = head_site(tiny_models["jamba"], "L0C10+6")
+    j = tiny_models["jamba"].head_site("L0C10+6")
     assert (j.start, j.stop) == (10, 16)
 
 
 def test_mean_ablation_writes_the_reference_mean(tiny_models):
     model = tiny_models["llama"]
     reference = ["owl:1\nfig:2\n", "a short one", "Memorize the following dictionary:\nx:9\n"]
-    site = head_site(model, "L1H1")
+    site = model.head_site("L1H1")
     ref_batch = model.tokenize(reference)
     _, cache = model.run_with_cache(ref_batch, names_filter=site.hook)
     flat = cache[site.hook].flatten(2)[..., site.columns]

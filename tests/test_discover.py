@@ -9,7 +9,7 @@ import torch
 
 from gna_interp import HeadRef
 from gna_interp.circuits import ablation_curve, discover, scan_heads
-from gna_interp.circuits.discover import CURVE_COLUMNS, Circuit
+from gna_interp.circuits.circuit import CURVE_COLUMNS, Circuit
 from gna_interp.cli import main
 from gna_interp.errors import InputError
 from gna_interp.interventions import ablate
@@ -25,7 +25,7 @@ def circuit(tiny_models) -> Circuit:
 
 
 def test_circuit_ranks_heads_with_roles(circuit, tiny_models):
-    df = circuit.heads()
+    df = circuit.to_frame()
     assert len(df) == len(tiny_models["llama"].heads())
     assert df["rank"].tolist() == list(range(1, len(df) + 1))
     assert df["role"].isin(["gather", "aggregate", "other"]).all()
@@ -62,18 +62,22 @@ def test_ablation_curve_is_reproducible_and_checks_k(tiny_models):
 
 
 def test_saved_files_feed_the_report(circuit, tmp_path):
-    from gna_interp.report.inputs import load_inputs
+    import pandas as pd
+
+    from gna_interp.circuits import Circuit
 
     circuit.save(tmp_path)
     data = json.loads((tmp_path / "circuit.json").read_text())
-    assert data["model"] == circuit.model and data["task"]["n_pairs"] == 3 and data["task"]["max_value"] == 20
+    args = data["task"]["args"]
+    assert data["model"] == circuit.model and args["n_pairs"] == 3 and args["max_value"] == 20
     assert data["rule"] == circuit.rule.to_dict() and len(data["curve"]) == len(circuit.curve)
-    inputs = load_inputs(tmp_path)
-    assert list(inputs.scan.columns[:8]) == ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank"]
-    assert inputs.heads["name"].tolist() == circuit.heads()["name"].tolist()
-    assert inputs.baseline["accuracy"] == pytest.approx(circuit.baseline["accuracy"])
+    scan_csv = pd.read_csv(tmp_path / "scan.csv")
+    assert list(scan_csv.columns[:8]) == ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank"]
+    loaded = Circuit.load(tmp_path)
+    assert loaded.to_frame()["name"].tolist() == circuit.to_frame()["name"].tolist()
+    assert loaded.baseline["accuracy"] == pytest.approx(circuit.baseline["accuracy"])
     text = (tmp_path / "summary.md").read_text()
-    assert circuit.heads()["name"].iloc[0] in text and "random heads" in text
+    assert circuit.to_frame()["name"].iloc[0] in text and "random heads" in text
     c = circuit.curve
     k1 = [c[(c["series"] == s) & (c["k"] == 1)]["accuracy"].mean() for s in ("top", "random")]
     assert f"k=1 {k1[0]:.3f} vs {k1[1]:.3f}" in text
@@ -122,3 +126,52 @@ def test_smollm2_fast_exact_equals_naive(smollm2):
     for h in naive.exact:
         torch.testing.assert_close(exact.exact[h]["logit_diff"], naive.exact[h]["logit_diff"], atol=1e-4, rtol=0)
     assert max(abs(exact.to_frame()["drop"])) > 1e-4
+
+
+_REEVALUATE = """
+import json, sys
+import torch
+torch.set_num_threads(1)
+import gna_interp as gna
+c = gna.Circuit.load(sys.argv[1])
+model = gna.load_model(c.model, device="cpu")
+task = c.load_task()
+plain = gna.evaluate(model, task, progress=False).accuracy
+with gna.ablate(model, c.heads[:3]):
+    cut = gna.evaluate(model, task, progress=False).accuracy
+print(json.dumps({"plain": plain, "cut": cut, "top": [h.name for h in c.heads[:3]], "rows": len(c.to_frame())}))
+"""
+
+
+def test_saved_circuit_loads_in_a_new_process_and_reevaluates_the_same(circuit, tiny_models, tmp_path):
+    """`Circuit.load(circuit.save(p))` round-trips; its own task re-evaluates to the same accuracy elsewhere."""
+    import subprocess
+    import sys
+
+    folder = circuit.save(tmp_path / "run")
+    back = Circuit.load(folder)
+    assert back.heads == circuit.heads and back.model == circuit.model and back.task == circuit.task
+    assert back.to_frame().equals(circuit.to_frame())
+    assert back.curve[["k", "series", "accuracy"]].equals(circuit.curve[["k", "series", "accuracy"]])
+    assert back.views is not None and back.views.heads == circuit.views.heads
+    torch.testing.assert_close(back.views.patterns.stack(), circuit.views.patterns.stack())
+    assert back.load_task().prompts == TASK.prompts
+    model = tiny_models["llama"]
+    with ablate(model, circuit.heads[:3]):
+        cut = evaluate(model, TASK, progress=False).accuracy
+    proc = subprocess.run([sys.executable, "-c", _REEVALUATE, str(folder)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["plain"] == pytest.approx(circuit.baseline["accuracy"]) and got["cut"] == pytest.approx(cut)
+    assert got["top"] == [h.name for h in circuit.heads[:3]] and got["rows"] == len(circuit.heads)
+
+
+def test_a_truncated_or_foreign_circuit_folder_is_refused(circuit, tmp_path):
+    folder = circuit.save(tmp_path / "run")
+    text = (folder / "circuit.json").read_text()
+    (folder / "circuit.json").write_text(text[: len(text) // 2])
+    with pytest.raises(InputError, match="truncated"):
+        Circuit.load(folder)
+    (folder / "circuit.json").write_text(text.replace('"format_version": 1', '"format_version": 99'))
+    with pytest.raises(InputError, match="format version 99"):
+        Circuit.load(folder)

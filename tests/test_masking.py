@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from gna_interp.errors import HeadError, InputError
 from gna_interp.interventions import mask_pattern
-from gna_interp.patterns.ssm import layer_terms, unwrap
+from gna_interp.models.mixer import unwrap
+from gna_interp.models.ssm import layer_terms
 
 PROMPTS = ["Memorize the following dictionary:\nscallops:84\npear:12\nThe value of the key 'pear' is",
            "the quick brown fox jumps"]

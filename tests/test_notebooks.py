@@ -55,3 +55,21 @@ def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path):
     print(f"{path.name}: {seconds:.1f}s on {os.cpu_count()} cores, python {sys.version.split()[0]}")
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
+    if path.stem == "01_quickstart":
+        _check_figures_display_themselves(nb)
+
+
+def _check_figures_display_themselves(nb) -> None:
+    """Cells whose value is a viz result show the figure: an offline circuitsvis iframe, plotly JSON."""
+    def results(marker: str) -> list[dict]:
+        cells = [c for c in nb.cells if c.cell_type == "code" and marker in c.source]
+        assert cells, f"no cell calls {marker}"
+        return [o.get("data", {}) for c in cells for o in c.outputs if o.output_type == "execute_result"]
+
+    view = results("patterns_page(")
+    assert view and "text/html" in view[0], view
+    html = view[0]["text/html"]
+    assert html.startswith("<iframe") and "CircuitsVis.render" in html and "var CircuitsVis" in html
+    for marker in ("score_heatmap(", "ablation_curve(", "ga_card("):
+        figs = results(marker)
+        assert figs and "application/vnd.plotly.v1+json" in figs[0], (marker, list(figs[0]) if figs else None)

@@ -8,7 +8,7 @@ import torch
 from gna_interp.circuits import prune_curve
 from gna_interp.errors import InputError
 from gna_interp.interventions.layers import skip_layers
-from gna_interp.models.loading import smollm2_gguf_path
+from gna_interp.models import smollm2_gguf_path
 from gna_interp.tasks import KVRetrieval, MultipleChoice
 
 FAMILIES = ["llama", "mamba", "mamba2", "bamba", "jamba"]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gna_interp.cli import main
-from gna_interp.report import build_report, card_heads, load_inputs
+from gna_interp.circuits import Circuit, card_heads
+from gna_interp.report import build_report
 from gna_interp.viz.export import png_export_problem
 from made_up import write_scan_folder
 
@@ -23,8 +24,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def hybrid_report(tiny_dirs, tiny_models, tmp_path_factory) -> Path:
     """report.html of a made-up scan of the tiny Bamba hybrid (attention + Mamba-2 heads), PNGs included."""
-    folder = write_scan_folder(tmp_path_factory.mktemp("scan"), str(tiny_dirs["bamba"]), tiny_models["bamba"].heads())
-    return build_report(folder, model=tiny_models["bamba"], png=png_export_problem() is None)
+    folder = write_scan_folder(tmp_path_factory.mktemp("scan"), tiny_models["bamba"], tiny_models["bamba"].heads())
+    return build_report(folder, png=png_export_problem() is None)
 
 
 def test_report_reads_roles_and_embeds_each_bundle_once(hybrid_report):
@@ -35,9 +36,9 @@ def test_report_reads_roles_and_embeds_each_bundle_once(hybrid_report):
     for section in ("Model and task", "Where the heads are", "Top heads and their roles", "Ablation curve",
                     "G&amp;A cards", "Patterns of the top heads", "Attention vs SSM"):
         assert f"<h2>{section}</h2>" in html
-    gather, aggregate = load_inputs(hybrid_report.parent).pair
+    gather, aggregate = Circuit.load(hybrid_report.parent).pair()
     assert f"gather {gather.name}" in html and f"aggregate {aggregate.name}" in html
-    assert "accuracy=0.9" in html and "BambaForCausalLM" in html
+    assert "accuracy=0.9" in html and "bamba" in html
 
 
 def test_report_writes_pngs_when_kaleido_works(hybrid_report):
@@ -93,13 +94,22 @@ def test_report_renders_offline_in_headless_chromium(hybrid_report):
     assert shot.read_bytes()[:8] == PNG_MAGIC and shot.stat().st_size > 100_000
 
 
-def test_report_command_rebuilds_without_a_model_it_cannot_find(tiny_dirs, tiny_models, tmp_path, capsys):
-    folder = write_scan_folder(tmp_path / "scan", str(tmp_path / "gone"), tiny_models["llama"].heads())
+def test_report_command_rebuilds_everything_with_the_model_out_of_reach(tiny_dirs, tmp_path, capsys):
+    """`gna report DIR` draws the full report, cards included, after the model's files are gone."""
+    from gna_interp import load_model
+    from gna_interp.models.tiny import build_tiny
+
+    model_dir = build_tiny("llama", tmp_path / "llama-copy")
+    model = load_model(model_dir, device="cpu")
+    folder = write_scan_folder(tmp_path / "scan", model, model.heads())
+    shutil.rmtree(model_dir)
     assert main(["report", str(folder), "--no-png"]) == 0
     html = (folder / "report.html").read_text(encoding="utf-8")
-    assert "Not drawn:" in html and "Plotly.newPlot" in html and "CircuitsVis.render(" not in html
-    assert main(["report", str(folder), "--no-png", "--model", str(tiny_dirs["llama"])]) == 0
-    assert "CircuitsVis.render(" in (folder / "report.html").read_text(encoding="utf-8")
+    assert "CircuitsVis.render(" in html and html.count("Plotly.newPlot") == 4  # heatmap, curve, two cards
+    assert "Not drawn" not in html and "G&amp;A card" in html
+    bare = write_scan_folder(tmp_path / "bare", model, model.heads(), n_cards=0)
+    assert main(["report", str(bare), "--no-png"]) == 0
+    assert "Not drawn:" in (bare / "report.html").read_text(encoding="utf-8")
 
 
 def test_report_needs_a_scan(tmp_path, capsys):
@@ -110,17 +120,17 @@ def test_report_needs_a_scan(tmp_path, capsys):
 @pytest.mark.slow
 def test_report_from_a_real_discovery(tiny_models, tmp_path):
     """The files discovery writes (scan.csv with roles, circuit.json) make a full report."""
-    from gna_interp.circuits.discover import discover
+    from gna_interp.circuits.circuit import discover
     from gna_interp.tasks import KVRetrieval
 
     model, task = tiny_models["llama"], KVRetrieval(n_pairs=4, n_samples=4, seed=1)
     circuit = discover(model, task, strategy="exact", k=2, seeds=2, role_samples=2, progress=False)
     folder = circuit.save(tmp_path / "run")
-    html = build_report(folder, model=model, png=False).read_text(encoding="utf-8")
+    html = build_report(folder, png=False).read_text(encoding="utf-8")
     assert html.count("Plotly.newPlot") >= 2 and html.count("CircuitsVis.render(") == 1
-    best = circuit.heads()["name"].iloc[0]
+    best = circuit.to_frame()["name"].iloc[0]
     assert f"<td>{best}</td>" in html and "gold_share" in html
-    pair, why = card_heads(circuit.heads(), circuit.pair())
+    pair, why = card_heads(circuit.to_frame(), circuit.pair())
     assert escape(why) in html and html.count("Plotly.newPlot") == 4  # heatmap, curve, a card per sample (n_cards=2)
     assert f"gather {pair[0].name}, aggregate {pair[1].name}" in html
 
@@ -139,14 +149,12 @@ def test_circuit_json_task_rebuilds_with_its_own_key_words() -> None:
     """A KV task with its own key list (e.g. a zoo model's kv_words) is recorded and rebuilt exactly."""
     import json
 
-    from gna_interp.circuits.discover import task_description
-    from gna_interp.report.build import task_from_circuit
-    from gna_interp.tasks import KVRetrieval
+    from gna_interp.tasks import KVRetrieval, task_from_dict
 
     words = ["apple", "river", "stone", "cloud", "lamp"]
     task = KVRetrieval(3, 4, seed=2, words=words)
-    spec = json.loads(json.dumps(task_description(task)))
-    assert spec["words"] == words
-    again = task_from_circuit({"task": spec})
+    spec = json.loads(json.dumps(task.to_dict()))
+    assert spec["args"]["words"] == words
+    again = task_from_dict(spec)
     assert again.prompts == task.prompts and [s.gold for s in again] == [s.gold for s in task]
-    assert "words" not in task_description(KVRetrieval(3, 4, seed=2))  # the shipped list is the default
+    assert KVRetrieval(3, 4, seed=2).to_dict()["args"]["words"] is None  # the shipped list is the default

@@ -9,7 +9,7 @@ import torch
 
 from gna_interp.circuits.roles import ROLE_COLUMNS, RoleRule, _sample_scores, decision_inputs, role_scores
 from gna_interp.errors import InputError
-from gna_interp.patterns import patterns
+from gna_interp.mixing import patterns
 from gna_interp.tasks import KVRetrieval, Task
 from gna_interp.tasks.base import Sample
 from gna_interp.tasks.segments import Span

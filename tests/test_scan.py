@@ -17,10 +17,10 @@ from gna_interp.circuits import scan_heads
 from gna_interp.circuits import scan as scan_mod
 from gna_interp.circuits.attribution import attribution_estimates, metric_weights
 from gna_interp.circuits.scan import _next_to_verify
-from gna_interp.circuits.readout import layout_chunks
+from gna_interp.tasks.scoring import layout_chunks
 from gna_interp.circuits.replay import ReplayMismatch
 from gna_interp.errors import InputError
-from gna_interp.interventions.ablation import Replacement, ablation_hooks, head_site, replacements
+from gna_interp.interventions.ablation import Replacement, ablation_hooks, replacements
 from gna_interp.tasks import KVRetrieval, plan_scoring, run_plan
 
 TASK = KVRetrieval(n_pairs=3, n_samples=3, max_value=20, seed=1)
@@ -66,7 +66,7 @@ def test_attribution_is_the_first_order_effect(tiny_models):
     batch = chunks[0].batch
     eps = 1e-3
     for name in ["L0S2", "L1H1"]:
-        site = head_site(model, name)
+        site = model.head_site(name)
         _, cache = model.run_with_cache(batch, names_filter=site.hook)
         act = cache[site.hook].flatten(2)[..., site.columns].float()
         r = Replacement(site, mean=torch.zeros(act.shape[-1]), rows=(1 - eps) * act,
@@ -109,7 +109,7 @@ def test_ablation_size_is_the_relative_residual_write(tiny_models):
     names = ["L0S2", "L1H1", "L2S0"]
     att = attribution_estimates(model, plan, chunks, replacements(model, names))
     for k, name in enumerate(names):
-        site = head_site(model, name)
+        site = model.head_site(name)
         layer = model.hf_model.model.layers[site.head.layer]
         proj = (layer.self_attn.o_proj if site.head.kind == "attn" else layer.mamba.out_proj).weight
         _, cache = model.run_with_cache(batch, names_filter=[site.hook, f"blocks.{site.head.layer}.hook_in"])

@@ -9,7 +9,7 @@ import torch
 
 from gna_interp import patterns
 from gna_interp.errors import InputError
-from gna_interp.patterns.sharpness import FRAME_COLUMNS, row_distribution, sharpness, sharpness_frame
+from gna_interp.mixing.sharpness import FRAME_COLUMNS, row_distribution, sharpness, sharpness_frame
 
 
 def brute_row(values: list[float], valid: list[bool]) -> tuple[float, float, int, float, int]:

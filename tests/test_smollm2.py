@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gna_interp import load_model
-from gna_interp.models import loading
+from gna_interp.models import loading, smollm2_gguf_path
 
 pytestmark = pytest.mark.smollm2
 
@@ -22,7 +22,7 @@ def test_layout(smollm2):
 def test_greedy_continuation_equals_plain_hf(smollm2):
     from transformers import AutoModelForCausalLM
 
-    gguf = loading.smollm2_gguf_path()
+    gguf = smollm2_gguf_path()
     with loading.quiet_transformers():
         hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
     prompt = "The capital of France is"
@@ -48,4 +48,4 @@ def test_second_load_uses_the_cache(smollm2, monkeypatch):
     again = load_model("smollm2-135m", device="cpu")
     ids = smollm2.tokenize("Hello").ids
     torch.testing.assert_close(again.forward(ids), smollm2.forward(ids))
-    assert (loading.convert_gguf(loading.smollm2_gguf_path()) / "gna_source.json").is_file()
+    assert (loading.convert_gguf(smollm2_gguf_path()) / "gna_source.json").is_file()

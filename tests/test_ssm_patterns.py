@@ -14,7 +14,8 @@ import torch
 from gna_interp import patterns
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
-from gna_interp.patterns.ssm import SSMTerms, hf_mixer, implicit_attention, layer_terms, mix, mixer_output
+from gna_interp.models.ssm import layer_terms
+from gna_interp.models.ssm_kernel import SSMTerms, implicit_attention, mix, mixer_output
 
 PROMPTS = ["Memorize the following dictionary:\nscallops:84\npear:12\nThe value of the key 'pear' is",
            "the quick brown fox jumps"]
@@ -54,10 +55,10 @@ def test_exact_pattern_reproduces_mixer_output(models, family):
         mx = torch.einsum("bnqk,bknp->bqnp", M, terms.x)
         dx = terms.x * terms.D[None, None, :, None]
         assert mx[keep].norm() > 0.2 * dx[keep].norm(), "M x must carry real weight for the test to mean anything"
-        out = mixer_output(hf_mixer(model, spec), terms, mx + dx)
+        out = mixer_output(model.hf_module(spec.bridge_path), terms, mx + dx)
         assert _rel(out[keep], ref[keep]) <= 1e-4, (family, spec.layer)
         # The blocked mixer (no full M) agrees too, with small query blocks crossing HF's chunks.
-        out2 = mixer_output(hf_mixer(model, spec), terms, mix(terms, range(terms.n_units), query_block=7))
+        out2 = mixer_output(model.hf_module(spec.bridge_path), terms, mix(terms, range(terms.n_units), query_block=7))
         assert _rel(out2[keep], ref[keep]) <= 1e-4
 
 
@@ -211,7 +212,7 @@ def test_patterns_mixes_attention_and_ssm_heads(models):
         p = pset[h]
         assert p.shape == (2, T, T) and torch.isfinite(p).all()
         assert torch.triu(p, diagonal=1).abs().max() == 0  # causal
-    assert pset.options == {"form": "attention"}
+    assert pset.options.form == "attention"
     assert pset.sample(1, ["L0S1"]).shape[-1] == int(pset.batch.attention_mask[1].sum())
     # exact = attention form times Δ_s per column
     exact = patterns(model, PROMPTS, ["L0S1"])["L0S1"]

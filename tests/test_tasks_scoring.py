@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gna_interp.errors import InputError
-from gna_interp.models.loading import smollm2_gguf_path
+from gna_interp.models import smollm2_gguf_path
 from gna_interp.models.model import Model
 from gna_interp.tasks import (KVRetrieval, MultipleChoice, Sample, evaluate, plan_scoring, run_plan, score_candidates,
                               word_list)

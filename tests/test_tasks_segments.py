@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gna_interp.errors import InputError
-from gna_interp.models.loading import smollm2_gguf_path
+from gna_interp.models import smollm2_gguf_path
 from gna_interp.models.tiny import byte_tokenizer
 from gna_interp.tasks import KVRetrieval, MultipleChoice, Task
 from gna_interp.tasks.segments import CharSegments, annotate, token_offsets

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
+from html import unescape
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,11 +16,17 @@ import torch
 from gna_interp import patterns
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
-from gna_interp.patterns.sharpness import sharpness
+from gna_interp.mixing.sharpness import sharpness
 from gna_interp.tasks import KVRetrieval
-from gna_interp.viz import ablation_curve, attention_heads, compare_heads, figure_div, ga_card, page, score_heatmap
+from gna_interp.viz import (HTMLView, ablation_curve, attention_heads, compare_heads, figure_div, ga_card, page,
+                            patterns_page, score_heatmap)
 from gna_interp.viz.attention import display_rows
 from made_up import made_up_curve, made_up_scan
+
+CHROMIUM = os.environ.get("GNA_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-quic", "--no-first-run"]
+BUNDLE = "var CircuitsVis"  # the circuitsvis bundle's own declaration: present once per page that embeds it
 
 
 def assert_labelled(fig) -> None:
@@ -140,3 +150,81 @@ def test_page_embeds_each_bundle_once(kv_llama):
     assert html.count("var CircuitsVis") == 1
     assert html.count("Plotly.newPlot") == 2 and html.count("* plotly.js v") == 1  # the library's banner
     assert "cdn.plot.ly" not in html.split("</head>")[1] and "unpkg.com" not in html
+
+
+def test_page_adds_the_bundle_an_html_view_needs(kv_llama):
+    _, _, ps = kv_llama
+    html = page("t", ["<p>intro</p>", attention_heads(ps, ["L0H1"])])  # no circuitsvis=True: the view asks for it
+    assert html.count(BUNDLE) == 1 and html.count("CircuitsVis.render(") == 1 and "<p>intro</p>" in html
+
+
+def test_attention_heads_view_displays_itself(kv_llama):
+    _, _, ps = kv_llama
+    view = attention_heads(ps, ["L0H1", "L2H3"])
+    assert isinstance(view, HTMLView) and view.circuitsvis
+    assert str(view) == view.fragment and "CircuitsVis.render(" in view.fragment and BUNDLE not in view.fragment
+    shown = view._repr_html_()
+    assert shown.startswith("<iframe") and 'srcdoc="' in shown and "<script" not in shown  # all of it is escaped
+    doc = unescape(shown.split('srcdoc="', 1)[1].rsplit('"', 1)[0])
+    assert doc.startswith("<!DOCTYPE html>") and doc.count(BUNDLE) == 1 and "unpkg.com" not in doc
+    assert '"L0H1"' in doc and '"L2H3"' in doc and "CircuitsVis.render(" in doc
+    assert "L0H1" in repr(view) and len(repr(view)) < 200  # a short text form for consoles
+
+
+def test_views_save_standalone_pages(kv_llama, tmp_path):
+    _, _, ps = kv_llama
+    view = patterns_page(ps, "two heads", ["L0H1", "L2H3"], sample=1, note="a note")
+    assert isinstance(view, HTMLView) and view.page().startswith("<!DOCTYPE html>")
+    out = view.save(tmp_path / "new" / "p.html")
+    assert out == tmp_path / "new" / "p.html" and sorted(p.name for p in out.parent.iterdir()) == ["p.html"]
+    html = out.read_text(encoding="utf-8")
+    assert html.startswith("<!DOCTYPE html>") and html.count(BUNDLE) == 1 and html.count("CircuitsVis.render(") == 1
+    assert "<h1>two heads</h1>" in html and "a note" in html and '"L0H1"' in html and '"L2H3"' in html
+    assert "unpkg.com" not in html and "cdn" not in html.split("<body>")[1].lower()
+    assert "<body>" not in str(view) and "a note" in str(view)  # str(): the body fragment, for other pages
+    again = attention_heads(ps, ["L2H3"]).save(out)  # overwrites in place
+    assert again == out and out.read_text(encoding="utf-8").count(BUNDLE) == 1 and '"L0H1"' not in out.read_text()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
+def test_views_render_offline_in_headless_chromium(kv_llama, tmp_path):
+    """The saved page and the notebook output (``_repr_html_`` inside a host page) both draw the widget."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    _, _, ps = kv_llama
+    saved = patterns_page(ps, "two heads", ["L0H1", "L2H3"]).save(tmp_path / "page.html")
+    host = tmp_path / "notebook.html"
+    host.write_text("<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>cell</title></head><body>"
+                    f"<p>cell output:</p>{attention_heads(ps, ['L0H1', 'L2H3'])._repr_html_()}<p>next cell</p>"
+                    "</body></html>", encoding="utf-8")
+    widget = """(doc) => {
+        const w = doc && doc.querySelector('.cv-widget');
+        return w ? {canvases: w.querySelectorAll('canvas').length, text: w.innerText} : null;
+    }"""
+    errors, requests, drawn = [], [], {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page(viewport={"width": 1100, "height": 900})
+            tab.on("pageerror", lambda e: errors.append(str(e)))
+            tab.on("request", lambda r: requests.append(r.url))
+            tab.goto(saved.as_uri(), wait_until="load", timeout=120_000)
+            tab.wait_for_function("document.querySelectorAll('.cv-widget canvas').length >= 1", timeout=120_000)
+            drawn["page"] = tab.evaluate(f"({widget})(document)")
+            tab.goto(host.as_uri(), wait_until="load", timeout=120_000)
+            tab.wait_for_function("(() => { const f = document.querySelector('iframe.gna-view');"
+                                  " const d = f && f.contentDocument;"
+                                  " return !!d && d.querySelectorAll('.cv-widget canvas').length >= 1; })()",
+                                  timeout=120_000)
+            tab.wait_for_timeout(300)  # let the frame fit its height to the drawn widget
+            drawn["frame"] = tab.evaluate(f"""() => {{
+                const f = document.querySelector('iframe.gna-view');
+                return {{...({widget})(f.contentDocument), height: f.getBoundingClientRect().height,
+                         content: f.contentDocument.body.getBoundingClientRect().bottom}};
+            }}""")
+        finally:
+            browser.close()
+    assert not errors, errors
+    assert all(u.startswith(("file:", "data:", "blob:", "about:")) for u in requests), requests
+    for where in ("page", "frame"):
+        assert drawn[where]["canvases"] >= 1 and "L0H1" in drawn[where]["text"] and "L2H3" in drawn[where]["text"], drawn
+    assert drawn["frame"]["height"] >= drawn["frame"]["content"] > 300, drawn  # sized to the widget, not clipped

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from gna_interp import load_model
 from gna_interp.cli import main
 from gna_interp.errors import InputError, UnknownModelError
-from gna_interp.models.loading import zoo_dir, zoo_names
+from gna_interp.models import zoo_dir, zoo_names
 from gna_interp.tasks import KVRetrieval, evaluate
 from gna_interp.zoo import RECIPES, build_tokenizer, read_card, recipe, train, training_batch
 from gna_interp.zoo.tokenizer import DROPPED, N_KEYS, zoo_keys
@@ -182,7 +182,7 @@ def test_zoo_model_refuses_keys_outside_its_vocabulary() -> None:
 def test_discover_finds_the_zoo_transformers_circuit() -> None:
     """On the trained zoo transformer discovery finds a layer-0 gather head feeding a layer-1 aggregate
     head, and removing the top heads hurts far more than removing as many random heads."""
-    from gna_interp.circuits.discover import discover
+    from gna_interp.circuits.circuit import discover
 
     model = load_model("zoo:transformer-kv", device="cpu")
     task = KVRetrieval(8, 32, seed=0, words=model.kv_words, max_value=99)
@@ -190,15 +190,15 @@ def test_discover_finds_the_zoo_transformers_circuit() -> None:
     assert circuit.baseline["accuracy"] >= 0.9
     gather, aggregate = circuit.pair()
     assert (gather.layer, aggregate.layer) == (0, 1)
-    roles = circuit.heads().set_index("name")
+    roles = circuit.to_frame().set_index("name")
     assert roles.loc[aggregate.name, "selectivity"] >= 0.9 and roles.loc[gather.name, "line_tokens"] == 2
     c = circuit.curve.groupby(["series", "k"])["accuracy"].mean()
     assert c["top", 2] <= 0.25 and c["random", 2] - c["top", 2] >= 0.2
 
 
 def test_default_model_without_smollm2_is_the_zoo_transformer(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gna_interp.models.loading as loading
+    import gna_interp.models as models
     from gna_interp.cli import default_model_specs
 
-    monkeypatch.setattr(loading, "smollm2_gguf_path", lambda: None)
+    monkeypatch.setattr(models, "smollm2_gguf_path", lambda: None)
     assert default_model_specs()[0] == "zoo:transformer-kv"

@@ -22,12 +22,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.readout import ChunkLayout, ScoreTable, read_logprobs
 from gna_interp.circuits.replay import final_logits
 from gna_interp.interventions.ablation import Replacement, flat_channels
-from gna_interp.models.arch import _hf_module
 from gna_interp.models.model import Model
-from gna_interp.tasks.scoring import CandidateScores, ScoringPlan
+from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, ScoringPlan, read_logprobs
 
 __all__ = ["Attribution", "attribution_estimates", "metric_weights"]
 
@@ -69,7 +67,7 @@ def _inputs_only_grad(model: Model) -> Iterator[None]:
             p.requires_grad_(f)
 
 
-def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[ChunkLayout],
+def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chunk],
                           replaced: Sequence[Replacement], weights: Float[Tensor, " n_targets"] | None = None,
                           progress: Callable[[int], None] | None = None) -> Attribution:
     """Estimated change of the mean logit difference when each of ``replaced``'s heads is ablated, the
@@ -84,7 +82,9 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
         raise ValueError("attribution without precomputed weights needs exactly one scoring row per sample")
     hooks_at = sorted({r.site.hook for r in replaced})
     layers = sorted({r.site.head.layer for r in replaced})
-    proj = {h: _projection(model, h) for h in hooks_at}
+    proj = {}
+    for r in replaced:
+        proj.setdefault(r.site.hook, model.output_projection(r.site.head))
     est = torch.zeros(len(replaced), dtype=torch.float64)
     size = torch.zeros(len(replaced), dtype=torch.float64)
     n_tokens = 0
@@ -98,9 +98,12 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
             resid[0] = x.detach()
             return x.detach().requires_grad_(True)
 
-        def keep_resid(x: Tensor, hook: Any) -> Tensor:
-            resid[int(hook.name.split(".")[1])] = x.detach()
-            return x
+        def keep_resid(layer: int) -> Any:
+            def hook(x: Tensor, hook: Any = None) -> Tensor:
+                resid[layer] = x.detach()
+                return x
+
+            return hook
 
         def keep(x: Tensor, hook: Any) -> Tensor:
             acts[hook.name] = x
@@ -110,15 +113,15 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
             final["x"] = x
             return x
 
-        fwd = ([("blocks.0.hook_in", start)] + [(f"blocks.{i}.hook_in", keep_resid) for i in layers if i > 0]
-               + [(h, keep) for h in hooks_at] + [("ln_final.hook_in", keep_final)])
+        fwd = ([(model.block_input_hook(0), start)]
+               + [(model.block_input_hook(i), keep_resid(i)) for i in layers if i > 0]
+               + [(h, keep) for h in hooks_at] + [(model.FINAL_NORM_INPUT, keep_final)])
         batch = chunk.batch
-        kwargs = {"attention_mask": batch.attention_mask} if batch.padded else {}
-        with _inputs_only_grad(model), torch.enable_grad(), model.bridge.hooks(fwd_hooks=fwd):
-            model.bridge(batch.ids, return_type=None, **kwargs)
+        with _inputs_only_grad(model), torch.enable_grad(), model.hooks(fwd):
+            model.run(batch, grad=True, return_type=None)
             missing = [h for h in hooks_at if h not in acts]
             if missing or "x" not in final:
-                raise RuntimeError(f"attribution: hooks {missing or ['ln_final.hook_in']} did not fire on {model.name}")
+                raise RuntimeError(f"attribution: hooks {missing or [model.FINAL_NORM_INPUT]} did not fire on {model.name}")
             logp = read_logprobs(final_logits(model, final["x"], chunk.read_row, chunk.read_pos), chunk.read_tok)
             clean.add(chunk, logp.detach())
             w = weights if weights is not None else metric_weights(plan, clean.result())
@@ -142,12 +145,3 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
         if progress is not None:
             progress(1)
     return Attribution(est, size / max(1, n_tokens), clean.result())
-
-
-def _projection(model: Model, hook: str) -> Float[Tensor, "d_model width"]:
-    """Weight of the output projection whose input is ``hook`` (``...o.hook_in`` / ``...out_proj.hook_in``)."""
-    component = model.bridge.get_submodule(hook.rsplit(".", 1)[0])
-    weight = getattr(_hf_module(component) or component, "weight", None)
-    if not isinstance(weight, Tensor) or weight.dim() != 2:
-        raise RuntimeError(f"attribution: the output projection at {hook!r} of {model.name} has no 2-D weight")
-    return weight.detach()

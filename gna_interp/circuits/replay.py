@@ -45,10 +45,6 @@ class Prefix:
         args, kwargs = self.inputs[layer]
         return args[0] if args else kwargs["hidden_states"]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(self.hidden(i).numel() * self.hidden(i).element_size() for i in range(len(self.inputs)))
-
 
 def _strip_caches(kwargs: dict[str, Any]) -> dict[str, Any]:
     from transformers.cache_utils import Cache
@@ -71,7 +67,7 @@ def capture(model: Model, batch: TokenBatch,
     inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
     handles = []
     try:
-        for i, block in enumerate(model.bridge.blocks):
+        for i, block in enumerate(model.blocks()):
             def pre(_mod: Any, args: tuple, kwargs: dict, i: int = i) -> None:
                 inputs[i] = (tuple(args), _strip_caches(kwargs))
 
@@ -109,15 +105,16 @@ def replay(model: Model, prefix: Prefix, start: int, copies: int = 1) -> Float[T
     Gradients flow when the caller enables them.
     """
     b = prefix.batch_size
+    blocks = model.blocks()
     x = _repeat(prefix.hidden(start), b, copies)
     for i in range(start, len(prefix.inputs)):
         args, kwargs = prefix.inputs[i]
         kwargs = {k: _repeat(v, b, copies) for k, v in kwargs.items()}
         if args:
             rest = tuple(_repeat(a, b, copies) for a in args[1:])
-            out = model.bridge.blocks[i](x, *rest, **kwargs)
+            out = blocks[i](x, *rest, **kwargs)
         else:
-            out = model.bridge.blocks[i](**{**kwargs, "hidden_states": x})
+            out = blocks[i](**{**kwargs, "hidden_states": x})
         x = out[0] if isinstance(out, (tuple, list)) else out
     return x
 
@@ -126,7 +123,7 @@ def final_logits(model: Model, hidden: Float[Tensor, "rows pos d_model"], rows: 
                  pos: Int[Tensor, " n"]) -> Float[Tensor, "n vocab"]:
     """Final norm and unembedding of the residual stream at ``(rows[i], pos[i])`` only."""
     sel = hidden[rows.to(hidden.device), pos.to(hidden.device)][None]
-    return model.bridge.unembed(model.bridge.ln_final(sel))[0]
+    return model.unembed(sel)[0]
 
 
 @torch.no_grad()

@@ -1,7 +1,7 @@
 """G&A role scores: how much each head's pattern looks like a Gather or an Aggregate head.
 
 Every pattern row is read as a distribution over its keys, ``p = |A[q, :]| / Σ |A[q, :]|``
-(:func:`gna_interp.patterns.sharpness.row_distribution`): softmax rows of attention heads as they
+(:func:`gna_interp.mixing.sharpness.row_distribution`): softmax rows of attention heads as they
 are, SSM implicit attention (``form="exact"`` by default, the matrix that reproduces the scan) as the
 share of absolute weight. On each sample, with its segments (dictionary lines / options) ``S_j``,
 their summary tokens ``s_j`` (last token of the line) and the *decision position* ``f``:
@@ -36,10 +36,11 @@ import torch
 
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
+from gna_interp.mixing import PatternOptions, patterns
+from gna_interp.mixing.sharpness import row_distribution, sharpness
 from gna_interp.models.model import Model
-from gna_interp.patterns import patterns
-from gna_interp.patterns.sharpness import row_distribution, sharpness
-from gna_interp.tasks.base import Sample, Task
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.scoring import plan_scoring
 
 ROLE_COLUMNS = ["name", "gather", "gather_prev", "line_tokens", "aggregate", "to_summaries", "to_items", "gold_share",
@@ -128,8 +129,9 @@ def decision_inputs(model: Model, samples: Sequence[Sample]) -> list[list[int]]:
 def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,
                 n_samples: int | None = 8, batch_size: int = 8, form: str = "exact",
                 rule: RoleRule | None = None) -> pd.DataFrame:
-    """G&A scores and role of each head (default: every attention and Mamba-2 head; Mamba-1 channels
-    only when listed) over the first ``n_samples`` samples of ``task`` (all when ``None``).
+    """G&A scores and role of each head (default: every head of kinds that are not grouped by default --
+    attention and Mamba-2 heads; Mamba-1 channels only when listed, else as 64-channel groups) over
+    the first ``n_samples`` samples of ``task`` (all when ``None``); SSM heads read in ``form``.
 
     Returns one row per head with columns ``layer, head, kind`` + :data:`ROLE_COLUMNS`.
     """
@@ -137,7 +139,7 @@ def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str |
         raise InputError(f"role_scores needs a Task with segment spans (e.g. KVRetrieval), got {type(task).__name__}")
     rule = rule or RoleRule()
     if heads is None:
-        chosen = [h for h in model.heads() if h.kind != "ssm1"] or model.heads(channel_group=64)
+        chosen = [h for h in model.heads() if not h.adapter.default_groups] or model.heads(channel_group=64)
     else:
         chosen = list(dict.fromkeys(model.check_heads(heads)))
     if not chosen:
@@ -152,11 +154,11 @@ def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str |
     if bad:
         raise InputError(f"samples {bad[:5]} have no segments (lines / options) to score gather and aggregate on")
     total = torch.zeros(len(chosen), len(ROLE_COLUMNS) - 2, dtype=torch.float64)
-    options = {"form": form} if any(h.kind != "attn" for h in chosen) else {}
+    options = PatternOptions(form=form)  # type: ignore[arg-type]
     fed = decision_inputs(model, samples)
     for b0 in range(0, len(samples), batch_size):
         part = samples[b0:b0 + batch_size]
-        ps = patterns(model, model.pad_ids(fed[b0:b0 + batch_size]), heads=chosen, **options)
+        ps = patterns(model, model.pad_ids(fed[b0:b0 + batch_size]), heads=chosen, options=options)
         for j, s in enumerate(part):
             sg = segs[b0 + j]
             pat = ps.sample(j, chosen)

@@ -28,7 +28,7 @@ ranked, after the exact ones, by their estimated logit-difference drop.
 Checkpoint: with ``checkpoint=PATH`` the per-sample results are written atomically (temporary file
 + ``os.replace``) after every finished group of heads; a later call with the same arguments resumes
 from it, skipping finished heads. A checkpoint from a different model, task, method or head list is
-refused.
+refused. Options are a :class:`ScanConfig` (or keyword overrides of its fields).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -50,24 +49,80 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from gna_interp.circuits.attribution import attribution_estimates, metric_weights
-from gna_interp.circuits.readout import ChunkLayout, ScoreTable, layout_chunks, read_logprobs
 from gna_interp.circuits.replay import Prefix, ReplayMismatch, capture, final_logits, replay, verify_replay
-from gna_interp.errors import InputError
-from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, replacements
+from gna_interp.errors import InputError, OptionError
+from gna_interp.interventions.ablation import METHODS, AblationMethod, Replacement, ablation_hooks, replacements
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, TokenBatch
+from gna_interp.options import Options, check_choice, check_int, options
+from gna_interp.store import read_json, write_json
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import CandidateScores, ScoringPlan, plan_scoring, run_plan
+from gna_interp.tasks.scoring import (
+    CandidateScores,
+    Chunk,
+    ScoreTable,
+    ScoringPlan,
+    layout_chunks,
+    plan_scoring,
+    read_logprobs,
+    run_plan,
+)
 
 Strategy = Literal["exact", "naive", "attribution", "auto"]
 Metric = Literal["logit_diff", "accuracy"]
 STRATEGIES: tuple[str, ...] = ("exact", "naive", "attribution", "auto")
 METRICS: tuple[str, ...] = ("logit_diff", "accuracy")
 COLUMNS = ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank", "source", "est_drop"]
-CHECKPOINT_FORMAT = 2
 
-__all__ = ["COLUMNS", "METRICS", "STRATEGIES", "HeadScan", "Metric", "Strategy", "default_verify", "scan_heads"]
+__all__ = ["COLUMNS", "METRICS", "STRATEGIES", "HeadScan", "Metric", "ScanConfig", "Strategy", "default_verify",
+           "scan_heads"]
 DEFAULT_CERTIFY = 10
+
+
+@options
+class ScanConfig(Options):
+    """How :func:`scan_heads` runs.
+
+    Attributes:
+        strategy: ``exact`` / ``naive`` / ``attribution`` / ``auto`` (see :mod:`gna_interp.circuits.scan`).
+        method, reference: ablation method (``zero``/``mean``/``resample``) and, for ``mean`` and
+            ``resample``, the reference prompts or task whose activations replace a head's output.
+        metric: ``logit_diff`` or ``accuracy``.
+        batch_size: sequences per forward (a stacked replay holds ``stack * batch_size`` rows).
+        checkpoint: JSON file written atomically as heads finish; resumes from it when it exists.
+        verify: heads ``auto`` runs exactly before calibrating (default :func:`default_verify`).
+        certify: leading heads ``auto`` settles (0: only the ``verify`` heads are run exactly).
+        stack: ablations per replay (default: as many as keep a replay within 64 rows).
+        scoring: candidate scoring method of :func:`~gna_interp.tasks.scoring.plan_scoring`
+            (``auto`` or ``first_token``).
+        progress: show a progress bar.
+        max_prefix_bytes: keep the clean prefixes of all batches in memory up to this size.
+    """
+
+    strategy: Strategy = "exact"
+    method: AblationMethod = "zero"
+    metric: Metric = "logit_diff"
+    batch_size: int = 16
+    reference: Any = None
+    checkpoint: str | os.PathLike | None = None
+    verify: int | None = None
+    certify: int = DEFAULT_CERTIFY
+    stack: int | None = None
+    scoring: str = "auto"
+    progress: bool = True
+    max_prefix_bytes: int = 2 << 30
+
+    def validate(self) -> None:
+        check_choice("strategy", self.strategy, STRATEGIES)
+        check_choice("metric", self.metric, METRICS)
+        check_choice("method", self.method, METHODS)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("stack", self.stack, 1, allow_none=True)
+        check_int("verify", self.verify, 0, allow_none=True)
+        check_int("certify", self.certify, 0)
+        if self.scoring == "per_candidate":
+            raise OptionError("scan_heads scores candidates from shared forwards; use scoring='auto' or 'first_token'")
+        check_choice("scoring", self.scoring, ("auto", "first_token"))
 
 
 @dataclass
@@ -138,6 +193,46 @@ class HeadScan:
         """The ``k`` best-ranked heads."""
         return [HeadRef.parse(n) for n in self.to_frame()["name"].head(k)]
 
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """``baseline`` (the metric of the intact model), ``metric``, ``n_heads``, ``n_exact``, ``seconds``."""
+        return {"baseline": self.baseline_value if self.baseline else math.nan, "metric": self.metric,
+                "n_heads": len(self.heads), "n_exact": len(self.exact), "seconds": self.seconds}
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything the scan measured, as JSON-able values (see :meth:`from_state`)."""
+        return {"model": self.model, "task": self.task, "method": self.method, "metric": self.metric,
+                "strategy": self.strategy, "heads": [h.name for h in self.heads],
+                "baseline": _to_json(self.baseline) if self.baseline else None,
+                "exact": {h.name: _to_json(v) for h, v in self.exact.items()},
+                "estimates": {h.name: v for h, v in self.estimates.items()},
+                "sizes": {h.name: v for h, v in self.sizes.items()}, "seconds": self.seconds}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "HeadScan":
+        """The scan :meth:`to_state` described."""
+        scan = cls(state["model"], state["task"], state["method"], state["metric"], state["strategy"],
+                   [HeadRef.parse(n) for n in state["heads"]], {}, seconds=float(state.get("seconds") or 0.0))
+        scan.restore(state)
+        return scan
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take the per-sample results, estimates and sizes of a saved state (a checkpoint's)."""
+        if state.get("baseline"):
+            self.baseline = _from_json(state["baseline"])
+        self.exact = {HeadRef.parse(k): _from_json(v) for k, v in state.get("exact", {}).items()}
+        self.estimates = {HeadRef.parse(k): float(v) for k, v in state.get("estimates", {}).items()}
+        self.sizes = {HeadRef.parse(k): float(v) for k, v in state.get("sizes", {}).items()}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the scan (every per-sample result) to ``path`` as a ``scan`` JSON document."""
+        return write_json(path, "scan", self.to_state(), indent=None)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "HeadScan":
+        """Read a scan written by :meth:`save`."""
+        return cls.from_state(read_json(path, "scan"))
+
     def __repr__(self) -> str:
         return (f"HeadScan({self.model!r}, {self.task!r}, {len(self.heads)} heads, {self.strategy}, "
                 f"{self.method} ablation, baseline {self.metric}={self.baseline_value:.3f}, "
@@ -183,28 +278,18 @@ def _fingerprint(model: Model, plan: ScoringPlan, method: str, heads: Sequence[H
 
 
 def _write_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` as JSON atomically: a temporary file in the same folder, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write a checkpoint atomically (see :mod:`gna_interp.store`)."""
+    write_json(path, "checkpoint", state, indent=None)
 
 
 def _read_checkpoint(path: Path, fingerprint: str) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"checkpoint {str(path)!r} cannot be read ({e}); delete it to start the scan afresh") from e
-    if state.get("format") != CHECKPOINT_FORMAT or state.get("fingerprint") != fingerprint:
+        state = read_json(path, "checkpoint")
+    except InputError as e:
+        raise InputError(f"checkpoint {str(path)!r} cannot be read: {e}; delete it to start the scan afresh") from e
+    if state.get("fingerprint") != fingerprint:
         raise InputError(
             f"checkpoint {str(path)!r} belongs to a different scan (model, task, ablation method, reference or "
             f"head list differ); delete it or pass another checkpoint path"
@@ -219,16 +304,8 @@ class _Progress:
         self.scan, self.path, self.fingerprint, self.bar = scan, path, fingerprint, bar
 
     def save(self) -> None:
-        if self.path is None:
-            return
-        s = self.scan
-        _write_checkpoint(self.path, {
-            "format": CHECKPOINT_FORMAT, "fingerprint": self.fingerprint, "model": s.model, "task": s.task,
-            "method": s.method, "baseline": _to_json(s.baseline) if s.baseline else None,
-            "exact": {h.name: _to_json(v) for h, v in s.exact.items()},
-            "estimates": {h.name: v for h, v in s.estimates.items()},
-            "sizes": {h.name: v for h, v in s.sizes.items()},
-        })
+        if self.path is not None:
+            _write_checkpoint(self.path, {"fingerprint": self.fingerprint, **self.scan.to_state()})
 
     def done(self, results: dict[HeadRef, CandidateScores]) -> None:
         for h, sc in results.items():
@@ -242,7 +319,7 @@ class _Progress:
 class _Prefixes:
     """Clean prefixes of every chunk, kept while they fit in ``max_bytes``, recomputed otherwise."""
 
-    def __init__(self, model: Model, chunks: list[ChunkLayout], max_bytes: int) -> None:
+    def __init__(self, model: Model, chunks: list[Chunk], max_bytes: int) -> None:
         self.model, self.chunks = model, chunks
         d = int(getattr(model.cfg, "d_model", 0) or 0)
         need = sum(c.n_tokens for c in chunks) * d * model.n_layers * 4
@@ -290,7 +367,7 @@ def _exact_group(model: Model, plan: ScoringPlan, prefixes: _Prefixes, group: li
         prefix = prefixes.get(i)
         b = chunk.size
         hooks = [hk for g, r in enumerate(group) for hk in ablation_hooks([r], rows=slice(g * b, (g + 1) * b))]
-        with model.bridge.hooks(fwd_hooks=hooks):
+        with model.hooks(hooks):
             hidden = replay(model, prefix, layer, copies=len(group))
         n = len(group)
         rows = torch.cat([chunk.read_row + g * b for g in range(n)])
@@ -308,7 +385,7 @@ def _groups(replaced: list[Replacement], stack: int) -> list[list[Replacement]]:
     return [rs[k:k + stack] for _, rs in sorted(by_layer.items()) for k in range(0, len(rs), stack)]
 
 
-def _as_plan(model: Model, task: Task | ScoringPlan, scoring: str) -> tuple[ScoringPlan, str]:
+def _as_plan(model: Model, task: Task | ScoringPlan, scoring: Any) -> tuple[ScoringPlan, str]:
     if isinstance(task, ScoringPlan):
         return task, "samples"
     if not isinstance(task, Task):
@@ -316,7 +393,7 @@ def _as_plan(model: Model, task: Task | ScoringPlan, scoring: str) -> tuple[Scor
     return plan_scoring(model, task.samples, scoring), task.name  # type: ignore[arg-type]
 
 
-def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[ChunkLayout], prefixes: _Prefixes,
+def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[Chunk], prefixes: _Prefixes,
                        replaced: list[Replacement], scan: HeadScan, progress: bool) -> None:
     """Fill ``scan.estimates`` (and the baseline, if missing) from one forward + backward per chunk."""
     weights = None
@@ -366,84 +443,58 @@ def _exact_phase(model: Model, plan: ScoringPlan, batch_size: int, prefixes: _Pr
 
 
 def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str] | str | None = None,
-               method: AblationMethod = "zero", metric: Metric = "logit_diff", strategy: Strategy = "exact",
-               batch_size: int = 16, reference: Any = None, checkpoint: str | os.PathLike | None = None,
-               verify: int | None = None, certify: int = DEFAULT_CERTIFY, stack: int | None = None,
-               scoring: str = "auto",
-               progress: bool = True, max_prefix_bytes: int = 2 << 30) -> HeadScan:
-    """Ablate each head of ``heads`` (default: every head of ``model``) on its own and measure ``metric``.
+               config: ScanConfig | None = None, **overrides: Any) -> HeadScan:
+    """Ablate each head of ``heads`` (default: every head of ``model``) on its own and measure the metric.
 
-    Args:
-        model, task: the model and a task (or a :class:`ScoringPlan` made from one).
-        method, reference: ablation method (``zero``/``mean``/``resample``) and its reference batch.
-        metric: ``logit_diff`` or ``accuracy``.
-        strategy: ``exact`` / ``naive`` / ``attribution`` / ``auto`` (see the module docstring).
-        batch_size: sequences per forward (a stacked replay holds ``stack * batch_size`` rows).
-        checkpoint: JSON file written atomically as heads finish; resumes from it when it exists.
-        verify: heads ``auto`` runs exactly before calibrating (default :func:`default_verify`).
-        certify: leading heads ``auto`` settles (0: only the ``verify`` heads are run exactly).
-        stack: ablations per replay (default: as many as keep a replay within 64 rows).
-        scoring: candidate scoring method of :func:`plan_scoring` (``auto`` or ``first_token``).
-        progress: show a progress bar.
-        max_prefix_bytes: keep the clean prefixes of all batches in memory up to this size.
+    ``task`` is a task (or a :class:`~gna_interp.tasks.scoring.ScoringPlan` made from one); ``config`` a
+    :class:`ScanConfig`, or keyword overrides of its fields (``strategy="auto"``, ``method``,
+    ``metric``, ``batch_size``, ``checkpoint``, ...); an unknown keyword raises naming the closest one.
     """
-    if strategy not in STRATEGIES:
-        raise InputError(f"unknown strategy {strategy!r}; choose one of {STRATEGIES}")
-    if metric not in METRICS:
-        raise InputError(f"unknown metric {metric!r}; choose one of {METRICS}")
-    if batch_size < 1:
-        raise InputError(f"batch_size must be >= 1, got {batch_size}")
-    if stack is not None and stack < 1:
-        raise InputError(f"stack must be >= 1, got {stack}")
-    if scoring == "per_candidate":
-        raise InputError("scan_heads scores candidates from shared forwards; use scoring='auto' or 'first_token'")
+    cfg = ScanConfig.build(config, **overrides)
     head_list = list(dict.fromkeys(model.check_heads(heads) if heads is not None else model.heads()))
     if not head_list:
         raise InputError(f"no heads to scan: {model.name} has no supported heads, or the list given was empty")
-    if verify is not None and verify < 0:
-        raise InputError(f"verify must be >= 0, got {verify}")
-    if certify < 0:
-        raise InputError(f"certify must be >= 0, got {certify}")
     start = time.perf_counter()
-    plan, task_name = _as_plan(model, task, scoring)
-    replaced = replacements(model, head_list, method, reference)
+    plan, task_name = _as_plan(model, task, cfg.scoring)
+    replaced = replacements(model, head_list, cfg.method, cfg.reference)
     by_head = {r.site.head: r for r in replaced}
-    chunks = layout_chunks(model, plan, batch_size)
-    stack = stack or max(1, 64 // max(c.size for c in chunks))
-    path = Path(checkpoint) if checkpoint is not None else None
-    fingerprint = _fingerprint(model, plan, method, head_list, reference)
+    chunks = layout_chunks(model, plan, cfg.batch_size)
+    stack = cfg.stack or max(1, 64 // max(c.size for c in chunks))
+    path = Path(cfg.checkpoint) if cfg.checkpoint is not None else None
+    fingerprint = _fingerprint(model, plan, cfg.method, head_list, cfg.reference)
     state = _read_checkpoint(path, fingerprint) if path is not None else None
 
-    scan = HeadScan(model.name, task_name, method, metric, strategy, head_list, {})
+    scan = HeadScan(model.name, task_name, cfg.method, cfg.metric, cfg.strategy, head_list, {})
     if state is not None:
-        if state.get("baseline"):
-            scan.baseline = _from_json(state["baseline"])
-        scan.exact = {HeadRef.parse(k): _from_json(v) for k, v in state.get("exact", {}).items()}
-        scan.estimates = {HeadRef.parse(k): float(v) for k, v in state.get("estimates", {}).items()}
-        scan.sizes = {HeadRef.parse(k): float(v) for k, v in state.get("sizes", {}).items()}
-
-    prefixes = _Prefixes(model, chunks, max_prefix_bytes)
-    if strategy in ("attribution", "auto") and len(scan.estimates) < len(head_list):
-        _attribution_phase(model, plan, chunks, prefixes, replaced, scan, progress)
-        _Progress(scan, path, fingerprint, None).save()
-    if strategy == "auto":
-        n_verify = default_verify(len(head_list), certify) if verify is None else min(verify, len(head_list))
-        ranked = sorted(head_list, key=lambda h: -scan.est_drop(h))
-        todo = [h for h in ranked[:n_verify] if h not in scan.exact]
-    elif strategy in ("exact", "naive"):
-        todo = [h for h in head_list if h not in scan.exact]
-    else:
-        todo = []
+        scan.restore(state)
+    prefixes = _Prefixes(model, chunks, cfg.max_prefix_bytes)
     rec = _Progress(scan, path, fingerprint, None)
-    with tqdm(total=len(todo), desc=f"scan {strategy}", unit="head", disable=not progress) as bar:
+    if cfg.strategy in ("attribution", "auto") and len(scan.estimates) < len(head_list):
+        _attribution_phase(model, plan, chunks, prefixes, replaced, scan, cfg.progress)
+        rec.save()
+    todo = _initial_exact(scan, cfg)
+    with tqdm(total=len(todo), desc=f"scan {cfg.strategy}", unit="head", disable=not cfg.progress) as bar:
         rec.bar = bar
         if todo or not scan.baseline:
-            _exact_phase(model, plan, batch_size, prefixes, [by_head[h] for h in todo], stack,
-                         strategy == "naive", scan, rec)
-        if strategy == "auto" and certify > 0:
-            while more := _next_to_verify(scan, min(certify, len(head_list)), stack):
+            _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in todo], stack,
+                         cfg.strategy == "naive", scan, rec)
+        if cfg.strategy == "auto" and cfg.certify > 0:
+            while more := _next_to_verify(scan, min(cfg.certify, len(head_list)), stack):
                 bar.total += len(more)
                 bar.refresh()
-                _exact_phase(model, plan, batch_size, prefixes, [by_head[h] for h in more], stack, False, scan, rec)
+                _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in more], stack, False, scan, rec)
     scan.seconds = time.perf_counter() - start
     return scan
+
+
+def _initial_exact(scan: HeadScan, cfg: ScanConfig) -> list[HeadRef]:
+    """The heads run exactly first: every unfinished head (``exact``/``naive``), the ``verify`` heads with
+    the largest estimates (``auto``), none (``attribution``)."""
+    if cfg.strategy in ("exact", "naive"):
+        return [h for h in scan.heads if h not in scan.exact]
+    if cfg.strategy != "auto":
+        return []
+    n = len(scan.heads)
+    n_verify = default_verify(n, cfg.certify) if cfg.verify is None else min(cfg.verify, n)
+    ranked = sorted(scan.heads, key=lambda h: -scan.est_drop(h))
+    return [h for h in ranked[:n_verify] if h not in scan.exact]

@@ -1,9 +1,9 @@
 """`ablate(model, heads, method)`: run the model with some heads' outputs removed, for every head kind.
 
-Where a head is cut: at the **input of its layer's output projection** -- the bridge hook
-``blocks.{l}.attn.o.hook_in`` (attention, ``[batch, pos, head, d_head]``) or
-``blocks.{l}.mixer.out_proj.hook_in`` (Mamba-1 / Mamba-2 mixers, ``[batch, pos, d_inner]``).
-A head owns a slice of that input's (flattened) channels:
+Where a head is cut: at the **input of its layer's output projection**, as its kind's adapter says
+(:meth:`Model.head_site <gna_interp.models.model.Model.head_site>`) -- ``blocks.{l}.attn.o.hook_in``
+(attention, ``[batch, pos, head, d_head]``) or ``blocks.{l}.mixer.out_proj.hook_in`` (Mamba-1 /
+Mamba-2 mixers, ``[batch, pos, d_inner]``). A head owns a slice of that input's (flattened) channels:
 
 ========  =====================================  ==========================================
 kind      channels                               official zero-ablation (weight edit)
@@ -37,43 +37,13 @@ from torch import Tensor
 
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.models.heads import HeadRef
+from gna_interp.models.mixer import HeadSite
 from gna_interp.models.model import Model, TokenBatch
 
 AblationMethod = Literal["zero", "mean", "resample"]
 METHODS: tuple[str, ...] = ("zero", "mean", "resample")
 
-__all__ = ["METHODS", "AblationMethod", "HeadSite", "Replacement", "ablate", "ablation_hooks", "flat_channels",
-           "head_site", "replacements"]
-
-
-@dataclass(frozen=True)
-class HeadSite:
-    """Where one head's output lives: ``hook`` (a bridge hook name) and its flat channel range."""
-
-    head: HeadRef
-    hook: str
-    start: int
-    stop: int
-    width: int  # total flat channels of the hook (n_heads * head_dim, or d_inner)
-
-    @property
-    def columns(self) -> slice:
-        return slice(self.start, self.stop)
-
-
-def head_site(model: Model, head: HeadRef | str) -> HeadSite:
-    """The output-projection input hook of ``head`` and the channels it owns there."""
-    h = model.check_head(head)
-    spec = model.layer_spec(h.layer, h.kind)
-    hook = f"{spec.bridge_path}.o.hook_in" if h.kind == "attn" else f"{spec.bridge_path}.out_proj.hook_in"
-    if hook not in model.bridge.hook_dict:
-        raise UnsupportedArchitectureError(
-            f"cannot ablate {h.name}: the bridge of {model.name} has no hook {hook!r} at the input of "
-            f"the layer's output projection ({spec.hf_class})"
-        )
-    if h.kind == "ssm1":
-        return HeadSite(h, hook, h.head, h.head + h.width, spec.n_heads)
-    return HeadSite(h, hook, h.head * spec.head_dim, (h.head + 1) * spec.head_dim, spec.n_heads * spec.head_dim)
+__all__ = ["METHODS", "AblationMethod", "Replacement", "ablate", "ablation_hooks", "flat_channels", "replacements"]
 
 
 def flat_channels(x: Tensor, site: HeadSite) -> Tensor:
@@ -133,7 +103,7 @@ def replacements(model: Model, heads: str | HeadRef | Sequence[str | HeadRef], m
     _check_method(method, reference)
     if not isinstance(heads, (str, HeadRef, Sequence)):
         raise HeadError(f"heads must be a head name, a HeadRef or a list of them, got {type(heads).__name__}")
-    sites = [head_site(model, h) for h in dict.fromkeys(model.check_heads(heads))]
+    sites = [model.head_site(h) for h in dict.fromkeys(model.check_heads(heads))]
     if method == "zero" or not sites:
         return [Replacement(s) for s in sites]
     batch = _reference_batch(model, reference)
@@ -183,5 +153,5 @@ def ablate(model: Model, heads: str | HeadRef | Sequence[str | HeadRef], method:
     ``mean``/``resample``. Zero ablation equals zeroing the heads' output-projection columns.
     """
     replaced = replacements(model, heads, method, reference)
-    with model.bridge.hooks(fwd_hooks=ablation_hooks(replaced)):
+    with model.hooks(ablation_hooks(replaced)):
         yield [r.site.head for r in replaced]

@@ -54,10 +54,10 @@ def skip_layers(model: Model, layers: int | Iterable[int]) -> Iterator[list[int]
 
         return hook
 
-    hooks = [h for layer in idx for h in ((f"blocks.{layer}.hook_in", remember(layer)),
-                                          (f"blocks.{layer}.hook_out", pass_through(layer)))]
+    hooks = [h for layer in idx for h in ((model.block_input_hook(layer), remember(layer)),
+                                          (model.block_output_hook(layer), pass_through(layer)))]
     try:
-        with model.bridge.hooks(fwd_hooks=hooks):
+        with model.hooks(hooks):
             yield idx
     finally:
         inputs.clear()

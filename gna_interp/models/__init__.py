@@ -1,9 +1,35 @@
-"""Model loading, the head abstraction and per-architecture knowledge."""
+"""Model loading, the head abstraction, and one mixer adapter per head kind.
+
+``models`` is the only package that touches the TransformerLens bridge (through :class:`Model`) and
+the only one that knows what distinguishes head kinds (through the adapters registered here:
+attention, Mamba-2 heads, Mamba-1 channels; more with :func:`register_kind`).
+"""
 
 from gna_interp.models.arch import LayerSpec, detect_layers
+from gna_interp.models.attention import AttentionAdapter
+from gna_interp.models.card import read_card
 from gna_interp.models.heads import HeadRef, parse_heads
-from gna_interp.models.loading import ResolvedSpec, cache_dir, convert_gguf, load_model, resolve_spec
+from gna_interp.models.mixer import (
+    HeadSite,
+    MaskOptions,
+    MixerAdapter,
+    PatternOptions,
+    adapter,
+    kinds,
+    register_kind,
+    unregister_kind,
+)
+from gna_interp.models.loading import convert_gguf, hub_reachable, load_model
 from gna_interp.models.model import Model, TokenBatch
+from gna_interp.models.spec import ALIASES, ResolvedSpec, cache_dir, resolve_spec, smollm2_gguf_path, zoo_dir, zoo_names
+from gna_interp.models.ssm import Mamba1Adapter, Mamba2Adapter, SSMAdapter
 
-__all__ = ["HeadRef", "LayerSpec", "Model", "ResolvedSpec", "TokenBatch", "cache_dir", "convert_gguf",
-           "detect_layers", "load_model", "parse_heads", "resolve_spec"]
+for _adapter in (AttentionAdapter(), Mamba2Adapter(), Mamba1Adapter()):
+    if _adapter.kind not in kinds():
+        register_kind(_adapter)
+
+__all__ = ["ALIASES", "AttentionAdapter", "HeadRef", "HeadSite", "LayerSpec", "Mamba1Adapter", "Mamba2Adapter", "MaskOptions",
+           "MixerAdapter", "Model", "PatternOptions", "ResolvedSpec", "SSMAdapter", "TokenBatch", "adapter",
+           "cache_dir", "convert_gguf", "detect_layers", "hub_reachable", "kinds", "load_model", "parse_heads",
+           "read_card", "register_kind", "resolve_spec", "smollm2_gguf_path", "unregister_kind", "zoo_dir",
+           "zoo_names"]

@@ -1,10 +1,11 @@
-"""Per-architecture knowledge: which token mixer each block has and how its heads are laid out.
+"""Which token mixer each block has and how its heads are laid out.
 
 Detection works on the bridge's blocks, not on architecture names, so any adapter that
 TransformerLens 4.x ships (Llama, Mamba, Mamba-2, Bamba, Jamba, NemotronH, Zamba2, ...) is read
-the same way: a bridged ``attn`` component is an attention mixer; a mixer whose Hugging Face
-module has a per-head ``A_log`` vector and ``dt_bias`` is a Mamba-2 (SSD) mixer; one with an
-``A_log`` matrix, ``x_proj`` and ``dt_proj`` is a Mamba-1 (S6) mixer. Any other token mixer
+the same way: every registered mixer adapter (:mod:`gna_interp.models.mixer`) is asked, in
+registration order, whether a bridged child of the block is its mixer -- a bridged ``attn``
+component is attention; a mixer with a per-head ``A_log`` vector and ``dt_bias`` is Mamba-2 (SSD);
+one with an ``A_log`` matrix, ``x_proj`` and ``dt_proj`` is Mamba-1 (S6). Any other token mixer
 (RWKV time-mix, LFM2 short convolutions, gated delta nets, attention that the adapter does not
 bridge) is reported with kind ``"unsupported"`` -- never silently dropped.
 """
@@ -12,13 +13,16 @@ bridge) is reported with kind ``"unsupported"`` -- never silently dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-import torch
+from gna_interp.models.mixer import _REGISTRY, adapter, unwrap
 
-MixerKind = Literal["attn", "ssm2", "ssm1", "unsupported"]
+if TYPE_CHECKING:
+    from gna_interp.models.mixer import MixerAdapter
 
-# Children of a bridged block that are not token mixers.
+UNSUPPORTED = "unsupported"
+
+# Children of a bridged block that are not token mixers (unless an adapter claims them).
 _NON_MIXER_PREFIXES = ("hook_", "_original_component", "ln", "norm", "pre_ln", "post_", "mlp",
                        "moe", "channel_mix", "feed_forward", "ffn", "experts", "router")
 
@@ -29,7 +33,7 @@ class LayerSpec:
 
     Attributes:
         layer: block index.
-        kind: ``attn``, ``ssm2``, ``ssm1`` or ``unsupported``.
+        kind: a registered head kind (``attn``, ``ssm2``, ``ssm1``, ...) or ``unsupported``.
         n_heads: attention query heads / SSM heads / Mamba-1 channels (``d_inner``); 0 if unsupported.
         n_groups: attention KV heads (GQA) / SSM B,C groups; 1 for Mamba-1.
         head_dim: channels per head (attention ``d_head``, Mamba-2 ``head_dim``, 1 for Mamba-1).
@@ -39,7 +43,7 @@ class LayerSpec:
     """
 
     layer: int
-    kind: MixerKind
+    kind: str
     n_heads: int
     n_groups: int
     head_dim: int
@@ -48,31 +52,28 @@ class LayerSpec:
     hf_class: str
 
     @property
-    def hook_prefix(self) -> str:
-        return self.bridge_path
+    def supported(self) -> bool:
+        return self.kind != UNSUPPORTED
+
+    @property
+    def adapter(self) -> "MixerAdapter":
+        """The mixer adapter of this layer's kind."""
+        return adapter(self.kind)
 
 
-def _hf_module(component: Any) -> torch.nn.Module | None:
-    return getattr(component, "original_component", None) or getattr(component, "_original_component", None)
+def _unsupported(layer: int, path: str, cls: str) -> LayerSpec:
+    return LayerSpec(layer, UNSUPPORTED, 0, 0, 0, 0, path, cls)
 
 
-def _classify(layer: int, name: str, component: Any) -> LayerSpec:
-    mod = _hf_module(component)
-    cls = type(mod).__name__ if mod is not None else type(component).__name__
-    path = f"blocks.{layer}.{name}"
-    a_log = getattr(mod, "A_log", None) if mod is not None else None
-    if name == "attn" and mod is not None:
-        cfg = getattr(mod, "config", None)
-        n_heads = getattr(mod, "num_heads", None) or getattr(cfg, "num_attention_heads", None)
-        n_kv = getattr(mod, "num_key_value_heads", None) or getattr(cfg, "num_key_value_heads", None) or n_heads
-        head_dim = getattr(mod, "head_dim", None) or (getattr(cfg, "hidden_size") // n_heads)
-        return LayerSpec(layer, "attn", int(n_heads), int(n_kv), int(head_dim), 0, path, cls)
-    if isinstance(a_log, torch.Tensor) and a_log.dim() == 1 and hasattr(mod, "dt_bias"):
-        return LayerSpec(layer, "ssm2", int(mod.num_heads), int(mod.n_groups), int(mod.head_dim),
-                         int(mod.ssm_state_size), path, cls)
-    if isinstance(a_log, torch.Tensor) and a_log.dim() == 2 and hasattr(mod, "x_proj") and hasattr(mod, "dt_proj"):
-        return LayerSpec(layer, "ssm1", int(a_log.shape[0]), 1, 1, int(a_log.shape[1]), path, cls)
-    return LayerSpec(layer, "unsupported", 0, 0, 0, 0, path, cls)
+def _classify(layer: int, name: str, component: Any) -> LayerSpec | None:
+    for a in _REGISTRY.values():
+        spec = a.detect(layer, name, component)
+        if spec is not None:
+            return spec
+    if name.startswith(_NON_MIXER_PREFIXES):
+        return None
+    mod = unwrap(component)
+    return _unsupported(layer, f"blocks.{layer}.{name}", type(mod).__name__)
 
 
 def detect_layers(bridge: Any) -> list[LayerSpec]:
@@ -82,25 +83,27 @@ def detect_layers(bridge: Any) -> list[LayerSpec]:
         found: list[LayerSpec] = []
         bridged_modules: set[int] = set()
         for name, child in block.named_children():
-            if name.startswith(_NON_MIXER_PREFIXES):
+            if name.startswith(("hook_", "_original_component")):
                 continue
             spec = _classify(i, name, child)
+            if spec is None:
+                continue
             found.append(spec)
-            mod = _hf_module(child)
-            if mod is not None:
+            mod = unwrap(child)
+            if mod is not child:
                 bridged_modules.update(id(m) for m in mod.modules())
         # Attention inside the HF block that the adapter did not bridge (e.g. Zamba2's shared
         # transformer): visible in HF, invisible to hooks -> report it.
-        hf_block = _hf_module(block)
-        if hf_block is not None:
+        hf_block = unwrap(block)
+        if hf_block is not block:
             for sub_name, sub in hf_block.named_modules():
                 if id(sub) in bridged_modules or not hasattr(sub, "q_proj"):
                     continue
                 if any(id(m) in bridged_modules for m in sub.modules()):
                     continue
-                found.append(LayerSpec(i, "unsupported", 0, 0, 0, 0, f"blocks.{i}:{sub_name}", type(sub).__name__))
+                found.append(_unsupported(i, f"blocks.{i}:{sub_name}", type(sub).__name__))
                 bridged_modules.update(id(m) for m in sub.modules())
         if not found:
-            found.append(LayerSpec(i, "unsupported", 0, 0, 0, 0, f"blocks.{i}", type(block).__name__))
+            found.append(_unsupported(i, f"blocks.{i}", type(block).__name__))
         specs.extend(found)
     return specs

@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Sequence
 
 from gna_interp.errors import HeadError
+from gna_interp.models.mixer import adapter, kind_of_letter, kinds
 
-HeadKind = Literal["attn", "ssm2", "ssm1"]
-KINDS: tuple[str, ...] = ("attn", "ssm2", "ssm1")
-_LETTER = {"attn": "H", "ssm2": "S", "ssm1": "C"}
-_KIND_OF_LETTER = {v: k for k, v in _LETTER.items()}
-_NAME_RE = re.compile(r"^L(\d+)([HSC])(\d+)(?:\+(\d+))?$")
+if TYPE_CHECKING:
+    from gna_interp.models.mixer import MixerAdapter
+
+HeadKind = str
+_NAME_RE = re.compile(r"^L(\d+)([A-Z])(\d+)(?:\+(\d+))?$")
 
 
 @dataclass(frozen=True, order=True)
 class HeadRef:
-    """One head: an attention query head (`attn`), a Mamba-2 head (`ssm2`) or a
-    Mamba-1 channel, or a group of `width` consecutive channels (`ssm1`).
+    """One head: an attention query head (`attn`), a Mamba-2 head (`ssm2`), a Mamba-1 channel or a
+    group of `width` consecutive channels (`ssm1`), or a head of any kind registered with
+    :func:`~gna_interp.models.mixer.register_kind`.
 
     Names: ``L16H22`` (attention), ``L3S5`` (SSM head), ``L35C3186`` (Mamba-1
-    channel), ``L35C3184+8`` (channels 3184..3191 treated as one unit).
+    channel), ``L35C3184+8`` (channels 3184..3191 treated as one unit); the letter is the kind's.
     """
 
     layer: int
@@ -30,22 +32,31 @@ class HeadRef:
     width: int = 1
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise HeadError(f"unknown head kind {self.kind!r}; expected one of {KINDS}")
+        for name in ("layer", "head", "width"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise HeadError(f"{name} must be an integer, got {v!r}")
+        kind = adapter(self.kind)
         if self.layer < 0 or self.head < 0:
             raise HeadError(f"layer and head must be >= 0, got layer={self.layer}, head={self.head}")
-        if self.width < 1 or (self.width > 1 and self.kind != "ssm1"):
-            raise HeadError(f"width={self.width} is only meaningful (>1) for ssm1 channel groups")
+        if self.width < 1 or (self.width > 1 and not kind.groupable):
+            groupable = [k for k in kinds() if adapter(k).groupable]
+            raise HeadError(f"width={self.width} is only meaningful (>1) for groupable kinds {groupable}")
+
+    @property
+    def adapter(self) -> "MixerAdapter":
+        """The mixer adapter of this head's kind (labels, hooks, patterns, masking)."""
+        return adapter(self.kind)
 
     @property
     def name(self) -> str:
         """Display name, e.g. ``L16H22``; parses back with :meth:`parse`."""
         suffix = f"+{self.width}" if self.width > 1 else ""
-        return f"L{self.layer}{_LETTER[self.kind]}{self.head}{suffix}"
+        return f"L{self.layer}{self.adapter.letter}{self.head}{suffix}"
 
     @property
     def channels(self) -> range:
-        """Channel indices covered by an ssm1 unit (``range(head, head)`` for one head of other kinds)."""
+        """Unit indices covered: ``head .. head + width - 1`` (one index unless a group)."""
         return range(self.head, self.head + self.width)
 
     def __str__(self) -> str:
@@ -56,21 +67,29 @@ class HeadRef:
         """Parse ``L16H22`` / ``L3S5`` / ``L35C3186`` / ``L35C3184+8`` into a HeadRef."""
         if isinstance(name, HeadRef):
             return name
-        m = _NAME_RE.match(str(name).strip())
-        if m is None:
+        m = _NAME_RE.match(name.strip()) if isinstance(name, str) else None
+        kind = kind_of_letter(m.group(2)) if m else None
+        if m is None or kind is None:
+            letters = ", ".join(f"{adapter(k).letter} ({k})" for k in kinds())
             raise HeadError(
                 f"malformed head name {name!r}: expected L<layer>H<head> (attention), "
                 f"L<layer>S<head> (Mamba-2 head) or L<layer>C<channel>[+<width>] (Mamba-1 channel), "
-                f"e.g. L16H22, L3S5, L35C3186"
+                f"e.g. L16H22, L3S5, L35C3186 (registered letters: {letters})"
             )
-        layer, letter, head, width = m.groups()
-        return cls(int(layer), int(head), _KIND_OF_LETTER[letter], int(width) if width else 1)  # type: ignore[arg-type]
+        layer, _, head, width = m.groups()
+        return cls(int(layer), int(head), kind, int(width) if width else 1)
 
 
 def parse_heads(spec: "str | HeadRef | list[str | HeadRef] | tuple[str | HeadRef, ...]") -> list[HeadRef]:
     """Parse a comma-separated string or a list of names/HeadRefs into HeadRefs."""
-    if isinstance(spec, (str, HeadRef)):
-        items = [s for s in str(spec).split(",") if s.strip()] if isinstance(spec, str) else [spec]
-    else:
+    if isinstance(spec, str):
+        items: list[str | HeadRef] = [s for s in spec.split(",") if s.strip()]
+        if not items:
+            raise HeadError(f"no head names in {spec!r}: pass names like 'L3H1,L5S2'")
+    elif isinstance(spec, HeadRef):
+        items = [spec]
+    elif isinstance(spec, Sequence):
         items = list(spec)
+    else:
+        raise HeadError(f"heads must be a head name, a HeadRef or a list of them, got {type(spec).__name__}")
     return [HeadRef.parse(s) for s in items]

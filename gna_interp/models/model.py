@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -14,7 +15,10 @@ from torch import Tensor
 from gna_interp.errors import HeadError, InputError
 from gna_interp.models.arch import LayerSpec, detect_layers
 from gna_interp.models.heads import HeadRef, parse_heads
-from gna_interp.models.loading import ResolvedSpec
+from gna_interp.models.mixer import HeadSite, MixerAdapter, unwrap
+from gna_interp.models.spec import ResolvedSpec
+
+Hooks = Sequence[tuple[Any, Callable[..., Any]]]
 
 
 @dataclass
@@ -35,10 +39,13 @@ class TokenBatch:
 
 
 class Model:
-    """A loaded model: the TransformerLens bridge (``.bridge``), its tokenizer and its head layout.
+    """A loaded model: the TransformerLens bridge, its tokenizer and its head layout.
 
-    Tokenisation follows the Hugging Face tokenizer's own special-token policy, so ids equal what
-    the plain HF model would be fed.
+    ``Model`` is the only code that touches the bridge: everything else runs the model through its
+    methods (:meth:`forward`, :meth:`run_with_hooks`, :meth:`run_with_cache`, :meth:`hooks`,
+    :meth:`blocks`, :meth:`unembed`) and learns about heads from :meth:`heads`, :meth:`layer_spec` and
+    each kind's adapter. Tokenisation follows the Hugging Face tokenizer's own special-token policy,
+    so ids equal what the plain HF model would be fed.
     """
 
     def __init__(self, bridge: Any, tokenizer: Any, source: ResolvedSpec | None = None) -> None:
@@ -50,7 +57,7 @@ class Model:
         self.layers: list[LayerSpec] = detect_layers(bridge)
         # keys a zoo model was trained with (its card's "keys"); tasks for it must draw keys from these
         self.kv_words: tuple[str, ...] | None = None
-        self._by_layer_kind = {(s.layer, s.kind): s for s in self.layers if s.kind != "unsupported"}
+        self._by_layer_kind = {(s.layer, s.kind): s for s in self.layers if s.supported}
 
     # ---- identity -------------------------------------------------------------------------
     @property
@@ -97,7 +104,21 @@ class Model:
 
     def unsupported(self) -> list[LayerSpec]:
         """Token mixers gna_interp cannot analyse (RWKV time-mix, short convolutions, unbridged attention...)."""
-        return [s for s in self.layers if s.kind == "unsupported"]
+        return [s for s in self.layers if not s.supported]
+
+    def describe(self) -> str:
+        """A few lines: architecture, blocks by mixer kind, head counts by kind, one line per kind's layout."""
+        blocks = ", ".join(f"{n}x {k}" for k, n in Counter(self.layer_kinds()).items())
+        units = ", ".join(f"{n} {k}" for k, n in Counter(h.kind for h in self.heads()).items()) or "none"
+        lines = [f"  architecture: {self.architecture}", f"  blocks: {self.n_layers} ({blocks})", f"  heads: {units}"]
+        first: dict[str, LayerSpec] = {}
+        for s in self.layers:
+            if s.supported:
+                first.setdefault(s.kind, s)
+        lines += [f"  {s.adapter.describe(s)}" for s in first.values()]
+        lines += [f"  UNSUPPORTED mixer at {s.bridge_path}: {s.hf_class} (no heads listed for it)"
+                  for s in self.unsupported()]
+        return "\n".join(lines)
 
     def layer_spec(self, layer: int, kind: str) -> LayerSpec:
         """The mixer of ``kind`` in block ``layer``; a clear error if there is none."""
@@ -113,23 +134,34 @@ class Model:
     def heads(self, kind: str | None = None, channel_group: int = 1, layers: Iterable[int] | None = None) -> list[HeadRef]:
         """Every head of every supported mixer, in layer order.
 
-        ``kind`` filters to ``attn``/``ssm2``/``ssm1``; ``channel_group=k`` groups k consecutive
-        Mamba-1 channels into one unit (the last group may be narrower); ``layers`` restricts blocks.
+        ``kind`` filters to one kind (``attn``/``ssm2``/``ssm1``/...); ``channel_group=k`` groups k
+        consecutive units of groupable kinds (Mamba-1 channels) into one (the last group may be
+        narrower); ``layers`` restricts blocks.
         """
         if channel_group < 1:
             raise HeadError(f"channel_group must be >= 1, got {channel_group}")
         wanted = set(layers) if layers is not None else None
         out: list[HeadRef] = []
         for s in self.layers:
-            if s.kind == "unsupported" or (kind is not None and s.kind != kind):
+            if not s.supported or (kind is not None and s.kind != kind):
                 continue
             if wanted is not None and s.layer not in wanted:
                 continue
-            if s.kind == "ssm1" and channel_group > 1:
-                out.extend(HeadRef(s.layer, c, "ssm1", min(channel_group, s.n_heads - c))
-                           for c in range(0, s.n_heads, channel_group))
-            else:
-                out.extend(HeadRef(s.layer, h, s.kind) for h in range(s.n_heads))  # type: ignore[arg-type]
+            out.extend(self._layer_heads(s, channel_group if s.adapter.groupable else 1))
+        return out
+
+    @staticmethod
+    def _layer_heads(s: LayerSpec, group: int) -> list[HeadRef]:
+        return [HeadRef(s.layer, c, s.kind, min(group, s.n_heads - c)) for c in range(0, s.n_heads, group)]
+
+    def default_heads(self) -> list[HeadRef]:
+        """Heads shown when none are named: every head, except that a kind with many units per layer
+        (Mamba-1 channels) shows each layer as ``adapter.default_groups`` equal groups."""
+        out: list[HeadRef] = []
+        for s in self.layers:
+            if s.supported:
+                n = s.adapter.default_groups
+                out.extend(self._layer_heads(s, -(-s.n_heads // n) if n else 1))
         return out
 
     def check_head(self, head: HeadRef | str) -> HeadRef:
@@ -137,9 +169,8 @@ class Model:
         h = HeadRef.parse(head)
         spec = self.layer_spec(h.layer, h.kind)
         if h.head + h.width > spec.n_heads:
-            unit = {"attn": "query heads", "ssm2": "SSM heads", "ssm1": "channels"}[h.kind]
             raise HeadError(
-                f"{h.name} is out of range: layer {h.layer} of {self.name} has {spec.n_heads} {unit} "
+                f"{h.name} is out of range: layer {h.layer} of {self.name} has {spec.n_heads} {spec.adapter.unit} "
                 f"(valid indices 0..{spec.n_heads - 1})"
             )
         return h
@@ -148,10 +179,40 @@ class Model:
         """:meth:`check_head` over a comma-separated string or a list."""
         return [self.check_head(h) for h in parse_heads(heads)]
 
+    def adapter(self, head: HeadRef | LayerSpec) -> MixerAdapter:
+        """The mixer adapter of a head's (or a layer's) kind."""
+        return head.adapter
+
+    def head_site(self, head: HeadRef | str) -> HeadSite:
+        """Where ``head``'s output lives: the hook at its output projection's input and its channels there."""
+        h = self.check_head(head)
+        spec = self.layer_spec(h.layer, h.kind)
+        site = spec.adapter.site(spec, h)
+        if not self.has_hook(site.hook):
+            raise HeadError(f"cannot reach {h.name}: the bridge of {self.name} has no hook {site.hook!r} at the "
+                            f"input of the layer's output projection ({spec.hf_class})")
+        return site
+
+    def output_projection(self, head: HeadRef | str) -> Float[Tensor, "d_model width"]:
+        """Weight of the output projection that ``head``'s channels (:meth:`head_site`) feed."""
+        h = self.check_head(head)
+        spec = self.layer_spec(h.layer, h.kind)
+        return spec.adapter.output_projection(self, spec)
+
+    @property
+    def splits_prefix_cache(self) -> bool:
+        """Whether scoring may run a prompt once and continue candidates from its cache: every mixer
+        keeps a Hugging Face cache that can be split per row and continued (attention-only models)."""
+        return bool(self.layers) and all(s.supported and s.adapter.splittable_cache for s in self.layers)
+
     # ---- tokens ---------------------------------------------------------------------------
     def tokenize(self, texts: str | Sequence[str], padding_side: str = "left") -> TokenBatch:
         """Tokenise one prompt or a batch (padded on ``padding_side``), checking the context length."""
-        batch = [texts] if isinstance(texts, str) else list(texts)
+        batch = [texts] if isinstance(texts, str) else list(texts) if isinstance(texts, (list, tuple)) else None
+        if batch is None or not all(isinstance(t, str) for t in batch):
+            raise InputError(f"a prompt must be a string or a list of strings, got {type(texts).__name__}"
+                             + (f" holding {type(next(t for t in batch if not isinstance(t, str))).__name__}"
+                                if batch else ""))
         if not batch:
             raise InputError("no prompt given: pass a string or a non-empty list of strings")
         enc = self.tokenizer(batch, return_tensors="pt", padding=True, padding_side=padding_side)
@@ -182,10 +243,6 @@ class Model:
                 f"prompt is {n_tokens} tokens long but {self.name} has a context of {self.n_ctx} tokens; "
                 f"shorten the prompt (fewer dictionary pairs / samples) or pick a longer-context model"
             )
-
-    def to_tokens(self, texts: str | Sequence[str]) -> Int[Tensor, "batch pos"]:
-        """Token ids only (left-padded for a batch); use :meth:`tokenize` when you need the mask."""
-        return self.tokenize(texts).ids
 
     def to_str_tokens(self, ids: Int[Tensor, "pos"] | Sequence[int]) -> list[str]:
         """Token strings of one sequence, as the tokenizer decodes each id on its own."""
@@ -221,29 +278,88 @@ class Model:
     def _forward_kwargs(self, batch: TokenBatch) -> dict[str, Any]:
         return {"attention_mask": batch.attention_mask} if batch.padded else {}
 
-    @torch.no_grad()
+    def run(self, inputs: str | Sequence[str] | Tensor | TokenBatch, fwd_hooks: Hooks = (), *,
+            grad: bool = False, **kwargs: Any) -> Any:
+        """One forward of the bridge with ``fwd_hooks`` (removed afterwards) and the padding mask
+        applied; ``kwargs`` go to the bridge (``return_type``, ``logits_to_keep``, ...). Gradients
+        only with ``grad=True``."""
+        batch = self.as_batch(inputs)
+        with torch.set_grad_enabled(grad), self.hooks(fwd_hooks):
+            return self.bridge(batch.ids, **self._forward_kwargs(batch), **kwargs)
+
     def forward(self, inputs: str | Sequence[str] | Tensor | TokenBatch) -> Float[Tensor, "batch pos vocab"]:
         """Logits of the bridge for text, ids or a TokenBatch (padding handled through the mask)."""
-        batch = self.as_batch(inputs)
-        return self.bridge(batch.ids, return_type="logits", **self._forward_kwargs(batch))
+        return self.run(inputs, return_type="logits")
 
     def run_with_cache(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
                        names_filter: Callable[[str], bool] | Sequence[str] | str | None = None,
                        **kwargs: Any) -> tuple[Float[Tensor, "batch pos vocab"], Any]:
-        """Bridge ``run_with_cache`` with the padding mask applied; returns ``(logits, cache)``."""
+        """Bridge ``run_with_cache`` with the padding mask applied; returns ``(logits, cache)``, the cache
+        indexed by hook name."""
         batch = self.as_batch(inputs)
         with torch.no_grad():
             return self.bridge.run_with_cache(batch.ids, names_filter=names_filter,
                                               **self._forward_kwargs(batch), **kwargs)
 
-    def run_with_hooks(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
-                       fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
-                       **kwargs: Any) -> Float[Tensor, "batch pos vocab"]:
-        """Bridge ``run_with_hooks`` with the padding mask applied; hooks are removed afterwards."""
-        batch = self.as_batch(inputs)
-        with torch.no_grad():
-            return self.bridge.run_with_hooks(batch.ids, fwd_hooks=list(fwd_hooks),
-                                              **self._forward_kwargs(batch), **kwargs)
+    def run_with_hooks(self, inputs: str | Sequence[str] | Tensor | TokenBatch, fwd_hooks: Hooks = (),
+                       **kwargs: Any) -> Any:
+        """A forward with ``fwd_hooks`` ``[(hook name, fn), ...]`` active (removed afterwards), no gradients;
+        returns the logits (or what ``return_type`` asks for)."""
+        return self.run(inputs, fwd_hooks, **kwargs)
+
+    def continue_from(self, ids: Int[Tensor, "batch new"], attention_mask: Int[Tensor, "batch total"],
+                      past_key_values: Any, fwd_hooks: Hooks = ()) -> Float[Tensor, "batch new vocab"]:
+        """Logits of ``ids`` fed after a cached prefix (``past_key_values`` from ``return_type=
+        "logits_and_cache"``); ``attention_mask`` covers prefix and new tokens."""
+        with torch.no_grad(), self.hooks(fwd_hooks):
+            return self.bridge(ids, return_type="logits", attention_mask=attention_mask,
+                               past_key_values=past_key_values)
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: Hooks = ()) -> Iterator["Model"]:
+        """Inside the block, every forward runs with ``fwd_hooks``; they are removed on exit, exceptions
+        included."""
+        fwd = list(fwd_hooks)
+        if not fwd:
+            yield self
+            return
+        with self.bridge.hooks(fwd_hooks=fwd):
+            yield self
+
+    def has_hook(self, name: str) -> bool:
+        """Whether the bridge has a hook point called ``name``."""
+        return name in self.bridge.hook_dict
+
+    def component(self, path: str) -> torch.nn.Module:
+        """The bridge component at ``path`` (e.g. ``blocks.3.attn``); calling it fires hooks."""
+        try:
+            return self.bridge.get_submodule(path)
+        except AttributeError as e:
+            raise HeadError(f"{self.name} has no component {path!r}") from e
+
+    def hf_module(self, path: str) -> torch.nn.Module:
+        """The plain Hugging Face module behind the bridge component at ``path`` (fires no hooks)."""
+        return unwrap(self.component(path))
+
+    def blocks(self) -> list[torch.nn.Module]:
+        """The bridged blocks in order (calling one runs it with its hooks)."""
+        return list(self.bridge.blocks)
+
+    def unembed(self, resid: Float[Tensor, "... pos d_model"]) -> Float[Tensor, "... pos vocab"]:
+        """Final norm and unembedding of residual-stream vectors."""
+        return self.bridge.unembed(self.bridge.ln_final(resid))
+
+    @staticmethod
+    def block_input_hook(layer: int) -> str:
+        """Hook on the residual stream entering block ``layer``."""
+        return f"blocks.{layer}.hook_in"
+
+    @staticmethod
+    def block_output_hook(layer: int) -> str:
+        """Hook on the residual stream leaving block ``layer``."""
+        return f"blocks.{layer}.hook_out"
+
+    FINAL_NORM_INPUT = "ln_final.hook_in"
 
     @torch.no_grad()
     def generate(self, prompt: str, max_new_tokens: int = 16) -> str:
@@ -252,7 +368,7 @@ class Model:
         start = ids.shape[1]
         for _ in range(max_new_tokens):
             self.check_length(ids.shape[1] + 1)
-            nxt = self.bridge(ids, return_type="logits")[:, -1].argmax(-1, keepdim=True)
+            nxt = self.forward(ids)[:, -1].argmax(-1, keepdim=True)
             ids = torch.cat([ids, nxt], dim=1)
             if self.tokenizer.eos_token_id is not None and int(nxt) == self.tokenizer.eos_token_id:
                 break

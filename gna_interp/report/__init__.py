@@ -1,6 +1,5 @@
-"""The self-contained HTML report of a `gna scan` output folder (`gna report DIR` rebuilds it)."""
+"""The self-contained HTML report of a saved circuit (`gna report DIR` rebuilds it, no model needed)."""
 
-from gna_interp.report.build import REPORT_FILE, build_report, card_heads, task_from_circuit
-from gna_interp.report.inputs import ReportInputs, load_inputs
+from gna_interp.report.build import REPORT_FILE, build_report
 
-__all__ = ["REPORT_FILE", "ReportInputs", "build_report", "card_heads", "load_inputs", "task_from_circuit"]
+__all__ = ["REPORT_FILE", "build_report"]

@@ -26,17 +26,26 @@ probability, a per-sample DataFrame).
 
 Tasks: :class:`KVRetrieval` (official and completion templates), :class:`MultipleChoice` (MMLU format;
 letters or cloze; hub, local file or synthetic questions; optional chat template).
+
+Saving: ``task.to_dict()`` is strict-JSON data (``format_version``, ``kind`` and the constructor
+arguments, the questions, or the samples); :func:`task_from_dict` rebuilds the same samples in
+another process, e.g. to re-evaluate a saved circuit on its own task.
 """
 
-from gna_interp.tasks.base import Sample, Task
-from gna_interp.tasks.evaluate import Evaluation, evaluate
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.evaluation import Evaluation, evaluate
+from gna_interp.tasks.io import task_from_dict
 from gna_interp.tasks.kv import PAPER_SIZES, KVRetrieval
 from gna_interp.tasks.mmlu import MultipleChoice, Question, file_questions, hub_questions, synthetic_questions
+from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.scoring import (
     CandidateScores,
     Chunk,
+    ScoreTable,
     ScoringPlan,
+    layout_chunks,
     plan_scoring,
+    read_logprobs,
     run_plan,
     score_candidates,
 )
@@ -44,6 +53,7 @@ from gna_interp.tasks.segments import CharSegments, Segments, Span, TextBuilder,
 from gna_interp.tasks.words import word_list
 
 __all__ = ["PAPER_SIZES", "CandidateScores", "CharSegments", "Chunk", "Evaluation", "KVRetrieval",
-           "MultipleChoice", "Question", "Sample", "ScoringPlan", "Segments", "Span", "Task", "TextBuilder",
-           "annotate", "evaluate", "file_questions", "hub_questions", "plan_scoring", "run_plan",
-           "score_candidates", "synthetic_questions", "word_list"]
+           "MultipleChoice", "Question", "Sample", "ScoreTable", "ScoringPlan", "Segments", "Span", "Task", "TextBuilder",
+           "annotate", "evaluate", "file_questions", "hub_questions", "layout_chunks", "plan_scoring", "read_logprobs",
+           "run_plan",
+           "score_candidates", "synthetic_questions", "task_from_dict", "word_list"]

@@ -2,58 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
 from gna_interp.errors import InputError
-from gna_interp.tasks.segments import CharSegments, Segments, annotate
+from gna_interp.tasks.chat import wrap_chat
+from gna_interp.tasks.sample import Sample
+from gna_interp.tasks.segments import Segments
 
+__all__ = ["FORMAT_VERSION", "Sample", "Task"]
 
-@dataclass(frozen=True)
-class Sample:
-    """One prompt with its candidate continuations.
-
-    Attributes:
-        prompt: the text fed to the model; the scored position is its last token.
-        candidates: continuations to score (e.g. ``" 42"``, ``" B"``), distinct and non-empty.
-        gold: index of the correct candidate.
-        spans: character spans of the lines/options (``candidates[i]`` belongs to ``spans.items[i]``
-            when there are as many items as candidates) and of the query.
-        cue_start: where the answer cue (``"The value of the key 'K' is"``, ``"Answer:"``) starts;
-            ``prompt[:cue_start]`` is the context, which a chat template wraps as the user turn.
-        meta: task-specific facts (key, value, subject, ...), copied into per-sample tables.
-    """
-
-    prompt: str
-    candidates: tuple[str, ...]
-    gold: int
-    spans: CharSegments = CharSegments()
-    cue_start: int = 0
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.candidates:
-            raise InputError("a sample needs at least one candidate")
-        if len(set(self.candidates)) != len(self.candidates):
-            raise InputError(f"candidates must be distinct, got {list(self.candidates)}")
-        empty = [c for c in self.candidates if c == ""]
-        if empty:
-            raise InputError(f"empty candidate in {list(self.candidates)}: every candidate needs some text")
-        if not 0 <= self.gold < len(self.candidates):
-            raise InputError(f"gold={self.gold} is not an index into {len(self.candidates)} candidates")
-        if not 0 <= self.cue_start <= len(self.prompt):
-            raise InputError(f"cue_start={self.cue_start} lies outside the prompt ({len(self.prompt)} chars)")
-
-    @property
-    def answer(self) -> str:
-        """The gold candidate's text."""
-        return self.candidates[self.gold]
-
-    def segments(self, tokenizer: Any) -> Segments:
-        """Token-level segments of this prompt under ``tokenizer``."""
-        return annotate(tokenizer, self.prompt, self.spans)
+# Version of the dicts written by ``Task.to_dict``; ``task_from_dict`` reads versions 1..FORMAT_VERSION.
+FORMAT_VERSION = 1
 
 
 class Task:
@@ -92,8 +53,6 @@ class Task:
 
     def with_chat_template(self, tokenizer: Any, system: str | None = None) -> "Task":
         """This task with each context wrapped as a chat user turn and the cue opening the reply."""
-        from gna_interp.tasks.chat import wrap_chat
-
         return Task(f"{self.name}+chat", [wrap_chat(s, tokenizer, system) for s in self.samples])
 
     def to_frame(self) -> pd.DataFrame:
@@ -101,3 +60,12 @@ class Task:
         return pd.DataFrame([{"sample": i, "prompt": s.prompt, "answer": s.answer,
                               "n_candidates": len(s.candidates), **dict(s.meta)}
                              for i, s in enumerate(self.samples)])
+
+    def to_dict(self) -> dict[str, Any]:
+        """This task as strict-JSON data; :func:`gna_interp.tasks.task_from_dict` rebuilds it.
+
+        A plain task stores its samples (``kind: "samples"``); ``KVRetrieval`` and ``MultipleChoice``
+        store their arguments instead and are rebuilt through their constructors.
+        """
+        return {"format_version": FORMAT_VERSION, "kind": "samples", "name": self.name, "n_samples": len(self),
+                "samples": [s.to_dict() for s in self.samples]}

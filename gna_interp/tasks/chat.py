@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from gna_interp.errors import InputError
-from gna_interp.tasks.base import Sample
+from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.segments import CharSpan
 
 

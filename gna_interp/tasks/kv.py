@@ -14,10 +14,11 @@ Candidates are the dictionary's values in line order, so ``candidates[i]`` belon
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 from gna_interp.errors import InputError
-from gna_interp.tasks.base import Sample, Task
+from gna_interp.tasks.base import FORMAT_VERSION, Task
+from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.seeding import StableRng
 from gna_interp.tasks.segments import CharSegments, TextBuilder
 from gna_interp.tasks.words import word_list
@@ -46,7 +47,7 @@ class KVRetrieval(Task):
                  max_value: int = 99, words: Sequence[str] | None = None, value_suffix: str | None = None) -> None:
         if template not in TEMPLATES:
             raise InputError(f"unknown KV template {template!r}; choose one of {TEMPLATES}")
-        keys = tuple(dict.fromkeys(words)) if words is not None else word_list()
+        keys = _check_words(words) if words is not None else word_list()
         if n_pairs < 1 or n_samples < 1:
             raise InputError(f"n_pairs and n_samples must be >= 1, got n_pairs={n_pairs}, n_samples={n_samples}")
         if max_value < 0:
@@ -68,6 +69,14 @@ class KVRetrieval(Task):
         samples = [self._sample(i, keys) for i in range(n_samples)]
         super().__init__(f"kv{n_pairs}-{template}", samples)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The constructor's arguments (``kind: "kv"``); the seeded rebuild gives identical samples."""
+        args = {"n_pairs": self.n_pairs, "n_samples": len(self), "seed": self.seed, "template": self.template,
+                "max_value": self.max_value, "words": None if self.words is None else list(self.words),
+                "value_suffix": self.value_suffix}
+        return {"format_version": FORMAT_VERSION, "kind": "kv", "name": self.name, "n_samples": len(self),
+                "args": args}
+
     def _sample(self, i: int, keys: Sequence[str]) -> Sample:
         rng = StableRng("kv", self.seed, i)
         ks = rng.sample(keys, self.n_pairs)
@@ -88,3 +97,19 @@ class KVRetrieval(Task):
             cands = tuple(f"{v}{self.value_suffix}" for v in vs)
         return Sample(b.text, cands, q, CharSegments(tuple(lines), query), cue_start,
                       {"n_pairs": self.n_pairs, "key": ks[q], "value": vs[q], "depth": q, "template": self.template})
+
+
+def _check_words(words: Sequence[str]) -> tuple[str, ...]:
+    """``words`` as distinct keys in order; a lone string or a non-string item is an error."""
+    if isinstance(words, (str, bytes)):
+        raise InputError(f"words={words!r} is a single string, whose letters would become the keys; "
+                         f"pass a list of words, e.g. words=[{words!r}, 'river', ...]")
+    try:
+        items = list(words)
+    except TypeError:
+        raise InputError(f"words={words!r} is a {type(words).__name__}, not a list; pass a list of words") from None
+    bad = [w for w in items if not isinstance(w, str)]
+    if bad:
+        raise InputError(f"words must all be strings, got {bad[:5]!r} "
+                         f"({', '.join(sorted({type(w).__name__ for w in bad}))}); pass a list of words")
+    return tuple(dict.fromkeys(items))

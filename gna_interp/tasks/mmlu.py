@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from gna_interp.errors import InputError, ModelUnavailableError
-from gna_interp.tasks.base import Sample, Task
+from gna_interp.tasks.base import FORMAT_VERSION, Task
+from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.seeding import StableRng
 from gna_interp.tasks.segments import CharSegments, TextBuilder
 from gna_interp.tasks.words import word_list
@@ -52,6 +53,11 @@ class Question:
             raise InputError(f"answer {self.answer} is not an index into {len(self.choices)} choices: "
                              f"{self.question[:60]!r}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """``{question, choices, answer, subject}`` as JSON data."""
+        return {"question": self.question, "choices": list(self.choices), "answer": int(self.answer),
+                "subject": self.subject}
+
 
 class MultipleChoice(Task):
     """Multiple-choice questions as a task (``letters`` or ``cloze`` format).
@@ -69,13 +75,27 @@ class MultipleChoice(Task):
         if chat and tokenizer is None:
             raise InputError("chat=True needs the model's tokenizer (tokenizer=model.tokenizer) for its chat template")
         self.format = format
-        samples = [self._sample(q, header, letter_prefix) for q in questions]
+        self.questions: tuple[Question, ...] = tuple(questions)
+        self.chat = chat
+        self._args = {"format": format, "name": name, "header": header, "letter_prefix": letter_prefix}
+        samples = [self._sample(q, header, letter_prefix) for q in self.questions]
         if not samples:
             raise InputError(f"no questions given for task {name!r}")
         super().__init__(f"{name}-{format}", samples)
         if chat:
             wrapped = self.with_chat_template(tokenizer)
             self.samples, self.name = wrapped.samples, wrapped.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """The questions and constructor arguments (``kind: "mc"``), rebuilt through the constructor on load.
+
+        A chat-wrapped task is stored as its samples (``kind: "samples"``), since loading it has no
+        tokenizer to apply the chat template with.
+        """
+        if self.chat:
+            return super().to_dict()
+        return {"format_version": FORMAT_VERSION, "kind": "mc", "name": self.name, "n_samples": len(self),
+                "args": dict(self._args), "questions": [q.to_dict() for q in self.questions]}
 
     def _sample(self, q: Question, header: str | None, letter_prefix: str) -> Sample:
         b = TextBuilder()

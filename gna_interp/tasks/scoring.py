@@ -21,6 +21,11 @@ Methods:
   first tokens must differ), the usual letter-scoring shortcut;
 - ``per_candidate``: the official protocol, one forward of ``prompt + candidate`` per candidate
   (for timing and reference; same scores as ``auto``).
+
+This is the one scoring engine: :func:`evaluate`, the head scans and discovery all lay a plan's rows
+out as chunks (:func:`layout_chunks`), read log-probabilities only at the positions the metric
+reads (:func:`read_logprobs`) and collect them in a :class:`ScoreTable`, whichever way they computed
+the hidden states (a full forward here; a replay of the last blocks in a scan).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from tqdm.auto import tqdm
 
 from gna_interp.errors import InputError
 from gna_interp.models.model import Model, TokenBatch
-from gna_interp.tasks.base import Sample
+from gna_interp.tasks.sample import Sample
 
 Method = Literal["auto", "first_token", "per_candidate"]
 METHODS: tuple[str, ...] = ("auto", "first_token", "per_candidate")
@@ -98,19 +103,42 @@ class ScoringPlan:
 
 @dataclass(frozen=True)
 class Chunk:
-    """What one forward pass holds, for hooks that need positions: ``rows[i]`` sits in batch row ``i``
-    behind ``pad[i]`` padding tokens, so its sample's prompt position ``p`` is at ``pad[i] + p``."""
+    """One forward's rows and what the metric reads from it.
 
+    Attributes:
+        row_ids: plan row indices, in batch order; ``rows`` the rows themselves.
+        batch: their tokens, left-padded, with the attention mask (``pad[i]`` padding tokens in front
+            of row ``i``, so its sample's prompt position ``p`` sits at ``pad[i] + p``).
+        read_row, read_pos: batch row and position of each read (position ``p`` predicts token ``p+1``).
+        read_tok: the token whose log-probability is read there.
+        read_target: index into ``plan.targets`` that the read contributes to.
+    """
+
+    row_ids: tuple[int, ...]
     rows: tuple[Row, ...]
-    pad: Int[Tensor, "row"]
     batch: TokenBatch
+    read_row: Int[Tensor, " n_reads"]
+    read_pos: Int[Tensor, " n_reads"]
+    read_tok: Int[Tensor, " n_reads"]
+    read_target: Int[Tensor, " n_reads"]
 
     @property
-    def sample_index(self) -> list[int]:
-        return [r.sample for r in self.rows]
+    def size(self) -> int:
+        return len(self.rows)
+
+    @property
+    def pad(self) -> Int[Tensor, " row"]:
+        return self.batch.pad.cpu()
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.batch.ids.numel())
 
 
 Hooks = Sequence[tuple[Any, Callable]] | Callable[[Chunk], Sequence[tuple[Any, Callable]]]
+
+__all__ = ["METHODS", "CandidateScores", "Chunk", "Method", "Row", "ScoreTable", "ScoringPlan", "Target",
+           "layout_chunks", "plan_scoring", "read_logprobs", "row_chunks", "run_plan", "score_candidates"]
 
 
 def _candidate_tokens(tokenizer: Any, prompt_ids: list[int], prompt: str, cands: Sequence[str],
@@ -253,74 +281,110 @@ def row_chunks(plan: "ScoringPlan", batch_size: int) -> list[list[int]]:
     return [order[k: k + batch_size] for k in range(0, len(order), batch_size)]
 
 
-def can_share_prefix(model: Model) -> bool:
-    """Whether prompts can be run once and candidates continued from a KV cache: attention-only models.
+def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int) -> list[Chunk]:
+    """Batch ``plan``'s rows (longest first, ``batch_size`` per forward) and list every read."""
+    if batch_size < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    by_row: dict[int, list[int]] = {}
+    for t_idx, t in enumerate(plan.targets):
+        by_row.setdefault(t.row, []).append(t_idx)
+    out = []
+    for row_ids in row_chunks(plan, batch_size):
+        rows = tuple(plan.rows[r] for r in row_ids)
+        batch = model.pad_ids([r.ids for r in rows])
+        pads = batch.pad.tolist()
+        rr, pp, tt, gg = [], [], [], []
+        for k, (r_id, r) in enumerate(zip(row_ids, rows)):
+            for t_idx in by_row.get(r_id, ()):
+                for j, tok in enumerate(plan.targets[t_idx].tokens):
+                    rr.append(k)
+                    pp.append(pads[k] + r.prompt_len - 1 + j)
+                    tt.append(tok)
+                    gg.append(t_idx)
+        out.append(Chunk(tuple(row_ids), rows, batch, torch.tensor(rr, dtype=torch.long),
+                         torch.tensor(pp, dtype=torch.long), torch.tensor(tt, dtype=torch.long),
+                         torch.tensor(gg, dtype=torch.long)))
+    return out
 
-    SSM and hybrid caches in Hugging Face cannot be split per row and continued by several tokens.
-    """
-    return bool(model.layers) and all(s.kind == "attn" for s in model.layers)
+
+def read_logprobs(logits: Float[Tensor, "n_reads vocab"], tokens: Int[Tensor, " n_reads"]) -> Float[Tensor, " n_reads"]:
+    """Log-probability of each read's token (e.g. ``chunk.read_tok``) from the logits at the reads."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, tokens.to(logp.device)[:, None])[:, 0]
 
 
-class _Scores:
+class ScoreTable:
+    """Candidate scores of a whole plan, filled chunk by chunk (one table per run or ablation)."""
+
     def __init__(self, plan: ScoringPlan) -> None:
-        self.by_row: dict[int, list[Target]] = {}
-        for t in plan.targets:
-            self.by_row.setdefault(t.row, []).append(t)
-        shape = (len(plan.samples), max(plan.n_candidates))
-        self.scores = torch.full(shape, -math.inf, dtype=torch.float64)
-        self.n_tok = torch.zeros(shape, dtype=torch.long)
+        self.plan = plan
+        n_s, n_c = len(plan.samples), max(plan.n_candidates)
+        self.scores = torch.full((n_s, n_c), -math.inf, dtype=torch.float64)
+        self.n_tokens = torch.zeros((n_s, n_c), dtype=torch.long)
+        self._t_sample = torch.tensor([t.sample for t in plan.targets], dtype=torch.long)
+        self._t_cand = torch.tensor([t.cand for t in plan.targets], dtype=torch.long)
+        self._t_len = torch.tensor([len(t.tokens) for t in plan.targets], dtype=torch.long)
+        self.n_forwards = 0
+
+    def add(self, chunk: Chunk, read_logprobs: Float[Tensor, " n_reads"]) -> None:
+        """Record a chunk's log-probs at its reads (as laid out in ``chunk``); counts one forward."""
+        targets = torch.unique(chunk.read_target)
+        sums = torch.zeros(len(self.plan.targets), dtype=torch.float64)
+        sums.index_add_(0, chunk.read_target, read_logprobs.detach().double().cpu())
+        s, c = self._t_sample[targets], self._t_cand[targets]
+        self.scores[s, c] = sums[targets]
+        self.n_tokens[s, c] = self._t_len[targets]
+        self.n_forwards += 1
 
     def put(self, t: Target, logp: Float[Tensor, "n_tokens vocab"]) -> None:
-        """``logp[j]`` is the next-token distribution that predicts ``t.tokens[j]``."""
+        """Record one target from ``logp[j]``, the next-token distribution that predicts ``t.tokens[j]``."""
         lp = logp[torch.arange(len(t.tokens)), torch.tensor(t.tokens, device=logp.device)].sum()
         self.scores[t.sample, t.cand] = lp.double().cpu()
-        self.n_tok[t.sample, t.cand] = len(t.tokens)
+        self.n_tokens[t.sample, t.cand] = len(t.tokens)
+
+    def result(self) -> CandidateScores:
+        """The filled table as :class:`CandidateScores`."""
+        return CandidateScores(self.plan.samples, self.scores.clone(), self.n_tokens.clone(),
+                               self.plan.method, self.n_forwards)
 
 
-def _run_rows(model: Model, plan: ScoringPlan, acc: _Scores, batch_size: int, fwd_hooks: Hooks,
-              bar: Any) -> int:
-    """Every row in full (prompt + fed tokens), ``batch_size`` rows per forward."""
-    if plan.method == "per_candidate":
-        chunks = [[r] for r in range(len(plan.rows))]
-    else:
-        chunks = row_chunks(plan, batch_size)
+def _run_rows(model: Model, plan: ScoringPlan, table: ScoreTable, batch_size: int, fwd_hooks: Hooks,
+              bar: Any) -> None:
+    """Every row in full (prompt + fed tokens), ``batch_size`` rows per forward (one row per forward
+    for ``per_candidate``), logits only for the last positions where the reads are."""
+    chunks = layout_chunks(model, plan, 1 if plan.method == "per_candidate" else batch_size)
     bar.reset(total=len(chunks))
-    for chunk_rows in chunks:
-        rows = [plan.rows[r] for r in chunk_rows]
-        batch = model.pad_ids([r.ids for r in rows])
-        pad = batch.pad.cpu()
-        hooks = fwd_hooks(Chunk(tuple(rows), pad, batch)) if callable(fwd_hooks) else fwd_hooks
-        keep = {} if plan.method == "per_candidate" else {"logits_to_keep": max(r.n_fed for r in rows) + 1}
-        logp = torch.log_softmax(model.run_with_hooks(batch, fwd_hooks=hooks, **keep).float(), dim=-1)
-        kept = logp.shape[1]
-        for k, (r_id, r) in enumerate(zip(chunk_rows, rows)):
-            start = kept - len(r.ids) + r.prompt_len - 1  # predicts the candidate's first token
-            for t in acc.by_row.get(r_id, ()):
-                acc.put(t, logp[k, start: start + len(t.tokens)])
+    for chunk in chunks:
+        hooks = fwd_hooks(chunk) if callable(fwd_hooks) else fwd_hooks
+        width = chunk.batch.ids.shape[1]
+        keep = {} if plan.method == "per_candidate" else {"logits_to_keep": max(r.n_fed for r in chunk.rows) + 1}
+        logits = model.run_with_hooks(chunk.batch, hooks, **keep)
+        offset = width - logits.shape[1]
+        table.add(chunk, read_logprobs(logits[chunk.read_row, chunk.read_pos - offset], chunk.read_tok))
         bar.update()
-    return len(chunks)
 
 
-def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: _Scores, batch_size: int,
-                       fwd_hooks: Sequence[tuple[Any, Callable]], bar: Any) -> int:
+def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: ScoreTable, batch_size: int,
+                       fwd_hooks: Sequence[tuple[Any, Callable]], bar: Any) -> None:
     """Prompts once (``batch_size`` per forward, KV cache kept), then the rows' fed tokens continue
     from their prompt's cache, ``batch_size`` rows per forward."""
     rows_of: dict[int, list[int]] = {}
     for r_id, r in enumerate(plan.rows):
         rows_of.setdefault(r.sample, []).append(r_id)
+    by_row: dict[int, list[Target]] = {}
+    for t in plan.targets:
+        by_row.setdefault(t.row, []).append(t)
     chunks = [list(range(k, min(k + batch_size, len(plan.samples)))) for k in range(0, len(plan.samples), batch_size)]
     bar.reset(total=len(chunks))
-    n_forwards = 0
     for samples in chunks:
         batch = model.pad_ids([plan.prompt_ids[i] for i in samples])
-        logits, cache = model.run_with_hooks(batch, fwd_hooks=fwd_hooks, return_type="logits_and_cache",
-                                             logits_to_keep=1)
-        n_forwards += 1
+        logits, cache = model.run_with_hooks(batch, fwd_hooks, return_type="logits_and_cache", logits_to_keep=1)
+        acc.n_forwards += 1
         first = torch.log_softmax(logits[:, -1].float(), dim=-1)
         where = {s: k for k, s in enumerate(samples)}
         cont = [r for s in samples for r in rows_of.get(s, ()) if plan.rows[r].n_fed > 0]
         for r_id in (r for s in samples for r in rows_of.get(s, ()) if plan.rows[r].n_fed == 0):
-            for t in acc.by_row.get(r_id, ()):
+            for t in by_row.get(r_id, ()):
                 acc.put(t, first[where[t.sample]][None])
         for k in range(0, len(cont), batch_size):
             part = [plan.rows[r] for r in cont[k: k + batch_size]]
@@ -334,17 +398,14 @@ def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: _Scores, batch_size
                 mask[j, : r.n_fed] = 1
             part_cache = copy.deepcopy(cache)
             part_cache.batch_select_indices(idx)
-            more = model.bridge.run_with_hooks(ids, fwd_hooks=list(fwd_hooks), return_type="logits",
-                                               attention_mask=torch.cat([batch.attention_mask[idx], mask], 1),
-                                               past_key_values=part_cache)
-            n_forwards += 1
+            more = model.continue_from(ids, torch.cat([batch.attention_mask[idx], mask], 1), part_cache, fwd_hooks)
+            acc.n_forwards += 1
             more = torch.log_softmax(more.float(), dim=-1)
             for j, (r_id, r) in enumerate(zip(cont[k: k + batch_size], part)):
-                for t in acc.by_row.get(r_id, ()):
+                for t in by_row.get(r_id, ()):
                     logp = torch.cat([first[where[r.sample]][None], more[j, : r.n_fed]], 0)
                     acc.put(t, logp[: len(t.tokens)])
         bar.update()
-    return n_forwards
 
 
 @torch.no_grad()
@@ -359,21 +420,21 @@ def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: H
     """
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
-    if share_prefix and not can_share_prefix(model):
+    if share_prefix and not model.splits_prefix_cache:
         raise InputError(f"share_prefix=True needs an attention-only model; {model.name} has "
                          f"{sorted(set(model.layer_kinds()))} blocks. Leave share_prefix unset")
     if share_prefix and (callable(fwd_hooks) or plan.method == "per_candidate"):
         raise InputError("share_prefix=True cannot be combined with position-aware (callable) hooks or "
                          "method='per_candidate'; leave share_prefix unset")
     if share_prefix is None:
-        share_prefix = can_share_prefix(model) and not callable(fwd_hooks) and plan.method != "per_candidate"
-    acc = _Scores(plan)
+        share_prefix = model.splits_prefix_cache and not callable(fwd_hooks) and plan.method != "per_candidate"
+    table = ScoreTable(plan)
     with tqdm(desc=desc or "scoring", unit="batch", disable=not progress, leave=False) as bar:
         if share_prefix:
-            n = _run_shared_prefix(model, plan, acc, batch_size, fwd_hooks, bar)  # type: ignore[arg-type]
+            _run_shared_prefix(model, plan, table, batch_size, fwd_hooks, bar)  # type: ignore[arg-type]
         else:
-            n = _run_rows(model, plan, acc, batch_size, fwd_hooks, bar)
-    return CandidateScores(plan.samples, acc.scores, acc.n_tok, plan.method, n)
+            _run_rows(model, plan, table, batch_size, fwd_hooks, bar)
+    return table.result()
 
 
 def score_candidates(model: Model, samples: Sequence[Sample], method: Method = "auto", batch_size: int = 16,

@@ -102,6 +102,19 @@ class Segments:
         """Summary-token position of every item."""
         return [s.summary for s in self.items]
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (see :meth:`from_dict`)."""
+        return {"items": [[s.start, s.stop] for s in self.items],
+                "query": [self.query.start, self.query.stop] if self.query else None,
+                "final": self.final, "n_tokens": self.n_tokens, "aligned": self.aligned}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Segments":
+        """The segments :meth:`to_dict` described."""
+        q = d.get("query")
+        return cls(tuple(Span(int(a), int(b)) for a, b in d["items"]), Span(int(q[0]), int(q[1])) if q else None,
+                   int(d["final"]), int(d["n_tokens"]), bool(d["aligned"]))
+
     def shifted(self, offset: int) -> "Segments":
         """The same segments ``offset`` positions later (e.g. behind ``offset`` left-padding tokens)."""
         return replace(self, items=tuple(s.shifted(offset) for s in self.items),

@@ -5,8 +5,8 @@ from gna_interp.viz.cards import ga_card
 from gna_interp.viz.compare import compare_heads
 from gna_interp.viz.curves import ablation_curve
 from gna_interp.viz.export import write_pngs
-from gna_interp.viz.html import figure_div, page
+from gna_interp.viz.html import HTMLView, figure_div, page
 from gna_interp.viz.scores import score_heatmap
 
-__all__ = ["ablation_curve", "attention_heads", "compare_heads", "figure_div", "ga_card", "page", "patterns_page",
-           "score_heatmap", "write_pngs"]
+__all__ = ["HTMLView", "ablation_curve", "attention_heads", "compare_heads", "figure_div", "ga_card", "page",
+           "patterns_page", "score_heatmap", "write_pngs"]

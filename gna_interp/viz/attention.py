@@ -9,8 +9,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.models.heads import HeadRef
-from gna_interp.patterns.base import PatternSet
-from gna_interp.viz.html import circuitsvis_widget, page
+from gna_interp.mixing.pattern_set import PatternSet
+from gna_interp.viz.html import HTMLView, circuitsvis_widget
 
 
 def display_rows(pattern: Float[Tensor, "n q k"], heads: Sequence[HeadRef]) -> Float[Tensor, "n q k"]:
@@ -18,27 +18,36 @@ def display_rows(pattern: Float[Tensor, "n q k"], heads: Sequence[HeadRef]) -> F
     as ``|M| / sum_k |M|`` per row, so every head is drawn on the same 0..1 scale."""
     out = pattern.clone().float()
     for i, h in enumerate(heads):
-        if h.kind != "attn":
+        if not h.adapter.normalized_rows:
             a = out[i].abs()
             out[i] = a / a.sum(-1, keepdim=True).clamp_min(1e-12)
     return out
 
 
-def attention_heads(patterns: PatternSet, heads: Sequence[HeadRef | str] | None = None, sample: int = 0) -> str:
-    """circuitsvis ``AttentionHeads`` widget (HTML fragment) for ``heads`` on sample ``sample``.
+def attention_heads(patterns: PatternSet, heads: Sequence[HeadRef | str] | None = None,
+                    sample: int = 0) -> HTMLView:
+    """circuitsvis ``AttentionHeads`` widget for ``heads`` on sample ``sample``, as an :class:`HTMLView`.
 
-    Head names follow :class:`HeadRef` (``L16H22``, ``L3S5``, ``L35C3186``). Needs the circuitsvis
-    bundle on the page (:func:`gna_interp.viz.html.page` with ``circuitsvis=True``).
+    Shows itself in a notebook (bundle inlined, no network); ``.save(path)`` writes a standalone page;
+    ``str(view)`` is the bare fragment, which needs the circuitsvis bundle on the page
+    (:func:`gna_interp.viz.html.page` adds it for views). Head names follow :class:`HeadRef`
+    (``L16H22``, ``L3S5``, ``L35C3186``).
     """
     hs = [HeadRef.parse(h) for h in (heads if heads is not None else patterns.heads)]
     pat = display_rows(patterns.sample(sample, hs), hs)
-    return circuitsvis_widget("AttentionHeads", attention=pat.cpu().numpy(), tokens=patterns.str_tokens[sample],
-                              attentionHeadNames=[h.name for h in hs])
+    widget = circuitsvis_widget("AttentionHeads", attention=pat.cpu().numpy(), tokens=patterns.str_tokens[sample],
+                                attentionHeadNames=[h.name for h in hs])
+    names = ", ".join(h.name for h in hs[:8]) + (" ..." if len(hs) > 8 else "")
+    return HTMLView(widget, title=f"patterns: {names}", circuitsvis=True, heading=False)
 
 
 def patterns_page(patterns: PatternSet, title: str, heads: Sequence[HeadRef | str] | None = None,
-                  sample: int = 0, note: str = "") -> str:
-    """A standalone HTML page with the circuitsvis view of ``heads``; renders with no network."""
+                  sample: int = 0, note: str = "") -> HTMLView:
+    """The circuitsvis view of ``heads`` with the prompt and a note, as an :class:`HTMLView` titled ``title``.
+
+    ``.save(path)`` writes the standalone page (renders with no network), ``.page()`` is that page as a
+    string, ``str(view)`` the body fragment; in a notebook the view shows itself.
+    """
     hs = [HeadRef.parse(h) for h in (heads if heads is not None else patterns.heads)]
     text = "".join(patterns.str_tokens[sample])
     intro = (f'<p class="note">{html.escape(note)}</p>' if note else "") + \
@@ -46,4 +55,4 @@ def patterns_page(patterns: PatternSet, title: str, heads: Sequence[HeadRef | st
         "<p class=\"note\">Attention heads: softmax pattern (rows sum to 1). SSM heads: implicit attention " \
         "shown row-normalised, |M[t,s]| / &Sigma;<sub>s</sub> |M[t,s]|. Hover a head to enlarge it; " \
         "click tokens to inspect.</p>"
-    return page(title, [intro, attention_heads(patterns, hs, sample)], circuitsvis=True)
+    return HTMLView(intro + "\n" + attention_heads(patterns, hs, sample).fragment, title=title, circuitsvis=True)

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
-from gna_interp.patterns.base import PatternSet
+from gna_interp.mixing.pattern_set import PatternSet
 from gna_interp.tasks.segments import Segments
 from gna_interp.viz.attention import display_rows
 

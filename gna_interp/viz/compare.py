@@ -7,11 +7,10 @@ import math
 from typing import Any
 
 from gna_interp.models.heads import HeadRef
-from gna_interp.patterns.base import PatternSet
-from gna_interp.patterns.sharpness import sharpness
+from gna_interp.mixing.pattern_set import PatternSet
+from gna_interp.mixing.sharpness import sharpness
 from gna_interp.viz.attention import display_rows
 
-_KIND_LABEL = {"attn": "attention", "ssm2": "Mamba-2 SSM head", "ssm1": "Mamba-1 channel"}
 _MAX_TICK_TOKENS = 40
 
 
@@ -39,7 +38,7 @@ def compare_heads(left: PatternSet, left_head: HeadRef | str, right: PatternSet,
     as two heatmaps (query row x key column), with a table of their sharpness numbers below.
 
     The two pattern sets may come from two models (a Transformer and an SSM fed the same prompt) or be
-    the same set (a hybrid). Sharpness (:func:`gna_interp.patterns.sharpness.sharpness`) treats each row
+    the same set (a hybrid). Sharpness (:func:`gna_interp.mixing.sharpness.sharpness`) treats each row
     as ``|A| / Σ|A|`` over the causal keys -- exactly what is drawn -- and is reported as the mean over
     query rows (row 0 excluded) and for the final row. ``labels`` default to the heads' names and kinds.
     """
@@ -48,8 +47,8 @@ def compare_heads(left: PatternSet, left_head: HeadRef | str, right: PatternSet,
 
     hs = (HeadRef.parse(left_head), HeadRef.parse(right_head))
     sets = (left, right)
-    names = labels or tuple(f"{h.name} ({_KIND_LABEL[h.kind]})" for h in hs)
-    form = {i: s.options.get("form") for i, s in enumerate(sets)}
+    names = labels or tuple(f"{h.name} ({h.adapter.label})" for h in hs)
+    form = {i: s.options.form for i, s in enumerate(sets)}
     mats, stats, toks = [], [], []
     for i, (ps, h) in enumerate(zip(sets, hs)):
         pat = display_rows(ps.sample(sample, [h]), [h])[0].cpu()
@@ -58,7 +57,7 @@ def compare_heads(left: PatternSet, left_head: HeadRef | str, right: PatternSet,
         toks.append(ps.str_tokens[sample])
     fig = make_subplots(rows=2, cols=2, row_heights=[0.66, 0.34], vertical_spacing=0.14, horizontal_spacing=0.1,
                         specs=[[{"type": "heatmap"}, {"type": "heatmap"}], [{"type": "table", "colspan": 2}, None]],
-                        subplot_titles=[html.escape(n, quote=False) + (f" · form={form[i]}" if hs[i].kind != "attn" and form[i] else "")
+                        subplot_titles=[html.escape(n, quote=False) + (f" · form={form[i]}" if not hs[i].adapter.normalized_rows and form[i] else "")
                                         for i, n in enumerate(names)])
     for c, (pat, tk) in enumerate(zip(mats, toks), start=1):
         ticks = [_tick(t, p) for p, t in enumerate(tk)]

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import html
-import json
+import os
 import uuid
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
+
+# The iframe document sizes its <iframe> to its content (srcdoc frames share the notebook's origin). It measures
+# the body, not documentElement.scrollHeight, which never drops below the frame's own height and so only grows.
+_FIT_FRAME = ("<script>(function(){var f=window.frameElement;if(!f)return;var b=document.body;"
+              "function fit(){var m=parseFloat(getComputedStyle(b).marginBottom)||0;"
+              "f.style.height=Math.ceil(b.getBoundingClientRect().bottom+m+window.scrollY)+'px';}"
+              "new ResizeObserver(fit).observe(b);window.addEventListener('load',fit);fit();})();</script>")
 
 
 @lru_cache(maxsize=1)
@@ -38,8 +46,68 @@ def figure_div(fig: Any) -> str:
                        config={"displaylogo": False, "responsive": True})
 
 
-def page(title: str, sections: Sequence[str], *, circuitsvis: bool = False, plotly: bool = False) -> str:
-    """A complete HTML document with ``sections`` as its body and the needed JS bundles inlined once."""
+@dataclass(frozen=True, repr=False)
+class HTMLView:
+    """An HTML fragment plus the JS bundles it needs; displays itself in Jupyter / VS Code notebooks.
+
+    ``str(view)`` and ``view.fragment`` are the bare fragment, for a page that embeds the bundles once
+    itself (:func:`page` accepts views as sections); ``view.page()`` is a standalone offline document and
+    ``view.save(path)`` writes it. In a notebook the view renders as an ``<iframe srcdoc>`` holding that
+    document, so it needs no network and no trusted-script support from the frontend.
+    """
+
+    fragment: str
+    title: str = "gna_interp"
+    circuitsvis: bool = False
+    plotly: bool = False
+    heading: bool = True  # whether page() starts with <h1>title</h1>
+    frame_height: int = 600  # the iframe's height before its content sizes it
+
+    def page(self) -> str:
+        """The fragment as a complete offline HTML document, each needed bundle inlined once."""
+        return page(self.title, [self.fragment], circuitsvis=self.circuitsvis, plotly=self.plotly,
+                    heading=self.heading)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`page` to ``path`` atomically (temporary file + rename) and return the path."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")  # same folder: os.replace is atomic
+        try:
+            with open(tmp, "x", encoding="utf-8") as f:  # "x" mode: the usual umask permissions, unlike mkstemp
+                f.write(self.page())
+            os.replace(tmp, out)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return out
+
+    def _repr_html_(self) -> str:
+        """Notebook display: an iframe whose ``srcdoc`` is :meth:`page` (plus a script that fits its height)."""
+        doc = page(self.title, [self.fragment, _FIT_FRAME], circuitsvis=self.circuitsvis, plotly=self.plotly,
+                   heading=self.heading)
+        return (f'<iframe class="gna-view" title="{html.escape(self.title, quote=True)}" '
+                f'style="width:100%;height:{int(self.frame_height)}px;border:0" '
+                f'srcdoc="{html.escape(doc, quote=True)}"></iframe>')
+
+    def __str__(self) -> str:
+        return self.fragment
+
+    def __repr__(self) -> str:
+        needs = [n for n, on in (("circuitsvis", self.circuitsvis), ("plotly", self.plotly)) if on]
+        return (f"<HTMLView {self.title!r}: {len(self.fragment):,} chars of HTML"
+                f"{' using ' + ', '.join(needs) if needs else ''}; .save(path) writes a standalone page>")
+
+
+def page(title: str, sections: Sequence[str | HTMLView], *, circuitsvis: bool = False, plotly: bool = False,
+         heading: bool = True) -> str:
+    """A complete HTML document with ``sections`` as its body and the needed JS bundles inlined once.
+
+    :class:`HTMLView` sections are embedded as their fragments and switch on the bundles they need.
+    """
+    views = [s for s in sections if isinstance(s, HTMLView)]
+    circuitsvis = circuitsvis or any(v.circuitsvis for v in views)
+    plotly = plotly or any(v.plotly for v in views)
     head = [f"<title>{html.escape(title)}</title>", '<meta charset="utf-8">',
             "<style>body{font-family:system-ui,sans-serif;margin:24px;max-width:1200px}"
             "h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em}table{border-collapse:collapse}"
@@ -50,11 +118,5 @@ def page(title: str, sections: Sequence[str], *, circuitsvis: bool = False, plot
         from plotly.offline import get_plotlyjs
 
         head.append(f"<script>{get_plotlyjs()}</script>")
-    body = [f"<h1>{html.escape(title)}</h1>", *sections]
+    body = ([f"<h1>{html.escape(title)}</h1>"] if heading else []) + [str(s) for s in sections]
     return "<!DOCTYPE html>\n<html><head>" + "\n".join(head) + "</head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
-
-
-def json_script(data: Any, element_id: str) -> str:
-    """Embed JSON data for scripts on the page (escaped for inline use)."""
-    payload = json.dumps(data).replace("</", "<\\/")
-    return f'<script type="application/json" id="{element_id}">{payload}</script>'

@@ -9,10 +9,8 @@ from typing import Any
 import pandas as pd
 
 from gna_interp.errors import InputError
-from gna_interp.models.heads import KINDS, HeadRef
-
-KIND_TITLES = {"attn": "attention heads", "ssm2": "Mamba-2 (SSM) heads", "ssm1": "Mamba-1 channels"}
-KIND_AXES = {"attn": "query head", "ssm2": "SSM head", "ssm1": "channel (group start)"}
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.mixer import MixerAdapter, adapter, kinds
 ROLE_MARKS = {"gather": "G", "aggregate": "A"}
 _HIDDEN = {"layer", "head", "kind", "name", "width"}
 _MAX_TICKS = 40
@@ -20,17 +18,15 @@ _MAX_TICKS = 40
 
 def as_frame(scan: Any) -> pd.DataFrame:
     """A scan result as a DataFrame: a DataFrame with at least ``layer, head, kind, name`` (or ``name``
-    alone), a scan (``.to_frame()``) or a circuit (``.heads()``, the scan with role columns)."""
+    alone), a scan or a circuit (``.to_frame()``; a circuit's carries the role columns)."""
     if isinstance(scan, pd.DataFrame):
         df = scan
     elif callable(getattr(scan, "to_frame", None)):
         df = scan.to_frame()
-    elif callable(getattr(scan, "heads", None)):
-        df = scan.heads()
     else:
         df = scan
     if not isinstance(df, pd.DataFrame):
-        raise InputError(f"expected a scan (.to_frame()), a circuit (.heads()) or a DataFrame, got {type(scan).__name__}")
+        raise InputError(f"expected a scan or a circuit (.to_frame()) or a DataFrame, got {type(scan).__name__}")
     if "name" in df and not {"layer", "head", "kind"} <= set(df.columns):
         refs = [HeadRef.parse(n) for n in df["name"]]
         df = df.assign(layer=[h.layer for h in refs], head=[h.head for h in refs], kind=[h.kind for h in refs])
@@ -50,6 +46,15 @@ def _hover(row: pd.Series, columns: list[str]) -> str:
             v = f"{v:.4g}"
         lines.append(f"{html.escape(c, quote=False)}: {html.escape(str(v), quote=False)}")
     return "<br>".join(lines)
+
+
+def _kind_info(kind: str) -> tuple[str, str, str]:
+    """``(panel title, x-axis label, display letter)`` of a head kind (a kind no longer registered, e.g. in
+    an old scan.csv, is shown by its name)."""
+    if kind in kinds():
+        a: MixerAdapter = adapter(kind)
+        return a.title, a.axis, a.letter
+    return f"{kind} heads", "head", ""
 
 
 def _height(n_layers: list[int]) -> int:
@@ -82,11 +87,13 @@ def score_heatmap(scan: Any, roles: pd.DataFrame | None = None, value: str = "dr
     if "rank" not in df:
         df["rank"] = df[value].rank(ascending=False, method="first").astype(int)
     hover_cols = (["role"] if "role" in df else []) + [c for c in df.columns if c not in _HIDDEN | {"role"}]
-    kinds = [k for k in KINDS if (df["kind"] == k).any()]
-    n_layers = [df.loc[df["kind"] == k, "layer"].nunique() for k in kinds]
-    fig = make_subplots(rows=len(kinds), cols=1, row_heights=[max(n, 2) for n in n_layers],
-                        subplot_titles=[KIND_TITLES[k] for k in kinds], vertical_spacing=min(0.3, 140 / _height(n_layers)))
-    for r, kind in enumerate(kinds, start=1):
+    present = list(dict.fromkeys(df["kind"]))
+    order = [k for k in kinds() if k in present] + [k for k in present if k not in kinds()]
+    info = {k: _kind_info(k) for k in order}
+    n_layers = [df.loc[df["kind"] == k, "layer"].nunique() for k in order]
+    fig = make_subplots(rows=len(order), cols=1, row_heights=[max(n, 2) for n in n_layers],
+                        subplot_titles=[info[k][0] for k in order], vertical_spacing=min(0.3, 140 / _height(n_layers)))
+    for r, kind in enumerate(order, start=1):
         sub = df[df["kind"] == kind]
         layers = sorted(sub["layer"].unique())
         cols = sorted(sub["head"].unique())
@@ -102,12 +109,12 @@ def score_heatmap(scan: Any, roles: pd.DataFrame | None = None, value: str = "dr
                 mark = f"{mark}#{int(row['rank'])}"
             text[i][j] = mark
             hover[i][j] = _hover(row, hover_cols)
-        letter = {"attn": "H", "ssm2": "S", "ssm1": "C"}[kind]
+        title, axis, letter = info[kind]
         fig.add_trace(go.Heatmap(z=z, x=list(range(len(cols))), y=list(range(len(layers))), text=text,
                                  texttemplate="%{text}", customdata=hover, hovertemplate="%{customdata}<extra></extra>",
-                                 coloraxis="coloraxis", xgap=1, ygap=1, name=KIND_TITLES[kind]), row=r, col=1)
+                                 coloraxis="coloraxis", xgap=1, ygap=1, name=title), row=r, col=1)
         step = max(1, math.ceil(len(cols) / _MAX_TICKS))
-        fig.update_xaxes(title_text=KIND_AXES[kind], tickvals=list(range(0, len(cols), step)),
+        fig.update_xaxes(title_text=axis, tickvals=list(range(0, len(cols), step)),
                          ticktext=[f"{letter}{cols[j]}" for j in range(0, len(cols), step)], row=r, col=1)
         lstep = max(1, math.ceil(len(layers) / _MAX_TICKS))
         fig.update_yaxes(title_text="layer", tickvals=list(range(0, len(layers), lstep)),

@@ -5,7 +5,7 @@ Shipped checkpoints live in sub-folders of this package (``zoo/transformer-kv/``
 :func:`build_tokenizer` is the word-level tokenizer saved with each checkpoint.
 """
 
-from gna_interp.models.loading import zoo_dir, zoo_names
+from gna_interp.models import zoo_dir, zoo_names
 from gna_interp.zoo.tokenizer import build_tokenizer, vocabulary
 from gna_interp.zoo.training import (
     DEFAULT_EVAL_SIZES,

@@ -35,9 +35,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gna_interp.errors import InputError, UnknownModelError
+from gna_interp.models.card import CARD_JSON, read_card
 
 DEFAULT_EVAL_SIZES: tuple[int, ...] = (5, 8, 10, 20, 40)
-CARD_JSON = "card.json"
 CARD_MD = "MODEL_CARD.md"
 
 
@@ -376,11 +376,3 @@ Measured with `gna_interp.tasks.evaluate` on `KVRetrieval(n_pairs, {ev['n_sample
 
 {cfg}
 """
-
-
-def read_card(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``card.json`` of a zoo checkpoint directory."""
-    f = Path(path) / CARD_JSON
-    if not f.is_file():
-        raise InputError(f"{str(path)!r} has no {CARD_JSON}; is it a zoo checkpoint?")
-    return json.loads(f.read_text(encoding="utf-8"))

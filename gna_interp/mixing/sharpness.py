@@ -32,7 +32,7 @@ from torch import Tensor
 
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
-from gna_interp.patterns.base import PatternSet
+from gna_interp.mixing.pattern_set import PatternSet
 
 __all__ = ["FRAME_COLUMNS", "Sharpness", "row_distribution", "sharpness", "sharpness_frame"]
 

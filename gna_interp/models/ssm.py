@@ -1,0 +1,168 @@
+"""The SSM head kinds: Mamba-2 (SSD) heads (``ssm2``, letter ``S``) and Mamba-1 (S6) channels (``ssm1``, letter ``C``).
+
+- **Output**: ``blocks.{l}.mixer.out_proj.hook_in`` (``[batch, pos, d_inner]``): a Mamba-2 head owns its
+  ``head_dim`` channels, a Mamba-1 unit its channel (or ``width`` channels for a group ``L3C128+16``).
+  Zeroing them equals zeroing those columns of ``out_proj`` (the official procedure).
+- **Pattern**: the exact implicit attention (:mod:`gna_interp.models.ssm_kernel`), computed from the
+  mixer's input ``blocks.{l}.mixer.hook_in``; a Mamba-1 group's pattern is the mean of its channels'.
+- **Masking**: the unit's scan output is replaced by ``(M ⊙ mask) x + D x`` with ``M`` its exact implicit
+  attention, computed in query blocks from the mixer's own input (captured by a pre-hook on the HF mixer).
+  Mamba-2: the head's ``head_dim`` slice of ``mixer.inner_norm.hook_in`` (before the gated norm);
+  Mamba-1: the channel of ``mixer.out_proj.hook_in``, times the layer's gate ``silu(z)``. Every channel
+  of a group gets the same mask. Not supported: a mixer run with TransformerLens's opt-in ``eager_scan``
+  path (its input is then not captured; an error says so).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from gna_interp.errors import GnaError, UnsupportedArchitectureError
+from gna_interp.models.arch import LayerSpec
+from gna_interp.models.mixer import Hook, MaskOptions, MixerAdapter, PatternOptions, bind_args, prepare_mask, unwrap
+from gna_interp.models.ssm_kernel import SSMTerms, implicit_attention, is_ssm1, is_ssm2, mix, ssm_terms
+
+if TYPE_CHECKING:
+    from gna_interp.models.heads import HeadRef
+    from gna_interp.models.model import Model, TokenBatch
+
+
+class SSMAdapter(MixerAdapter):
+    """What Mamba-1 and Mamba-2 mixers share: output at ``out_proj``, patterns by the exact kernel."""
+
+    scan_hook: str  # where masking writes the masked scan output, relative to the mixer
+
+    def output_hook(self, spec: LayerSpec) -> str:
+        return f"{spec.bridge_path}.out_proj.hook_in"
+
+    def pattern_hooks(self, spec: LayerSpec) -> list[str]:
+        return [f"{spec.bridge_path}.hook_in"]
+
+    def terms(self, model: "Model", spec: LayerSpec, hidden_states: Float[Tensor, "batch pos d_model"],
+              attention_mask: Tensor | None = None) -> SSMTerms:
+        """The scan inputs (x, Δ, A, B, C, D, gate) of layer ``spec`` recomputed from its mixer input."""
+        return ssm_terms(model.hf_module(spec.bridge_path), hidden_states, attention_mask)
+
+    def pattern(self, model: "Model", spec: LayerSpec, cache: Any, heads: list["HeadRef"], batch: "TokenBatch",
+                options: PatternOptions) -> Float[Tensor, "batch n q k"]:
+        mask = batch.attention_mask if batch.padded else None
+        terms = self.terms(model, spec, cache[f"{spec.bridge_path}.hook_in"], mask)
+        units: list[int | list[int]] = [list(h.channels) if h.width > 1 else h.head for h in heads]
+        return implicit_attention(terms, units, form=options.form, group_reduce=options.group_reduce,
+                                  block_elems=options.block_elems, query_block=options.query_block)
+
+    def write_scan(self, out: Tensor, terms: SSMTerms, unit: int, y: Tensor) -> None:
+        """Write unit ``unit``'s scan output ``y`` (``[b, T, head_dim]``) into the tensor at :attr:`scan_hook`."""
+        raise NotImplementedError
+
+    def mask_hooks(self, model: "Model", spec: LayerSpec, masks: dict["HeadRef", Any], stack: ExitStack,
+                   options: MaskOptions) -> list[Hook]:
+        oc = model.hf_module(spec.bridge_path)
+        target = f"{spec.bridge_path}.{self.scan_hook}"
+        if not model.has_hook(target):
+            raise UnsupportedArchitectureError(
+                f"cannot mask {spec.kind} heads of layer {spec.layer}: the bridge has no {target!r} hook "
+                f"({type(oc).__name__}); masking needs the scan output before the gate/norm")
+        captured: dict[str, Any] = {}
+
+        def capture(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            captured["hidden"], captured["mask"] = bind_args(module, args, kwargs)
+
+        stack.callback(oc.register_forward_pre_hook(capture, with_kwargs=True).remove)
+        stack.callback(captured.clear)
+        units: list[int] = []
+        unit_masks: list[Any] = []
+        owners: list[HeadRef] = []
+        for h, mask in masks.items():
+            units.extend(h.channels)
+            unit_masks.extend([mask] * h.width)
+            owners.extend([h] * h.width)
+
+        def replace(value: Tensor, hook: Any) -> Tensor:
+            if "hidden" not in captured:
+                raise GnaError(
+                    f"mask_pattern: the input of {spec.bridge_path} was not captured before {target} fired "
+                    f"(is TransformerLens's eager_scan enabled on this mixer? disable it to mask SSM heads)")
+            hidden, attn_mask = captured.pop("hidden"), captured.pop("mask")
+            terms = ssm_terms(oc, hidden, attn_mask)
+            b, T = terms.shape
+            prepared = [prepare_mask(m, owner, b, T, T, value.device) for m, owner in zip(unit_masks, owners)]
+            y = mix(terms, units, prepared, block_elems=options.block_elems, query_block=options.query_block)
+            out = value.clone()
+            for j, u in enumerate(units):
+                self.write_scan(out, terms, u, y[:, :, j])
+            return out
+
+        return [(target, replace)]
+
+
+class Mamba2Adapter(SSMAdapter):
+    """Heads of a Mamba-2 (SSD) mixer: ``head_dim`` channels sharing one scalar decay ``A_h``."""
+
+    kind = "ssm2"
+    letter = "S"
+    title = "Mamba-2 (SSM) heads"
+    label = "Mamba-2 SSM head"
+    unit = "SSM heads"
+    axis = "SSM head"
+    scan_hook = "inner_norm.hook_in"
+
+    def detect(self, layer: int, name: str, component: Any) -> LayerSpec | None:
+        mod = unwrap(component)
+        if mod is component or not is_ssm2(mod):
+            return None
+        return LayerSpec(layer, self.kind, int(mod.num_heads), int(mod.n_groups), int(mod.head_dim),
+                         int(mod.ssm_state_size), f"blocks.{layer}.{name}", type(mod).__name__)
+
+    def describe(self, spec: LayerSpec) -> str:
+        return (f"Mamba-2 heads: {spec.n_heads} per layer, head_dim {spec.head_dim}, groups {spec.n_groups}, "
+                f"state {spec.state_size}")
+
+    def write_scan(self, out: Tensor, terms: SSMTerms, unit: int, y: Tensor) -> None:
+        P = terms.x.shape[-1]
+        out[..., unit * P:(unit + 1) * P] = y.to(out.dtype)
+
+
+class Mamba1Adapter(SSMAdapter):
+    """Channels of a Mamba-1 (S6) mixer (``d_inner`` per layer, each with its own ``A_d ∈ R^N``);
+    consecutive channels can be grouped into one unit."""
+
+    kind = "ssm1"
+    letter = "C"
+    title = "Mamba-1 channels"
+    label = "Mamba-1 channel"
+    unit = "channels"
+    axis = "channel (group start)"
+    groupable = True
+    default_groups = 16
+    scan_hook = "out_proj.hook_in"
+
+    def detect(self, layer: int, name: str, component: Any) -> LayerSpec | None:
+        mod = unwrap(component)
+        if mod is component or not is_ssm1(mod):
+            return None
+        return LayerSpec(layer, self.kind, int(mod.A_log.shape[0]), 1, 1, int(mod.A_log.shape[1]),
+                         f"blocks.{layer}.{name}", type(mod).__name__)
+
+    def describe(self, spec: LayerSpec) -> str:
+        return f"Mamba-1 channels: {spec.n_heads} per layer, state {spec.state_size}"
+
+    def write_scan(self, out: Tensor, terms: SSMTerms, unit: int, y: Tensor) -> None:
+        out[..., unit] = (y[..., 0] * F.silu(terms.gate[..., unit])).to(out.dtype)
+
+
+
+def layer_terms(model: "Model", spec: LayerSpec, hidden_states: Float[Tensor, "batch pos d_model"],
+                attention_mask: Tensor | None = None) -> SSMTerms:
+    """The scan inputs of SSM layer ``spec`` of ``model`` recomputed from its mixer input
+    (``blocks.{l}.mixer.hook_in``); see :func:`~gna_interp.models.ssm_kernel.ssm_terms`."""
+    if not isinstance(spec.adapter, SSMAdapter):
+        raise UnsupportedArchitectureError(f"layer {spec.layer} mixer {spec.bridge_path} is {spec.kind!r}, "
+                                           f"not an SSM layer")
+    return spec.adapter.terms(model, spec, hidden_states, attention_mask)

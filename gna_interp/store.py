@@ -1,0 +1,123 @@
+"""The on-disk formats of gna_interp's results, in one place.
+
+Every file a result writes goes through here: JSON documents and tensor bundles carry a ``format``
+(what the file is) and a ``format_version``; every write is atomic (a temporary file in the same
+folder, flushed, then ``os.replace``), so a reader never sees half a file; JSON is strict (``NaN`` and
+infinities become ``null``); readers refuse a file of another kind or of an unknown version and say
+what they found.
+
+=================  =========================================  ===========================
+format             file                                        written by
+=================  =========================================  ===========================
+``scan``           ``scan.json`` (per-sample results)          ``HeadScan.save``
+``checkpoint``     ``scan.ckpt.json`` (a scan in progress)     ``scan_heads(checkpoint=)``
+``circuit``        ``circuit.json``                            ``Circuit.save``
+``views``          ``views.pt`` (card patterns + segments)     ``Circuit.save``
+``patterns``       any ``.pt``                                 ``PatternSet.save``
+=================  =========================================  ===========================
+
+``scan.csv`` (the ranked table) and ``summary.md`` are written atomically as well; the ``circuit``
+document records how many rows ``scan.csv`` must have, so a truncated table is caught.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gna_interp.errors import InputError
+
+FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 1, "views": 1, "patterns": 1}
+
+__all__ = ["FORMAT_VERSIONS", "atomic_write", "clean_json", "read_json", "read_tensors", "write_json",
+           "write_tensors"]
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def clean_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by ``None`` (strict JSON has no NaN/Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    return value
+
+
+def _check(doc: Any, fmt: str, path: Path) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise InputError(f"{str(path)!r} is not a gna_interp {fmt} file (it holds a {type(doc).__name__})")
+    found, version = doc.get("format"), doc.get("format_version")
+    if found != fmt:
+        raise InputError(f"{str(path)!r} is a {found or 'unlabelled'} file, not a gna_interp {fmt} file")
+    want = FORMAT_VERSIONS[fmt]
+    if version != want:
+        raise InputError(f"{str(path)!r} has {fmt} format version {version!r}; this gna_interp reads version {want} "
+                         f"(rewrite it with this version, e.g. rerun the command that made it)")
+    return doc
+
+
+def write_json(path: str | os.PathLike, fmt: str, body: dict[str, Any], indent: int | None = 1) -> Path:
+    """Write ``body`` as a strict-JSON ``fmt`` document (``format`` and ``format_version`` added)."""
+    doc = {"format": fmt, "format_version": FORMAT_VERSIONS[fmt], **clean_json(body)}
+    return atomic_write(path, json.dumps(doc, indent=indent, allow_nan=False) + "\n")
+
+
+def read_json(path: str | os.PathLike, fmt: str) -> dict[str, Any]:
+    """Read a ``fmt`` document written by :func:`write_json`; a clear error when missing, truncated,
+    of another kind or of another version."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{str(path)!r} does not exist")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"{str(path)!r} cannot be read as JSON ({e}); it may be truncated: rewrite it") from e
+    return _check(doc, fmt, path)
+
+
+def write_tensors(path: str | os.PathLike, fmt: str, body: dict[str, Any]) -> Path:
+    """Write tensors, lists, strings and numbers as a ``fmt`` bundle (``torch.save``, loadable with
+    ``weights_only=True``)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"format": fmt, "format_version": FORMAT_VERSIONS[fmt], **body}, buf)
+    return atomic_write(path, buf.getvalue())
+
+
+def read_tensors(path: str | os.PathLike, fmt: str) -> dict[str, Any]:
+    """Read a bundle written by :func:`write_tensors` (no code is unpickled)."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{str(path)!r} does not exist")
+    try:
+        doc = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for a bad file
+        raise InputError(f"{str(path)!r} cannot be read as a tensor bundle ({type(e).__name__}: {e}); "
+                         f"it may be truncated: rewrite it") from e
+    return _check(doc, fmt, path)
