@@ -40,7 +40,8 @@ from gna_interp import HeadRef  # noqa: E402
 from gna_interp.tasks.scoring import ScoreTable, layout_chunks, read_logprobs  # noqa: E402
 from gna_interp.circuits.scan import scan_heads  # noqa: E402
 from gna_interp.interventions.ablation import ablation_hooks, replacements  # noqa: E402
-from gna_interp.models import load_model  # noqa: E402
+from gna_interp.models import AttentionAdapter, load_model  # noqa: E402
+from gna_interp.models.mixer import unwrap  # noqa: E402
 from gna_interp.tasks import KVRetrieval, plan_scoring  # noqa: E402
 
 
@@ -78,13 +79,13 @@ def reuse_ceiling(model, plan, chunks, heads) -> dict[str, float]:
     """FLOP-model speed-ups of ideal prefix reuse over the two naive loops."""
     tokens = sum(c.n_tokens for c in chunks)
     reads = sum(len(c.read_pos) for c in chunks)
-    kept = sum(c.size * (max(plan.rows[r].n_fed for r in c.rows) + 1) for c in chunks)
+    kept = sum(c.size * (max(r.n_fed for r in c.rows) + 1) for c in chunks)
     t_avg = tokens / sum(c.size for c in chunks)
     per_layer = []
-    for i, block in enumerate(model.bridge.blocks):
-        lin = sum(m.weight.numel() for m in block.original_component.modules()
-                  if isinstance(m, torch.nn.Linear))
-        attn = sum(4 * t_avg * s.n_heads * s.head_dim for s in model.layers if s.layer == i and s.kind == "attn")
+    for i, block in enumerate(model.blocks()):
+        lin = sum(m.weight.numel() for m in unwrap(block).modules() if isinstance(m, torch.nn.Linear))
+        attn = sum(4 * t_avg * s.n_heads * s.head_dim for s in model.layers
+                   if s.layer == i and isinstance(s.adapter, AttentionAdapter))
         per_layer.append(2 * lin + attn)
     unembed = 2 * model.hf_model.get_output_embeddings().weight.numel()
     full = sum(per_layer) * tokens

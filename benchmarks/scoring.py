@@ -29,7 +29,7 @@ from gna_interp.circuits import prune_curve
 from gna_interp.models import smollm2_gguf_path
 from gna_interp.models.tiny import build_tiny
 from gna_interp.tasks import KVRetrieval, plan_scoring, run_plan
-from gna_interp.tasks.scoring import can_share_prefix
+
 
 
 def load(name: str, tmp: Path):
@@ -71,7 +71,7 @@ def main() -> None:
             model = load(name, Path(tmp))
             for template in args.templates.split(","):
                 task = KVRetrieval(args.pairs, args.n, args.seed, template)  # type: ignore[arg-type]
-                scorers = [s for s in args.scorers.split(",") if s != "shared" or can_share_prefix(model)]
+                scorers = [s for s in args.scorers.split(",") if s != "shared" or model.splits_prefix_cache]
                 runs = [measure(model, task, s, args.batch_size) for s in scorers]
                 ref = runs[0]["_scores"] if scorers[0] == "per_candidate" else None
                 for r in runs:

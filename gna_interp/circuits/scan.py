@@ -57,16 +57,8 @@ from gna_interp.models.model import Model, TokenBatch
 from gna_interp.options import Options, check_choice, check_int, options
 from gna_interp.store import read_json, write_json
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import (
-    CandidateScores,
-    Chunk,
-    ScoreTable,
-    ScoringPlan,
-    layout_chunks,
-    plan_scoring,
-    read_logprobs,
-    run_plan,
-)
+from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks, plan_scoring
+from gna_interp.tasks.scoring import read_logprobs, run_plan
 
 Strategy = Literal["exact", "naive", "attribution", "auto"]
 Metric = Literal["logit_diff", "accuracy"]
