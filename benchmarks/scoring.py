@@ -52,7 +52,7 @@ def measure(model, task, scorer: str, batch_size: int) -> dict:
     seconds = time.perf_counter() - start
     tokens = plan.n_shared_tokens if scorer == "shared" else plan.n_row_tokens
     return {"scorer": scorer, "forwards": scores.n_forwards, "tokens_fed": tokens, "seconds": round(seconds, 2),
-            **{k: round(v, 4) for k, v in scores.metrics().items()}, "_scores": scores.scores}
+            **{k: round(v, 4) for k, v in scores.metrics.items()}, "_scores": scores.scores}
 
 
 def table(rows: list[dict], cols: list[str]) -> str:

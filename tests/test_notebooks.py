@@ -64,7 +64,7 @@ def _check_figures_display_themselves(nb) -> None:
     def results(marker: str) -> list[dict]:
         cells = [c for c in nb.cells if c.cell_type == "code" and marker in c.source]
         assert cells, f"no cell calls {marker}"
-        return [o.get("data", {}) for c in cells for o in c.outputs if o.output_type == "execute_result"]
+        return [o.get("data", {}) for c in cells for o in c.outputs if o.output_type in ("execute_result", "display_data")]
 
     view = results("patterns_page(")
     assert view and "text/html" in view[0], view

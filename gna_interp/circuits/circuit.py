@@ -266,7 +266,7 @@ def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Se
 
     def point(series: str, seed: int, j: int, heads: Sequence[HeadRef]) -> None:
         with ablate(model, list(heads), method, reference):
-            m = run_plan(model, plan, batch_size, share_prefix=share).metrics()
+            m = run_plan(model, plan, batch_size, share_prefix=share).metrics
         rows.append({"k": j, "series": series, "seed": seed, "accuracy": m["accuracy"], "logit_diff": m["logit_diff"],
                      "gold_prob": m["gold_prob"], "heads": ",".join(h.name for h in heads)})
 

@@ -77,7 +77,7 @@ def prune_curve(model: Model, tasks: Task | Sequence[Task] | Mapping[str, Task],
     for k, layer, skipped in tqdm(points, desc=f"prune {mode}", unit="point", disable=not progress):
         with skip_layers(model, skipped):
             for name, plan in plans.items():
-                m = run_plan(model, plan, batch_size).metrics()
+                m = run_plan(model, plan, batch_size).metrics
                 records.append({"mode": mode, "k": k, "layer": -1 if layer is None else layer,
                                 "skipped": ",".join(map(str, skipped)),
                                 "skipped_kinds": ",".join(sorted({kinds[i] for i in skipped})), "task": name,

@@ -23,7 +23,7 @@ class Evaluation:
     @property
     def metrics(self) -> dict[str, float]:
         """``accuracy, logit_diff, gold_prob, chance, n_samples, n_forwards, seconds``."""
-        return {**self.scores.metrics(), "n_forwards": self.scores.n_forwards, "seconds": self.seconds}
+        return {**self.scores.metrics, "n_forwards": self.scores.n_forwards, "seconds": self.seconds}
 
     @property
     def accuracy(self) -> float:
@@ -37,10 +37,14 @@ class Evaluation:
     def gold_prob(self) -> float:
         return self.metrics["gold_prob"]
 
-    @property
-    def frame(self) -> pd.DataFrame:
+    def to_frame(self) -> pd.DataFrame:
         """Per-sample table (see :meth:`CandidateScores.to_frame`)."""
         return self.scores.to_frame()
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """Same as :meth:`to_frame`."""
+        return self.to_frame()
 
     def __repr__(self) -> str:
         m = self.metrics

@@ -252,6 +252,7 @@ class CandidateScores:
         """Probability the model gives the gold continuation (product over its tokens)."""
         return self.gold_score.exp()
 
+    @property
     def metrics(self) -> dict[str, float]:
         """``accuracy``, mean ``logit_diff``, mean ``gold_prob``, ``chance``, ``n_samples``."""
         n_c = (self.n_tokens > 0).sum(-1).float()
