@@ -67,6 +67,66 @@ def _inputs_only_grad(model: Model) -> Iterator[None]:
             p.requires_grad_(f)
 
 
+class _Recorder:
+    """The hooks of one attribution forward and what they keep: the residual stream entering each scanned
+    layer (block 0's input made a leaf that needs gradients), the heads' output-projection inputs and
+    the final norm's input."""
+
+    def __init__(self, model: Model, hooks_at: Sequence[str], layers: Sequence[int]) -> None:
+        self.model, self.hooks_at, self.layers = model, list(hooks_at), list(layers)
+        self.acts: dict[str, Tensor] = {}
+        self.resid: dict[int, Tensor] = {}
+        self._final: list[Tensor] = []
+
+    def hooks(self) -> list[tuple[str, Callable[..., Tensor]]]:
+        def start(x: Tensor, hook: Any = None) -> Tensor:
+            self.resid[0] = x.detach()
+            return x.detach().requires_grad_(True)
+
+        def keep_resid(layer: int) -> Callable[..., Tensor]:
+            def hook(x: Tensor, hook: Any = None) -> Tensor:
+                self.resid[layer] = x.detach()
+                return x
+
+            return hook
+
+        def keep(x: Tensor, hook: Any) -> Tensor:
+            self.acts[hook.name] = x
+            return x
+
+        def keep_final(x: Tensor, hook: Any = None) -> Tensor:
+            self._final.append(x)
+            return x
+
+        m = self.model
+        return ([(m.block_input_hook(0), start)] + [(m.block_input_hook(i), keep_resid(i)) for i in self.layers if i > 0]
+                + [(h, keep) for h in self.hooks_at] + [(m.FINAL_NORM_INPUT, keep_final)])
+
+    def check(self) -> None:
+        missing = [h for h in self.hooks_at if h not in self.acts] or ([] if self._final else [self.model.FINAL_NORM_INPUT])
+        if missing:
+            raise RuntimeError(f"attribution: hooks {missing} did not fire on {self.model.name}")
+
+    @property
+    def final(self) -> Tensor:
+        return self._final[-1]
+
+
+def _head_terms(r: Replacement, rec: _Recorder, grad: Tensor | None, proj: Tensor, mask: Tensor) -> tuple[float, float]:
+    """One head's first-order estimate ``Σ (a' − a) · ∂metric/∂a`` and its summed relative residual write."""
+    a = flat_channels(rec.acts[r.site.hook].detach(), r.site)[..., r.site.columns]
+    val = r.value(a.shape[0], a.shape[1])
+    repl = val.to(a.dtype) if isinstance(val, Tensor) else torch.full_like(a, float(val))
+    diff = (repl - a)[mask]
+    with torch.no_grad():
+        write = diff @ proj[:, r.site.columns].T.to(diff.dtype)
+        size = (write.norm(dim=-1) / rec.resid[r.site.head.layer][mask].norm(dim=-1).clamp_min(1e-12)).sum().double().item()
+    est = 0.0
+    if grad is not None:
+        est = (diff * flat_channels(grad, r.site)[..., r.site.columns][mask]).sum().double().item()
+    return est, size
+
+
 def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chunk],
                           replaced: Sequence[Replacement], weights: Float[Tensor, " n_targets"] | None = None,
                           progress: Callable[[int], None] | None = None) -> Attribution:
@@ -90,58 +150,22 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
     n_tokens = 0
     clean = ScoreTable(plan)
     for chunk in chunks:
-        acts: dict[str, Tensor] = {}
-        final: dict[str, Tensor] = {}
-        resid: dict[int, Tensor] = {}
-
-        def start(x: Tensor, hook: Any = None) -> Tensor:
-            resid[0] = x.detach()
-            return x.detach().requires_grad_(True)
-
-        def keep_resid(layer: int) -> Any:
-            def hook(x: Tensor, hook: Any = None) -> Tensor:
-                resid[layer] = x.detach()
-                return x
-
-            return hook
-
-        def keep(x: Tensor, hook: Any) -> Tensor:
-            acts[hook.name] = x
-            return x
-
-        def keep_final(x: Tensor, hook: Any = None) -> Tensor:
-            final["x"] = x
-            return x
-
-        fwd = ([(model.block_input_hook(0), start)]
-               + [(model.block_input_hook(i), keep_resid(i)) for i in layers if i > 0]
-               + [(h, keep) for h in hooks_at] + [(model.FINAL_NORM_INPUT, keep_final)])
-        batch = chunk.batch
-        with _inputs_only_grad(model), torch.enable_grad(), model.hooks(fwd):
-            model.run(batch, grad=True, return_type=None)
-            missing = [h for h in hooks_at if h not in acts]
-            if missing or "x" not in final:
-                raise RuntimeError(f"attribution: hooks {missing or [model.FINAL_NORM_INPUT]} did not fire on {model.name}")
-            logp = read_logprobs(final_logits(model, final["x"], chunk.read_row, chunk.read_pos), chunk.read_tok)
+        rec = _Recorder(model, hooks_at, layers)
+        with _inputs_only_grad(model), torch.enable_grad(), model.hooks(rec.hooks()):
+            model.run(chunk.batch, grad=True, return_type=None)
+            rec.check()
+            logp = read_logprobs(final_logits(model, rec.final, chunk.read_row, chunk.read_pos), chunk.read_tok)
             clean.add(chunk, logp.detach())
             w = weights if weights is not None else metric_weights(plan, clean.result())
             objective = (logp * w[chunk.read_target].to(logp.device)).sum()
-            grads = dict(zip(hooks_at, torch.autograd.grad(objective, [acts[h] for h in hooks_at],
+            grads = dict(zip(hooks_at, torch.autograd.grad(objective, [rec.acts[h] for h in hooks_at],
                                                            allow_unused=True)))
-        mask = batch.attention_mask.bool()
+        mask = chunk.batch.attention_mask.bool()
         n_tokens += int(mask.sum())
         for k, r in enumerate(replaced):
-            a = flat_channels(acts[r.site.hook].detach(), r.site)[..., r.site.columns]
-            val = r.value(a.shape[0], a.shape[1])
-            repl = val.to(a.dtype) if isinstance(val, Tensor) else torch.full_like(a, float(val))
-            diff = (repl - a)[mask]
-            with torch.no_grad():
-                write = diff @ proj[r.site.hook][:, r.site.columns].T.to(diff.dtype)
-                size[k] += (write.norm(dim=-1) / resid[r.site.head.layer][mask].norm(dim=-1).clamp_min(1e-12)
-                            ).sum().double().item()
-            g = grads[r.site.hook]
-            if g is not None:
-                est[k] += (diff * flat_channels(g, r.site)[..., r.site.columns][mask]).sum().double().item()
+            e, z = _head_terms(r, rec, grads[r.site.hook], proj[r.site.hook], mask)
+            est[k] += e
+            size[k] += z
         if progress is not None:
             progress(1)
     return Attribution(est, size / max(1, n_tokens), clean.result())
