@@ -143,7 +143,7 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("scan", "find the G&A heads of a model on KV retrieval; writes scan.csv, circuit.json, summary.md")
+@command("scan", "find the G&A heads of a model on KV retrieval; writes scan.csv, scan.json, circuit.json, views.pt, summary.md, report.html")
 def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
     p.add_argument("--task", default="kv", choices=["kv"], help="task (kv: KV retrieval, official template)")

@@ -16,8 +16,9 @@ format             file                                        written by
 ``patterns``       any ``.pt``                                 ``PatternSet.save``
 =================  =========================================  ===========================
 
-``scan.csv`` (the ranked table) and ``summary.md`` are written atomically as well; the ``circuit``
-document records how many rows ``scan.csv`` must have, so a truncated table is caught.
+``scan.csv`` (the ranked table, for people and spreadsheets) and ``summary.md`` are written atomically
+as well; the ``circuit`` document records how many heads ``scan.json`` holds (``scan_rows``), so a folder
+that mixes two runs is caught by ``Circuit.load``.
 """
 
 from __future__ import annotations

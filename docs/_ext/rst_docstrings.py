@@ -10,7 +10,9 @@ are parsed this extension rewrites, in every docstring of the package:
   ``:class:`Task```) are resolved from the scope of the documented object;
 - a paragraph ending in ``::`` into one ending in ``:`` (the indented block after it already is a
   Markdown code block);
-- simple reST tables into Markdown tables.
+- simple reST tables into Markdown tables;
+- a ``Class attributes:`` section title into ``Attributes:``, the Google section mkdocstrings
+  renders as a table (it would otherwise show the entries as one run-on paragraph).
 
 Loaded from ``mkdocs.yml`` (``plugins.mkdocstrings.handlers.python.options.extensions``). It only
 changes what the site shows: the package itself is not touched.
@@ -113,9 +115,14 @@ def _literal_blocks(text: str) -> str:
     return re.sub(r"(?m)(\S)::[ \t]*$", r"\1:", text)
 
 
+def _sections(text: str) -> str:
+    """Google section titles griffe does not know, renamed to the ones it does."""
+    return re.sub(r"(?m)^([ \t]*)Class attributes:[ \t]*$", r"\1Attributes:", text)
+
+
 def rewrite(obj: Object, text: str) -> str:
     """The docstring ``text`` of ``obj`` with its reST turned into Markdown."""
-    return _roles(obj, _literal_blocks(_tables(text)))
+    return _roles(obj, _literal_blocks(_tables(_sections(text))))
 
 
 class RstDocstrings(Extension):

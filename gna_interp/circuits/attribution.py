@@ -27,7 +27,7 @@ from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
 from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, ScoringPlan, read_logprobs
 
-__all__ = ["Attribution", "attribution_estimates", "metric_weights"]
+__all__ = ["Attribution", "attribution_estimates", "logprob_weights", "metric_weights"]
 
 
 class Attribution(NamedTuple):
@@ -51,6 +51,15 @@ def metric_weights(plan: ScoringPlan, clean: CandidateScores) -> Float[Tensor, "
         elif t.cand == others[t.sample] and len(plan.samples[t.sample].candidates) > 1:
             w[i] = -1.0 / n
     return w
+
+
+def logprob_weights(plan: ScoringPlan) -> Float[Tensor, " n_targets"]:
+    """Weight of each plan target in the per-token log-prob of the gold continuations: ``1/N`` for gold
+    targets (``N`` their tokens in all), 0 otherwise."""
+    gold = [t for t in plan.targets if t.cand == plan.samples[t.sample].gold]
+    n = max(1, sum(len(t.tokens) for t in gold))
+    return torch.tensor([1.0 / n if t.cand == plan.samples[t.sample].gold else 0.0 for t in plan.targets],
+                        dtype=torch.float32)
 
 
 @contextmanager

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from gna_interp.circuits.attribution import attribution_estimates, metric_weights
+from gna_interp.circuits.attribution import attribution_estimates, logprob_weights, metric_weights
 from gna_interp.circuits.replay import Prefix, ReplayMismatch, capture, final_logits, replay, verify_replay
 from gna_interp.errors import InputError, OptionError
 from gna_interp.interventions.ablation import METHODS, AblationMethod, Replacement, ablation_hooks, replacements
@@ -61,9 +61,9 @@ from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, Scoring
 from gna_interp.tasks.scoring import read_logprobs, run_plan
 
 Strategy = Literal["exact", "naive", "attribution", "auto"]
-Metric = Literal["logit_diff", "accuracy"]
+Metric = Literal["logit_diff", "accuracy", "logprob"]
 STRATEGIES: tuple[str, ...] = ("exact", "naive", "attribution", "auto")
-METRICS: tuple[str, ...] = ("logit_diff", "accuracy")
+METRICS: tuple[str, ...] = ("logit_diff", "accuracy", "logprob")
 COLUMNS = ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank", "source", "est_drop"]
 
 __all__ = ["COLUMNS", "METRICS", "STRATEGIES", "HeadScan", "Metric", "ScanConfig", "Strategy", "default_verify",
@@ -79,7 +79,8 @@ class ScanConfig(Options):
         strategy: ``exact`` / ``naive`` / ``attribution`` / ``auto`` (see :mod:`gna_interp.circuits.scan`).
         method, reference: ablation method (``zero``/``mean``/``resample``) and, for ``mean`` and
             ``resample``, the reference prompts or task whose activations replace a head's output.
-        metric: ``logit_diff`` or ``accuracy``.
+        metric: ``logit_diff``, ``accuracy`` or ``logprob`` (gold continuation's log-prob per token: a
+            scan of :class:`~gna_interp.tasks.text.NeutralText` measures the LM loss; drop = loss rise).
         batch_size: sequences per forward (a stacked replay holds ``stack * batch_size`` rows).
         checkpoint: JSON file written atomically as heads finish; resumes from it when it exists.
         verify: heads ``auto`` runs exactly before calibrating (default :func:`default_verify`).
@@ -141,9 +142,18 @@ class HeadScan:
     sizes: dict[HeadRef, float] = field(default_factory=dict)
     seconds: float = 0.0
 
+    @property
+    def estimand(self) -> str:
+        """What attribution estimates for this scan: ``logprob`` for a ``logprob`` scan, else ``logit_diff``."""
+        return "logprob" if self.metric == "logprob" else "logit_diff"
+
     def _value(self, per_sample: dict[str, Tensor], metric: str | None = None) -> float:
         m = metric or self.metric
-        return float(per_sample["correct"].float().mean()) if m == "accuracy" else float(per_sample["logit_diff"].mean())
+        if m == "accuracy":
+            return float(per_sample["correct"].float().mean())
+        if m == "logprob":
+            return float(per_sample["gold_score"].sum() / per_sample["n_gold"].sum().clamp_min(1))
+        return float(per_sample["logit_diff"].mean())
 
     @property
     def baseline_value(self) -> float:
@@ -155,13 +165,13 @@ class HeadScan:
         h = HeadRef.parse(head)
         if h in self.exact:
             return self._value(self.exact[h], metric)
-        if h in self.estimates and (metric or self.metric) == "logit_diff":
+        if h in self.estimates and (metric or self.metric) == self.estimand:
             return self.estimates[h]
         return math.nan
 
     def est_drop(self, head: HeadRef) -> float:
-        """Attribution estimate of the logit-difference drop when ``head`` is ablated (NaN if none)."""
-        return self._value(self.baseline, "logit_diff") - self.estimates[head] if head in self.estimates else math.nan
+        """Attribution estimate of the drop of :attr:`estimand` when ``head`` is ablated (NaN if none)."""
+        return self._value(self.baseline, self.estimand) - self.estimates[head] if head in self.estimates else math.nan
 
     def to_frame(self) -> pd.DataFrame:
         """One row per head, sorted by rank (1 = largest drop)."""
@@ -237,16 +247,23 @@ def default_verify(n_heads: int, certify: int = DEFAULT_CERTIFY) -> int:
 
 
 # ---- per-sample summaries -------------------------------------------------------------------
+_PER_SAMPLE = {"logit_diff": torch.float64, "correct": torch.bool, "gold_score": torch.float64, "n_gold": torch.long}
+
+
 def _per_sample(scores: CandidateScores) -> dict[str, Tensor]:
-    return {"logit_diff": scores.logit_diff.double().clone(), "correct": scores.correct.clone()}
+    """What a scan keeps per sample: logit difference, correctness, the gold continuation's summed
+    log-prob and its token count."""
+    n_gold = scores.n_tokens.gather(1, scores.gold[:, None])[:, 0]
+    return {"logit_diff": scores.logit_diff.double().clone(), "correct": scores.correct.clone(),
+            "gold_score": scores.gold_score.double().clone(), "n_gold": n_gold.clone()}
 
 
 def _to_json(per: dict[str, Tensor]) -> dict[str, list]:
-    return {"logit_diff": [float(x) for x in per["logit_diff"].tolist()], "correct": [bool(x) for x in per["correct"].tolist()]}
+    return {k: per[k].tolist() for k in _PER_SAMPLE if k in per}
 
 
 def _from_json(d: dict[str, list]) -> dict[str, Tensor]:
-    return {"logit_diff": torch.tensor(d["logit_diff"], dtype=torch.float64), "correct": torch.tensor(d["correct"], dtype=torch.bool)}
+    return {k: torch.tensor(d[k], dtype=dtype) for k, dtype in _PER_SAMPLE.items() if k in d}
 
 
 # ---- checkpoint ---------------------------------------------------------------------------
@@ -389,22 +406,24 @@ def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[Chunk], pre
                        replaced: list[Replacement], scan: HeadScan, progress: bool) -> None:
     """Fill ``scan.estimates`` (and the baseline, if missing) from one forward + backward per chunk."""
     weights = None
-    if len(plan.rows) != len(plan.samples):  # a sample spans several rows: weights from a clean pass first
+    if scan.estimand == "logprob":
+        weights = logprob_weights(plan)
+    elif len(plan.rows) != len(plan.samples):  # a sample spans several rows: weights from a clean pass first
         weights = metric_weights(plan, _clean_from_prefixes(plan, prefixes))
     with tqdm(total=len(chunks), desc="attribution", unit="batch", disable=not progress, leave=False) as bar:
         att = attribution_estimates(model, plan, chunks, replaced, weights, bar.update)
     if not scan.baseline:
         scan.baseline = _per_sample(att.clean)
-    base_ld = float(scan.baseline["logit_diff"].mean())
-    scan.estimates = {r.site.head: base_ld + float(e) for r, e in zip(replaced, att.delta)}
+    base = scan._value(scan.baseline, scan.estimand)
+    scan.estimates = {r.site.head: base + float(e) for r, e in zip(replaced, att.delta)}
     scan.sizes = {r.site.head: float(z) for r, z in zip(replaced, att.size)}
 
 
 def _next_to_verify(scan: HeadScan, certify: int, count: int) -> list[HeadRef]:
     """The unrun heads that could still displace the ``certify``-th exact drop (most threatening first,
     at most ``count``); empty when the leading heads are settled (see the module docstring)."""
-    base_ld = scan._value(scan.baseline, "logit_diff")
-    drop = {h: base_ld - scan._value(v, "logit_diff") for h, v in scan.exact.items()}
+    base = scan._value(scan.baseline, scan.estimand)
+    drop = {h: base - scan._value(v, scan.estimand) for h, v in scan.exact.items()}
     est = {h: scan.est_drop(h) for h in scan.heads}
     c = max([0.0] + [(drop[h] - est[h]) / scan.sizes[h] for h in drop if scan.sizes[h] > 0])
     bar = sorted(drop.values(), reverse=True)[certify - 1] if len(drop) >= certify else -math.inf

@@ -94,7 +94,7 @@ def card_heads(heads: pd.DataFrame, pair: tuple[HeadRef, HeadRef] | None = None
         return pair, (f"Discovered pair: gather head {g.name} reads each line from the line's last token; "
                       f"aggregate head {a.name} reads the lines' last tokens from the final token.")
     if not {"gather", "aggregate"} <= set(heads.columns) or heads[["gather", "aggregate"]].isna().all().any():
-        return None, "No role scores in scan.csv, so no head to draw a card for."
+        return None, "No role scores in the circuit, so no head to draw a card for."
     a = heads.loc[heads["aggregate"].idxmax(), "name"]
     rest = heads[heads["name"] != a]
     if rest.empty or rest["gather"].isna().all():

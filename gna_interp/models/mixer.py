@@ -146,7 +146,7 @@ def bind_args(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[Tenso
 class MixerAdapter:
     """What gna_interp knows about one kind of head. Subclass it and :func:`register_kind` an instance.
 
-    Class attributes:
+    Attributes:
         kind: the kind's name (``HeadRef.kind``), e.g. ``"attn"``.
         letter: one capital letter for display names (``L3H1``); unique among registered kinds.
         title: plural label of the heads, e.g. ``"attention heads"``; ``label`` one of them (``"attention head"``).
