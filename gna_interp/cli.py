@@ -167,6 +167,11 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--out", default="gna_scan", help="output folder (default ./gna_scan)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted scan from DIR/scan.ckpt.json")
+    p.add_argument("--keep-generic", action="store_true",
+                   help="keep generic heads (removing them raises the LM loss on neutral text by >= 2%%) in the circuit")
+    p.add_argument("--no-control", action="store_true", help="skip the LM-loss control scan (no generic labels)")
+    p.add_argument("--allow-chance", action="store_true",
+                   help="scan even when the intact model is near chance on the task (refused by default)")
     p.set_defaults(run=run_scan)
 
 
@@ -194,7 +199,8 @@ def run_scan(args: argparse.Namespace) -> int:
           f"{args.strategy} scan, {args.method} ablation, metric {args.metric}", flush=True)
     circuit = discover(model, task, strategy=args.strategy, method=args.method, metric=args.metric,
                        reference=reference, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size,
-                       checkpoint=ckpt, verify=args.verify, certify=args.certify)
+                       checkpoint=ckpt, verify=args.verify, certify=args.certify, keep_generic=args.keep_generic,
+                       control=not args.no_control, allow_chance=args.allow_chance)
     circuit.save(out)
     print(circuit.summary(top=10))
     print(f"wrote {out / 'scan.csv'}, {out / 'circuit.json'}, {out / 'summary.md'} ({circuit.seconds:.0f}s)")

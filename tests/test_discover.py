@@ -20,7 +20,7 @@ TASK = KVRetrieval(n_pairs=3, n_samples=4, max_value=20, seed=3)
 
 @pytest.fixture(scope="module")
 def circuit(tiny_models) -> Circuit:
-    return discover(tiny_models["llama"], TASK, strategy="auto", verify=6, k=3, seeds=2, batch_size=4,
+    return discover(tiny_models["llama"], TASK, strategy="auto", allow_chance=True, verify=6, k=3, seeds=2, batch_size=4,
                     role_samples=2, progress=False)
 
 
@@ -104,7 +104,7 @@ def test_pair_prefers_an_earlier_gather_head():
 
 def test_gna_scan_command(tiny_dirs, tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["--device", "cpu", "scan", "--model", str(tiny_dirs["mamba2"]), "--pairs", "3", "--samples", "3",
+    argv = ["--device", "cpu", "scan", "--allow-chance", "--model", str(tiny_dirs["mamba2"]), "--pairs", "3", "--samples", "3",
             "--max-value", "20", "--top-k", "2", "--seeds", "1", "--batch-size", "3", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out

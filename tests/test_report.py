@@ -124,7 +124,7 @@ def test_report_from_a_real_discovery(tiny_models, tmp_path):
     from gna_interp.tasks import KVRetrieval
 
     model, task = tiny_models["llama"], KVRetrieval(n_pairs=4, n_samples=4, seed=1)
-    circuit = discover(model, task, strategy="exact", k=2, seeds=2, role_samples=2, progress=False)
+    circuit = discover(model, task, strategy="exact", allow_chance=True, k=2, seeds=2, role_samples=2, progress=False)
     folder = circuit.save(tmp_path / "run")
     html = build_report(folder, png=False).read_text(encoding="utf-8")
     assert html.count("Plotly.newPlot") >= 2 and html.count("CircuitsVis.render(") == 1
@@ -138,7 +138,7 @@ def test_report_from_a_real_discovery(tiny_models, tmp_path):
 @pytest.mark.slow
 def test_scan_command_writes_the_report(tiny_dirs, tmp_path, capsys):
     out = tmp_path / "scan"
-    assert main(["scan", "--model", str(tiny_dirs["llama"]), "--pairs", "3", "--samples", "3", "--strategy", "exact",
+    assert main(["scan", "--allow-chance", "--model", str(tiny_dirs["llama"]), "--pairs", "3", "--samples", "3", "--strategy", "exact",
                  "--top-k", "1", "--seeds", "1", "--out", str(out)]) == 0
     assert f"wrote {out / 'report.html'}" in capsys.readouterr().out
     html = (out / "report.html").read_text(encoding="utf-8")

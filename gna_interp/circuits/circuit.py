@@ -23,19 +23,23 @@ import pandas as pd
 
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import HeadScan, ScanConfig, scan_heads
+from gna_interp.circuits.specificity import DEFAULT_GENERIC_FRACTION, control_task, specificity_frame
 from gna_interp.circuits.views import CardViews, card_views
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod, ablate
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
+from gna_interp.errors import OptionError
 from gna_interp.options import Options, check_choice, check_int, check_names, options
 from gna_interp.store import atomic_write, read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.io import task_from_dict
+from gna_interp.tasks.evaluation import evaluate
 from gna_interp.tasks.scoring import plan_scoring, run_plan
+from gna_interp.tasks.text import lm_loss
 
-CURVE_COLUMNS = ["k", "series", "seed", "accuracy", "logit_diff", "gold_prob", "heads"]
-FILES = ("scan.csv", "scan.json", "circuit.json", "views.pt", "summary.md")
+CURVE_COLUMNS = ["k", "series", "seed", "accuracy", "logit_diff", "gold_prob", "lm_loss", "heads"]
+FILES = ("scan.csv", "scan.json", "control.json", "circuit.json", "views.pt", "summary.md")
 
 __all__ = ["CURVE_COLUMNS", "Circuit", "DiscoverConfig", "ablation_curve", "discover"]
 
@@ -52,6 +56,11 @@ class DiscoverConfig(Options):
         form: SSM implicit-attention form for roles and views (``exact`` or ``attention``).
         rule: the role-labelling rule.
         n_cards: task samples whose patterns are kept for the report's G&A cards.
+        control: measure every head's LM-loss rise on neutral text (:mod:`gna_interp.circuits.specificity`).
+        generic_fraction: a head whose removal raises the LM loss by at least this fraction of the intact
+            model's loss is ``generic``; ``keep_generic`` keeps such heads in the circuit.
+        allow_chance: discover even when the intact model is near chance on the task (refused otherwise:
+            nothing can be found in a task the model fails).
     """
 
     scan: ScanConfig = field(default_factory=lambda: ScanConfig(strategy="auto"))
@@ -62,6 +71,10 @@ class DiscoverConfig(Options):
     form: str = "exact"
     rule: RoleRule = field(default_factory=RoleRule)
     n_cards: int = 2
+    control: bool = True
+    generic_fraction: float = DEFAULT_GENERIC_FRACTION
+    keep_generic: bool = False
+    allow_chance: bool = False
 
     def validate(self) -> None:
         check_int("k", self.k, 0)
@@ -70,6 +83,8 @@ class DiscoverConfig(Options):
         check_int("role_heads", self.role_heads, 1)
         check_int("n_cards", self.n_cards, 0)
         check_choice("form", self.form, ("exact", "attention"))
+        if not isinstance(self.generic_fraction, (int, float)) or not 0 < self.generic_fraction:
+            raise OptionError(f"generic_fraction must be a positive number, got {self.generic_fraction!r}")
 
     @classmethod
     def build(cls, base: "DiscoverConfig | None" = None, **overrides: Any) -> "DiscoverConfig":
@@ -96,6 +111,9 @@ class Circuit:
         curve: ablation curve, columns :data:`CURVE_COLUMNS` (``series`` is ``top`` or ``random``).
         rule: the role rule used.
         views: patterns of the card heads on a few samples, for the report (None when not computed).
+        control: the ``logprob`` scan of the LM-loss control (None when not measured; ``notes`` says why).
+        generic_fraction, keep_generic: the generic rule (see :mod:`gna_interp.circuits.specificity`).
+        notes: sentences about how the circuit was found (control, chance check).
     """
 
     model: str
@@ -107,11 +125,24 @@ class Circuit:
     rule: RoleRule = field(default_factory=RoleRule)
     seconds: float = 0.0
     views: CardViews | None = None
+    control: HeadScan | None = None
+    generic_fraction: float = DEFAULT_GENERIC_FRACTION
+    keep_generic: bool = False
+    notes: list[str] = field(default_factory=list)
 
     @property
     def heads(self) -> list[HeadRef]:
-        """Every scanned head, best-ranked first."""
-        return self.scan.top(len(self.scan.heads))
+        """The circuit: scanned heads best-ranked first, generic heads left out (unless ``keep_generic``)."""
+        df = self.to_frame()
+        if "circuit_rank" in df:
+            df = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
+        return [HeadRef.parse(n) for n in df["name"]]
+
+    @property
+    def generic(self) -> list[HeadRef]:
+        """Heads labelled generic (their removal raises the LM loss by ``generic_fraction`` or more), by rank."""
+        df = self.to_frame()
+        return [HeadRef.parse(n) for n in df.loc[df["role"] == "generic", "name"]] if "generic" in df else []
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -130,6 +161,12 @@ class Circuit:
         extra = [c for c in self.roles.columns if c not in ("layer", "head", "kind")]
         df = df.merge(self.roles[extra], on="name", how="left")
         df["role"] = df["role"].fillna("unscored")
+        if self.control is not None:
+            df = df.merge(specificity_frame(self.scan, self.control, self.generic_fraction), on="name", how="left")
+            df["pattern_role"] = df["role"]
+            df.loc[df["generic"].fillna(False).astype(bool), "role"] = "generic"
+            member = ~df["generic"].fillna(False).astype(bool) | self.keep_generic
+            df["circuit_rank"] = pd.Series(range(1, int(member.sum()) + 1), index=df.index[member]).reindex(df.index)
         return df
 
     def pair(self, pool: int = 20) -> tuple[HeadRef, HeadRef] | None:
@@ -175,43 +212,78 @@ class Circuit:
             "curve": _records(self.curve),
             "curve_summary": self.curve_summary(), "seconds": round(self.seconds, 2),
             "scan_rows": len(self.scan.heads), "views": "views.pt" if self.views is not None else None,
+            "control": "control.json" if self.control is not None else None, "generic_fraction": self.generic_fraction,
+            "keep_generic": self.keep_generic, "notes": list(self.notes),
+            "circuit": [h.name for h in self.heads], "generic": [h.name for h in self.generic],
         }
 
     def summary(self, top: int = 10) -> str:
-        """A short Markdown summary: baseline, top heads with roles, the G&A pair, the curve."""
+        """A short Markdown summary: baseline, the circuit's heads with roles and control effects, the
+        generic heads left out, the G&A pair, the curve of retrieval and control."""
         b = self.baseline
+        loss = f", LM loss {b['lm_loss']:.3f} nats/token on neutral text" if "lm_loss" in b else ""
         lines = [f"# G&A circuit: {self.model} on {self.task.get('name')}", "",
                  f"- baseline: accuracy {b.get('accuracy', math.nan):.3f} (chance {b.get('chance', math.nan):.3f}), "
-                 f"logit_diff {b.get('logit_diff', math.nan):.3f}; {self.task.get('n_samples')} samples",
+                 f"logit_diff {b.get('logit_diff', math.nan):.3f}{loss}; {self.task.get('n_samples')} samples",
                  f"- scan: {len(self.scan.heads)} heads, {self.scan.strategy} strategy, {self.scan.method} ablation, "
-                 f"metric {self.scan.metric}, {len(self.scan.exact)} heads run exactly", ""]
-        df = self.to_frame().head(top)
-        lines += ["| rank | head | drop | source | role | gather | aggregate | selectivity |",
-                  "|---:|---|---:|---|---|---:|---:|---:|"]
-        for _, r in df.iterrows():
+                 f"metric {self.scan.metric}, {len(self.scan.exact)} heads run exactly"]
+        lines += [f"- {n}" for n in self.notes]
+        df = self.to_frame()
+        has_control = "control_drop" in df
+        if has_control:
+            gen = df[df["role"] == "generic"]
+            lines.append(f"- generic heads (LM-loss rise >= {self.generic_fraction:.0%} of the intact loss), "
+                         f"{'kept in' if self.keep_generic else 'left out of'} the circuit: " +
+                         (", ".join(f"{r['name']} (rank {r['rank']}, +{r['control_drop']:.3f} nats/token)"
+                                    for _, r in gen.iterrows()) or "none"))
+            df = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
+        lines += ["", "| rank | head | drop | source | role | gather | aggregate | selectivity"
+                  + (" | LM-loss rise | specificity |" if has_control else " |"),
+                  "|---:|---|---:|---|---|---:|---:|---:|" + ("---:|---:|" if has_control else "")]
+        for _, r in df.head(top).iterrows():
             lines.append(f"| {r['rank']} | {r['name']} | {r['drop']:.3f} | {r['source']} | {r['role']} | "
-                         f"{_f(r.get('gather'))} | {_f(r.get('aggregate'))} | {_f(r.get('selectivity'))} |")
+                         f"{_f(r.get('gather'))} | {_f(r.get('aggregate'))} | {_f(r.get('selectivity'))} |"
+                         + (f" {_f(r.get('control_drop'), 3)} | {_f(r.get('specificity'))} |" if has_control else ""))
         pair = self.pair()
         lines.append("")
         lines.append(f"- gather/aggregate pair: {pair[0].name} -> {pair[1].name}" if pair else
                      "- gather/aggregate pair: none (no aggregate or no gather head among the best-ranked heads)")
-        cs = self.curve_summary()
-        if cs:
-            lines.append(f"- removing the top {cs['k']} heads: accuracy {cs['top']:.3f}; {cs['k']} random heads: "
-                         f"{cs['random_mean']:.3f} (min {cs['random_min']:.3f}, max {cs['random_max']:.3f}, "
-                         f"{cs['seeds']} seeds); baseline {cs['baseline']:.3f}")
-            means = self.curve.groupby(["series", "k"])["accuracy"].mean()
-            steps = [f"k={k} {means['top', k]:.3f} vs {means['random', k]:.3f}"
-                     for k in range(1, cs["k"] + 1) if ("top", k) in means and ("random", k) in means]
-            if steps:
-                lines.append("- accuracy curve, top k vs k random (mean over seeds): " + ", ".join(steps))
+        lines += self._curve_lines()
         return "\n".join(lines) + "\n"
+
+    def _curve_lines(self) -> list[str]:
+        cs = self.curve_summary()
+        if not cs:
+            return []
+        k = cs["k"]
+        out = [f"- removing the top {k} circuit heads: accuracy {cs['top']:.3f}; {k} random heads (not in the "
+               f"circuit's top {k}): {cs['random_mean']:.3f} (min {cs['random_min']:.3f}, max {cs['random_max']:.3f}, "
+               f"{cs['seeds']} seeds); baseline {cs['baseline']:.3f}"]
+        curve = self.curve if "lm_loss" in self.curve else self.curve.assign(lm_loss=math.nan)
+        means = curve.groupby(["series", "k"])[["accuracy", "lm_loss"]].mean()
+        steps = [f"k={j} {means.loc[('top', j), 'accuracy']:.3f} vs {means.loc[('random', j), 'accuracy']:.3f}"
+                 for j in range(1, k + 1) if ("top", j) in means.index and ("random", j) in means.index]
+        if steps:
+            out.append("- accuracy curve, top k vs k random (mean over seeds): " + ", ".join(steps))
+        if means["lm_loss"].notna().any() and ("top", k) in means.index:
+            base = self.baseline.get("lm_loss", math.nan)
+            parts = [f"top {k} +{means.loc[('top', k), 'lm_loss'] - base:.3f}"]
+            if ("random", k) in means.index:
+                parts.append(f"{k} random +{means.loc[('random', k), 'lm_loss'] - base:.3f}")
+            gk = int(curve.loc[curve["series"] == "generic", "k"].max()) if "generic" in set(curve["series"]) else 0
+            if gk:
+                parts.append(f"top {gk} generic +{means.loc[('generic', gk), 'lm_loss'] - base:.3f} (accuracy "
+                             f"{means.loc[('generic', gk), 'accuracy']:.3f})")
+            out.append("- LM-loss rise on neutral text (nats/token): " + ", ".join(parts))
+        return out
 
     def save(self, out: str | os.PathLike) -> Path:
         """Write the circuit into folder ``out`` (:data:`FILES`, each atomically); return the folder."""
         d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
         self.scan.save(d / "scan.json")
+        if self.control is not None:
+            self.control.save(d / "control.json")
         if self.views is not None:
             self.views.save(d / "views.pt")
         atomic_write(d / "scan.csv", self.to_frame().to_csv(index=False))
@@ -230,10 +302,13 @@ class Circuit:
             raise InputError(f"{d / 'scan.json'} holds {len(scan.heads)} heads but circuit.json records "
                              f"{doc.get('scan_rows')}; the folder mixes two runs: rerun `gna scan`")
         views = CardViews.load(d / doc["views"]) if doc.get("views") else None
+        control = HeadScan.load(d / doc["control"]) if doc.get("control") else None
         roles = pd.DataFrame(doc.get("roles") or [], columns=None)
         return cls(doc["model"], doc["task"], scan, roles, dict(doc["baseline"]),
                    pd.DataFrame(doc.get("curve") or [], columns=CURVE_COLUMNS),
-                   RoleRule(**doc["rule"]), float(doc.get("seconds") or 0.0), views)
+                   RoleRule(**doc["rule"]), float(doc.get("seconds") or 0.0), views, control,
+                   float(doc.get("generic_fraction") or DEFAULT_GENERIC_FRACTION), bool(doc.get("keep_generic")),
+                   list(doc.get("notes") or []))
 
     def __repr__(self) -> str:
         return (f"Circuit({self.model!r}, {self.task.get('name')!r}, {len(self.scan.heads)} heads, "
@@ -246,20 +321,25 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
             for rec in df.to_dict(orient="records")]
 
 
-def _f(v: Any) -> str:
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.2f}"
+def _f(v: Any, digits: int = 2) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.{digits}f}"
 
 
 def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Sequence[HeadRef], k: int = 5,
                    seeds: int = 3, method: AblationMethod = "zero", reference: Any = None,
-                   batch_size: int = 16) -> pd.DataFrame:
-    """Task metrics after removing ``ranked[:j]`` (``j = 0..k``) and ``j`` random heads of ``pool``
-    (``seeds`` random orders); columns :data:`CURVE_COLUMNS`."""
+                   batch_size: int = 16, control: Task | None = None,
+                   generic: Sequence[HeadRef] = ()) -> pd.DataFrame:
+    """Task metrics (and the LM loss on ``control`` when given) after removing ``ranked[:j]``
+    (``j = 0..k``), ``j`` random heads of ``pool`` that are not among ``ranked[:k]`` (``seeds`` random
+    orders), and the first ``j`` of ``generic`` (up to ``k``); columns :data:`CURVE_COLUMNS`."""
     if k < 0 or seeds < 0:
         raise InputError(f"k and seeds must be >= 0, got k={k}, seeds={seeds}")
-    if k > len(ranked) or k > len(pool):
-        raise InputError(f"cannot remove k={k} heads: only {len(ranked)} ranked and {len(pool)} in the pool")
+    others = [h for h in pool if h not in set(ranked[:k])]
+    if k > len(ranked) or k > len(others):
+        raise InputError(f"cannot remove k={k} heads: only {len(ranked)} ranked and {len(others)} other heads "
+                         f"in the pool to draw random ones from")
     plan = plan_scoring(model, task.samples)
+    control_plan = plan_scoring(model, control.samples) if control is not None else None
     # resampling aligns activations per forward, so candidates must not continue from a cached prompt
     share = False if method == "resample" else None
     rows = []
@@ -267,20 +347,33 @@ def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Se
     def point(series: str, seed: int, j: int, heads: Sequence[HeadRef]) -> None:
         with ablate(model, list(heads), method, reference):
             m = run_plan(model, plan, batch_size, share_prefix=share).metrics
+            loss = math.nan
+            if control_plan is not None:
+                loss = lm_loss(run_plan(model, control_plan, batch_size, share_prefix=share))
         rows.append({"k": j, "series": series, "seed": seed, "accuracy": m["accuracy"], "logit_diff": m["logit_diff"],
-                     "gold_prob": m["gold_prob"], "heads": ",".join(h.name for h in heads)})
+                     "gold_prob": m["gold_prob"], "lm_loss": loss, "heads": ",".join(h.name for h in heads)})
 
     point("top", 0, 0, [])
     base = dict(rows[0])
     for j in range(1, k + 1):
         point("top", 0, j, ranked[:j])
     for s in range(seeds):
-        order = list(pool)
+        order = list(others)
         random.Random(f"gna-random-heads-{s}").shuffle(order)
         rows.append({**base, "series": "random", "seed": s})
         for j in range(1, k + 1):
             point("random", s, j, order[:j])
+    if generic:
+        rows.append({**base, "series": "generic", "seed": 0})
+        for j in range(1, min(k, len(generic)) + 1):
+            point("generic", 0, j, generic[:j])
     return pd.DataFrame(rows, columns=CURVE_COLUMNS)
+
+
+def curve_k(n_heads: int, k: int) -> int:
+    """How many heads the curve removes: ``k``, but at most a quarter of the heads (at least 1), so that
+    ``k`` random heads are a small draw that cannot contain the circuit by construction."""
+    return max(1, min(k, n_heads // 4)) if n_heads > 1 else min(k, n_heads)
 
 
 def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,
@@ -298,17 +391,74 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
         raise InputError(f"discover needs a Task (e.g. KVRetrieval(...)), got {type(task).__name__}")
     start = time.perf_counter()
     sc = cfg.scan
+    notes = [check_solvable(model, task, sc.batch_size, cfg.allow_chance)]
     scan = scan_heads(model, task, heads=heads, config=sc)
     ranked = scan.top(len(scan.heads))
     roles = role_scores(model, task, heads=ranked[:cfg.role_heads], n_samples=cfg.role_samples,
                         batch_size=min(sc.batch_size, 8), form=cfg.form, rule=cfg.rule)
-    kk = min(cfg.k, len(ranked))
-    curve = ablation_curve(model, task, ranked, scan.heads, kk, cfg.seeds, sc.method, sc.reference, sc.batch_size)
-    base_row = curve.iloc[0]
-    baseline = {"accuracy": float(base_row["accuracy"]), "logit_diff": float(base_row["logit_diff"]),
-                "gold_prob": float(base_row["gold_prob"]), "chance": task.chance, "n_samples": len(task)}
-    circuit = Circuit(model.name, task.to_dict(), scan, roles, baseline, curve, cfg.rule)
+    circuit = Circuit(model.name, task.to_dict(), scan, roles, {}, pd.DataFrame(columns=CURVE_COLUMNS), cfg.rule,
+                      generic_fraction=cfg.generic_fraction, keep_generic=cfg.keep_generic, notes=notes)
+    ctask = None
+    if cfg.control:
+        ctask, note = control_task(model)
+        notes.append(note)
+        if ctask is not None:
+            circuit.control = _control_scan(model, ctask, scan, cfg)
+    members = circuit.heads
+    kk = curve_k(len(scan.heads), cfg.k)
+    if circuit.control is not None:
+        _settle_control(model, ctask, circuit, members[:kk], cfg)
+    if kk < cfg.k:
+        notes.append(f"the curve removes k = {kk} heads, not {cfg.k}: {len(scan.heads)} heads in all, and k random "
+                     f"heads must stay a small draw (at most a quarter) that cannot contain the circuit")
+    circuit.curve = ablation_curve(model, task, members, scan.heads, min(kk, len(members)), cfg.seeds, sc.method,
+                                   sc.reference, sc.batch_size, control=ctask, generic=circuit.generic)
+    base_row = circuit.curve.iloc[0]
+    circuit.baseline = {"accuracy": float(base_row["accuracy"]), "logit_diff": float(base_row["logit_diff"]),
+                        "gold_prob": float(base_row["gold_prob"]), "chance": task.chance, "n_samples": len(task),
+                        **({"lm_loss": float(base_row["lm_loss"])} if ctask is not None else {})}
     if cfg.n_cards:
-        circuit.views = card_views(model, task, ranked, circuit.to_frame(), circuit.pair(), cfg.n_cards, cfg.form)
+        circuit.views = card_views(model, task, members, circuit.to_frame(), circuit.pair(), cfg.n_cards, cfg.form)
     circuit.seconds = time.perf_counter() - start
     return circuit
+
+
+def check_solvable(model: Model, task: Task, batch_size: int = 16, allow_chance: bool = False) -> str:
+    """Evaluate the intact model on ``task`` and refuse (:class:`InputError`) when its accuracy is within
+    two standard errors (at least 0.05) of chance: a task the model fails cannot reveal a circuit.
+    Returns a sentence with the numbers; ``allow_chance`` turns the refusal into that sentence."""
+    acc = evaluate(model, task, batch_size=batch_size, progress=False).accuracy
+    chance, n = task.chance, len(task)
+    margin = max(0.05, 2 * math.sqrt(chance * (1 - chance) / n))
+    line = (f"intact model: accuracy {acc:.3f} on {task.name} ({n} samples), chance {chance:.3f}, "
+            f"margin {margin:.3f}")
+    if acc <= chance + margin:
+        if not allow_chance:
+            raise InputError(f"{model.name} is at chance on {task.name}: {line}. Nothing can be discovered from a "
+                             f"task the model fails; make it easier (fewer pairs, another template) or pass "
+                             f"allow_chance=True (gna scan --allow-chance)")
+        return line + " -- NEAR CHANCE: the circuit below is not evidence of retrieval"
+    return line
+
+
+def _control_scan(model: Model, ctask: Task, scan: HeadScan, cfg: DiscoverConfig) -> HeadScan:
+    """The LM-loss control of every scanned head: ``auto`` on ``metric="logprob"``, every head that could
+    reach the generic threshold settled exactly."""
+    sc = cfg.scan
+    base_loss = lm_loss(evaluate(model, ctask, batch_size=sc.batch_size, progress=False).scores)
+    ckpt = Path(sc.checkpoint).with_suffix(".control.json") if sc.checkpoint is not None else None
+    return scan_heads(model, ctask, heads=scan.heads, strategy="auto", metric="logprob", method=sc.method,
+                      reference=sc.reference, batch_size=min(sc.batch_size, 8), checkpoint=ckpt, certify=0,
+                      settle_above=cfg.generic_fraction * base_loss, progress=sc.progress)
+
+
+def _settle_control(model: Model, ctask: Task, circuit: Circuit, heads: Sequence[HeadRef], cfg: DiscoverConfig) -> None:
+    """Run the control exactly for circuit heads that only have an estimate (merged into ``circuit.control``)."""
+    control = circuit.control
+    assert control is not None
+    missing = [h for h in heads if h not in control.exact]
+    if missing:
+        sc = cfg.scan
+        extra = scan_heads(model, ctask, heads=missing, strategy="exact", metric="logprob", method=sc.method,
+                           reference=sc.reference, batch_size=min(sc.batch_size, 8), progress=False)
+        control.exact.update(extra.exact)

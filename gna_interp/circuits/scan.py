@@ -85,6 +85,9 @@ class ScanConfig(Options):
         checkpoint: JSON file written atomically as heads finish; resumes from it when it exists.
         verify: heads ``auto`` runs exactly before calibrating (default :func:`default_verify`).
         certify: leading heads ``auto`` settles (0: only the ``verify`` heads are run exactly).
+        settle_above: ``auto`` also runs exactly every head whose estimated drop plus its calibrated error
+            bound exceeds this value (e.g. the LM-loss rise that makes a head generic), so no head above
+            it is left as an estimate.
         stack: ablations per replay (default: as many as keep a replay within 64 rows).
         scoring: candidate scoring method of :func:`~gna_interp.tasks.scoring.plan_scoring`
             (``auto`` or ``first_token``).
@@ -100,6 +103,7 @@ class ScanConfig(Options):
     checkpoint: str | os.PathLike | None = None
     verify: int | None = None
     certify: int = DEFAULT_CERTIFY
+    settle_above: float | None = None
     stack: int | None = None
     scoring: str = "auto"
     progress: bool = True
@@ -263,7 +267,10 @@ def _to_json(per: dict[str, Tensor]) -> dict[str, list]:
 
 
 def _from_json(d: dict[str, list]) -> dict[str, Tensor]:
-    return {k: torch.tensor(d[k], dtype=dtype) for k, dtype in _PER_SAMPLE.items() if k in d}
+    """Per-sample tensors from JSON (strict JSON stores a non-finite value, e.g. the infinite logit
+    difference of a single-candidate sample, as null: it comes back as NaN)."""
+    return {k: torch.tensor([math.nan if v is None else v for v in d[k]], dtype=dtype)
+            for k, dtype in _PER_SAMPLE.items() if k in d}
 
 
 # ---- checkpoint ---------------------------------------------------------------------------
@@ -419,14 +426,18 @@ def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[Chunk], pre
     scan.sizes = {r.site.head: float(z) for r, z in zip(replaced, att.size)}
 
 
-def _next_to_verify(scan: HeadScan, certify: int, count: int) -> list[HeadRef]:
-    """The unrun heads that could still displace the ``certify``-th exact drop (most threatening first,
-    at most ``count``); empty when the leading heads are settled (see the module docstring)."""
+def _next_to_verify(scan: HeadScan, certify: int, count: int, settle_above: float | None = None) -> list[HeadRef]:
+    """The unrun heads that could still displace the ``certify``-th exact drop or exceed ``settle_above``
+    (most threatening first, at most ``count``); empty when the leading heads are settled (see the module
+    docstring)."""
     base = scan._value(scan.baseline, scan.estimand)
     drop = {h: base - scan._value(v, scan.estimand) for h, v in scan.exact.items()}
     est = {h: scan.est_drop(h) for h in scan.heads}
     c = max([0.0] + [(drop[h] - est[h]) / scan.sizes[h] for h in drop if scan.sizes[h] > 0])
-    bar = sorted(drop.values(), reverse=True)[certify - 1] if len(drop) >= certify else -math.inf
+    bar = math.inf if certify <= 0 else sorted(drop.values(), reverse=True)[certify - 1] if len(drop) >= certify \
+        else -math.inf
+    if settle_above is not None:
+        bar = min(bar, settle_above)
     bound = {h: est[h] + c * scan.sizes[h] for h in scan.heads if h not in drop}
     return sorted((h for h, b in bound.items() if b > bar), key=lambda h: -bound[h])[:count]
 
@@ -489,8 +500,8 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
         if todo or not scan.baseline:
             _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in todo], stack,
                          cfg.strategy == "naive", scan, rec)
-        if cfg.strategy == "auto" and cfg.certify > 0:
-            while more := _next_to_verify(scan, min(cfg.certify, len(head_list)), stack):
+        if cfg.strategy == "auto" and (cfg.certify > 0 or cfg.settle_above is not None):
+            while more := _next_to_verify(scan, min(cfg.certify, len(head_list)), stack, cfg.settle_above):
                 bar.total += len(more)
                 bar.refresh()
                 _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in more], stack, False, scan, rec)

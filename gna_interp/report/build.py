@@ -26,8 +26,8 @@ REPORT_FILE = "report.html"
 SCAN_FILE = "scan.csv"
 FIGURES_DIR = "figures"
 N_TOP = 15
-_TABLE_COLUMNS = ("rank", "name", "kind", "role", "drop", "ablated", "source", "est_drop", "gather", "aggregate",
-                  "gold_share", "sharpness")
+_TABLE_COLUMNS = ("rank", "circuit_rank", "name", "kind", "role", "drop", "ablated", "source", "est_drop",
+                  "control_drop", "specificity", "gather", "aggregate", "gold_share", "sharpness")
 
 
 def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
@@ -57,8 +57,10 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
     sections.append("<h2>Ablation curve</h2>")
     if not circuit.curve.empty:
         figures["ablation_curve"] = ablation_curve(circuit)
-        sections += [_note("Task accuracy as the top-k discovered heads are removed together, beside k random "
-                           "heads (mean and min-max over seeds)."), figure_div(figures["ablation_curve"])]
+        sections += [_note("Task accuracy as the top-k circuit heads are removed together, beside k random heads "
+                           "(mean and min-max over seeds) and the generic heads; the right panel, when present, is "
+                           "the LM loss on neutral text for the same removals (the control)."),
+                     figure_div(figures["ablation_curve"])]
     else:
         sections.append(_note("The circuit has no ablation curve (run `gna scan`, which computes it)."))
     if circuit.views is None:
@@ -104,6 +106,8 @@ def _summary(circuit: Circuit) -> str:
         ("baseline", {k: v for k, v in circuit.baseline.items() if isinstance(v, (int, float))} or None),
         ("G&A pair", f"gather {pair[0].name} → aggregate {pair[1].name}" if pair else None),
         ("role rule", circuit.rule.to_dict()),
+        ("generic heads", ", ".join(h.name for h in circuit.generic) or ("none" if circuit.control else None)),
+        ("notes", " | ".join(circuit.notes) or None),
         ("written", time.strftime("%Y-%m-%d %H:%M"))]
     return "<h2>Model and task</h2>" + _kv_table(rows)
 

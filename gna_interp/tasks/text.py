@@ -16,10 +16,11 @@ from pathlib import Path
 from gna_interp.errors import InputError
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.sample import Sample
+from gna_interp.tasks.scoring import CandidateScores
 
 NEUTRAL_FILE = Path(__file__).resolve().parent.parent / "data" / "neutral.txt"
 
-__all__ = ["NEUTRAL_FILE", "NeutralText"]
+__all__ = ["NEUTRAL_FILE", "NeutralText", "lm_loss"]
 
 
 class NeutralText(Task):
@@ -45,3 +46,9 @@ class NeutralText(Task):
             prompt, rest = " ".join(words[:prompt_words]), " " + " ".join(words[prompt_words:])
             samples.append(Sample(prompt, (rest,), 0, meta={"paragraph": i, "words": len(words)}))
         super().__init__("neutral-text" if text is None else "text", samples)
+
+
+def lm_loss(scores: CandidateScores) -> float:
+    """LM loss in nats per token of the gold continuations scored in ``scores`` (e.g. of a :class:`NeutralText`)."""
+    n_gold = scores.n_tokens.gather(1, scores.gold[:, None])[:, 0]
+    return -float(scores.gold_score.sum() / n_gold.sum().clamp_min(1))

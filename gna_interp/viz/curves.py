@@ -33,50 +33,72 @@ def curve_frame(circuit: Any) -> pd.DataFrame:
 
 def ablation_curve(circuit: Any, metric: str = "accuracy", chance: float | None = None,
                    title: str | None = None) -> Any:
-    """Plotly line chart: ``metric`` after removing the top-k heads (k = 0..K) and after removing k
-    random heads, the random curve as its mean over seeds with a min-max band and each seed faint.
+    """Plotly line chart: ``metric`` after removing the top-k heads (k = 0..K), after removing k random
+    heads (their mean over seeds with a min-max band, each seed faint) and, when the curve has them,
+    after removing the k first generic heads. When the curve carries the LM loss on neutral text
+    (``lm_loss``), a second panel shows it for the same removals: retrieval and control side by side.
 
     Hover on the top-k curve names the heads removed so far (from a ``heads`` or ``head`` column when
     the curve has one). ``chance`` (default: the circuit's ``chance`` when it has one) is drawn dashed.
     """
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     df = curve_frame(circuit)
     if metric not in df:
         raise InputError(f"the ablation curve has no {metric!r} column; it has {list(df.columns)}")
     if chance is None:
         chance = _chance(circuit)
+    panels = [metric] + (["lm_loss"] if "lm_loss" in df and df["lm_loss"].notna().any() else [])
+    titles = [f"task {metric.replace('_', ' ')} (retrieval)", "LM loss on neutral text (control, nats/token)"]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=titles[:len(panels)], horizontal_spacing=0.1)
+    for col, m in enumerate(panels, start=1):
+        _add_series(fig, go, df, m, col, show_legend=col == 1)
+        fig.update_xaxes(title_text="k (heads removed)", dtick=1 if df["k"].max() <= 20 else None, row=1, col=col)
+        fig.update_yaxes(title_text=m.replace("_", " "), row=1, col=col)
+    if chance is not None:
+        fig.add_hline(y=float(chance), line=dict(color="#888", dash="dash"), annotation_text=f"chance {chance:.2f}",
+                      annotation_position="bottom right", row=1, col=1)
+    what = "retrieval and control" if len(panels) == 2 else metric.replace("_", " ")
+    fig.update_layout(title=dict(text=title or f"Ablation curve: {what} after removing k heads"),
+                      height=460, template="plotly_white", legend=dict(orientation="h", yanchor="bottom", y=-0.4, x=0))
+    return fig
+
+
+_SERIES = {"top": ("#c0392b", "top-k discovered heads"), "generic": ("#e67e22", "top-k generic heads")}
+
+
+def _add_series(fig: Any, go: Any, df: pd.DataFrame, metric: str, col: int, show_legend: bool) -> None:
+    """The random band and mean, then the top-k and generic lines, of ``metric`` into panel ``col``."""
     label = metric.replace("_", " ")
-    fig = go.Figure()
     rnd = df[df["series"] == "random"]
     if not rnd.empty:
         stats = rnd.groupby("k")[metric].agg(["mean", "min", "max", "count"]).reset_index()
         for seed, one in rnd.groupby("seed"):
             fig.add_trace(go.Scatter(x=one["k"], y=one[metric], mode="lines", line=dict(color="rgba(120,120,120,0.35)", width=1),
                                      name=f"random seed {seed}", legendgroup="random", showlegend=False,
-                                     hovertemplate=f"random seed {seed}<br>k=%{{x}}<br>{label}=%{{y:.3f}}<extra></extra>"))
+                                     hovertemplate=f"random seed {seed}<br>k=%{{x}}<br>{label}=%{{y:.3f}}<extra></extra>"),
+                          row=1, col=col)
         fig.add_trace(go.Scatter(x=list(stats["k"]) + list(stats["k"])[::-1], y=list(stats["max"]) + list(stats["min"])[::-1],
                                  fill="toself", mode="lines", fillcolor="rgba(120,120,120,0.18)", line=dict(width=0), hoverinfo="skip",
-                                 name="random: min-max over seeds", legendgroup="random"))
+                                 name="random: min-max over seeds", legendgroup="random", showlegend=show_legend),
+                      row=1, col=col)
         n_seeds = int(stats["count"].max())
         fig.add_trace(go.Scatter(x=stats["k"], y=stats["mean"], mode="lines+markers", line=dict(color="#555", dash="dot"),
-                                 name=f"k random heads (mean of {n_seeds} seeds)", legendgroup="random",
-                                 hovertemplate=f"random, mean<br>k=%{{x}}<br>{label}=%{{y:.3f}}<extra></extra>"))
-    top = df[df["series"] == "top"].sort_values("k")
-    if not top.empty:
-        col = "heads" if "heads" in top else "head" if "head" in top else None
-        names = [_names(v) for v in top[col]] if col else [""] * len(top)
-        fig.add_trace(go.Scatter(x=top["k"], y=top[metric], mode="lines+markers", line=dict(color="#c0392b", width=3),
-                                 name="top-k discovered heads", customdata=names,
-                                 hovertemplate=f"top-k<br>k=%{{x}}<br>{label}=%{{y:.3f}}<br>%{{customdata}}<extra></extra>"))
-    if chance is not None:
-        fig.add_hline(y=float(chance), line=dict(color="#888", dash="dash"), annotation_text=f"chance {chance:.2f}",
-                      annotation_position="bottom right")
-    fig.update_layout(title=dict(text=title or f"Ablation curve: {label} after removing k heads"),
-                      xaxis=dict(title=dict(text="k (heads removed)"), dtick=1 if df["k"].max() <= 20 else None),
-                      yaxis=dict(title=dict(text=label)), height=440, template="plotly_white",
-                      legend=dict(orientation="h", yanchor="bottom", y=-0.35, x=0))
-    return fig
+                                 name=f"k random heads (mean of {n_seeds} seeds)", legendgroup="random", showlegend=show_legend,
+                                 hovertemplate=f"random, mean<br>k=%{{x}}<br>{label}=%{{y:.3f}}<extra></extra>"),
+                      row=1, col=col)
+    for series, (colour, name) in _SERIES.items():
+        part = df[df["series"] == series].sort_values("k")
+        if part.empty:
+            continue
+        hc = "heads" if "heads" in part else "head" if "head" in part else None
+        names = [_names(v) for v in part[hc]] if hc else [""] * len(part)
+        fig.add_trace(go.Scatter(x=part["k"], y=part[metric], mode="lines+markers",
+                                 line=dict(color=colour, width=3 if series == "top" else 2), name=name, legendgroup=series,
+                                 showlegend=show_legend, customdata=names,
+                                 hovertemplate=f"{series}<br>k=%{{x}}<br>{label}=%{{y:.3f}}<br>%{{customdata}}<extra></extra>"),
+                      row=1, col=col)
 
 
 def _chance(circuit: Any) -> float | None:
