@@ -179,6 +179,7 @@ def run_scan(args: argparse.Namespace) -> int:
     import torch
 
     from gna_interp.circuits import discover
+    from gna_interp.circuits.circuit import FILES
     from gna_interp.models import load_model
     from gna_interp.report import build_report
     from gna_interp.tasks import KVRetrieval
@@ -203,7 +204,7 @@ def run_scan(args: argparse.Namespace) -> int:
                        control=not args.no_control, allow_chance=args.allow_chance)
     circuit.save(out)
     print(circuit.summary(top=10))
-    print(f"wrote {out / 'scan.csv'}, {out / 'circuit.json'}, {out / 'summary.md'} ({circuit.seconds:.0f}s)")
+    print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
     print(f"wrote {build_report(out)}")
     return 0
 

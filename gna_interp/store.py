@@ -39,6 +39,12 @@ __all__ = ["FORMAT_VERSIONS", "atomic_write", "clean_json", "read_json", "read_t
            "write_tensors"]
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
     path = Path(path)
@@ -49,6 +55,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a result is as readable as any new file
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

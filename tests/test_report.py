@@ -32,9 +32,9 @@ def test_report_reads_roles_and_embeds_each_bundle_once(hybrid_report):
     html = hybrid_report.read_text(encoding="utf-8")
     assert html.count("var CircuitsVis") == 1 and html.count("CircuitsVis.render(") == 1
     assert html.count("* plotly.js v") == 1  # the library's banner: plotly.js embedded once
-    assert html.count("Plotly.newPlot") == 5  # heatmap, curve, two cards, attention-vs-SSM
+    assert html.count("Plotly.newPlot") == 6  # heatmap, curve, stability, two cards, attention-vs-SSM
     for section in ("Model and task", "Where the heads are", "Top heads and their roles", "Ablation curve",
-                    "G&amp;A cards", "Patterns of the top heads", "Attention vs SSM"):
+                    "Rank stability", "G&amp;A cards", "Patterns of the top heads", "Attention vs SSM"):
         assert f"<h2>{section}</h2>" in html
     gather, aggregate = Circuit.load(hybrid_report.parent).pair()
     assert f"gather {gather.name}" in html and f"aggregate {aggregate.name}" in html
@@ -46,7 +46,7 @@ def test_report_writes_pngs_when_kaleido_works(hybrid_report):
     if problem:
         pytest.skip(f"PNG export unavailable here: {problem}")
     pngs = sorted((hybrid_report.parent / "figures").glob("*.png"))
-    assert [p.stem for p in pngs] == ["ablation_curve", "compare", "ga_card_0", "ga_card_1", "heatmap"]
+    assert [p.stem for p in pngs] == ["ablation_curve", "compare", "ga_card_0", "ga_card_1", "heatmap", "stability"]
     for p in pngs:
         assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 20_000, p
 
@@ -87,9 +87,9 @@ def test_report_renders_offline_in_headless_chromium(hybrid_report):
     assert not errors, errors
     assert not [c for c in console if c.startswith("error")], console
     assert all(u.startswith(("file:", "data:", "blob:", "about:")) for u in requests), requests
-    assert drawn["plots"] == drawn["sized"] == 5, drawn
+    assert drawn["plots"] == drawn["sized"] == 6, drawn
     assert drawn["heatmaps"] >= 2 + 2 + 2 and drawn["bars"] >= 8 and drawn["lines"] >= 3, drawn
-    assert len(drawn["titles"]) == 5 and all(drawn["titles"]), drawn
+    assert len(drawn["titles"]) == 6 and all(drawn["titles"]), drawn
     assert drawn["canvases"] >= 1 and "L" in drawn["heads"], drawn
     assert shot.read_bytes()[:8] == PNG_MAGIC and shot.stat().st_size > 100_000
 
@@ -105,7 +105,7 @@ def test_report_command_rebuilds_everything_with_the_model_out_of_reach(tiny_dir
     shutil.rmtree(model_dir)
     assert main(["report", str(folder), "--no-png"]) == 0
     html = (folder / "report.html").read_text(encoding="utf-8")
-    assert "CircuitsVis.render(" in html and html.count("Plotly.newPlot") == 4  # heatmap, curve, two cards
+    assert "CircuitsVis.render(" in html and html.count("Plotly.newPlot") == 5  # heatmap, curve, stability, 2 cards
     assert "Not drawn" not in html and "G&amp;A card" in html
     bare = write_scan_folder(tmp_path / "bare", model, model.heads(), n_cards=0)
     assert main(["report", str(bare), "--no-png"]) == 0
@@ -131,7 +131,7 @@ def test_report_from_a_real_discovery(tiny_models, tmp_path):
     best = circuit.to_frame()["name"].iloc[0]
     assert f"<td>{best}</td>" in html and "gold_share" in html
     pair, why = card_heads(circuit.to_frame(), circuit.pair())
-    assert escape(why) in html and html.count("Plotly.newPlot") == 4  # heatmap, curve, a card per sample (n_cards=2)
+    assert escape(why) in html and html.count("Plotly.newPlot") == 5  # heatmap, curve, stability, a card per sample
     assert f"gather {pair[0].name}, aggregate {pair[1].name}" in html
 
 

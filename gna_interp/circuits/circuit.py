@@ -215,6 +215,7 @@ class Circuit:
             "control": "control.json" if self.control is not None else None, "generic_fraction": self.generic_fraction,
             "keep_generic": self.keep_generic, "notes": list(self.notes),
             "circuit": [h.name for h in self.heads], "generic": [h.name for h in self.generic],
+            "stability": self.scan.stability(),
         }
 
     def summary(self, top: int = 10) -> str:
@@ -246,6 +247,12 @@ class Circuit:
                          + (f" {_f(r.get('control_drop'), 3)} | {_f(r.get('specificity'))} |" if has_control else ""))
         pair = self.pair()
         lines.append("")
+        st = self.scan.stability()
+        if st:
+            lines.append(f"- rank stability ({st['n_exact']} heads run exactly, ranked on the even and on the odd "
+                         f"samples): top-5 overlap {st['top5_overlap']}/{min(5, st['k'])}, top-{st['k']} overlap "
+                         f"{st['top_k_overlap']}/{st['k']}; drops carry 95% bootstrap intervals "
+                         f"(drop_lo, drop_hi in scan.csv)")
         lines.append(f"- gather/aggregate pair: {pair[0].name} -> {pair[1].name}" if pair else
                      "- gather/aggregate pair: none (no aggregate or no gather head among the best-ranked heads)")
         lines += self._curve_lines()

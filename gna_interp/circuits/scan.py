@@ -64,7 +64,9 @@ Strategy = Literal["exact", "naive", "attribution", "auto"]
 Metric = Literal["logit_diff", "accuracy", "logprob"]
 STRATEGIES: tuple[str, ...] = ("exact", "naive", "attribution", "auto")
 METRICS: tuple[str, ...] = ("logit_diff", "accuracy", "logprob")
-COLUMNS = ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank", "source", "est_drop"]
+COLUMNS = ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank", "source", "est_drop", "drop_lo",
+           "drop_hi"]
+N_BOOTSTRAP = 1000
 
 __all__ = ["COLUMNS", "METRICS", "STRATEGIES", "HeadScan", "Metric", "ScanConfig", "Strategy", "default_verify",
            "scan_heads"]
@@ -177,16 +179,73 @@ class HeadScan:
         """Attribution estimate of the drop of :attr:`estimand` when ``head`` is ablated (NaN if none)."""
         return self._value(self.baseline, self.estimand) - self.estimates[head] if head in self.estimates else math.nan
 
+    def _resampled(self, per_sample: dict[str, Tensor], idx: Tensor, metric: str | None = None) -> Tensor:
+        """The metric on each row of sample indices ``idx`` (``[B, n]``): ``[B]`` values."""
+        m = metric or self.metric
+        if m == "accuracy":
+            return per_sample["correct"][idx].double().mean(-1)
+        if m == "logprob":
+            return per_sample["gold_score"][idx].sum(-1) / per_sample["n_gold"][idx].sum(-1).clamp_min(1)
+        return per_sample["logit_diff"][idx].mean(-1)
+
+    def intervals(self, level: float = 0.95, n_boot: int = N_BOOTSTRAP) -> dict[HeadRef, tuple[float, float]]:
+        """Bootstrap interval (over samples, paired with the baseline; fixed seed) of each exactly run
+        head's drop: ``{head: (low, high)}`` at ``level``."""
+        if not self.baseline or not self.exact:
+            return {}
+        key = (id(self.exact), len(self.exact), id(self.baseline), level, n_boot)
+        cached = getattr(self, "_intervals", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        n = len(next(iter(self.baseline.values())))
+        idx = torch.randint(0, n, (n_boot, n), generator=torch.Generator().manual_seed(0))
+        base = self._resampled(self.baseline, idx)
+        q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+        out = {}
+        for h, per in self.exact.items():
+            lo, hi = torch.quantile(base - self._resampled(per, idx), q).tolist()
+            out[h] = (lo, hi)
+        self._intervals = (key, out)
+        return out
+
+    def stability(self, top: int = 10) -> dict[str, Any]:
+        """How stable the ranking is: the exactly run heads ranked on two disjoint halves of the samples
+        (even / odd), and the overlap of their top ``k = min(top, n_exact)`` (``top_k_overlap``) and top 5."""
+        exact = [h for h in self.heads if h in self.exact]
+        if not self.baseline or len(exact) < 2:
+            return {}
+        n = len(next(iter(self.baseline.values())))
+        halves = [torch.arange(0, n, 2)[None], torch.arange(1, n, 2)[None]]
+        if halves[1].numel() == 0:
+            return {}
+        ranks, per_half = [], []
+        for idx in halves:
+            base = float(self._resampled(self.baseline, idx)[0])
+            drops = {h: base - float(self._resampled(self.exact[h], idx)[0]) for h in exact}
+            ranks.append(sorted(exact, key=lambda h: -drops[h]))
+            per_half.append({h.name: d for h, d in drops.items()})
+        k = min(top, len(exact))
+        k5 = min(5, len(exact))
+        return {"halves": "even/odd samples", "n_exact": len(exact), "k": k,
+                "top_k_overlap": len(set(ranks[0][:k]) & set(ranks[1][:k])),
+                "top5_overlap": len(set(ranks[0][:k5]) & set(ranks[1][:k5])),
+                "top_half_a": [h.name for h in ranks[0][:k]], "top_half_b": [h.name for h in ranks[1][:k]],
+                "drops_a": per_half[0], "drops_b": per_half[1]}
+
     def to_frame(self) -> pd.DataFrame:
-        """One row per head, sorted by rank (1 = largest drop)."""
+        """One row per head, sorted by rank (1 = largest drop); ``drop_lo``/``drop_hi`` bound the drop of
+        exactly run heads (95 % bootstrap interval over samples)."""
         base = self.baseline_value
+        ci = self.intervals()
         rows = []
         for h in self.heads:
             abl = self.ablated(h)
             est = self.est_drop(h)
+            lo, hi = ci.get(h, (math.nan, math.nan))
             rows.append({"layer": h.layer, "head": h.head, "kind": h.kind, "name": h.name, "baseline": base,
                          "ablated": abl, "drop": base - abl, "source": "exact" if h in self.exact else
-                         ("attribution" if h in self.estimates else "none"), "est_drop": est})
+                         ("attribution" if h in self.estimates else "none"), "est_drop": est,
+                         "drop_lo": lo, "drop_hi": hi})
         df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "rank"])
         exact_first = (df["source"] != "exact").astype(int)
         key = df["drop"].where(df["source"] == "exact", df["est_drop"]).fillna(-math.inf)

@@ -21,6 +21,7 @@ from gna_interp.viz.curves import ablation_curve
 from gna_interp.viz.export import write_pngs
 from gna_interp.viz.html import figure_div, page
 from gna_interp.viz.scores import score_heatmap
+from gna_interp.viz.stability import stability_plot
 
 REPORT_FILE = "report.html"
 SCAN_FILE = "scan.csv"
@@ -63,6 +64,13 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
                      figure_div(figures["ablation_curve"])]
     else:
         sections.append(_note("The circuit has no ablation curve (run `gna scan`, which computes it)."))
+    stability = circuit.scan.stability()
+    if stability:
+        figures["stability"] = stability_plot(stability)
+        sections += ["<h2>Rank stability</h2>", _note(
+            "Each exactly run head's drop on the even samples against the odd samples: a ranking that holds up "
+            "puts the same heads at the top of both halves. scan.csv's drop_lo / drop_hi give each drop's 95% "
+            "bootstrap interval."), figure_div(figures["stability"])]
     if circuit.views is None:
         sections += ["<h2>G&amp;A cards and patterns</h2>",
                      _note("Not drawn: the circuit was saved without views (discover with n_cards >= 1 keeps them).")]

@@ -7,6 +7,7 @@ from gna_interp.viz.curves import ablation_curve
 from gna_interp.viz.export import write_pngs
 from gna_interp.viz.html import HTMLView, figure_div, page
 from gna_interp.viz.scores import score_heatmap
+from gna_interp.viz.stability import stability_plot
 
 __all__ = ["HTMLView", "ablation_curve", "attention_heads", "compare_heads", "figure_div", "ga_card", "page",
-           "patterns_page", "score_heatmap", "write_pngs"]
+           "patterns_page", "score_heatmap", "stability_plot", "write_pngs"]
