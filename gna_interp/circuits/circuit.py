@@ -164,7 +164,13 @@ class Circuit:
         if self.control is not None:
             df = df.merge(specificity_frame(self.scan, self.control, self.generic_fraction), on="name", how="left")
             df["pattern_role"] = df["role"]
-            df.loc[df["generic"].fillna(False).astype(bool), "role"] = "generic"
+            gen = df["generic"].fillna(False).astype(bool)
+            df.loc[gen, "role"] = "generic"
+            if "role_reason" in df:
+                df.loc[gen, "role_reason"] = [
+                    f"generic: removing it raises the LM loss on neutral text by {c:.3f} nats/token ({r:.1%} of the "
+                    f"intact loss, threshold {self.generic_fraction:.0%})" for c, r in zip(df.loc[gen, "control_drop"],
+                                                                                        df.loc[gen, "control_rel"])]
             member = ~df["generic"].fillna(False).astype(bool) | self.keep_generic
             df["circuit_rank"] = pd.Series(range(1, int(member.sum()) + 1), index=df.index[member]).reindex(df.index)
         return df
@@ -183,6 +189,16 @@ class Circuit:
         earlier = gat[gat["layer"] < a.layer]
         gat = earlier if not earlier.empty else gat
         return (HeadRef.parse(gat["name"].iloc[0]), a) if not gat.empty else None
+
+    def decisive(self) -> list[tuple[HeadRef, float]]:
+        """Heads whose removal alone brings the task's accuracy to chance (within the margin of
+        :func:`check_solvable`), with that accuracy, best-ranked first: the paper's "one head: 66% -> 25%"."""
+        chance, n = self.baseline.get("chance"), len(next(iter(self.scan.baseline.values()), []))
+        if chance is None or not n:
+            return []
+        margin = max(0.05, 2 * math.sqrt(chance * (1 - chance) / n))
+        out = [(h, self.scan.ablated(h, "accuracy")) for h in self.scan.top(len(self.scan.heads)) if h in self.scan.exact]
+        return [(h, a) for h, a in out if a <= chance + margin]
 
     def curve_summary(self, metric: str = "accuracy") -> dict[str, Any]:
         """``metric`` after removing the top K heads and K random heads (mean, min, max over seeds)."""
@@ -216,6 +232,7 @@ class Circuit:
             "keep_generic": self.keep_generic, "notes": list(self.notes),
             "circuit": [h.name for h in self.heads], "generic": [h.name for h in self.generic],
             "stability": self.scan.stability(),
+            "decisive": [{"head": h.name, "accuracy": a} for h, a in self.decisive()],
         }
 
     def summary(self, top: int = 10) -> str:
@@ -229,6 +246,9 @@ class Circuit:
                  f"- scan: {len(self.scan.heads)} heads, {self.scan.strategy} strategy, {self.scan.method} ablation, "
                  f"metric {self.scan.metric}, {len(self.scan.exact)} heads run exactly"]
         lines += [f"- {n}" for n in self.notes]
+        decisive = self.decisive()
+        lines.append("- heads whose removal alone brings accuracy to chance: " + (", ".join(
+            f"{h.name} ({a:.3f})" for h, a in decisive) if decisive else "none (the task survives every single removal)"))
         df = self.to_frame()
         has_control = "control_drop" in df
         if has_control:

@@ -44,7 +44,7 @@ from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.scoring import plan_scoring
 
 ROLE_COLUMNS = ["name", "gather", "gather_prev", "line_tokens", "aggregate", "to_summaries", "to_items", "gold_share",
-                "selectivity", "sharpness", "role"]
+                "selectivity", "sharpness", "role", "role_reason"]
 ROLES: tuple[str, ...] = ("gather", "aggregate", "other")
 
 __all__ = ["ROLES", "ROLE_COLUMNS", "RoleRule", "decision_inputs", "role_scores"]
@@ -79,6 +79,23 @@ class RoleRule:
         if scores["gather"] >= self.gather_min and (short or spread):
             return "gather"
         return "other"
+
+    def explain(self, scores: dict[str, float] | pd.Series) -> str:
+        """Why :meth:`label` gives its role: the numbers that decide it against the rule's thresholds."""
+        role = self.label(scores)
+        agg = f"aggregate {scores['aggregate']:.2f} (min {self.aggregate_min}), selectivity {scores['selectivity']:.2f} " \
+              f"(min {self.selectivity_min})"
+        gat = f"gather {scores['gather']:.2f} (min {self.gather_min}), beyond the previous token " \
+              f"{scores['gather'] - scores['gather_prev']:.2f} (min {self.spread_min})"
+        if role == "aggregate":
+            return f"final token selects the gold segment: {agg}"
+        if role == "gather":
+            return f"summary tokens read their own segment: {gat}"
+        if scores["aggregate"] >= self.aggregate_min:
+            return f"weak pattern: reads the segments from the final token but does not select the gold one ({agg})"
+        if scores["gather"] >= self.gather_min:
+            return f"weak pattern: summary tokens read only the previous token ({gat})"
+        return f"weak pattern: neither role ({agg}; {gat})"
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -153,7 +170,7 @@ def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str |
     bad = [i for i, sg in enumerate(segs) if not sg.items]
     if bad:
         raise InputError(f"samples {bad[:5]} have no segments (lines / options) to score gather and aggregate on")
-    total = torch.zeros(len(chosen), len(ROLE_COLUMNS) - 2, dtype=torch.float64)
+    total = torch.zeros(len(chosen), len(ROLE_COLUMNS) - 3, dtype=torch.float64)
     options = PatternOptions(form=form)  # type: ignore[arg-type]
     fed = decision_inputs(model, samples)
     for b0 in range(0, len(samples), batch_size):
@@ -168,10 +185,12 @@ def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str |
             p = row_distribution(pat.float())
             total += _sample_scores(p.cpu(), sg.items, s.gold, pat.shape[-1] - 1).double()
     mean = total / len(samples)
-    cols = ROLE_COLUMNS[1:-1]
+    cols = ROLE_COLUMNS[1:-2]
     rows = []
     for h, vals in zip(chosen, mean.tolist()):
         sc = dict(zip(cols, vals))
+        nan = any(math.isnan(v) for v in vals)
         rows.append({"layer": h.layer, "head": h.head, "kind": h.kind, "name": h.name, **sc,
-                     "role": rule.label(sc) if not any(math.isnan(v) for v in vals) else "other"})
+                     "role": "other" if nan else rule.label(sc),
+                     "role_reason": "no segment structure to score (empty pattern rows)" if nan else rule.explain(sc)})
     return pd.DataFrame(rows, columns=["layer", "head", "kind"] + ROLE_COLUMNS)
