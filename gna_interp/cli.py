@@ -189,8 +189,10 @@ def run_scan(args: argparse.Namespace) -> int:
     spec = args.model or _first_default()
     out = Path(args.out)
     ckpt = out / "scan.ckpt.json"
-    if ckpt.exists() and not args.resume:
-        ckpt.unlink()
+    if not args.resume:
+        for stale in (ckpt, ckpt.with_suffix(".control.json")):
+            if stale.exists():
+                stale.unlink()
     print(f"loading {spec} ...", flush=True)
     model = load_model(spec, device=getattr(args, "device", None))
     kv = dict(n_pairs=args.pairs, n_samples=args.samples, max_value=args.max_value, words=model.kv_words)
