@@ -257,3 +257,26 @@ def test_no_hook_or_gradient_flag_survives_an_exception(tiny_models, monkeypatch
         scan_heads(model, TASK, heads=["L0S1", "L1H2"], strategy=strategy, batch_size=4, progress=False)
     assert _torch_hooks(model) == before
     assert [p.requires_grad for p in model.hf_model.parameters()] == flags
+
+
+def test_multi_token_candidates_score_each_head_like_evaluate(tiny_models, monkeypatch):
+    """Several rows per sample (multi-token values): each head costs one shared-prefix scoring pass, and
+    its numbers equal the full-row naive loop's and an `evaluate` under `ablate`."""
+    from gna_interp.interventions import ablate
+    from gna_interp.tasks import evaluate, plan_scoring
+
+    model = tiny_models["llama"]
+    task = KVRetrieval(n_pairs=6, n_samples=3, seed=2)  # values 0..99: byte tokens, many rows per sample
+    plan = plan_scoring(model, task.samples)
+    assert len(plan.rows) > 2 * len(plan.samples)
+    replays: list[str] = []
+    real_group = scan_mod._exact_group
+    monkeypatch.setattr(scan_mod, "_exact_group", lambda *a: replays.append("x") or real_group(*a))
+    heads = model.heads()[::3]
+    exact = scan_heads(model, task, heads=heads, strategy="exact", batch_size=4, progress=False)
+    naive = scan_heads(model, task, heads=heads, strategy="naive", batch_size=4, progress=False)
+    assert not replays
+    for h in heads:
+        assert exact.ablated(h) == pytest.approx(naive.ablated(h), abs=1e-5)
+    with ablate(model, [heads[1]]):
+        assert exact.ablated(heads[1]) == pytest.approx(evaluate(model, task, progress=False).logit_diff, abs=1e-9)

@@ -2,7 +2,10 @@
 
 Strategies:
 
-- ``exact`` (fast): one clean forward per batch records every block's input
+- ``exact`` (fast): when candidates span several tokens (more than two scoring rows per sample) on an
+  attention-only model, each head is scored like :func:`~gna_interp.tasks.evaluate` scores a task --
+  every prompt once, the candidates continued from its KV cache -- so a head costs about one evaluation.
+  Otherwise one clean forward per batch records every block's input
   (:mod:`gna_interp.circuits.replay`); ablating a head of layer ``L`` then re-runs only blocks
   ``L..N-1``, ``stack`` ablations of the same layer share one replay (copies of the batch), and the
   unembedding is applied only where the metric reads. Its numbers equal ``naive``'s to float noise.
@@ -502,9 +505,17 @@ def _next_to_verify(scan: HeadScan, certify: int, count: int, settle_above: floa
 
 
 def _exact_phase(model: Model, plan: ScoringPlan, batch_size: int, prefixes: _Prefixes, todo: list[Replacement],
-                 stack: int, naive: bool, scan: HeadScan, rec: _Progress) -> None:
-    """Run ``todo`` exactly (fast replay, or one full forward per head when ``naive`` or when replays do
-    not reproduce the model), recording each finished group."""
+                 stack: int, naive: bool, scan: HeadScan, rec: _Progress, shared: bool = False) -> None:
+    """Run ``todo`` exactly (fast replay; with ``shared``, one scoring pass per head that runs each prompt
+    once and continues its candidates from the prompt's cache; one full forward per head when ``naive``
+    or when replays do not reproduce the model), recording each finished group."""
+    if shared:
+        if not scan.exact:  # the baseline by the same engine as the heads' numbers
+            scan.baseline = _per_sample(run_plan(model, plan, batch_size, share_prefix=True))
+        rec.save()
+        for r in todo:
+            rec.done({r.site.head: run_plan(model, plan, batch_size, fwd_hooks=ablation_hooks([r]), share_prefix=True)})
+        return
     if not naive:
         try:
             prefixes.verify()
@@ -554,18 +565,32 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
         _attribution_phase(model, plan, chunks, prefixes, replaced, scan, cfg.progress)
         rec.save()
     todo = _initial_exact(scan, cfg)
+    shared = _use_shared_prefix(model, plan, cfg)
     with tqdm(total=len(todo), desc=f"scan {cfg.strategy}", unit="head", disable=not cfg.progress) as bar:
         rec.bar = bar
         if todo or not scan.baseline:
             _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in todo], stack,
-                         cfg.strategy == "naive", scan, rec)
+                         cfg.strategy == "naive", scan, rec, shared)
         if cfg.strategy == "auto" and (cfg.certify > 0 or cfg.settle_above is not None):
             while more := _next_to_verify(scan, min(cfg.certify, len(head_list)), stack, cfg.settle_above):
                 bar.total += len(more)
                 bar.refresh()
-                _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in more], stack, False, scan, rec)
+                _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in more], stack, False, scan,
+                             rec, shared)
     scan.seconds = time.perf_counter() - start
     return scan
+
+
+SHARED_PREFIX_ROWS = 2.0
+
+
+def _use_shared_prefix(model: Model, plan: ScoringPlan, cfg: ScanConfig) -> bool:
+    """Whether exact runs should score each ablated head like :func:`evaluate` does -- each prompt once,
+    the candidates continued from its cache -- instead of replaying full rows: when candidates span
+    several tokens, so that a sample needs more than :data:`SHARED_PREFIX_ROWS` rows, on models whose
+    cache can be continued (attention-only), and not for resampling (which aligns activations per row)."""
+    return (cfg.strategy in ("exact", "auto") and cfg.method != "resample" and model.splits_prefix_cache
+            and len(plan.rows) > SHARED_PREFIX_ROWS * len(plan.samples))
 
 
 def _initial_exact(scan: HeadScan, cfg: ScanConfig) -> list[HeadRef]:
