@@ -147,8 +147,9 @@ def run_report(args: argparse.Namespace) -> int:
 def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
     p.add_argument("--task", default="kv", choices=["kv"], help="task (kv: KV retrieval, official template)")
-    p.add_argument("--pairs", type=int, default=6, help="dictionary lines per prompt (default 6)")
-    p.add_argument("--samples", type=int, default=16, help="prompts (default 16)")
+    p.add_argument("--pairs", type=int, default=10,
+                   help="dictionary lines per prompt (default 10; chosen by measurement, see docs/discovery.md)")
+    p.add_argument("--samples", type=int, default=32, help="prompts (default 32)")
     p.add_argument("--max-value", type=int, default=9,
                    help="values are 0..MAX (default 9: one digit, so every candidate shares one forward row "
                         "even with digit-splitting tokenizers; 99 is the paper's range)")

@@ -50,10 +50,11 @@ from gna_interp.tasks.scoring import (
     score_candidates,
 )
 from gna_interp.tasks.segments import CharSegments, Segments, Span, TextBuilder, annotate
+from gna_interp.tasks.text import NeutralText, lm_loss
 from gna_interp.tasks.words import word_list
 
 __all__ = ["PAPER_SIZES", "CandidateScores", "CharSegments", "Chunk", "Evaluation", "KVRetrieval",
-           "MultipleChoice", "Question", "Sample", "ScoreTable", "ScoringPlan", "Segments", "Span", "Task", "TextBuilder",
-           "annotate", "evaluate", "file_questions", "hub_questions", "layout_chunks", "plan_scoring", "read_logprobs",
+           "MultipleChoice", "NeutralText", "Question", "Sample", "ScoreTable", "ScoringPlan", "Segments", "Span", "Task", "TextBuilder",
+           "annotate", "evaluate", "file_questions", "hub_questions", "layout_chunks", "lm_loss", "plan_scoring", "read_logprobs",
            "run_plan",
            "score_candidates", "synthetic_questions", "task_from_dict", "word_list"]
