@@ -286,6 +286,14 @@ class Circuit:
         out = [f"- removing the top {k} circuit heads: accuracy {cs['top']:.3f}; {k} random heads (not in the "
                f"circuit's top {k}): {cs['random_mean']:.3f} (min {cs['random_min']:.3f}, max {cs['random_max']:.3f}, "
                f"{cs['seeds']} seeds); baseline {cs['baseline']:.3f}"]
+        if cs["seeds"] and cs["baseline"] is not None:
+            top_drop, rnd_drop = cs["baseline"] - cs["top"], cs["baseline"] - cs["random_max"]
+            verdict = ("more than any random draw" if top_drop > cs["baseline"] - cs["random_min"] else
+                       "no more than some random draw: the circuit is not distinguished at this k")
+            ratio = f", {top_drop / (cs['baseline'] - cs['random_mean']):.1f}x the random mean's drop" \
+                if cs["baseline"] - cs["random_mean"] > 1e-9 else ""
+            out.append(f"- so the top {k} cost {top_drop:.3f} accuracy, {verdict}{ratio} (the smallest random drop "
+                       f"was {rnd_drop:.3f})")
         curve = self.curve if "lm_loss" in self.curve else self.curve.assign(lm_loss=math.nan)
         means = curve.groupby(["series", "k"])[["accuracy", "lm_loss"]].mean()
         steps = [f"k={j} {means.loc[('top', j), 'accuracy']:.3f} vs {means.loc[('random', j), 'accuracy']:.3f}"
