@@ -162,6 +162,9 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
                    help="heads auto runs exactly before calibrating its error bound (default: 20)")
     p.add_argument("--certify", type=int, default=10,  # circuits.scan.DEFAULT_CERTIFY (not imported: keeps start-up light)
                    help="leading heads auto settles exactly (default 10)")
+    p.add_argument("--max-exact", type=int, default=None,
+                   help="auto stops after this many exact heads and reports how many could still enter the top "
+                        "(default: until settled)")
     p.add_argument("--top-k", type=int, default=5, help="heads removed together in the ablation curve (default 5)")
     p.add_argument("--seeds", type=int, default=3, help="random-head draws for the curve (default 3)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -203,7 +206,8 @@ def run_scan(args: argparse.Namespace) -> int:
           f"{args.strategy} scan, {args.method} ablation, metric {args.metric}", flush=True)
     circuit = discover(model, task, strategy=args.strategy, method=args.method, metric=args.metric,
                        reference=reference, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size,
-                       checkpoint=ckpt, verify=args.verify, certify=args.certify, keep_generic=args.keep_generic,
+                       checkpoint=ckpt, verify=args.verify, certify=args.certify, max_exact=args.max_exact,
+                       keep_generic=args.keep_generic,
                        control=not args.no_control, allow_chance=args.allow_chance)
     circuit.save(out)
     print(circuit.summary(top=10))

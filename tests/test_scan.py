@@ -280,3 +280,13 @@ def test_multi_token_candidates_score_each_head_like_evaluate(tiny_models, monke
         assert exact.ablated(h) == pytest.approx(naive.ablated(h), abs=1e-5)
     with ablate(model, [heads[1]]):
         assert exact.ablated(heads[1]) == pytest.approx(evaluate(model, task, progress=False).logit_diff, abs=1e-9)
+
+
+def test_auto_stops_at_max_exact_and_reports_what_is_unsettled(tiny_models):
+    model = tiny_models["llama"]
+    with pytest.warns(RuntimeWarning, match="max_exact=3"):
+        scan = scan_heads(model, TASK, strategy="auto", verify=2, certify=10, max_exact=3, batch_size=4,
+                          progress=False)
+    assert len(scan.exact) == 3 and scan.unsettled > 0 and scan.metrics["unsettled"] == scan.unsettled
+    again = type(scan).from_state(scan.to_state())
+    assert again.unsettled == scan.unsettled

@@ -244,7 +244,9 @@ class Circuit:
                  f"- baseline: accuracy {b.get('accuracy', math.nan):.3f} (chance {b.get('chance', math.nan):.3f}), "
                  f"logit_diff {b.get('logit_diff', math.nan):.3f}{loss}; {self.task.get('n_samples')} samples",
                  f"- scan: {len(self.scan.heads)} heads, {self.scan.strategy} strategy, {self.scan.method} ablation, "
-                 f"metric {self.scan.metric}, {len(self.scan.exact)} heads run exactly"]
+                 f"metric {self.scan.metric}, {len(self.scan.exact)} heads run exactly"
+                 + (f" (stopped at max_exact: {self.scan.unsettled} unrun heads could still enter the leading ones)"
+                    if self.scan.unsettled else "")]
         lines += [f"- {n}" for n in self.notes]
         decisive = self.decisive()
         lines.append("- heads whose removal alone brings accuracy to chance: " + (", ".join(

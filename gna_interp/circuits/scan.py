@@ -93,6 +93,8 @@ class ScanConfig(Options):
         settle_above: ``auto`` also runs exactly every head whose estimated drop plus its calibrated error
             bound exceeds this value (e.g. the LM-loss rise that makes a head generic), so no head above
             it is left as an estimate.
+        max_exact: ``auto`` stops running heads exactly after this many (None: until settled); the scan
+            then records how many unrun heads could still enter the leading ones (``unsettled``).
         stack: ablations per replay (default: as many as keep a replay within 64 rows).
         scoring: candidate scoring method of :func:`~gna_interp.tasks.scoring.plan_scoring`
             (``auto`` or ``first_token``).
@@ -109,6 +111,7 @@ class ScanConfig(Options):
     verify: int | None = None
     certify: int = DEFAULT_CERTIFY
     settle_above: float | None = None
+    max_exact: int | None = None
     stack: int | None = None
     scoring: str = "auto"
     progress: bool = True
@@ -122,6 +125,7 @@ class ScanConfig(Options):
         check_int("stack", self.stack, 1, allow_none=True)
         check_int("verify", self.verify, 0, allow_none=True)
         check_int("certify", self.certify, 0)
+        check_int("max_exact", self.max_exact, 1, allow_none=True)
         if self.scoring == "per_candidate":
             raise OptionError("scan_heads scores candidates from shared forwards; use scoring='auto' or 'first_token'")
         check_choice("scoring", self.scoring, ("auto", "first_token"))
@@ -150,6 +154,7 @@ class HeadScan:
     estimates: dict[HeadRef, float] = field(default_factory=dict)
     sizes: dict[HeadRef, float] = field(default_factory=dict)
     seconds: float = 0.0
+    unsettled: int = 0
 
     @property
     def estimand(self) -> str:
@@ -265,7 +270,8 @@ class HeadScan:
     def metrics(self) -> dict[str, Any]:
         """``baseline`` (the metric of the intact model), ``metric``, ``n_heads``, ``n_exact``, ``seconds``."""
         return {"baseline": self.baseline_value if self.baseline else math.nan, "metric": self.metric,
-                "n_heads": len(self.heads), "n_exact": len(self.exact), "seconds": self.seconds}
+                "n_heads": len(self.heads), "n_exact": len(self.exact), "unsettled": self.unsettled,
+                "seconds": self.seconds}
 
     def to_state(self) -> dict[str, Any]:
         """Everything the scan measured, as JSON-able values (see :meth:`from_state`)."""
@@ -274,13 +280,15 @@ class HeadScan:
                 "baseline": _to_json(self.baseline) if self.baseline else None,
                 "exact": {h.name: _to_json(v) for h, v in self.exact.items()},
                 "estimates": {h.name: v for h, v in self.estimates.items()},
-                "sizes": {h.name: v for h, v in self.sizes.items()}, "seconds": self.seconds}
+                "sizes": {h.name: v for h, v in self.sizes.items()}, "seconds": self.seconds,
+                "unsettled": self.unsettled}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "HeadScan":
         """The scan :meth:`to_state` described."""
         scan = cls(state["model"], state["task"], state["method"], state["metric"], state["strategy"],
-                   [HeadRef.parse(n) for n in state["heads"]], {}, seconds=float(state.get("seconds") or 0.0))
+                   [HeadRef.parse(n) for n in state["heads"]], {}, seconds=float(state.get("seconds") or 0.0),
+                   unsettled=int(state.get("unsettled") or 0))
         scan.restore(state)
         return scan
 
@@ -573,6 +581,13 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
                          cfg.strategy == "naive", scan, rec, shared)
         if cfg.strategy == "auto" and (cfg.certify > 0 or cfg.settle_above is not None):
             while more := _next_to_verify(scan, min(cfg.certify, len(head_list)), stack, cfg.settle_above):
+                if cfg.max_exact is not None and len(scan.exact) >= cfg.max_exact:
+                    scan.unsettled = len(_next_to_verify(scan, min(cfg.certify, len(head_list)), len(head_list),
+                                                         cfg.settle_above))
+                    warnings.warn(f"auto scan stopped at max_exact={cfg.max_exact} exact heads; {scan.unsettled} unrun "
+                                  f"heads could still enter the top {cfg.certify}", RuntimeWarning, stacklevel=2)
+                    break
+                more = more[:cfg.max_exact - len(scan.exact)] if cfg.max_exact is not None else more
                 bar.total += len(more)
                 bar.refresh()
                 _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in more], stack, False, scan,
