@@ -162,12 +162,8 @@ class HeadScan:
         return "logprob" if self.metric == "logprob" else "logit_diff"
 
     def _value(self, per_sample: dict[str, Tensor], metric: str | None = None) -> float:
-        m = metric or self.metric
-        if m == "accuracy":
-            return float(per_sample["correct"].float().mean())
-        if m == "logprob":
-            return float(per_sample["gold_score"].sum() / per_sample["n_gold"].sum().clamp_min(1))
-        return float(per_sample["logit_diff"].mean())
+        n = len(next(iter(per_sample.values())))
+        return float(self._resampled(per_sample, torch.arange(n)[None], metric)[0])
 
     @property
     def baseline_value(self) -> float:
@@ -191,7 +187,7 @@ class HeadScan:
         """The metric on each row of sample indices ``idx`` (``[B, n]``): ``[B]`` values."""
         m = metric or self.metric
         if m == "accuracy":
-            return per_sample["correct"][idx].double().mean(-1)
+            return per_sample["correct"][idx].float().mean(-1)
         if m == "logprob":
             return per_sample["gold_score"][idx].sum(-1) / per_sample["n_gold"][idx].sum(-1).clamp_min(1)
         return per_sample["logit_diff"][idx].mean(-1)
@@ -211,7 +207,7 @@ class HeadScan:
         q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
         out = {}
         for h, per in self.exact.items():
-            lo, hi = torch.quantile(base - self._resampled(per, idx), q).tolist()
+            lo, hi = torch.quantile((base - self._resampled(per, idx)).double(), q).tolist()
             out[h] = (lo, hi)
         self._intervals = (key, out)
         return out

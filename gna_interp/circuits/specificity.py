@@ -62,9 +62,7 @@ def specificity_frame(scan: HeadScan, control: HeadScan, generic_fraction: float
             c, src = control.est_drop(h), "attribution"
         else:
             c, src = math.nan, "none"
-        ablated = scan.ablated(h, "logit_diff")
-        r = (scan._value(scan.baseline, "logit_diff") - ablated) / base_ld if not math.isnan(ablated) \
-            else scan.est_drop(h) / base_ld if h in scan.estimates else math.nan
+        r = (scan._value(scan.baseline, "logit_diff") - scan.ablated(h, "logit_diff")) / base_ld  # NaN if unmeasured
         rel = c / base_loss if base_loss > 0 else math.nan
         spec = (r - rel) / (abs(r) + abs(rel)) if abs(r) + abs(rel) > 0 else 0.0
         rows.append({"name": h.name, "control_drop": c, "control_source": src, "control_rel": rel,

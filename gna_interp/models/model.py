@@ -15,7 +15,7 @@ from torch import Tensor
 from gna_interp.errors import HeadError, InputError
 from gna_interp.models.arch import LayerSpec, detect_layers
 from gna_interp.models.heads import HeadRef, parse_heads
-from gna_interp.models.mixer import HeadSite, MixerAdapter, unwrap
+from gna_interp.models.mixer import HeadSite, unwrap
 from gna_interp.models.spec import ResolvedSpec
 
 Hooks = Sequence[tuple[Any, Callable[..., Any]]]
@@ -178,10 +178,6 @@ class Model:
     def check_heads(self, heads: str | HeadRef | Sequence[str | HeadRef]) -> list[HeadRef]:
         """:meth:`check_head` over a comma-separated string or a list."""
         return [self.check_head(h) for h in parse_heads(heads)]
-
-    def adapter(self, head: HeadRef | LayerSpec) -> MixerAdapter:
-        """The mixer adapter of a head's (or a layer's) kind."""
-        return head.adapter
 
     def head_site(self, head: HeadRef | str) -> HeadSite:
         """Where ``head``'s output lives: the hook at its output projection's input and its channels there."""

@@ -143,18 +143,13 @@ def _view_sections(views: CardViews, figures: dict[str, Any]) -> list[str]:
     out += ["<h2>Patterns of the top heads</h2>", _note(
         f"Sample 0, the {len(view)} best-ranked heads. Attention heads: softmax pattern. SSM heads: implicit "
         f"attention (form={ps.options.form}) shown row-normalised, |M[t,s]| / sum_s |M[t,s]|. Hover a head to "
-        f"enlarge it."), _fragment(attention_heads(ps, view, sample=0))]
+        f"enlarge it."), attention_heads(ps, view, sample=0).fragment]
     soft = [h for h in view if h.adapter.normalized_rows]
     implicit = [h for h in view if not h.adapter.normalized_rows]
     if soft and implicit:
         figures["compare"] = compare_heads(ps, soft[0], ps, implicit[0], sample=0)
         out += ["<h2>Attention vs SSM</h2>", figure_div(figures["compare"])]
     return out
-
-
-def _fragment(view: Any) -> str:
-    """The HTML fragment of a circuitsvis view (which the page's bundle renders)."""
-    return view if isinstance(view, str) else str(getattr(view, "html", view))
 
 
 def _png_section(folder: Path, figures: dict[str, Any]) -> str:
