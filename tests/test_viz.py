@@ -55,6 +55,8 @@ def test_heatmap_lays_out_each_kind_in_its_own_panel(tiny_models):
     assert len(hover) == 1 and "role: aggregate" in hover[0] and "drop: " in hover[0]
     assert any("A#1" in t for tr in fig.data for line in tr.text for t in line)
     assert fig.layout.coloraxis.cmid == 0
+    assert fig.layout.title.text.startswith("Ablation drop per head")  # not a panel's title
+    assert score_heatmap(df, title="mine").layout.title.text == "mine"
 
 
 def test_heatmap_rejects_frames_without_head_columns():

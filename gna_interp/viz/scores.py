@@ -109,10 +109,10 @@ def score_heatmap(scan: Any, roles: pd.DataFrame | None = None, value: str = "dr
                 mark = f"{mark}#{int(row['rank'])}"
             text[i][j] = mark
             hover[i][j] = _hover(row, hover_cols)
-        title, axis, letter = info[kind]
+        panel, axis, letter = info[kind]
         fig.add_trace(go.Heatmap(z=z, x=list(range(len(cols))), y=list(range(len(layers))), text=text,
                                  texttemplate="%{text}", customdata=hover, hovertemplate="%{customdata}<extra></extra>",
-                                 coloraxis="coloraxis", xgap=1, ygap=1, name=title), row=r, col=1)
+                                 coloraxis="coloraxis", xgap=1, ygap=1, name=panel), row=r, col=1)
         step = max(1, math.ceil(len(cols) / _MAX_TICKS))
         fig.update_xaxes(title_text=axis, tickvals=list(range(0, len(cols), step)),
                          ticktext=[f"{letter}{cols[j]}" for j in range(0, len(cols), step)], row=r, col=1)
