@@ -54,7 +54,8 @@ def test_exact_with_mean_ablation_matches_naive_and_accuracy_metric(tiny_models)
     kw = dict(heads=["L0H0", "L1H3"], method="mean", reference=ref, metric="accuracy", batch_size=2, progress=False)
     naive = scan_heads(model, TASK, strategy="naive", **kw).to_frame().set_index("name")
     exact = scan_heads(model, TASK, strategy="exact", **kw).to_frame().set_index("name")
-    assert list(exact.columns) == ["layer", "head", "kind", "baseline", "ablated", "drop", "rank", "source", "est_drop", "drop_lo", "drop_hi"]
+    assert list(exact.columns) == ["layer", "head", "kind", "baseline", "ablated", "drop", "rank", "source", "est_drop",
+                                   "drop_lo", "drop_hi"]
     assert (exact.loc[naive.index, "ablated"] == naive["ablated"]).all()
 
 
@@ -129,6 +130,34 @@ def test_auto_settles_the_leading_heads(tiny_models):
         assert len(auto.exact) >= k
         assert set(auto.to_frame()["name"][:k]) == set(exact["name"][:k])
         assert _next_to_verify(auto, k, 100) == []
+
+
+def test_auto_screens_on_a_subset_before_running_all_samples(tiny_models, tmp_path, monkeypatch):
+    """``screen=m``: heads the attribution bound cannot rule out are first run on m spread samples (the
+    same numbers as an exact run restricted to those samples); only heads whose screening bound could
+    still reach the leading ones run on all samples, and the result survives a checkpoint round trip.
+    (The tiny model's 12 heads differ too little for 3 standard deviations on 4 samples to rule any out:
+    the bound is taken at its mean here, z = 0.)"""
+    monkeypatch.setattr(scan_mod, "SCREEN_Z", 0.0)
+    model = tiny_models["llama"]
+    task = KVRetrieval(n_pairs=3, n_samples=8, max_value=20, seed=3)
+    exact = scan_heads(model, task, strategy="exact", batch_size=4, progress=False)
+    auto = scan_heads(model, task, strategy="auto", verify=4, certify=3, screen=4, batch_size=4, progress=False,
+                      checkpoint=tmp_path / "ck.json")
+    assert auto.screen_index == [0, 2, 5, 7] and auto.screened
+    idx = torch.tensor(auto.screen_index)
+    for h, per in auto.screened.items():
+        torch.testing.assert_close(per["logit_diff"], exact.exact[h]["logit_diff"][idx], atol=1e-4, rtol=0)
+    only_screened = set(auto.screened) - set(auto.exact)
+    assert only_screened, "no head was ruled out by its screen: the stage did nothing"
+    assert _next_to_verify(auto, 3, 100) == []
+    frame = auto.to_frame().set_index("name")
+    assert set(frame.loc[[h.name for h in only_screened], "source"]) == {"screen"}
+    assert set(auto.to_frame()["name"][:3]) == set(exact.to_frame()["name"][:3])
+    again = type(auto).from_state(auto.to_state())
+    assert again.screen_index == auto.screen_index and set(again.screened) == set(auto.screened)
+    h = next(iter(only_screened))
+    assert again.screen_bound(h) == auto.screen_bound(h)
 
 
 def test_frame_ranks_and_top(tiny_models):
@@ -259,9 +288,10 @@ def test_no_hook_or_gradient_flag_survives_an_exception(tiny_models, monkeypatch
     assert [p.requires_grad for p in model.hf_model.parameters()] == flags
 
 
-def test_multi_token_candidates_score_each_head_like_evaluate(tiny_models, monkeypatch):
-    """Several rows per sample (multi-token values): each head costs one shared-prefix scoring pass, and
-    its numbers equal the full-row naive loop's and an `evaluate` under `ablate`."""
+def test_multi_token_candidates_are_packed_one_sequence_per_sample(tiny_models, monkeypatch):
+    """Several rows per sample (multi-token values): the exact scan lays each sample out once (its rows
+    as a tree under one mask) and replays it, and its numbers equal the full-row naive loop's and an
+    `evaluate` under `ablate`; attribution reads its metric weights chunk by chunk."""
     from gna_interp.interventions import ablate
     from gna_interp.tasks import evaluate, plan_scoring
 
@@ -269,17 +299,27 @@ def test_multi_token_candidates_score_each_head_like_evaluate(tiny_models, monke
     task = KVRetrieval(n_pairs=6, n_samples=3, seed=2)  # values 0..99: byte tokens, many rows per sample
     plan = plan_scoring(model, task.samples)
     assert len(plan.rows) > 2 * len(plan.samples)
+    chunks = layout_chunks(model, plan, 2)
+    assert [c.size for c in chunks] == [2, 1] and all(c.batch.tree is not None for c in chunks)
     replays: list[str] = []
     real_group = scan_mod._exact_group
     monkeypatch.setattr(scan_mod, "_exact_group", lambda *a: replays.append("x") or real_group(*a))
     heads = model.heads()[::3]
     exact = scan_heads(model, task, heads=heads, strategy="exact", batch_size=4, progress=False)
     naive = scan_heads(model, task, heads=heads, strategy="naive", batch_size=4, progress=False)
-    assert not replays
+    assert replays
     for h in heads:
         assert exact.ablated(h) == pytest.approx(naive.ablated(h), abs=1e-5)
+        assert torch.equal(exact.exact[h]["correct"], naive.exact[h]["correct"])
     with ablate(model, [heads[1]]):
-        assert exact.ablated(heads[1]) == pytest.approx(evaluate(model, task, progress=False).logit_diff, abs=1e-9)
+        assert exact.ablated(heads[1]) == pytest.approx(evaluate(model, task, progress=False).logit_diff, abs=1e-5)
+    assert abs(exact.baseline_value - naive.baseline_value) < 1e-5 and max(abs(exact.to_frame()["drop"])) > 1e-3
+    replaced = replacements(model, heads, "zero")
+    clean = run_plan(model, plan, 8, share_prefix=False)
+    own = attribution_estimates(model, plan, chunks, replaced)
+    given = attribution_estimates(model, plan, chunks, replaced, metric_weights(plan, clean))
+    torch.testing.assert_close(own.delta, given.delta, atol=1e-6, rtol=1e-5)
+    assert (own.delta.abs() > 0).all()
 
 
 def test_auto_stops_at_max_exact_and_reports_what_is_unsettled(tiny_models):

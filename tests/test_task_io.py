@@ -48,14 +48,16 @@ def test_kv_round_trip_keeps_a_custom_suffix_and_name():
 @pytest.mark.parametrize("fmt", ["letters", "cloze"])
 def test_multiple_choice_round_trip(fmt):
     header = "The following are questions about who owns what."
+    shots = synthetic_questions(2, seed=9, n_choices=5)
     task = MultipleChoice(synthetic_questions(6, seed=2, n_choices=5), format=fmt, name="owners", header=header,
-                          letter_prefix="")
+                          letter_prefix="", shots=shots)
     d = task.to_dict()
     assert d["kind"] == "mc" and d["name"] == f"owners-{fmt}" and len(d["questions"]) == 6
-    assert d["args"] == {"format": fmt, "name": "owners", "header": header, "letter_prefix": ""}
+    assert d["args"] == {"format": fmt, "name": "owners", "header": header, "letter_prefix": "",
+                         "shots": [q.to_dict() for q in shots]}
     loaded = round_trip(task)
     assert_same(task, loaded)
-    assert loaded.questions == task.questions
+    assert loaded.questions == task.questions and loaded.shots == task.shots
 
 
 def test_chat_wrapped_tasks_round_trip_as_samples():

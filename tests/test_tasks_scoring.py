@@ -10,6 +10,7 @@ import torch
 from gna_interp.errors import InputError
 from gna_interp.models import smollm2_gguf_path
 from gna_interp.models.model import Model
+from gna_interp.tasks.scoring import ScoreTable, layout_chunks, read_logprobs
 from gna_interp.tasks import (KVRetrieval, MultipleChoice, Sample, evaluate, plan_scoring, run_plan, score_candidates,
                               word_list)
 from spm_tokenizer import spm_tokenizer
@@ -192,6 +193,30 @@ def test_shared_prefix_small_batches_and_single_token_rows(tiny_models):
     assert got.n_forwards == 2 + sum(math.ceil(n / 2) for n in cont)
 
 
+def packed_scores(model: Model, samples, batch_size: int) -> torch.Tensor:
+    """Candidate scores from packed chunks: one tree-masked sequence per sample, one plain forward per chunk."""
+    plan = plan_scoring(model, samples)
+    table = ScoreTable(plan)
+    chunks = layout_chunks(model, plan, batch_size, pack=True)
+    assert sum(c.size for c in chunks) == len(samples)
+    for c in chunks:
+        with torch.no_grad():
+            logits = model.forward(c.batch)
+        table.add(c, read_logprobs(logits[c.read_row, c.read_pos], c.read_tok))
+    return table.result().scores
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_packed_rows_equal_official_scorer_tiny_llama(tiny_models, batch_size):
+    """Each sample's rows packed into one sequence (prompt once, fed tokens as a tree, left padding between
+    samples) read the same log-probs as the official per-candidate forwards."""
+    model = tiny_models["llama"]
+    task = KVRetrieval(n_pairs=5, n_samples=3, seed=0)  # values 0..99: several rows per sample
+    assert len(plan_scoring(model, task.samples).rows) > 2 * len(task.samples)
+    torch.testing.assert_close(packed_scores(model, task.samples, batch_size), official_scores(model, task.samples),
+                               rtol=0, atol=1e-4)
+
+
 def test_share_prefix_refused_where_it_cannot_work(tiny_models):
     samples = KVRetrieval(3, 1).samples
     with pytest.raises(InputError, match="attention-only"):
@@ -215,5 +240,6 @@ def test_smollm2_one_forward_equals_official_scorer(smollm2):
     for share in (True, False):
         got = score_candidates(smollm2, samples, batch_size=8, share_prefix=share)
         torch.testing.assert_close(got.scores, ref, rtol=0, atol=2e-3)
+    torch.testing.assert_close(packed_scores(smollm2, samples, 2), ref, rtol=0, atol=2e-3)
     mc = plan_scoring(smollm2, samples[1:])
     assert len(mc.rows) == 1 and mc.rows[0].n_fed == 0  # " A".." D" are single tokens: first-token scoring

@@ -25,7 +25,7 @@ from torch import Tensor
 from gna_interp.circuits.replay import final_logits
 from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
-from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, ScoringPlan, read_logprobs
+from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, ScoringPlan, read_logprobs, whole_samples
 
 __all__ = ["Attribution", "attribution_estimates", "logprob_weights", "metric_weights"]
 
@@ -145,10 +145,10 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
 
     One forward (with gradients) and one backward per chunk, for all heads at once. ``weights`` are
     :func:`metric_weights` of a clean run; ``None`` derives them from each chunk's own clean scores,
-    which needs every sample's rows to sit in one chunk (true when each sample has one row).
+    which needs every sample's rows to sit in one chunk (true when each sample has one row, or is packed).
     """
-    if weights is None and len(plan.rows) != len(plan.samples):
-        raise ValueError("attribution without precomputed weights needs exactly one scoring row per sample")
+    if weights is None and not whole_samples(chunks):
+        raise ValueError("attribution without precomputed weights needs every sample's rows in one chunk")
     hooks_at = sorted({r.site.hook for r in replaced})
     layers = sorted({r.site.head.layer for r in replaced})
     proj = {}

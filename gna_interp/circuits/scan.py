@@ -61,6 +61,7 @@ from gna_interp.options import Options, check_choice, check_int, options
 from gna_interp.store import read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks, plan_scoring
+from gna_interp.tasks.scoring import whole_samples
 from gna_interp.tasks.scoring import read_logprobs, run_plan
 
 Strategy = Literal["exact", "naive", "attribution", "auto"]
@@ -74,6 +75,7 @@ N_BOOTSTRAP = 1000
 __all__ = ["COLUMNS", "METRICS", "STRATEGIES", "HeadScan", "Metric", "ScanConfig", "Strategy", "default_verify",
            "scan_heads"]
 DEFAULT_CERTIFY = 10
+SCREEN_Z = 3.0
 
 
 @options
@@ -95,6 +97,10 @@ class ScanConfig(Options):
             it is left as an estimate.
         max_exact: ``auto`` stops running heads exactly after this many (None: until settled); the scan
             then records how many unrun heads could still enter the leading ones (``unsettled``).
+        screen: samples of the ``auto`` screening stage (0: none; default: a quarter of the samples when
+            there are at least 64, else none): heads the attribution bound cannot rule out are first
+            run exactly on these samples only, and run on all samples only if that result's upper bound
+            (mean + ``3`` bootstrap standard deviations) could still reach the leading heads.
         stack: ablations per replay (default: as many as keep a replay within 64 rows).
         scoring: candidate scoring method of :func:`~gna_interp.tasks.scoring.plan_scoring`
             (``auto`` or ``first_token``).
@@ -112,6 +118,7 @@ class ScanConfig(Options):
     certify: int = DEFAULT_CERTIFY
     settle_above: float | None = None
     max_exact: int | None = None
+    screen: int | None = None
     stack: int | None = None
     scoring: str = "auto"
     progress: bool = True
@@ -126,6 +133,7 @@ class ScanConfig(Options):
         check_int("verify", self.verify, 0, allow_none=True)
         check_int("certify", self.certify, 0)
         check_int("max_exact", self.max_exact, 1, allow_none=True)
+        check_int("screen", self.screen, 0, allow_none=True)
         if self.scoring == "per_candidate":
             raise OptionError("scan_heads scores candidates from shared forwards; use scoring='auto' or 'first_token'")
         check_choice("scoring", self.scoring, ("auto", "first_token"))
@@ -155,6 +163,8 @@ class HeadScan:
     sizes: dict[HeadRef, float] = field(default_factory=dict)
     seconds: float = 0.0
     unsettled: int = 0
+    screened: dict[HeadRef, dict[str, Tensor]] = field(default_factory=dict)
+    screen_index: list[int] = field(default_factory=list)
 
     @property
     def estimand(self) -> str:
@@ -178,6 +188,21 @@ class HeadScan:
         if h in self.estimates and (metric or self.metric) == self.estimand:
             return self.estimates[h]
         return math.nan
+
+    def screen_bound(self, head: HeadRef, z: float | None = None, n_boot: int = 400) -> tuple[float, float]:
+        """A screened head's drop of :attr:`estimand` on the screening samples and its upper bound
+        ``mean + z * sd`` (default ``z``: :data:`SCREEN_Z`) over bootstrap resamples of those samples
+        (paired with the baseline)."""
+        z = SCREEN_Z if z is None else z
+        idx = torch.tensor(self.screen_index)
+        base = {k: v[idx] for k, v in self.baseline.items()}
+        per = self.screened[head]
+        m = len(idx)
+        boot = torch.randint(0, m, (n_boot, m), generator=torch.Generator().manual_seed(0))
+        d = (self._resampled(base, boot, self.estimand) - self._resampled(per, boot, self.estimand)).double()
+        full = torch.arange(m)[None]
+        mean = float(self._resampled(base, full, self.estimand)[0] - self._resampled(per, full, self.estimand)[0])
+        return mean, mean + z * float(d.std())
 
     def est_drop(self, head: HeadRef) -> float:
         """Attribution estimate of the drop of :attr:`estimand` when ``head`` is ablated (NaN if none)."""
@@ -247,7 +272,7 @@ class HeadScan:
             est = self.est_drop(h)
             lo, hi = ci.get(h, (math.nan, math.nan))
             rows.append({"layer": h.layer, "head": h.head, "kind": h.kind, "name": h.name, "baseline": base,
-                         "ablated": abl, "drop": base - abl, "source": "exact" if h in self.exact else
+                         "ablated": abl, "drop": base - abl, "source": "exact" if h in self.exact else "screen" if h in self.screened else
                          ("attribution" if h in self.estimates else "none"), "est_drop": est,
                          "drop_lo": lo, "drop_hi": hi})
         df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "rank"])
@@ -277,7 +302,8 @@ class HeadScan:
                 "exact": {h.name: _to_json(v) for h, v in self.exact.items()},
                 "estimates": {h.name: v for h, v in self.estimates.items()},
                 "sizes": {h.name: v for h, v in self.sizes.items()}, "seconds": self.seconds,
-                "unsettled": self.unsettled}
+                "unsettled": self.unsettled, "screen_index": list(self.screen_index),
+                "screened": {h.name: _to_json(v) for h, v in self.screened.items()}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "HeadScan":
@@ -295,6 +321,8 @@ class HeadScan:
         self.exact = {HeadRef.parse(k): _from_json(v) for k, v in state.get("exact", {}).items()}
         self.estimates = {HeadRef.parse(k): float(v) for k, v in state.get("estimates", {}).items()}
         self.sizes = {HeadRef.parse(k): float(v) for k, v in state.get("sizes", {}).items()}
+        self.screen_index = [int(i) for i in state.get("screen_index") or []]
+        self.screened = {HeadRef.parse(k): _from_json(v) for k, v in (state.get("screened") or {}).items()}
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the scan (every per-sample result) to ``path`` as a ``scan`` JSON document."""
@@ -417,7 +445,7 @@ class _Prefixes:
         pick = sorted({0, c.size - 1})
         sel = torch.isin(c.read_row, torch.tensor(pick))
         rows = torch.searchsorted(torch.tensor(pick), c.read_row[sel])
-        sub = TokenBatch(c.batch.ids[pick], c.batch.attention_mask[pick])
+        sub = c.batch.select(pick)
         verify_replay(self.model, sub, rows, c.read_pos[sel])
         self.verified = True
 
@@ -481,7 +509,7 @@ def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[Chunk], pre
     weights = None
     if scan.estimand == "logprob":
         weights = logprob_weights(plan)
-    elif len(plan.rows) != len(plan.samples):  # a sample spans several rows: weights from a clean pass first
+    elif not whole_samples(chunks):  # a sample's rows span several chunks: weights from a clean pass first
         weights = metric_weights(plan, _clean_from_prefixes(plan, prefixes))
     with tqdm(total=len(chunks), desc="attribution", unit="batch", disable=not progress, leave=False) as bar:
         att = attribution_estimates(model, plan, chunks, replaced, weights, bar.update)
@@ -495,7 +523,7 @@ def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[Chunk], pre
 def _next_to_verify(scan: HeadScan, certify: int, count: int, settle_above: float | None = None) -> list[HeadRef]:
     """The unrun heads that could still displace the ``certify``-th exact drop or exceed ``settle_above``
     (most threatening first, at most ``count``); empty when the leading heads are settled (see the module
-    docstring)."""
+    docstring). A screened head's bound is its screening bound (:meth:`HeadScan.screen_bound`)."""
     base = scan._value(scan.baseline, scan.estimand)
     drop = {h: base - scan._value(v, scan.estimand) for h, v in scan.exact.items()}
     est = {h: scan.est_drop(h) for h in scan.heads}
@@ -504,22 +532,15 @@ def _next_to_verify(scan: HeadScan, certify: int, count: int, settle_above: floa
         else -math.inf
     if settle_above is not None:
         bar = min(bar, settle_above)
-    bound = {h: est[h] + c * scan.sizes[h] for h in scan.heads if h not in drop}
+    bound = {h: scan.screen_bound(h)[1] if h in scan.screened else est[h] + c * scan.sizes[h]
+             for h in scan.heads if h not in drop}
     return sorted((h for h, b in bound.items() if b > bar), key=lambda h: -bound[h])[:count]
 
 
 def _exact_phase(model: Model, plan: ScoringPlan, batch_size: int, prefixes: _Prefixes, todo: list[Replacement],
-                 stack: int, naive: bool, scan: HeadScan, rec: _Progress, shared: bool = False) -> None:
-    """Run ``todo`` exactly (fast replay; with ``shared``, one scoring pass per head that runs each prompt
-    once and continues its candidates from the prompt's cache; one full forward per head when ``naive``
-    or when replays do not reproduce the model), recording each finished group."""
-    if shared:
-        if not scan.exact:  # the baseline by the same engine as the heads' numbers
-            scan.baseline = _per_sample(run_plan(model, plan, batch_size, share_prefix=True))
-        rec.save()
-        for r in todo:
-            rec.done({r.site.head: run_plan(model, plan, batch_size, fwd_hooks=ablation_hooks([r]), share_prefix=True)})
-        return
+                 stack: int, naive: bool, scan: HeadScan, rec: _Progress) -> None:
+    """Run ``todo`` exactly (fast replay of the chunks' last blocks; one full forward per head when
+    ``naive`` or when replays do not reproduce the model), recording each finished group."""
     if not naive:
         try:
             prefixes.verify()
@@ -554,7 +575,7 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
     plan, task_name = _as_plan(model, task, cfg.scoring)
     replaced = replacements(model, head_list, cfg.method, cfg.reference)
     by_head = {r.site.head: r for r in replaced}
-    chunks = layout_chunks(model, plan, cfg.batch_size)
+    chunks = layout_chunks(model, plan, cfg.batch_size, pack=False if cfg.method == "resample" else None)
     stack = cfg.stack or max(1, 64 // max(c.size for c in chunks))
     path = Path(cfg.checkpoint) if cfg.checkpoint is not None else None
     fingerprint = _fingerprint(model, plan, cfg.method, head_list, cfg.reference)
@@ -569,14 +590,19 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
         _attribution_phase(model, plan, chunks, prefixes, replaced, scan, cfg.progress)
         rec.save()
     todo = _initial_exact(scan, cfg)
-    shared = _use_shared_prefix(model, plan, cfg)
     with tqdm(total=len(todo), desc=f"scan {cfg.strategy}", unit="head", disable=not cfg.progress) as bar:
         rec.bar = bar
         if todo or not scan.baseline:
             _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in todo], stack,
-                         cfg.strategy == "naive", scan, rec, shared)
+                         cfg.strategy == "naive", scan, rec)
         if cfg.strategy == "auto" and (cfg.certify > 0 or cfg.settle_above is not None):
-            while more := _next_to_verify(scan, min(cfg.certify, len(head_list)), stack, cfg.settle_above):
+            screen = _Screen.make(model, plan, scan, cfg)
+            while more := _next_to_verify(scan, min(cfg.certify, len(head_list)),
+                                          len(head_list) if screen else stack, cfg.settle_above):
+                if screen and (fresh := [h for h in more if h not in scan.screened]):
+                    screen.run(scan, [by_head[h] for h in fresh], stack, rec)
+                    continue
+                more = more[:stack]
                 if cfg.max_exact is not None and len(scan.exact) >= cfg.max_exact:
                     scan.unsettled = len(_next_to_verify(scan, min(cfg.certify, len(head_list)), len(head_list),
                                                          cfg.settle_above))
@@ -587,21 +613,36 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
                 bar.total += len(more)
                 bar.refresh()
                 _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in more], stack, False, scan,
-                             rec, shared)
+                             rec)
     scan.seconds = time.perf_counter() - start
     return scan
 
 
-SHARED_PREFIX_ROWS = 2.0
+class _Screen:
+    """The screening stage of ``auto``: exact runs on a spread subset of the samples (see ``ScanConfig.screen``)."""
 
+    def __init__(self, model: Model, plan: ScoringPlan, prefixes: _Prefixes) -> None:
+        self.model, self.plan, self.prefixes = model, plan, prefixes
 
-def _use_shared_prefix(model: Model, plan: ScoringPlan, cfg: ScanConfig) -> bool:
-    """Whether exact runs should score each ablated head like :func:`evaluate` does -- each prompt once,
-    the candidates continued from its cache -- instead of replaying full rows: when candidates span
-    several tokens, so that a sample needs more than :data:`SHARED_PREFIX_ROWS` rows, on models whose
-    cache can be continued (attention-only), and not for resampling (which aligns activations per row)."""
-    return (cfg.strategy in ("exact", "auto") and cfg.method != "resample" and model.splits_prefix_cache
-            and len(plan.rows) > SHARED_PREFIX_ROWS * len(plan.samples))
+    @classmethod
+    def make(cls, model: Model, plan: ScoringPlan, scan: HeadScan, cfg: ScanConfig) -> "_Screen | None":
+        n = len(plan.samples)
+        m = (n // 4 if n >= 64 else 0) if cfg.screen is None else min(cfg.screen, n)
+        if m < 2 or m >= n or cfg.method == "resample":
+            return None
+        scan.screen_index = scan.screen_index or [int(i) for i in torch.linspace(0, n - 1, m).round().long()]
+        sub = plan_scoring(model, [plan.samples[i] for i in scan.screen_index], plan.method)  # type: ignore[arg-type]
+        chunks = layout_chunks(model, sub, cfg.batch_size)
+        return cls(model, sub, _Prefixes(model, chunks, cfg.max_prefix_bytes))
+
+    def run(self, scan: HeadScan, todo: list[Replacement], stack: int, rec: _Progress) -> None:
+        """Run ``todo`` on the screening samples, recording each finished group."""
+        for group in _groups(todo, stack):
+            for h, sc in _exact_group(self.model, self.plan, self.prefixes, group).items():
+                scan.screened[h] = _per_sample(sc)
+            rec.save()
+            if rec.bar is not None:
+                rec.bar.set_postfix_str(f"screened {len(scan.screened)} on {len(self.plan.samples)} samples")
 
 
 def _initial_exact(scan: HeadScan, cfg: ScanConfig) -> list[HeadRef]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from gna_interp.errors import HeadError, InputError
@@ -23,10 +23,25 @@ Hooks = Sequence[tuple[Any, Callable[..., Any]]]
 
 @dataclass
 class TokenBatch:
-    """Token ids and the matching attention mask (1 = real token, 0 = padding)."""
+    """Token ids and the matching attention mask (1 = real token, 0 = padding).
+
+    A *packed* batch (several continuations of one prompt in one row, see
+    :func:`~gna_interp.tasks.scoring.layout_chunks`) also carries ``tree``: ``tree[b, q, k]`` is True
+    where position ``q`` may attend to position ``k`` (its prompt and its own branch), and
+    ``positions``, the position id of every token (siblings share one).
+    """
 
     ids: Int[Tensor, "batch pos"]
     attention_mask: Int[Tensor, "batch pos"]
+    tree: Bool[Tensor, "batch pos pos"] | None = None
+    positions: Int[Tensor, "batch pos"] | None = None
+
+    def select(self, rows: Sequence[int] | Tensor) -> "TokenBatch":
+        """The batch restricted to ``rows``."""
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.ids.device)
+        return TokenBatch(self.ids[idx], self.attention_mask[idx],
+                          None if self.tree is None else self.tree[idx],
+                          None if self.positions is None else self.positions[idx])
 
     @property
     def padded(self) -> bool:
@@ -196,6 +211,12 @@ class Model:
         return spec.adapter.output_projection(self, spec)
 
     @property
+    def packs_rows(self) -> bool:
+        """Whether several continuations of a prompt may share one row under a tree-shaped attention mask
+        (:class:`TokenBatch` ``tree``): every mixer is attention, which honours an explicit mask."""
+        return self.splits_prefix_cache
+
+    @property
     def splits_prefix_cache(self) -> bool:
         """Whether scoring may run a prompt once and continue candidates from its cache: every mixer
         keeps a Hugging Face cache that can be split per row and continued (attention-only models)."""
@@ -272,6 +293,12 @@ class Model:
 
     # ---- running --------------------------------------------------------------------------
     def _forward_kwargs(self, batch: TokenBatch) -> dict[str, Any]:
+        if batch.tree is not None:  # a packed batch: an explicit 4D additive mask and position ids
+            dtype = next(self.hf_model.parameters()).dtype
+            dtype = dtype if dtype.is_floating_point else torch.float32
+            mask = torch.zeros(batch.tree.shape, dtype=dtype, device=self.device)
+            mask.masked_fill_(~batch.tree.to(self.device), torch.finfo(dtype).min)
+            return {"attention_mask": mask[:, None], "position_ids": batch.positions.to(self.device)}
         return {"attention_mask": batch.attention_mask} if batch.padded else {}
 
     def run(self, inputs: str | Sequence[str] | Tensor | TokenBatch, fwd_hooks: Hooks = (), *,

@@ -93,7 +93,8 @@ def _load_kv(d: Mapping[str, Any]) -> Task:
     return task
 
 
-MC_ARGS: dict[str, tuple[type, ...]] = {"format": _STR, "name": _STR, "header": _OPT_STR, "letter_prefix": _STR}
+MC_ARGS: dict[str, tuple[type, ...]] = {"format": _STR, "name": _STR, "header": _OPT_STR, "letter_prefix": _STR,
+                                        "shots": (list, tuple)}
 
 
 def _question(d: Any) -> Question:
@@ -107,7 +108,10 @@ def _question(d: Any) -> Question:
 
 def _load_mc(d: Mapping[str, Any]) -> Task:
     questions = [_question(q) for q in _get(d, "questions", (list, tuple), "mc task dict")]
-    task = MultipleChoice(questions, **_args(d, MC_ARGS, "mc task dict"))
+    args = _args(d, MC_ARGS, "mc task dict")
+    if "shots" in args:
+        args["shots"] = [_question(q) for q in args["shots"]]
+    task = MultipleChoice(questions, **args)
     task.name = _get(d, "name", _STR, "task dict")
     return task
 

@@ -63,13 +63,15 @@ class MultipleChoice(Task):
     """Multiple-choice questions as a task (``letters`` or ``cloze`` format).
 
     ``header`` is an optional first paragraph (e.g. ``"The following are multiple choice questions
-    (with answers) about anatomy."``); ``tokenizer`` with ``chat=True`` wraps each question in the
-    model's chat template, the cue ``"Answer:"`` opening the assistant's reply.
+    (with answers) about anatomy."``); ``shots`` are solved questions put before each question in the
+    same format, ``Answer: B`` (or the option text in cloze format) after each (few-shot prompting);
+    ``tokenizer`` with ``chat=True`` wraps each question in the model's chat template, the cue
+    ``"Answer:"`` opening the assistant's reply.
     """
 
     def __init__(self, questions: Sequence[Question], format: Format = "letters", name: str = "mc",
                  header: str | None = None, letter_prefix: str = " ", chat: bool = False,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, shots: Sequence[Question] = ()) -> None:
         if format not in FORMATS:
             raise InputError(f"unknown multiple-choice format {format!r}; choose one of {FORMATS}")
         if chat and tokenizer is None:
@@ -77,7 +79,11 @@ class MultipleChoice(Task):
         self.format = format
         self.questions: tuple[Question, ...] = tuple(questions)
         self.chat = chat
-        self._args = {"format": format, "name": name, "header": header, "letter_prefix": letter_prefix}
+        self.shots: tuple[Question, ...] = tuple(shots)
+        if not all(isinstance(q, Question) for q in self.shots):
+            raise InputError("shots must be Question objects (e.g. category_questions(3, seed=1))")
+        self._args = {"format": format, "name": name, "header": header, "letter_prefix": letter_prefix,
+                      "shots": [q.to_dict() for q in self.shots]}
         samples = [self._sample(q, header, letter_prefix) for q in self.questions]
         if not samples:
             raise InputError(f"no questions given for task {name!r}")
@@ -101,6 +107,11 @@ class MultipleChoice(Task):
         b = TextBuilder()
         if header:
             b.add(header.rstrip("\n") + "\n\n")
+        for shot in self.shots:
+            b.add(shot.question.strip() + "\n")
+            if self.format == "letters":
+                b.add("".join(f"{LETTERS[i]}. {c.strip()}\n" for i, c in enumerate(shot.choices)))
+            b.add(f"Answer: {LETTERS[shot.answer] if self.format == 'letters' else shot.choices[shot.answer].strip()}\n\n")
         query = b.add(q.question.strip())
         b.add("\n")
         items: list[tuple[int, int]] = []
@@ -126,6 +137,14 @@ class MultipleChoice(Task):
         """Questions from a local jsonl/json/csv/parquet file (see :func:`file_questions`)."""
         qs = file_questions(path)
         return cls(qs[:n_samples] if n_samples else qs, name=Path(path).stem, **kwargs)
+
+    @classmethod
+    def categories(cls, n_samples: int = 64, seed: int = 0, n_choices: int = 4, shots: int = 3,
+                   **kwargs: Any) -> "MultipleChoice":
+        """Offline knowledge questions (:func:`category_questions`), each after ``shots`` solved ones
+        drawn from another stream of the same generator."""
+        return cls(category_questions(n_samples, seed, n_choices), name="categories",
+                   shots=category_questions(shots, 1_000_003 + seed, n_choices) if shots else (), **kwargs)
 
     @classmethod
     def synthetic(cls, n_samples: int = 64, seed: int = 0, n_choices: int = 4, **kwargs: Any) -> "MultipleChoice":
@@ -211,6 +230,42 @@ def file_questions(path: str | Path) -> list[Question]:
                             str(r.get("subject", "") or "")))
     if not out:
         raise InputError(f"{path.name!r} holds no questions")
+    return out
+
+
+CATEGORIES_FILE = Path(__file__).resolve().parent.parent / "data" / "categories.txt"
+
+
+def categories() -> dict[str, tuple[str, ...]]:
+    """The shipped word categories (``{"fruit": ("apple", ...), ...}``) that :func:`category_questions` draws on."""
+    out: dict[str, tuple[str, ...]] = {}
+    for line in CATEGORIES_FILE.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, members = line.split(":", 1)
+            out[name.strip()] = tuple(m.strip() for m in members.split(","))
+    return out
+
+
+def category_questions(n_samples: int = 64, seed: int = 0, n_choices: int = 4) -> list[Question]:
+    """Knowledge questions ``"Which of these is a fruit?"`` whose options are one member of the category
+    and members of ``n_choices - 1`` other categories (:func:`categories`), in random order. Answering
+    needs what a language model knows about words, not the prompt's context: their cloze format is the
+    knowledge twin of the letters format. Seeded, stable."""
+    if n_samples < 1:
+        raise InputError(f"n_samples must be >= 1, got {n_samples}")
+    cats = categories()
+    if not 2 <= n_choices <= min(len(LETTERS), len(cats)):
+        raise InputError(f"n_choices must be in 2..{min(len(LETTERS), len(cats))}, got {n_choices}")
+    names = sorted(cats)
+    out = []
+    for i in range(n_samples):
+        rng = StableRng("mc-categories", seed, i)
+        drawn = rng.sample(names, n_choices)
+        options = [cats[c][rng.below(len(cats[c]))] for c in drawn]
+        order = rng.shuffled(range(n_choices))
+        article = "an" if drawn[0][0] in "aeiou" else "a"
+        out.append(Question(f"Which of these is {article} {drawn[0]}?", tuple(options[k] for k in order),
+                            order.index(0), drawn[0]))
     return out
 
 

@@ -124,7 +124,8 @@ class Chunk:
 
     @property
     def size(self) -> int:
-        return len(self.rows)
+        """Sequences in the batch (one per row, or one per sample when packed)."""
+        return int(self.batch.ids.shape[0])
 
     @property
     def pad(self) -> Int[Tensor, " row"]:
@@ -138,7 +139,7 @@ class Chunk:
 Hooks = Sequence[tuple[Any, Callable]] | Callable[[Chunk], Sequence[tuple[Any, Callable]]]
 
 __all__ = ["METHODS", "CandidateScores", "Chunk", "Method", "Row", "ScoreTable", "ScoringPlan", "Target",
-           "layout_chunks", "plan_scoring", "read_logprobs", "row_chunks", "run_plan", "score_candidates"]
+           "layout_chunks", "packable", "plan_scoring", "read_logprobs", "row_chunks", "run_plan", "score_candidates", "whole_samples"]
 
 
 def _candidate_tokens(tokenizer: Any, prompt_ids: list[int], prompt: str, cands: Sequence[str],
@@ -282,13 +283,29 @@ def row_chunks(plan: "ScoringPlan", batch_size: int) -> list[list[int]]:
     return [order[k: k + batch_size] for k in range(0, len(order), batch_size)]
 
 
-def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int) -> list[Chunk]:
-    """Batch ``plan``'s rows (longest first, ``batch_size`` per forward) and list every read."""
+def packable(model: Model, plan: ScoringPlan) -> bool:
+    """Whether :func:`layout_chunks` packs ``plan`` by default: some sample needs several rows and every
+    mixer of ``model`` honours a tree-shaped attention mask (attention-only models)."""
+    return (plan.method != "per_candidate" and len(plan.rows) > len(plan.samples) and model.packs_rows)
+
+
+def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int, pack: bool | None = None) -> list[Chunk]:
+    """Batch ``plan``'s rows (longest first, ``batch_size`` per forward) and list every read.
+
+    ``pack`` (default :func:`packable`) lays each sample out as *one* sequence: its prompt once, then the
+    fed tokens of all its rows as a tree (a token per distinct prefix, at the position it has in its
+    row), under an attention mask that lets every token see the prompt and its own branch only
+    (:class:`~gna_interp.models.model.TokenBatch` ``tree``). Every read then equals the read of the
+    unpacked row, but the prompt is paid once per sample instead of once per row; ``batch_size``
+    counts samples.
+    """
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
     by_row: dict[int, list[int]] = {}
     for t_idx, t in enumerate(plan.targets):
         by_row.setdefault(t.row, []).append(t_idx)
+    if packable(model, plan) if pack is None else pack:
+        return _packed_chunks(model, plan, batch_size, by_row)
     out = []
     for row_ids in row_chunks(plan, batch_size):
         rows = tuple(plan.rows[r] for r in row_ids)
@@ -306,6 +323,75 @@ def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int) -> list[Chun
                          torch.tensor(pp, dtype=torch.long), torch.tensor(tt, dtype=torch.long),
                          torch.tensor(gg, dtype=torch.long)))
     return out
+
+
+def _packed_chunks(model: Model, plan: ScoringPlan, batch_size: int, by_row: dict[int, list[int]]) -> list[Chunk]:
+    """Each sample's rows as one tree-masked sequence (see :func:`layout_chunks`)."""
+    rows_of: dict[int, list[int]] = {}
+    for r_id, r in enumerate(plan.rows):
+        rows_of.setdefault(r.sample, []).append(r_id)
+    seqs = []  # per sample: (token ids, parent of each fed node, depth of each node, node of each fed prefix)
+    for i in range(len(plan.samples)):
+        n = len(plan.prompt_ids[i])
+        node: dict[tuple[int, ...], int] = {(): -1}
+        toks, parent, depth = [], [], []
+        for r_id in rows_of.get(i, ()):
+            fed = plan.rows[r_id].ids[n:]
+            for j in range(1, len(fed) + 1):
+                if fed[:j] not in node:
+                    node[fed[:j]] = len(toks)
+                    toks.append(fed[j - 1])
+                    parent.append(node[fed[:j - 1]])
+                    depth.append(j)
+        seqs.append((list(plan.prompt_ids[i]) + toks, parent, depth, node))
+    order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i][0]), i))
+    out = []
+    for part in (order[k: k + batch_size] for k in range(0, len(order), batch_size)):
+        batch = model.pad_ids([seqs[i][0] for i in part])
+        width = batch.ids.shape[1]
+        tree = torch.zeros((len(part), width, width), dtype=torch.bool)
+        positions = torch.zeros((len(part), width), dtype=torch.long)
+        row_ids, rr, pp, tt, gg = [], [], [], [], []
+        for k, i in enumerate(part):
+            ids, parent, depth, node = seqs[i]
+            n = len(plan.prompt_ids[i])
+            pad = width - len(ids)
+            tree[k].fill_diagonal_(True)
+            tree[k, pad:pad + n, pad:pad + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+            tree[k, pad + n:, pad:pad + n] = True
+            positions[k, pad:pad + n] = torch.arange(pad, pad + n)
+            for q in range(len(parent)):
+                positions[k, pad + n + q] = pad + n - 1 + depth[q]
+                a = q
+                while a >= 0:
+                    tree[k, pad + n + q, pad + n + a] = True
+                    a = parent[a]
+            for r_id in rows_of.get(i, ()):
+                row_ids.append(r_id)
+                fed = plan.rows[r_id].ids[n:]
+                for t_idx in by_row.get(r_id, ()):
+                    for j, tok in enumerate(plan.targets[t_idx].tokens):
+                        at = node[fed[:j]]
+                        rr.append(k)
+                        pp.append(pad + n - 1 if at < 0 else pad + n + at)
+                        tt.append(tok)
+                        gg.append(t_idx)
+        batch = TokenBatch(batch.ids, batch.attention_mask, tree.to(batch.ids.device), positions.to(batch.ids.device))
+        out.append(Chunk(tuple(row_ids), tuple(plan.rows[r] for r in row_ids), batch, torch.tensor(rr, dtype=torch.long),
+                         torch.tensor(pp, dtype=torch.long), torch.tensor(tt, dtype=torch.long),
+                         torch.tensor(gg, dtype=torch.long)))
+    return out
+
+
+def whole_samples(chunks: Sequence[Chunk]) -> bool:
+    """Whether every sample's rows sit in a single chunk (so per-sample metrics can be read chunk by chunk)."""
+    seen: set[int] = set()
+    for c in chunks:
+        mine = {r.sample for r in c.rows}
+        if mine & seen:
+            return False
+        seen |= mine
+    return True
 
 
 def read_logprobs(logits: Float[Tensor, "n_reads vocab"], tokens: Int[Tensor, " n_reads"]) -> Float[Tensor, " n_reads"]:
@@ -353,12 +439,12 @@ def _run_rows(model: Model, plan: ScoringPlan, table: ScoreTable, batch_size: in
               bar: Any) -> None:
     """Every row in full (prompt + fed tokens), ``batch_size`` rows per forward (one row per forward
     for ``per_candidate``), logits only for the last positions where the reads are."""
-    chunks = layout_chunks(model, plan, 1 if plan.method == "per_candidate" else batch_size)
+    chunks = layout_chunks(model, plan, 1 if plan.method == "per_candidate" else batch_size, pack=False)
     bar.reset(total=len(chunks))
     for chunk in chunks:
         hooks = fwd_hooks(chunk) if callable(fwd_hooks) else fwd_hooks
         width = chunk.batch.ids.shape[1]
-        keep = {} if plan.method == "per_candidate" else {"logits_to_keep": max(r.n_fed for r in chunk.rows) + 1}
+        keep = {} if plan.method == "per_candidate" else {"logits_to_keep": width - int(chunk.read_pos.min())}
         logits = model.run_with_hooks(chunk.batch, hooks, **keep)
         offset = width - logits.shape[1]
         table.add(chunk, read_logprobs(logits[chunk.read_row, chunk.read_pos - offset], chunk.read_tok))
