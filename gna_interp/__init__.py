@@ -13,11 +13,13 @@ The names here read like the science::
 
 from gna_interp.circuits import (
     Circuit,
+    CircuitComparison,
     DiscoverConfig,
     HeadScan,
     RoleRule,
     ScanConfig,
     ablation_curve,
+    compare_circuits,
     discover,
     prune_curve,
     role_scores,
@@ -30,8 +32,8 @@ from gna_interp.models import HeadRef, MaskOptions, MixerAdapter, Model, load_mo
 from gna_interp.tasks import Evaluation, KVRetrieval, MultipleChoice, Sample, Task, evaluate, task_from_dict
 
 __version__ = "0.1.0"
-__all__ = ["Circuit", "DiscoverConfig", "Evaluation", "GnaError", "HeadRef", "HeadScan", "KVRetrieval", "MaskOptions",
+__all__ = ["Circuit", "CircuitComparison", "DiscoverConfig", "Evaluation", "GnaError", "HeadRef", "HeadScan", "KVRetrieval", "MaskOptions",
            "MixerAdapter", "Model", "MultipleChoice", "PatternOptions", "PatternSet", "RoleRule", "Sample",
-           "ScanConfig", "Task", "ablate", "ablation_curve", "discover", "evaluate", "load_model", "mask_pattern",
+           "ScanConfig", "Task", "ablate", "ablation_curve", "compare_circuits", "discover", "evaluate", "load_model", "mask_pattern",
            "patterns", "prune_curve", "register_kind", "role_scores", "scan_heads", "skip_layers",
            "task_from_dict"]

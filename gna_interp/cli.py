@@ -1,12 +1,12 @@
-"""The ``gna`` command line: ``gna scan`` (the main job), ``gna models``, ``gna patterns``, ``gna report``,
-``gna zoo``. Each subcommand registers itself with :func:`command`."""
+"""The ``gna`` command line: ``gna scan`` (the main job), ``gna compare-circuits``, ``gna models``,
+``gna patterns``, ``gna report``, ``gna zoo``. Each subcommand registers itself with :func:`command`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from gna_interp.errors import GnaError
 
@@ -143,10 +143,20 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("scan", "find the G&A heads of a model on KV retrieval; writes scan.csv, scan.json, circuit.json, views.pt, summary.md, report.html")
+@command("scan", "find the G&A heads of a model on KV retrieval or multiple choice; writes scan.csv, scan.json, circuit.json, views.pt, summary.md, report.html")
 def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
-    p.add_argument("--task", default="kv", choices=["kv"], help="task (kv: KV retrieval, official template)")
+    p.add_argument("--task", default="kv", choices=["kv", "mc", "cloze"],
+                   help="kv: KV retrieval (official template); mc: multiple choice scored on the letters (its cloze "
+                        "form is measured as the knowledge twin); cloze: multiple choice scored on the option texts")
+    p.add_argument("--questions", default="categories",
+                   help="mc/cloze questions: categories (offline knowledge questions, default), synthetic (answer "
+                        "stated in the question's context), a local .jsonl/.json/.csv/.parquet FILE, or hub[:SUBJECT] (MMLU)")
+    p.add_argument("--mc-form", default="letters", choices=["letters", "stated"],
+                   help="mc prompt form: letters (MMLU: 'A. text' lines, 'Answer:'), or stated (lines 'text (A)', cue "
+                        "'Answer: TEXT (': the answer is stated and its letter retrieved; small models that fail "
+                        "letters solve it)")
+    p.add_argument("--shots", type=int, default=3, help="solved questions before each mc/cloze question (default 3)")
     p.add_argument("--pairs", type=int, default=10,
                    help="dictionary lines per prompt (default 10; chosen by measurement, see docs/discovery.md)")
     p.add_argument("--samples", type=int, default=32, help="prompts (default 32)")
@@ -166,7 +176,8 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
                    help="auto stops after this many exact heads and reports how many could still enter the top "
                         "(default: until settled)")
     p.add_argument("--top-k", type=int, default=5, help="heads removed together in the ablation curve (default 5)")
-    p.add_argument("--seeds", type=int, default=3, help="random-head draws for the curve (default 3)")
+    p.add_argument("--seeds", type=int, default=6, help="random-head draws for the curve (default 6; the summary "
+                   "compares the top k with their median)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--out", default="gna_scan", help="output folder (default ./gna_scan)")
@@ -186,7 +197,6 @@ def run_scan(args: argparse.Namespace) -> int:
     from gna_interp.circuits.circuit import FILES
     from gna_interp.models import load_model
     from gna_interp.report import build_report
-    from gna_interp.tasks import KVRetrieval
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -199,21 +209,61 @@ def run_scan(args: argparse.Namespace) -> int:
                 stale.unlink()
     print(f"loading {spec} ...", flush=True)
     model = load_model(spec, device=getattr(args, "device", None))
-    kv = dict(n_pairs=args.pairs, n_samples=args.samples, max_value=args.max_value, words=model.kv_words)
-    task = KVRetrieval(seed=args.seed, **kv)
-    reference = KVRetrieval(seed=args.seed + 1, **kv) if args.method != "zero" else None
+    task, twin = _scan_task(args, model, args.seed)
+    reference = _scan_task(args, model, args.seed + 1)[0] if args.method != "zero" else None
     print(f"{model.name}: {len(model.heads())} heads; task {task.name}, {len(task)} samples; "
           f"{args.strategy} scan, {args.method} ablation, metric {args.metric}", flush=True)
     circuit = discover(model, task, strategy=args.strategy, method=args.method, metric=args.metric,
                        reference=reference, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size,
                        checkpoint=ckpt, verify=args.verify, certify=args.certify, max_exact=args.max_exact,
                        keep_generic=args.keep_generic,
-                       control=not args.no_control, allow_chance=args.allow_chance)
+                       control=not args.no_control, allow_chance=args.allow_chance, twin=twin)
     circuit.save(out)
     print(circuit.summary(top=10))
     print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
     print(f"wrote {build_report(out)}")
     return 0
+
+
+@command("compare-circuits", "compare two saved circuits of one model (e.g. KV and multiple choice): overlap, rank "
+                             "correlation, each circuit removed on the other's task")
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", help="a `gna scan` output folder")
+    p.add_argument("b", help="another `gna scan` output folder, same model")
+    p.add_argument("--model", default=None, help="model spec (default: the spec the circuits were found with)")
+    p.add_argument("--top-k", type=int, default=5, help="circuit heads compared and removed (default 5)")
+    p.add_argument("--seeds", type=int, default=6, help="random k-head draws (default 6; their median is reported)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--out", default=None, help="output folder for compare.json/.csv/.md (default: print only)")
+    p.set_defaults(run=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from gna_interp.circuits import Circuit, compare_circuits
+    from gna_interp.models import load_model
+
+    a, b = Circuit.load(args.a), Circuit.load(args.b)
+    model = load_model(args.model or a.model, device=getattr(args, "device", None))
+    result = compare_circuits(model, a, b, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size)
+    print(result.summary())
+    if args.out:
+        print(f"wrote {result.save(args.out)}")
+    return 0
+
+
+def _scan_task(args: argparse.Namespace, model: Any, seed: int) -> tuple[Any, Any]:
+    """The task ``gna scan`` discovers on and its knowledge twin (None for kv and cloze)."""
+    from gna_interp.tasks import KVRetrieval, MultipleChoice
+    from gna_interp.tasks.mmlu import questions_from
+
+    if args.task == "kv":
+        return KVRetrieval(args.pairs, args.samples, seed=seed, max_value=args.max_value, words=model.kv_words), None
+    questions, shots = questions_from(args.questions, args.samples, seed, args.shots)
+    name = Path(args.questions).stem if Path(args.questions).is_file() else args.questions.replace(":", "-")
+    cloze = MultipleChoice(questions, format="cloze", name=name, shots=shots)
+    if args.task == "cloze":
+        return cloze, None
+    return MultipleChoice(questions, format=args.mc_form, name=name, shots=shots), cloze
 
 
 def _first_default() -> str:

@@ -33,7 +33,8 @@ from typing import Any
 
 from gna_interp.errors import InputError
 
-FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 1, "views": 1, "patterns": 1}
+FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 1, "views": 1, "patterns": 1,
+                                   "comparison": 1}
 
 __all__ = ["FORMAT_VERSIONS", "atomic_write", "clean_json", "read_json", "read_tensors", "write_json",
            "write_tensors"]

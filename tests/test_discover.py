@@ -175,3 +175,47 @@ def test_a_truncated_or_foreign_circuit_folder_is_refused(circuit, tmp_path):
     (folder / "circuit.json").write_text(text.replace('"format_version": 1', '"format_version": 99'))
     with pytest.raises(InputError, match="format version 99"):
         Circuit.load(folder)
+
+
+def test_mc_scan_measures_its_cloze_twin_and_compare_circuits_removes_each_on_the_other(tiny_dirs, tmp_path, capsys):
+    """`gna scan --task mc`: the circuit carries the cloze twin's accuracy intact / top k / random k removed (equal to
+    `evaluate` under `ablate`); `gna compare-circuits` of it and a KV circuit: overlap, Spearman and the cross-removal
+    table, each number equal to an independent evaluation."""
+    from gna_interp import load_model
+    from gna_interp.circuits import CircuitComparison
+    from gna_interp.tasks import MultipleChoice
+    from gna_interp.tasks.mmlu import questions_from
+
+    common = ["--device", "cpu", "scan", "--allow-chance", "--model", str(tiny_dirs["llama"]), "--samples", "4",
+              "--top-k", "2", "--seeds", "2", "--batch-size", "4", "--no-control"]
+    mc, kv = tmp_path / "mc", tmp_path / "kv"
+    assert main(common + ["--task", "mc", "--mc-form", "stated", "--shots", "1", "--out", str(mc)]) == 0
+    assert main(common + ["--pairs", "3", "--max-value", "20", "--out", str(kv)]) == 0
+    model = load_model(tiny_dirs["llama"], device="cpu")
+    c = Circuit.load(mc)
+    assert c.load_task().name == "categories-stated"
+    questions, shots = questions_from("categories", 4, 0, 1)
+    cloze = MultipleChoice(questions, format="cloze", name="categories", shots=shots)
+    twin = c.twin
+    assert twin["task"] == "categories-cloze" and twin["k"] == 2 and len(twin["random"]) == 2
+    assert twin["intact"] == pytest.approx(evaluate(model, cloze, progress=False).accuracy)
+    top = [HeadRef.parse(n) for n in c.curve.query("series == 'top' and k == 2")["heads"].iloc[0].split(",")]
+    with ablate(model, top):
+        assert twin["top"] == pytest.approx(evaluate(model, cloze, progress=False).accuracy)
+    assert "knowledge twin categories-cloze" in (mc / "summary.md").read_text()
+
+    capsys.readouterr()
+    out = tmp_path / "cmp"
+    assert main(["--device", "cpu", "compare-circuits", str(mc), str(kv), "--top-k", "2", "--seeds", "2",
+                 "--out", str(out)]) == 0
+    assert "top-2 overlap" in capsys.readouterr().out
+    res = CircuitComparison.load(out)
+    a, b = Circuit.load(mc), Circuit.load(kv)
+    assert res.metrics["top_k_overlap"] == len(set(a.heads[:2]) & set(b.heads[:2]))
+    df = res.to_frame()
+    assert len(df) == 8 and set(df["removed"]) == {"none", "A top 2", "B top 2", "random 2 (median of 2)"}
+    row = df[(df["task"] == "B: " + b.load_task().name) & (df["removed"] == "A top 2")].iloc[0]
+    with ablate(model, a.heads[:2]):
+        assert row["accuracy"] == pytest.approx(evaluate(model, b.load_task(), progress=False).accuracy)
+    assert row["heads"] == ",".join(h.name for h in a.heads[:2])
+    assert main(["compare-circuits", str(mc), str(tmp_path / "missing")]) == 2

@@ -80,7 +80,7 @@ def test_ablation_curve_shows_top_k_beside_random_spread():
     fig = ablation_curve({"curve": made_up_curve(), "chance": 0.25})
     assert_labelled(fig)
     names = [t.name for t in fig.data]
-    assert "top-k discovered heads" in names and "k random heads (mean of 3 seeds)" in names
+    assert "top-k discovered heads" in names and "k random heads (median of 3 seeds)" in names
     band = next(t for t in fig.data if t.name == "random: min-max over seeds")
     assert band.fill == "toself" and max(band.y) == pytest.approx(0.9) and min(band.y) == pytest.approx(0.9 - 0.02 * 4 * 2)
     top = next(t for t in fig.data if t.name == "top-k discovered heads")

@@ -2,10 +2,11 @@
 with its ablation curve and report views, and layer pruning."""
 
 from gna_interp.circuits.circuit import Circuit, DiscoverConfig, ablation_curve, discover
+from gna_interp.circuits.comparison import CircuitComparison, compare_circuits
 from gna_interp.circuits.prune import prune_curve
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import HeadScan, ScanConfig, scan_heads
 from gna_interp.circuits.views import CardViews, card_heads, card_views
 
-__all__ = ["CardViews", "Circuit", "DiscoverConfig", "HeadScan", "RoleRule", "ScanConfig", "ablation_curve",
-           "card_heads", "card_views", "discover", "prune_curve", "role_scores", "scan_heads"]
+__all__ = ["CardViews", "Circuit", "CircuitComparison", "DiscoverConfig", "HeadScan", "RoleRule", "ScanConfig", "ablation_curve",
+           "card_heads", "card_views", "compare_circuits", "discover", "prune_curve", "role_scores", "scan_heads"]

@@ -61,11 +61,14 @@ class DiscoverConfig(Options):
             model's loss is ``generic``; ``keep_generic`` keeps such heads in the circuit.
         allow_chance: discover even when the intact model is near chance on the task (refused otherwise:
             nothing can be found in a task the model fails).
+        twin: the task's knowledge twin (a :class:`~gna_interp.tasks.base.Task` needing the same knowledge
+            without retrieval, e.g. ``MultipleChoice(questions, format="cloze")`` next to letters), evaluated
+            with the curve's heads removed (:func:`twin_check`); None: no twin.
     """
 
     scan: ScanConfig = field(default_factory=lambda: ScanConfig(strategy="auto"))
     k: int = 5
-    seeds: int = 3
+    seeds: int = 6
     role_samples: int = 8
     role_heads: int = 512
     form: str = "exact"
@@ -75,6 +78,7 @@ class DiscoverConfig(Options):
     generic_fraction: float = DEFAULT_GENERIC_FRACTION
     keep_generic: bool = False
     allow_chance: bool = False
+    twin: Any = None
 
     def validate(self) -> None:
         check_int("k", self.k, 0)
@@ -83,6 +87,9 @@ class DiscoverConfig(Options):
         check_int("role_heads", self.role_heads, 1)
         check_int("n_cards", self.n_cards, 0)
         check_choice("form", self.form, ("exact", "attention"))
+        if self.twin is not None and not isinstance(self.twin, Task):
+            raise OptionError(f"twin must be a Task (e.g. MultipleChoice(questions, format='cloze')), got "
+                              f"{type(self.twin).__name__}")
         if not isinstance(self.generic_fraction, (int, float)) or not 0 < self.generic_fraction:
             raise OptionError(f"generic_fraction must be a positive number, got {self.generic_fraction!r}")
 
@@ -114,6 +121,9 @@ class Circuit:
         control: the ``logprob`` scan of the LM-loss control (None when not measured; ``notes`` says why).
         generic_fraction, keep_generic: the generic rule (see :mod:`gna_interp.circuits.specificity`).
         notes: sentences about how the circuit was found (control, chance check).
+        twin: the task's knowledge twin (e.g. the cloze form of multiple-choice letters) with the curve's
+            top k and random k heads removed: ``{"task", "k", "intact", "top", "random", "random_median"}``
+            accuracies (None when the task has no twin).
     """
 
     model: str
@@ -129,6 +139,7 @@ class Circuit:
     generic_fraction: float = DEFAULT_GENERIC_FRACTION
     keep_generic: bool = False
     notes: list[str] = field(default_factory=list)
+    twin: dict[str, Any] | None = None
 
     @property
     def heads(self) -> list[HeadRef]:
@@ -148,7 +159,7 @@ class Circuit:
     def metrics(self) -> dict[str, Any]:
         """The baseline metrics of the intact model plus the curve summary (``top_k_*``, ``random_k_*``)."""
         cs = self.curve_summary()
-        extra = {f"{k}_{cs['metric']}": cs[k] for k in ("top", "random_mean")} if cs else {}
+        extra = {f"{k}_{cs['metric']}": cs[k] for k in ("top", "random_median", "random_mean")} if cs else {}
         return {**self.baseline, **extra}
 
     def load_task(self) -> Task:
@@ -201,7 +212,7 @@ class Circuit:
         return [(h, a) for h, a in out if a <= chance + margin]
 
     def curve_summary(self, metric: str = "accuracy") -> dict[str, Any]:
-        """``metric`` after removing the top K heads and K random heads (mean, min, max over seeds)."""
+        """``metric`` after removing the top K heads and K random heads (mean, median, min, max over seeds)."""
         if self.curve.empty:
             return {}
         k = int(self.curve["k"].max())
@@ -209,6 +220,7 @@ class Circuit:
         rnd = self.curve[(self.curve["series"] == "random") & (self.curve["k"] == k)][metric]
         return {"k": k, "metric": metric, "baseline": self.baseline.get(metric), "top": float(top.iloc[0]),
                 "random_mean": float(rnd.mean()) if len(rnd) else math.nan,
+                "random_median": float(rnd.median()) if len(rnd) else math.nan,
                 "random_min": float(rnd.min()) if len(rnd) else math.nan,
                 "random_max": float(rnd.max()) if len(rnd) else math.nan, "seeds": int(len(rnd))}
 
@@ -233,6 +245,7 @@ class Circuit:
             "circuit": [h.name for h in self.heads], "generic": [h.name for h in self.generic],
             "stability": self.scan.stability(),
             "decisive": [{"head": h.name, "accuracy": a} for h, a in self.decisive()],
+            "twin": self.twin,
         }
 
     def summary(self, top: int = 10) -> str:
@@ -278,6 +291,11 @@ class Circuit:
         lines.append(f"- gather/aggregate pair: {pair[0].name} -> {pair[1].name}" if pair else
                      "- gather/aggregate pair: none (no aggregate or no gather head among the best-ranked heads)")
         lines += self._curve_lines()
+        if self.twin:
+            t = self.twin
+            lines.append(f"- knowledge twin {t['task']}: accuracy {t['intact']:.3f} intact, {t['top']:.3f} with the top "
+                         f"{t['k']} removed, {t['random_median']:.3f} with {t['k']} random heads removed (median of "
+                         f"{len(t['random'])} draws)")
         return "\n".join(lines) + "\n"
 
     def _curve_lines(self) -> list[str]:
@@ -286,27 +304,28 @@ class Circuit:
             return []
         k = cs["k"]
         out = [f"- removing the top {k} circuit heads: accuracy {cs['top']:.3f}; {k} random heads (not in the "
-               f"circuit's top {k}): {cs['random_mean']:.3f} (min {cs['random_min']:.3f}, max {cs['random_max']:.3f}, "
-               f"{cs['seeds']} seeds); baseline {cs['baseline']:.3f}"]
+               f"circuit's top {k}): median {cs['random_median']:.3f}, mean {cs['random_mean']:.3f} (min "
+               f"{cs['random_min']:.3f}, max {cs['random_max']:.3f}, {cs['seeds']} seeds); baseline {cs['baseline']:.3f}"]
         if cs["seeds"] and cs["baseline"] is not None:
             top_drop, rnd_drop = cs["baseline"] - cs["top"], cs["baseline"] - cs["random_max"]
             verdict = ("more than any random draw" if top_drop > cs["baseline"] - cs["random_min"] else
                        "no more than some random draw: the circuit is not distinguished at this k")
-            ratio = f", {top_drop / (cs['baseline'] - cs['random_mean']):.1f}x the random mean's drop" \
-                if cs["baseline"] - cs["random_mean"] > 1e-9 else ""
+            med_drop = cs["baseline"] - cs["random_median"]
+            ratio = (f", {top_drop / med_drop:.1f}x the random median's drop ({med_drop:.3f})" if med_drop > 1e-9
+                     else f"; the random median's drop is {med_drop:.3f}")
             out.append(f"- so the top {k} cost {top_drop:.3f} accuracy, {verdict}{ratio} (the smallest random drop "
                        f"was {rnd_drop:.3f})")
         curve = self.curve if "lm_loss" in self.curve else self.curve.assign(lm_loss=math.nan)
-        means = curve.groupby(["series", "k"])[["accuracy", "lm_loss"]].mean()
+        means = curve.groupby(["series", "k"])[["accuracy", "lm_loss"]].median()
         steps = [f"k={j} {means.loc[('top', j), 'accuracy']:.3f} vs {means.loc[('random', j), 'accuracy']:.3f}"
                  for j in range(1, k + 1) if ("top", j) in means.index and ("random", j) in means.index]
         if steps:
-            out.append("- accuracy curve, top k vs k random (mean over seeds): " + ", ".join(steps))
+            out.append("- accuracy curve, top k vs k random (median over seeds): " + ", ".join(steps))
         if means["lm_loss"].notna().any() and ("top", k) in means.index:
             base = self.baseline.get("lm_loss", math.nan)
             parts = [f"top {k} +{means.loc[('top', k), 'lm_loss'] - base:.3f}"]
             if ("random", k) in means.index:
-                parts.append(f"{k} random +{means.loc[('random', k), 'lm_loss'] - base:.3f}")
+                parts.append(f"{k} random +{means.loc[('random', k), 'lm_loss'] - base:.3f} (median)")
             gk = int(curve.loc[curve["series"] == "generic", "k"].max()) if "generic" in set(curve["series"]) else 0
             if gk:
                 parts.append(f"top {gk} generic +{means.loc[('generic', gk), 'lm_loss'] - base:.3f} (accuracy "
@@ -345,7 +364,7 @@ class Circuit:
                    pd.DataFrame(doc.get("curve") or [], columns=CURVE_COLUMNS),
                    RoleRule(**doc["rule"]), float(doc.get("seconds") or 0.0), views, control,
                    float(doc.get("generic_fraction") or DEFAULT_GENERIC_FRACTION), bool(doc.get("keep_generic")),
-                   list(doc.get("notes") or []))
+                   list(doc.get("notes") or []), doc.get("twin"))
 
     def __repr__(self) -> str:
         return (f"Circuit({self.model!r}, {self.task.get('name')!r}, {len(self.scan.heads)} heads, "
@@ -454,10 +473,30 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
     circuit.baseline = {"accuracy": float(base_row["accuracy"]), "logit_diff": float(base_row["logit_diff"]),
                         "gold_prob": float(base_row["gold_prob"]), "chance": task.chance, "n_samples": len(task),
                         **({"lm_loss": float(base_row["lm_loss"])} if ctask is not None else {})}
+    if cfg.twin is not None:
+        circuit.twin = twin_check(model, cfg.twin, circuit.curve, sc.batch_size)
     if cfg.n_cards:
         circuit.views = card_views(model, task, members, circuit.to_frame(), circuit.pair(), cfg.n_cards, cfg.form)
     circuit.seconds = time.perf_counter() - start
     return circuit
+
+
+def twin_check(model: Model, twin: Task, curve: pd.DataFrame, batch_size: int = 16) -> dict[str, Any]:
+    """Accuracy on ``twin`` (a task that needs the same knowledge but no retrieval, e.g. the cloze form
+    of letter multiple choice) intact, with the curve's top ``k`` heads removed and with each of its
+    random ``k``-head draws removed (the same heads as the curve's largest ``k``; zero ablation)."""
+    k = int(curve["k"].max())
+    at_k = curve[curve["k"] == k]
+
+    def acc(names: str) -> float:
+        heads = [HeadRef.parse(n) for n in names.split(",") if n]
+        with ablate(model, heads):
+            return evaluate(model, twin, batch_size=batch_size, progress=False).accuracy
+
+    top = at_k[at_k["series"] == "top"]["heads"].iloc[0]
+    rnd = [acc(h) for h in at_k[at_k["series"] == "random"]["heads"]]
+    return {"task": twin.name, "k": k, "intact": acc(""), "top": acc(top), "random": rnd,
+            "random_median": float(pd.Series(rnd).median()) if rnd else math.nan}
 
 
 def check_solvable(model: Model, task: Task, batch_size: int = 16, allow_chance: bool = False) -> str:
@@ -472,8 +511,9 @@ def check_solvable(model: Model, task: Task, batch_size: int = 16, allow_chance:
     if acc <= chance + margin:
         if not allow_chance:
             raise InputError(f"{model.name} is at chance on {task.name}: {line}. Nothing can be discovered from a "
-                             f"task the model fails; make it easier (fewer pairs, another template) or pass "
-                             f"allow_chance=True (gna scan --allow-chance)")
+                             f"task the model fails; make it easier (KV: fewer pairs, another template; multiple choice: "
+                             f"more shots, or the 'stated' form, gna scan --mc-form stated) or pass allow_chance=True "
+                             f"(gna scan --allow-chance)")
         return line + " -- NEAR CHANCE: the circuit below is not evidence of retrieval"
     return line
 

@@ -9,6 +9,10 @@ Formats:
   not; ``letter_prefix=""`` scores ``"A"`` instead.
 - ``cloze``: ``question\\nAnswer:`` with the full option texts (``" Paris"``) as candidates: the
   "knowledge" format, no option lines in the prompt.
+- ``stated``: letters with the answer stated: option lines ``Paris (B)``, cue ``Answer: Paris (``,
+  candidates ``"A"``, ``"B"``, ...: the model finds the stated option and copies its letter (in-context
+  retrieval in multiple-choice form). Small models that are at chance on ``letters`` solve it
+  (SmolLM2-135M: 0.61 on :meth:`MultipleChoice.categories` with 3 shots, chance 0.25; ``letters`` 0.17-0.27).
 
 Sources: :func:`hub_questions` (``datasets``: ``cais/mmlu``, needs a reachable hub),
 :func:`file_questions` (local jsonl/json/csv/parquet with ``question``, ``choices``, ``answer``),
@@ -30,10 +34,11 @@ from gna_interp.tasks.seeding import StableRng
 from gna_interp.tasks.segments import CharSegments, TextBuilder
 from gna_interp.tasks.words import word_list
 
-Format = Literal["letters", "cloze"]
-FORMATS: tuple[str, ...] = ("letters", "cloze")
+Format = Literal["letters", "cloze", "stated"]
+FORMATS: tuple[str, ...] = ("letters", "cloze", "stated")
 LETTERS = string.ascii_uppercase
 MMLU_HUB_ID = "cais/mmlu"
+SHOT_SEED = 1_000_003  # generated shots come from seed SHOT_SEED + seed: a stream disjoint from the questions'
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class Question:
 
 
 class MultipleChoice(Task):
-    """Multiple-choice questions as a task (``letters`` or ``cloze`` format).
+    """Multiple-choice questions as a task (``letters``, ``cloze`` or ``stated`` format).
 
     ``header`` is an optional first paragraph (e.g. ``"The following are multiple choice questions
     (with answers) about anatomy."``); ``shots`` are solved questions put before each question in the
@@ -109,20 +114,20 @@ class MultipleChoice(Task):
             b.add(header.rstrip("\n") + "\n\n")
         for shot in self.shots:
             b.add(shot.question.strip() + "\n")
-            if self.format == "letters":
-                b.add("".join(f"{LETTERS[i]}. {c.strip()}\n" for i, c in enumerate(shot.choices)))
-            b.add(f"Answer: {LETTERS[shot.answer] if self.format == 'letters' else shot.choices[shot.answer].strip()}\n\n")
+            b.add("".join(self._option(i, c) for i, c in enumerate(shot.choices)))
+            b.add(f"{self._cue(shot)}{self._answer(shot)}\n\n")
         query = b.add(q.question.strip())
         b.add("\n")
-        items: list[tuple[int, int]] = []
+        items = [b.add(self._option(i, c)) for i, c in enumerate(q.choices)] if self.format != "cloze" else []
         if self.format == "letters":
-            items = [b.add(f"{LETTERS[i]}. {c.strip()}\n") for i, c in enumerate(q.choices)]
             cands = tuple(f"{letter_prefix}{LETTERS[i]}" for i in range(len(q.choices)))
+        elif self.format == "stated":
+            cands = tuple(LETTERS[i] for i in range(len(q.choices)))
         else:
             cands = tuple(f" {c.strip()}" for c in q.choices)
-            if len(set(cands)) != len(cands):
-                raise InputError(f"cloze scoring needs distinct option texts; {q.question[:60]!r} repeats one")
-        cue_start = b.add("Answer:")[0]
+        if self.format != "letters" and len({c.strip() for c in q.choices}) != len(q.choices):
+            raise InputError(f"{self.format} format needs distinct option texts; {q.question[:60]!r} repeats one")
+        cue_start = b.add(self._cue(q))[0]
         return Sample(b.text, cands, q.answer, CharSegments(tuple(items), query), cue_start,
                       {"subject": q.subject, "format": self.format, "answer_letter": LETTERS[q.answer]})
 
@@ -138,18 +143,60 @@ class MultipleChoice(Task):
         qs = file_questions(path)
         return cls(qs[:n_samples] if n_samples else qs, name=Path(path).stem, **kwargs)
 
+    def _option(self, i: int, text: str) -> str:
+        """An option line (none in cloze format)."""
+        if self.format == "cloze":
+            return ""
+        return f"{text.strip()} ({LETTERS[i]})\n" if self.format == "stated" else f"{LETTERS[i]}. {text.strip()}\n"
+
+    def _cue(self, q: Question) -> str:
+        """The answer cue, ``Answer:`` (``stated``: ``Answer: TEXT (``)."""
+        return f"Answer: {q.choices[q.answer].strip()} (" if self.format == "stated" else "Answer:"
+
+    def _answer(self, q: Question) -> str:
+        """What follows the cue in a solved shot."""
+        if self.format == "stated":
+            return f"{LETTERS[q.answer]})"
+        return f" {LETTERS[q.answer] if self.format == 'letters' else q.choices[q.answer].strip()}"
+
     @classmethod
     def categories(cls, n_samples: int = 64, seed: int = 0, n_choices: int = 4, shots: int = 3,
                    **kwargs: Any) -> "MultipleChoice":
         """Offline knowledge questions (:func:`category_questions`), each after ``shots`` solved ones
         drawn from another stream of the same generator."""
         return cls(category_questions(n_samples, seed, n_choices), name="categories",
-                   shots=category_questions(shots, 1_000_003 + seed, n_choices) if shots else (), **kwargs)
+                   shots=category_questions(shots, SHOT_SEED + seed, n_choices) if shots else (), **kwargs)
 
     @classmethod
     def synthetic(cls, n_samples: int = 64, seed: int = 0, n_choices: int = 4, **kwargs: Any) -> "MultipleChoice":
         """Offline questions whose answer is stated in the question (see :func:`synthetic_questions`)."""
         return cls(synthetic_questions(n_samples, seed, n_choices), name="synthetic", **kwargs)
+
+
+QUESTION_SOURCES = ("categories", "synthetic", "FILE", "hub[:subject]")
+
+
+def questions_from(source: str, n_samples: int, seed: int = 0, shots: int = 0) -> tuple[list[Question], list[Question]]:
+    """``(questions, shots)`` from a source named as on the command line: ``categories``
+    (:func:`category_questions`), ``synthetic`` (:func:`synthetic_questions`), ``hub`` or ``hub:SUBJECT``
+    (MMLU, :func:`hub_questions`) or a local file (:func:`file_questions`). Generated sources draw the
+    shots from another seed; a hub or file gives its first ``shots`` questions as shots and the next
+    ``n_samples`` as questions."""
+    if n_samples < 1 or shots < 0:
+        raise InputError(f"need n_samples >= 1 and shots >= 0, got n_samples={n_samples}, shots={shots}")
+    if source in ("categories", "synthetic"):
+        make = category_questions if source == "categories" else synthetic_questions
+        return make(n_samples, seed), make(shots, SHOT_SEED + seed) if shots else []
+    if source == "hub" or source.startswith("hub:"):
+        pool = hub_questions(source.partition(":")[2] or "all", "test", n_samples + shots)
+    elif Path(source).is_file():
+        pool = file_questions(source)
+    else:
+        raise InputError(f"unknown question source {source!r}: use one of {', '.join(QUESTION_SOURCES)} "
+                         f"(FILE: an existing .jsonl/.json/.csv/.parquet file)")
+    if len(pool) <= shots:
+        raise InputError(f"{source!r} holds {len(pool)} questions, not enough for {shots} shots and any question")
+    return pool[shots:shots + n_samples], pool[:shots]
 
 
 def hub_questions(subject: str = "all", split: str = "test", n_samples: int | None = None) -> list[Question]:

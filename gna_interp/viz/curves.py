@@ -34,7 +34,7 @@ def curve_frame(circuit: Any) -> pd.DataFrame:
 def ablation_curve(circuit: Any, metric: str = "accuracy", chance: float | None = None,
                    title: str | None = None) -> Any:
     """Plotly line chart: ``metric`` after removing the top-k heads (k = 0..K), after removing k random
-    heads (their mean over seeds with a min-max band, each seed faint) and, when the curve has them,
+    heads (their median over seeds with a min-max band, each seed faint) and, when the curve has them,
     after removing the k first generic heads. When the curve carries the LM loss on neutral text
     (``lm_loss``), a second panel shows it for the same removals: retrieval and control side by side.
 
@@ -69,11 +69,11 @@ _SERIES = {"top": ("#c0392b", "top-k discovered heads"), "generic": ("#e67e22", 
 
 
 def _add_series(fig: Any, go: Any, df: pd.DataFrame, metric: str, col: int, show_legend: bool) -> None:
-    """The random band and mean, then the top-k and generic lines, of ``metric`` into panel ``col``."""
+    """The random band and median, then the top-k and generic lines, of ``metric`` into panel ``col``."""
     label = metric.replace("_", " ")
     rnd = df[df["series"] == "random"]
     if not rnd.empty:
-        stats = rnd.groupby("k")[metric].agg(["mean", "min", "max", "count"]).reset_index()
+        stats = rnd.groupby("k")[metric].agg(["median", "min", "max", "count"]).reset_index()
         for seed, one in rnd.groupby("seed"):
             fig.add_trace(go.Scatter(x=one["k"], y=one[metric], mode="lines", line=dict(color="rgba(120,120,120,0.35)", width=1),
                                      name=f"random seed {seed}", legendgroup="random", showlegend=False,
@@ -84,9 +84,9 @@ def _add_series(fig: Any, go: Any, df: pd.DataFrame, metric: str, col: int, show
                                  name="random: min-max over seeds", legendgroup="random", showlegend=show_legend),
                       row=1, col=col)
         n_seeds = int(stats["count"].max())
-        fig.add_trace(go.Scatter(x=stats["k"], y=stats["mean"], mode="lines+markers", line=dict(color="#555", dash="dot"),
-                                 name=f"k random heads (mean of {n_seeds} seeds)", legendgroup="random", showlegend=show_legend,
-                                 hovertemplate=f"random, mean<br>k=%{{x}}<br>{label}=%{{y:.3f}}<extra></extra>"),
+        fig.add_trace(go.Scatter(x=stats["k"], y=stats["median"], mode="lines+markers", line=dict(color="#555", dash="dot"),
+                                 name=f"k random heads (median of {n_seeds} seeds)", legendgroup="random", showlegend=show_legend,
+                                 hovertemplate=f"random, median<br>k=%{{x}}<br>{label}=%{{y:.3f}}<extra></extra>"),
                       row=1, col=col)
     for series, (colour, name) in _SERIES.items():
         part = df[df["series"] == series].sort_values("k")

@@ -1,0 +1,144 @@
+"""`compare_circuits`: do two circuits of one model (e.g. KV retrieval and multiple-choice letters) run
+through the same heads?
+
+The paper's claim is that MMLU letters and KV retrieval share their G&A heads. Three measurements:
+
+- **overlap** of the two circuits' top ``k`` (and top 10) heads;
+- **rank correlation** (Spearman) of the two scans' drops over the heads both ran exactly (all heads
+  when fewer than three are shared, ranking the others by their estimates);
+- **cross-removal**: each task's accuracy intact, with circuit A's top ``k`` removed, with circuit B's
+  top ``k`` removed, and with ``k`` random heads (in neither top ``k``) removed: the median draw of
+  ``seeds`` (the lower middle one for an even count; the same draws on both tasks). Shared heads show as each circuit hurting the *other* task far more than random heads do.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gna_interp.circuits.circuit import Circuit
+from gna_interp.errors import InputError
+from gna_interp.interventions.ablation import ablate
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.model import Model
+from gna_interp.store import atomic_write, read_json, write_json
+from gna_interp.tasks.evaluation import evaluate
+
+__all__ = ["CircuitComparison", "compare_circuits"]
+
+COLUMNS = ["task", "removed", "accuracy", "drop", "heads"]
+
+
+@dataclass
+class CircuitComparison:
+    """Result of :func:`compare_circuits`.
+
+    ``rows`` (:meth:`to_frame`) has one row per (task, removed set): ``task`` (``A`` or ``B`` and its
+    name), ``removed`` (``none``, ``A top k``, ``B top k``, ``random k`` = the median draw), ``accuracy``,
+    ``drop`` (from intact) and the ``heads`` removed; ``metrics`` the overlap and rank correlation.
+    """
+
+    names: tuple[str, str]
+    k: int
+    metrics: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def heads(self) -> list[HeadRef]:
+        """The heads in both circuits' top ``k``."""
+        return [HeadRef.parse(n) for n in self.metrics["shared_top_k"]]
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=COLUMNS)
+
+    def summary(self) -> str:
+        """Markdown: the overlap, the correlation and the cross-removal table."""
+        m = self.metrics
+        lines = [f"# Circuits compared: A = {self.names[0]}, B = {self.names[1]}", "",
+                 f"- top-{self.k} overlap: {m['top_k_overlap']}/{self.k} ({', '.join(m['shared_top_k']) or 'none'}); "
+                 f"top-10 overlap: {m['top10_overlap']}/10",
+                 f"- Spearman rank correlation of the drops: {_fmt(m['spearman'])} over {m['n_ranked']} heads "
+                 f"({m['ranked_on']})", "",
+                 "| task | removed | accuracy | drop | heads |", "|---|---|---:|---:|---|"]
+        lines += [f"| {r['task']} | {r['removed']} | {r['accuracy']:.3f} | {r['drop']:.3f} | {r['heads']} |"
+                  for r in self.rows]
+        return "\n".join(lines) + "\n"
+
+    def save(self, out: str | os.PathLike) -> Path:
+        """Write ``compare.json``, ``compare.csv`` and ``compare.md`` into folder ``out``."""
+        d = Path(out)
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write(d / "compare.csv", self.to_frame().to_csv(index=False))
+        atomic_write(d / "compare.md", self.summary())
+        write_json(d / "compare.json", "comparison", {"names": list(self.names), "k": self.k, "metrics": self.metrics,
+                                                       "rows": self.rows})
+        return d
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CircuitComparison":
+        d = Path(path)
+        doc = read_json(d / "compare.json" if d.is_dir() else d, "comparison")
+        return cls(tuple(doc["names"]), int(doc["k"]), dict(doc["metrics"]), list(doc["rows"]))  # type: ignore[arg-type]
+
+
+def _fmt(v: float) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+
+
+def _drops(c: Circuit) -> pd.Series:
+    df = c.scan.to_frame().set_index("name")
+    return df["drop"].where(df["source"] == "exact", df["est_drop"])
+
+
+def compare_circuits(model: Model, a: Circuit, b: Circuit, k: int = 5, seeds: int = 6,
+                     batch_size: int = 16) -> CircuitComparison:
+    """Compare circuits ``a`` and ``b`` of ``model`` (see the module docstring): overlap of their top
+    ``k``, rank correlation of their scans, and each task's accuracy with either circuit's top ``k``
+    or ``k`` random heads removed (zero ablation)."""
+    if a.model != b.model:
+        raise InputError(f"the circuits come from different models ({a.model!r} and {b.model!r}); compare circuits "
+                         f"of one model")
+    if k < 1 or seeds < 1:
+        raise InputError(f"k and seeds must be >= 1, got k={k}, seeds={seeds}")
+    top_a, top_b = a.heads[:k], b.heads[:k]
+    if len(top_a) < k or len(top_b) < k:
+        raise InputError(f"a circuit has fewer than k={k} heads ({len(top_a)} and {len(top_b)}); pass a smaller k")
+    shared = [h for h in top_a if h in set(top_b)]
+    both = [h for h in a.scan.heads if h in a.scan.exact and h in b.scan.exact]
+    da, db = _drops(a), _drops(b)
+    names = [h.name for h in both] if len(both) >= 3 else [n for n in da.index if n in db.index]
+    rho = float(da[names].rank().corr(db[names].rank())) if len(names) >= 3 else math.nan
+    metrics = {"top_k_overlap": len(shared), "shared_top_k": [h.name for h in shared],
+               "top10_overlap": len(set(a.heads[:10]) & set(b.heads[:10])), "spearman": rho, "n_ranked": len(names),
+               "ranked_on": "heads run exactly in both scans" if len(both) >= 3 else "all heads (estimates included)"}
+    pool = [h for h in model.heads() if h not in set(top_a) | set(top_b)]
+    if len(pool) < k:
+        raise InputError(f"only {len(pool)} heads lie outside both circuits' top {k}: too few for random draws")
+    draws = []
+    for s in range(seeds):
+        order = list(pool)
+        random.Random(f"gna-random-heads-{s}").shuffle(order)
+        draws.append(order[:k])
+    out = CircuitComparison((a.task.get("name", "A"), b.task.get("name", "B")), k, metrics)
+    for label, circuit in (("A", a), ("B", b)):
+        task = circuit.load_task()
+
+        def acc(heads: list[HeadRef]) -> float:
+            with ablate(model, heads):
+                return evaluate(model, task, batch_size=batch_size, progress=False).accuracy
+
+        intact = acc([])
+        rnd = sorted(((acc(d), d) for d in draws), key=lambda t: t[0])
+        med = rnd[(len(rnd) - 1) // 2]
+        for removed, value, heads in (("none", intact, []), (f"A top {k}", acc(top_a), top_a),
+                                      (f"B top {k}", acc(top_b), top_b),
+                                      (f"random {k} (median of {seeds})", med[0], med[1])):
+            out.rows.append({"task": f"{label}: {task.name}", "removed": removed, "accuracy": value,
+                             "drop": intact - value, "heads": ",".join(h.name for h in heads)})
+    return out
