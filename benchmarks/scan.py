@@ -3,6 +3,7 @@
     python benchmarks/scan.py                      # SmolLM2-135M (270 heads) when installed, else a zoo model
     python benchmarks/scan.py --naive-heads all    # time the naive loop on every head (slow on CPU)
     python benchmarks/scan.py --model zoo:NAME --samples 16 --json out.json
+    python benchmarks/scan.py --pairs 10 --max-value 99 # multi-token values (SmolLM2 splits digits): packed rows
 
 Task: KV retrieval (``--pairs`` lines, ``--samples`` prompts, values ``0..--max-value``), zero ablation,
 metric ``logit_diff``. Strategies (all through :func:`gna_interp.circuits.scan_heads` except the first):
@@ -64,7 +65,7 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def naive_full_logits(model, plan, heads, batch_size):
     """The textbook loop: one full forward (all positions' logits) per head; metric per head."""
-    chunks = layout_chunks(model, plan, batch_size)
+    chunks = layout_chunks(model, plan, batch_size, pack=False)  # full rows: the prompt once per row
     out = {}
     for r in replacements(model, heads):
         table = ScoreTable(plan)
@@ -75,9 +76,11 @@ def naive_full_logits(model, plan, heads, batch_size):
     return out
 
 
-def reuse_ceiling(model, plan, chunks, heads) -> dict[str, float]:
-    """FLOP-model speed-ups of ideal prefix reuse over the two naive loops."""
+def reuse_ceiling(model, plan, chunks, packed, heads) -> dict[str, float]:
+    """FLOP-model speed-ups of ideal prefix reuse over the two naive loops (which run the full rows
+    ``chunks``; the fast exact scan runs ``packed``, one sequence per sample when rows are packed)."""
     tokens = sum(c.n_tokens for c in chunks)
+    fast_tokens = sum(c.n_tokens for c in packed)
     reads = sum(len(c.read_pos) for c in chunks)
     kept = sum(c.size * (max(r.n_fed for r in c.rows) + 1) for c in chunks)
     t_avg = tokens / sum(c.size for c in chunks)
@@ -91,7 +94,7 @@ def reuse_ceiling(model, plan, chunks, heads) -> dict[str, float]:
     full = sum(per_layer) * tokens
     naive_full = len(heads) * (full + unembed * tokens)
     naive_kept = len(heads) * (full + unembed * kept)
-    fast = sum(sum(per_layer[h.layer:]) * tokens + unembed * reads for h in heads)
+    fast = sum(sum(per_layer[h.layer:]) * fast_tokens + unembed * reads for h in heads)
     return {"vs_full_logits": naive_full / fast, "vs_scorer": naive_kept / fast}
 
 
@@ -132,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         if n > len(layers):
             rest = [h for h in heads if h not in naive_set]
             naive_set += rest[:: max(1, len(rest) // (n - len(layers)))][: n - len(layers)]
-    chunks = layout_chunks(model, plan, args.batch_size)
+    chunks = layout_chunks(model, plan, args.batch_size, pack=False)
+    packed = layout_chunks(model, plan, args.batch_size)
     print(f"model {model.name}: {len(heads)} heads; task {task.name}, {len(task)} samples, {plan.describe()}; "
           f"batch {args.batch_size}; naive loops on {len(naive_set)} heads; threads {args.threads}")
     res: dict[str, dict] = {}
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     top_exact = list(ef.sort_values("rank").index[:10])
     top_attr = list(af.sort_values("rank").index[:10])
     top_auto = list(uf.sort_values("rank").index[:10])
-    ceiling = reuse_ceiling(model, plan, chunks, heads)
+    ceiling = reuse_ceiling(model, plan, chunks, packed, heads)
     # speed-ups from CPU time: on shared cores, wall time also measures the neighbours' load
     base = res["naive (full logits)"]["heads_per_cpu_s"]
     base2 = res["naive (scorer)"]["heads_per_cpu_s"]

@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import signal
 import sys
+import threading
+import traceback
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
-from gna_interp.errors import GnaError
+from gna_interp.errors import GnaError, InputError
 
 Command = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Command]] = {}
@@ -20,6 +25,28 @@ def command(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentParser
         _COMMANDS[name] = (add_args, help)  # type: ignore[assignment]
         return add_args
     return deco
+
+
+def at_least(minimum: int, why: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer ``>= minimum`` (the message names the value and the bound)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}{why}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def spec_text(text: str) -> str:
+    """An argparse ``type`` for a model spec: non-empty text."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; name a model: an alias (smollm2-135m), zoo:NAME, a local Hugging "
+                                         "Face directory, a .gguf file or a hub id (see gna models)")
+    return text
 
 
 def default_model_specs() -> list[str]:
@@ -61,7 +88,7 @@ def run_models(args: argparse.Namespace) -> int:
 
 @command("patterns", "write a standalone HTML page with the patterns of chosen heads on one prompt")
 def _patterns_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
+    p.add_argument("--model", type=spec_text, default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--heads", default=None, help="comma-separated heads, e.g. L3H1,L5H2 or L1S0 (default: heads of the first two layers; Mamba-1 layers as 16 channel groups)")
     p.add_argument("--out", default="patterns.html", help="output HTML file")
@@ -97,10 +124,10 @@ def _zoo_args(p: argparse.ArgumentParser) -> None:
     zsub.add_parser("list", help="shipped zoo models with their card numbers, and the trainable recipes")
     t = zsub.add_parser("train", help="train one zoo model on CPU and write checkpoint + model card")
     t.add_argument("name", help="zoo model name (see `gna zoo list`)")
-    t.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's)")
+    t.add_argument("--steps", type=at_least(1), default=None, help="training steps (default: the recipe's)")
     t.add_argument("--seed", type=int, default=None, help="seed (default: the recipe's)")
-    t.add_argument("--threads", type=int, default=None, help="torch threads (default: the recipe's)")
-    t.add_argument("--eval-samples", type=int, default=200, help="samples per dictionary size for the card")
+    t.add_argument("--threads", type=at_least(1), default=None, help="torch threads (default: the recipe's)")
+    t.add_argument("--eval-samples", type=at_least(1), default=200, help="samples per dictionary size for the card")
     dest = t.add_mutually_exclusive_group()
     dest.add_argument("--out", default=None, help="output directory (default: ./zoo/NAME)")
     dest.add_argument("--install", action="store_true", help="write into the package's zoo folder (replaces the shipped model)")
@@ -145,7 +172,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 @command("scan", "find the G&A heads of a model on KV retrieval or multiple choice; writes scan.csv, scan.json, circuit.json, views.pt, summary.md, report.html")
 def _scan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
+    p.add_argument("--model", type=spec_text, default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
     p.add_argument("--task", default="kv", choices=["kv", "mc", "cloze"],
                    help="kv: KV retrieval (official template); mc: multiple choice scored on the letters (its cloze "
                         "form is measured as the knowledge twin); cloze: multiple choice scored on the option texts")
@@ -156,11 +183,11 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
                    help="mc prompt form: letters (MMLU: 'A. text' lines, 'Answer:'), or stated (lines 'text (A)', cue "
                         "'Answer: TEXT (': the answer is stated and its letter retrieved; small models that fail "
                         "letters solve it)")
-    p.add_argument("--shots", type=int, default=3, help="solved questions before each mc/cloze question (default 3)")
-    p.add_argument("--pairs", type=int, default=10,
+    p.add_argument("--shots", type=at_least(0), default=3, help="solved questions before each mc/cloze question (default 3)")
+    p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=10,
                    help="dictionary lines per prompt (default 10; chosen by measurement, see docs/discovery.md)")
-    p.add_argument("--samples", type=int, default=32, help="prompts (default 32)")
-    p.add_argument("--max-value", type=int, default=9,
+    p.add_argument("--samples", type=at_least(1), default=32, help="prompts (default 32)")
+    p.add_argument("--max-value", type=at_least(1), default=9,
                    help="values are 0..MAX (default 9: one digit, so every candidate shares one forward row "
                         "even with digit-splitting tokenizers; 99 is the paper's range)")
     p.add_argument("--seed", type=int, default=0, help="task seed")
@@ -168,20 +195,24 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="zero", choices=["zero", "mean", "resample"],
                    help="ablation (mean/resample read a second KV task with seed+1)")
     p.add_argument("--metric", default="logit_diff", choices=["logit_diff", "accuracy"])
-    p.add_argument("--verify", type=int, default=None,
+    p.add_argument("--verify", type=at_least(0), default=None,
                    help="heads auto runs exactly before calibrating its error bound (default: 20)")
-    p.add_argument("--certify", type=int, default=10,  # circuits.scan.DEFAULT_CERTIFY (not imported: keeps start-up light)
+    p.add_argument("--certify", type=at_least(0), default=10,  # circuits.scan.DEFAULT_CERTIFY (not imported: keeps start-up light)
                    help="leading heads auto settles exactly (default 10)")
-    p.add_argument("--max-exact", type=int, default=None,
+    p.add_argument("--max-exact", type=at_least(1), default=None,
                    help="auto stops after this many exact heads and reports how many could still enter the top "
                         "(default: until settled)")
-    p.add_argument("--top-k", type=int, default=5, help="heads removed together in the ablation curve (default 5)")
-    p.add_argument("--seeds", type=int, default=6, help="random-head draws for the curve (default 6; the summary "
+    p.add_argument("--top-k", type=at_least(1), default=5, help="heads removed together in the ablation curve (default 5)")
+    p.add_argument("--seeds", type=at_least(1), default=6, help="random-head draws for the curve (default 6; the summary "
                    "compares the top k with their median)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--batch-size", type=at_least(1), default=16)
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--out", default="gna_scan", help="output folder (default ./gna_scan)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted scan from DIR/scan.ckpt.json")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue an interrupted scan from DIR/scan.ckpt.json")
+    again.add_argument("--fresh", action="store_true",
+                       help="delete the checkpoint an earlier scan left in DIR and start over (refused without "
+                            "--resume or --fresh: a checkpoint is never thrown away silently)")
     p.add_argument("--keep-generic", action="store_true",
                    help="keep generic heads (removing them raises the LM loss on neutral text by >= 2%%) in the circuit")
     p.add_argument("--no-control", action="store_true", help="skip the LM-loss control scan (no generic labels)")
@@ -198,27 +229,43 @@ def run_scan(args: argparse.Namespace) -> int:
     from gna_interp.models import load_model
     from gna_interp.report import build_report
 
+    out = Path(args.out)
+    ckpt = out / "scan.ckpt.json"
+    stale = [f for f in (ckpt, ckpt.with_suffix(".control.json")) if f.exists()]
+    _check_out_dir(out)
+    if args.task == "kv" and args.max_value + 1 < args.pairs:
+        raise InputError(f"--max-value {args.max_value} gives {args.max_value + 1} distinct values, fewer than --pairs "
+                         f"{args.pairs}: every line needs its own value; raise --max-value or lower --pairs")
+    if stale and not (args.resume or args.fresh):
+        done = "a finished scan and its checkpoint" if (out / "circuit.json").exists() else \
+            "the checkpoint of an unfinished scan"
+        raise InputError(f"{out} holds {done} ({ckpt.name}); --resume continues it (or rebuilds the outputs), "
+                         f"--fresh deletes it and starts over, or pick another --out")
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = args.model or _first_default()
-    out = Path(args.out)
-    ckpt = out / "scan.ckpt.json"
-    if not args.resume:
-        for stale in (ckpt, ckpt.with_suffix(".control.json")):
-            if stale.exists():
-                stale.unlink()
     print(f"loading {spec} ...", flush=True)
     model = load_model(spec, device=getattr(args, "device", None))
     task, twin = _scan_task(args, model, args.seed)
     reference = _scan_task(args, model, args.seed + 1)[0] if args.method != "zero" else None
-    print(f"{model.name}: {len(model.heads())} heads; task {task.name}, {len(task)} samples; "
-          f"{args.strategy} scan, {args.method} ablation, metric {args.metric}", flush=True)
-    circuit = discover(model, task, strategy=args.strategy, method=args.method, metric=args.metric,
-                       reference=reference, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size,
-                       checkpoint=ckpt, verify=args.verify, certify=args.certify, max_exact=args.max_exact,
-                       keep_generic=args.keep_generic,
-                       control=not args.no_control, allow_chance=args.allow_chance, twin=twin)
-    circuit.save(out)
+    with _Lock(out):
+        if args.fresh:
+            for f in stale:
+                f.unlink()
+        print(f"{model.name}: {len(model.heads())} heads; task {task.name}, {len(task)} samples; "
+              f"{args.strategy} scan, {args.method} ablation, metric {args.metric}", flush=True)
+        try:
+            circuit = discover(model, task, strategy=args.strategy, method=args.method, metric=args.metric,
+                               reference=reference, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size,
+                               checkpoint=ckpt, verify=args.verify, certify=args.certify, max_exact=args.max_exact,
+                               keep_generic=args.keep_generic,
+                               control=not args.no_control, allow_chance=args.allow_chance, twin=twin)
+        except KeyboardInterrupt:
+            again = [a for a in (args.argv or []) if a not in ("--resume", "--fresh")]
+            print(f"\ngna: interrupted; the finished heads are saved in {ckpt}. Continue with:\n"
+                  f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
+            raise
+        circuit.save(out)
     print(circuit.summary(top=10))
     print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
     print(f"wrote {build_report(out)}")
@@ -230,10 +277,10 @@ def run_scan(args: argparse.Namespace) -> int:
 def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", help="a `gna scan` output folder")
     p.add_argument("b", help="another `gna scan` output folder, same model")
-    p.add_argument("--model", default=None, help="model spec (default: the spec the circuits were found with)")
-    p.add_argument("--top-k", type=int, default=5, help="circuit heads compared and removed (default 5)")
-    p.add_argument("--seeds", type=int, default=6, help="random k-head draws (default 6; their median is reported)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--model", type=spec_text, default=None, help="model spec (default: the spec the circuits were found with)")
+    p.add_argument("--top-k", type=at_least(1), default=5, help="circuit heads compared and removed (default 5)")
+    p.add_argument("--seeds", type=at_least(1), default=6, help="random k-head draws (default 6; their median is reported)")
+    p.add_argument("--batch-size", type=at_least(1), default=16)
     p.add_argument("--out", default=None, help="output folder for compare.json/.csv/.md (default: print only)")
     p.set_defaults(run=run_compare)
 
@@ -266,6 +313,77 @@ def _scan_task(args: argparse.Namespace, model: Any, seed: int) -> tuple[Any, An
     return MultipleChoice(questions, format=args.mc_form, name=name, shots=shots), cloze
 
 
+def _check_out_dir(out: Path) -> None:
+    """Refuse an output folder that cannot be one (an existing file, or a folder we cannot write into)."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {str(out)!r} is an existing file, not a folder; pick a folder path")
+    parent = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out {str(out)!r}: cannot write into {str(parent)!r}; pick a folder you can write to")
+
+
+class _Lock:
+    """``DIR/.gna.lock`` held while a command writes into ``DIR``: a second scan into the same folder is
+    refused (a lock left by a process that no longer runs is taken over)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / ".gna.lock"
+
+    def __enter__(self) -> "_Lock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    pid = int(self.path.read_text().strip() or 0)
+                except (OSError, ValueError):
+                    pid = 0
+                if pid and _alive(pid):
+                    raise InputError(f"{self.path.parent} is in use by another gna process (pid {pid}); wait for it "
+                                     f"to finish or pick another --out") from None
+                self.path.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            return self
+        raise InputError(f"could not take the lock {self.path}; remove it if no gna process uses {self.path.parent}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _check_device(device: str | None) -> None:
+    """Refuse a device torch cannot use here, before any model is loaded."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise InputError(f"--device {device!r}: this machine has no CUDA GPU that torch can use "
+                             f"(torch {torch.__version__}); use --device cpu")
+        if dev.index is not None and dev.index >= n:
+            raise InputError(f"--device {device!r}: only {n} CUDA device(s) here (cuda:0..cuda:{n - 1})")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"--device {device!r}: MPS is not available here; use --device cpu")
+
+
 def _first_default() -> str:
     specs = default_model_specs()
     if not specs:
@@ -273,22 +391,61 @@ def _first_default() -> str:
     return specs[0]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with gna's error style: one line ``gna: error: ...`` naming where to look, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        print(f"gna: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gna", description="Find and inspect Gather-and-Aggregate heads.")
+    parser = _Parser(prog="gna", description="Find and inspect Gather-and-Aggregate heads.")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (add_args, help) in _COMMANDS.items():
         add_args(sub.add_parser(name, help=help))  # type: ignore[arg-type]
     return parser
 
 
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run ``gna``: exit 0 on success, 2 for bad input (one line ``gna: error: ...``, no traceback unless
+    ``--debug``), 1 for a failure during the work, 130 when interrupted (SIGINT or SIGTERM; a scan says
+    how to resume)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a bad argument (2, already printed)
+        return e.code if isinstance(e.code, int) else 2
+    args.argv = argv
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        _check_device(args.device)
         return int(args.run(args) or 0)
     except GnaError as e:
+        if args.debug:
+            traceback.print_exc()
         print(f"gna: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            traceback.print_exc()
+        return 130
+    except Exception as e:  # a failure during the work, not the user's input: say what, keep the trace for --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"gna: error: {args.command} failed: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,11 @@ from __future__ import annotations
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator, Mapping
 
+import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.errors import HeadError
+from gna_interp.errors import HeadError, InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import Hook, MaskOptions
 from gna_interp.models.model import Model
@@ -62,6 +63,10 @@ def mask_pattern(model: Model, masks: Mapping[HeadRef | str, MaskLike], options:
         overlap = [o.name for o in group if set(o.channels) & set(h.channels)]
         if overlap:
             raise HeadError(f"{h.name} overlaps {overlap}: a channel can carry only one mask")
+        if isinstance(mask, torch.Tensor) and mask.is_floating_point() and not bool(torch.isfinite(mask).all()):
+            bad = int((~torch.isfinite(mask)).sum())
+            raise InputError(f"the mask of {h.name} holds {bad} NaN or infinite value(s); a mask must be finite "
+                             f"(0 removes a position, 1 keeps it)")
         group[h] = mask
     with ExitStack() as stack:
         fwd_hooks: list[Hook] = []

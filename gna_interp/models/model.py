@@ -253,6 +253,16 @@ class Model:
         raise InputError(f"the prompt holds text outside {self.name}'s vocabulary (it becomes "
                          f"{self.tokenizer.unk_token!r}): {words[:8] or text[:60]!r}{hint}")
 
+    def check_ids(self, ids: Tensor) -> None:
+        """Raise :class:`InputError` unless ``ids`` are integer token ids inside the vocabulary, ``[batch, pos]``."""
+        if ids.dim() != 2 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise InputError(f"token ids must be an integer tensor [batch, pos] (or [pos]), got {ids.dtype} of shape "
+                             f"{tuple(ids.shape)}")
+        vocab = int(getattr(self.cfg, "d_vocab", 0) or len(self.tokenizer))
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            bad = ids[(ids < 0) | (ids >= vocab)].unique()[:5].tolist()
+            raise InputError(f"token ids {bad} are outside the vocabulary of {self.name} (0..{vocab - 1})")
+
     def check_length(self, n_tokens: int) -> None:
         """Raise :class:`InputError` if ``n_tokens`` exceeds the model's context."""
         if self.n_ctx and n_tokens > self.n_ctx:
@@ -273,6 +283,7 @@ class Model:
             return inputs
         if isinstance(inputs, Tensor):
             ids = inputs if inputs.dim() == 2 else inputs.unsqueeze(0)
+            self.check_ids(ids)
             self.check_length(ids.shape[1])
             mask = torch.ones_like(ids) if attention_mask is None else attention_mask.reshape(ids.shape)
             return TokenBatch(ids.to(self.device), mask.to(self.device))

@@ -62,7 +62,12 @@ def zoo_names() -> list[str]:
 
 def resolve_spec(spec: str | os.PathLike) -> ResolvedSpec:
     """Decide what a spec names, without loading anything. Raises a clear error for a bad spec."""
+    if not isinstance(spec, (str, os.PathLike)):
+        raise UnknownModelError(f"a model spec must be a string or a path, got {type(spec).__name__} {spec!r}")
     s = str(spec).strip()
+    if not s:
+        raise UnknownModelError("the model spec is empty: pass an alias (smollm2-135m), zoo:NAME, a local Hugging Face "
+                                "directory, a .gguf file or a hub id")
     if s.lower() == "smollm2-135m":
         gguf = smollm2_gguf_path()
         return ResolvedSpec(s, "gguf", str(gguf)) if gguf else ResolvedSpec(s, "hub", SMOLLM2_HUB_ID)

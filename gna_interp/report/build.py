@@ -59,7 +59,7 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
     if not circuit.curve.empty:
         figures["ablation_curve"] = ablation_curve(circuit)
         sections += [_note("Task accuracy as the top-k circuit heads are removed together, beside k random heads "
-                           "(mean and min-max over seeds) and the generic heads; the right panel, when present, is "
+                           "(median and min-max over seeds) and the generic heads; the right panel, when present, is "
                            "the LM loss on neutral text for the same removals (the control)."),
                      figure_div(figures["ablation_curve"])]
     else:

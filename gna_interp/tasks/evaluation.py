@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from gna_interp.errors import InputError
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores, Hooks, Method, ScoringPlan, plan_scoring, run_plan
@@ -62,6 +63,8 @@ def evaluate(model: Model, task: Task | ScoringPlan, batch_size: int = 16, metho
     Pass a :class:`ScoringPlan` (from :func:`plan_scoring`) instead of a task to skip re-tokenizing
     when evaluating many times, e.g. under different ablations given as ``fwd_hooks``.
     """
+    if not isinstance(task, (Task, ScoringPlan)):
+        raise InputError(f"evaluate needs a Task (e.g. KVRetrieval(...)) or a ScoringPlan, got {type(task).__name__}")
     plan = task if isinstance(task, ScoringPlan) else plan_scoring(model, task.samples, method)
     name = getattr(task, "name", "samples")
     start = time.perf_counter()

@@ -48,8 +48,9 @@ class KVRetrieval(Task):
         if template not in TEMPLATES:
             raise InputError(f"unknown KV template {template!r}; choose one of {TEMPLATES}")
         keys = _check_words(words) if words is not None else word_list()
-        if n_pairs < 1 or n_samples < 1:
-            raise InputError(f"n_pairs and n_samples must be >= 1, got n_pairs={n_pairs}, n_samples={n_samples}")
+        if not isinstance(n_pairs, int) or not isinstance(n_samples, int) or n_pairs < 2 or n_samples < 1:
+            raise InputError(f"n_pairs must be an integer >= 2 (a dictionary needs two lines to choose between) and "
+                             f"n_samples >= 1, got n_pairs={n_pairs!r}, n_samples={n_samples!r}")
         if max_value < 0:
             raise InputError(f"max_value must be >= 0, got {max_value}")
         if n_pairs > max_value + 1:

@@ -51,6 +51,10 @@ class Question:
     subject: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.question, str):
+            raise InputError(f"a question must be text, got {type(self.question).__name__}")
+        if isinstance(self.choices, str) or not all(isinstance(c, str) for c in self.choices):
+            raise InputError(f"choices must be a list of option texts, got {self.choices!r}: {self.question[:60]!r}")
         if not 2 <= len(self.choices) <= len(LETTERS):
             raise InputError(f"a question needs 2..{len(LETTERS)} choices, got {len(self.choices)}: "
                              f"{self.question[:60]!r}")
@@ -259,7 +263,11 @@ def file_questions(path: str | Path) -> list[Question]:
                ".csv": pd.read_csv, ".parquet": pd.read_parquet}
     if path.suffix not in readers:
         raise InputError(f"{path.name!r}: unsupported question file type; use one of {sorted(readers)}")
-    df = readers[path.suffix](path)
+    try:
+        df = readers[path.suffix](path)
+    except (ValueError, OSError, UnicodeDecodeError) as e:  # pandas' parsers: truncated or malformed files
+        raise InputError(f"{path.name!r} cannot be read as {path.suffix} ({type(e).__name__}: {e}); is it truncated "
+                         f"or of another format?") from None
     letter_cols = [c for c in LETTERS if c in df.columns]
     missing = [c for c in ("question", "answer") if c not in df.columns]
     if "choices" not in df.columns and len(letter_cols) < 2:
