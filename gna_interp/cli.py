@@ -151,6 +151,7 @@ def run_zoo(args: argparse.Namespace) -> int:
         return 0
     recipe(args.name)  # clear error for an unknown name before any work
     out = zoo_dir() / args.name if args.install else Path(args.out or Path("zoo") / args.name)
+    _check_out_dir(out)
     train(args.name, out, steps=args.steps, seed=args.seed, threads=args.threads, eval_samples=args.eval_samples)
     return 0
 

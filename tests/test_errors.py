@@ -97,6 +97,7 @@ CLI_CASES = [
     ("compare-top-k-0", ["compare-circuits", "{earlier}", "{earlier}", "--top-k", "0"], 2, "--top-k"),
     ("zoo-unknown", ["zoo", "train", "nosuch"], 2, "nosuch"),
     ("zoo-steps-0", ["zoo", "train", "transformer-kv", "--steps", "0", "--out", "{out}/z"], 2, "--steps"),
+    ("zoo-out-is-a-file", ["zoo", "train", "transformer-kv", "--steps", "1", "--out", "{plain}"], 2, "plain.txt"),
     ("unknown-command", ["frobnicate"], 2, "frobnicate"),
 ]
 
