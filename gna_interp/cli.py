@@ -81,9 +81,9 @@ def run_models(args: argparse.Namespace) -> int:
             if not args.no_load:
                 print(load_model(spec, device=getattr(args, "device", None)).describe())
         except GnaError as e:
-            print(f"  error: {e}")
+            print(f"gna: error: {spec!r}: {e}", file=sys.stderr)
             failed += bool(args.specs)
-    return 1 if failed else 0
+    return 2 if failed else 0
 
 
 @command("patterns", "write a standalone HTML page with the patterns of chosen heads on one prompt")

@@ -15,8 +15,9 @@ def test_models_describes_families(tiny_dirs, capsys):
 
 
 def test_models_reports_bad_spec(capsys):
-    assert main(["models", "definitely not a model"]) == 1
-    assert "unknown model spec" in capsys.readouterr().out
+    assert main(["models", "definitely not a model"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gna: error: 'definitely not a model': ") and "unknown model spec" in err
 
 
 def test_patterns_page_is_standalone(tiny_dirs, tmp_path, capsys):

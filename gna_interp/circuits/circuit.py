@@ -258,6 +258,8 @@ class Circuit:
                  f"logit_diff {b.get('logit_diff', math.nan):.3f}{loss}; {self.task.get('n_samples')} samples",
                  f"- scan: {len(self.scan.heads)} heads, {self.scan.strategy} strategy, {self.scan.method} ablation, "
                  f"metric {self.scan.metric}, {len(self.scan.exact)} heads run exactly"
+                 + (f", {len(set(self.scan.screened) - set(self.scan.exact))} more ruled out by exact runs on "
+                    f"{len(self.scan.screen_index)} screening samples" if self.scan.screened else "")
                  + (f" (stopped at max_exact: {self.scan.unsettled} unrun heads could still enter the leading ones)"
                     if self.scan.unsettled else "")]
         lines += [f"- {n}" for n in self.notes]
