@@ -9,6 +9,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
@@ -194,7 +195,7 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="task seed")
     p.add_argument("--strategy", default="auto", choices=["auto", "exact", "attribution", "naive"])
     p.add_argument("--method", default="zero", choices=["zero", "mean", "resample"],
-                   help="ablation (mean/resample read a second KV task with seed+1)")
+                   help="ablation (mean/resample read a second task of the same kind built with seed+1)")
     p.add_argument("--metric", default="logit_diff", choices=["logit_diff", "accuracy"])
     p.add_argument("--verify", type=at_least(0), default=None,
                    help="heads auto runs exactly before calibrating its error bound (default: 20)")
@@ -234,6 +235,7 @@ def run_scan(args: argparse.Namespace) -> int:
     ckpt = out / "scan.ckpt.json"
     stale = [f for f in (ckpt, ckpt.with_suffix(".control.json")) if f.exists()]
     _check_out_dir(out)
+    _Lock(out).check()
     if args.task == "kv" and args.max_value + 1 < args.pairs:
         raise InputError(f"--max-value {args.max_value} gives {args.max_value + 1} distinct values, fewer than --pairs "
                          f"{args.pairs}: every line needs its own value; raise --max-value or lower --pairs")
@@ -263,8 +265,11 @@ def run_scan(args: argparse.Namespace) -> int:
                                control=not args.no_control, allow_chance=args.allow_chance, twin=twin)
         except KeyboardInterrupt:
             again = [a for a in (args.argv or []) if a not in ("--resume", "--fresh")]
-            print(f"\ngna: interrupted; the finished heads are saved in {ckpt}. Continue with:\n"
-                  f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
+            if ckpt.exists():
+                print(f"\ngna: interrupted; the finished heads are saved in {ckpt}. Continue with:\n"
+                      f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
+            else:
+                print("\ngna: interrupted before any head finished; nothing was saved", file=sys.stderr, flush=True)
             raise
         circuit.save(out)
     print(circuit.summary(top=10))
@@ -306,12 +311,20 @@ def _scan_task(args: argparse.Namespace, model: Any, seed: int) -> tuple[Any, An
 
     if args.task == "kv":
         return KVRetrieval(args.pairs, args.samples, seed=seed, max_value=args.max_value, words=model.kv_words), None
+    generated = args.questions in ("categories", "synthetic")
+    if seed != args.seed and not generated:
+        raise InputError(f"--method {args.method} needs a second set of questions, which --questions "
+                         f"{args.questions!r} does not generate; use --method zero or --questions categories|synthetic")
     questions, shots = questions_from(args.questions, args.samples, seed, args.shots)
     name = Path(args.questions).stem if Path(args.questions).is_file() else args.questions.replace(":", "-")
-    cloze = MultipleChoice(questions, format="cloze", name=name, shots=shots)
     if args.task == "cloze":
-        return cloze, None
-    return MultipleChoice(questions, format=args.mc_form, name=name, shots=shots), cloze
+        return MultipleChoice(questions, format="cloze", name=name, shots=shots), None
+    task = MultipleChoice(questions, format=args.mc_form, name=name, shots=shots)
+    try:
+        return task, MultipleChoice(questions, format="cloze", name=name, shots=shots)
+    except InputError as e:  # e.g. a question repeating an option text, which cloze cannot score
+        print(f"note: no knowledge twin (the cloze form of these questions cannot be scored: {e})", flush=True)
+        return task, None
 
 
 def _check_out_dir(out: Path) -> None:
@@ -330,25 +343,41 @@ class _Lock:
     def __init__(self, folder: Path) -> None:
         self.path = folder / ".gna.lock"
 
+    def check(self) -> None:
+        """Refuse when a live process holds the lock (read only: touches nothing)."""
+        if self.path.exists() and self._held():
+            raise InputError(f"{self.path.parent} is in use by another gna process ({self.path} names pid "
+                             f"{self._pid() or '?'}); wait for it to finish, pick another --out, or delete the lock "
+                             f"file if no gna process uses the folder")
+
+    def _pid(self) -> int:
+        try:
+            return int(self.path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def _held(self) -> bool:
+        pid = self._pid()
+        if pid:
+            return _alive(pid)
+        try:  # empty: another process is between creating it and writing its pid, unless it is old
+            return time.time() - self.path.stat().st_mtime < 60
+        except OSError:
+            return False
+
     def __enter__(self) -> "_Lock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                try:
-                    pid = int(self.path.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and _alive(pid):
-                    raise InputError(f"{self.path.parent} is in use by another gna process (pid {pid}); wait for it "
-                                     f"to finish or pick another --out") from None
+                self.check()
                 self.path.unlink(missing_ok=True)  # stale: its process is gone
                 continue
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
             return self
-        raise InputError(f"could not take the lock {self.path}; remove it if no gna process uses {self.path.parent}")
+        raise InputError(f"could not take the lock {self.path}; delete it if no gna process uses {self.path.parent}")
 
     def __exit__(self, *exc: object) -> None:
         self.path.unlink(missing_ok=True)
@@ -401,12 +430,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gna", description="Find and inspect Gather-and-Aggregate heads.")
+    parser = _Parser(prog="gna", description="Find and inspect Gather-and-Aggregate heads.", allow_abbrev=False)
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (add_args, help) in _COMMANDS.items():
-        add_args(sub.add_parser(name, help=help))  # type: ignore[arg-type]
+        add_args(sub.add_parser(name, help=help, allow_abbrev=False))  # type: ignore[arg-type]
     return parser
 
 

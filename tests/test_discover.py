@@ -218,4 +218,12 @@ def test_mc_scan_measures_its_cloze_twin_and_compare_circuits_removes_each_on_th
     with ablate(model, a.heads[:2]):
         assert row["accuracy"] == pytest.approx(evaluate(model, b.load_task(), progress=False).accuracy)
     assert row["heads"] == ",".join(h.name for h in a.heads[:2])
+    draws = res.metrics["random_draws"]
+    assert len(draws) == 2 and all(set(d) == {"heads", "A", "B"} for d in draws)
+    rnd = df[(df["task"] == "A: " + a.load_task().name) & (df["removed"] == "random 2 (median of 2)")].iloc[0]
+    assert rnd["accuracy"] == pytest.approx((draws[0]["A"] + draws[1]["A"]) / 2)
+    heads = [HeadRef.parse(n) for n in draws[1]["heads"].split(",")]
+    assert not set(heads) & (set(a.heads[:2]) | set(b.heads[:2]))
+    with ablate(model, heads):
+        assert draws[1]["B"] == pytest.approx(evaluate(model, b.load_task(), progress=False).accuracy)
     assert main(["compare-circuits", str(mc), str(tmp_path / "missing")]) == 2

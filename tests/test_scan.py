@@ -55,7 +55,7 @@ def test_exact_with_mean_ablation_matches_naive_and_accuracy_metric(tiny_models)
     naive = scan_heads(model, TASK, strategy="naive", **kw).to_frame().set_index("name")
     exact = scan_heads(model, TASK, strategy="exact", **kw).to_frame().set_index("name")
     assert list(exact.columns) == ["layer", "head", "kind", "baseline", "ablated", "drop", "rank", "source", "est_drop",
-                                   "drop_lo", "drop_hi"]
+                                   "drop_lo", "drop_hi", "screen_drop"]
     assert (exact.loc[naive.index, "ablated"] == naive["ablated"]).all()
 
 

@@ -217,6 +217,27 @@ def test_packed_rows_equal_official_scorer_tiny_llama(tiny_models, batch_size):
                                rtol=0, atol=1e-4)
 
 
+def test_packed_rows_equal_official_scorer_with_learned_absolute_positions(tmp_path):
+    """GPT-2 adds a learned embedding per position: packed rows must number their tokens exactly as an
+    unpacked row does (from 0 at the first real token, siblings sharing the position they have in their row)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gna_interp import load_model
+    from gna_interp.models.tiny import byte_tokenizer
+
+    tok = byte_tokenizer()
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=512, n_embd=32, n_layer=2, n_head=4,
+                     bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    GPT2LMHeadModel(cfg).eval().save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model = load_model(tmp_path, device="cpu")
+    assert model.packs_rows
+    task = KVRetrieval(n_pairs=4, n_samples=3, seed=1)
+    torch.testing.assert_close(packed_scores(model, task.samples, 2), official_scores(model, task.samples),
+                               rtol=0, atol=1e-4)
+
+
 def test_share_prefix_refused_where_it_cannot_work(tiny_models):
     samples = KVRetrieval(3, 1).samples
     with pytest.raises(InputError, match="attention-only"):

@@ -295,9 +295,10 @@ class Circuit:
         lines += self._curve_lines()
         if self.twin:
             t = self.twin
+            rnd = (f", {_f(t['random_median'], 3)} with {t['k']} random heads removed (median of {len(t['random'])} "
+                   f"draws)" if t.get("random") else "")
             lines.append(f"- knowledge twin {t['task']}: accuracy {t['intact']:.3f} intact, {t['top']:.3f} with the top "
-                         f"{t['k']} removed, {t['random_median']:.3f} with {t['k']} random heads removed (median of "
-                         f"{len(t['random'])} draws)")
+                         f"{t['k']} removed{rnd} (zero ablation)")
         return "\n".join(lines) + "\n"
 
     def _curve_lines(self) -> list[str]:
@@ -497,7 +498,7 @@ def twin_check(model: Model, twin: Task, curve: pd.DataFrame, batch_size: int = 
 
     top = at_k[at_k["series"] == "top"]["heads"].iloc[0]
     rnd = [acc(h) for h in at_k[at_k["series"] == "random"]["heads"]]
-    return {"task": twin.name, "k": k, "intact": acc(""), "top": acc(top), "random": rnd,
+    return {"task": twin.name, "k": k, "method": "zero", "intact": acc(""), "top": acc(top), "random": rnd,
             "random_median": float(pd.Series(rnd).median()) if rnd else math.nan}
 
 

@@ -5,10 +5,11 @@ The paper's claim is that MMLU letters and KV retrieval share their G&A heads. T
 
 - **overlap** of the two circuits' top ``k`` (and top 10) heads;
 - **rank correlation** (Spearman) of the two scans' drops over the heads both ran exactly (all heads
-  when fewer than three are shared, ranking the others by their estimates);
+  when fewer than three are shared and both scans measure the logit difference, ranking the others by
+  their estimates);
 - **cross-removal**: each task's accuracy intact, with circuit A's top ``k`` removed, with circuit B's
-  top ``k`` removed, and with ``k`` random heads (in neither top ``k``) removed: the median draw of
-  ``seeds`` (the lower middle one for an even count; the same draws on both tasks). Shared heads show as each circuit hurting the *other* task far more than random heads do.
+  top ``k`` removed, and with ``k`` random heads (in neither top ``k``) removed: the median over
+  ``seeds`` draws (the same draws on both tasks; each draw's accuracies are in ``metrics["random_draws"]``). Shared heads show as each circuit hurting the *other* task far more than random heads do.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,12 +114,13 @@ def compare_circuits(model: Model, a: Circuit, b: Circuit, k: int = 5, seeds: in
     shared = [h for h in top_a if h in set(top_b)]
     both = [h for h in a.scan.heads if h in a.scan.exact and h in b.scan.exact]
     da, db = _drops(a), _drops(b)
-    names = [h.name for h in both] if len(both) >= 3 else [n for n in da.index if n in db.index]
+    same_units = a.scan.metric == b.scan.metric == "logit_diff"  # estimates are logit differences
+    names = [h.name for h in both] if len(both) >= 3 or not same_units else [n for n in da.index if n in db.index]
     rho = float(da[names].rank().corr(db[names].rank())) if len(names) >= 3 else math.nan
     metrics = {"top_k_overlap": len(shared), "shared_top_k": [h.name for h in shared],
                "top10_overlap": len(set(a.heads[:10]) & set(b.heads[:10])), "spearman": rho, "n_ranked": len(names),
                "ranked_on": "heads run exactly in both scans" if len(both) >= 3 else "all heads (estimates included)"}
-    pool = [h for h in model.heads() if h not in set(top_a) | set(top_b)]
+    pool = [h for h in a.scan.heads if h in set(b.scan.heads) and h not in set(top_a) | set(top_b)]
     if len(pool) < k:
         raise InputError(f"only {len(pool)} heads lie outside both circuits' top {k}: too few for random draws")
     draws = []
@@ -134,11 +137,18 @@ def compare_circuits(model: Model, a: Circuit, b: Circuit, k: int = 5, seeds: in
                 return evaluate(model, task, batch_size=batch_size, progress=False).accuracy
 
         intact = acc([])
-        rnd = sorted(((acc(d), d) for d in draws), key=lambda t: t[0])
-        med = rnd[(len(rnd) - 1) // 2]
-        for removed, value, heads in (("none", intact, []), (f"A top {k}", acc(top_a), top_a),
-                                      (f"B top {k}", acc(top_b), top_b),
-                                      (f"random {k} (median of {seeds})", med[0], med[1])):
+        rnd = [acc(d) for d in draws]
+        metrics.setdefault("random_draws", [{"heads": ",".join(h.name for h in d)} for d in draws])
+        for entry, value in zip(metrics["random_draws"], rnd):
+            entry[label] = value
+        for removed, value, heads in (("none", intact, "none"), (f"A top {k}", acc(top_a), _names(top_a)),
+                                      (f"B top {k}", acc(top_b), _names(top_b)),
+                                      (f"random {k} (median of {seeds})", statistics.median(rnd),
+                                       "the draws in compare.json")):
             out.rows.append({"task": f"{label}: {task.name}", "removed": removed, "accuracy": value,
-                             "drop": intact - value, "heads": ",".join(h.name for h in heads)})
+                             "drop": intact - value, "heads": heads})
     return out
+
+
+def _names(heads: list[HeadRef]) -> str:
+    return ",".join(h.name for h in heads)

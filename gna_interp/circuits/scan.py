@@ -75,7 +75,7 @@ Metric = Literal["logit_diff", "accuracy", "logprob"]
 STRATEGIES: tuple[str, ...] = ("exact", "naive", "attribution", "auto")
 METRICS: tuple[str, ...] = ("logit_diff", "accuracy", "logprob")
 COLUMNS = ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank", "source", "est_drop", "drop_lo",
-           "drop_hi"]
+           "drop_hi", "screen_drop"]
 N_BOOTSTRAP = 1000
 
 __all__ = ["COLUMNS", "METRICS", "STRATEGIES", "HeadScan", "Metric", "ScanConfig", "Strategy", "default_verify",
@@ -269,7 +269,8 @@ class HeadScan:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per head, sorted by rank (1 = largest drop); ``drop_lo``/``drop_hi`` bound the drop of
-        exactly run heads (95 % bootstrap interval over samples)."""
+        exactly run heads (95 % bootstrap interval over samples); ``screen_drop`` is a screened head's drop
+        on the screening samples (``source`` ``screen``: its ``drop`` is still the attribution estimate)."""
         base = self.baseline_value
         ci = self.intervals()
         rows = []
@@ -277,10 +278,11 @@ class HeadScan:
             abl = self.ablated(h)
             est = self.est_drop(h)
             lo, hi = ci.get(h, (math.nan, math.nan))
+            screen = self.screen_bound(h)[0] if h in self.screened else math.nan
             rows.append({"layer": h.layer, "head": h.head, "kind": h.kind, "name": h.name, "baseline": base,
                          "ablated": abl, "drop": base - abl, "source": "exact" if h in self.exact else "screen" if h in self.screened else
                          ("attribution" if h in self.estimates else "none"), "est_drop": est,
-                         "drop_lo": lo, "drop_hi": hi})
+                         "drop_lo": lo, "drop_hi": hi, "screen_drop": screen})
         df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "rank"])
         exact_first = (df["source"] != "exact").astype(int)
         key = df["drop"].where(df["source"] == "exact", df["est_drop"]).fillna(-math.inf)
@@ -410,7 +412,7 @@ def _read_checkpoint(path: Path, fingerprint: str) -> dict[str, Any] | None:
     if state.get("fingerprint") != fingerprint:
         raise InputError(
             f"checkpoint {str(path)!r} belongs to a different scan (model, task, ablation method, reference or "
-            f"head list differ); delete it or pass another checkpoint path"
+            f"head list differ); delete it (gna scan --fresh) or write elsewhere (another --out / checkpoint path)"
         )
     return state
 
@@ -607,11 +609,12 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
             screen = _Screen.make(model, plan, scan, cfg)
             while more := _next_to_verify(scan, min(cfg.certify, len(head_list)),
                                           len(head_list) if screen else stack, cfg.settle_above):
-                if screen and (fresh := [h for h in more if h not in scan.screened]):
+                capped = cfg.max_exact is not None and len(scan.exact) >= cfg.max_exact
+                if screen and not capped and (fresh := [h for h in more if h not in scan.screened]):
                     screen.run(scan, [by_head[h] for h in fresh], stack, rec)
                     continue
                 more = more[:stack]
-                if cfg.max_exact is not None and len(scan.exact) >= cfg.max_exact:
+                if capped:
                     scan.unsettled = len(_next_to_verify(scan, min(cfg.certify, len(head_list)), len(head_list),
                                                          cfg.settle_above))
                     warnings.warn(f"auto scan stopped at max_exact={cfg.max_exact} exact heads; {scan.unsettled} unrun "
@@ -640,8 +643,12 @@ class _Screen:
             return None
         scan.screen_index = scan.screen_index or [int(i) for i in torch.linspace(0, n - 1, m).round().long()]
         sub = plan_scoring(model, [plan.samples[i] for i in scan.screen_index], plan.method)  # type: ignore[arg-type]
-        chunks = layout_chunks(model, sub, cfg.batch_size)
-        return cls(model, sub, _Prefixes(model, chunks, cfg.max_prefix_bytes))
+        prefixes = _Prefixes(model, layout_chunks(model, sub, cfg.batch_size), cfg.max_prefix_bytes)
+        try:
+            prefixes.verify()
+        except ReplayMismatch:  # no fast replay for this model: screening would cost what exact runs do
+            return None
+        return cls(model, sub, prefixes)
 
     def run(self, scan: HeadScan, todo: list[Replacement], stack: int, rec: _Progress) -> None:
         """Run ``todo`` on the screening samples, recording each finished group."""

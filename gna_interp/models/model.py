@@ -213,8 +213,11 @@ class Model:
     @property
     def packs_rows(self) -> bool:
         """Whether several continuations of a prompt may share one row under a tree-shaped attention mask
-        (:class:`TokenBatch` ``tree``): every mixer is attention, which honours an explicit mask."""
-        return self.splits_prefix_cache
+        (:class:`TokenBatch` ``tree``): every mixer is attention, which honours an explicit mask, and no
+        layer restricts attention to a window or chunk (an explicit mask would override that)."""
+        conf = getattr(self.hf_model, "config", None)
+        windowed = any(getattr(conf, a, None) for a in ("sliding_window", "attention_chunk_size", "local_window"))
+        return self.splits_prefix_cache and not windowed
 
     @property
     def splits_prefix_cache(self) -> bool:

@@ -14,6 +14,8 @@ Candidates are the dictionary's values in line order, so ``candidates[i]`` belon
 
 from __future__ import annotations
 
+from numbers import Integral
+
 from typing import Any, Literal, Sequence
 
 from gna_interp.errors import InputError
@@ -48,7 +50,7 @@ class KVRetrieval(Task):
         if template not in TEMPLATES:
             raise InputError(f"unknown KV template {template!r}; choose one of {TEMPLATES}")
         keys = _check_words(words) if words is not None else word_list()
-        if not isinstance(n_pairs, int) or not isinstance(n_samples, int) or n_pairs < 2 or n_samples < 1:
+        if not isinstance(n_pairs, Integral) or not isinstance(n_samples, Integral) or n_pairs < 2 or n_samples < 1:
             raise InputError(f"n_pairs must be an integer >= 2 (a dictionary needs two lines to choose between) and "
                              f"n_samples >= 1, got n_pairs={n_pairs!r}, n_samples={n_samples!r}")
         if max_value < 0:

@@ -88,6 +88,7 @@ class MultipleChoice(Task):
         self.format = format
         self.questions: tuple[Question, ...] = tuple(questions)
         self.chat = chat
+        self.letter_prefix = letter_prefix
         self.shots: tuple[Question, ...] = tuple(shots)
         if not all(isinstance(q, Question) for q in self.shots):
             raise InputError("shots must be Question objects (e.g. category_questions(3, seed=1))")
@@ -161,7 +162,9 @@ class MultipleChoice(Task):
         """What follows the cue in a solved shot."""
         if self.format == "stated":
             return f"{LETTERS[q.answer]})"
-        return f" {LETTERS[q.answer] if self.format == 'letters' else q.choices[q.answer].strip()}"
+        if self.format == "letters":
+            return f"{self.letter_prefix}{LETTERS[q.answer]}"
+        return f" {q.choices[q.answer].strip()}"
 
     @classmethod
     def categories(cls, n_samples: int = 64, seed: int = 0, n_choices: int = 4, shots: int = 3,

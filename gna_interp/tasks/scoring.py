@@ -346,22 +346,28 @@ def _packed_chunks(model: Model, plan: ScoringPlan, batch_size: int, by_row: dic
         seqs.append((list(plan.prompt_ids[i]) + toks, parent, depth, node))
     order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i][0]), i))
     out = []
+    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     for part in (order[k: k + batch_size] for k in range(0, len(order), batch_size)):
-        batch = model.pad_ids([seqs[i][0] for i in part])
-        width = batch.ids.shape[1]
+        # (not model.pad_ids: a packed row may be longer than the context while each of its branches fits,
+        # which plan_scoring checked)
+        width = max(len(seqs[i][0]) for i in part)
+        ids = torch.full((len(part), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(part), width), dtype=torch.long)
         tree = torch.zeros((len(part), width, width), dtype=torch.bool)
         positions = torch.zeros((len(part), width), dtype=torch.long)
         row_ids, rr, pp, tt, gg = [], [], [], [], []
         for k, i in enumerate(part):
-            ids, parent, depth, node = seqs[i]
+            ids_all, parent, depth, node = seqs[i]
             n = len(plan.prompt_ids[i])
-            pad = width - len(ids)
+            pad = width - len(ids_all)
+            ids[k, pad:] = torch.tensor(ids_all, dtype=torch.long)
+            mask[k, pad:] = 1
             tree[k].fill_diagonal_(True)
             tree[k, pad:pad + n, pad:pad + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
             tree[k, pad + n:, pad:pad + n] = True
-            positions[k, pad:pad + n] = torch.arange(pad, pad + n)
+            positions[k, pad:pad + n] = torch.arange(n)  # as the bridge numbers a left-padded row: from 0
             for q in range(len(parent)):
-                positions[k, pad + n + q] = pad + n - 1 + depth[q]
+                positions[k, pad + n + q] = n - 1 + depth[q]
                 a = q
                 while a >= 0:
                     tree[k, pad + n + q, pad + n + a] = True
@@ -376,7 +382,8 @@ def _packed_chunks(model: Model, plan: ScoringPlan, batch_size: int, by_row: dic
                         pp.append(pad + n - 1 if at < 0 else pad + n + at)
                         tt.append(tok)
                         gg.append(t_idx)
-        batch = TokenBatch(batch.ids, batch.attention_mask, tree.to(batch.ids.device), positions.to(batch.ids.device))
+        dev = model.device
+        batch = TokenBatch(ids.to(dev), mask.to(dev), tree.to(dev), positions.to(dev))
         out.append(Chunk(tuple(row_ids), tuple(plan.rows[r] for r in row_ids), batch, torch.tensor(rr, dtype=torch.long),
                          torch.tensor(pp, dtype=torch.long), torch.tensor(tt, dtype=torch.long),
                          torch.tensor(gg, dtype=torch.long)))
