@@ -127,6 +127,12 @@ def test_the_curve_removes_a_small_k_and_random_draws_avoid_the_circuit(tiny_mod
     for names in curve.loc[curve["series"] == "random", "heads"]:
         assert not {gna.HeadRef.parse(n) for n in names.split(",") if n} & top
     assert set(curve["series"]) == {"top", "random", "generic"} and curve["lm_loss"].notna().all()
+    wide = gna.ablation_curve(model, TASK, ranked, heads, k=3, seeds=4, batch_size=3, band=2)
+    rnd = wide[wide["series"] == "random"]
+    assert sorted(rnd.loc[rnd["k"] == 3, "seed"]) == [0, 1, 2, 3]  # every draw at k: the comparison
+    assert sorted(rnd.loc[rnd["k"].isin([1, 2]), "seed"]) == [0, 0, 1, 1]  # the band's draws at every j
+    again = gna.ablation_curve(model, TASK, ranked, heads, k=3, seeds=4, batch_size=3, band=None)
+    assert len(again[again["series"] == "random"]) == 4 * 4
 
 
 def test_role_reasons_name_the_numbers(tiny_models):

@@ -387,10 +387,14 @@ def _f(v: Any, digits: int = 2) -> str:
 def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Sequence[HeadRef], k: int = 5,
                    seeds: int = 3, method: AblationMethod = "zero", reference: Any = None,
                    batch_size: int = 16, control: Task | None = None,
-                   generic: Sequence[HeadRef] = ()) -> pd.DataFrame:
+                   generic: Sequence[HeadRef] = (), band: int | None = 3) -> pd.DataFrame:
     """Task metrics (and the LM loss on ``control`` when given) after removing ``ranked[:j]``
     (``j = 0..k``), ``j`` random heads of ``pool`` that are not among ``ranked[:k]`` (``seeds`` random
-    orders), and the first ``j`` of ``generic`` (up to ``k``); columns :data:`CURVE_COLUMNS`."""
+    orders), and the first ``j`` of ``generic`` (up to ``k``); columns :data:`CURVE_COLUMNS`.
+
+    The first ``band`` random orders are measured at every ``j`` (the curve's band); the others only at
+    ``j = k``, where the top ``k`` are compared with the median of all ``seeds`` draws (``band=None``:
+    every order at every ``j``)."""
     if k < 0 or seeds < 0:
         raise InputError(f"k and seeds must be >= 0, got k={k}, seeds={seeds}")
     others = [h for h in pool if h not in set(ranked[:k])]
@@ -420,7 +424,7 @@ def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Se
         order = list(others)
         random.Random(f"gna-random-heads-{s}").shuffle(order)
         rows.append({**base, "series": "random", "seed": s})
-        for j in range(1, k + 1):
+        for j in range(1 if band is None or s < band else k, k + 1):
             point("random", s, j, order[:j])
     if generic:
         rows.append({**base, "series": "generic", "seed": 0})

@@ -75,7 +75,11 @@ def _add_series(fig: Any, go: Any, df: pd.DataFrame, metric: str, col: int, show
     if not rnd.empty:
         stats = rnd.groupby("k")[metric].agg(["median", "min", "max", "count"]).reset_index()
         for seed, one in rnd.groupby("seed"):
-            fig.add_trace(go.Scatter(x=one["k"], y=one[metric], mode="lines", line=dict(color="rgba(120,120,120,0.35)", width=1),
+            full = len(one) == rnd["k"].nunique()  # draws measured only at the largest k are markers, not lines
+            one = one if full else one[one["k"] == rnd["k"].max()]
+            fig.add_trace(go.Scatter(x=one["k"], y=one[metric], mode="lines" if full else "markers",
+                                     line=dict(color="rgba(120,120,120,0.35)", width=1),
+                                     marker=dict(color="rgba(120,120,120,0.5)", size=5),
                                      name=f"random seed {seed}", legendgroup="random", showlegend=False,
                                      hovertemplate=f"random seed {seed}<br>k=%{{x}}<br>{label}=%{{y:.3f}}<extra></extra>"),
                           row=1, col=col)
