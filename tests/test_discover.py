@@ -203,6 +203,7 @@ def test_mc_scan_measures_its_cloze_twin_and_compare_circuits_removes_each_on_th
     with ablate(model, top):
         assert twin["top"] == pytest.approx(evaluate(model, cloze, progress=False).accuracy)
     assert "knowledge twin categories-cloze" in (mc / "summary.md").read_text()
+    assert "knowledge twin" in (mc / "report.html").read_text()
 
     capsys.readouterr()
     out = tmp_path / "cmp"

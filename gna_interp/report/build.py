@@ -115,6 +115,8 @@ def _summary(circuit: Circuit) -> str:
         ("G&A pair", f"gather {pair[0].name} → aggregate {pair[1].name}" if pair else None),
         ("role rule", circuit.rule.to_dict()),
         ("generic heads", ", ".join(h.name for h in circuit.generic) or ("none" if circuit.control else None)),
+        ("knowledge twin", {key: circuit.twin[key] for key in ("task", "k", "intact", "top", "random_median")}
+         if circuit.twin else None),
         ("notes", " | ".join(circuit.notes) or None),
         ("written", time.strftime("%Y-%m-%d %H:%M"))]
     return "<h2>Model and task</h2>" + _kv_table(rows)
