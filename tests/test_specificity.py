@@ -126,7 +126,9 @@ def test_the_curve_removes_a_small_k_and_random_draws_avoid_the_circuit(tiny_mod
     top = {n for n in ranked[:2]}
     for names in curve.loc[curve["series"] == "random", "heads"]:
         assert not {gna.HeadRef.parse(n) for n in names.split(",") if n} & top
-    assert set(curve["series"]) == {"top", "random", "generic"} and curve["lm_loss"].notna().all()
+    assert set(curve["series"]) == {"top", "random", "generic"}
+    measured = curve["series"].ne("random") | curve["k"].isin([0, 2])  # random draws: the control at k (and k=0)
+    assert curve.loc[measured, "lm_loss"].notna().all() and curve.loc[~measured, "lm_loss"].isna().all()
     wide = gna.ablation_curve(model, TASK, ranked, heads, k=3, seeds=4, batch_size=3, band=2)
     rnd = wide[wide["series"] == "random"]
     assert sorted(rnd.loc[rnd["k"] == 3, "seed"]) == [0, 1, 2, 3]  # every draw at k: the comparison

@@ -394,7 +394,7 @@ def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Se
 
     The first ``band`` random orders are measured at every ``j`` (the curve's band); the others only at
     ``j = k``, where the top ``k`` are compared with the median of all ``seeds`` draws (``band=None``:
-    every order at every ``j``)."""
+    every order at every ``j``). The LM loss of random draws is measured at ``j = k`` only."""
     if k < 0 or seeds < 0:
         raise InputError(f"k and seeds must be >= 0, got k={k}, seeds={seeds}")
     others = [h for h in pool if h not in set(ranked[:k])]
@@ -411,7 +411,7 @@ def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Se
         with ablate(model, list(heads), method, reference):
             m = run_plan(model, plan, batch_size, share_prefix=share).metrics
             loss = math.nan
-            if control_plan is not None:
+            if control_plan is not None and (series != "random" or j == k):  # random draws: the control at k
                 loss = lm_loss(run_plan(model, control_plan, batch_size, share_prefix=share))
         rows.append({"k": j, "series": series, "seed": seed, "accuracy": m["accuracy"], "logit_diff": m["logit_diff"],
                      "gold_prob": m["gold_prob"], "lm_loss": loss, "heads": ",".join(h.name for h in heads)})

@@ -71,7 +71,7 @@ _SERIES = {"top": ("#c0392b", "top-k discovered heads"), "generic": ("#e67e22", 
 def _add_series(fig: Any, go: Any, df: pd.DataFrame, metric: str, col: int, show_legend: bool) -> None:
     """The random band and median, then the top-k and generic lines, of ``metric`` into panel ``col``."""
     label = metric.replace("_", " ")
-    rnd = df[df["series"] == "random"]
+    rnd = df[(df["series"] == "random") & df[metric].notna()]
     if not rnd.empty:
         stats = rnd.groupby("k")[metric].agg(["median", "min", "max", "count"]).reset_index()
         for seed, one in rnd.groupby("seed"):
