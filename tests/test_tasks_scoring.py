@@ -42,9 +42,12 @@ def test_one_forward_equals_official_scorer_tiny_llama(tiny_models, template):
     rows = score_candidates(model, task.samples, batch_size=64, share_prefix=False)
     torch.testing.assert_close(rows.scores, ref, rtol=0, atol=1e-4)
     assert rows.n_forwards == 1  # every row of every sample in one forward
-    shared = score_candidates(model, task.samples, batch_size=64)
+    shared = score_candidates(model, task.samples, batch_size=64, share_prefix=True)
     torch.testing.assert_close(shared.scores, ref, rtol=0, atol=1e-4)
     assert shared.n_forwards == 2  # the prompts once, then every row's fed tokens from the cache
+    packed = score_candidates(model, task.samples, batch_size=64)  # the default: rows packed per sample
+    torch.testing.assert_close(packed.scores, ref, rtol=0, atol=1e-4)
+    assert packed.n_forwards == 1
     got = shared
     assert (got.n_tokens >= 2).all()  # multi-token candidates: the teacher-forced path
 
@@ -185,7 +188,7 @@ def test_bad_sample_and_method():
 def test_shared_prefix_small_batches_and_single_token_rows(tiny_models):
     model = tiny_models["llama"]
     samples = list(KVRetrieval(4, 3, seed=6, template="completion")) + [Sample("Q:", ("a", "b", "c"), 1)]
-    got = score_candidates(model, samples, batch_size=2)
+    got = score_candidates(model, samples, batch_size=2, share_prefix=True)
     torch.testing.assert_close(got.scores, official_scores(model, samples), rtol=0, atol=1e-4)
     plan = plan_scoring(model, samples)
     cont = [sum(r.n_fed > 0 for r in plan.rows if r.sample in pair) for pair in ((0, 1), (2, 3))]

@@ -18,8 +18,8 @@ so the same seed gives the same prompts everywhere. A :class:`Sample` holds:
 
 Scoring: :func:`evaluate` (or :func:`plan_scoring` once + :func:`run_plan` many times, e.g. under
 ablation hooks) scores every candidate by the summed log-prob of its tokens (the official scorer),
-from batched forwards rather than one per candidate: attention-only models run each prompt once and
-continue the candidates from its KV cache; SSMs and hybrids batch full teacher-forced rows. Hooks
+from batched forwards rather than one per candidate: attention-only models run each prompt once with
+the candidates packed behind it under a tree-shaped mask; SSMs and hybrids batch full teacher-forced rows. Hooks
 that need positions are given as a callable ``Chunk -> hooks`` (full rows, pad offsets per row).
 Results are :class:`CandidateScores` (accuracy, logit difference gold minus best other, gold
 probability, a per-sample DataFrame).

@@ -58,8 +58,8 @@ def evaluate(model: Model, task: Task | ScoringPlan, batch_size: int = 16, metho
              fwd_hooks: Hooks = (), progress: bool = True, share_prefix: bool | None = None) -> Evaluation:
     """Score every sample of ``task`` on ``model`` (CPU or GPU, wherever the model lives).
 
-    ``batch_size`` is the number of sequences per forward pass; ``share_prefix`` (default: on for
-    attention-only models) runs each prompt once and continues the candidates from its cache.
+    ``batch_size`` is the number of sequences per forward pass; ``share_prefix`` picks how a sample's
+    several rows are run (see :func:`~gna_interp.tasks.scoring.run_plan`: packed by default).
     Pass a :class:`ScoringPlan` (from :func:`plan_scoring`) instead of a task to skip re-tokenizing
     when evaluating many times, e.g. under different ablations given as ``fwd_hooks``.
     """

@@ -9,8 +9,9 @@ deduplicated per sample: a row that is a prefix of another is dropped, its log-p
 the longer one. Single-token candidates therefore share one row (first-token scoring); multi-token
 ones are teacher-forced behind the shared prompt, the rows of many samples batched together:
 
-- attention-only models run each prompt once and continue every row from its KV cache
-  (``share_prefix``, the prompt's cost is paid once, not once per candidate);
+- attention-only models pack each sample's rows into one sequence under a tree-shaped attention mask
+  (the prompt's cost is paid once, not once per candidate; :func:`layout_chunks`), or, with
+  ``share_prefix=True``, run each prompt once and continue every row from its KV cache;
 - SSMs and hybrids (whose caches cannot be split and continued) run full rows, left-padded,
   with logits only at the last few positions (``logits_to_keep``).
 
@@ -443,10 +444,11 @@ class ScoreTable:
 
 
 def _run_rows(model: Model, plan: ScoringPlan, table: ScoreTable, batch_size: int, fwd_hooks: Hooks,
-              bar: Any) -> None:
+              bar: Any, pack: bool = False) -> None:
     """Every row in full (prompt + fed tokens), ``batch_size`` rows per forward (one row per forward
-    for ``per_candidate``), logits only for the last positions where the reads are."""
-    chunks = layout_chunks(model, plan, 1 if plan.method == "per_candidate" else batch_size, pack=False)
+    for ``per_candidate``), logits only for the last positions where the reads are; with ``pack``, each
+    sample's rows as one tree-masked sequence (:func:`layout_chunks`), ``batch_size`` samples per forward."""
+    chunks = layout_chunks(model, plan, 1 if plan.method == "per_candidate" else batch_size, pack=pack)
     bar.reset(total=len(chunks))
     for chunk in chunks:
         hooks = fwd_hooks(chunk) if callable(fwd_hooks) else fwd_hooks
@@ -507,10 +509,12 @@ def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: H
              progress: bool = False, desc: str | None = None, share_prefix: bool | None = None) -> CandidateScores:
     """Run the forwards of ``plan`` (``batch_size`` sequences each) and collect every candidate's score.
 
-    ``share_prefix`` (default: on for attention-only models) runs each prompt once and continues the
-    candidates from its KV cache instead of repeating the prompt in every row; the scores are the same.
-    ``fwd_hooks`` are TransformerLens hooks applied to every forward; pass a callable ``Chunk -> hooks``
-    for hooks that need to know which sample sits where (this runs full rows, never a shared prefix).
+    By default (``share_prefix=None``) a sample with several rows is packed into one tree-masked sequence
+    on models that allow it (:func:`packable`: the prompt is run once per sample, in one forward per
+    batch); ``share_prefix=True`` instead runs each prompt once and continues the candidates from its KV
+    cache; ``False`` runs every row in full. The scores are the same. ``fwd_hooks`` are TransformerLens
+    hooks applied to every forward; pass a callable ``Chunk -> hooks`` for hooks that need to know which
+    sample sits where (this runs full rows, never packed or from a shared prefix).
     """
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
@@ -520,14 +524,15 @@ def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: H
     if share_prefix and (callable(fwd_hooks) or plan.method == "per_candidate"):
         raise InputError("share_prefix=True cannot be combined with position-aware (callable) hooks or "
                          "method='per_candidate'; leave share_prefix unset")
-    if share_prefix is None:
-        share_prefix = model.splits_prefix_cache and not callable(fwd_hooks) and plan.method != "per_candidate"
+    # by default the prompt is paid once per sample by packing its rows into one sequence (one forward
+    # per batch, no cache copies); one row per sample needs neither packing nor a shared prefix
+    pack = share_prefix is None and not callable(fwd_hooks) and packable(model, plan)
     table = ScoreTable(plan)
     with tqdm(desc=desc or "scoring", unit="batch", disable=not progress, leave=False) as bar:
         if share_prefix:
             _run_shared_prefix(model, plan, table, batch_size, fwd_hooks, bar)  # type: ignore[arg-type]
         else:
-            _run_rows(model, plan, table, batch_size, fwd_hooks, bar)
+            _run_rows(model, plan, table, batch_size, fwd_hooks, bar, pack=pack)
     return table.result()
 
 
