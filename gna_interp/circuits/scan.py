@@ -62,13 +62,12 @@ from gna_interp.circuits.replay import Prefix, ReplayMismatch, capture, final_lo
 from gna_interp.errors import InputError, OptionError
 from gna_interp.interventions.ablation import METHODS, AblationMethod, Replacement, ablation_hooks, replacements
 from gna_interp.models.heads import HeadRef
-from gna_interp.models.model import Model, TokenBatch
+from gna_interp.models.model import Model
 from gna_interp.options import Options, check_choice, check_int, options
 from gna_interp.store import read_json, write_json
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks, plan_scoring
-from gna_interp.tasks.scoring import whole_samples
-from gna_interp.tasks.scoring import read_logprobs, run_plan
+from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
+                                      read_logprobs, run_plan, whole_samples)
 
 Strategy = Literal["exact", "naive", "attribution", "auto"]
 Metric = Literal["logit_diff", "accuracy", "logprob"]

@@ -292,8 +292,9 @@ class Model:
             return TokenBatch(ids.to(self.device), mask.to(self.device))
         return self.tokenize(inputs)
 
-    def pad_ids(self, seqs: Sequence[Sequence[int]]) -> TokenBatch:
-        """Left-pad lists of token ids into one :class:`TokenBatch` (padding masked out)."""
+    def pad_ids(self, seqs: Sequence[Sequence[int]], check_length: bool = True) -> TokenBatch:
+        """Left-pad lists of token ids into one :class:`TokenBatch` (padding masked out); ``check_length``
+        refuses rows longer than the context (off for packed rows, whose branches are checked instead)."""
         if not seqs:
             raise InputError("no token sequences given")
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -303,6 +304,9 @@ class Model:
         for k, x in enumerate(seqs):
             ids[k, width - len(x):] = torch.tensor(list(x), dtype=torch.long)
             mask[k, width - len(x):] = 1
+        if not check_length:
+            self.check_ids(ids)
+            return TokenBatch(ids.to(self.device), mask.to(self.device))
         return self.as_batch(ids, mask)
 
     # ---- running --------------------------------------------------------------------------

@@ -347,13 +347,10 @@ def _packed_chunks(model: Model, plan: ScoringPlan, batch_size: int, by_row: dic
         seqs.append((list(plan.prompt_ids[i]) + toks, parent, depth, node))
     order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i][0]), i))
     out = []
-    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     for part in (order[k: k + batch_size] for k in range(0, len(order), batch_size)):
-        # (not model.pad_ids: a packed row may be longer than the context while each of its branches fits,
-        # which plan_scoring checked)
-        width = max(len(seqs[i][0]) for i in part)
-        ids = torch.full((len(part), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(part), width), dtype=torch.long)
+        # a packed row may be longer than the context while each of its branches fits (plan_scoring checked)
+        padded = model.pad_ids([seqs[i][0] for i in part], check_length=False)
+        width = padded.ids.shape[1]
         tree = torch.zeros((len(part), width, width), dtype=torch.bool)
         positions = torch.zeros((len(part), width), dtype=torch.long)
         row_ids, rr, pp, tt, gg = [], [], [], [], []
@@ -361,8 +358,6 @@ def _packed_chunks(model: Model, plan: ScoringPlan, batch_size: int, by_row: dic
             ids_all, parent, depth, node = seqs[i]
             n = len(plan.prompt_ids[i])
             pad = width - len(ids_all)
-            ids[k, pad:] = torch.tensor(ids_all, dtype=torch.long)
-            mask[k, pad:] = 1
             tree[k].fill_diagonal_(True)
             tree[k, pad:pad + n, pad:pad + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
             tree[k, pad + n:, pad:pad + n] = True
@@ -383,8 +378,7 @@ def _packed_chunks(model: Model, plan: ScoringPlan, batch_size: int, by_row: dic
                         pp.append(pad + n - 1 if at < 0 else pad + n + at)
                         tt.append(tok)
                         gg.append(t_idx)
-        dev = model.device
-        batch = TokenBatch(ids.to(dev), mask.to(dev), tree.to(dev), positions.to(dev))
+        batch = TokenBatch(padded.ids, padded.attention_mask, tree.to(model.device), positions.to(model.device))
         out.append(Chunk(tuple(row_ids), tuple(plan.rows[r] for r in row_ids), batch, torch.tensor(rr, dtype=torch.long),
                          torch.tensor(pp, dtype=torch.long), torch.tensor(tt, dtype=torch.long),
                          torch.tensor(gg, dtype=torch.long)))
