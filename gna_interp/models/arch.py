@@ -5,17 +5,27 @@ TransformerLens 4.x ships (Llama, Mamba, Mamba-2, Bamba, Jamba, NemotronH, Zamba
 the same way: every registered mixer adapter (:mod:`gna_interp.models.mixer`) is asked, in
 registration order, whether a bridged child of the block is its mixer -- a bridged ``attn``
 component is attention; a mixer with a per-head ``A_log`` vector and ``dt_bias`` is Mamba-2 (SSD);
-one with an ``A_log`` matrix, ``x_proj`` and ``dt_proj`` is Mamba-1 (S6). Any other token mixer
-(RWKV time-mix, LFM2 short convolutions, gated delta nets, attention that the adapter does not
-bridge) is reported with kind ``"unsupported"`` -- never silently dropped.
+one with an ``A_log`` matrix, ``x_proj`` and ``dt_proj`` is Mamba-1 (S6).
+
+Before that, mixers the bridge leaves without the hooks of their kind are *reached*
+(:mod:`gna_interp.models.reach`): Zamba2's shared attention block and the Mamba-2 mixer of its hybrid
+layers become ``blocks.{l}.shared_attn`` / ``blocks.{l}.mixer``, Nemotron-H's pass-through
+``blocks.{l}.mixer`` attention gains ``hook_pattern`` and ``o.hook_in``. A mixer whose weights also run
+in other blocks (Zamba2's shared blocks) is listed at every depth, with ``LayerSpec.shared_by``.
+Channel mixers in a mixer slot (Nemotron-H's MLP and MoE layers) are not token mixers and list no
+heads. Any other token mixer (RWKV time-mix, LFM2 short convolutions, gated delta nets, attention
+that cannot be reached) is reported with kind ``"unsupported"`` -- never silently dropped.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from gna_interp.models.mixer import _REGISTRY, adapter, unwrap
+from gna_interp.models.reach import reach_mixers
 
 if TYPE_CHECKING:
     from gna_interp.models.mixer import MixerAdapter
@@ -40,6 +50,8 @@ class LayerSpec:
         state_size: SSM state size N (0 for attention).
         bridge_path: the bridge component, e.g. ``blocks.3.attn`` or ``blocks.3.mixer``.
         hf_class: class name of the Hugging Face module behind it.
+        shared_by: the layers whose mixer of this kind runs the very same weights, this one included
+            (Zamba2's shared attention blocks); empty when the weights are this layer's own.
     """
 
     layer: int
@@ -50,6 +62,7 @@ class LayerSpec:
     state_size: int
     bridge_path: str
     hf_class: str
+    shared_by: tuple[int, ...] = ()
 
     @property
     def supported(self) -> bool:
@@ -65,28 +78,69 @@ def _unsupported(layer: int, path: str, cls: str) -> LayerSpec:
     return LayerSpec(layer, UNSUPPORTED, 0, 0, 0, 0, path, cls)
 
 
+# Names that only token mixers have (attention projections, SSM parameters, recurrences).
+_TOKEN_MIXING = {"q_proj", "k_proj", "qkv_proj", "query_key_value", "c_attn", "Wqkv", "A_log", "conv1d",
+                 "time_mix", "time_mixer", "attention", "self_attn", "recurrence"}
+_CHANNEL_MIXING = {"down_proj", "experts", "fc2", "w2", "dense_4h_to_h"}
+
+
+def is_channel_mixer(module: torch.nn.Module) -> bool:
+    """Whether a Hugging Face module only mixes channels within a position (an MLP or a mixture of
+    experts): it has a down projection or experts and nothing that mixes positions (no attention
+    projection, SSM parameter or convolution)."""
+    names = {n.rsplit(".", 1)[-1] for n, _ in module.named_modules()}
+    names |= {n.rsplit(".", 1)[-1] for n, _ in module.named_parameters()}
+    if names & _TOKEN_MIXING or any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules()):
+        return False
+    return bool(names & _CHANNEL_MIXING)
+
+
 def _classify(layer: int, name: str, component: Any) -> LayerSpec | None:
     for a in _REGISTRY.values():
         spec = a.detect(layer, name, component)
         if spec is not None:
             return spec
-    if name.startswith(_NON_MIXER_PREFIXES):
+    if name.startswith(_NON_MIXER_PREFIXES) or is_channel_mixer(unwrap(component)):
         return None
     mod = unwrap(component)
     return _unsupported(layer, f"blocks.{layer}.{name}", type(mod).__name__)
 
 
+def _mark_shared(specs: list[LayerSpec], bridge: Any) -> list[LayerSpec]:
+    """Fill ``shared_by`` for mixers whose Hugging Face modules hold the very same parameters."""
+    groups: dict[tuple[str, frozenset[int]], list[int]] = {}
+    keys: list[tuple[str, frozenset[int]] | None] = []
+    for s in specs:
+        key = None
+        if s.supported:
+            params = frozenset(id(p) for p in unwrap(bridge.get_submodule(s.bridge_path)).parameters())
+            key = (s.kind, params) if params else None
+        keys.append(key)
+        if key is not None:
+            groups.setdefault(key, []).append(s.layer)
+    return [replace(s, shared_by=tuple(groups[k])) if k is not None and len(groups[k]) > 1 else s
+            for s, k in zip(specs, keys)]
+
+
 def detect_layers(bridge: Any) -> list[LayerSpec]:
-    """List the token mixers of every block of a TransformerBridge, in layer order."""
+    """List the token mixers of every block of a TransformerBridge, in layer order.
+
+    Mixers the bridge leaves without the hooks of their kind are reached first (hook points added to
+    the bridge, once: see :mod:`gna_interp.models.reach`).
+    """
+    reach_mixers(bridge, list(_REGISTRY.values()))
     specs: list[LayerSpec] = []
     for i, block in enumerate(bridge.blocks):
         found: list[LayerSpec] = []
         bridged_modules: set[int] = set()
+        channel_only = False
         for name, child in block.named_children():
             if name.startswith(("hook_", "_original_component")):
                 continue
             spec = _classify(i, name, child)
-            if spec is None:
+            if spec is None:  # a channel mixer in the block's mixer slot (Nemotron-H MLP/MoE layers)?
+                channel_only = channel_only or (not name.startswith(_NON_MIXER_PREFIXES)
+                                                and is_channel_mixer(unwrap(child)))
                 continue
             found.append(spec)
             mod = unwrap(child)
@@ -103,7 +157,7 @@ def detect_layers(bridge: Any) -> list[LayerSpec]:
                     continue
                 found.append(_unsupported(i, f"blocks.{i}:{sub_name}", type(sub).__name__))
                 bridged_modules.update(id(m) for m in sub.modules())
-        if not found:
+        if not found and not channel_only:
             found.append(_unsupported(i, f"blocks.{i}", type(block).__name__))
         specs.extend(found)
-    return specs
+    return _mark_shared(specs, bridge)

@@ -10,6 +10,11 @@
   attention module adds ``o_proj((P' − P) V)`` to its output -- exact, the output being linear in the
   pattern -- and hands ``P'`` on to ``hook_pattern``. That path needs the HF module to return its
   weights (eager attention) and a single forward without a KV cache.
+- **Reached attention** (Zamba2's shared block ``blocks.{l}.shared_attn``, Nemotron-H's
+  ``blocks.{l}.mixer``): the bridge gives these modules no pattern or output-projection hook, so
+  :meth:`AttentionAdapter.reach_plan` asks :mod:`gna_interp.models.reach` for ``hook_pattern`` (fired
+  inside the module's eager attention, edits honoured) and ``o.hook_in`` / ``o.hook_out`` around
+  ``o_proj``; from there on they are read, ablated and masked like bridged attention.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from torch import Tensor
 
 from gna_interp.errors import GnaError
 from gna_interp.models.arch import LayerSpec
-from gna_interp.models.mixer import Hook, MaskOptions, MixerAdapter, PatternOptions, bind_args, prepare_mask, unwrap
+from gna_interp.models.mixer import (Hook, MaskOptions, MixerAdapter, PatternOptions, bind_args, prepare_mask,
+                                     shared_note, unwrap)
+from gna_interp.models.reach import ReachPlan, can_hook_pattern, reached_kind
 
 if TYPE_CHECKING:
     from gna_interp.models.heads import HeadRef
@@ -65,6 +72,8 @@ def _honours_pattern_edits(component: Any) -> bool:
     """
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
 
+    if reached_kind(component) is not None:  # hook_pattern fires inside the attention function (models/reach.py)
+        return True
     if getattr(getattr(component, "original_component", None), "accepts_pattern_fn", False):
         return True
     return type(component).forward is not AttentionBridge.forward
@@ -106,6 +115,19 @@ def _delegated_attention_hook(spec: LayerSpec, heads: dict["HeadRef", Any],
     return hook
 
 
+def _head_layout(mod: Any) -> tuple[int, int, int] | None:
+    """``(query heads, KV heads, d_head)`` of a Hugging Face attention module, from it or its config."""
+    cfg = getattr(mod, "config", None)
+    n_heads = getattr(mod, "num_heads", None) or getattr(cfg, "num_attention_heads", None)
+    if not isinstance(n_heads, int) or n_heads < 1:
+        return None
+    n_kv = getattr(mod, "num_key_value_heads", None) or getattr(cfg, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(mod, "head_dim", None) or (getattr(cfg, "hidden_size", 0) // n_heads)
+    if not head_dim:
+        return None
+    return int(n_heads), int(n_kv), int(head_dim)
+
+
 class AttentionAdapter(MixerAdapter):
     """Query heads of a bridged attention component (``blocks.{l}.attn``)."""
 
@@ -120,19 +142,28 @@ class AttentionAdapter(MixerAdapter):
 
     def detect(self, layer: int, name: str, component: Any) -> LayerSpec | None:
         mod = unwrap(component)
-        if name != "attn" or mod is component:
+        if mod is component or (name != "attn" and reached_kind(component) != self.kind):
             return None
-        cfg = getattr(mod, "config", None)
-        n_heads = getattr(mod, "num_heads", None) or getattr(cfg, "num_attention_heads", None)
-        if not n_heads:
+        layout = _head_layout(mod)
+        if layout is None:
             return None
-        n_kv = getattr(mod, "num_key_value_heads", None) or getattr(cfg, "num_key_value_heads", None) or n_heads
-        head_dim = getattr(mod, "head_dim", None) or (getattr(cfg, "hidden_size") // n_heads)
-        return LayerSpec(layer, self.kind, int(n_heads), int(n_kv), int(head_dim), 0, f"blocks.{layer}.{name}",
-                         type(mod).__name__)
+        return LayerSpec(layer, self.kind, *layout, 0, f"blocks.{layer}.{name}", type(mod).__name__)
 
     def describe(self, spec: LayerSpec) -> str:
-        return f"attention: {spec.n_heads} query heads, {spec.n_groups} KV heads, d_head {spec.head_dim}"
+        return (f"attention: {spec.n_heads} query heads, {spec.n_groups} KV heads, d_head {spec.head_dim}"
+                + shared_note(spec))
+
+    def reach_plan(self, module: torch.nn.Module) -> ReachPlan | None:
+        """Attention modules with ``q_proj``/``k_proj``/``v_proj``/``o_proj`` whose weights go through an
+        eager attention function: ``hook_pattern`` and ``o.hook_in`` are reached."""
+        projections = ("q_proj", "k_proj", "v_proj", "o_proj")
+        if not all(isinstance(getattr(module, p, None), torch.nn.Module) for p in projections):
+            return None
+        layout = _head_layout(module)
+        o_proj = unwrap(module.o_proj)
+        if layout is None or not can_hook_pattern(module) or getattr(o_proj, "in_features", None) != layout[0] * layout[2]:
+            return None
+        return ReachPlan("attn", {"o": "o_proj"}, pattern=True, required=("hook_pattern", "o.hook_in"))
 
     def output_hook(self, spec: LayerSpec) -> str:
         return f"{spec.bridge_path}.o.hook_in"

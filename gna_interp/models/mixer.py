@@ -8,11 +8,14 @@ A mixer adapter holds everything that is specific to one kind of token mixer and
 - where a head's output lives: the hook at the input of the layer's output projection and the
   head's flat channels there (:meth:`MixerAdapter.site`), and that projection's weight;
 - how to read its heads' patterns (:meth:`MixerAdapter.pattern_hooks`, :meth:`MixerAdapter.pattern`);
-- how to restrict its heads' patterns for masking (:meth:`MixerAdapter.mask_hooks`).
+- how to restrict its heads' patterns for masking (:meth:`MixerAdapter.mask_hooks`);
+- how to reach its mixer where the bridge gives it none of those hooks (:meth:`MixerAdapter.reach_plan`,
+  carried out by :mod:`gna_interp.models.reach`: Zamba2's shared attention, Nemotron-H's attention).
 
 Ablation itself is generic: a head's output is a slice of channels at :meth:`site`, replaced by
 zero, a mean or resampled values. Adding a kind is one subclass plus :func:`register_kind`
-(``docs/architecture.md`` shows one). Hook names are built by the adapters and by
+(``docs/architecture.md`` shows one). Hook names are built by the adapters (and, for the hook points
+it adds from their plans, by :mod:`~gna_interp.models.reach`) and by
 :class:`~gna_interp.models.model.Model`, nowhere else.
 """
 
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from gna_interp.models.arch import LayerSpec
     from gna_interp.models.heads import HeadRef
     from gna_interp.models.model import Model, TokenBatch
+    from gna_interp.models.reach import ReachPlan
 
 Hook = tuple[str, Callable[..., Any]]
 FORMS: tuple[str, ...] = ("exact", "attention")
@@ -103,6 +107,14 @@ class HeadSite:
     @property
     def columns(self) -> slice:
         return slice(self.start, self.stop)
+
+
+def shared_note(spec: "LayerSpec") -> str:
+    """``"; shared block: ..."`` when ``spec``'s mixer runs the same weights as mixers of other layers, else ``""``."""
+    if not spec.shared_by:
+        return ""
+    layers = ", ".join(map(str, spec.shared_by))
+    return f"; shared block: the same weights run at layers {layers} (its heads are listed at each depth)"
 
 
 def unwrap(module: Any) -> Any:
@@ -178,7 +190,17 @@ class MixerAdapter:
 
     def describe(self, spec: "LayerSpec") -> str:
         """One line about a layer of this kind (for ``gna models``)."""
-        return f"{self.title}: {spec.n_heads} per layer ({spec.hf_class})"
+        return f"{self.title}: {spec.n_heads} per layer ({spec.hf_class})" + shared_note(spec)
+
+    def reach_plan(self, module: torch.nn.Module) -> "ReachPlan | None":
+        """For a plain Hugging Face module of a block: a :class:`~gna_interp.models.reach.ReachPlan` (the hook
+        points this kind's methods use) if ``module`` is this kind's mixer, else None.
+
+        Asked before detection for every module of every block; where no bridge component already gives
+        the module the plan's ``required`` hooks, :func:`~gna_interp.models.reach.reach_mixers` installs
+        them, and :meth:`detect` then sees the component. Default: None (the kind is only found bridged).
+        """
+        return None
 
     # ---- where a head's output lives -----------------------------------------------------
     def output_hook(self, spec: "LayerSpec") -> str:

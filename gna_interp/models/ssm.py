@@ -7,10 +7,15 @@
   mixer's input ``blocks.{l}.mixer.hook_in``; a Mamba-1 group's pattern is the mean of its channels'.
 - **Masking**: the unit's scan output is replaced by ``(M ⊙ mask) x + D x`` with ``M`` its exact implicit
   attention, computed in query blocks from the mixer's own input (captured by a pre-hook on the HF mixer).
-  Mamba-2: the head's ``head_dim`` slice of ``mixer.inner_norm.hook_in`` (before the gated norm);
-  Mamba-1: the channel of ``mixer.out_proj.hook_in``, times the layer's gate ``silu(z)``. Every channel
-  of a group gets the same mask. Not supported: a mixer run with TransformerLens's opt-in ``eager_scan``
-  path (its input is then not captured; an error says so).
+  Mamba-2: the head's ``head_dim`` slice of ``mixer.inner_norm.hook_in`` (before the gated norm), or of
+  ``mixer.out_proj.hook_in`` times ``silu(z)`` where the mixer has no gated norm (Falcon-H1 with
+  ``mamba_rms_norm=False``, the released checkpoints); Mamba-1: the channel of ``mixer.out_proj.hook_in``,
+  times the layer's gate ``silu(z)``. Every channel of a group gets the same mask. Not supported: a
+  mixer run with TransformerLens's opt-in ``eager_scan`` path (its input is then not captured; an
+  error says so).
+- **Reached mixers**: a Mamba mixer the bridge does not wrap (the Mamba-2 mixer of a Zamba2 hybrid
+  layer) gets ``hook_in``, ``hook_out``, ``in_proj.*``, ``out_proj.*`` and ``inner_norm.*`` hook points
+  from :mod:`gna_interp.models.reach` at ``blocks.{l}.mixer``, so everything above applies unchanged.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from torch import Tensor
 
 from gna_interp.errors import GnaError, UnsupportedArchitectureError
 from gna_interp.models.arch import LayerSpec
-from gna_interp.models.mixer import Hook, MaskOptions, MixerAdapter, PatternOptions, bind_args, prepare_mask, unwrap
+from gna_interp.models.mixer import (Hook, MaskOptions, MixerAdapter, PatternOptions, bind_args, prepare_mask,
+                                     shared_note, unwrap)
+from gna_interp.models.reach import ReachPlan
 from gna_interp.models.ssm_kernel import SSMTerms, implicit_attention, is_ssm1, is_ssm2, mix, ssm_terms
 
 if TYPE_CHECKING:
@@ -33,10 +40,45 @@ if TYPE_CHECKING:
     from gna_interp.models.model import Model, TokenBatch
 
 
+def _gated_norm(oc: Any) -> bool:
+    """Whether a Mamba-2 mixer passes its scan output through a gated norm module (``norm``); Falcon-H1
+    with ``mamba_rms_norm=False`` gates with ``silu(z)`` instead and never calls its ``nn.Identity`` norm."""
+    norm = getattr(oc, "norm", None)
+    return (isinstance(norm, torch.nn.Module) and not isinstance(unwrap(norm), torch.nn.Identity)
+            and getattr(oc, "mamba_rms_norm", True) is not False)
+
+
 class SSMAdapter(MixerAdapter):
     """What Mamba-1 and Mamba-2 mixers share: output at ``out_proj``, patterns by the exact kernel."""
 
     scan_hook: str  # where masking writes the masked scan output, relative to the mixer
+
+    def scan_target(self, oc: Any) -> tuple[str, bool]:
+        """Where masking writes a unit's scan output for HF mixer ``oc``: the hook relative to the mixer
+        and whether the value there is gated (``y * silu(z)``)."""
+        return self.scan_hook, False
+
+    def reach_plan(self, module: torch.nn.Module) -> ReachPlan | None:
+        """A Mamba mixer of this kind: ``hook_in``, ``out_proj.*`` (and ``in_proj.*``, the gated norm's
+        ``inner_norm.*``) are reached unless the bridge already wraps it with them."""
+        if self.detect_module(module) is None:
+            return None
+        subs = {"in_proj": "in_proj", "out_proj": "out_proj"}
+        if _gated_norm(module):
+            subs["inner_norm"] = "norm"
+        required = ("hook_in", "out_proj.hook_in") + (("inner_norm.hook_in",) if "inner_norm" in subs else ())
+        return ReachPlan("mixer", subs, required=required)
+
+    def detect_module(self, mod: Any) -> tuple[int, int, int, int] | None:
+        """``(units, groups, head_dim, state size)`` if the HF module is this kind's mixer, else None."""
+        raise NotImplementedError
+
+    def detect(self, layer: int, name: str, component: Any) -> LayerSpec | None:
+        mod = unwrap(component)
+        layout = None if mod is component else self.detect_module(mod)
+        if layout is None:
+            return None
+        return LayerSpec(layer, self.kind, *layout, f"blocks.{layer}.{name}", type(mod).__name__)
 
     def output_hook(self, spec: LayerSpec) -> str:
         return f"{spec.bridge_path}.out_proj.hook_in"
@@ -57,14 +99,19 @@ class SSMAdapter(MixerAdapter):
         return implicit_attention(terms, units, form=options.form, group_reduce=options.group_reduce,
                                   block_elems=options.block_elems, query_block=options.query_block)
 
-    def write_scan(self, out: Tensor, terms: SSMTerms, unit: int, y: Tensor) -> None:
-        """Write unit ``unit``'s scan output ``y`` (``[b, T, head_dim]``) into the tensor at :attr:`scan_hook`."""
-        raise NotImplementedError
+    def write_scan(self, out: Tensor, terms: SSMTerms, unit: int, y: Tensor, gated: bool) -> None:
+        """Write unit ``unit``'s scan output ``y`` (``[b, T, head_dim]``) into the tensor at the scan target,
+        times ``silu(z)`` of its channels when ``gated``."""
+        P = terms.x.shape[-1]
+        cols = slice(unit * P, (unit + 1) * P)
+        val = y * F.silu(terms.gate[..., cols]) if gated else y
+        out[..., cols] = val.to(out.dtype)
 
     def mask_hooks(self, model: "Model", spec: LayerSpec, masks: dict["HeadRef", Any], stack: ExitStack,
                    options: MaskOptions) -> list[Hook]:
         oc = model.hf_module(spec.bridge_path)
-        target = f"{spec.bridge_path}.{self.scan_hook}"
+        rel, gated = self.scan_target(oc)
+        target = f"{spec.bridge_path}.{rel}"
         if not model.has_hook(target):
             raise UnsupportedArchitectureError(
                 f"cannot mask {spec.kind} heads of layer {spec.layer}: the bridge has no {target!r} hook "
@@ -96,7 +143,7 @@ class SSMAdapter(MixerAdapter):
             y = mix(terms, units, prepared, block_elems=options.block_elems, query_block=options.query_block)
             out = value.clone()
             for j, u in enumerate(units):
-                self.write_scan(out, terms, u, y[:, :, j])
+                self.write_scan(out, terms, u, y[:, :, j], gated)
             return out
 
         return [(target, replace)]
@@ -113,20 +160,17 @@ class Mamba2Adapter(SSMAdapter):
     axis = "SSM head"
     scan_hook = "inner_norm.hook_in"
 
-    def detect(self, layer: int, name: str, component: Any) -> LayerSpec | None:
-        mod = unwrap(component)
-        if mod is component or not is_ssm2(mod):
+    def detect_module(self, mod: Any) -> tuple[int, int, int, int] | None:
+        if not is_ssm2(mod):
             return None
-        return LayerSpec(layer, self.kind, int(mod.num_heads), int(mod.n_groups), int(mod.head_dim),
-                         int(mod.ssm_state_size), f"blocks.{layer}.{name}", type(mod).__name__)
+        return int(mod.num_heads), int(mod.n_groups), int(mod.head_dim), int(mod.ssm_state_size)
+
+    def scan_target(self, oc: Any) -> tuple[str, bool]:
+        return (self.scan_hook, False) if _gated_norm(oc) else ("out_proj.hook_in", True)
 
     def describe(self, spec: LayerSpec) -> str:
         return (f"Mamba-2 heads: {spec.n_heads} per layer, head_dim {spec.head_dim}, groups {spec.n_groups}, "
-                f"state {spec.state_size}")
-
-    def write_scan(self, out: Tensor, terms: SSMTerms, unit: int, y: Tensor) -> None:
-        P = terms.x.shape[-1]
-        out[..., unit * P:(unit + 1) * P] = y.to(out.dtype)
+                f"state {spec.state_size}" + shared_note(spec))
 
 
 class Mamba1Adapter(SSMAdapter):
@@ -143,19 +187,16 @@ class Mamba1Adapter(SSMAdapter):
     default_groups = 16
     scan_hook = "out_proj.hook_in"
 
-    def detect(self, layer: int, name: str, component: Any) -> LayerSpec | None:
-        mod = unwrap(component)
-        if mod is component or not is_ssm1(mod):
+    def detect_module(self, mod: Any) -> tuple[int, int, int, int] | None:
+        if not is_ssm1(mod):
             return None
-        return LayerSpec(layer, self.kind, int(mod.A_log.shape[0]), 1, 1, int(mod.A_log.shape[1]),
-                         f"blocks.{layer}.{name}", type(mod).__name__)
+        return int(mod.A_log.shape[0]), 1, 1, int(mod.A_log.shape[1])
+
+    def scan_target(self, oc: Any) -> tuple[str, bool]:
+        return self.scan_hook, True
 
     def describe(self, spec: LayerSpec) -> str:
-        return f"Mamba-1 channels: {spec.n_heads} per layer, state {spec.state_size}"
-
-    def write_scan(self, out: Tensor, terms: SSMTerms, unit: int, y: Tensor) -> None:
-        out[..., unit] = (y[..., 0] * F.silu(terms.gate[..., unit])).to(out.dtype)
-
+        return f"Mamba-1 channels: {spec.n_heads} per layer, state {spec.state_size}" + shared_note(spec)
 
 
 def layer_terms(model: "Model", spec: LayerSpec, hidden_states: Float[Tensor, "batch pos d_model"],
