@@ -1,0 +1,586 @@
+"""Before a model runs: are its heads' hooks there, and what would a scan cost?
+
+:func:`check_hooks` resolves, for every head, the hook names gna_interp uses on it -- the ablation site
+(the input of the layer's output projection) and the hooks its pattern is read from -- against the
+bridge's hook dict, and checks each head's channels against the output projection's weight shape.
+It needs shapes only, so it runs on a model loaded with ``device="meta"`` (a folder holding nothing but a
+``config.json``; ``config:NAME`` names the shipped ones).
+
+:func:`estimate_scan` estimates the memory and time of ``gna scan`` on a device of :data:`DEVICES`.
+Everything in it is **counted or assumed, not measured**, except the ``cpu-2core`` throughput, which is
+calibrated on a measured scan:
+
+- FLOPs are counted from the model's shapes: ``2 x (parameters of the block) x tokens`` per block (each
+  parameter of a block once per token: a shared block counts in every layer that runs it), attention's
+  quadratic term ``4 x query heads x d_head x T^2`` per attention layer and sequence (eager attention
+  computes the full ``T x T`` scores), the SSM scan's elementwise terms, and the unembedding
+  ``2 x d_model x vocab`` per position whose logits are computed.
+- An exact scan (``--strategy exact``) captures every batch once (a full forward) and, per head,
+  replays blocks ``L..N-1`` from the clean input of the head's layer ``L`` (several heads of a layer stacked
+  as copies of the batch, up to ``rows_per_replay`` rows); so its cost is ``heads x samples`` sample-forwards
+  times the *replay fraction* (the mean share of a forward's block FLOPs from the head's layer on).
+  When the clean prefixes exceed ``max_prefix_bytes`` (the scan counts 4 bytes a value) they are
+  recomputed for every group of stacked heads. ``auto`` (the default) costs one attribution pass
+  (forward + backward, taken as 3 forwards with logits at the read positions only) plus the heads it runs exactly: on SmolLM2 tens of heads
+  out of 270 (docs/discovery.md).
+- Time per forward is ``max(FLOPs / (peak x utilization), weights read / memory bandwidth)`` on a GPU; the
+  peak figures are the vendors' dense (no sparsity) numbers and ``utilization`` (default 0.35) is an
+  assumption for eager Hugging Face attention with hooks, not a measurement. ``cpu-2core`` uses the
+  throughput of SmolLM2-135M's exact scan measured on this project's 2-core machine (float32; the
+  bfloat16/float16 figures scale it by ratios :func:`measure_throughput` measured; see :data:`DEVICES`).
+- Memory: weights (parameters x bytes of the dtype, plus buffers), the working set of one forward (the
+  largest block's activations: residual copies, the widest linear output, eager attention's scores and
+  float32 softmax, the Mamba scans' float32 intermediates as Hugging Face's torch path builds them, and
+  the logits), the scan's clean-prefix cache (``samples x tokens x d_model x layers`` in the dtype) and
+  the stacked replay's working set; ``auto``'s backward keeps every block's working set (estimated as
+  their sum).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from gna_interp.errors import InputError, OptionError
+from gna_interp.models.mixer import unwrap
+
+if TYPE_CHECKING:
+    from gna_interp.models.heads import HeadRef
+    from gna_interp.models.model import Model
+
+__all__ = ["DEVICES", "Device", "HookCheck", "ScanEstimate", "Throughput", "check_hooks", "estimate_scan",
+           "forward_flops", "get_device", "measure_throughput"]
+
+GiB = 1 << 30
+DEFAULT_UTILIZATION = 0.35
+USABLE_MEMORY = 0.9  # share of a device's memory a scan can count on (CUDA context, allocator slack)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device the estimate can target.
+
+    Attributes:
+        name: table key, e.g. ``"H100-80GB"``.
+        tflops: peak TFLOP/s by dtype name (dense tensor-core figures for bfloat16/float16, plain
+            float32 without TF32 -- PyTorch's default for float32 matmuls); for ``cpu-2core`` the
+            *measured* effective throughput of a model forward.
+        memory_gib: memory in GiB (the estimate counts on :data:`USABLE_MEMORY` of it).
+        bandwidth_gbs: memory bandwidth in GB/s (None: folded into a measured throughput).
+        utilization: share of ``tflops`` a forward reaches (an assumption for GPUs; 1.0 where measured).
+        measured: whether ``tflops`` was measured here rather than taken from a data sheet.
+        source: where the numbers come from.
+    """
+
+    name: str
+    tflops: dict[str, float]
+    memory_gib: float
+    bandwidth_gbs: float | None
+    utilization: float
+    measured: bool
+    source: str
+
+    def flops_per_second(self, dtype: str) -> float:
+        """Effective FLOP/s for ``dtype`` (peak x utilization)."""
+        if dtype not in self.tflops:
+            raise OptionError(f"{self.name} has no throughput figure for {dtype}; it has: {', '.join(self.tflops)}")
+        return self.tflops[dtype] * 1e12 * self.utilization
+
+
+# cpu-2core, float32: calibrated on a real scan measured on this project's machine (2 AMD EPYC cores, torch
+# 2.13.0+cpu): docs/discovery.md reports SmolLM2-135M's exact runs at "about 3 s" a head (KV, 10 pairs, 32
+# samples of 64 tokens); this module counts 235.9 GFLOP a head for that task, hence 78.6 GFLOP/s.
+# bfloat16 / float16: that figure times the ratio measure_throughput() found between the dtypes on a random
+# Llama (hidden 1024, 2 layers, intermediate 4096, vocab 8192; batch 4 x 128, 2 threads): float32 26.4,
+# bfloat16 6.6, float16 7.6 GFLOP/s -- measured while another run shared the two cores (load average ~4), which
+# is why its float32 figure is a third of the scan's.
+_CPU_FP32 = 78.6e-3
+_CPU_MEASURED = {"float32": _CPU_FP32, "bfloat16": _CPU_FP32 * 6.6 / 26.4, "float16": _CPU_FP32 * 7.6 / 26.4}
+
+DEVICES: dict[str, Device] = {d.name: d for d in (
+    Device("A100-80GB", {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5}, 80, 2039, DEFAULT_UTILIZATION, False,
+           "NVIDIA A100 SXM data sheet (dense; TF32 off)"),
+    Device("H100-80GB", {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}, 80, 3350, DEFAULT_UTILIZATION, False,
+           "NVIDIA H100 SXM data sheet (dense; TF32 off)"),
+    Device("H200-141GB", {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}, 141, 4800, DEFAULT_UTILIZATION,
+           False, "NVIDIA H200 SXM data sheet (dense; TF32 off)"),
+    Device("L4", {"bfloat16": 121.0, "float16": 121.0, "float32": 30.3}, 24, 300, DEFAULT_UTILIZATION, False,
+           "NVIDIA L4 data sheet (dense; TF32 off)"),
+    Device("RTX-4090", {"bfloat16": 165.2, "float16": 165.2, "float32": 82.6}, 24, 1008, DEFAULT_UTILIZATION, False,
+           "NVIDIA Ada whitepaper (dense, FP32 accumulate)"),
+    Device("cpu-2core", dict(_CPU_MEASURED), 24, None, 1.0, True,
+           "measured here: a SmolLM2 scan's exact heads on 2 AMD EPYC cores (float32); dtype ratios from "
+           "measure_throughput; 24 GiB of RAM"),
+)}
+
+
+def get_device(name: str | Device) -> Device:
+    """The :data:`DEVICES` entry called ``name`` (case-insensitive); a clear error naming the known ones."""
+    if isinstance(name, Device):
+        return name
+    for key, dev in DEVICES.items():
+        if key.lower() == str(name).strip().lower():
+            return dev
+    raise OptionError(f"unknown device {name!r} for the estimate; known: {', '.join(DEVICES)}")
+
+
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    from gna_interp.models.loading import dtype_name, parse_dtype
+
+    return dtype_name(parse_dtype(dtype))
+
+
+# ---- hooks -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HookCheck:
+    """What :func:`check_hooks` found.
+
+    Attributes:
+        heads: heads checked, by kind.
+        hooks: every distinct hook name the heads use (ablation sites and pattern hooks), resolved.
+        missing: ``(head name, hook name)`` for hooks the bridge does not have (at most 20 listed).
+        n_missing: how many (head, hook) pairs were missing in all.
+        layout_errors: heads whose channels do not fit the output projection's input width.
+        unsupported: token mixers with no heads listed (``bridge path: HF class``).
+    """
+
+    heads: dict[str, int]
+    hooks: tuple[str, ...]
+    missing: tuple[tuple[str, str], ...]
+    n_missing: int
+    layout_errors: tuple[str, ...]
+    unsupported: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Every hook of every head resolved and every head's channels fit its output projection."""
+        return self.n_missing == 0 and not self.layout_errors
+
+    def summary(self) -> str:
+        """One line: heads by kind, hooks resolved, what is missing."""
+        kinds = ", ".join(f"{n:,} {k}" for k, n in self.heads.items()) or "no heads"
+        line = (f"hooks: {kinds}; {len(self.hooks)} hook names resolved"
+                f"{'' if self.ok else f', {self.n_missing} missing, {len(self.layout_errors)} layout errors'}")
+        if self.missing:
+            line += f" (e.g. {self.missing[0][0]}: {self.missing[0][1]})"
+        if self.unsupported:
+            line += f"; {len(self.unsupported)} mixer(s) without heads (unsupported)"
+        return line
+
+
+def check_hooks(model: "Model", heads: Sequence["HeadRef | str"] | None = None) -> HookCheck:
+    """Resolve the hook names of every head (default: :meth:`Model.heads`) against the bridge's hook dict.
+
+    For each head: its ablation site (:meth:`MixerAdapter.site`: the hook at the input of the output
+    projection) and its pattern hooks (:meth:`MixerAdapter.pattern_hooks`) must be bridge hooks, and its
+    channels ``start:stop`` must lie inside the output projection's input width (read from the weight's
+    shape, so a meta model is checked too). Returns a :class:`HookCheck`; ``ok`` says whether all hold.
+    """
+    hs = model.heads() if heads is None else model.check_heads(list(heads))
+    names = set(model.bridge.hook_dict)
+    resolved: set[str] = set()
+    missing: list[tuple[str, str]] = []
+    n_missing = 0
+    layout: list[str] = []
+    counts: dict[str, int] = {}
+    per_layer: dict[tuple[int, str], tuple[Any, list[str], int | None]] = {}
+    for h in hs:
+        counts[h.kind] = counts.get(h.kind, 0) + 1
+        key = (h.layer, h.kind)
+        if key not in per_layer:
+            spec = model.layer_spec(h.layer, h.kind)
+            try:
+                width: int | None = int(spec.adapter.output_projection(model, spec).shape[1])
+            except Exception:  # noqa: BLE001 - reported below as a layout error
+                width = None
+            per_layer[key] = (spec, spec.adapter.pattern_hooks(spec), width)
+        spec, pattern_hooks, width = per_layer[key]
+        site = spec.adapter.site(spec, h)
+        for hook in (site.hook, *pattern_hooks):
+            if hook in names:
+                resolved.add(hook)
+            else:
+                n_missing += 1
+                if len(missing) < 20:
+                    missing.append((h.name, hook))
+        if width is None or site.stop > width or site.width != width:
+            if len(layout) < 20:
+                layout.append(f"{h.name}: channels {site.start}:{site.stop} of {site.width}, output projection takes "
+                              f"{width if width is not None else 'no 2-D weight'}")
+    return HookCheck(counts, tuple(sorted(resolved)), tuple(missing), n_missing, tuple(layout),
+                     tuple(f"{s.bridge_path}: {s.hf_class}" for s in model.unsupported()))
+
+
+# ---- FLOPs and memory of one forward ------------------------------------------------------------
+@dataclass(frozen=True)
+class _Block:
+    params: int          # parameters of the block (each once; shared submodules included)
+    attn: tuple[tuple[int, int], ...]    # (query heads, d_head) of each attention module
+    ssm1: tuple[tuple[int, int], ...]    # (d_inner, state) of each Mamba-1 mixer
+    ssm2: tuple[tuple[int, int, int, int], ...]  # (heads, head_dim, state, chunk) of each Mamba-2 mixer
+    widest: int          # the widest linear output in the block (MLP / in_proj)
+
+    def flops(self, tokens: int) -> float:
+        """FLOPs of the block on one sequence of ``tokens`` tokens."""
+        t = tokens
+        f = 2.0 * self.params * t
+        f += sum(4.0 * h * d * t * t for h, d in self.attn)
+        f += sum(9.0 * di * n * t for di, n in self.ssm1)
+        for h, p, n, chunk in self.ssm2:
+            f += h * t * (2.0 * min(t, chunk) * (n + p) + 4.0 * n * p)
+        return f
+
+    def working_bytes(self, rows: int, tokens: int, d_model: int, nbytes: int) -> float:
+        """Activation bytes of the block on ``rows`` sequences of ``tokens`` (inference, freed per block)."""
+        rt = rows * tokens
+        b = rt * (4 * d_model + 2 * self.widest) * nbytes
+        b += sum(rows * h * tokens * tokens * (2 * nbytes + 4) for h, _ in self.attn)
+        b += sum(2 * rt * di * n * 4 for di, n in self.ssm1)
+        for h, p, n, chunk in self.ssm2:
+            c = min(tokens, chunk)
+            b += rows * h * (3 * math.ceil(tokens / c) * c * c + 2 * math.ceil(tokens / c) * p * n) * 4
+        return b
+
+
+def _blocks(model: "Model") -> list[_Block]:
+    out = []
+    for block in model.blocks():
+        mod = unwrap(block)
+        params = sum(p.numel() for p in mod.parameters())
+        attn, ssm1, ssm2 = [], [], []
+        widest = 0
+        for sub in mod.modules():
+            if unwrap(sub) is not sub:  # a bridge wrapper: its Hugging Face module is visited on its own
+                continue
+            if isinstance(sub, torch.nn.Linear):
+                widest = max(widest, sub.out_features)
+            q = getattr(sub, "q_proj", None)
+            d_head = getattr(sub, "head_dim", None)
+            if q is not None and d_head:
+                attn.append((int(unwrap(q).out_features) // int(d_head), int(d_head)))
+            a_log = getattr(sub, "A_log", None)
+            if isinstance(a_log, torch.Tensor):
+                if a_log.dim() == 2:
+                    ssm1.append((int(a_log.shape[0]), int(a_log.shape[1])))
+                elif a_log.dim() == 1 and hasattr(sub, "head_dim"):
+                    ssm2.append((int(sub.num_heads), int(sub.head_dim), int(sub.ssm_state_size),
+                                 int(getattr(sub, "chunk_size", 256) or 256)))
+        out.append(_Block(int(params), tuple(attn), tuple(ssm1), tuple(ssm2), int(widest)))
+    return out
+
+
+def _dims(model: "Model") -> tuple[int, int]:
+    cfg = model.cfg
+    return int(getattr(cfg, "d_model", 0) or 0), int(getattr(cfg, "d_vocab", 0) or 0)
+
+
+def forward_flops(model: "Model", tokens: int, logits: int | None = None) -> float:
+    """FLOPs of one forward of one sequence of ``tokens`` tokens (``logits``: positions unembedded,
+    default all), counted from the model's shapes as described in :mod:`gna_interp.models.estimate`."""
+    d, v = _dims(model)
+    return sum(b.flops(tokens) for b in _blocks(model)) + 2.0 * d * v * (tokens if logits is None else logits)
+
+
+def _param_bytes(model: "Model", nbytes: int) -> tuple[int, int]:
+    """(unique parameter count, bytes of weights in the dtype plus buffers)."""
+    n = sum(p.numel() for p in model.hf_model.parameters())
+    buf = sum(b.numel() * b.element_size() for b in model.hf_model.buffers())
+    return n, n * nbytes + buf
+
+
+# ---- the estimate --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ScanEstimate:
+    """Memory and time of a ``gna scan`` of one model on one device (see :mod:`gna_interp.models.estimate`
+    for what is counted and what is assumed).
+
+    Attributes:
+        model, device, dtype: what was estimated.
+        params: unique parameters; heads: heads scanned, by kind.
+        samples, tokens, batch_size: the task (``tokens`` per sample: prompt and answer).
+        weight_bytes: parameters x dtype bytes + buffers.
+        forward_bytes: working set of one forward of ``batch_size`` samples (largest block + logits).
+        prefix_bytes: the exact scan's clean-prefix cache of all samples (``prefix_kept``: whether the scan
+            keeps it, i.e. its 4-bytes-a-value count is within ``max_prefix_bytes``).
+        replay_bytes: working set of one stacked replay (``stack`` copies of a batch).
+        attribution_bytes: activations kept for one backward of a batch (``auto``'s attribution pass).
+        peak_bytes: weights + the largest of (prefix if kept + replay, attribution, forward).
+        fits: ``peak_bytes`` within the usable memory of the device.
+        flops_per_token: FLOPs of a forward divided by its tokens (all positions unembedded).
+        replay_fraction: mean over the heads of the share of a forward's block FLOPs a replay runs.
+        exact_forwards: ``heads x samples x replay_fraction`` sample-forwards.
+        exact_flops, attribution_flops: FLOPs of the exact scan of every head and of one attribution pass.
+        seconds_forward: one forward of all samples; seconds_exact: exact scan of every head;
+        seconds_per_head: its mean per head; seconds_attribution: one attribution pass.
+        notes: assumptions that matter for this row.
+    """
+
+    model: str
+    device: str
+    dtype: str
+    params: int
+    heads: dict[str, int]
+    samples: int
+    tokens: int
+    batch_size: int
+    stack: int
+    weight_bytes: int
+    forward_bytes: int
+    prefix_bytes: int
+    prefix_kept: bool
+    replay_bytes: int
+    attribution_bytes: int
+    peak_bytes: int
+    memory_bytes: int
+    fits: bool
+    flops_per_token: float
+    replay_fraction: float
+    exact_forwards: float
+    exact_flops: float
+    attribution_flops: float
+    seconds_forward: float
+    seconds_exact: float
+    seconds_per_head: float
+    seconds_attribution: float
+    measured_throughput: bool
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def n_heads(self) -> int:
+        return sum(self.heads.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-ready)."""
+        return asdict(self)
+
+    def row(self) -> dict[str, str]:
+        """The table row ``gna models --estimate`` prints."""
+        return {
+            "model": self.model, "device": self.device, "dtype": self.dtype,
+            "heads": f"{self.n_heads:,}", "weights": _gib(self.weight_bytes),
+            "forward": _gib(self.forward_bytes), "prefix": _gib(self.prefix_bytes) + ("" if self.prefix_kept else "*"),
+            "peak": _gib(self.peak_bytes), "fits": "yes" if self.fits else "NO",
+            "task fwd TFLOP": f"{self.flops_per_token * self.tokens * self.samples / 1e12:,.2f}",
+            "replay": f"{self.replay_fraction:.2f}", "per head": _duration(self.seconds_per_head),
+            "exact scan": _duration(self.seconds_exact), "attribution": _duration(self.seconds_attribution),
+        }
+
+    def summary(self) -> str:
+        """A few lines for one model and device."""
+        kinds = ", ".join(f"{n:,} {k}" for k, n in self.heads.items())
+        lines = [
+            f"  {self.model} on {self.device}, {self.dtype}: {self.params:,} parameters, {kinds} heads; task "
+            f"{self.samples} samples x {self.tokens} tokens, batch {self.batch_size}",
+            f"  memory: weights {_gib(self.weight_bytes)}, forward {_gib(self.forward_bytes)}, prefix cache "
+            f"{_gib(self.prefix_bytes)} ({'kept' if self.prefix_kept else 'recomputed per head group'}), replay "
+            f"x{self.stack} {_gib(self.replay_bytes)}, attribution backward {_gib(self.attribution_bytes)}: peak "
+            f"{_gib(self.peak_bytes)} of {_gib(self.memory_bytes)} usable -> {'fits' if self.fits else 'DOES NOT FIT'}",
+            f"  time ({'measured throughput' if self.measured_throughput else 'data-sheet peak x assumed utilization'}): "
+            f"one forward of the task {_duration(self.seconds_forward)}; exact scan of all heads "
+            f"{_duration(self.seconds_exact)} ({self.exact_forwards:,.0f} sample-forwards, replay fraction "
+            f"{self.replay_fraction:.2f}, {_duration(self.seconds_per_head)} a head); attribution pass "
+            f"{_duration(self.seconds_attribution)}",
+        ]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.2f} GiB" if n >= GiB / 100 else f"{n / (1 << 20):,.1f} MiB"
+
+
+def _duration(s: float) -> str:
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    if s < 3 * 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def estimate_scan(model: "Model", samples: int = 32, tokens: int = 64, *, device: str | Device = "H100-80GB",
+                  dtype: str | torch.dtype | None = None, batch_size: int = 16,
+                  heads: Sequence["HeadRef | str"] | None = None, rows_per_replay: int = 64,
+                  max_prefix_bytes: int = 2 << 30, utilization: float | None = None) -> ScanEstimate:
+    """Estimate the memory and time of ``gna scan`` of ``model`` (meta or real) on ``device``.
+
+    ``samples`` prompts of ``tokens`` tokens each (prompt + answer), ``batch_size`` per forward (the scan's
+    default 16), heads ``heads`` (default: every head, as the scan does); ``dtype`` defaults to the model's.
+    ``rows_per_replay`` and ``max_prefix_bytes`` mirror the scan's defaults (64 rows a stacked replay,
+    2 GiB of kept prefixes). ``utilization`` overrides the device's (GPUs: an assumed 0.35).
+    What is counted and what is assumed: see :mod:`gna_interp.models.estimate`.
+    """
+    for name, value, low in (("samples", samples, 1), ("tokens", tokens, 1), ("batch_size", batch_size, 1),
+                             ("rows_per_replay", rows_per_replay, 1), ("max_prefix_bytes", max_prefix_bytes, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
+    if utilization is not None and not 0 < utilization <= 1:
+        raise InputError(f"utilization must be in (0, 1], got {utilization!r}")
+    dev = get_device(device)
+    dt = _dtype_name(model.dtype if dtype is None else dtype)
+    nbytes = torch.empty(0, dtype=getattr(torch, dt)).element_size()
+    if heads is None:  # every head, counted from the layer specs (Mamba-1 models have ~10^5-10^6 channels)
+        by_layer: dict[int, int] = {}
+        kind_counts: dict[str, int] = {}
+        for s in model.layers:
+            if s.supported:
+                by_layer[s.layer] = by_layer.get(s.layer, 0) + s.n_heads
+                kind_counts[s.kind] = kind_counts.get(s.kind, 0) + s.n_heads
+    else:
+        hs = model.check_heads(list(heads))
+        by_layer, kind_counts = {}, {}
+        for h in hs:
+            by_layer[h.layer] = by_layer.get(h.layer, 0) + 1
+            kind_counts[h.kind] = kind_counts.get(h.kind, 0) + 1
+    n_heads = sum(kind_counts.values())
+    if not n_heads:
+        raise InputError(f"{model.name} has no supported heads to scan (unsupported mixers: "
+                         f"{[s.hf_class for s in model.unsupported()]})")
+    if model.n_ctx and tokens > model.n_ctx:
+        raise InputError(f"tokens={tokens} exceeds the context of {model.name} ({model.n_ctx})")
+    blocks = _blocks(model)
+    d, v = _dims(model)
+    n_layers = len(blocks)
+    params, weight_bytes = _param_bytes(model, nbytes)
+    rate = dev.tflops.get(dt)
+    if rate is None:
+        raise OptionError(f"{dev.name} has no throughput figure for {dt}")
+    flops_s = rate * 1e12 * (dev.utilization if utilization is None else utilization)
+    bw = dev.bandwidth_gbs * 1e9 if dev.bandwidth_gbs else None
+
+    def seconds(flops: float, weights_read: float) -> float:
+        return max(flops / flops_s, weights_read / bw if bw else 0.0)
+
+    # per-sequence FLOPs of each block and of the suffix from each layer
+    per_block = [b.flops(tokens) for b in blocks]
+    suffix = [sum(per_block[i:]) for i in range(n_layers)] + [0.0]
+    block_weight = [b.params * nbytes for b in blocks]
+    suffix_w = [sum(block_weight[i:]) for i in range(n_layers)] + [0.0]
+    total_blocks = suffix[0]
+    unembed_all = 2.0 * d * v * tokens
+    fwd_seq = total_blocks + unembed_all
+    n_chunks = math.ceil(samples / batch_size)
+    rows = [min(batch_size, samples - k * batch_size) for k in range(n_chunks)]
+    stack = max(1, rows_per_replay // batch_size)
+
+    # one forward of the whole task (the capture of the clean prefixes: full logits)
+    t_forward = sum(seconds(r * fwd_seq, weight_bytes) for r in rows)
+    # exact scan: groups of <= stack heads of one layer replay blocks L..N-1 on every chunk
+    exact_flops = 0.0
+    t_exact = t_forward
+    n_groups = 0
+    unembed_reads = 2.0 * d * v  # one read position per sample and copy (single-row candidates)
+    for layer, count in by_layer.items():
+        for g in range(0, count, stack):
+            copies = min(stack, count - g)
+            n_groups += 1
+            for r in rows:
+                f = copies * r * (suffix[layer] + unembed_reads)
+                exact_flops += f
+                t_exact += seconds(f, suffix_w[layer] + d * v * nbytes)
+    prefix_need = samples * tokens * d * n_layers * 4  # the scan's own count
+    prefix_kept = prefix_need <= max_prefix_bytes
+    if not prefix_kept:
+        t_exact += n_groups * t_forward
+        exact_flops += n_groups * samples * fwd_seq
+    exact_flops += samples * fwd_seq
+    replay_fraction = sum(n * suffix[layer] for layer, n in by_layer.items()) / (n_heads * total_blocks)
+    exact_forwards = n_heads * samples * replay_fraction
+    attr_seq = 3.0 * (total_blocks + unembed_reads)  # forward + backward (~2 forwards), logits at the reads
+    attribution_flops = samples * attr_seq
+    t_attr = sum(seconds(r * attr_seq, 2 * weight_bytes) for r in rows)
+
+    # memory
+    b0 = max(rows)
+    logits_bytes = b0 * tokens * v * nbytes
+    forward_bytes = max(b.working_bytes(b0, tokens, d, nbytes) for b in blocks) + logits_bytes
+    prefix_bytes = samples * tokens * d * n_layers * nbytes
+    replay_rows = stack * b0
+    replay_bytes = max(b.working_bytes(replay_rows, tokens, d, nbytes) for b in blocks) + replay_rows * v * 4
+    attribution_bytes = sum(b.working_bytes(b0, tokens, d, nbytes) for b in blocks) + logits_bytes
+    exact_peak = (prefix_bytes if prefix_kept else b0 * tokens * d * n_layers * nbytes) + replay_bytes
+    peak = weight_bytes + max(exact_peak, attribution_bytes, forward_bytes)
+    usable = int(dev.memory_gib * GiB * USABLE_MEMORY)
+
+    notes = []
+    if not dev.measured:
+        notes.append(f"time = data-sheet peak ({rate:g} TFLOP/s {dt}) x utilization "
+                     f"{dev.utilization if utilization is None else utilization:g} (assumed), or the weight reads at "
+                     f"{dev.bandwidth_gbs:g} GB/s when slower")
+    else:
+        notes.append(f"time from a measured throughput ({rate * 1e3:.1f} GFLOP/s {dt}; {dev.source}); a machine "
+                     f"shared with other work runs slower")
+    if any(b.ssm1 or b.ssm2 for b in blocks):
+        notes.append("SSM working sets follow Hugging Face's torch path (no mamba-ssm kernels); with the CUDA kernels "
+                     "they are smaller")
+    if model.unsupported():
+        notes.append(f"{len(model.unsupported())} mixer(s) have no heads in gna_interp yet (not scanned; their FLOPs "
+                     f"are counted)")
+    if not prefix_kept:
+        notes.append(f"clean prefixes ({_gib(prefix_need)} at 4 bytes a value) exceed max_prefix_bytes "
+                     f"{_gib(max_prefix_bytes)}: recomputed for each of {n_groups:,} head groups")
+    return ScanEstimate(
+        model=model.name, device=dev.name, dtype=dt, params=int(params),
+        heads=kind_counts,
+        samples=samples, tokens=tokens, batch_size=batch_size, stack=stack, weight_bytes=int(weight_bytes),
+        forward_bytes=int(forward_bytes), prefix_bytes=int(prefix_bytes), prefix_kept=prefix_kept,
+        replay_bytes=int(replay_bytes), attribution_bytes=int(attribution_bytes), peak_bytes=int(peak),
+        memory_bytes=usable, fits=peak <= usable, flops_per_token=fwd_seq / tokens, replay_fraction=replay_fraction,
+        exact_forwards=exact_forwards, exact_flops=exact_flops, attribution_flops=attribution_flops,
+        seconds_forward=t_forward, seconds_exact=t_exact, seconds_per_head=(t_exact - t_forward) / n_heads,
+        seconds_attribution=t_attr, measured_throughput=dev.measured, notes=tuple(notes))
+
+
+# ---- calibration ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Throughput:
+    """A measured forward throughput: ``flops`` counted by :func:`forward_flops`, ``seconds`` the median of
+    ``repeats`` timed forwards (after one warm-up), ``flops_per_second = flops / seconds``."""
+
+    model: str
+    dtype: str
+    threads: int
+    batch: int
+    tokens: int
+    repeats: int
+    flops: float
+    seconds: float
+    times: tuple[float, ...]
+
+    @property
+    def flops_per_second(self) -> float:
+        return self.flops / self.seconds
+
+
+@torch.no_grad()
+def measure_throughput(model: "Model", batch: int = 4, tokens: int = 128, repeats: int = 5,
+                       seed: int = 0) -> Throughput:
+    """Time ``repeats`` forwards of ``batch`` random sequences of ``tokens`` tokens through ``model``
+    (after a warm-up) and count their FLOPs: the effective FLOP/s a forward reaches on this machine.
+    This is how the ``cpu-2core`` row of :data:`DEVICES` was obtained."""
+    model.check_runnable()
+    if repeats < 1 or batch < 1 or tokens < 1:
+        raise InputError(f"batch, tokens and repeats must be >= 1, got {batch}, {tokens}, {repeats}")
+    _, vocab = _dims(model)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, tokens), generator=g)
+    model.forward(ids)
+    times = []
+    for _ in range(repeats):
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
+        t = time.perf_counter()
+        model.forward(ids)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
+        times.append(time.perf_counter() - t)
+    med = sorted(times)[len(times) // 2]
+    return Throughput(model.name, _dtype_name(model.dtype), torch.get_num_threads(), batch, tokens, repeats,
+                      batch * forward_flops(model, tokens), med, tuple(times))
