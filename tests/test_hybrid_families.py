@@ -483,3 +483,21 @@ def test_bad_masks_on_reached_heads_fail_clearly(hybrids):
     with pytest.raises(InputError, match="NaN or infinite"):
         with mask_pattern(model, {"L4H0": torch.full((11, 11), math.nan)}):
             model.forward("hello there")
+
+
+def test_a_pattern_hook_returning_a_wrong_shape_fails_clearly(hybrids):
+    model = hybrids["zamba2"]
+    with pytest.raises(gna.GnaError, match=r"a hook on blocks\.1\.shared_attn\.hook_pattern returned Tensor"):
+        model.run_with_hooks("hello there", [("blocks.1.shared_attn.hook_pattern", lambda p, hook: p[:, :2])])
+    assert model.forward("hello there").shape[-1] == model.hf_model.config.vocab_size  # nothing left behind
+
+
+def test_mixers_that_cannot_be_reached_are_reported_not_dropped(hybrid_dirs, monkeypatch):
+    """Without reaching (e.g. a bridge that keeps no hook registry), Zamba2's shared attention and its
+    hybrid layers' Mamba-2 mixers are reported unsupported, never silently left out."""
+    monkeypatch.setattr("gna_interp.models.arch.reach_mixers", lambda bridge, adapters: None)
+    model = load_model(hybrid_dirs["zamba2"], device="cpu")
+    unsupported = {(s.layer, s.hf_class) for s in model.unsupported()}
+    hybrid = (1, 2, 4, 5)
+    assert unsupported == {(i, c) for i in hybrid for c in ("Zamba2Attention", "Zamba2MambaMixer")}
+    assert "UNSUPPORTED mixer at blocks.1:shared_transformer.self_attn" in model.describe()

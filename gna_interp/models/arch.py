@@ -146,12 +146,12 @@ def detect_layers(bridge: Any) -> list[LayerSpec]:
             mod = unwrap(child)
             if mod is not child:
                 bridged_modules.update(id(m) for m in mod.modules())
-        # Attention inside the HF block that the adapter did not bridge (e.g. Zamba2's shared
-        # transformer): visible in HF, invisible to hooks -> report it.
+        # Attention or SSM mixers inside the HF block that neither the bridge nor models/reach.py could
+        # hook: visible in HF, invisible to hooks -> report them.
         hf_block = unwrap(block)
         if hf_block is not block:
             for sub_name, sub in hf_block.named_modules():
-                if id(sub) in bridged_modules or not hasattr(sub, "q_proj"):
+                if id(sub) in bridged_modules or not (hasattr(sub, "q_proj") or hasattr(sub, "A_log")):
                     continue
                 if any(id(m) in bridged_modules for m in sub.modules()):
                     continue

@@ -286,6 +286,10 @@ def _register(bridge: Any, prefix: str, component: torch.nn.Module) -> None:
 def _install(bridge: Any, layer: int, block: torch.nn.Module, module: torch.nn.Module, adapter_: "MixerAdapter",
              plan: ReachPlan, wrapper: tuple[str, torch.nn.Module] | None, shared: bool) -> None:
     """Give ``module`` (HF) the hooks of ``plan``: extend ``wrapper`` (path, component) or attach a new component."""
+    targets = {sub: getattr(module, attr, None) for sub, attr in plan.subs.items()}
+    missing = [plan.subs[sub] for sub, t in targets.items() if not isinstance(t, torch.nn.Module)]
+    if missing:  # checked before anything is attached: the bridge is left as it was
+        raise UnsupportedArchitectureError(f"{type(module).__name__} in layer {layer} has no {missing[0]!r} module")
     if wrapper is None:
         name = f"shared_{plan.name}" if shared else plan.name
         base, k = name, 1
@@ -299,12 +303,9 @@ def _install(bridge: Any, layer: int, block: torch.nn.Module, module: torch.nn.M
     else:
         rel, component = wrapper
     prefix = f"blocks.{layer}.{rel}"
-    for sub, attr in plan.subs.items():
+    for sub, target in targets.items():
         if _hook_at(component, f"{sub}.hook_in"):
             continue
-        target = getattr(module, attr, None)
-        if not isinstance(target, torch.nn.Module):
-            raise UnsupportedArchitectureError(f"{type(module).__name__} in layer {layer} has no {attr!r} module")
         child = Reached(unwrap(target))
         component.add_module(sub, child)
         _hook_module(unwrap(target), child.hook_in, child.hook_out)
@@ -319,7 +320,10 @@ def _install(bridge: Any, layer: int, block: torch.nn.Module, module: torch.nn.M
 
 def reach_mixers(bridge: Any, adapters: list["MixerAdapter"]) -> None:
     """Give every token mixer of ``bridge``'s blocks that the bridge leaves without the hooks of its kind
-    those hook points (see the module docstring). Modules reached before are left as they are."""
+    those hook points (see the module docstring). Modules reached before are left as they are; a bridge
+    that keeps no hook registry is left as it is (its unhooked mixers are then reported unsupported)."""
+    if not isinstance(getattr(bridge, "_hook_registry", None), dict) or not hasattr(bridge, "blocks"):
+        return
     blocks = list(bridge.blocks)
     owners: dict[int, set[int]] | None = None
     for i, block in enumerate(blocks):

@@ -61,9 +61,11 @@ class SSMAdapter(MixerAdapter):
     def reach_plan(self, module: torch.nn.Module) -> ReachPlan | None:
         """A Mamba mixer of this kind: ``hook_in``, ``out_proj.*`` (and ``in_proj.*``, the gated norm's
         ``inner_norm.*``) are reached unless the bridge already wraps it with them."""
-        if self.detect_module(module) is None:
+        if self.detect_module(module) is None or not isinstance(getattr(module, "out_proj", None), torch.nn.Module):
             return None
-        subs = {"in_proj": "in_proj", "out_proj": "out_proj"}
+        subs = {"out_proj": "out_proj"}
+        if isinstance(getattr(module, "in_proj", None), torch.nn.Module):
+            subs["in_proj"] = "in_proj"
         if _gated_norm(module):
             subs["inner_norm"] = "norm"
         required = ("hook_in", "out_proj.hook_in") + (("inner_norm.hook_in",) if "inner_norm" in subs else ())
