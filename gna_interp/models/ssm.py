@@ -66,7 +66,7 @@ class SSMAdapter(MixerAdapter):
         subs = {"out_proj": "out_proj"}
         if isinstance(getattr(module, "in_proj", None), torch.nn.Module):
             subs["in_proj"] = "in_proj"
-        if _gated_norm(module):
+        if self.scan_hook.startswith("inner_norm.") and _gated_norm(module):  # Mamba-2's gated norm
             subs["inner_norm"] = "norm"
         required = ("hook_in", "out_proj.hook_in") + (("inner_norm.hook_in",) if "inner_norm" in subs else ())
         return ReachPlan("mixer", subs, required=required)
