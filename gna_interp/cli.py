@@ -124,9 +124,10 @@ def run_models(args: argparse.Namespace) -> int:
     if rows:
         print()
         print(_table(rows))
-        print("prefix*: the scan recomputes the clean prefixes per head group (they exceed its 2 GiB cache). Times use "
-              "data-sheet peaks x an assumed 0.35 utilization (GPUs) or the measured cpu-2core throughput: see "
-              "docs/scaling.md")
+        if any(r["prefix"].endswith("*") for r in rows):
+            print("prefix*: the scan recomputes the clean prefixes per head group (they exceed its 2 GiB cache)")
+        print("times: data-sheet peaks x an assumed 0.35 utilization (GPUs), or the cpu-2core throughput measured on a "
+              "SmolLM2 scan; counted and assumed, not measured on these models (docs/scaling.md)")
     return 2 if failed else 0
 
 

@@ -308,8 +308,10 @@ class ScanEstimate:
             keeps it, i.e. its 4-bytes-a-value count is within ``max_prefix_bytes``).
         replay_bytes: working set of one stacked replay (``stack`` copies of a batch).
         attribution_bytes: activations kept for one backward of a batch (``auto``'s attribution pass).
-        peak_bytes: weights + the largest of (prefix if kept + replay, attribution, forward).
-        fits: ``peak_bytes`` within the usable memory of the device.
+        peak_bytes: weights + the largest of (prefix if kept + replay, attribution, forward): an ``auto`` scan.
+        exact_peak_bytes: weights + the largest of (prefix if kept + replay, forward): ``--strategy exact``
+            (no backward).
+        fits: ``peak_bytes`` within the usable memory of the device; fits_exact: ``exact_peak_bytes`` is.
         flops_per_token: FLOPs of a forward divided by its tokens (all positions unembedded).
         replay_fraction: mean over the heads of the share of a forward's block FLOPs a replay runs.
         exact_forwards: ``heads x samples x replay_fraction`` sample-forwards.
@@ -335,8 +337,10 @@ class ScanEstimate:
     replay_bytes: int
     attribution_bytes: int
     peak_bytes: int
+    exact_peak_bytes: int
     memory_bytes: int
     fits: bool
+    fits_exact: bool
     flops_per_token: float
     replay_fraction: float
     exact_forwards: float
@@ -363,7 +367,8 @@ class ScanEstimate:
             "model": self.model, "device": self.device, "dtype": self.dtype,
             "heads": f"{self.n_heads:,}", "weights": _gib(self.weight_bytes),
             "forward": _gib(self.forward_bytes), "prefix": _gib(self.prefix_bytes) + ("" if self.prefix_kept else "*"),
-            "peak": _gib(self.peak_bytes), "fits": "yes" if self.fits else "NO",
+            "peak auto": _gib(self.peak_bytes), "peak exact": _gib(self.exact_peak_bytes),
+            "fits": "yes" if self.fits else "exact only" if self.fits_exact else "NO",
             "task fwd TFLOP": f"{self.flops_per_token * self.tokens * self.samples / 1e12:,.2f}",
             "replay": f"{self.replay_fraction:.2f}", "per head": _duration(self.seconds_per_head),
             "exact scan": _duration(self.seconds_exact), "attribution": _duration(self.seconds_attribution),
@@ -378,7 +383,8 @@ class ScanEstimate:
             f"  memory: weights {_gib(self.weight_bytes)}, forward {_gib(self.forward_bytes)}, prefix cache "
             f"{_gib(self.prefix_bytes)} ({'kept' if self.prefix_kept else 'recomputed per head group'}), replay "
             f"x{self.stack} {_gib(self.replay_bytes)}, attribution backward {_gib(self.attribution_bytes)}: peak "
-            f"{_gib(self.peak_bytes)} of {_gib(self.memory_bytes)} usable -> {'fits' if self.fits else 'DOES NOT FIT'}",
+            f"{_gib(self.peak_bytes)} (auto), {_gib(self.exact_peak_bytes)} (exact) of {_gib(self.memory_bytes)} usable "
+            f"-> {'fits' if self.fits else 'only an exact scan fits' if self.fits_exact else 'DOES NOT FIT'}",
             f"  time ({'measured throughput' if self.measured_throughput else 'data-sheet peak x assumed utilization'}): "
             f"one forward of the task {_duration(self.seconds_forward)}; exact scan of all heads "
             f"{_duration(self.seconds_exact)} ({self.exact_forwards:,.0f} sample-forwards, replay fraction "
@@ -507,6 +513,7 @@ def estimate_scan(model: "Model", samples: int = 32, tokens: int = 64, *, device
     attribution_bytes = sum(b.working_bytes(b0, tokens, d, nbytes) for b in blocks) + logits_bytes
     exact_peak = (prefix_bytes if prefix_kept else b0 * tokens * d * n_layers * nbytes) + replay_bytes
     peak = weight_bytes + max(exact_peak, attribution_bytes, forward_bytes)
+    peak_exact = weight_bytes + max(exact_peak, forward_bytes)
     usable = int(dev.memory_gib * GiB * USABLE_MEMORY)
 
     notes = []
@@ -532,7 +539,7 @@ def estimate_scan(model: "Model", samples: int = 32, tokens: int = 64, *, device
         samples=samples, tokens=tokens, batch_size=batch_size, stack=stack, weight_bytes=int(weight_bytes),
         forward_bytes=int(forward_bytes), prefix_bytes=int(prefix_bytes), prefix_kept=prefix_kept,
         replay_bytes=int(replay_bytes), attribution_bytes=int(attribution_bytes), peak_bytes=int(peak),
-        memory_bytes=usable, fits=peak <= usable, flops_per_token=fwd_seq / tokens, replay_fraction=replay_fraction,
+        exact_peak_bytes=int(peak_exact), memory_bytes=usable, fits=peak <= usable, fits_exact=peak_exact <= usable, flops_per_token=fwd_seq / tokens, replay_fraction=replay_fraction,
         exact_forwards=exact_forwards, exact_flops=exact_flops, attribution_flops=attribution_flops,
         seconds_forward=t_forward, seconds_exact=t_exact, seconds_per_head=(t_exact - t_forward) / n_heads,
         seconds_attribution=t_attr, measured_throughput=dev.measured, notes=tuple(notes))
