@@ -69,7 +69,7 @@ class Device:
         tflops: peak TFLOP/s by dtype name (dense tensor-core figures for bfloat16/float16, plain
             float32 without TF32 -- PyTorch's default for float32 matmuls); for ``cpu-2core`` the
             *measured* effective throughput of a model forward.
-        memory_gib: memory in GiB (the estimate counts on :data:`USABLE_MEMORY` of it).
+        memory_gib: memory in GiB (the estimate counts on ``USABLE_MEMORY`` = 90 % of it).
         bandwidth_gbs: memory bandwidth in GB/s (None: folded into a measured throughput).
         utilization: share of ``tflops`` a forward reaches (an assumption for GPUs; 1.0 where measured).
         measured: whether ``tflops`` was measured here rather than taken from a data sheet.
@@ -173,10 +173,10 @@ class HookCheck:
 
 
 def check_hooks(model: "Model", heads: Sequence["HeadRef | str"] | None = None) -> HookCheck:
-    """Resolve the hook names of every head (default: :meth:`Model.heads`) against the bridge's hook dict.
+    """Resolve the hook names of every head (default: :meth:`~gna_interp.models.Model.heads`) against the bridge's hook dict.
 
-    For each head: its ablation site (:meth:`MixerAdapter.site`: the hook at the input of the output
-    projection) and its pattern hooks (:meth:`MixerAdapter.pattern_hooks`) must be bridge hooks, and its
+    For each head: its ablation site (:meth:`~gna_interp.models.MixerAdapter.site`: the hook at the input of the output
+    projection) and its pattern hooks (:meth:`~gna_interp.models.MixerAdapter.pattern_hooks`) must be bridge hooks, and its
     channels ``start:stop`` must lie inside the output projection's input width (read from the weight's
     shape, so a meta model is checked too). Returns a :class:`HookCheck`; ``ok`` says whether all hold.
     """
@@ -571,7 +571,7 @@ def measure_throughput(model: "Model", batch: int = 4, tokens: int = 128, repeat
                        seed: int = 0) -> Throughput:
     """Time ``repeats`` forwards of ``batch`` random sequences of ``tokens`` tokens through ``model``
     (after a warm-up) and count their FLOPs: the effective FLOP/s a forward reaches on this machine.
-    This is how the ``cpu-2core`` row of :data:`DEVICES` was obtained."""
+    It gave the bfloat16/float16 ratios of the ``cpu-2core`` row of :data:`DEVICES`."""
     model.check_runnable()
     if repeats < 1 or batch < 1 or tokens < 1:
         raise InputError(f"batch, tokens and repeats must be >= 1, got {batch}, {tokens}, {repeats}")
