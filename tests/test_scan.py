@@ -18,7 +18,8 @@ from gna_interp.circuits import scan as scan_mod
 from gna_interp.circuits.attribution import attribution_estimates, metric_weights
 from gna_interp.circuits.scan import _next_to_verify
 from gna_interp.tasks.scoring import layout_chunks
-from gna_interp.circuits.replay import ReplayMismatch
+from gna_interp.circuits import replay as replay_mod
+from gna_interp.circuits.replay import ReplayMismatch, SetAblation
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import Replacement, ablation_hooks, replacements
 from gna_interp.tasks import KVRetrieval, plan_scoring, run_plan
@@ -132,6 +133,19 @@ def test_auto_settles_the_leading_heads(tiny_models):
         assert _next_to_verify(auto, k, 100) == []
 
 
+def test_auto_with_focus_runs_only_those_heads_exactly(tiny_models):
+    """``focus``: the heads outside it keep their estimates, however high their bound; inside it the
+    settle threshold is honoured."""
+    model = tiny_models["llama"]
+    focus = model.heads()[:5]
+    auto = scan_heads(model, TASK, strategy="auto", verify=2, certify=0, settle_above=-1e9, focus=focus,
+                      batch_size=4, progress=False)
+    assert set(auto.exact) == set(focus)  # a threshold every head passes: all of focus, nothing else
+    assert len(auto.estimates) == len(model.heads())
+    frame = auto.to_frame().set_index("name")
+    assert set(frame.index[frame["source"] == "exact"]) == {h.name for h in focus}
+
+
 def test_auto_screens_on_a_subset_before_running_all_samples(tiny_models, tmp_path, monkeypatch):
     """``screen=m``: heads the attribution bound cannot rule out are first run on m spread samples (the
     same numbers as an exact run restricted to those samples); only heads whose screening bound could
@@ -176,7 +190,7 @@ def test_fallback_to_naive_when_replay_does_not_reproduce_the_model(tiny_models,
     def broken(*args, **kwargs):
         raise ReplayMismatch("simulated: work between blocks")
 
-    monkeypatch.setattr(scan_mod, "verify_replay", broken)
+    monkeypatch.setattr(replay_mod, "verify_replay", broken)
     with pytest.warns(RuntimeWarning, match="falling back"):
         scan = scan_heads(model, TASK, heads=["L1H1"], strategy="exact", batch_size=4, progress=False)
     naive = scan_heads(model, TASK, heads=["L1H1"], strategy="naive", batch_size=4, progress=False)
@@ -275,9 +289,12 @@ def test_no_hook_or_gradient_flag_survives_an_exception(tiny_models, monkeypatch
     model = tiny_models["bamba"]
     before = _torch_hooks(model)
     flags = [p.requires_grad for p in model.hf_model.parameters()]
-    module = scan_mod if where == "replay" else attr_mod
+    module = replay_mod if where == "replay" else attr_mod
+    real = getattr(module, where)
 
     def boom(*args, **kwargs):
+        if where == "replay" and _torch_hooks(model) == before:  # the clean check of replays: let it run
+            return real(*args, **kwargs)
         assert _torch_hooks(model) > before  # raised while the scan's hooks are attached
         raise KeyboardInterrupt("interrupted mid-scan")
 
@@ -330,3 +347,59 @@ def test_auto_stops_at_max_exact_and_reports_what_is_unsettled(tiny_models):
     assert len(scan.exact) == 3 and scan.unsettled > 0 and scan.metrics["unsettled"] == scan.unsettled
     again = type(scan).from_state(scan.to_state())
     assert again.unsettled == scan.unsettled
+
+
+SETS = {"llama": [["L2H3"], ["L0H1", "L2H0"], ["L1H2", "L0H0", "L2H3"]],
+        "mamba2": [["L1S3"], ["L0S1", "L1S0"]],
+        "bamba": [["L1H2"], ["L0S1", "L2S0"]]}
+
+
+@pytest.mark.parametrize("family", sorted(SETS))
+def test_set_ablation_equals_ablate_and_evaluate(tiny_models, family):
+    """Heads removed together through the prefix replay score what a full forward under `ablate` scores,
+    for sets spanning layers, both attention and SSM heads, zero and mean ablation."""
+    from gna_interp.interventions import ablate
+    from gna_interp.tasks import evaluate
+
+    model = tiny_models[family]
+    ref = KVRetrieval(n_pairs=3, n_samples=2, max_value=20, seed=7)
+    for method, reference in (("zero", None), ("mean", ref)):
+        runner = SetAblation(model, TASK, method, reference, batch_size=2)
+        assert runner.fast
+        clean = evaluate(model, TASK, batch_size=2, progress=False)
+        torch.testing.assert_close(runner.clean().logit_diff, clean.scores.logit_diff, atol=1e-4, rtol=0)
+        moved = 0.0
+        for heads in SETS[family]:
+            with ablate(model, heads, method, reference):
+                want = evaluate(model, TASK, batch_size=2, progress=False).scores
+            got = runner.run(heads)
+            torch.testing.assert_close(got.logit_diff, want.logit_diff, atol=1e-4, rtol=0)
+            assert torch.equal(got.correct, want.correct)
+            moved = max(moved, float((got.logit_diff - clean.scores.logit_diff).abs().max()))
+        assert moved > 1e-4, "no set changed anything: the comparison would be vacuous"
+
+
+def test_set_ablation_falls_back_to_full_forwards(tiny_models, monkeypatch):
+    """Resampling, and models whose replays do not reproduce the forward, score each set in full."""
+    from gna_interp.interventions import ablate
+    from gna_interp.tasks import evaluate
+
+    model = tiny_models["llama"]
+    ref = KVRetrieval(n_pairs=3, n_samples=2, max_value=20, seed=7)
+    runner = SetAblation(model, TASK, "resample", ref, batch_size=2)
+    assert not runner.fast
+    with ablate(model, ["L0H1", "L2H0"], "resample", ref):
+        want = evaluate(model, TASK, batch_size=2, progress=False).scores
+    torch.testing.assert_close(runner.run(["L0H1", "L2H0"]).logit_diff, want.logit_diff, atol=1e-5, rtol=0)
+
+    def broken(*args, **kwargs):
+        raise ReplayMismatch("simulated: work between blocks")
+
+    monkeypatch.setattr(replay_mod, "verify_replay", broken)
+    slow = SetAblation(model, TASK, batch_size=2)
+    assert not slow.fast
+    with ablate(model, ["L1H1"]):
+        want = evaluate(model, TASK, batch_size=2, progress=False).scores
+    torch.testing.assert_close(slow.run(["L1H1"]).logit_diff, want.logit_diff, atol=1e-5, rtol=0)
+    with pytest.raises(InputError, match="reference"):
+        SetAblation(model, TASK, "mean")

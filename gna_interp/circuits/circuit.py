@@ -21,12 +21,13 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from gna_interp.circuits.replay import SetAblation
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import HeadScan, ScanConfig, scan_heads
 from gna_interp.circuits.specificity import DEFAULT_GENERIC_FRACTION, control_task, specificity_frame
 from gna_interp.circuits.views import CardViews, card_views
 from gna_interp.errors import InputError
-from gna_interp.interventions.ablation import AblationMethod, ablate
+from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.errors import OptionError
@@ -35,10 +36,10 @@ from gna_interp.store import atomic_write, read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.io import task_from_dict
 from gna_interp.tasks.evaluation import evaluate
-from gna_interp.tasks.scoring import plan_scoring, run_plan
 from gna_interp.tasks.text import lm_loss
 
 CURVE_COLUMNS = ["k", "series", "seed", "accuracy", "logit_diff", "gold_prob", "lm_loss", "heads"]
+CONTROL_VERIFY = 8  # control heads run exactly before the error bound of the estimates is calibrated
 FILES = ("scan.csv", "scan.json", "control.json", "circuit.json", "views.pt", "summary.md")
 
 __all__ = ["CURVE_COLUMNS", "Circuit", "DiscoverConfig", "ablation_curve", "discover"]
@@ -124,6 +125,8 @@ class Circuit:
         twin: the task's knowledge twin (e.g. the cloze form of multiple-choice letters) with the curve's
             top k and random k heads removed: ``{"task", "k", "intact", "top", "random", "random_median"}``
             accuracies (None when the task has no twin).
+        timings: wall seconds of each stage of :func:`discover` (check, scan, roles, control, curve, twin,
+            views), in the order they ran.
     """
 
     model: str
@@ -140,6 +143,7 @@ class Circuit:
     keep_generic: bool = False
     notes: list[str] = field(default_factory=list)
     twin: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def heads(self) -> list[HeadRef]:
@@ -239,6 +243,7 @@ class Circuit:
             "pair": {"gather": pair[0].name, "aggregate": pair[1].name} if pair else None,
             "curve": _records(self.curve),
             "curve_summary": self.curve_summary(), "seconds": round(self.seconds, 2),
+            "timings": {k: round(v, 2) for k, v in self.timings.items()},
             "scan_rows": len(self.scan.heads), "views": "views.pt" if self.views is not None else None,
             "control": "control.json" if self.control is not None else None, "generic_fraction": self.generic_fraction,
             "keep_generic": self.keep_generic, "notes": list(self.notes),
@@ -272,7 +277,8 @@ class Circuit:
             gen = df[df["role"] == "generic"]
             lines.append(f"- generic heads (LM-loss rise >= {self.generic_fraction:.0%} of the intact loss), "
                          f"{'kept in' if self.keep_generic else 'left out of'} the circuit: " +
-                         (", ".join(f"{r['name']} (rank {r['rank']}, +{r['control_drop']:.3f} nats/token)"
+                         (", ".join(f"{r['name']} (rank {r['rank']}, +{r['control_drop']:.3f} nats/token"
+                                    f"{'' if r['control_source'] == 'exact' else ', estimated'})"
                                     for _, r in gen.iterrows()) or "none"))
             df = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
         lines += ["", "| rank | head | drop | source | role | gather | aggregate | selectivity"
@@ -299,6 +305,9 @@ class Circuit:
                    f"draws)" if t.get("random") else "")
             lines.append(f"- knowledge twin {t['task']}: accuracy {t['intact']:.3f} intact, {t['top']:.3f} with the top "
                          f"{t['k']} removed{rnd} (zero ablation)")
+        if self.timings:
+            lines.append(f"- run time: {self.seconds:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
+                         + ")")
         return "\n".join(lines) + "\n"
 
     def _curve_lines(self) -> list[str]:
@@ -367,7 +376,7 @@ class Circuit:
                    pd.DataFrame(doc.get("curve") or [], columns=CURVE_COLUMNS),
                    RoleRule(**doc["rule"]), float(doc.get("seconds") or 0.0), views, control,
                    float(doc.get("generic_fraction") or DEFAULT_GENERIC_FRACTION), bool(doc.get("keep_generic")),
-                   list(doc.get("notes") or []), doc.get("twin"))
+                   list(doc.get("notes") or []), doc.get("twin"), dict(doc.get("timings") or {}))
 
     def __repr__(self) -> str:
         return (f"Circuit({self.model!r}, {self.task.get('name')!r}, {len(self.scan.heads)} heads, "
@@ -387,32 +396,29 @@ def _f(v: Any, digits: int = 2) -> str:
 def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Sequence[HeadRef], k: int = 5,
                    seeds: int = 3, method: AblationMethod = "zero", reference: Any = None,
                    batch_size: int = 16, control: Task | None = None,
-                   generic: Sequence[HeadRef] = (), band: int | None = 3) -> pd.DataFrame:
+                   generic: Sequence[HeadRef] = (), band: int | None = 2) -> pd.DataFrame:
     """Task metrics (and the LM loss on ``control`` when given) after removing ``ranked[:j]``
     (``j = 0..k``), ``j`` random heads of ``pool`` that are not among ``ranked[:k]`` (``seeds`` random
-    orders), and the first ``j`` of ``generic`` (up to ``k``); columns :data:`CURVE_COLUMNS`.
+    orders), and the first ``k`` of ``generic`` (fewer when there are fewer); columns :data:`CURVE_COLUMNS`.
 
     The first ``band`` random orders are measured at every ``j`` (the curve's band); the others only at
     ``j = k``, where the top ``k`` are compared with the median of all ``seeds`` draws (``band=None``:
-    every order at every ``j``). The LM loss of random draws is measured at ``j = k`` only."""
+    every order at every ``j``). The LM loss of random draws and the generic heads are measured at
+    ``j = k`` only. Each point replays only the blocks from its earliest removed head on
+    (:class:`~gna_interp.circuits.replay.SetAblation`)."""
     if k < 0 or seeds < 0:
         raise InputError(f"k and seeds must be >= 0, got k={k}, seeds={seeds}")
     others = [h for h in pool if h not in set(ranked[:k])]
     if k > len(ranked) or k > len(others):
         raise InputError(f"cannot remove k={k} heads: only {len(ranked)} ranked and {len(others)} other heads "
                          f"in the pool to draw random ones from")
-    plan = plan_scoring(model, task.samples)
-    control_plan = plan_scoring(model, control.samples) if control is not None else None
-    # resampling aligns activations per forward, so candidates must not continue from a cached prompt
-    share = False if method == "resample" else None
+    runner = SetAblation(model, task, method, reference, batch_size)
+    ctl = SetAblation(model, control, method, reference, batch_size) if control is not None else None
     rows = []
 
     def point(series: str, seed: int, j: int, heads: Sequence[HeadRef]) -> None:
-        with ablate(model, list(heads), method, reference):
-            m = run_plan(model, plan, batch_size, share_prefix=share).metrics
-            loss = math.nan
-            if control_plan is not None and (series != "random" or j == k):  # random draws: the control at k
-                loss = lm_loss(run_plan(model, control_plan, batch_size, share_prefix=share))
+        m = runner.run(heads).metrics
+        loss = lm_loss(ctl.run(heads)) if ctl is not None and (series != "random" or j == k) else math.nan
         rows.append({"k": j, "series": series, "seed": seed, "accuracy": m["accuracy"], "logit_diff": m["logit_diff"],
                      "gold_prob": m["gold_prob"], "lm_loss": loss, "heads": ",".join(h.name for h in heads)})
 
@@ -426,10 +432,9 @@ def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Se
         rows.append({**base, "series": "random", "seed": s})
         for j in range(1 if band is None or s < band else k, k + 1):
             point("random", s, j, order[:j])
-    if generic:
+    if generic and k:
         rows.append({**base, "series": "generic", "seed": 0})
-        for j in range(1, min(k, len(generic)) + 1):
-            point("generic", 0, j, generic[:j])
+        point("generic", 0, min(k, len(generic)), generic[:k])
     return pd.DataFrame(rows, columns=CURVE_COLUMNS)
 
 
@@ -453,14 +458,26 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
     if not isinstance(task, Task):
         raise InputError(f"discover needs a Task (e.g. KVRetrieval(...)), got {type(task).__name__}")
     start = time.perf_counter()
+    timings: dict[str, float] = {}
+    clock = [start]
+
+    def lap(stage: str) -> None:
+        now = time.perf_counter()
+        timings[stage] = timings.get(stage, 0.0) + now - clock[0]
+        clock[0] = now
+
     sc = cfg.scan
     notes = [check_solvable(model, task, sc.batch_size, cfg.allow_chance)]
+    lap("check")
     scan = scan_heads(model, task, heads=heads, config=sc)
+    lap("scan")
     ranked = scan.top(len(scan.heads))
     roles = role_scores(model, task, heads=ranked[:cfg.role_heads], n_samples=cfg.role_samples,
                         batch_size=min(sc.batch_size, 8), form=cfg.form, rule=cfg.rule)
+    lap("roles")
     circuit = Circuit(model.name, task.to_dict(), scan, roles, {}, pd.DataFrame(columns=CURVE_COLUMNS), cfg.rule,
-                      generic_fraction=cfg.generic_fraction, keep_generic=cfg.keep_generic, notes=notes)
+                      generic_fraction=cfg.generic_fraction, keep_generic=cfg.keep_generic, notes=notes,
+                      timings=timings)
     ctask = None
     if cfg.control:
         ctask, note = control_task(model)
@@ -471,19 +488,23 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
     kk = curve_k(len(scan.heads), cfg.k)
     if circuit.control is not None:
         _settle_control(model, ctask, circuit, members[:kk], cfg)
+    lap("control")
     if kk < cfg.k:
         notes.append(f"the curve removes k = {kk} heads, not {cfg.k}: {len(scan.heads)} heads in all, and k random "
                      f"heads must stay a small draw (at most a quarter) that cannot contain the circuit")
     circuit.curve = ablation_curve(model, task, members, scan.heads, min(kk, len(members)), cfg.seeds, sc.method,
                                    sc.reference, sc.batch_size, control=ctask, generic=circuit.generic)
+    lap("curve")
     base_row = circuit.curve.iloc[0]
     circuit.baseline = {"accuracy": float(base_row["accuracy"]), "logit_diff": float(base_row["logit_diff"]),
                         "gold_prob": float(base_row["gold_prob"]), "chance": task.chance, "n_samples": len(task),
                         **({"lm_loss": float(base_row["lm_loss"])} if ctask is not None else {})}
     if cfg.twin is not None:
         circuit.twin = twin_check(model, cfg.twin, circuit.curve, sc.batch_size)
+        lap("twin")
     if cfg.n_cards:
         circuit.views = card_views(model, task, members, circuit.to_frame(), circuit.pair(), cfg.n_cards, cfg.form)
+        lap("views")
     circuit.seconds = time.perf_counter() - start
     return circuit
 
@@ -495,10 +516,10 @@ def twin_check(model: Model, twin: Task, curve: pd.DataFrame, batch_size: int = 
     k = int(curve["k"].max())
     at_k = curve[curve["k"] == k]
 
+    runner = SetAblation(model, twin, batch_size=batch_size)
+
     def acc(names: str) -> float:
-        heads = [HeadRef.parse(n) for n in names.split(",") if n]
-        with ablate(model, heads):
-            return evaluate(model, twin, batch_size=batch_size, progress=False).accuracy
+        return runner.run([HeadRef.parse(n) for n in names.split(",") if n]).metrics["accuracy"]
 
     top = at_k[at_k["series"] == "top"]["heads"].iloc[0]
     rnd = [acc(h) for h in at_k[at_k["series"] == "random"]["heads"]]
@@ -526,14 +547,17 @@ def check_solvable(model: Model, task: Task, batch_size: int = 16, allow_chance:
 
 
 def _control_scan(model: Model, ctask: Task, scan: HeadScan, cfg: DiscoverConfig) -> HeadScan:
-    """The LM-loss control of every scanned head: ``auto`` on ``metric="logprob"``, every head that could
-    reach the generic threshold settled exactly."""
+    """The LM-loss control of every scanned head: attribution estimates for all of them, and exact runs for
+    the heads that can enter the circuit (the scan's best-ranked ``2 * max(certify, k)``) whose rise could
+    reach the generic threshold."""
     sc = cfg.scan
     base_loss = lm_loss(evaluate(model, ctask, batch_size=sc.batch_size, progress=False).scores)
     ckpt = Path(sc.checkpoint).with_suffix(".control.json") if sc.checkpoint is not None else None
+    focus = scan.top(min(len(scan.heads), 2 * max(sc.certify, cfg.k)))
     return scan_heads(model, ctask, heads=scan.heads, strategy="auto", metric="logprob", method=sc.method,
                       reference=sc.reference, batch_size=min(sc.batch_size, 8), checkpoint=ckpt, certify=0,
-                      settle_above=cfg.generic_fraction * base_loss, progress=sc.progress)
+                      verify=CONTROL_VERIFY, focus=focus, settle_above=cfg.generic_fraction * base_loss,
+                      progress=sc.progress)
 
 
 def _settle_control(model: Model, ctask: Task, circuit: Circuit, heads: Sequence[HeadRef], cfg: DiscoverConfig) -> None:

@@ -11,20 +11,35 @@ metric reads are computed.
 The bridge's ``start_at_layer`` still runs the earlier blocks internally, hence this module.
 :func:`verify_replay` checks, once per model and batch shape, that a replay from block 0 reproduces
 the bridge's own logits (it would not for a model that does work between its blocks).
+
+On top of it: :class:`Prefixes` keeps the clean prefix of every batch of a scoring plan,
+:func:`replay_scores` scores several head sets (each removed together) in one stacked replay that
+starts at their earliest layer, and :class:`SetAblation` is what the ablation curve, the knowledge
+twin and the control use: a task's scores with any set of heads removed, the clean prefix captured
+once (a full forward per set where replays do not reproduce the model).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from gna_interp.errors import InputError
+from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, replacements
+from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, TokenBatch
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
+                                      read_logprobs, run_plan)
 
-__all__ = ["Prefix", "ReplayMismatch", "capture", "final_logits", "replay", "verify_replay"]
+__all__ = ["Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "final_logits", "replay", "replay_scores",
+           "verify_replay"]
+
+DEFAULT_PREFIX_BYTES = 2 << 30
 
 
 class ReplayMismatch(RuntimeError):
@@ -147,3 +162,130 @@ def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos:
             f"scan cannot be used for it"
         )
     return worst
+
+
+class Prefixes:
+    """Clean prefixes of every chunk of a plan, kept while they fit in ``max_bytes``, recomputed otherwise."""
+
+    def __init__(self, model: Model, chunks: list[Chunk], max_bytes: int = DEFAULT_PREFIX_BYTES) -> None:
+        self.model, self.chunks = model, chunks
+        d = int(getattr(model.cfg, "d_model", 0) or 0)
+        need = sum(c.n_tokens for c in chunks) * d * model.n_layers * 4
+        self.keep = need <= max_bytes
+        self._store: dict[int, Prefix] = {}
+        self.verified = False
+
+    def verify(self) -> None:
+        """Check once that replays reproduce the model (on the first and last row of the first batch);
+        raises :class:`ReplayMismatch` otherwise."""
+        if self.verified:
+            return
+        c = self.chunks[0]
+        pick = sorted({0, c.size - 1})
+        sel = torch.isin(c.read_row, torch.tensor(pick))
+        rows = torch.searchsorted(torch.tensor(pick), c.read_row[sel])
+        sub = c.batch.select(pick)
+        verify_replay(self.model, sub, rows, c.read_pos[sel])
+        self.verified = True
+
+    def get(self, i: int) -> Prefix:
+        """The clean prefix of chunk ``i`` (captured now unless kept from before)."""
+        if i in self._store:
+            return self._store[i]
+        self.verify()
+        c = self.chunks[i]
+        p = capture(self.model, c.batch, (c.read_row, c.read_pos))
+        if self.keep:
+            self._store[i] = p
+        return p
+
+    def clean(self, plan: ScoringPlan) -> CandidateScores:
+        """The intact model's scores of ``plan`` (whose chunks these are), from the prefixes' logits."""
+        table = ScoreTable(plan)
+        for i, chunk in enumerate(self.chunks):
+            table.add(chunk, read_logprobs(self.get(i).logits, chunk.read_tok))
+        return table.result()
+
+
+@torch.no_grad()
+def replay_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Sequence[Sequence[Replacement]]
+                  ) -> list[CandidateScores]:
+    """Scores of ``plan`` with each of ``sets`` removed (each set's heads together), all sets stacked as
+    copies of every batch in one replay from the earliest layer any of them touches."""
+    if not any(sets):
+        clean = prefixes.clean(plan)
+        return [clean for _ in sets]
+    start = min(r.site.head.layer for group in sets for r in group)
+    n = len(sets)
+    tables = [ScoreTable(plan) for _ in sets]
+    for i, chunk in enumerate(prefixes.chunks):
+        prefix = prefixes.get(i)
+        b = chunk.size
+        hooks = [hk for g, group in enumerate(sets) for hk in ablation_hooks(list(group), rows=slice(g * b, (g + 1) * b))]
+        with model.hooks(hooks):
+            hidden = replay(model, prefix, start, copies=n)
+        rows = torch.cat([chunk.read_row + g * b for g in range(n)])
+        logp = read_logprobs(final_logits(model, hidden, rows, chunk.read_pos.repeat(n)), chunk.read_tok.repeat(n))
+        per = logp.shape[0] // n
+        for g, t in enumerate(tables):
+            t.add(chunk, logp[g * per:(g + 1) * per])
+    return [t.result() for t in tables]
+
+
+class SetAblation:
+    """A task's scores with sets of heads removed together: the clean prefix of every batch is captured
+    once and each set re-runs only the blocks from its earliest layer on (:func:`replay_scores`); where
+    replays do not reproduce the model (or under resampling, which aligns activations per forward), each
+    set costs one full forward of the task instead. Numbers equal ``ablate`` + ``run_plan`` to float noise.
+
+    ``task`` is a :class:`~gna_interp.tasks.base.Task` or a :class:`ScoringPlan`; ``method`` and
+    ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s (replacements are computed once
+    per head and reused).
+    """
+
+    def __init__(self, model: Model, task: Task | ScoringPlan, method: AblationMethod = "zero", reference: Any = None,
+                 batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES) -> None:
+        if isinstance(task, Task):
+            task = plan_scoring(model, task.samples)
+        if not isinstance(task, ScoringPlan):
+            raise InputError(f"SetAblation needs a Task or a ScoringPlan, got {type(task).__name__}")
+        self.model, self.plan, self.method, self.reference = model, task, method, reference
+        self.batch_size = batch_size
+        replacements(model, [], method, reference)  # validates method and reference before any forward
+        self._repl: dict[HeadRef, Replacement] = {}
+        self.prefixes: Prefixes | None = None
+        if method != "resample":
+            prefixes = Prefixes(model, layout_chunks(model, task, batch_size), max_prefix_bytes)
+            try:
+                prefixes.verify()
+                self.prefixes = prefixes
+            except ReplayMismatch:
+                pass
+        self._clean: CandidateScores | None = None
+
+    @property
+    def fast(self) -> bool:
+        """Whether sets are scored by replaying the later blocks (else one full forward per set)."""
+        return self.prefixes is not None
+
+    def _replaced(self, heads: Sequence[HeadRef | str]) -> list[Replacement]:
+        parsed = list(dict.fromkeys(self.model.check_heads(list(heads)))) if heads else []
+        missing = [h for h in parsed if h not in self._repl]
+        if missing:
+            self._repl.update({r.site.head: r for r in replacements(self.model, missing, self.method, self.reference)})
+        return [self._repl[h] for h in parsed]
+
+    def clean(self) -> CandidateScores:
+        """Scores of the intact model."""
+        if self._clean is None:
+            self._clean = self.run([])
+        return self._clean
+
+    def run(self, heads: Sequence[HeadRef | str]) -> CandidateScores:
+        """Scores with ``heads`` removed together (none: the intact model)."""
+        replaced = self._replaced(heads)
+        if self.prefixes is not None:
+            return replay_scores(self.model, self.plan, self.prefixes, [replaced])[0]
+        share = False if self.method == "resample" else None
+        return run_plan(self.model, self.plan, self.batch_size, fwd_hooks=ablation_hooks(replaced) if replaced else None,
+                        share_prefix=share)

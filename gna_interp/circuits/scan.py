@@ -58,7 +58,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from gna_interp.circuits.attribution import attribution_estimates, logprob_weights, metric_weights
-from gna_interp.circuits.replay import Prefix, ReplayMismatch, capture, final_logits, replay, verify_replay
+from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES, Prefixes, ReplayMismatch, replay_scores
 from gna_interp.errors import InputError, OptionError
 from gna_interp.interventions.ablation import METHODS, AblationMethod, Replacement, ablation_hooks, replacements
 from gna_interp.models.heads import HeadRef
@@ -66,8 +66,8 @@ from gna_interp.models.model import Model
 from gna_interp.options import Options, check_choice, check_int, options
 from gna_interp.store import read_json, write_json
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
-                                      read_logprobs, run_plan, whole_samples)
+from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoringPlan, layout_chunks, plan_scoring, run_plan,
+                                      whole_samples)
 
 Strategy = Literal["exact", "naive", "attribution", "auto"]
 Metric = Literal["logit_diff", "accuracy", "logprob"]
@@ -100,6 +100,8 @@ class ScanConfig(Options):
         settle_above: ``auto`` also runs exactly every head whose estimated drop plus its calibrated error
             bound exceeds this value (e.g. the LM-loss rise that makes a head generic), so no head above
             it is left as an estimate.
+        focus: heads ``auto`` may run exactly (None: all); the others keep their attribution estimates.
+            The control scan uses it to settle only the heads that can enter a circuit.
         max_exact: ``auto`` stops running heads exactly after this many (None: until settled); the scan
             then records how many unrun heads could still enter the leading ones (``unsettled``).
         screen: samples of the ``auto`` screening stage (0: none; default: a quarter of the samples when
@@ -122,12 +124,13 @@ class ScanConfig(Options):
     verify: int | None = None
     certify: int = DEFAULT_CERTIFY
     settle_above: float | None = None
+    focus: Sequence[HeadRef | str] | None = None
     max_exact: int | None = None
     screen: int | None = None
     stack: int | None = None
     scoring: str = "auto"
     progress: bool = True
-    max_prefix_bytes: int = 2 << 30
+    max_prefix_bytes: int = DEFAULT_PREFIX_BYTES
 
     def validate(self) -> None:
         check_choice("strategy", self.strategy, STRATEGIES)
@@ -435,66 +438,10 @@ class _Progress:
 
 
 # ---- engines ------------------------------------------------------------------------------
-class _Prefixes:
-    """Clean prefixes of every chunk, kept while they fit in ``max_bytes``, recomputed otherwise."""
-
-    def __init__(self, model: Model, chunks: list[Chunk], max_bytes: int) -> None:
-        self.model, self.chunks = model, chunks
-        d = int(getattr(model.cfg, "d_model", 0) or 0)
-        need = sum(c.n_tokens for c in chunks) * d * model.n_layers * 4
-        self.keep = need <= max_bytes
-        self._store: dict[int, Prefix] = {}
-        self.verified = False
-
-    def verify(self) -> None:
-        """Check once that replays reproduce the model (on the first and last row of the first batch)."""
-        if self.verified:
-            return
-        c = self.chunks[0]
-        pick = sorted({0, c.size - 1})
-        sel = torch.isin(c.read_row, torch.tensor(pick))
-        rows = torch.searchsorted(torch.tensor(pick), c.read_row[sel])
-        sub = c.batch.select(pick)
-        verify_replay(self.model, sub, rows, c.read_pos[sel])
-        self.verified = True
-
-    def get(self, i: int) -> Prefix:
-        if i in self._store:
-            return self._store[i]
-        self.verify()
-        c = self.chunks[i]
-        p = capture(self.model, c.batch, (c.read_row, c.read_pos))
-        if self.keep:
-            self._store[i] = p
-        return p
-
-
-def _clean_from_prefixes(plan: ScoringPlan, prefixes: _Prefixes) -> CandidateScores:
-    table = ScoreTable(plan)
-    for i, chunk in enumerate(prefixes.chunks):
-        table.add(chunk, read_logprobs(prefixes.get(i).logits, chunk.read_tok))
-    return table.result()
-
-
-@torch.no_grad()
-def _exact_group(model: Model, plan: ScoringPlan, prefixes: _Prefixes, group: list[Replacement],
+def _exact_group(model: Model, plan: ScoringPlan, prefixes: Prefixes, group: list[Replacement],
                  ) -> dict[HeadRef, CandidateScores]:
     """Scores with each of ``group``'s heads (all in one layer) ablated, stacked in one replay per chunk."""
-    layer = group[0].site.head.layer
-    tables = [ScoreTable(plan) for _ in group]
-    for i, chunk in enumerate(prefixes.chunks):
-        prefix = prefixes.get(i)
-        b = chunk.size
-        hooks = [hk for g, r in enumerate(group) for hk in ablation_hooks([r], rows=slice(g * b, (g + 1) * b))]
-        with model.hooks(hooks):
-            hidden = replay(model, prefix, layer, copies=len(group))
-        n = len(group)
-        rows = torch.cat([chunk.read_row + g * b for g in range(n)])
-        logp = read_logprobs(final_logits(model, hidden, rows, chunk.read_pos.repeat(n)), chunk.read_tok.repeat(n))
-        per = logp.shape[0] // n
-        for g, t in enumerate(tables):
-            t.add(chunk, logp[g * per:(g + 1) * per])
-    return {r.site.head: t.result() for r, t in zip(group, tables)}
+    return {r.site.head: sc for r, sc in zip(group, replay_scores(model, plan, prefixes, [[r] for r in group]))}
 
 
 def _groups(replaced: list[Replacement], stack: int) -> list[list[Replacement]]:
@@ -512,14 +459,14 @@ def _as_plan(model: Model, task: Task | ScoringPlan, scoring: Any) -> tuple[Scor
     return plan_scoring(model, task.samples, scoring), task.name  # type: ignore[arg-type]
 
 
-def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[Chunk], prefixes: _Prefixes,
+def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[Chunk], prefixes: Prefixes,
                        replaced: list[Replacement], scan: HeadScan, progress: bool) -> None:
     """Fill ``scan.estimates`` (and the baseline, if missing) from one forward + backward per chunk."""
     weights = None
     if scan.estimand == "logprob":
         weights = logprob_weights(plan)
     elif not whole_samples(chunks):  # a sample's rows span several chunks: weights from a clean pass first
-        weights = metric_weights(plan, _clean_from_prefixes(plan, prefixes))
+        weights = metric_weights(plan, prefixes.clean(plan))
     with tqdm(total=len(chunks), desc="attribution", unit="batch", disable=not progress, leave=False) as bar:
         att = attribution_estimates(model, plan, chunks, replaced, weights, bar.update)
     if not scan.baseline:
@@ -529,10 +476,12 @@ def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[Chunk], pre
     scan.sizes = {r.site.head: float(z) for r, z in zip(replaced, att.size)}
 
 
-def _next_to_verify(scan: HeadScan, certify: int, count: int, settle_above: float | None = None) -> list[HeadRef]:
-    """The unrun heads that could still displace the ``certify``-th exact drop or exceed ``settle_above``
-    (most threatening first, at most ``count``); empty when the leading heads are settled (see the module
-    docstring). A screened head's bound is its screening bound (:meth:`HeadScan.screen_bound`)."""
+def _next_to_verify(scan: HeadScan, certify: int, count: int, settle_above: float | None = None,
+                    focus: set[HeadRef] | None = None) -> list[HeadRef]:
+    """The unrun heads (of ``focus``, when given) that could still displace the ``certify``-th exact drop or
+    exceed ``settle_above`` (most threatening first, at most ``count``); empty when the leading heads are
+    settled (see the module docstring). A screened head's bound is its screening bound
+    (:meth:`HeadScan.screen_bound`)."""
     base = scan._value(scan.baseline, scan.estimand)
     drop = {h: base - scan._value(v, scan.estimand) for h, v in scan.exact.items()}
     est = {h: scan.est_drop(h) for h in scan.heads}
@@ -542,11 +491,11 @@ def _next_to_verify(scan: HeadScan, certify: int, count: int, settle_above: floa
     if settle_above is not None:
         bar = min(bar, settle_above)
     bound = {h: scan.screen_bound(h)[1] if h in scan.screened else est[h] + c * scan.sizes[h]
-             for h in scan.heads if h not in drop}
+             for h in scan.heads if h not in drop and (focus is None or h in focus)}
     return sorted((h for h, b in bound.items() if b > bar), key=lambda h: -bound[h])[:count]
 
 
-def _exact_phase(model: Model, plan: ScoringPlan, batch_size: int, prefixes: _Prefixes, todo: list[Replacement],
+def _exact_phase(model: Model, plan: ScoringPlan, batch_size: int, prefixes: Prefixes, todo: list[Replacement],
                  stack: int, naive: bool, scan: HeadScan, rec: _Progress) -> None:
     """Run ``todo`` exactly (fast replay of the chunks' last blocks; one full forward per head when
     ``naive`` or when replays do not reproduce the model), recording each finished group."""
@@ -558,7 +507,7 @@ def _exact_phase(model: Model, plan: ScoringPlan, batch_size: int, prefixes: _Pr
             naive = True
     if not scan.baseline:
         scan.baseline = _per_sample(run_plan(model, plan, batch_size, share_prefix=False) if naive
-                                    else _clean_from_prefixes(plan, prefixes))
+                                    else prefixes.clean(plan))
     rec.save()
     if naive:  # full rows, never a KV-cached prefix: one plain forward per batch and head
         for r in todo:
@@ -593,12 +542,13 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
     scan = HeadScan(model.name, task_name, cfg.method, cfg.metric, cfg.strategy, head_list, {})
     if state is not None:
         scan.restore(state)
-    prefixes = _Prefixes(model, chunks, cfg.max_prefix_bytes)
+    prefixes = Prefixes(model, chunks, cfg.max_prefix_bytes)
     rec = _Progress(scan, path, fingerprint, None)
     if cfg.strategy in ("attribution", "auto") and len(scan.estimates) < len(head_list):
         _attribution_phase(model, plan, chunks, prefixes, replaced, scan, cfg.progress)
         rec.save()
-    todo = _initial_exact(scan, cfg)
+    focus = set(model.check_heads(list(cfg.focus))) if cfg.focus is not None else None
+    todo = _initial_exact(scan, cfg, focus)
     with tqdm(total=len(todo), desc=f"scan {cfg.strategy}", unit="head", disable=not cfg.progress) as bar:
         rec.bar = bar
         if todo or not scan.baseline:
@@ -607,7 +557,7 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
         if cfg.strategy == "auto" and (cfg.certify > 0 or cfg.settle_above is not None):
             screen = _Screen.make(model, plan, scan, cfg)
             while more := _next_to_verify(scan, min(cfg.certify, len(head_list)),
-                                          len(head_list) if screen else stack, cfg.settle_above):
+                                          len(head_list) if screen else stack, cfg.settle_above, focus):
                 capped = cfg.max_exact is not None and len(scan.exact) >= cfg.max_exact
                 if screen and not capped and (fresh := [h for h in more if h not in scan.screened]):
                     screen.run(scan, [by_head[h] for h in fresh], stack, rec)
@@ -615,7 +565,7 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
                 more = more[:stack]
                 if capped:
                     scan.unsettled = len(_next_to_verify(scan, min(cfg.certify, len(head_list)), len(head_list),
-                                                         cfg.settle_above))
+                                                         cfg.settle_above, focus))
                     warnings.warn(f"auto scan stopped at max_exact={cfg.max_exact} exact heads; {scan.unsettled} unrun "
                                   f"heads could still enter the top {cfg.certify}", RuntimeWarning, stacklevel=2)
                     break
@@ -631,7 +581,7 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
 class _Screen:
     """The screening stage of ``auto``: exact runs on a spread subset of the samples (see ``ScanConfig.screen``)."""
 
-    def __init__(self, model: Model, plan: ScoringPlan, prefixes: _Prefixes) -> None:
+    def __init__(self, model: Model, plan: ScoringPlan, prefixes: Prefixes) -> None:
         self.model, self.plan, self.prefixes = model, plan, prefixes
 
     @classmethod
@@ -642,7 +592,7 @@ class _Screen:
             return None
         scan.screen_index = scan.screen_index or [int(i) for i in torch.linspace(0, n - 1, m).round().long()]
         sub = plan_scoring(model, [plan.samples[i] for i in scan.screen_index], plan.method)  # type: ignore[arg-type]
-        prefixes = _Prefixes(model, layout_chunks(model, sub, cfg.batch_size), cfg.max_prefix_bytes)
+        prefixes = Prefixes(model, layout_chunks(model, sub, cfg.batch_size), cfg.max_prefix_bytes)
         try:
             prefixes.verify()
         except ReplayMismatch:  # no fast replay for this model: screening would cost what exact runs do
@@ -659,14 +609,14 @@ class _Screen:
                 rec.bar.set_postfix_str(f"screened {len(scan.screened)} on {len(self.plan.samples)} samples")
 
 
-def _initial_exact(scan: HeadScan, cfg: ScanConfig) -> list[HeadRef]:
+def _initial_exact(scan: HeadScan, cfg: ScanConfig, focus: set[HeadRef] | None = None) -> list[HeadRef]:
     """The heads run exactly first: every unfinished head (``exact``/``naive``), the ``verify`` heads with
-    the largest estimates (``auto``), none (``attribution``)."""
+    the largest estimates (``auto``; among ``focus`` when given), none (``attribution``)."""
     if cfg.strategy in ("exact", "naive"):
         return [h for h in scan.heads if h not in scan.exact]
     if cfg.strategy != "auto":
         return []
     n = len(scan.heads)
     n_verify = default_verify(n, cfg.certify) if cfg.verify is None else min(cfg.verify, n)
-    ranked = sorted(scan.heads, key=lambda h: -scan.est_drop(h))
+    ranked = sorted((h for h in scan.heads if focus is None or h in focus), key=lambda h: -scan.est_drop(h))
     return [h for h in ranked[:n_verify] if h not in scan.exact]

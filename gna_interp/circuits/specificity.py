@@ -5,8 +5,10 @@ Removing a G&A head collapses retrieval while ordinary language modelling barely
 effect. Every scanned head therefore also gets a **control** measurement that needs no in-context
 retrieval: the rise of the LM loss on neutral prose (:class:`~gna_interp.tasks.text.NeutralText`,
 nats per token) when the head is removed the same way. The control scan is an ``auto`` scan of
-``metric="logprob"`` that settles exactly every head whose rise could pass the generic threshold,
-plus exact runs of the circuit's candidates; the other heads keep attribution estimates.
+``metric="logprob"``: attribution estimates for every head, then exact runs of the heads that can
+enter the circuit (the task scan's best-ranked ``2 * max(certify, k)``) whose rise could pass the
+generic threshold, and of the curve's top ``k``; the other heads keep their estimates
+(``control_source`` says which, and the summary marks an estimated generic label).
 
 Columns added to a circuit's frame (:func:`specificity_frame`):
 
