@@ -14,6 +14,10 @@ format             file                                        written by
 ``circuit``        ``circuit.json``                            ``Circuit.save``
 ``views``          ``views.pt`` (card patterns + segments)     ``Circuit.save``
 ``patterns``       any ``.pt``                                 ``PatternSet.save``
+``comparison``     ``compare.json``                            ``gna compare-circuits``
+``eval`` ...       ``NAME.json`` of an experiment folder       ``experiments.output.ResultFolder``
+                   (``eval``, ``prune``, ``mask``, ``sweep``,
+                   ``families``)
 =================  =========================================  ===========================
 
 ``scan.csv`` (the ranked table, for people and spreadsheets) and ``summary.md`` are written atomically
@@ -34,7 +38,7 @@ from typing import Any
 from gna_interp.errors import InputError
 
 FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 1, "views": 1, "patterns": 1,
-                                   "comparison": 1}
+                                   "comparison": 1, "eval": 1, "prune": 1, "mask": 1, "sweep": 1, "families": 1}
 
 __all__ = ["FORMAT_VERSIONS", "atomic_write", "clean_json", "read_json", "read_tensors", "write_json",
            "write_tensors"]

@@ -1,5 +1,7 @@
 """The ``gna`` command line: ``gna scan`` (the main job), ``gna compare-circuits``, ``gna models``,
-``gna patterns``, ``gna report``, ``gna zoo``. Each subcommand registers itself with :func:`command`."""
+``gna patterns``, ``gna report``, ``gna zoo``, and the paper's experiments (one module of this package
+each, e.g. ``gna_interp/cli/eval.py``). Each subcommand registers itself with :func:`command`; the
+modules of this package are imported when the parser is built."""
 
 from __future__ import annotations
 
@@ -279,7 +281,7 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shots", type=at_least(0), default=3, help="solved questions before each mc/cloze question (default 3)")
     p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=10,
                    help="dictionary lines per prompt (default 10; chosen by measurement, see docs/discovery.md)")
-    p.add_argument("--samples", type=at_least(1), default=32, help="prompts (default 32)")
+    p.add_argument("--samples", type=at_least(1), default=24, help="prompts (default 24)")
     p.add_argument("--max-value", type=at_least(1), default=9,
                    help="values are 0..MAX (default 9: one digit, so every candidate shares one forward row "
                         "even with digit-splitting tokenizers; 99 is the paper's range)")
@@ -522,11 +524,22 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _load_command_modules() -> None:
+    """Import every module of this package (``gna_interp/cli/NAME.py``): each registers its subcommands
+    with :func:`command` (the experiments of the paper live there, one module each)."""
+    import importlib
+    import pkgutil
+
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gna", description="Find and inspect Gather-and-Aggregate heads.", allow_abbrev=False)
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _load_command_modules()
     for name, (add_args, help) in _COMMANDS.items():
         add_args(sub.add_parser(name, help=help, allow_abbrev=False))  # type: ignore[arg-type]
     return parser

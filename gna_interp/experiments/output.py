@@ -1,0 +1,113 @@
+"""`ResultFolder`: how every experiment writes its output folder (table, JSON document, report page).
+
+=======================  ==================================================================
+file                     what
+=======================  ==================================================================
+``NAME.csv``             the experiment's table (one row per measured point)
+``NAME.json``            format ``NAME`` (:data:`gna_interp.store.FORMAT_VERSIONS`): settings,
+                         the table's records and anything else the experiment keeps
+``report.html``          title, notes, the figures (plotly, JS inlined) and the table
+``figures/*.png``        the figures as PNG, where kaleido + a Chromium are available
+=======================  ==================================================================
+
+Every file is written atomically; the JSON document is written last (it vouches for the others).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from gna_interp.errors import InputError
+from gna_interp.store import atomic_write, read_json, write_json
+from gna_interp.viz.export import png_export_problem, write_pngs
+from gna_interp.viz.html import figure_div, page
+
+REPORT_FILE = "report.html"
+FIGURES_DIR = "figures"
+
+__all__ = ["FIGURES_DIR", "REPORT_FILE", "ResultFolder", "records", "table_html"]
+
+
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows of ``df`` as plain JSON-able dicts (numpy scalars converted; NaN becomes null on write)."""
+    return [{str(k): (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
+            for rec in df.to_dict(orient="records")]
+
+
+def table_html(df: pd.DataFrame, digits: int = 3, max_rows: int = 200) -> str:
+    """A plain HTML table of ``df`` (floats to ``digits`` places, at most ``max_rows`` rows)."""
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    rows = []
+    for _, r in df.head(max_rows).iterrows():
+        cells = []
+        for v in r:
+            if isinstance(v, float):
+                text = "" if pd.isna(v) else f"{v:.{digits}f}"
+            else:
+                text = html.escape(str(v))
+            cells.append(f"<td>{text}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    more = f'<p class="note">{len(df) - max_rows} more rows in the CSV</p>' if len(df) > max_rows else ""
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>{more}"
+
+
+class ResultFolder:
+    """The output folder of one experiment named ``name`` (``eval``, ``prune``, ``mask``, ...).
+
+    ``ResultFolder(out, "prune").write(table, doc, title=..., figures={...}, notes=[...])`` writes
+    ``prune.csv``, ``prune.json`` (format ``prune``), ``report.html`` and the PNGs; :meth:`load` reads
+    the JSON document back.
+    """
+
+    def __init__(self, out: str | os.PathLike, name: str) -> None:
+        self.path, self.name = Path(out), name
+        if self.path.exists() and not self.path.is_dir():
+            raise InputError(f"--out {str(self.path)!r} is an existing file, not a folder; pick a folder path")
+
+    @property
+    def csv(self) -> Path:
+        return self.path / f"{self.name}.csv"
+
+    @property
+    def json(self) -> Path:
+        return self.path / f"{self.name}.json"
+
+    @property
+    def report(self) -> Path:
+        return self.path / REPORT_FILE
+
+    def write(self, table: pd.DataFrame, doc: Mapping[str, Any], *, title: str,
+              figures: Mapping[str, Any] | None = None, notes: Sequence[str] = (), sections: Sequence[str] = (),
+              png: bool = True) -> Path:
+        """Write the table, the page and the JSON document (``doc`` plus the table's records under
+        ``"table"``); return the folder. ``sections`` are extra HTML fragments placed after the figures."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.csv, table.to_csv(index=False))
+        figures = dict(figures or {})
+        body = [f'<p class="note">{html.escape(n)}</p>' for n in notes]
+        body += [figure_div(f) for f in figures.values()]
+        body += list(sections)
+        body += ["<h2>Table</h2>", table_html(table)]
+        if png and figures:
+            problem = png_export_problem()
+            if problem is None:
+                try:
+                    write_pngs(figures, self.path / FIGURES_DIR)
+                except RuntimeError as e:
+                    problem = str(e)
+            if problem:
+                body.append(f'<p class="note">PNG figures not written: {html.escape(problem)}</p>')
+        atomic_write(self.report, page(title, body, plotly=bool(figures)))
+        write_json(self.json, self.name, {**doc, "table": records(table)})
+        return self.path
+
+    def load(self) -> dict[str, Any]:
+        """The JSON document written by :meth:`write` (its table as a DataFrame under ``"frame"``)."""
+        doc = read_json(self.json, self.name)
+        doc["frame"] = pd.DataFrame(doc.get("table") or [])
+        return doc
