@@ -1,0 +1,109 @@
+"""``gna mask``: keep-only-G&A masks on a model's G&A heads (:func:`gna_interp.experiments.mask.mask_experiment`)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from gna_interp.cli import _check_out_dir, _dtype_arg, _first_default, _Lock, at_least, command, spec_text
+from gna_interp.errors import InputError
+
+
+def _offset(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'auto' nor an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 0, got {value}")
+    return value
+
+
+@command("mask", "keep-only-G&A masks: KV accuracy with the G&A heads seeing nothing, seeing only their G&A pattern "
+                 "(gather: own line; aggregate: the summary tokens), and the same for random heads; writes mask.csv, "
+                 "mask.json, report.html")
+def _mask_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=spec_text, default=None,
+                   help="model spec (default: smollm2-135m when installed, else a zoo model)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--circuit", default=None, help="a `gna scan` output folder whose heads and roles to mask "
+                                                     "(default: discover them here, saved in OUT/circuit)")
+    src.add_argument("--heads", default=None,
+                     help="heads to mask, with roles (L0H3=gather,L1H3=aggregate) or without (their role is measured)")
+    p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=None,
+                   help="dictionary lines per prompt (default: the circuit's KV task's, else 10)")
+    p.add_argument("--samples", type=at_least(1), default=48, help="evaluation prompts (default 48)")
+    p.add_argument("--max-value", type=at_least(1), default=None,
+                   help="values are 0..MAX (default: the circuit's KV task's, else 9)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="discovery task seed; the evaluation prompts use seed+1 (prompts the circuit was not found on)")
+    p.add_argument("--top-k", type=at_least(1), default=16,
+                   help="best-ranked circuit heads considered (those whose removal hurts; default 16)")
+    p.add_argument("--seeds", type=at_least(0), default=3, help="random-head draws (default 3)")
+    p.add_argument("--offset", type=_offset, default="auto",
+                   help="SSM summary offset: where an SSM head reads a line, in tokens after its last token "
+                        "(auto: measured, 0..conv width-1; attention heads always 0)")
+    p.add_argument("--renormalize", action="store_true",
+                   help="rescale masked attention rows to sum to 1 (default: keep the pattern's own weights)")
+    p.add_argument("--role-samples", type=at_least(1), default=8, help="samples the role scores are measured on")
+    p.add_argument("--scan-samples", type=at_least(1), default=24, help="discovery prompts when no circuit is given")
+    p.add_argument("--batch-size", type=at_least(1), default=16)
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
+    _dtype_arg(p)
+    p.add_argument("--out", default="gna_mask", help="output folder (default ./gna_mask)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT/mask.ckpt.json")
+    again.add_argument("--fresh", action="store_true", help="delete the checkpoint an earlier run left in OUT and "
+                                                            "start over")
+    p.add_argument("--allow-chance", action="store_true",
+                   help="run even when the intact model is near chance on the task (refused by default)")
+    p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
+    p.set_defaults(run=run_mask)
+
+
+def run_mask(args: argparse.Namespace) -> int:
+    import torch
+
+    from gna_interp.experiments.mask import checkpoint_files, mask_experiment
+    from gna_interp.models import load_model
+
+    out = Path(args.out)
+    _check_out_dir(out)
+    _Lock(out).check()
+    if args.circuit is not None and not (Path(args.circuit) / "circuit.json").is_file() \
+            and not str(args.circuit).endswith("circuit.json"):
+        raise InputError(f"--circuit {args.circuit!r} is not a `gna scan` folder (no circuit.json in it)")
+    pairs, max_value = args.pairs, args.max_value
+    if pairs is not None and max_value is not None and max_value + 1 < pairs:
+        raise InputError(f"--max-value {max_value} gives {max_value + 1} distinct values, fewer than --pairs {pairs}: "
+                         f"every line needs its own value; raise --max-value or lower --pairs")
+    stale = [f for f in checkpoint_files(out) if f.exists()]
+    if stale and not (args.resume or args.fresh):
+        raise InputError(f"{out} holds the checkpoint of an unfinished mask run ({stale[0].relative_to(out)}); "
+                         f"--resume continues it, --fresh deletes it and starts over, or pick another --out")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = args.model or _first_default()
+    print(f"loading {spec} ({args.dtype}) ...", flush=True)
+    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
+    model.check_runnable()
+    with _Lock(out):
+        try:
+            result = mask_experiment(model, circuit=args.circuit, heads=args.heads, out=out, pairs=pairs,
+                                     samples=args.samples, max_value=max_value, seed=args.seed, top_k=args.top_k,
+                                     seeds=args.seeds, offset=args.offset, renormalize=args.renormalize,
+                                     role_samples=args.role_samples, scan_samples=args.scan_samples,
+                                     batch_size=args.batch_size, allow_chance=args.allow_chance, resume=args.resume,
+                                     fresh=args.fresh, png=not args.no_png)
+        except KeyboardInterrupt:
+            again = [a for a in (args.argv or []) if a not in ("--resume", "--fresh")]
+            print(f"\ngna: interrupted; what finished is saved in {out}. Continue with:\n"
+                  f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
+            raise
+    print(result.summary())
+    print(f"wrote {out / 'mask.csv'}, {out / 'mask.json'}, {out / 'report.html'}")
+    return 0

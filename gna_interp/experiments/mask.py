@@ -1,0 +1,724 @@
+"""`mask_experiment`: keep only the Gather-and-Aggregate pattern of a model's G&A heads (the paper's
+"masking shows SSMs use G&A" experiment), for attention and SSM heads alike.
+
+Per sample, every G&A head gets a custom mask of its mixing pattern
+(:func:`~gna_interp.interventions.mask_pattern`: attention ``A ⊙ mask``, SSM ``(M ⊙ mask) x + D x``):
+
+- a **Gather** head keeps only what each dictionary line reads inside its own line
+  (``mask[q, k] = 1`` when ``k <= q`` lie in the same line; every other row sees nothing);
+- an **Aggregate** head keeps only what the decision positions (the prompt's last token and the
+  candidate tokens fed after it) read from the lines' *summary tokens* (each line's last token).
+
+Conditions, each scored on the same KV-retrieval prompts:
+
+===========================  ===================================================================
+``intact``                   no mask
+``ga_masked``                the G&A heads see nothing (all-zero mask: an attention head outputs 0,
+                             an SSM head keeps only its skip term ``D x``)
+``ga_pattern``               the G&A heads keep only their G&A pattern (the masks above)
+``ga_pattern_unshifted``     (only when some head reads the lines shifted, see below) the same
+                             masks at the literal summary tokens
+``random_masked``            as many random heads (same kinds, same roles) see nothing, per seed
+``random_pattern``           the random heads keep only the G&A pattern, per seed
+===========================  ===================================================================
+
+If the G&A heads carry retrieval, ``ga_masked`` falls to chance while ``ga_pattern`` recovers most of
+``intact``; random heads move little either way.
+
+**Where a head reads a line.** A Mamba mixer runs its ``x``, ``B`` and ``C`` through a causal
+convolution of width ``w`` before the scan, so what the scan calls position ``s`` carries tokens
+``s-w+1..s``: a line is visible at its summary token *and at the ``w-1`` tokens after it*, in this mixer
+and in the residual stream every later layer reads. Measured on the zoo Mamba-2, its layer-1
+aggregate heads read each line one token *after* its end (the next line's first token), and the zoo
+hybrid's attention aggregate heads two tokens after it; at the literal summary tokens neither selects
+the gold line. So each head reads the lines at a **summary offset** ``d`` in ``0..reach`` (:func:`reach`:
+``w - 1`` of the widest convolution up to its layer; 0 in an attention-only model): with
+``offset="auto"`` the smallest offset within :data:`OFFSET_TOLERANCE` of its best role score
+(:func:`head_scores`), or the offset given. With ``d > 0`` a line's span and summary move ``d`` tokens
+later (clipped at the prompt's end), for Gather and Aggregate masks alike, and the extra condition
+``ga_pattern_unshifted`` shows what the literal summaries give.
+
+**Which heads, which roles.** From a :class:`~gna_interp.circuits.circuit.Circuit` (``gna scan``'s
+folder, or a discovery run here): its heads (generic heads left out) among the ``top_k`` best-ranked
+whose removal hurts (``drop > 0``); a head labelled ``gather``/``aggregate`` keeps its label; a head
+labelled ``other`` is scored here and becomes an aggregate head when, at some offset, its decision row
+puts at least :data:`LEAN_AGGREGATE` of its mass on the gold summary and selects it at least
+:data:`LEAN_AGGREGATE` above chance, a gather head when its summary rows read their own line at least
+the circuit rule's ``gather_min``, and is left out otherwise. SSM patterns are smoother than attention
+patterns (the paper's point) and often fall under the circuit's labelling thresholds; this relaxed
+rule is recorded per head (``source``). Heads can also be given explicitly with roles
+(``{"L1H3": "aggregate"}``), or without roles (scored as above).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from gna_interp.circuits.circuit import Circuit, discover
+from gna_interp.circuits.roles import RoleRule, decision_inputs
+from gna_interp.errors import HeadError, InputError
+from gna_interp.experiments.output import ResultFolder, table_html
+from gna_interp.interventions.masking import mask_pattern
+from gna_interp.mixing import PatternOptions, patterns
+from gna_interp.mixing.sharpness import row_distribution
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.model import Model
+from gna_interp.store import read_json, write_json
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.kv import KVRetrieval
+from gna_interp.tasks.scoring import CandidateScores, ScoreTable, ScoringPlan, layout_chunks, plan_scoring, read_logprobs
+from gna_interp.tasks.segments import Segments, Span
+
+Role = Literal["gather", "aggregate"]
+ROLES: tuple[str, ...] = ("gather", "aggregate")
+CONDITIONS: tuple[str, ...] = ("intact", "ga_masked", "ga_pattern", "ga_pattern_unshifted", "random_masked",
+                               "random_pattern")
+COLUMNS = ["condition", "seed", "heads", "accuracy", "accuracy_se", "logit_diff", "gold_prob", "chance",
+           "n_samples"]
+SCORE_COLUMNS = ["name", "kind", "offset", "gather", "aggregate", "selectivity"]
+LEAN_AGGREGATE = 0.1
+OFFSET_TOLERANCE = 0.1
+CHECKPOINT = "mask.ckpt.json"
+CIRCUIT_DIR = "circuit"
+_LABELS = {"intact": "intact", "ga_masked": "G&A heads\nsee nothing", "ga_pattern": "G&A heads keep\nonly G&A pattern",
+           "ga_pattern_unshifted": "G&A pattern at\nliteral summaries", "random_masked": "random heads\nsee nothing",
+           "random_pattern": "random heads keep\nonly G&A pattern"}
+
+__all__ = ["CONDITIONS", "COLUMNS", "LEAN_AGGREGATE", "OFFSET_TOLERANCE", "MaskResult", "MaskedHead", "checkpoint_files",
+           "conv_width", "ga_mask", "head_scores", "mask_experiment", "mask_figure", "reach", "shifted_items"]
+
+
+@dataclass(frozen=True)
+class MaskedHead:
+    """A head of the experiment: its ``role`` (``gather``/``aggregate``), the summary ``offset`` its lines
+    are read at (0 for attention), and where the role came from (``source``: ``circuit``, ``given``,
+    ``measured``, or ``random`` for a random head standing in for a G&A head)."""
+
+    head: HeadRef
+    role: str
+    offset: int = 0
+    source: str = "given"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"head": self.head.name, "role": self.role, "offset": self.offset, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "MaskedHead":
+        return cls(HeadRef.parse(d["head"]), str(d["role"]), int(d["offset"]), str(d["source"]))
+
+    @property
+    def label(self) -> str:
+        """``L1H3:a`` (``:g`` for gather; ``+1`` appended when read at offset 1)."""
+        return f"{self.head.name}:{self.role[0]}" + (f"+{self.offset}" if self.offset else "")
+
+
+# ---- masks ---------------------------------------------------------------------------------------
+
+def shifted_items(seg: Segments, offset: int = 0) -> list[Span]:
+    """The lines of ``seg`` moved ``offset`` tokens later and clipped at the prompt's end (a line left
+    empty is dropped): where an SSM head whose convolution shifts its input reads them."""
+    if offset < 0:
+        raise InputError(f"a summary offset must be >= 0, got {offset}")
+    out = []
+    for sp in seg.items:
+        a, z = sp.start + offset, min(sp.stop + offset, seg.n_tokens)
+        if a < z:
+            out.append(Span(a, z))
+    return out
+
+
+def ga_mask(seg: Segments, role: str, width: int, pad: int = 0, offset: int = 0) -> Float[Tensor, "q k"]:
+    """The keep-only-G&A mask ``[width, width]`` of one prompt laid out behind ``pad`` padding tokens.
+
+    ``gather``: ``mask[q, k] = 1`` when ``k <= q`` lie in the same line (rows outside the lines are 0);
+    ``aggregate``: ``mask[q, k] = 1`` for every decision row ``q >= pad + final`` (the prompt's last
+    token and any candidate tokens fed after it) and every summary key ``k = pad + summary`` of a line.
+    Lines are read ``offset`` tokens later (:func:`shifted_items`).
+    """
+    if role not in ROLES:
+        raise InputError(f"unknown G&A role {role!r}; choose one of {ROLES}")
+    if pad < 0 or pad + seg.n_tokens > width:
+        raise InputError(f"a prompt of {seg.n_tokens} tokens behind {pad} padding tokens does not fit in {width} "
+                         f"positions")
+    m = torch.zeros(width, width)
+    items = shifted_items(seg, offset)
+    if role == "gather":
+        for sp in items:
+            a, z = pad + sp.start, pad + sp.stop
+            m[a:z, a:z] = torch.ones(z - a, z - a).tril()
+    else:
+        cols = torch.tensor([pad + sp.summary for sp in items], dtype=torch.long)
+        if len(cols):
+            m[pad + seg.final:, cols] = 1.0
+    return m
+
+
+def conv_width(model: Model, head: HeadRef | str) -> int:
+    """Width of the causal convolution in front of ``head``'s mixer (``conv_kernel_size`` of Mamba
+    mixers); 1 for a mixer without one (attention)."""
+    h = model.check_head(head)
+    return _conv_width(model.hf_module(model.layer_spec(h.layer, h.kind).bridge_path))
+
+
+def _conv_width(mod: Any) -> int:
+    w = getattr(mod, "conv_kernel_size", None)
+    if w is None and hasattr(mod, "conv1d"):
+        w = getattr(mod.conv1d, "kernel_size", (1,))[0]
+    return max(1, int(w or 1))
+
+
+def reach(model: Model, head: HeadRef | str) -> int:
+    """How far (in tokens) after its last token a line can be read by ``head``: ``width - 1`` of the widest
+    causal convolution among the mixers up to and including ``head``'s (0 in an attention-only model).
+    An SSM mixer's convolution carries a line into the ``width - 1`` tokens after it, and so into the
+    residual stream that later layers (an attention layer of a hybrid included) read. One convolution's
+    span, not the sum over layers: larger offsets push the last lines' summaries into the question and
+    onto the decision position itself, where every head's local mass would pass for selectivity."""
+    h = model.check_head(head)
+    widths = [_conv_width(model.hf_module(s.bridge_path)) for s in model.layers
+              if s.supported and (s.layer < h.layer or (s.layer == h.layer and s.kind == h.kind))]
+    return max(widths, default=1) - 1
+
+
+# ---- role scores at an offset ----------------------------------------------------------------------
+
+def head_scores(model: Model, task: Task, heads: Sequence[HeadRef | str], offsets: Sequence[int] | None = None,
+                n_samples: int = 8, batch_size: int = 8, form: str = "exact") -> pd.DataFrame:
+    """G&A scores of ``heads`` with the lines read at each summary offset (default: ``0..reach(head)``,
+    :func:`reach`; given ``offsets``: those, for every head). Rows: ``name, kind, offset, gather,
+    aggregate, selectivity`` (means over the first ``n_samples`` samples), where, with ``p`` the pattern
+    rows normalised to distributions of ``|A|`` and the lines shifted by the offset:
+    ``gather`` is the mass from each line's summary onto the rest of its line; ``aggregate`` the mass
+    from the decision position onto the gold line's summary token; ``selectivity`` ``(share - 1/n) /
+    (1 - 1/n)`` with ``share`` the gold summary's part of the mass on all ``n`` summaries (0: chance, 1:
+    only the gold one). These are the formulas of :mod:`gna_interp.circuits.roles` read at the summary
+    tokens (what the aggregate mask keeps) rather than over whole lines. An offset that pushes a line past
+    the prompt's end on some sample is not scored on that sample."""
+    chosen = list(dict.fromkeys(model.check_heads(list(heads))))
+    if not chosen:
+        raise InputError("no heads to score")
+    samples = list(task.samples[:n_samples])
+    segs = [s.segments(model.tokenizer) for s in samples]
+    if any(not sg.items for sg in segs):
+        raise InputError(f"task {task.name} has prompts without lines/options to score G&A roles on")
+    ranges = [list(offsets) if offsets is not None else list(range(reach(model, h) + 1)) for h in chosen]
+    all_d = sorted({d for r in ranges for d in r})
+    total = torch.zeros(len(chosen), len(all_d), 3, dtype=torch.float64)
+    count = torch.zeros(len(all_d), dtype=torch.float64)
+    fed = decision_inputs(model, samples)
+    options = PatternOptions(form=form)  # type: ignore[arg-type]
+    for b0 in range(0, len(samples), batch_size):
+        ps = patterns(model, model.pad_ids(fed[b0:b0 + batch_size]), heads=chosen, options=options)
+        for j, s in enumerate(samples[b0:b0 + batch_size]):
+            p = row_distribution(ps.sample(j, chosen).float()).cpu()
+            final = p.shape[-1] - 1
+            seg = segs[b0 + j]
+            for di, d in enumerate(all_d):
+                items = shifted_items(seg, d)
+                if len(items) != len(seg.items) or any(len(sp) != len(o) for sp, o in zip(items, seg.items)):
+                    continue  # a line pushed past the prompt's end
+                g = torch.stack([p[:, sp.summary, sp.start:sp.summary].sum(-1) for sp in items], -1).mean(-1)
+                per = p[:, final, [sp.summary for sp in items]]
+                gold = per[:, s.gold]
+                share = torch.where(per.sum(-1) > 0, gold / per.sum(-1).clamp_min(1e-12), torch.zeros_like(gold))
+                n = len(items)
+                total[:, di] += torch.stack([g, gold, (share - 1 / n) / (1 - 1 / n)], -1).double()
+                count[di] += 1
+    rows = []
+    for i, h in enumerate(chosen):
+        for di, d in enumerate(all_d):
+            if d in ranges[i] and count[di] > 0:
+                v = (total[i, di] / count[di]).tolist()
+                rows.append({"name": h.name, "kind": h.kind, "offset": d, "gather": v[0], "aggregate": v[1],
+                             "selectivity": v[2]})
+    return pd.DataFrame(rows, columns=SCORE_COLUMNS)
+
+
+def _pick(rows: pd.DataFrame, role: str | None, rule: RoleRule) -> tuple[str | None, int]:
+    """The role and offset of one head from its scores at every offset (module doc): a given role is read at
+    the smallest offset where it is within :data:`OFFSET_TOLERANCE` of its strongest (aggregate:
+    selectivity, gather: gather score); a head without one becomes an aggregate head where it qualifies
+    as one, else a gather head where it qualifies as one (same choice of offset), else ``None``."""
+    if rows.empty:
+        return role, 0
+    rows = rows.sort_values("offset")
+    agg = rows[(rows["aggregate"] >= LEAN_AGGREGATE) & (rows["selectivity"] >= LEAN_AGGREGATE)]
+    gat = rows[rows["gather"] >= rule.gather_min]
+    if role is None:
+        if len(agg):
+            role, rows = "aggregate", agg
+        elif len(gat):
+            role, rows = "gather", gat
+        else:
+            return None, 0
+    col = "selectivity" if role == "aggregate" else "gather"
+    best = float(rows[col].max())
+    near = rows[rows[col] >= best - OFFSET_TOLERANCE * abs(best)]
+    return role, int(near["offset"].iloc[0])
+
+
+def _assign(model: Model, task: Task, candidates: Sequence[tuple[HeadRef, str | None, str]], offset: int | str,
+            rule: RoleRule, role_samples: int, batch_size: int) -> tuple[list[MaskedHead], pd.DataFrame, list[str]]:
+    """Roles and offsets of the candidate heads ``(head, role or None, source)`` (module doc)."""
+    if offset != "auto" and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
+        raise InputError(f"offset must be 'auto' or an integer >= 0, got {offset!r}")
+    heads = [h for h, _, _ in candidates]
+    fixed = None if offset == "auto" else sorted({0, int(offset)})
+    scores = head_scores(model, task, heads, fixed, n_samples=role_samples, batch_size=min(batch_size, 8))
+    out: list[MaskedHead] = []
+    left: list[str] = []
+    for h, role, source in candidates:
+        mine = scores[scores["name"] == h.name]
+        if offset != "auto":
+            mine = mine[mine["offset"] == offset]
+        picked, d = _pick(mine, role, rule)
+        if picked is None:
+            left.append(h.name)
+            continue
+        out.append(MaskedHead(h, picked, d, source if role is not None else "measured"))
+    notes: list[str] = []
+    at = scores.set_index(["name", "offset"])
+    moved = [mh for mh in out if mh.offset]
+    if moved:
+        col = {"aggregate": "selectivity", "gather": "gather"}
+        notes.append("heads that read the lines after their last token (the causal convolutions of SSM mixers carry "
+                      "a line into the tokens after it), their role score at that offset vs at the literal summary: "
+                      + ", ".join(f"{mh.head.name} {mh.role} +{mh.offset} {col[mh.role]} "
+                                  f"{at.loc[(mh.head.name, mh.offset), col[mh.role]]:.2f} vs "
+                                  f"{at.loc[(mh.head.name, 0), col[mh.role]]:.2f}" for mh in moved
+                                  if (mh.head.name, 0) in at.index))
+    if left:
+        notes.append(f"left out (neither role at any offset): {', '.join(left)}")
+    return out, scores, notes
+
+
+# ---- scoring under masks ---------------------------------------------------------------------------
+
+@torch.no_grad()
+def _score(model: Model, plan: ScoringPlan, segs: Sequence[Segments], heads: Sequence[MaskedHead], mode: str,
+           batch_size: int, renormalize: bool) -> CandidateScores:
+    """Every candidate's score with ``heads`` masked: ``none`` (no mask), ``zero`` (see nothing),
+    ``pattern`` (keep-only-G&A at each head's offset) or ``unshifted`` (the same at offset 0)."""
+    table = ScoreTable(plan)
+    for chunk in layout_chunks(model, plan, batch_size, pack=False):
+        b, T = chunk.batch.ids.shape
+        pads = chunk.pad.tolist()
+        masks: dict[HeadRef, Tensor] = {}
+        if mode != "none":
+            cache: dict[tuple[str, int], Tensor] = {}
+            for mh in heads:
+                off = 0 if mode == "unshifted" else mh.offset
+                key = (mh.role, off)
+                if key not in cache:
+                    m = torch.zeros(b, T, T)
+                    if mode != "zero":
+                        for k, row in enumerate(chunk.rows):
+                            m[k] = ga_mask(segs[row.sample], mh.role, T, pads[k], off)
+                    cache[key] = m.to(model.device)
+                masks[mh.head] = cache[key]
+        with mask_pattern(model, masks, renormalize=renormalize):
+            logits = model.run_with_hooks(chunk.batch, (), logits_to_keep=T - int(chunk.read_pos.min()))
+        offset = T - logits.shape[1]
+        table.add(chunk, read_logprobs(logits[chunk.read_row, chunk.read_pos - offset], chunk.read_tok))
+    return table.result()
+
+
+def _row(condition: str, seed: int, heads: Sequence[MaskedHead], scores: CandidateScores) -> dict[str, Any]:
+    m = scores.metrics
+    n = m["n_samples"]
+    se = math.sqrt(max(m["accuracy"] * (1 - m["accuracy"]), 0.0) / n) if n else math.nan
+    return {"condition": condition, "seed": seed, "heads": ",".join(h.label for h in heads),
+            "accuracy": m["accuracy"], "accuracy_se": se, "logit_diff": m["logit_diff"],
+            "gold_prob": m["gold_prob"], "chance": m["chance"], "n_samples": n}
+
+
+# ---- result ----------------------------------------------------------------------------------------
+
+@dataclass
+class MaskResult:
+    """What :func:`mask_experiment` measured.
+
+    Attributes:
+        model: the model's name.
+        task: the evaluation task (``Task.to_dict``).
+        heads: the G&A heads with roles and offsets.
+        random: per seed, the random heads standing in for them (same kinds, roles and offsets).
+        frame: one row per condition (and seed), columns :data:`COLUMNS`.
+        scores: the offset-aware role scores of the candidate heads (:func:`head_scores`).
+        settings: the options the experiment ran with.
+        notes: sentences on how heads, roles and offsets were chosen, and the chance check.
+        circuit: where the circuit came from (a folder), or None when heads were given.
+    """
+
+    model: str
+    task: dict[str, Any]
+    heads: list[MaskedHead]
+    random: dict[int, list[MaskedHead]]
+    frame: pd.DataFrame
+    scores: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SCORE_COLUMNS))
+    settings: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    circuit: str | None = None
+
+    def to_frame(self) -> pd.DataFrame:
+        """The condition table (columns :data:`COLUMNS`)."""
+        return self.frame.copy()
+
+    def accuracy(self, condition: str) -> float:
+        """Accuracy of ``condition`` (the median over seeds for the random conditions; NaN when not run)."""
+        part = self.frame[self.frame["condition"] == condition]["accuracy"]
+        return float(part.median()) if len(part) else math.nan
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """Accuracy per condition (random: median over seeds), chance, and ``recovered``: the part of the
+        accuracy lost by masking the G&A heads that keeping their G&A pattern gives back,
+        ``(ga_pattern - ga_masked) / (intact - ga_masked)``."""
+        out = {c: self.accuracy(c) for c in CONDITIONS if c in set(self.frame["condition"])}
+        out["chance"] = float(self.frame["chance"].iloc[0]) if len(self.frame) else math.nan
+        lost = out.get("intact", math.nan) - out.get("ga_masked", math.nan)
+        out["recovered"] = (out.get("ga_pattern", math.nan) - out.get("ga_masked", math.nan)) / lost \
+            if lost > 1e-9 else math.nan
+        return out
+
+    def summary(self) -> str:
+        """A few lines: heads, each condition's accuracy, the verdict."""
+        m = self.metrics
+        lines = [f"masking on {self.model}, {self.task.get('name')} ({self.task.get('n_samples')} samples), "
+                 f"chance {m['chance']:.3f}",
+                 "G&A heads: " + ", ".join(f"{h.head.name} {h.role}" + (f" (offset {h.offset})" if h.offset else "")
+                                           + ("" if h.source == "circuit" else f" [{h.source}]") for h in self.heads)]
+        lines += [f"  {n}" for n in self.notes]
+        for c in CONDITIONS:
+            part = self.frame[self.frame["condition"] == c]
+            if part.empty:
+                continue
+            if c.startswith("random"):
+                lines.append(f"  {c:22s} accuracy {part['accuracy'].median():.3f} (median of {len(part)} seeds: "
+                             + ", ".join(f"{a:.3f}" for a in part["accuracy"]) + ")")
+            else:
+                r = part.iloc[0]
+                lines.append(f"  {c:22s} accuracy {r['accuracy']:.3f} ± {r['accuracy_se']:.3f}, logit diff "
+                             f"{r['logit_diff']:.2f}")
+        if not math.isnan(m["recovered"]):
+            lines.append(f"keeping only the G&A pattern gives back {m['recovered']:.0%} of the accuracy that masking "
+                         f"the G&A heads takes away")
+        return "\n".join(lines)
+
+    def figure(self) -> Any:
+        """The bar chart of :func:`mask_figure`."""
+        return mask_figure(self)
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"model": self.model, "task": self.task, "heads": [h.to_dict() for h in self.heads],
+                "random": {str(s): [h.to_dict() for h in hs] for s, hs in self.random.items()},
+                "scores": self.scores.to_dict(orient="records"), "settings": self.settings, "notes": self.notes,
+                "circuit": self.circuit, "metrics": self.metrics}
+
+    def save(self, out: str | os.PathLike, png: bool = True) -> Path:
+        """Write ``mask.csv``, ``mask.json``, ``report.html`` and ``figures/mask.png`` into ``out``."""
+        heads = pd.DataFrame([{**h.to_dict(), "seed": -1} for h in self.heads]
+                             + [{**h.to_dict(), "seed": s} for s, hs in self.random.items() for h in hs])
+        sections = ["<h2>Masked heads</h2>", table_html(heads)]
+        if len(self.scores):
+            sections += ["<h2>Role scores by summary offset</h2>", table_html(self.scores)]
+        return ResultFolder(out, "mask").write(
+            self.frame, self.to_doc(), title=f"Keep-only-G&A masks: {self.model}",
+            figures={"mask": self.figure()}, notes=self.summary().splitlines(), sections=sections, png=png)
+
+    @classmethod
+    def load(cls, out: str | os.PathLike) -> "MaskResult":
+        """The result saved in folder ``out`` by :meth:`save` (no model needed)."""
+        doc = ResultFolder(out, "mask").load()
+        return cls(doc["model"], doc["task"], [MaskedHead.from_dict(h) for h in doc["heads"]],
+                   {int(s): [MaskedHead.from_dict(h) for h in hs] for s, hs in doc["random"].items()},
+                   doc["frame"].reindex(columns=COLUMNS), pd.DataFrame(doc.get("scores") or [], columns=SCORE_COLUMNS),
+                   dict(doc.get("settings") or {}), list(doc.get("notes") or []), doc.get("circuit"))
+
+    def _repr_html_(self) -> str:
+        return self.figure().to_html(include_plotlyjs="cdn", full_html=False)
+
+
+def mask_figure(result: MaskResult) -> Any:
+    """Plotly bars: accuracy per condition (random conditions: median over seeds, each seed a dot), with
+    binomial standard errors and the chance level dashed."""
+    import plotly.graph_objects as go
+
+    df = result.frame
+    order = [c for c in CONDITIONS if c in set(df["condition"])]
+    colors = {"intact": "#2c7fb8", "ga_masked": "#c0392b", "ga_pattern": "#27ae60", "ga_pattern_unshifted": "#a3d9a5",
+              "random_masked": "#95a5a6", "random_pattern": "#bdc3c7"}
+    x = [_LABELS[c].replace("\n", "<br>") for c in order]
+    acc = [float(df[df["condition"] == c]["accuracy"].median()) for c in order]
+    se = [float(df[df["condition"] == c]["accuracy_se"].median()) for c in order]
+    fig = go.Figure(go.Bar(x=x, y=acc, error_y=dict(type="data", array=se), marker_color=[colors[c] for c in order],
+                           name="accuracy", hovertext=[str(df[df["condition"] == c]["heads"].iloc[0]) for c in order]))
+    for xi, a, e in zip(x, acc, se):
+        fig.add_annotation(x=xi, y=a + (0 if math.isnan(e) else e) + 0.02, text=f"{a:.2f}", showarrow=False,
+                           yanchor="bottom")
+    for c in order:
+        part = df[df["condition"] == c]
+        if c.startswith("random"):
+            fig.add_trace(go.Scatter(x=[_LABELS[c].replace("\n", "<br>")] * len(part), y=part["accuracy"],
+                                     mode="markers", marker=dict(color="#333", size=7), name="one random draw",
+                                     showlegend=c == "random_masked", hovertext=list(part["heads"])))
+    chance = result.metrics["chance"]
+    fig.add_hline(y=chance, line=dict(color="#888", dash="dash"), annotation_text=f"chance {chance:.2f}",
+                  annotation_position="top right")
+    heads = ", ".join(h.label for h in result.heads)
+    fig.update_layout(title=dict(text=f"Keep-only-G&A masks on {result.model}: KV accuracy<br><sup>G&A heads {heads}"
+                                      f"</sup>"),
+                      yaxis=dict(title="accuracy", range=[0, 1.12]), height=480, template="plotly_white",
+                      showlegend=False, margin=dict(t=90))
+    return fig
+
+
+# ---- the experiment ----------------------------------------------------------------------------------
+
+def _parse_heads(model: Model, heads: Any) -> list[tuple[HeadRef, str | None, str]]:
+    """``{head: role}``, a list of heads, or ``"L1H3=aggregate,L0H3"``: ``(head, role or None, "given")``."""
+    if isinstance(heads, Mapping):
+        items = list(heads.items())
+    else:
+        if isinstance(heads, str):
+            parts = [p.strip() for p in heads.split(",") if p.strip()]
+        else:
+            parts = list(heads)
+        items = []
+        for p in parts:
+            if isinstance(p, str) and "=" in p:
+                name, _, role = p.partition("=")
+                items.append((name.strip(), role.strip()))
+            else:
+                items.append((p, None))
+    if not items:
+        raise InputError("no heads given; name some, e.g. 'L0H3=gather,L1H3=aggregate'")
+    out = []
+    for name, role in items:
+        h = model.check_head(name)
+        if role is not None and role not in ROLES:
+            raise InputError(f"{h.name}={role!r}: unknown role; use gather or aggregate (or no role: it is measured)")
+        out.append((h, role, "given" if role else "measured"))
+    dup = [h.name for h, _, _ in out if sum(o[0] == h for o in out) > 1]
+    if dup:
+        raise HeadError(f"{dup[0]} is given twice")
+    return out
+
+
+def _from_circuit(circuit: Circuit, top_k: int) -> list[tuple[HeadRef, str | None, str]]:
+    df = circuit.to_frame()
+    if "circuit_rank" in df:
+        df = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
+    df = df[df["drop"] > 0].head(top_k)
+    return [(HeadRef.parse(r["name"]), r["role"] if r["role"] in ROLES else None,
+             "circuit" if r["role"] in ROLES else "measured") for _, r in df.iterrows()]
+
+
+def _random_heads(model: Model, ga: Sequence[MaskedHead], pool: Sequence[HeadRef], seed: int) -> list[MaskedHead]:
+    """One random head per G&A head: same kind and width, not a G&A head, drawn without replacement."""
+    taken = {h.head for h in ga}
+    rng = random.Random(f"gna-mask-random-{seed}")
+    out = []
+    for mh in ga:
+        options = [h for h in pool if h.kind == mh.head.kind and h.width == mh.head.width and h not in taken]
+        if not options:  # e.g. a Mamba-1 channel while the pool holds channel groups: every head of its size
+            options = [h for h in model.heads(mh.head.kind, channel_group=mh.head.width)
+                       if h.width == mh.head.width and h not in taken]
+        if not options:
+            raise InputError(f"no {mh.head.kind} head left to stand in for {mh.head.name} at random ({len(ga)} G&A "
+                             f"heads of {len(pool)}); use fewer G&A heads (top_k) or seeds=0")
+        h = rng.choice(sorted(options, key=lambda r: (r.layer, r.head)))
+        taken.add(h)
+        out.append(MaskedHead(h, mh.role, mh.offset, "random"))
+    return out
+
+
+def _settings_key(settings: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k not in ("progress", "png")}
+
+
+def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | None = None,
+                    heads: Mapping[Any, str] | Sequence[Any] | str | None = None, *,
+                    out: str | os.PathLike | None = None, pairs: int | None = None, samples: int = 48,
+                    max_value: int | None = None, seed: int = 0, top_k: int = 16, seeds: int = 3,
+                    offset: int | str = "auto", renormalize: bool = False, role_samples: int = 8,
+                    scan_samples: int = 24, batch_size: int = 16, allow_chance: bool = False, resume: bool = False,
+                    fresh: bool = False, progress: bool = True, png: bool = True) -> MaskResult:
+    """Score KV retrieval with the G&A heads masked fully, masked down to their G&A pattern, and the same
+    for random heads (see the module doc for masks, roles and offsets).
+
+    Args:
+        model: a loaded :class:`Model` or a model spec.
+        circuit: a :class:`Circuit` or a ``gna scan`` folder whose heads and roles to use; with neither
+            ``circuit`` nor ``heads``, :func:`~gna_interp.circuits.circuit.discover` runs on a KV task of
+            ``scan_samples`` prompts (seed ``seed``) and its circuit is saved in ``out/circuit``.
+        heads: instead of a circuit: ``{head: role}``, heads without roles (measured), or
+            ``"L0H3=gather,L1H3=aggregate"``.
+        out: folder for ``mask.csv``, ``mask.json``, ``report.html``, ``figures/``; conditions are
+            checkpointed in ``out/mask.ckpt.json`` as they finish.
+        pairs, max_value, samples: the evaluation task, ``KVRetrieval(pairs, samples, seed + 1,
+            max_value=max_value)`` -- prompts the circuit was not found on. ``pairs`` and ``max_value``
+            default to the circuit's KV task's, else 10 and 9.
+        top_k: best-ranked circuit heads considered; seeds: random draws; offset: ``"auto"`` or the SSM
+            summary offset; renormalize: attention rows rescaled to sum to 1 after masking.
+        role_samples: samples the role scores are measured on (the circuit's task, or the discovery task).
+        allow_chance: run even when the intact model is near chance on the task (refused otherwise).
+        resume, fresh: continue from ``out``'s checkpoint, or delete it and start over (a checkpoint is
+            never reused or thrown away silently).
+    """
+    from gna_interp.models import load_model
+
+    if isinstance(model, str):
+        model = load_model(model)
+    model.check_runnable()
+    for name, v, lo in (("samples", samples, 1), ("top_k", top_k, 1), ("seeds", seeds, 0),
+                        ("role_samples", role_samples, 1), ("scan_samples", scan_samples, 1),
+                        ("batch_size", batch_size, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if circuit is not None and heads is not None:
+        raise InputError("give a circuit or heads, not both")
+    folder = Path(out) if out is not None else None
+    ckpt = folder / CHECKPOINT if folder is not None else None
+    if resume and fresh:
+        raise InputError("resume and fresh exclude each other")
+    stale = [f for f in checkpoint_files(folder) if f.exists()] if folder is not None else []
+    if stale and not (resume or fresh):
+        raise InputError(f"{folder} holds the checkpoint of an unfinished mask run ({stale[0].relative_to(folder)}); "
+                         f"--resume continues it, --fresh deletes it and starts over, or pick another --out")
+    notes: list[str] = []
+    source: str | None = None
+    given = _parse_heads(model, heads) if heads is not None else None
+    if isinstance(circuit, (str, os.PathLike)):
+        source = str(circuit)
+        circuit = Circuit.load(circuit)
+    kv_args = (circuit.task.get("args") or {}) if circuit is not None and circuit.task.get("kind") == "kv" else {}
+    pairs = pairs if pairs is not None else int(kv_args.get("n_pairs", 10))
+    max_value = max_value if max_value is not None else int(kv_args.get("max_value", 9))
+    if max_value + 1 < pairs:
+        raise InputError(f"max_value {max_value} gives {max_value + 1} distinct values, fewer than pairs {pairs}: "
+                         f"every line needs its own value; raise max_value or lower pairs")
+    if fresh:
+        for f in stale:
+            f.unlink()
+    words = model.kv_words
+    if given is None and circuit is None:
+        saved = folder / CIRCUIT_DIR if folder is not None else None
+        if saved is not None and resume and (saved / "circuit.json").exists():
+            circuit = Circuit.load(saved)
+            notes.append(f"circuit from the earlier discovery in {saved}")
+        else:
+            scan_task = KVRetrieval(pairs, scan_samples, seed=seed, max_value=max_value, words=words)
+            if progress:
+                print(f"no circuit given: discovering on {scan_task.name} ({scan_samples} samples, seed {seed}) ...",
+                      flush=True)
+            circuit = discover(model, scan_task, checkpoint=saved / "scan.ckpt.json" if saved else None,
+                               progress=progress, allow_chance=allow_chance, batch_size=batch_size)
+            if saved is not None:
+                circuit.save(saved)
+            notes.append(f"circuit discovered here on {scan_task.name} ({scan_samples} samples, seed {seed})"
+                         + (f", saved in {saved}" if saved is not None else ""))
+        source = str(saved) if saved is not None else None
+    if circuit is not None:
+        if circuit.model != model.name:
+            notes.append(f"the circuit was found on {circuit.model}; this run uses {model.name}")
+        role_task = circuit.load_task()
+        if not all(s.spans.items for s in role_task.samples[:role_samples]):
+            role_task = KVRetrieval(pairs, role_samples, seed=seed, max_value=max_value, words=words)
+        candidates = _from_circuit(circuit, top_k)
+        pool = list(circuit.scan.heads)
+        rule = circuit.rule
+        if not candidates:
+            raise InputError(f"the circuit has no head among its top {top_k} whose removal hurts the task "
+                             f"(drop > 0); nothing to mask")
+    else:
+        assert given is not None
+        role_task = KVRetrieval(pairs, role_samples, seed=seed, max_value=max_value, words=words)
+        candidates, pool, rule = given, model.default_heads(), RoleRule()
+    ga, scores, role_notes = _assign(model, role_task, candidates, offset, rule, role_samples, batch_size)
+    notes += role_notes
+    if not ga:
+        raise InputError(f"none of the heads {[h.name for h, _, _ in candidates]} has a G&A role (gather or "
+                         f"aggregate), labelled or measured; name heads with roles, e.g. heads='L0H3=gather,"
+                         f"L1H3=aggregate' (gna mask --heads)")
+    random_heads = {s: _random_heads(model, ga, pool, s) for s in range(seeds)}
+    task = KVRetrieval(pairs, samples, seed=seed + 1, max_value=max_value, words=words)
+    plan = plan_scoring(model, task.samples)
+    segs = [s.segments(model.tokenizer) for s in task.samples]
+    for i, (sg, ids) in enumerate(zip(segs, plan.prompt_ids)):
+        if sg.n_tokens != len(ids):
+            raise InputError(f"sample {i}: the segment annotation has {sg.n_tokens} tokens but the prompt tokenizes "
+                             f"to {len(ids)}; cannot place the masks")
+    settings = {"model": model.name, "task": task.to_dict(), "heads": [h.to_dict() for h in ga],
+                "random": {str(s): [h.to_dict() for h in hs] for s, hs in random_heads.items()},
+                "renormalize": renormalize, "batch_size": batch_size, "circuit": source}
+    conditions: list[tuple[str, int, list[MaskedHead], str]] = [
+        ("intact", -1, [], "none"), ("ga_masked", -1, ga, "zero"), ("ga_pattern", -1, ga, "pattern")]
+    if any(h.offset for h in ga):
+        conditions.append(("ga_pattern_unshifted", -1, ga, "unshifted"))
+    for s, hs in random_heads.items():
+        conditions += [("random_masked", s, hs, "zero"), ("random_pattern", s, hs, "pattern")]
+    rows: dict[str, dict[str, Any]] = {}
+    if ckpt is not None and resume and ckpt.exists():
+        state = read_json(ckpt, "mask")
+        if state.get("settings") != _settings_key(settings):
+            raise InputError(f"{ckpt} belongs to a run with other settings (model, heads, task or masks differ); "
+                             f"--fresh starts over, or pick another --out")
+        rows = {r["key"]: r["row"] for r in state.get("rows", [])}
+    started = time.perf_counter()
+    bar = tqdm(conditions, desc="mask conditions", unit="condition", disable=not progress)
+    for name, s, hs, mode in bar:
+        key = f"{name}:{s}"
+        if key in rows:
+            continue
+        bar.set_postfix_str(name + (f" seed {s}" if s >= 0 else ""))
+        rows[key] = _row(name, s, hs, _score(model, plan, segs, hs, mode, batch_size, renormalize))
+        if key == "intact:-1":
+            _check_chance(rows[key], task, allow_chance, notes)
+        if ckpt is not None:
+            write_json(ckpt, "mask", {"partial": True, "settings": _settings_key(settings),
+                                      "rows": [{"key": k, "row": r} for k, r in rows.items()]})
+    bar.close()
+    if "intact:-1" in rows and not any("intact model" in n for n in notes):
+        _check_chance(rows["intact:-1"], task, allow_chance, notes)
+    frame = pd.DataFrame([rows[f"{n}:{s}"] for n, s, _, _ in conditions], columns=COLUMNS)
+    settings.update(samples=samples, pairs=pairs, max_value=max_value, seed=seed, top_k=top_k, seeds=seeds,
+                    offset=offset, role_samples=role_samples, seconds=round(time.perf_counter() - started, 2))
+    result = MaskResult(model.name, task.to_dict(), ga, random_heads, frame, scores, settings, notes, source)
+    if folder is not None:
+        result.save(folder, png=png)
+        if ckpt is not None and ckpt.exists():
+            ckpt.unlink()
+    return result
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The checkpoints a mask run may leave in ``folder``: its own and its discovery's."""
+    return [folder / CHECKPOINT, folder / CIRCUIT_DIR / "scan.ckpt.json", folder / CIRCUIT_DIR / "scan.ckpt.control.json"]
+
+
+def _check_chance(row: Mapping[str, Any], task: Task, allow_chance: bool, notes: list[str]) -> None:
+    """Refuse (or note, with ``allow_chance``) an intact model within two standard errors (>= 0.05) of
+    chance: masking cannot show how a model retrieves when it does not (``check_solvable``'s margin)."""
+    acc, chance, n = row["accuracy"], task.chance, len(task)
+    margin = max(0.05, 2 * math.sqrt(chance * (1 - chance) / n))
+    line = f"intact model: accuracy {acc:.3f} on {task.name} ({n} samples), chance {chance:.3f}, margin {margin:.3f}"
+    if acc <= chance + margin:
+        if not allow_chance:
+            raise InputError(f"the model is at chance on {task.name}: {line}; masking cannot show how it retrieves. "
+                             f"Use fewer pairs, or allow_chance=True (gna mask --allow-chance)")
+        line += " -- NEAR CHANCE: the conditions below say nothing about retrieval"
+    notes.append(line)
+
