@@ -1,0 +1,127 @@
+"""``gna eval``: lm-evaluation-harness benchmarks intact, with heads removed and with random heads removed
+(:func:`gna_interp.experiments.eval.eval_heads`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+from gna_interp.cli import _check_out_dir, _dtype_arg, _first_default, _Lock, at_least, command, spec_text
+from gna_interp.errors import InputError
+
+
+def _limit(text: str) -> float:
+    """An argparse ``type`` for ``--limit``: documents a task (an integer >= 1) or a fraction in (0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0 or (value >= 1 and value != int(value)):
+        raise argparse.ArgumentTypeError(f"must be a whole number of documents >= 1 or a fraction in (0, 1), got {text}")
+    return int(value) if value >= 1 else value
+
+
+@command("eval", "run lm-evaluation-harness benchmarks intact, with G&A heads removed and with random heads removed; "
+                 "writes eval.csv, eval_summary.csv, eval.json, report.html")
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=spec_text, default=None,
+                   help="model spec (default: the circuit's model with --circuit, else smollm2-135m when installed, "
+                        "else a zoo model)")
+    p.add_argument("--tasks", required=True,
+                   help="comma-separated lm-eval tasks, groups or tags (mmlu, gsm8k, lambada_openai, bbh, ...) or "
+                        "local YAML tasks found under --include-path")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--ablate", default=None, metavar="HEADS", help="heads to remove, e.g. L16H0,L18H6")
+    which.add_argument("--circuit", default=None, metavar="DIR",
+                       help="a `gna scan` output folder: its --top-k best-ranked heads are removed (default, with "
+                            "neither: the circuit is discovered first on KV retrieval with gna scan's defaults)")
+    p.add_argument("--top-k", type=at_least(1), default=5, help="circuit heads removed (default 5)")
+    p.add_argument("--random-k", type=at_least(0), default=None,
+                   help="random heads removed per seed (default: as many as removed; 0: no random condition)")
+    p.add_argument("--seeds", type=at_least(1), default=3, help="random draws (default 3)")
+    p.add_argument("--method", default="zero", choices=["zero", "mean"],
+                   help="ablation: zero (the paper's) or mean (each head's mean output over neutral prose)")
+    p.add_argument("--limit", type=_limit, default=None,
+                   help="documents per task (or a fraction < 1), as lm-eval's --limit; for quick runs")
+    p.add_argument("--num-fewshot", type=at_least(0), default=None, help="few-shot examples (default: the task's)")
+    p.add_argument("--include-path", action="append", default=None, metavar="DIR",
+                   help="folder of local lm-eval task YAML files (repeatable); e.g. tests/data/eval_tasks")
+    p.add_argument("--batch-size", type=at_least(1), default=16, help="sequences per forward (default 16)")
+    p.add_argument("--max-gen-toks", type=at_least(1), default=256,
+                   help="new tokens of a generation when the task sets none (default 256)")
+    p.add_argument("--bootstrap-iters", type=at_least(0), default=100000,
+                   help="lm-eval's bootstrap iterations for standard errors of non-mean metrics (default 100000)")
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
+    _dtype_arg(p)
+    p.add_argument("--out", default="gna_eval", help="output folder (default ./gna_eval)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="reuse the conditions an earlier run into --out finished (DIR/conditions/*.json)")
+    again.add_argument("--fresh", action="store_true",
+                       help="delete the finished conditions an earlier run left in --out and start over")
+    p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
+    p.set_defaults(run=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from gna_interp.experiments.eval import CIRCUIT_DIR, CONDITIONS_DIR, eval_heads, resolve_tasks
+    from gna_interp.experiments.harness import require_lm_eval
+
+    require_lm_eval()
+    if not args.debug:  # lm-eval logs every task's set-up at WARNING; --debug shows it
+        logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    out = Path(args.out)
+    _check_out_dir(out)
+    _Lock(out).check()
+    done = sorted((out / CONDITIONS_DIR).glob("*.json")) if (out / CONDITIONS_DIR).is_dir() else []
+    if done and not (args.resume or args.fresh):
+        raise InputError(f"{out} holds {len(done)} finished condition(s) of an earlier gna eval ({out / CONDITIONS_DIR}); "
+                         f"--resume reuses them, --fresh deletes them and starts over, or pick another --out")
+    circuit_doc = None
+    if args.circuit is not None:
+        d = Path(args.circuit)
+        if not d.is_dir():
+            raise InputError(f"--circuit {args.circuit!r} is not a folder; pass a `gna scan` output folder")
+        if not (d / "circuit.json").is_file():
+            raise InputError(f"--circuit {args.circuit!r} holds no circuit.json; pass a `gna scan` output folder "
+                             f"(gna scan --model M --out DIR)")
+        from gna_interp.circuits import Circuit
+
+        circuit_doc = Circuit.load(d)
+    names, _ = resolve_tasks(args.tasks, args.include_path)  # an unknown task fails before the model loads
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from gna_interp.models import load_model
+
+    spec = args.model or (circuit_doc.model if circuit_doc is not None else _first_default())
+    print(f"loading {spec} ({args.dtype}) ...", flush=True)
+    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
+    model.check_runnable()
+    if args.ablate is not None:
+        model.check_heads(args.ablate)  # heads out of range fail before any benchmark runs
+    with _Lock(out):
+        if args.fresh:
+            for f in done:
+                f.unlink()
+            stale = out / CIRCUIT_DIR / "scan.ckpt.json"
+            stale.unlink(missing_ok=True)
+        try:
+            result = eval_heads(model, names, heads=args.ablate, circuit=args.circuit, top_k=args.top_k,
+                                random_k=args.random_k, seeds=args.seeds, limit=args.limit, out=out,
+                                method=args.method, include_path=args.include_path, num_fewshot=args.num_fewshot,
+                                batch_size=args.batch_size, max_gen_toks=args.max_gen_toks,
+                                bootstrap_iters=args.bootstrap_iters, resume=args.resume, png=not args.no_png)
+        except KeyboardInterrupt:
+            again = [a for a in (args.argv or []) if a not in ("--resume", "--fresh")]
+            print(f"\ngna: interrupted; finished conditions are saved in {out / CONDITIONS_DIR}. Continue with:\n"
+                  f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
+            raise
+    print()
+    print(result.format_table())
+    print(f"wrote {out / 'eval.csv'}, {out / 'eval_summary.csv'}, {out / 'eval.json'}, {out / 'report.html'}")
+    return 0

@@ -1,0 +1,504 @@
+"""`eval_heads`: standard benchmarks (lm-evaluation-harness) with heads removed -- the paper's table.
+
+The paper's evidence that G&A heads are a retrieval bottleneck and not generic machinery: remove a
+handful of them and MMLU (letter answers: retrieval of the right option) falls to chance while knowledge
+benchmarks barely move; remove as many random heads and nothing happens. :func:`eval_heads` runs that
+comparison on any benchmark lm-eval knows (``mmlu``, ``gsm8k``, ``lambada_openai``, ``bbh``, a local YAML
+task), one lm-eval run per *condition*, each through :class:`~gna_interp.experiments.harness.GnaLM`:
+
+=============  =====================================================================================
+condition      heads ablated in every forward
+=============  =====================================================================================
+``intact``     none
+``removed``    the given heads, or a circuit's ``top_k`` best-ranked heads (``gna scan``); with
+               neither, the circuit is discovered first on KV retrieval (``gna scan``'s defaults)
+``random``     ``random_k`` heads (default: as many as removed) drawn at random, once per seed, from the
+               scanned heads (the model's heads when no circuit is given) other than the removed ones;
+               seed ``s`` takes the first ``random_k`` heads of the order the scan's ablation curve uses
+               for its random draw ``s``
+=============  =====================================================================================
+
+Output (``out=DIR``, :class:`~gna_interp.experiments.output.ResultFolder` ``eval``):
+
+=======================  ========================================================================
+``eval.csv``             one row per condition, seed, task and metric: ``condition, seed, task,
+                         metric, filter, value, stderr, n_samples, higher_is_better, n_heads, heads``
+``eval_summary.csv``     the paper's table, one row per task and metric: ``intact``, ``removed``
+                         (each with its lm-eval standard error ``*_stderr``), ``random_mean``,
+                         ``random_std`` (spread over seeds), ``random_min``, ``random_max``,
+                         ``random_stderr`` (mean of the seeds' standard errors), ``random_seeds``
+``eval.json``            settings, heads, both tables (format ``eval``)
+``report.html``          the bar chart and the table; ``figures/eval.png`` where export works
+``conditions/*.json``    each finished condition's lm-eval metrics: a rerun with ``resume=True``
+                         skips the conditions whose file was made with the same settings
+``circuit/``             the circuit discovered when neither heads nor a circuit were given
+=======================  ========================================================================
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from gna_interp.errors import InputError
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.model import Model
+from gna_interp.store import atomic_write, read_json, write_json
+
+__all__ = ["CONDITIONS", "SUMMARY_COLUMNS", "TABLE_COLUMNS", "EvalResult", "eval_figure", "eval_heads",
+           "metric_rows", "resolve_tasks", "summarize"]
+
+CONDITIONS: tuple[str, ...] = ("intact", "removed", "random")
+TABLE_COLUMNS = ["condition", "seed", "task", "metric", "filter", "value", "stderr", "n_samples", "higher_is_better",
+                 "n_heads", "heads"]
+SUMMARY_COLUMNS = ["task", "metric", "filter", "intact", "intact_stderr", "removed", "removed_stderr", "random_mean",
+                   "random_std", "random_min", "random_max", "random_stderr", "random_seeds"]
+SUMMARY_FILE = "eval_summary.csv"
+CONDITIONS_DIR = "conditions"
+CIRCUIT_DIR = "circuit"
+
+
+@dataclass
+class EvalResult:
+    """Result of :func:`eval_heads`.
+
+    Attributes:
+        model: the model's name; ``tasks`` the benchmark names asked for.
+        table: one row per condition, seed, task (subtasks of a group included) and metric
+            (:data:`TABLE_COLUMNS`).
+        heads: the removed heads; ``random_heads[s]`` the heads of random draw ``s``.
+        settings: what the runs depended on (limit, few-shot, method, lm-eval version, ...).
+        notes: sentences about how the heads were chosen.
+        seconds: wall time of each condition (``intact``, ``removed``, ``random-0``, ...; 0 when resumed).
+    """
+
+    model: str
+    tasks: list[str]
+    table: pd.DataFrame
+    heads: list[str]
+    random_heads: list[list[str]]
+    settings: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_frame(self) -> pd.DataFrame:
+        """The long table (:data:`TABLE_COLUMNS`)."""
+        return self.table
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        """The paper's table (:data:`SUMMARY_COLUMNS`) for the tasks asked for (groups, not their subtasks)."""
+        return summarize(self.table, self.tasks)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """``{"TASK/METRIC/CONDITION": value}`` of the summary (``random``: the mean over seeds)."""
+        out = {}
+        for _, r in self.summary.iterrows():
+            key = f"{r['task']}/{r['metric']}" + (f",{r['filter']}" if r["filter"] != "none" else "")
+            out.update({f"{key}/intact": r["intact"], f"{key}/removed": r["removed"],
+                        f"{key}/random": r["random_mean"]})
+        return out
+
+    def format_table(self, digits: int = 3) -> str:
+        """The summary as aligned text: value ± standard error per condition; random: mean [min, max] over seeds."""
+        s = self.summary
+        n_rand = int(s["random_seeds"].max()) if len(s) and s["random_seeds"].notna().any() else 0
+        k = len(self.heads)
+        rk = len(self.random_heads[0]) if self.random_heads else 0
+        head = ["task", "metric", "intact", f"{k} heads removed"]
+        if n_rand:
+            head.append(f"{rk} random removed ({n_rand} seed{'s' * (n_rand > 1)})")
+
+        def pm(v: float, se: float) -> str:
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                return "-"
+            return f"{v:.{digits}f}" + ("" if se is None or math.isnan(se) else f" ± {se:.{digits}f}")
+
+        rows = [head]
+        for _, r in s.iterrows():
+            metric = r["metric"] + ("" if r["filter"] == "none" else f" ({r['filter']})")
+            row = [r["task"], metric, pm(r["intact"], r["intact_stderr"]), pm(r["removed"], r["removed_stderr"])]
+            if n_rand:
+                spread = "" if r["random_seeds"] < 2 else f" [{r['random_min']:.{digits}f}, {r['random_max']:.{digits}f}]"
+                row.append(f"{r['random_mean']:.{digits}f}{spread}" if not math.isnan(r["random_mean"]) else "-")
+            rows.append(row)
+        width = [max(len(x[c]) for x in rows) for c in range(len(head))]
+        lines = ["  ".join(x[c].ljust(width[c]) for c in range(len(head))) for x in rows]
+        lines.insert(1, "  ".join("-" * w for w in width))
+        lines.append(f"removed: {', '.join(self.heads)}")
+        for s_, hs in enumerate(self.random_heads):
+            lines.append(f"random seed {s_}: {', '.join(hs)}")
+        return "\n".join(lines)
+
+    def figure(self) -> Any:
+        """The bar chart (:func:`eval_figure`)."""
+        return eval_figure(self)
+
+    def save(self, out: str | Path, png: bool = True) -> Path:
+        """Write the result folder (see the module docstring); return it."""
+        from gna_interp.experiments.output import ResultFolder, records, table_html
+
+        folder = ResultFolder(out, "eval")
+        summary = self.summary
+        folder.path.mkdir(parents=True, exist_ok=True)
+        atomic_write(folder.path / SUMMARY_FILE, summary.to_csv(index=False))
+        doc = {"model": self.model, "tasks": self.tasks, "heads": self.heads, "random_heads": self.random_heads,
+               "settings": self.settings, "notes": self.notes, "seconds": self.seconds,
+               "summary": records(summary)}
+        notes = [f"{self.model}: {', '.join(self.tasks)} through lm-evaluation-harness {self.settings.get('lm_eval')}; "
+                 f"{self.settings.get('method')} ablation of {len(self.heads)} heads ({', '.join(self.heads)})"
+                 + (f" against {len(self.random_heads)} random draws of {len(self.random_heads[0])} heads"
+                    if self.random_heads else "") + "."] + list(self.notes)
+        if self.settings.get("limit") is not None:
+            notes.append(f"limit {self.settings['limit']}: only the first documents of each task were evaluated.")
+        sections = ["<h2>Summary</h2>", table_html(summary)]
+        return folder.write(self.table, doc, title=f"{self.model}: benchmarks with heads removed",
+                            figures={"eval": self.figure()}, notes=notes, sections=sections, png=png)
+
+    @classmethod
+    def load(cls, out: str | Path) -> "EvalResult":
+        """Read a folder written by :meth:`save`."""
+        from gna_interp.experiments.output import ResultFolder
+
+        doc = ResultFolder(out, "eval").load()
+        table = doc["frame"].reindex(columns=TABLE_COLUMNS)
+        return cls(doc["model"], list(doc["tasks"]), table, list(doc["heads"]),
+                   [list(h) for h in doc.get("random_heads") or []], dict(doc.get("settings") or {}),
+                   list(doc.get("notes") or []), dict(doc.get("seconds") or {}))
+
+
+def resolve_tasks(tasks: str | Sequence[str], include_path: str | Path | Sequence[str | Path] | None = None) -> tuple[list[str], Any]:
+    """Task names (``"mmlu,gsm8k"`` or a list) checked against lm-eval's index, and the ``TaskManager``
+    that knows them. Local YAML tasks under ``include_path`` are looked up first (without indexing
+    lm-eval's ~15,000 built-in tasks when they are all local); an unknown name raises
+    :class:`InputError` listing the closest names."""
+    from gna_interp.experiments.harness import require_lm_eval
+
+    require_lm_eval()
+    from lm_eval.tasks import TaskManager
+
+    names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t and t.strip()]
+    if not names:
+        raise InputError("no task given: name lm-eval tasks, e.g. --tasks mmlu,gsm8k, or local ones with --include-path")
+    paths = [include_path] if isinstance(include_path, (str, Path)) else list(include_path or [])
+    for p in paths:
+        if not Path(p).is_dir():
+            raise InputError(f"--include-path {str(p)!r} is not a folder; point it at a folder of lm-eval task YAML files")
+    if paths:
+        local = TaskManager(include_path=[str(p) for p in paths], include_defaults=False)
+        if all(n in local.all_tasks for n in names):
+            return names, local
+    manager = _full_manager(tuple(str(p) for p in paths))
+    known = set(manager.all_tasks)
+    for n in names:
+        if n not in known:
+            close = difflib.get_close_matches(n, manager.all_tasks, n=6, cutoff=0.6)
+            hint = f"; close: {', '.join(close)}" if close else ""
+            where = f" or under --include-path {', '.join(map(str, paths))}" if paths else \
+                " (local YAML tasks: pass their folder with --include-path)"
+            raise InputError(f"unknown task {n!r}: lm-eval has no task, group or tag of that name{where}{hint}")
+    return names, manager
+
+
+@functools.lru_cache(maxsize=4)
+def _full_manager(paths: tuple[str, ...]) -> Any:
+    """lm-eval's task index with its built-in tasks (and ``paths``): built once per process (it parses ~15,000
+    YAML files, tens of seconds on a small machine)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(paths) or None)
+
+
+def metric_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per task and metric of an lm-eval ``simple_evaluate`` result: ``task, metric, filter, value,
+    stderr, n_samples, higher_is_better`` (a standard error lm-eval does not give is NaN)."""
+    rows = []
+    for task, res in (results.get("results") or {}).items():
+        n = (results.get("n-samples") or {}).get(task, {})
+        better = (results.get("higher_is_better") or {}).get(task, {})
+        for key, value in res.items():
+            if "," not in key or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            metric, filt = key.split(",", 1)
+            if metric.endswith("_stderr"):
+                continue
+            se = res.get(f"{metric}_stderr,{filt}")
+            rows.append({"task": task, "metric": metric, "filter": filt, "value": float(value),
+                         "stderr": float(se) if isinstance(se, (int, float)) else math.nan,
+                         "n_samples": n.get("effective", n.get("original")) if isinstance(n, dict) else None,
+                         "higher_is_better": better.get(metric)})
+    return rows
+
+
+def summarize(table: pd.DataFrame, tasks: Sequence[str] | None = None) -> pd.DataFrame:
+    """The paper's table from the long table: per task and metric the intact and removed values with
+    their standard errors, and the random draws' mean, spread (std over seeds), min, max and mean standard
+    error (:data:`SUMMARY_COLUMNS`). ``tasks``: keep these tasks when the table has them (a group's
+    row, not its subtasks')."""
+    if table.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    df = table
+    if tasks:
+        keep = df["task"].isin(list(tasks))
+        df = df[keep] if keep.any() else df
+    out = []
+    order = list(dict.fromkeys(zip(df["task"], df["metric"], df["filter"])))
+    for task, metric, filt in order:
+        part = df[(df["task"] == task) & (df["metric"] == metric) & (df["filter"] == filt)]
+
+        def one(cond: str) -> tuple[float, float]:
+            r = part[part["condition"] == cond]
+            return (float(r["value"].iloc[0]), float(r["stderr"].iloc[0])) if len(r) else (math.nan, math.nan)
+
+        rnd = part[part["condition"] == "random"]
+        vals = rnd["value"].astype(float)
+        (iv, ise), (rv, rse) = one("intact"), one("removed")
+        out.append({"task": task, "metric": metric, "filter": filt, "intact": iv, "intact_stderr": ise,
+                    "removed": rv, "removed_stderr": rse,
+                    "random_mean": float(vals.mean()) if len(vals) else math.nan,
+                    "random_std": float(vals.std(ddof=1)) if len(vals) > 1 else math.nan,
+                    "random_min": float(vals.min()) if len(vals) else math.nan,
+                    "random_max": float(vals.max()) if len(vals) else math.nan,
+                    "random_stderr": float(rnd["stderr"].astype(float).mean()) if len(vals) else math.nan,
+                    "random_seeds": int(len(vals))})
+    return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
+
+
+def eval_figure(result: EvalResult | pd.DataFrame, title: str | None = None) -> Any:
+    """Plotly grouped bars, one group per task and metric: intact and removed with their standard errors,
+    random removed at its mean over seeds with the min-max range of the seeds as the error bar (each seed
+    a dot). Takes an :class:`EvalResult` or a summary/long table."""
+    import plotly.graph_objects as go
+
+    if isinstance(result, EvalResult):
+        summary, table = result.summary, result.table
+        k, rk = len(result.heads), len(result.random_heads[0]) if result.random_heads else 0
+        named = f" ({', '.join(result.heads)})" if 0 < k <= 6 else ""
+        title = title or f"{result.model}: benchmarks with heads removed"
+    else:
+        table = result if "condition" in result else None
+        summary = summarize(result) if "condition" in result else result
+        k = rk = None
+        named = ""
+    if summary.empty:
+        raise InputError("nothing to plot: the evaluation has no metric rows")
+    x = [f"{r.task}<br>{r.metric}" + ("" if r.filter == "none" else f" ({r.filter})") for r in summary.itertuples()]
+    fig = go.Figure()
+    fig.add_bar(name="intact", x=x, y=summary["intact"], marker_color="#2c7fb8", offsetgroup="intact",
+                error_y=dict(type="data", array=summary["intact_stderr"].fillna(0), visible=True))
+    fig.add_bar(name=f"{k} heads removed{named}" if k else "heads removed", x=x, y=summary["removed"], marker_color="#c0392b",
+                offsetgroup="removed",
+                error_y=dict(type="data", array=summary["removed_stderr"].fillna(0), visible=True))
+    if summary["random_seeds"].fillna(0).max() > 0:
+        mean = summary["random_mean"]
+        fig.add_bar(name=f"{rk} random heads removed (mean of {int(summary['random_seeds'].max())} seeds)" if rk
+                    else "random heads removed", x=x, y=mean, marker_color="#95a5a6", offsetgroup="random",
+                    error_y=dict(type="data", symmetric=False, array=(summary["random_max"] - mean).fillna(0),
+                                 arrayminus=(mean - summary["random_min"]).fillna(0), visible=True),
+                    customdata=summary[["random_std", "random_seeds"]].to_numpy(),
+                    hovertemplate="%{x}<br>mean %{y:.3f}, std %{customdata[0]:.3f} over %{customdata[1]} seeds"
+                                  "<extra>random</extra>")
+        if table is not None:
+            rnd = table[table["condition"] == "random"]
+            keys = {(r.task, r.metric, r.filter): xi for r, xi in zip(summary.itertuples(), x)}
+            pts = [(keys[(r.task, r.metric, r.filter)], r.value, r.seed) for r in rnd.itertuples()
+                   if (r.task, r.metric, r.filter) in keys]
+            if pts:
+                fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="markers", name="random seeds",
+                                marker=dict(color="#555", size=6, symbol="circle-open"), offsetgroup="random",
+                                text=[f"seed {int(p[2])}" for p in pts], hovertemplate="%{text}: %{y:.3f}<extra></extra>")
+    fig.update_layout(barmode="group", scattermode="group", title=title or "benchmarks with heads removed", yaxis_title="metric value",
+                      template="plotly_white", legend=dict(orientation="h", y=-0.2), height=460)
+    return fig
+
+
+def _random_draws(pool: Sequence[HeadRef], removed: Sequence[HeadRef], k: int, seeds: int) -> list[list[HeadRef]]:
+    """Seed ``s``: the first ``k`` heads of the pool (removed heads left out) shuffled as the ablation
+    curve shuffles its random draw ``s`` (so the same pool gives the curve's random heads)."""
+    others = [h for h in pool if h not in set(removed)]
+    if k > len(others):
+        raise InputError(f"--random-k {k} is more than the {len(others)} heads left to draw from once the "
+                         f"{len(removed)} removed heads are set aside; lower --random-k")
+    draws = []
+    for s in range(seeds):
+        order = list(others)
+        random.Random(f"gna-random-heads-{s}").shuffle(order)
+        draws.append(order[:k])
+    return draws
+
+
+def _choose_heads(model: Model, heads: Any, circuit: Any, top_k: int, out: Path | None, resume: bool,
+                  batch_size: int, progress: bool) -> tuple[list[HeadRef], list[HeadRef], list[str]]:
+    """The removed heads, the pool random heads are drawn from, and notes on where they came from."""
+    from gna_interp.circuits import Circuit
+    from gna_interp.experiments.harness import parse_heads_arg
+
+    if heads is not None and circuit is not None:
+        raise InputError("pass heads (--ablate) or a circuit (--circuit), not both")
+    if heads is not None:
+        named = model.check_heads(parse_heads_arg(heads))
+        if not named:
+            raise InputError("no heads given to remove: name them, e.g. --ablate L16H0,L18H6")
+        removed = list(dict.fromkeys(named))
+        return removed, model.default_heads(), [f"removed heads given: {', '.join(h.name for h in removed)}."]
+    if top_k < 1:
+        raise InputError(f"top_k must be >= 1, got {top_k}")
+    if circuit is None:
+        saved = out / CIRCUIT_DIR if out is not None else None
+        if saved is not None and resume and (saved / "circuit.json").is_file():
+            c = Circuit.load(saved)
+            note = f"circuit discovered by an earlier run of this evaluation ({saved})"
+        else:
+            from gna_interp.circuits import discover
+            from gna_interp.tasks import KVRetrieval
+
+            task = KVRetrieval(10, 24, seed=0, max_value=9, words=model.kv_words)
+            print(f"no heads or circuit given: discovering the circuit on {task.name} ({len(task)} samples; "
+                  f"gna scan's defaults) ...", flush=True)
+            ckpt = saved / "scan.ckpt.json" if saved is not None else None
+            c = discover(model, task, k=top_k, batch_size=batch_size, checkpoint=ckpt, progress=progress)
+            if saved is not None:
+                c.save(saved)
+            note = f"circuit discovered on {task.name} ({len(task)} samples)" + (f", saved in {saved}" if saved else "")
+    else:
+        if isinstance(circuit, Circuit):
+            c, note = circuit, "circuit given"
+        else:
+            d = Path(circuit)
+            if not d.exists():
+                raise InputError(f"--circuit {str(d)!r} does not exist; pass a `gna scan` output folder")
+            if not (d / "circuit.json").is_file() and not (d.name == "circuit.json" and d.is_file()):
+                raise InputError(f"--circuit {str(d)!r} holds no circuit.json; pass a `gna scan` output folder "
+                                 f"(gna scan --model M --out DIR)")
+            c, note = Circuit.load(d), f"circuit from {d}"
+        if c.model != model.name:
+            note += f" (found on {c.model}, evaluated on {model.name})"
+    members = c.heads
+    if not members:
+        raise InputError("the circuit has no heads (every scanned head was left out as generic); rerun gna scan "
+                         "with --keep-generic or pass --ablate")
+    removed = model.check_heads(members[:top_k])
+    pool = [h for h in model.check_heads(list(c.scan.heads))]
+    return removed, pool, [f"{note}: its top {len(removed)} heads removed ({', '.join(h.name for h in removed)})."]
+
+
+def eval_heads(model: Model | str, tasks: str | Sequence[str], heads: str | Sequence[str | HeadRef] | None = None,
+               circuit: Any = None, top_k: int = 5, random_k: int | None = None, seeds: int = 3,
+               limit: int | float | None = None, out: str | Path | None = None, *, method: str = "zero",
+               include_path: str | Path | Sequence[str | Path] | None = None, num_fewshot: int | None = None,
+               batch_size: int = 16, max_gen_toks: int = 256, bootstrap_iters: int = 100000, resume: bool = False,
+               progress: bool = True, png: bool = True) -> EvalResult:
+    """Run lm-eval ``tasks`` on ``model`` intact, with ``heads`` (or ``circuit``'s ``top_k``) removed, and with
+    ``random_k`` random heads removed (``seeds`` draws; ``random_k=0`` skips them); see the module docstring.
+
+    ``model``: a loaded :class:`Model` or a spec. ``limit``: documents a task (or a fraction below 1), as
+    lm-eval's ``--limit``. ``method``: ``zero`` or ``mean`` ablation. ``include_path``: folder(s) of local
+    task YAML files. ``out``: write the result folder there (each condition's metrics as it finishes;
+    ``resume=True`` reuses the finished conditions of an earlier run with the same settings).
+    """
+    from gna_interp.experiments.harness import ABLATION_METHODS, LM_EVAL_VERSION, GnaLM
+
+    if method not in ABLATION_METHODS:
+        raise InputError(f"unknown ablation method {method!r}; choose one of {ABLATION_METHODS}")
+    if seeds < 0 or (random_k is not None and random_k < 0):
+        raise InputError(f"seeds and random_k must be >= 0, got seeds={seeds}, random_k={random_k}")
+    if limit is not None and (limit <= 0 or (limit >= 1 and float(limit) != int(limit))):
+        raise InputError(f"limit must be a whole number of documents >= 1 or a fraction in (0, 1), got {limit}")
+    names, manager = resolve_tasks(tasks, include_path)
+    if isinstance(model, str):
+        from gna_interp.models import load_model
+
+        model = load_model(model)
+    model.check_runnable()
+    out_path = Path(out) if out is not None else None
+    removed, pool, notes = _choose_heads(model, heads, circuit, top_k, out_path, resume, batch_size, progress)
+    rk = len(removed) if random_k is None else random_k
+    draws = _random_draws(pool, removed, rk, seeds) if rk and seeds else []
+    limit = int(limit) if limit is not None and limit >= 1 else limit
+    settings = {"model": model.name, "tasks": names, "limit": limit, "num_fewshot": num_fewshot, "method": method,
+                "max_gen_toks": max_gen_toks, "bootstrap_iters": bootstrap_iters, "lm_eval": LM_EVAL_VERSION,
+                "dtype": str(model.dtype).replace("torch.", ""), "batch_size": batch_size,
+                "include_path": [str(p) for p in ([include_path] if isinstance(include_path, (str, Path))
+                                                  else include_path or [])]}
+    settings["task_yaml"] = _task_yaml_hashes(manager, names)
+    plan: list[tuple[str, str, int | None, list[HeadRef]]] = [("intact", "intact", None, []),
+                                                               ("removed", "removed", None, removed)]
+    plan += [(f"random-{s}", "random", s, d) for s, d in enumerate(draws)]
+    rows: list[dict[str, Any]] = []
+    seconds: dict[str, float] = {}
+    bar = tqdm(plan, desc="gna eval conditions", unit="condition", disable=not progress)
+    for label, cond, seed, hs in bar:
+        bar.set_postfix_str(label)
+        names_h = [h.name for h in hs]
+        key = {k: v for k, v in settings.items() if k not in ("batch_size", "include_path")} | {"heads": names_h}
+        saved = out_path / CONDITIONS_DIR / f"{label}.json" if out_path is not None else None
+        got = _read_condition(saved, key) if saved is not None and resume else None
+        start = time.perf_counter()
+        if got is None:
+            lm = GnaLM(model, heads=hs or None, method=method, batch_size=batch_size, max_gen_toks=max_gen_toks,
+                       progress=progress)
+            got = metric_rows(_simple_evaluate(lm, names, manager, limit, num_fewshot, bootstrap_iters))
+            if saved is not None:
+                write_json(saved, "eval", {"part": "condition", "condition": label, "key": key, "rows": got,
+                                           "seconds": time.perf_counter() - start})
+            seconds[label] = time.perf_counter() - start
+        else:
+            seconds[label] = 0.0
+        for r in got:
+            rows.append({"condition": cond, "seed": seed, **r, "n_heads": len(hs), "heads": ",".join(names_h)})
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    result = EvalResult(model.name, names, table, [h.name for h in removed], [[h.name for h in d] for d in draws],
+                        settings, notes, seconds)
+    if out_path is not None:
+        result.save(out_path, png=png)
+    return result
+
+
+def _simple_evaluate(lm: Any, names: list[str], manager: Any, limit: int | float | None, num_fewshot: int | None,
+                     bootstrap_iters: int) -> dict[str, Any]:
+    import lm_eval
+
+    res = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
+                                  bootstrap_iters=bootstrap_iters, log_samples=False)
+    if not res or not res.get("results"):
+        raise InputError(f"lm-eval returned no results for {names}")
+    return res
+
+
+def _task_yaml_hashes(manager: Any, names: Sequence[str]) -> dict[str, str | None]:
+    """SHA-256 (first 16 hex digits) of each task's YAML file, so that resuming after a task was edited
+    reruns it (data files behind an unchanged YAML are not hashed: use ``--fresh`` after changing them)."""
+    import hashlib
+
+    index = getattr(manager, "task_index", None) or {}
+    out: dict[str, str | None] = {}
+    for n in names:
+        path = getattr(index.get(n), "yaml_path", None) if hasattr(index, "get") else None
+        try:
+            out[n] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16] if path else None
+        except OSError:
+            out[n] = None
+    return out
+
+
+def _read_condition(path: Path, key: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The metric rows of a finished condition, or None when it has not run; an error when it ran with
+    other settings."""
+    if not path.is_file():
+        return None
+    doc = read_json(path, "eval")
+    if doc.get("key") != key:
+        diff = sorted(k for k in set(key) | set(doc.get("key") or {}) if (doc.get("key") or {}).get(k) != key.get(k))
+        raise InputError(f"{path} was made with other settings ({', '.join(diff)} differ); rerun with --fresh to "
+                         f"start over, or write elsewhere (another --out)")
+    return list(doc.get("rows") or [])
