@@ -1,0 +1,108 @@
+"""``gna prune``: layer pruning and head-keeping tables (:func:`gna_interp.experiments.prune.prune`)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from gna_interp.cli import _check_out_dir, _dtype_arg, _first_default, _Lock, at_least, command, spec_text
+from gna_interp.errors import InputError
+
+
+def _choices(allowed: tuple[str, ...]):  # noqa: ANN202 -- an argparse type
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(allowed)} (comma-separated)")
+        return list(dict.fromkeys(items))
+    parse.__name__ = "list"
+    return parse
+
+
+@command("prune", "layer pruning: retrieval (KV, MC letters) and knowledge (MC cloze) accuracy as the last blocks are "
+                  "removed and with each block removed alone, plus head-keeping tables (--keep-layers 0-A --keep-heads "
+                  "...); writes prune.csv, keep.csv, prune.json, report.html")
+def _prune_args(p: argparse.ArgumentParser) -> None:
+    from gna_interp.experiments.prune import MODES, TASKS
+
+    p.add_argument("--model", type=spec_text, default=None,
+                   help="model spec (default: smollm2-135m when installed, else a zoo model)")
+    p.add_argument("--tasks", type=_choices(TASKS), default=list(TASKS),
+                   help="kv (KV retrieval), mc (multiple choice scored on the letters: retrieval), cloze (the same "
+                        "questions scored on the option texts: knowledge); default kv,mc,cloze. A task the model "
+                        "cannot tokenize or does not solve is left out, with its numbers")
+    p.add_argument("--modes", type=_choices(MODES), default=list(MODES),
+                   help="from_end (the last k blocks removed, k = 0..n) and/or single (one block removed at a time)")
+    p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=10,
+                   help="KV dictionary lines per prompt (default 10)")
+    p.add_argument("--max-value", type=at_least(1), default=9, help="KV values are 0..MAX (default 9)")
+    p.add_argument("--samples", type=at_least(1), default=32, help="prompts per task (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="task seed")
+    p.add_argument("--questions", default="categories",
+                   help="mc/cloze questions: categories (offline, default), synthetic, a local .jsonl/.json/.csv/"
+                        ".parquet FILE, or hub[:SUBJECT] (MMLU)")
+    p.add_argument("--shots", type=at_least(0), default=3, help="solved questions before each mc/cloze question")
+    p.add_argument("--mc-form", default="letters", choices=["letters", "stated"],
+                   help="mc prompt form (letters: MMLU's; stated: the answer's text given, its letter retrieved)")
+    p.add_argument("--keep-layers", default=None, metavar="0-A",
+                   help="head keeping: layers 0..A keep every head (default with --keep-heads: up to the first "
+                        "kept head's layer)")
+    p.add_argument("--keep-heads", default=None, metavar="HEADS",
+                   help="head keeping: the only heads kept in layers A+1..B (B: the last of them); e.g. L16H0,L17H2. "
+                        "The table adds each one removed in turn and random heads kept instead")
+    p.add_argument("--keep-seeds", type=at_least(0), default=3, help="random draws in the head-keeping table (default 3)")
+    p.add_argument("--batch-size", type=at_least(1), default=16)
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
+    _dtype_arg(p)
+    p.add_argument("--out", default="gna_prune", help="output folder (default ./gna_prune)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT/prune.ckpt.json")
+    again.add_argument("--fresh", action="store_true", help="delete the checkpoint an earlier run left in OUT and "
+                                                            "start over")
+    p.add_argument("--allow-chance", action="store_true",
+                   help="keep tasks the intact model does not solve (left out by default)")
+    p.add_argument("--no-png", action="store_true", help="do not export the figures as PNG")
+    p.set_defaults(run=run_prune)
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    import torch
+
+    from gna_interp.experiments.prune import CHECKPOINT, parse_keep_layers, prune
+    from gna_interp.models import load_model
+
+    out = Path(args.out)
+    _check_out_dir(out)
+    _Lock(out).check()
+    if "kv" in args.tasks and args.max_value + 1 < args.pairs:
+        raise InputError(f"--max-value {args.max_value} gives {args.max_value + 1} distinct values, fewer than --pairs "
+                         f"{args.pairs}: every line needs its own value; raise --max-value or lower --pairs")
+    parse_keep_layers(args.keep_layers)  # a malformed range fails before any loading
+    if (out / CHECKPOINT).exists() and not (args.resume or args.fresh):
+        raise InputError(f"{out} holds the checkpoint of an unfinished prune run ({CHECKPOINT}); --resume continues "
+                         f"it, --fresh deletes it and starts over, or pick another --out")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = args.model or _first_default()
+    print(f"loading {spec} ({args.dtype}) ...", flush=True)
+    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
+    model.check_runnable()
+    with _Lock(out):
+        try:
+            result = prune(model, out, tasks=args.tasks, pairs=args.pairs, samples=args.samples,
+                           max_value=args.max_value, seed=args.seed, questions=args.questions, shots=args.shots,
+                           mc_form=args.mc_form, modes=args.modes, keep_layers=args.keep_layers,
+                           keep_heads=args.keep_heads, keep_seeds=args.keep_seeds, allow_chance=args.allow_chance,
+                           batch_size=args.batch_size, resume=args.resume, fresh=args.fresh, png=not args.no_png)
+        except KeyboardInterrupt:
+            again = [a for a in (args.argv or []) if a not in ("--resume", "--fresh")]
+            print(f"\ngna: interrupted; finished points are saved in {out / CHECKPOINT}. Continue with:\n"
+                  f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
+            raise
+    print(result.summary())
+    written = [out / f for f in ("prune.csv", "keep.csv", "prune.json", "report.html") if (out / f).exists()]
+    print(f"wrote {', '.join(map(str, written))}")
+    return 0
