@@ -107,7 +107,7 @@ def test_registered_with_lm_eval(tiny_dirs):
     assert "zero-ablated L1H0,L2H3" in lm.describe()
 
 
-@pytest.mark.parametrize("family", ["llama", "mamba2"])
+@pytest.mark.parametrize("family", ["llama", "mamba2", "bamba"])
 def test_loglikelihoods_equal_the_scoring_engine(tiny_models, manager, family):
     """lm-eval's multiple-choice log-likelihoods through GnaLM equal score_candidates on the same items (1e-6),
     intact and with heads ablated; lm-eval's accuracy equals evaluate's."""
