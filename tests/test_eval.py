@@ -127,6 +127,20 @@ def test_loglikelihoods_equal_the_scoring_engine(tiny_models, manager, family):
     assert (cut - got)[finite].abs().max().item() > 1e-3  # the ablation is real
 
 
+def test_mean_ablation_uses_the_neutral_reference(tiny_models, manager):
+    """method="mean": each head's mean output over the shipped neutral prose, as ablate(..., "mean") gives."""
+    from gna_interp.experiments.harness import neutral_reference
+
+    model = tiny_models["llama"]
+    got, _ = _choice_logprobs(GnaLM(model, heads=HEADS, method="mean", batch_size=4, progress=False), manager)
+    with ablate(model, HEADS, "mean", reference=neutral_reference()):
+        want = score_candidates(model, MC.samples, batch_size=4).scores
+    zero, _ = _choice_logprobs(GnaLM(model, heads=HEADS, batch_size=4, progress=False), manager)
+    finite = torch.isfinite(want)
+    assert (got - want)[finite].abs().max().item() < 1e-6
+    assert (got - zero)[finite].abs().max().item() > 1e-4
+
+
 def test_loglikelihoods_equal_lm_evals_hf_model(tiny_dirs, tiny_models):
     """The same requests through lm-eval's own HFLM on the same checkpoint: log-likelihoods, greedy flags,
     rolling log-likelihoods over several windows, and generations agree."""

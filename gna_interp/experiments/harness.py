@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -88,7 +89,7 @@ __all__ = ["ABLATION_METHODS", "DEFAULT_MAX_LENGTH", "FullMask", "GnaLM", "LM_EV
 
 log = logging.getLogger(__name__)
 
-MaskFn = Callable[[TokenBatch], Mapping[HeadRef | str, Tensor]]
+MaskFn = Callable[[TokenBatch], Mapping[HeadRef | str, Float[Tensor, "*batch q k"]]]
 ABLATION_METHODS: tuple[str, ...] = ("zero", "mean")  # resample needs aligned reference rows: not a whole-run edit
 DEFAULT_MAX_LENGTH = 2048  # as lm-eval's Hugging Face model, for models whose config gives no context length
 # generation arguments that change greedy decoding's output (top_k, top_p, temperature only act when sampling)
@@ -102,7 +103,8 @@ class FullMask:
 
     heads: tuple[HeadRef | str, ...]
 
-    def __call__(self, batch: TokenBatch) -> dict[HeadRef | str, Tensor]:
+    def __call__(self, batch: TokenBatch) -> dict[HeadRef | str, Float[Tensor, "q k"]]:
+        """A ``[T, T]`` zero mask per head for a forward of ``T`` positions."""
         t = batch.ids.shape[1]
         zero = torch.zeros((t, t), device=batch.ids.device)
         return {h: zero for h in self.heads}
@@ -263,6 +265,7 @@ class GnaLM(TemplateLM):
         return ids[-left_truncate_len:] if left_truncate_len else ids
 
     def tok_decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of token ids (special tokens dropped by default, as lm-eval's Hugging Face model decodes)."""
         return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
 
     # ---- the intervention ------------------------------------------------------------------
@@ -274,7 +277,7 @@ class GnaLM(TemplateLM):
         with mask_pattern(self.model, self.mask(batch), self.mask_options):
             yield
 
-    def logits(self, batch: TokenBatch, **kwargs: Any) -> Tensor:
+    def logits(self, batch: TokenBatch, **kwargs: Any) -> Float[Tensor, "batch pos vocab"]:
         """Logits of one forward of ``batch`` with the run's intervention (``kwargs`` go to the bridge,
         e.g. ``logits_to_keep``)."""
         with self._masked(batch):
