@@ -1,0 +1,114 @@
+"""``gna sweep``: KV accuracy vs dictionary size with the G&A heads removed (:func:`gna_interp.experiments.sweep.sweep`)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from gna_interp.cli import _check_out_dir, _dtype_arg, _first_default, _Lock, at_least, command, spec_text
+from gna_interp.errors import InputError
+
+PAPER_PAIRS = "10,15,20,25,30,35,40,45,50"
+
+
+def pairs_list(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated dictionary sizes, integers >= 2, each once."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of sizes; give comma-separated integers, e.g. "
+                                         f"{PAPER_PAIRS}")
+    try:
+        vals = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of integers, e.g. {PAPER_PAIRS}") from None
+    small = [v for v in vals if v < 2]
+    if small:
+        raise argparse.ArgumentTypeError(f"sizes must be at least 2 (a dictionary needs two lines to choose "
+                                         f"between), got {small}")
+    dup = sorted({v for v in vals if vals.count(v) > 1})
+    if dup:
+        raise argparse.ArgumentTypeError(f"size(s) {dup} given more than once")
+    return sorted(vals)
+
+
+def resume_args(p: argparse.ArgumentParser, what: str) -> None:
+    """``--resume`` / ``--fresh`` (mutually exclusive), as in ``gna scan``."""
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help=f"continue an interrupted {what} from its saved points "
+                                                             "(or rebuild the outputs of a finished one)")
+    again.add_argument("--fresh", action="store_true", help="delete the saved points (and a circuit discovered by an "
+                                                            "earlier run) in DIR and start over; refused without "
+                                                            "--resume or --fresh when DIR holds them")
+
+
+def interrupted(args: argparse.Namespace, *saved: Path) -> None:
+    """Tell how to continue after an interrupt (what is saved, and the command line with --resume)."""
+    again = [a for a in (args.argv or []) if a not in ("--resume", "--fresh")]
+    there = [str(p) for p in saved if p.exists()]
+    if there:
+        print(f"\ngna: interrupted; the finished work is saved in {', '.join(there)}. Continue with:\n"
+              f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
+    else:
+        print("\ngna: interrupted before any point finished; nothing was saved", file=sys.stderr, flush=True)
+
+
+@command("sweep", "KV accuracy vs dictionary size: intact, top-1 / top-k G&A heads removed, k random heads removed "
+                  "(the paper's constant drop); writes sweep.csv, sweep.json, report.html")
+def _sweep_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=spec_text, default=None,
+                   help="model spec (default: smollm2-135m when installed, else a zoo model)")
+    p.add_argument("--pairs", type=pairs_list, default=pairs_list(PAPER_PAIRS),
+                   help=f"dictionary sizes (default {PAPER_PAIRS}, the paper's)")
+    p.add_argument("--circuit", default=None, help="a `gna scan` folder whose heads are removed (default: discover "
+                                                   "them first with gna scan's defaults; saved in DIR/circuit)")
+    p.add_argument("--top-k", type=at_least(1), default=5,
+                   help="heads removed together (default 5; at most a quarter of the scanned heads)")
+    p.add_argument("--seeds", type=at_least(1), default=5, help="random k-head draws (default 5; median and band)")
+    p.add_argument("--samples", type=at_least(1), default=48, help="prompts per dictionary size (default 48)")
+    p.add_argument("--max-value", type=at_least(1), default=99,
+                   help="values are 0..MAX (default 99, the paper's range; must be at least the largest size - 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts (discovery uses seed+1)")
+    p.add_argument("--template", default="official", choices=["official", "completion"])
+    p.add_argument("--batch-size", type=at_least(1), default=16)
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
+    _dtype_arg(p)
+    p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
+    p.add_argument("--out", default="gna_sweep", help="output folder (default ./gna_sweep)")
+    resume_args(p, "sweep")
+    p.set_defaults(run=run_sweep)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    import torch
+
+    from gna_interp.circuits import Circuit
+    from gna_interp.experiments.sweep import CIRCUIT_DIR, CKPT, check_out, sweep
+
+    out = Path(args.out)
+    _check_out_dir(out)
+    _Lock(out).check()
+    if max(args.pairs) > args.max_value + 1:
+        raise InputError(f"--pairs up to {max(args.pairs)} need {max(args.pairs)} distinct values, but --max-value "
+                         f"{args.max_value} gives {args.max_value + 1}; raise --max-value (99 is the paper's range) or "
+                         f"drop the larger sizes")
+    check_out(out, CKPT, args.resume, args.fresh,
+              also=[out / CIRCUIT_DIR / "scan.ckpt.json", out / CIRCUIT_DIR / "circuit.json"])
+    circuit = Circuit.load(args.circuit) if args.circuit else None  # a bad folder fails before loading the model
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = args.model or _first_default()
+    print(f"loading {spec} ({args.dtype}) ...", flush=True)
+    with _Lock(out):
+        try:
+            result = sweep(spec, args.pairs, circuit, k=args.top_k, seeds=args.seeds, samples=args.samples,
+                           max_value=args.max_value, seed=args.seed, template=args.template,
+                           batch_size=args.batch_size, out=out, resume=args.resume, fresh=args.fresh,
+                           device=getattr(args, "device", None), dtype=args.dtype, png=not args.no_png)
+        except KeyboardInterrupt:
+            interrupted(args, out / CKPT, out / CIRCUIT_DIR / "scan.ckpt.json")
+            raise
+    print(result.summary())
+    print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'report.html'} ({result.seconds:.0f}s)")
+    return 0

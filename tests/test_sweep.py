@@ -1,0 +1,165 @@
+"""`gna sweep` / `experiments.sweep.sweep` on the zoo Transformer: every point is the accuracy `evaluate`
+gives under `ablate`, the random draws are the same heads at every size, the folder round-trips, an
+interrupted sweep resumes without redoing finished points, and bad input is refused before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.cli import main
+from gna_interp.errors import InputError
+from gna_interp.experiments.sweep import COLUMNS, CKPT, Sweep, sweep
+from gna_interp.models import zoo_names
+
+pytestmark = pytest.mark.skipif("transformer-kv" not in zoo_names(), reason="the zoo Transformer is not installed")
+
+PAIRS = (6, 12)
+SAMPLES = 8
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(2)
+    return gna.load_model("zoo:transformer-kv", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def circuit_dir(model, tmp_path_factory):
+    """A small circuit of the zoo Transformer (exact scan, no control), saved as a `gna scan` folder."""
+    task = gna.KVRetrieval(6, 8, seed=5, max_value=9, words=model.kv_words)
+    circuit = gna.discover(model, task, strategy="exact", k=2, seeds=1, control=False, n_cards=0, progress=False)
+    return circuit.save(tmp_path_factory.mktemp("circuit"))
+
+
+@pytest.fixture(scope="module")
+def result(model, circuit_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    return sweep(model, PAIRS, circuit_dir, k=2, seeds=3, samples=SAMPLES, seed=3, out=out, progress=False, png=False), out
+
+
+def test_every_point_equals_evaluate_under_ablate(model, result):
+    res, _ = result
+    assert list(res.table.columns) == COLUMNS
+    assert len(res.table) == len(PAIRS) * (3 + 3)
+    for n in PAIRS:
+        task = gna.KVRetrieval(n, SAMPLES, seed=3, max_value=99, words=model.kv_words)
+        for _, row in res.table[res.table["pairs"] == n].iterrows():
+            heads = [h for h in row["heads"].split(",") if h]
+            if heads:
+                with gna.ablate(model, heads):
+                    ev = gna.evaluate(model, task, progress=False)
+            else:
+                ev = gna.evaluate(model, task, progress=False)
+            assert row["accuracy"] == pytest.approx(ev.accuracy, abs=1e-6), (n, row["condition"], heads)
+            assert row["logit_diff"] == pytest.approx(ev.scores.metrics["logit_diff"], abs=1e-3)
+            assert row["chance"] == pytest.approx(1 / n)
+
+
+def test_conditions_and_draws(result, circuit_dir):
+    res, _ = result
+    circuit = gna.Circuit.load(circuit_dir)
+    assert [h.name for h in res.heads] == [h.name for h in circuit.heads[:2]]
+    t = res.table
+    for n in PAIRS:
+        at = t[t["pairs"] == n].set_index(["condition", "seed"])
+        assert at.loc[("intact", 0), "heads"] == ""
+        assert at.loc[("top1", 0), "heads"] == res.heads[0].name
+        assert at.loc[("topk", 0), "heads"] == ",".join(h.name for h in res.heads)
+    draws = t[t["condition"] == "random"].groupby("seed")["heads"].agg(set)
+    assert all(len(s) == 1 for s in draws), "a seed's random heads differ between sizes"
+    for d in res.random:
+        assert len(d) == 2 and not set(d) & set(res.heads)
+    assert len({tuple(d) for d in res.random}) > 1  # three seeds, not one draw repeated
+    b = res.by_pairs()
+    assert list(b["pairs"]) == list(PAIRS)
+    assert (b["drop_topk"] == b["intact"] - b["topk"]).all()
+    assert res.metrics["drop_topk"] == pytest.approx(b["drop_topk"].mean())
+    # the zoo Transformer's G&A heads carry its retrieval: removing them costs far more than random heads
+    assert res.metrics["drop_top1"] > 0.5 and res.metrics["drop_topk"] > res.metrics["drop_random"] + 0.3
+
+
+def test_folder_round_trip(result):
+    res, out = result
+    for f in ("sweep.csv", "sweep.json", "report.html", CKPT):
+        assert (out / f).is_file(), f
+    doc = json.loads((out / "sweep.json").read_text())
+    assert doc["format"] == "sweep" and doc["format_version"] == 1 and len(doc["table"]) == len(res.table)
+    again = Sweep.load(out)
+    assert again.heads == res.heads and again.random == res.random and again.pairs == res.pairs
+    assert again.by_pairs().round(9).equals(res.by_pairs().round(9))
+    page = (out / "report.html").read_text()
+    assert "Accuracy by dictionary size" in page and "plotly" in page.lower()
+    fig = res.figure()
+    names = [tr.name for tr in fig.data]
+    assert "intact" in names and any(n.startswith("top-1 removed") for n in names)
+    assert any(n and "median" in n for n in names) and any(n and "min-max" in n for n in names)
+
+
+def test_resume_skips_finished_points(model, circuit_dir, tmp_path):
+    seen: list[str] = []
+
+    def stop_after_three(row):
+        seen.append(f"{row['pairs']}/{row['condition']}/{row['seed']}")
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+
+    kw = dict(k=2, seeds=2, samples=4, seed=1, progress=False, png=False)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(model, (6, 8), circuit_dir, out=tmp_path, on_point=stop_after_three, **kw)
+    with pytest.raises(InputError, match="--resume continues it"):
+        sweep(model, (6, 8), circuit_dir, out=tmp_path, **kw)
+    with pytest.raises(InputError, match="different run"):
+        sweep(model, (6, 8), circuit_dir, out=tmp_path, resume=True, **{**kw, "samples": 5})
+    later: list[str] = []
+    res = sweep(model, (6, 8), circuit_dir, out=tmp_path, resume=True, on_point=lambda r: later.append(
+        f"{r['pairs']}/{r['condition']}/{r['seed']}"), **kw)
+    assert not set(seen) & set(later) and len(seen) + len(later) == len(res.table) == 2 * 5
+    whole = sweep(model, (6, 8), circuit_dir, **kw)
+    assert res.table.drop(columns="heads").round(9).equals(whole.table.drop(columns="heads").round(9))
+    fresh = sweep(model, (6, 8), circuit_dir, out=tmp_path, fresh=True, on_point=lambda r: later.append("x"), **kw)
+    assert later.count("x") == 10 and len(fresh.table) == 10
+
+
+def test_discovers_when_no_circuit_given(model, tmp_path):
+    res = sweep(model, (6,), None, k=2, seeds=1, samples=4, out=tmp_path, progress=False, png=False)
+    assert (tmp_path / "circuit" / "circuit.json").is_file() and "discovered on kv10-official" in res.source
+    circuit = gna.Circuit.load(tmp_path / "circuit")
+    assert circuit.task["args"]["seed"] == 1 and circuit.task["args"]["max_value"] == 9  # held out: seed + 1
+    assert res.heads == circuit.heads[:2]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(pairs="6,x"), "comma-separated integers"),
+    (dict(pairs=[6, 1]), "integers >= 2"),
+    (dict(pairs=[6, 6]), "more than once"),
+    (dict(pairs=[6, 120]), "raise max_value"),
+    (dict(pairs=[6, 70], max_value=99), "word list has 64"),
+    (dict(pairs=[6], seeds=0), "seeds must be an integer >= 1"),
+    (dict(pairs=[6], template="chat"), "unknown template"),
+])
+def test_bad_input_is_refused(model, circuit_dir, kw, match):
+    with pytest.raises(InputError, match=match):
+        sweep(model, circuit=circuit_dir, samples=2, progress=False, **kw)
+
+
+def test_cli(circuit_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["sweep", "--model", "zoo:transformer-kv", "--circuit", str(circuit_dir), "--pairs", "8,6", "--samples", "4",
+            "--top-k", "2", "--seeds", "2", "--out", str(out), "--no-png"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "pairs  intact   top1  top-k" in text and f"wrote {out / 'sweep.csv'}" in text
+    assert Sweep.load(out).pairs == [6, 8]
+    assert main(args) == 2
+    assert "--resume continues it" in capsys.readouterr().err
+    assert main(args + ["--resume"]) == 0
+    for bad, msg in ((["--pairs", "1,5"], "sizes must be at least 2"), (["--pairs", "5,5"], "given more than once"),
+                     (["--pairs", "10,120"], "raise --max-value"), (["--circuit", str(tmp_path / "none")], "does not exist"),
+                     (["--top-k", "0"], "must be at least 1")):
+        code = main(["sweep", "--model", "zoo:transformer-kv", "--out", str(tmp_path / "bad"), *bad])
+        assert code == 2 and msg in capsys.readouterr().err, bad
+    assert not (tmp_path / "bad").exists()
