@@ -364,6 +364,11 @@ def prune_figure(result: PruneResult) -> Any:
                 fig.add_hline(y=t["intact"], line=dict(color=color, dash="dot", width=1), row=1, col=col)
         fig.update_xaxes(title_text="k (last blocks removed)" if mode == "from_end" else "block removed",
                          dtick=1 if result.n_layers <= 32 else None, row=1, col=col)
+        single = result.frame[(result.frame["mode"] == "single") & (result.frame["layer"] >= 0)]
+        if mode == "single" and single["skipped_kinds"].nunique() > 1:  # a hybrid: name each block's mixer
+            ticks = single.drop_duplicates("layer")
+            fig.update_xaxes(tickvals=list(ticks["layer"]),
+                             ticktext=[f"{int(r.layer)}<br>{r.skipped_kinds}" for r in ticks.itertuples()], row=1, col=col)
         fig.update_yaxes(title_text="accuracy", range=[0, 1.05], row=1, col=col)
     fig.update_layout(title=dict(text=f"Layer pruning on {result.model}: accuracy per task (dashed: chance"
                                       + ("; dotted: intact" if "single" in modes else "") + ")"),
