@@ -9,7 +9,6 @@ import math
 
 import pandas as pd
 import pytest
-import torch
 
 from gna_interp import load_model
 from gna_interp.cli import main

@@ -53,7 +53,8 @@ def _prune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-heads", default=None, metavar="HEADS",
                    help="head keeping: the only heads kept in layers A+1..B (B: the last of them); e.g. L16H0,L17H2. "
                         "The table adds each one removed in turn and random heads kept instead")
-    p.add_argument("--keep-seeds", type=at_least(0), default=3, help="random draws in the head-keeping table (default 3)")
+    p.add_argument("--keep-seeds", type=at_least(0), default=3,
+                   help="random draws in the head-keeping table (default 3)")
     p.add_argument("--batch-size", type=at_least(1), default=16)
     p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
     _dtype_arg(p)

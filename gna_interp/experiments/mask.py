@@ -58,7 +58,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -78,10 +78,10 @@ from gna_interp.models.model import Model
 from gna_interp.store import read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.kv import KVRetrieval
-from gna_interp.tasks.scoring import CandidateScores, ScoreTable, ScoringPlan, layout_chunks, plan_scoring, read_logprobs
+from gna_interp.tasks.scoring import (CandidateScores, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
+                                     read_logprobs)
 from gna_interp.tasks.segments import Segments, Span
 
-Role = Literal["gather", "aggregate"]
 ROLES: tuple[str, ...] = ("gather", "aggregate")
 CONDITIONS: tuple[str, ...] = ("intact", "ga_masked", "ga_pattern", "ga_pattern_unshifted", "random_masked",
                                "random_pattern")
@@ -96,8 +96,8 @@ _LABELS = {"intact": "intact", "ga_masked": "G&A heads\nsee nothing", "ga_patter
            "ga_pattern_unshifted": "G&A pattern at\nliteral summaries", "random_masked": "random heads\nsee nothing",
            "random_pattern": "random heads keep\nonly G&A pattern"}
 
-__all__ = ["CONDITIONS", "COLUMNS", "LEAN_AGGREGATE", "OFFSET_TOLERANCE", "MaskResult", "MaskedHead", "checkpoint_files",
-           "conv_width", "ga_mask", "head_scores", "mask_experiment", "mask_figure", "reach", "shifted_items"]
+__all__ = ["CONDITIONS", "COLUMNS", "LEAN_AGGREGATE", "OFFSET_TOLERANCE", "MaskResult", "MaskedHead",
+           "checkpoint_files", "conv_width", "ga_mask", "head_scores", "mask_experiment", "mask_figure", "reach", "shifted_items"]
 
 
 @dataclass(frozen=True)
@@ -706,7 +706,8 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
 
 def checkpoint_files(folder: Path) -> list[Path]:
     """The checkpoints a mask run may leave in ``folder``: its own and its discovery's."""
-    return [folder / CHECKPOINT, folder / CIRCUIT_DIR / "scan.ckpt.json", folder / CIRCUIT_DIR / "scan.ckpt.control.json"]
+    return [folder / CHECKPOINT, folder / CIRCUIT_DIR / "scan.ckpt.json",
+            folder / CIRCUIT_DIR / "scan.ckpt.control.json"]
 
 
 def _check_chance(row: Mapping[str, Any], task: Task, allow_chance: bool, notes: list[str]) -> None:

@@ -358,7 +358,8 @@ def prune_figure(result: PruneResult) -> Any:
             if mode == "single":
                 c = c.drop(-1, errors="ignore")
             fig.add_trace(go.Scatter(x=list(c.index), y=list(c.values), mode="lines+markers", line=dict(color=color),
-                                     name=f"{name} ({t['kind']})", legendgroup=name, showlegend=col == 1), row=1, col=col)
+                                     name=f"{name} ({t['kind']})", legendgroup=name, showlegend=col == 1),
+                          row=1, col=col)
             fig.add_hline(y=t["chance"], line=dict(color=color, dash="dash", width=1), row=1, col=col)
             if mode == "single":
                 fig.add_hline(y=t["intact"], line=dict(color=color, dash="dot", width=1), row=1, col=col)
@@ -368,7 +369,8 @@ def prune_figure(result: PruneResult) -> Any:
         if mode == "single" and single["skipped_kinds"].nunique() > 1:  # a hybrid: name each block's mixer
             ticks = single.drop_duplicates("layer")
             fig.update_xaxes(tickvals=list(ticks["layer"]),
-                             ticktext=[f"{int(r.layer)}<br>{r.skipped_kinds}" for r in ticks.itertuples()], row=1, col=col)
+                             ticktext=[f"{int(r.layer)}<br>{r.skipped_kinds}" for r in ticks.itertuples()],
+                             row=1, col=col)
         fig.update_yaxes(title_text="accuracy", range=[0, 1.05], row=1, col=col)
     fig.update_layout(title=dict(text=f"Layer pruning on {result.model}: accuracy per task (dashed: chance"
                                       + ("; dotted: intact" if "single" in modes else "") + ")"),
