@@ -1,0 +1,98 @@
+"""``gna compare``: model families side by side (:func:`gna_interp.experiments.families.compare`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gna_interp.cli import _check_out_dir, _dtype_arg, _Lock, at_least, command
+from gna_interp.cli.sweep import interrupted, resume_args
+from gna_interp.errors import InputError
+
+
+def spec_list(text: str) -> list[str]:
+    """An argparse ``type``: two or more comma-separated model specs, each once."""
+    specs = [s.strip() for s in text.split(",")]
+    if any(not s for s in specs):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty entry; give comma-separated model specs, e.g. "
+                                         f"zoo:transformer-kv,zoo:mamba2-kv,zoo:hybrid-kv")
+    if len(specs) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r} names one model; compare needs two or more, comma-separated")
+    dup = sorted({s for s in specs if specs.count(s) > 1})
+    if dup:
+        raise argparse.ArgumentTypeError(f"model(s) {dup} listed more than once")
+    return specs
+
+
+def circuit_list(text: str) -> list[str | None]:
+    """An argparse ``type``: comma-separated ``gna scan`` folders, an empty entry where a model's heads are to
+    be discovered (``DIR1,,DIR3``)."""
+    return [s.strip() or None for s in text.split(",")]
+
+
+@command("compare", "model families side by side on KV retrieval: their aggregate heads' sharpness and the accuracy "
+                    "removing 1..k top heads costs vs random heads (SSM G&A smoother and more redundant; which mixer "
+                    "kind aggregates in a hybrid); writes families.csv, families.json, report.html")
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=spec_list, required=True,
+                   help="two or more model specs, comma-separated (e.g. zoo:transformer-kv,zoo:mamba2-kv,zoo:hybrid-kv)")
+    p.add_argument("--circuit", type=circuit_list, default=None,
+                   help="`gna scan` folders, one per model in the same order (an empty entry: discover that model's "
+                        "heads; default: discover every model's with gna scan's defaults, saved in DIR/circuits)")
+    p.add_argument("--top-k", type=at_least(1), default=5,
+                   help="most heads removed (default 5; at most a quarter of a model's scanned heads)")
+    p.add_argument("--seeds", type=at_least(1), default=5, help="random head orders (default 5; median and band)")
+    p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=10,
+                   help="dictionary lines of the measured task (default 10)")
+    p.add_argument("--samples", type=at_least(1), default=24, help="prompts of the measured task (default 24)")
+    p.add_argument("--max-value", type=at_least(1), default=9, help="values are 0..MAX (default 9)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the measured prompts (discovery uses seed+1)")
+    p.add_argument("--sharp-samples", type=at_least(1), default=8,
+                   help="prompts the aggregation scores (sharpness) are read on (default 8)")
+    p.add_argument("--pool", type=at_least(1), default=64,
+                   help="best-ranked heads of each model whose aggregation is scored (default 64)")
+    p.add_argument("--batch-size", type=at_least(1), default=16)
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
+    _dtype_arg(p)
+    p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
+    p.add_argument("--out", default="gna_compare", help="output folder (default ./gna_compare)")
+    resume_args(p, "comparison")
+    p.set_defaults(run=run_compare_families)
+
+
+def run_compare_families(args: argparse.Namespace) -> int:
+    import torch
+
+    from gna_interp.circuits import Circuit
+    from gna_interp.experiments.families import CIRCUITS_DIR, CKPT, compare
+    from gna_interp.experiments.sweep import check_out, slug
+
+    out = Path(args.out)
+    _check_out_dir(out)
+    _Lock(out).check()
+    if args.pairs > args.max_value + 1:
+        raise InputError(f"--pairs {args.pairs} needs {args.pairs} distinct values, but --max-value {args.max_value} "
+                         f"gives {args.max_value + 1}; raise --max-value or lower --pairs")
+    circuits = args.circuit if args.circuit is not None else [None] * len(args.model)
+    if len(circuits) != len(args.model):
+        raise InputError(f"--circuit lists {len(circuits)} folders for {len(args.model)} models; give one per model, "
+                         f"in the same order (an empty entry, as in DIR1,,DIR3, discovers that model's heads)")
+    cdirs = [out / CIRCUITS_DIR / slug(s) for s in args.model]
+    check_out(out, CKPT, args.resume, args.fresh,
+              also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")])
+    loaded = [Circuit.load(c) if c else None for c in circuits]  # a bad folder fails before any model is loaded
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"comparing {', '.join(args.model)} ({args.dtype}) ...", flush=True)
+    with _Lock(out):
+        try:
+            result = compare(args.model, loaded, k=args.top_k, seeds=args.seeds, pairs=args.pairs, samples=args.samples,
+                             max_value=args.max_value, seed=args.seed, sharp_samples=args.sharp_samples, pool=args.pool,
+                             batch_size=args.batch_size, out=out, resume=args.resume, fresh=args.fresh,
+                             device=getattr(args, "device", None), dtype=args.dtype, png=not args.no_png)
+        except KeyboardInterrupt:
+            interrupted(args, out / CKPT, *(c / "scan.ckpt.json" for c in cdirs))
+            raise
+    print(result.summary())
+    print(f"wrote {out / 'families.csv'}, {out / 'families.json'}, {out / 'report.html'} ({result.seconds:.0f}s)")
+    return 0
