@@ -637,6 +637,9 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
         role_task = circuit.load_task()
         if not all(s.spans.items for s in role_task.samples[:role_samples]):
             role_task = KVRetrieval(pairs, role_samples, seed=seed, max_value=max_value, words=words)
+        elif circuit.task.get("kind") != "kv":
+            notes.append(f"heads and roles come from a circuit found on {role_task.name} (roles measured there); the "
+                         f"masks are evaluated on KV retrieval")
         candidates = _from_circuit(circuit, top_k)
         pool = list(circuit.scan.heads)
         rule = circuit.rule

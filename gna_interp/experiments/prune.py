@@ -173,16 +173,17 @@ def keep_rows(model: Model, keep_layers: int | str | Sequence[int] | None,
                          "skipped": list(range(a + 1, n)), "ablated": []})
         return rows
     b = max(h.layer for h in heads)
+    whole = f"layers 0-{a}" if a >= 0 else "no whole layer"
     middle = list(range(a + 1, b + 1))
     after = list(range(b + 1, n))
     names = ",".join(h.name for h in heads)
     if after:
         rows.append({"row": f"layers 0-{b}", "series": "pruned", "seed": -1, "kept_heads": "", "skipped": after,
                      "ablated": []})
-    rows.append({"row": f"layers 0-{a}", "series": "pruned", "seed": -1, "kept_heads": "",
+    rows.append({"row": whole, "series": "pruned", "seed": -1, "kept_heads": "",
                  "skipped": list(range(a + 1, n)), "ablated": []})
     others = [u for u in _units(model, middle) if not _overlaps(u, heads)]
-    kept_label = f"layers 0-{a} + {names}"
+    kept_label = f"{whole} + {names}"
     rows.append({"row": kept_label, "series": "kept", "seed": -1, "kept_heads": names, "skipped": after,
                  "ablated": others})
     for h in heads:
@@ -200,7 +201,7 @@ def keep_rows(model: Model, keep_layers: int | str | Sequence[int] | None,
                 raise InputError(f"layer {h.layer} has no other {h.kind} head to keep at random instead of {h.name}; "
                                  f"use keep_seeds=0")
             drawn.append(rng.choice(pool))
-        rows.append({"row": f"layers 0-{a} + {len(drawn)} random heads (seed {s})", "series": "random", "seed": s,
+        rows.append({"row": f"{whole} + {len(drawn)} random heads (seed {s})", "series": "random", "seed": s,
                      "kept_heads": ",".join(d.name for d in drawn), "skipped": after,
                      "ablated": [u for u in _units(model, middle) if not _overlaps(u, drawn)]})
     return rows
