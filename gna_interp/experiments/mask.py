@@ -52,6 +52,7 @@ rule is recorded per head (``source``). Heads can also be given explicitly with 
 
 from __future__ import annotations
 
+import html
 import math
 import os
 import random
@@ -447,8 +448,8 @@ class MaskResult:
                    doc["frame"].reindex(columns=COLUMNS), pd.DataFrame(doc.get("scores") or [], columns=SCORE_COLUMNS),
                    dict(doc.get("settings") or {}), list(doc.get("notes") or []), doc.get("circuit"))
 
-    def _repr_html_(self) -> str:
-        return self.figure().to_html(include_plotlyjs="cdn", full_html=False)
+    def _repr_html_(self) -> str:  # offline: the summary and the table (``.figure()`` displays the chart)
+        return f"<pre>{html.escape(self.summary())}</pre>" + table_html(self.frame)
 
 
 def mask_figure(result: MaskResult) -> Any:

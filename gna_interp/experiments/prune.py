@@ -28,6 +28,7 @@ numbers. With no task left the run is refused.
 
 from __future__ import annotations
 
+import html
 import math
 import os
 import random
@@ -339,8 +340,8 @@ class PruneResult:
                    pd.DataFrame(doc.get("keep") or [], columns=KEEP_COLUMNS), dict(doc["tasks"]),
                    int(doc["n_layers"]), dict(doc.get("settings") or {}), list(doc.get("notes") or []))
 
-    def _repr_html_(self) -> str:
-        return self.figure().to_html(include_plotlyjs="cdn", full_html=False)
+    def _repr_html_(self) -> str:  # offline: the summary (``.figure()`` displays the curves)
+        return f"<pre>{html.escape(self.summary())}</pre>"
 
 
 def prune_figure(result: PruneResult) -> Any:
