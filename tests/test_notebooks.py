@@ -18,8 +18,8 @@ def _load(path: Path):
     return nbformat.read(path, as_version=4)
 
 
-def test_both_notebooks_are_there():
-    assert [p.name for p in NOTEBOOKS] == ["01_quickstart.ipynb", "02_ssm_vs_attention.ipynb"]
+def test_the_notebooks_are_there():
+    assert [p.name for p in NOTEBOOKS] == ["01_quickstart.ipynb", "02_ssm_vs_attention.ipynb", "03_paper_claims.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -57,6 +57,8 @@ def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path):
     assert not errors, errors
     if path.stem == "01_quickstart":
         _check_figures_display_themselves(nb)
+    if path.stem == "03_paper_claims":
+        _check_claims_are_measured(nb)
 
 
 def _check_figures_display_themselves(nb) -> None:
@@ -73,3 +75,17 @@ def _check_figures_display_themselves(nb) -> None:
     for marker in ("score_heatmap(", "ablation_curve(", "ga_card("):
         figs = results(marker)
         assert figs and "application/vnd.plotly.v1+json" in figs[0], (marker, list(figs[0]) if figs else None)
+
+
+def _check_claims_are_measured(nb) -> None:
+    """03_paper_claims prints each claim's numbers and shows the sweep and families figures."""
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
+                     if o.output_type == "stream")
+    for marker in ("Transformer: intact", "dictionary sweep of zoo:transformer-kv", "smoother: gold share",
+                   "more redundant: removing one head"):
+        assert marker in text, marker
+    figs = [c for c in nb.cells if c.cell_type == "code" and ("sw.figure()" in c.source or "fam.figure()" in c.source)]
+    assert len(figs) == 2
+    for c in figs:
+        data = [o.get("data", {}) for o in c.outputs if o.output_type in ("execute_result", "display_data")]
+        assert data and "application/vnd.plotly.v1+json" in data[0], c.source

@@ -38,7 +38,8 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
                    help="two or more model specs, comma-separated (e.g. zoo:transformer-kv,zoo:mamba2-kv,zoo:hybrid-kv)")
     p.add_argument("--circuit", type=circuit_list, default=None,
                    help="`gna scan` folders, one per model in the same order (an empty entry: discover that model's "
-                        "heads; default: discover every model's with gna scan's defaults, saved in DIR/circuits)")
+                        "heads; default: discover every model's with gna scan's default discovery on a task like the measured one, "
+                        "seeded seed+1; saved in DIR/circuits)")
     p.add_argument("--top-k", type=at_least(1), default=5,
                    help="most heads removed (default 5; at most a quarter of a model's scanned heads)")
     p.add_argument("--seeds", type=at_least(1), default=5, help="random head orders (default 5; median and band)")

@@ -8,8 +8,11 @@ kind of mixer aggregates (the paper's third claim: hybrids delegate aggregation 
 **Per model** (one after the other, each loaded, measured and released):
 
 1. its circuit: ``circuits[i]`` (a :class:`~gna_interp.circuits.Circuit` or ``gna scan`` folder) or
-   discovered with ``gna scan``'s defaults on prompts seeded ``seed + 1``
-   (:func:`~gna_interp.experiments.sweep.resolve_circuit`; saved in ``DIR/circuits/MODEL``);
+   discovered with ``gna scan``'s default discovery on a task of the measured shape (``pairs`` lines,
+   ``samples`` prompts, values ``0..max_value``) seeded ``seed + 1``, so heads are not scored on the
+   prompts they were found on (:func:`~gna_interp.experiments.sweep.resolve_circuit`; saved in
+   ``DIR/circuits/MODEL``). A model at chance on that task cannot be compared (an error names it; the
+   models measured before it stay in the checkpoint);
 2. the **removal cost**: on the measured task (``pairs`` lines, ``samples`` prompts, values
    ``0..max_value``, ``seed``), accuracy with the circuit's top ``j`` heads removed together,
    ``j = 0..k``, and with ``j`` random heads of the others (``seeds`` random orders, every ``j``);
@@ -461,7 +464,7 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
     settings = {"pairs": pairs, "samples": samples, "max_value": max_value, "seed": seed, "k": k, "seeds": seeds,
                 "sharp_samples": sharp_samples, "pool": pool, "shifts": list(shifts), "batch_size": batch_size,
                 "method": "zero"}
-    log = point_log(folder / CKPT if folder is not None else None, NAME, fingerprint_settings(names, settings))
+    log = point_log(folder / CKPT if folder is not None else None, NAME, fingerprint_settings(settings))
     log.save()
     start = time.perf_counter()
     rows, curves, heads, samp, kinds, sources, notes = [], [], [], [], [], {}, []
@@ -469,7 +472,14 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
         m = model_of(spec, device, dtype)
         task = KVRetrieval(pairs, samples, seed=seed, max_value=max_value, words=m.kv_words)
         cdir = folder / CIRCUITS_DIR / slug(name) if folder is not None else None
-        circ, sources[name] = resolve_circuit(m, given, seed, cdir, k=k, batch_size=batch_size, progress=progress)
+        found_on = KVRetrieval(pairs, samples, seed=seed + 1, max_value=max_value, words=m.kv_words)
+        try:
+            circ, sources[name] = resolve_circuit(m, given, seed, cdir, k=k, batch_size=batch_size, progress=progress,
+                                                  task=found_on)
+        except InputError as e:
+            kept = (f"; the models measured so far are kept in {folder / CKPT}: leave {name} out and rerun with --resume"
+                    if folder is not None and rows else "")
+            raise InputError(f"{'' if name in str(e) else name + ': '}{e}{kept}") from e
         key = f"{slug(name)}:{fingerprint(m, {'heads': [h.name for h in circ.heads[:max(k, pool)]], **settings})[:16]}"
         kk = min(curve_k(len(circ.scan.heads), k), len(circ.heads))
         total = (kk + 1) + seeds * kk + 1
@@ -507,13 +517,13 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
     return result
 
 
-def fingerprint_settings(names: Sequence[str], settings: dict[str, Any]) -> str:
-    """The checkpoint's run key: the model list and the settings (each model's points carry its own
-    fingerprint of weights and heads)."""
+def fingerprint_settings(settings: dict[str, Any]) -> str:
+    """The checkpoint's run key: the settings. Each model's points carry their own key (model, weights,
+    heads), so a resumed run may list fewer or more models and keeps the points of those it still lists."""
     import hashlib
     import json
 
-    return hashlib.sha256(json.dumps({"models": list(names), **settings}, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
 def _table_row(m: Model, name: str, circ: Circuit, got: dict[str, Any], curve: pd.DataFrame, agg: Any,

@@ -91,13 +91,14 @@ def discovery_task(model: Model, seed: int) -> KVRetrieval:
 
 
 def resolve_circuit(model: Model, circuit: Circuit | str | os.PathLike | None, seed: int, folder: Path | None = None,
-                    k: int = 5, batch_size: int = 16, progress: bool = True) -> tuple[Circuit, str]:
+                    k: int = 5, batch_size: int = 16, progress: bool = True, task: KVRetrieval | None = None
+                    ) -> tuple[Circuit, str]:
     """The circuit whose heads an experiment removes, and where it came from (a sentence).
 
     ``circuit`` is a :class:`Circuit`, a ``gna scan`` folder, or None: then the circuit is discovered on
-    :func:`discovery_task` (``gna scan``'s defaults) and, with ``folder``, saved there; a circuit already
-    saved in ``folder`` (an earlier, interrupted run) is loaded instead, and an interrupted discovery
-    resumes from ``folder/scan.ckpt.json``.
+    ``task`` (default :func:`discovery_task`, ``gna scan``'s defaults) with ``gna scan``'s default
+    discovery and, with ``folder``, saved there; a circuit already saved in ``folder`` (an earlier,
+    interrupted run) is loaded instead, and an interrupted discovery resumes from ``folder/scan.ckpt.json``.
     """
     if isinstance(circuit, Circuit):
         src = f"the given circuit (found on {circuit.model}, task {circuit.task.get('name')})"
@@ -109,14 +110,14 @@ def resolve_circuit(model: Model, circuit: Circuit | str | os.PathLike | None, s
         circuit = Circuit.load(folder)
         src = f"the circuit discovered earlier in {folder} (task {circuit.task.get('name')})"
     else:
-        task = discovery_task(model, seed)
+        task = task if task is not None else discovery_task(model, seed)
         ckpt = folder / "scan.ckpt.json" if folder is not None else None
         circuit = discover(model, task, k=k, batch_size=batch_size, checkpoint=ckpt, progress=progress)
         if folder is not None:
             circuit.save(folder)
         where = f", saved in {folder}" if folder is not None else ""
-        src = (f"discovered on {task.name} ({len(task)} prompts, values 0-{DISCOVERY['max_value']}, seed "
-               f"{seed + DISCOVERY['seed_offset']}; gna scan's defaults){where}")
+        src = (f"discovered on {task.name} ({len(task)} prompts, values 0-{task.max_value}, seed {task.seed}; "
+               f"gna scan's default discovery){where}")
     if not circuit.heads:
         raise InputError(f"{src} has no circuit heads (every scanned head is generic); rerun gna scan with "
                          f"--keep-generic or pick another circuit")
