@@ -396,29 +396,31 @@ def _f(v: Any, digits: int = 2) -> str:
 def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Sequence[HeadRef], k: int = 5,
                    seeds: int = 3, method: AblationMethod = "zero", reference: Any = None,
                    batch_size: int = 16, control: Task | None = None,
-                   generic: Sequence[HeadRef] = (), band: int | None = 2) -> pd.DataFrame:
+                   generic: Sequence[HeadRef] = (), band: int | None = 2,
+                   runner: SetAblation | None = None) -> pd.DataFrame:
     """Task metrics (and the LM loss on ``control`` when given) after removing ``ranked[:j]``
     (``j = 0..k``), ``j`` random heads of ``pool`` that are not among ``ranked[:k]`` (``seeds`` random
     orders), and the first ``k`` of ``generic`` (fewer when there are fewer); columns :data:`CURVE_COLUMNS`.
 
     The first ``band`` random orders are measured at every ``j`` (the curve's band); the others only at
     ``j = k``, where the top ``k`` are compared with the median of all ``seeds`` draws (``band=None``:
-    every order at every ``j``). The LM loss of random draws and the generic heads are measured at
-    ``j = k`` only. Each point replays only the blocks from its earliest removed head on
-    (:class:`~gna_interp.circuits.replay.SetAblation`)."""
+    every order at every ``j``). The generic heads are measured at ``j = k`` only, and the LM loss at
+    ``j = 0`` and ``j = k`` (where the comparison is made). Each point replays only the blocks from its earliest removed head on
+    (:class:`~gna_interp.circuits.replay.SetAblation`; pass ``runner``, one made for ``task`` with the
+    same method, to reuse its clean prefixes)."""
     if k < 0 or seeds < 0:
         raise InputError(f"k and seeds must be >= 0, got k={k}, seeds={seeds}")
     others = [h for h in pool if h not in set(ranked[:k])]
     if k > len(ranked) or k > len(others):
         raise InputError(f"cannot remove k={k} heads: only {len(ranked)} ranked and {len(others)} other heads "
                          f"in the pool to draw random ones from")
-    runner = SetAblation(model, task, method, reference, batch_size)
+    runner = runner if runner is not None else SetAblation(model, task, method, reference, batch_size)
     ctl = SetAblation(model, control, method, reference, batch_size) if control is not None else None
     rows = []
 
     def point(series: str, seed: int, j: int, heads: Sequence[HeadRef]) -> None:
         m = runner.run(heads).metrics
-        loss = lm_loss(ctl.run(heads)) if ctl is not None and (series != "random" or j == k) else math.nan
+        loss = lm_loss(ctl.run(heads)) if ctl is not None and j in (0, k) else math.nan
         rows.append({"k": j, "series": series, "seed": seed, "accuracy": m["accuracy"], "logit_diff": m["logit_diff"],
                      "gold_prob": m["gold_prob"], "lm_loss": loss, "heads": ",".join(h.name for h in heads)})
 
@@ -467,7 +469,9 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
         clock[0] = now
 
     sc = cfg.scan
-    notes = [check_solvable(model, task, sc.batch_size, cfg.allow_chance)]
+    runner = SetAblation(model, task, sc.method, sc.reference, sc.batch_size)  # its clean pass serves the curve too
+    notes = [check_solvable(model, task, sc.batch_size, cfg.allow_chance,
+                            accuracy=runner.clean().metrics["accuracy"])]
     lap("check")
     scan = scan_heads(model, task, heads=heads, config=sc)
     lap("scan")
@@ -493,7 +497,7 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
         notes.append(f"the curve removes k = {kk} heads, not {cfg.k}: {len(scan.heads)} heads in all, and k random "
                      f"heads must stay a small draw (at most a quarter) that cannot contain the circuit")
     circuit.curve = ablation_curve(model, task, members, scan.heads, min(kk, len(members)), cfg.seeds, sc.method,
-                                   sc.reference, sc.batch_size, control=ctask, generic=circuit.generic)
+                                   sc.reference, sc.batch_size, control=ctask, generic=circuit.generic, runner=runner)
     lap("curve")
     base_row = circuit.curve.iloc[0]
     circuit.baseline = {"accuracy": float(base_row["accuracy"]), "logit_diff": float(base_row["logit_diff"]),
@@ -527,11 +531,13 @@ def twin_check(model: Model, twin: Task, curve: pd.DataFrame, batch_size: int = 
             "random_median": float(pd.Series(rnd).median()) if rnd else math.nan}
 
 
-def check_solvable(model: Model, task: Task, batch_size: int = 16, allow_chance: bool = False) -> str:
-    """Evaluate the intact model on ``task`` and refuse (:class:`InputError`) when its accuracy is within
-    two standard errors (at least 0.05) of chance: a task the model fails cannot reveal a circuit.
-    Returns a sentence with the numbers; ``allow_chance`` turns the refusal into that sentence."""
-    acc = evaluate(model, task, batch_size=batch_size, progress=False).accuracy
+def check_solvable(model: Model, task: Task, batch_size: int = 16, allow_chance: bool = False,
+                   accuracy: float | None = None) -> str:
+    """Evaluate the intact model on ``task`` (or take its ``accuracy`` when already measured) and refuse
+    (:class:`InputError`) when it is within two standard errors (at least 0.05) of chance: a task the
+    model fails cannot reveal a circuit. Returns a sentence with the numbers; ``allow_chance`` turns the
+    refusal into that sentence."""
+    acc = evaluate(model, task, batch_size=batch_size, progress=False).accuracy if accuracy is None else accuracy
     chance, n = task.chance, len(task)
     margin = max(0.05, 2 * math.sqrt(chance * (1 - chance) / n))
     line = (f"intact model: accuracy {acc:.3f} on {task.name} ({n} samples), chance {chance:.3f}, "

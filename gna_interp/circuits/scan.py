@@ -389,8 +389,8 @@ def _fingerprint(model: Model, plan: ScoringPlan, method: str, heads: Sequence[H
     elif ref is not None and hasattr(ref, "ids"):
         ref = ref.ids.tolist()
     first = next(model.hf_model.parameters())
-    payload = {
-        "model": model.name, "arch": model.architecture, "layers": model.n_layers,
+    payload = {  # the dtype too: a resume in another precision would mix two models' numbers
+        "model": model.name, "arch": model.architecture, "layers": model.n_layers, "dtype": str(first.dtype),
         "weights": float(first.detach().double().sum()),
         "task": [[s.prompt, list(s.candidates), s.gold] for s in plan.samples], "scoring": plan.method,
         "method": method, "reference": ref if ref is None or isinstance(ref, (list, str)) else repr(ref),

@@ -131,11 +131,12 @@ class Model:
     # ---- heads ----------------------------------------------------------------------------
     def layer_kinds(self) -> list[str]:
         """Mixer kind of each block, e.g. ``['ssm2', 'attn', 'ssm2']``; ``'ssm2+unsupported'`` when a
-        block holds two mixers and one of them is not supported."""
+        block holds two mixers and one of them is not supported; ``'no mixer'`` for a block without a
+        token mixer (Nemotron-H's MLP-only blocks)."""
         kinds: list[list[str]] = [[] for _ in range(self.n_layers)]
         for s in self.layers:
             kinds[s.layer].append(s.kind)
-        return ["+".join(k) for k in kinds]
+        return ["+".join(k) or "no mixer" for k in kinds]
 
     def unsupported(self) -> list[LayerSpec]:
         """Token mixers gna_interp cannot analyse (RWKV time-mix, short convolutions, unbridged attention...)."""

@@ -93,7 +93,7 @@ def _add_series(fig: Any, go: Any, df: pd.DataFrame, metric: str, col: int, show
                                  hovertemplate=f"random, median<br>k=%{{x}}<br>{label}=%{{y:.3f}}<extra></extra>"),
                       row=1, col=col)
     for series, (colour, name) in _SERIES.items():
-        part = df[df["series"] == series].sort_values("k")
+        part = df[(df["series"] == series) & df[metric].notna()].sort_values("k")  # unmeasured points skipped
         if part.empty:
             continue
         hc = "heads" if "heads" in part else "head" if "head" in part else None
