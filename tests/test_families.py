@@ -192,7 +192,8 @@ def test_cli(circuits, tmp_path, capsys):
                      (["--model", "a,,b"], "empty entry"),
                      (["--model", "zoo:transformer-kv,zoo:hybrid-kv", "--circuit", str(circuits["hybrid-kv"])],
                       "1 folders for 2 models"),
-                     (["--model", "zoo:transformer-kv,zoo:hybrid-kv", "--circuit", f"{tmp_path / 'x'},"], "does not exist"),
+                     (["--model", "zoo:transformer-kv,zoo:hybrid-kv", "--circuit", f"{tmp_path / 'x'},"],
+                      "does not exist"),
                      (["--model", "zoo:transformer-kv,zoo:hybrid-kv", "--pairs", "30"], "raise --max-value")):
         assert main(["compare", *bad, "--out", str(tmp_path / "bad")]) == 2
         assert msg in capsys.readouterr().err, bad

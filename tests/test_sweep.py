@@ -38,7 +38,8 @@ def circuit_dir(model, tmp_path_factory):
 @pytest.fixture(scope="module")
 def result(model, circuit_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
-    return sweep(model, PAIRS, circuit_dir, k=2, seeds=3, samples=SAMPLES, seed=3, out=out, progress=False, png=False), out
+    res = sweep(model, PAIRS, circuit_dir, k=2, seeds=3, samples=SAMPLES, seed=3, out=out, progress=False, png=False)
+    return res, out
 
 
 def test_every_point_equals_evaluate_under_ablate(model, result):
@@ -158,7 +159,8 @@ def test_cli(circuit_dir, tmp_path, capsys):
     assert "--resume continues it" in capsys.readouterr().err
     assert main(args + ["--resume"]) == 0
     for bad, msg in ((["--pairs", "1,5"], "sizes must be at least 2"), (["--pairs", "5,5"], "given more than once"),
-                     (["--pairs", "10,120"], "raise --max-value"), (["--circuit", str(tmp_path / "none")], "does not exist"),
+                     (["--pairs", "10,120"], "raise --max-value"),
+                     (["--circuit", str(tmp_path / "none")], "does not exist"),
                      (["--top-k", "0"], "must be at least 1")):
         code = main(["sweep", "--model", "zoo:transformer-kv", "--out", str(tmp_path / "bad"), *bad])
         assert code == 2 and msg in capsys.readouterr().err, bad

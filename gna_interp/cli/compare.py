@@ -35,11 +35,12 @@ def circuit_list(text: str) -> list[str | None]:
                     "kind aggregates in a hybrid); writes families.csv, families.json, report.html")
 def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=spec_list, required=True,
-                   help="two or more model specs, comma-separated (e.g. zoo:transformer-kv,zoo:mamba2-kv,zoo:hybrid-kv)")
+                   help="two or more model specs, comma-separated "
+                        "(e.g. zoo:transformer-kv,zoo:mamba2-kv,zoo:hybrid-kv)")
     p.add_argument("--circuit", type=circuit_list, default=None,
                    help="`gna scan` folders, one per model in the same order (an empty entry: discover that model's "
-                        "heads; default: discover every model's with gna scan's default discovery on a task like the measured one, "
-                        "seeded seed+1; saved in DIR/circuits)")
+                        "heads; default: discover every model's with gna scan's default discovery on a task like the "
+                        "measured one, seeded seed+1; saved in DIR/circuits)")
     p.add_argument("--top-k", type=at_least(1), default=5,
                    help="most heads removed (default 5; at most a quarter of a model's scanned heads)")
     p.add_argument("--seeds", type=at_least(1), default=5, help="random head orders (default 5; median and band)")

@@ -1,4 +1,5 @@
-"""``gna sweep``: KV accuracy vs dictionary size with the G&A heads removed (:func:`gna_interp.experiments.sweep.sweep`)."""
+"""``gna sweep``: KV accuracy vs dictionary size with the G&A heads removed
+(:func:`gna_interp.experiments.sweep.sweep`)."""
 
 from __future__ import annotations
 

@@ -49,7 +49,6 @@ Each model's finished parts go to ``DIR/families.ckpt.json`` as they finish (``r
 
 from __future__ import annotations
 
-import html
 import math
 import os
 import time
@@ -65,7 +64,7 @@ from gna_interp.circuits.replay import SetAblation
 from gna_interp.circuits.roles import decision_inputs
 from gna_interp.errors import InputError
 from gna_interp.experiments.output import ResultFolder, records, table_html
-from gna_interp.experiments.sweep import (_bar, check_out, clear_circuit, fingerprint, model_of, point_log,
+from gna_interp.experiments.sweep import (PointLog, _bar, check_out, clear_circuit, fingerprint, model_of,
                                           random_draws, resolve_circuit, slug)
 from gna_interp.mixing import PatternOptions, patterns
 from gna_interp.mixing.sharpness import row_distribution, sharpness
@@ -100,6 +99,7 @@ class Aggregation:
     per_sample: pd.DataFrame
 
     def to_frame(self) -> pd.DataFrame:
+        """The per-head scores."""
         return self.per_head.copy()
 
 
@@ -230,7 +230,8 @@ class FamilyComparison:
                          f"{int(r['k'])} random heads: {r['random_cost_k']:.3f} (median); heads to lose half the "
                          f"above-chance accuracy: {half}")
             if isinstance(r["aggregate_head"], str) and r["aggregate_head"]:
-                lines.append(f"  aggregate head {r['aggregate_head']} ({r['aggregate_kind']}, shift {int(r['shift'])}): "
+                lines.append(f"  aggregate head {r['aggregate_head']} ({r['aggregate_kind']}, "
+                             f"shift {int(r['shift'])}): "
                              f"gold-line mass {r['aggregate']:.3f}, gold share {r['gold_share']:.3f}, line entropy "
                              f"{r['line_entropy']:.3f}, decision-row entropy {r['final_entropy']:.3f}")
             else:
@@ -238,10 +239,11 @@ class FamilyComparison:
             kinds = self.kinds[self.kinds["model"] == r["model"]]
             if len(kinds) > 1:
                 for _, kr in kinds.iterrows():
+                    metric = self.settings.get("drop_metric")
                     lines.append(f"  {kr['kind']} heads ({kr['heads']}): best aggregate {kr['best_aggregate_head']} "
-                                 f"(gold mass {kr['aggregate']:.3f}, gold share {kr['gold_share']:.3f}); largest single "
-                                 f"drop {kr['top_drop_head']} ({kr['top_drop']:.3f} {self.settings.get('drop_metric')}, "
-                                 f"accuracy alone {kr['top_drop_accuracy']:.3f})")
+                                 f"(gold mass {kr['aggregate']:.3f}, gold share {kr['gold_share']:.3f}); largest "
+                                 f"single drop {kr['top_drop_head']} ({kr['top_drop']:.3f} {metric}, accuracy alone "
+                                 f"{kr['top_drop_accuracy']:.3f})")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     def figure(self, title: str | None = None) -> Any:
@@ -274,7 +276,8 @@ class FamilyComparison:
             if not rnd.empty:
                 st = rnd.groupby("j")["cost"].agg(["median", "min", "max"]).reset_index()
                 st = pd.concat([pd.DataFrame({"j": [0], "median": [0.0], "min": [0.0], "max": [0.0]}), st])
-                fig.add_trace(go.Scatter(x=list(st["j"]) + list(st["j"])[::-1], y=list(st["max"]) + list(st["min"])[::-1],
+                band_x, band_y = list(st["j"]) + list(st["j"])[::-1], list(st["max"]) + list(st["min"])[::-1]
+                fig.add_trace(go.Scatter(x=band_x, y=band_y,
                                          fill="toself", mode="lines", line=dict(width=0), fillcolor=_rgba(colour, 0.15),
                                          hoverinfo="skip", legendgroup=name, showlegend=False), row=1, col=2)
                 fig.add_trace(go.Scatter(x=st["j"], y=st["median"], mode="lines", line=dict(color=colour, dash="dash"),
@@ -346,7 +349,7 @@ def _mixers(model: Model) -> str:
 
 
 # ---- the experiment ---------------------------------------------------------------------------------------------
-def _one_model(m: Model, circ: Circuit, log: point_log, key: str, task: KVRetrieval, k: int, seeds: int,
+def _one_model(m: Model, circ: Circuit, log: PointLog, key: str, task: KVRetrieval, k: int, seeds: int,
                pool: int, sharp_samples: int, shifts: Sequence[int], batch_size: int, bar: Any) -> dict[str, Any]:
     """Every measurement of one model (points from ``log`` when already there)."""
     kk = min(curve_k(len(circ.scan.heads), k), len(circ.heads))
@@ -415,7 +418,8 @@ def _split_specs(models: str | Sequence[Model | str]) -> list[Model | str]:
         raise InputError(f"compare needs two or more models, got {len(out)}; e.g. "
                          f"zoo:transformer-kv,zoo:mamba2-kv,zoo:hybrid-kv")
     if any(isinstance(s, str) and not s for s in out):
-        raise InputError("a model spec in the list is empty; give comma-separated specs, e.g. zoo:transformer-kv,zoo:mamba2-kv")
+        raise InputError("a model spec in the list is empty; give comma-separated specs, e.g. "
+                         "zoo:transformer-kv,zoo:mamba2-kv")
     names = [s if isinstance(s, str) else s.name for s in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -447,8 +451,8 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
     if pairs > max_value + 1:
-        raise InputError(f"pairs {pairs} needs {pairs} distinct values, but max_value {max_value} gives {max_value + 1}; "
-                         f"raise max_value or lower pairs")
+        raise InputError(f"pairs {pairs} needs {pairs} distinct values, but max_value {max_value} gives "
+                         f"{max_value + 1}; raise max_value or lower pairs")
     shifts = tuple(shifts)
     folder = Path(out) if out is not None else None
     names = [s if isinstance(s, str) else s.name for s in specs]
@@ -464,7 +468,7 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
     settings = {"pairs": pairs, "samples": samples, "max_value": max_value, "seed": seed, "k": k, "seeds": seeds,
                 "sharp_samples": sharp_samples, "pool": pool, "shifts": list(shifts), "batch_size": batch_size,
                 "method": "zero"}
-    log = point_log(folder / CKPT if folder is not None else None, NAME, fingerprint_settings(settings))
+    log = PointLog(folder / CKPT if folder is not None else None, NAME, fingerprint_settings(settings))
     log.save()
     start = time.perf_counter()
     rows, curves, heads, samp, kinds, sources, notes = [], [], [], [], [], {}, []
@@ -477,8 +481,8 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
             circ, sources[name] = resolve_circuit(m, given, seed, cdir, k=k, batch_size=batch_size, progress=progress,
                                                   task=found_on)
         except InputError as e:
-            kept = (f"; the models measured so far are kept in {folder / CKPT}: leave {name} out and rerun with --resume"
-                    if folder is not None and rows else "")
+            kept = (f"; the models measured so far are kept in {folder / CKPT}: leave {name} out and rerun with "
+                    f"--resume" if folder is not None and rows else "")
             raise InputError(f"{'' if name in str(e) else name + ': '}{e}{kept}") from e
         key = f"{slug(name)}:{fingerprint(m, {'heads': [h.name for h in circ.heads[:max(k, pool)]], **settings})[:16]}"
         kk = min(curve_k(len(circ.scan.heads), k), len(circ.heads))
@@ -487,8 +491,8 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
         with _bar(total, min(done, total), f"compare {name}", progress) as bar:
             got = _one_model(m, circ, log, key, task, k, seeds, pool, sharp_samples, shifts, batch_size, bar)
         if kk < k:
-            notes.append(f"{name}: removes up to k = {kk} heads, not {k} ({len(circ.scan.heads)} scanned heads; k random "
-                         f"heads must stay at most a quarter of them)")
+            notes.append(f"{name}: removes up to k = {kk} heads, not {k} ({len(circ.scan.heads)} scanned heads; k "
+                         f"random heads must stay at most a quarter of them)")
         curve = pd.DataFrame(got["curve"]).assign(model=name)[CURVE_COLUMNS]
         curves.append(curve)
         ph = got["per_head"]
@@ -504,11 +508,13 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
         rows.append(_table_row(m, name, circ, got, curve, agg, task.chance))
         del m
     table = pd.DataFrame(rows)
-    cost_cols = sorted([c for c in table.columns if c.startswith("cost_") and c[5:].isdigit()], key=lambda c: int(c[5:]))
+    cost_cols = sorted([c for c in table.columns if c.startswith("cost_") and c[5:].isdigit()],
+                       key=lambda c: int(c[5:]))
     table = table[[c for c in TABLE_COLUMNS if c in table] + [c for c in cost_cols if c not in TABLE_COLUMNS]]
     heads_df = pd.concat(heads, ignore_index=True)
     heads_df = heads_df[["model"] + [c for c in heads_df.columns if c != "model"]]
-    samples_df = pd.concat(samp, ignore_index=True) if samp else pd.DataFrame(columns=AGGREGATION_COLUMNS + ["sample", "model"])
+    samples_df = (pd.concat(samp, ignore_index=True) if samp
+                  else pd.DataFrame(columns=AGGREGATION_COLUMNS + ["sample", "model"]))
     result = FamilyComparison(names, table, pd.concat(curves, ignore_index=True), heads_df, samples_df,
                               pd.DataFrame(kinds), {**settings, "drop_metric": "logit_diff"}, sources, notes,
                               time.perf_counter() - start)
@@ -537,7 +543,8 @@ def _table_row(m: Model, name: str, circ: Circuit, got: dict[str, Any], curve: p
            "cost_1": float(top.get(1, math.nan)), "cost_k": float(top.get(kk, math.nan)),
            "random_cost_k": float(rnd.median()) if len(rnd) else math.nan,
            "heads_to_half": half if intact > chance else math.nan,
-           "aggregate_head": agg["name"] if agg is not None else "", "aggregate_kind": agg["kind"] if agg is not None else "",
+           "aggregate_head": agg["name"] if agg is not None else "",
+           "aggregate_kind": agg["kind"] if agg is not None else "",
            "shift": agg["shift"] if agg is not None else math.nan,
            "aggregate": agg["aggregate"] if agg is not None else math.nan,
            "gold_share": agg["gold_share"] if agg is not None else math.nan,

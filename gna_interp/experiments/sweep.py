@@ -61,7 +61,7 @@ from gna_interp.store import read_json, write_json
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.kv import PAPER_SIZES, TEMPLATES
 
-__all__ = ["COLUMNS", "CONDITIONS", "DISCOVERY", "Sweep", "check_out", "discovery_task", "point_log", "resolve_circuit",
+__all__ = ["COLUMNS", "CONDITIONS", "DISCOVERY", "PointLog", "Sweep", "check_out", "discovery_task", "resolve_circuit",
            "sweep"]
 
 COLUMNS = ["pairs", "condition", "seed", "k", "accuracy", "logit_diff", "gold_prob", "chance", "n_samples", "heads"]
@@ -169,7 +169,7 @@ def clear_circuit(folder: Path) -> None:
         (folder / name).unlink(missing_ok=True)
 
 
-class point_log:  # noqa: N801 -- used like a function: point_log(path, fp)
+class PointLog:
     """Finished points of one run, mirrored to a checkpoint file (format ``fmt``, ``partial: true``) as
     each one finishes; reading it back refuses a checkpoint of another run (other fingerprint)."""
 
@@ -200,6 +200,7 @@ class point_log:  # noqa: N801 -- used like a function: point_log(path, fp)
         self.save()
 
     def save(self) -> None:
+        """Write the checkpoint (nothing without a path)."""
         if self.path is not None:
             write_json(self.path, self.fmt, {"partial": True, "fingerprint": self.fp, "points": self.points,
                                              "extra": self.extra}, indent=None)
@@ -282,6 +283,7 @@ class Sweep:
 
     @property
     def k(self) -> int:
+        """Heads removed together in the ``topk`` and ``random`` conditions."""
         return len(self.heads)
 
     def to_frame(self) -> pd.DataFrame:
@@ -308,7 +310,8 @@ class Sweep:
                          "top1": acc("top1"), "topk": acc("topk"), "random_median": med,
                          "random_min": float(rnd.min()) if len(rnd) else math.nan,
                          "random_max": float(rnd.max()) if len(rnd) else math.nan,
-                         "drop_top1": intact - acc("top1"), "drop_topk": intact - acc("topk"), "drop_random": intact - med})
+                         "drop_top1": intact - acc("top1"), "drop_topk": intact - acc("topk"),
+                         "drop_random": intact - med})
         return pd.DataFrame(rows)
 
     @property
@@ -394,10 +397,11 @@ class Sweep:
     def save(self, out: str | os.PathLike, png: bool = True) -> Path:
         """Write ``sweep.csv``, ``sweep.json``, ``report.html`` and ``figures/sweep.png`` into ``out``."""
         b = self.by_pairs()
+        st, top = self.settings, ", ".join(h.name for h in self.heads)
         notes = [f"Heads: {self.source}.", f"Conditions: intact; top-1 ({self.heads[0].name}) removed; top-{self.k} "
-                 f"({', '.join(h.name for h in self.heads)}) removed; {self.k} random heads removed ({len(self.random)} "
-                 f"draws, the same heads at every size). Zero ablation; {self.settings.get('samples')} prompts per size, "
-                 f"values 0-{self.settings.get('max_value')}, seed {self.settings.get('seed')}.",
+                 f"({top}) removed; {self.k} random heads removed ({len(self.random)} draws, the same heads at every "
+                 f"size). Zero ablation; {st.get('samples')} prompts per size, values 0-{st.get('max_value')}, seed "
+                 f"{st.get('seed')}.",
                  self._drop_line()] + self.notes
         section = ["<h2>Accuracy by dictionary size</h2>", table_html(b)]
         return ResultFolder(out, NAME).write(self.table, self.to_dict(), title=f"Dictionary sweep: {self.model}",
@@ -472,7 +476,7 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] = PAPER_SIZES,
                 "k_requested": k, "seeds": seeds, "batch_size": batch_size, "method": "zero"}
     fp = fingerprint(m, {**settings, "pairs": sizes, "heads": [h.name for h in top],
                          "random": [[h.name for h in d] for d in draws]})
-    log = point_log(folder / CKPT if folder is not None else None, NAME, fp)
+    log = PointLog(folder / CKPT if folder is not None else None, NAME, fp)
     log.save()
     conditions: list[tuple[str, int, list[HeadRef]]] = [("intact", 0, []), ("top1", 0, top[:1]), ("topk", 0, top)]
     conditions += [("random", s, d) for s, d in enumerate(draws)]
