@@ -165,3 +165,27 @@ def test_cli(circuit_dir, tmp_path, capsys):
         code = main(["sweep", "--model", "zoo:transformer-kv", "--out", str(tmp_path / "bad"), *bad])
         assert code == 2 and msg in capsys.readouterr().err, bad
     assert not (tmp_path / "bad").exists()
+
+
+def test_cli_interrupt_says_how_to_resume(circuit_dir, tmp_path, capsys, monkeypatch):
+    from gna_interp.circuits import replay
+
+    real, calls = replay.SetAblation.run, []
+
+    def stop_on_third(self, heads):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, heads)
+
+    monkeypatch.setattr(replay.SetAblation, "run", stop_on_third)
+    out = tmp_path / "out"
+    args = ["sweep", "--model", "zoo:transformer-kv", "--circuit", str(circuit_dir), "--pairs", "6", "--samples", "4",
+            "--top-k", "2", "--seeds", "1", "--out", str(out), "--no-png"]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "interrupted; the finished work is saved in" in err and "--resume" in err
+    assert not (out / ".gna.lock").exists()
+    monkeypatch.setattr(replay.SetAblation, "run", real)
+    assert main(args + ["--resume"]) == 0
+    assert len(Sweep.load(out).table) == 4

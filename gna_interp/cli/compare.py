@@ -82,13 +82,15 @@ def run_compare_families(args: argparse.Namespace) -> int:
     cdirs = [out / CIRCUITS_DIR / slug(s) for s in args.model]
     check_out(out, CKPT, args.resume, args.fresh,
               also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")])
-    loaded = [Circuit.load(c) if c else None for c in circuits]  # a bad folder fails before any model is loaded
+    for c in circuits:  # a bad folder fails before any model is loaded
+        if c:
+            Circuit.load(c)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"comparing {', '.join(args.model)} ({args.dtype}) ...", flush=True)
     with _Lock(out):
         try:
-            result = compare(args.model, loaded, k=args.top_k, seeds=args.seeds, pairs=args.pairs, samples=args.samples,
+            result = compare(args.model, circuits, k=args.top_k, seeds=args.seeds, pairs=args.pairs, samples=args.samples,
                              max_value=args.max_value, seed=args.seed, sharp_samples=args.sharp_samples, pool=args.pool,
                              batch_size=args.batch_size, out=out, resume=args.resume, fresh=args.fresh,
                              device=getattr(args, "device", None), dtype=args.dtype, png=not args.no_png)
