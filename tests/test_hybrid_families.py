@@ -166,7 +166,7 @@ def test_zamba2_shared_block_is_listed_at_each_depth(hybrids):
 
 def test_nemotron_h_mlp_layer_is_no_token_mixer(hybrids):
     model = hybrids["nemotron_h"]
-    assert model.layer_kinds() == ["ssm2", "attn", "", "ssm2", "attn"]
+    assert model.layer_kinds() == ["ssm2", "attn", "no mixer", "ssm2", "attn"]
     with pytest.raises(HeadError, match="layer 2 .* has no 'attn' mixer"):
         model.check_head("L2H0")
     with pytest.raises(HeadError, match="out of range"):
