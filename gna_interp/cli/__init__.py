@@ -318,11 +318,8 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    import torch
-
     from gna_interp.circuits import discover
     from gna_interp.circuits.circuit import FILES
-    from gna_interp.models import load_model
     from gna_interp.report import build_report
 
     out = Path(args.out)
@@ -330,20 +327,14 @@ def run_scan(args: argparse.Namespace) -> int:
     stale = [f for f in (ckpt, ckpt.with_suffix(".control.json")) if f.exists()]
     _check_out_dir(out)
     _Lock(out).check()
-    if args.task == "kv" and args.max_value + 1 < args.pairs:
-        raise InputError(f"--max-value {args.max_value} gives {args.max_value + 1} distinct values, fewer than --pairs "
-                         f"{args.pairs}: every line needs its own value; raise --max-value or lower --pairs")
+    if args.task == "kv":
+        _check_pairs(args.pairs, args.max_value)
     if stale and not (args.resume or args.fresh):
         done = "a finished scan and its checkpoint" if (out / "circuit.json").exists() else \
             "the checkpoint of an unfinished scan"
         raise InputError(f"{out} holds {done} ({ckpt.name}); --resume continues it (or rebuilds the outputs), "
                          f"--fresh deletes it and starts over, or pick another --out")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    spec = args.model or _first_default()
-    print(f"loading {spec} ({args.dtype}) ...", flush=True)
-    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
-    model.check_runnable()
+    model = _load_for(args)
     task, twin = _scan_task(args, model, args.seed)
     reference = _scan_task(args, model, args.seed + 1)[0] if args.method != "zero" else None
     with _Lock(out):
@@ -507,6 +498,29 @@ def _check_device(device: str | None) -> None:
             raise InputError(f"--device {device!r}: only {n} CUDA device(s) here (cuda:0..cuda:{n - 1})")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise InputError(f"--device {device!r}: MPS is not available here; use --device cpu")
+
+
+def _load_for(args: argparse.Namespace, spec: str | None = None) -> Any:
+    """Set ``--threads``, then load ``spec`` (default ``--model`` or the default model) on ``--device`` in
+    ``--dtype`` and refuse a model that cannot run (a meta-device config)."""
+    import torch
+
+    from gna_interp.models import load_model
+
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    spec = spec or args.model or _first_default()
+    print(f"loading {spec} ({args.dtype}) ...", flush=True)
+    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
+    model.check_runnable()
+    return model
+
+
+def _check_pairs(pairs: int, max_value: int) -> None:
+    """KV lines need distinct values: refuse ``--max-value`` + 1 < ``--pairs``."""
+    if max_value + 1 < pairs:
+        raise InputError(f"--max-value {max_value} gives {max_value + 1} distinct values, fewer than --pairs {pairs}: "
+                         f"every line needs its own value; raise --max-value or lower --pairs")
 
 
 def _first_default() -> str:

@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _dtype_arg, _first_default, _Lock, at_least, command, spec_text
+from gna_interp.cli import _check_out_dir, _dtype_arg, _load_for, _Lock, at_least, command, spec_text
 from gna_interp.errors import InputError
 
 
@@ -92,16 +92,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
         circuit_doc = Circuit.load(d)
     names, _ = resolve_tasks(args.tasks, args.include_path)  # an unknown task fails before the model loads
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from gna_interp.models import load_model
-
-    spec = args.model or (circuit_doc.model if circuit_doc is not None else _first_default())
-    print(f"loading {spec} ({args.dtype}) ...", flush=True)
-    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
-    model.check_runnable()
+    model = _load_for(args, args.model or (circuit_doc.model if circuit_doc is not None else None))
     if args.ablate is not None:
         model.check_heads(args.ablate)  # heads out of range fail before any benchmark runs
     with _Lock(out):

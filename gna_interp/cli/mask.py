@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _dtype_arg, _first_default, _Lock, at_least, command, spec_text
+from gna_interp.cli import _check_out_dir, _check_pairs, _dtype_arg, _load_for, _Lock, at_least, command, spec_text
 from gna_interp.errors import InputError
 
 
@@ -66,10 +66,7 @@ def _mask_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_mask(args: argparse.Namespace) -> int:
-    import torch
-
     from gna_interp.experiments.mask import checkpoint_files, mask_experiment
-    from gna_interp.models import load_model
 
     out = Path(args.out)
     _check_out_dir(out)
@@ -78,19 +75,13 @@ def run_mask(args: argparse.Namespace) -> int:
             and not str(args.circuit).endswith("circuit.json"):
         raise InputError(f"--circuit {args.circuit!r} is not a `gna scan` folder (no circuit.json in it)")
     pairs, max_value = args.pairs, args.max_value
-    if pairs is not None and max_value is not None and max_value + 1 < pairs:
-        raise InputError(f"--max-value {max_value} gives {max_value + 1} distinct values, fewer than --pairs {pairs}: "
-                         f"every line needs its own value; raise --max-value or lower --pairs")
+    if pairs is not None and max_value is not None:
+        _check_pairs(pairs, max_value)
     stale = [f for f in checkpoint_files(out) if f.exists()]
     if stale and not (args.resume or args.fresh):
         raise InputError(f"{out} holds the checkpoint of an unfinished mask run ({stale[0].relative_to(out)}); "
                          f"--resume continues it, --fresh deletes it and starts over, or pick another --out")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    spec = args.model or _first_default()
-    print(f"loading {spec} ({args.dtype}) ...", flush=True)
-    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
-    model.check_runnable()
+    model = _load_for(args)
     with _Lock(out):
         try:
             result = mask_experiment(model, circuit=args.circuit, heads=args.heads, out=out, pairs=pairs,

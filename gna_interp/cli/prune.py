@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _dtype_arg, _first_default, _Lock, at_least, command, spec_text
+from gna_interp.cli import _check_out_dir, _check_pairs, _dtype_arg, _load_for, _Lock, at_least, command, spec_text
 from gna_interp.errors import InputError
 
 
@@ -70,27 +70,18 @@ def _prune_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    import torch
-
     from gna_interp.experiments.prune import CHECKPOINT, parse_keep_layers, prune
-    from gna_interp.models import load_model
 
     out = Path(args.out)
     _check_out_dir(out)
     _Lock(out).check()
-    if "kv" in args.tasks and args.max_value + 1 < args.pairs:
-        raise InputError(f"--max-value {args.max_value} gives {args.max_value + 1} distinct values, fewer than --pairs "
-                         f"{args.pairs}: every line needs its own value; raise --max-value or lower --pairs")
+    if "kv" in args.tasks:
+        _check_pairs(args.pairs, args.max_value)
     parse_keep_layers(args.keep_layers)  # a malformed range fails before any loading
     if (out / CHECKPOINT).exists() and not (args.resume or args.fresh):
         raise InputError(f"{out} holds the checkpoint of an unfinished prune run ({CHECKPOINT}); --resume continues "
                          f"it, --fresh deletes it and starts over, or pick another --out")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    spec = args.model or _first_default()
-    print(f"loading {spec} ({args.dtype}) ...", flush=True)
-    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
-    model.check_runnable()
+    model = _load_for(args)
     with _Lock(out):
         try:
             result = prune(model, out, tasks=args.tasks, pairs=args.pairs, samples=args.samples,
