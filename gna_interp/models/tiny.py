@@ -59,12 +59,18 @@ def _configs(vocab: int) -> dict[str, Callable[[], tuple[Any, Any]]]:
 
 def build_tiny(family: str, path: str | os.PathLike, seed: int = 0) -> Path:
     """Write a tiny random-initialised ``family`` model plus a byte tokenizer to ``path``; return it."""
-    from gna_interp.models.loading import quiet_transformers
-
     if family not in FAMILIES:
         raise ValueError(f"unknown tiny family {family!r}; choose one of {FAMILIES}")
     tok = byte_tokenizer()
     config, cls = _configs(len(tok))[family]()
+    return save_tiny(config, cls, tok, path, seed)
+
+
+def save_tiny(config: Any, cls: type, tok: Any, path: str | os.PathLike, seed: int = 0) -> Path:
+    """Initialise ``cls(config)`` with ``seed`` (pad/bos/eos = the tokenizer's eos) and save it with ``tok``
+    to ``path``; return it."""
+    from gna_interp.models.loading import quiet_transformers
+
     config.pad_token_id = config.eos_token_id = config.bos_token_id = tok.eos_token_id
     torch.manual_seed(seed)
     path = Path(path)

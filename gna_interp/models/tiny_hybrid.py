@@ -19,8 +19,6 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
 from gna_interp.errors import InputError
 
 HYBRID_FAMILIES = ("zamba2", "nemotron_h", "falcon_h1")
@@ -58,18 +56,10 @@ def _configs(vocab: int, gated_norm: bool) -> dict[str, Callable[[], tuple[Any, 
 def build_tiny_hybrid(family: str, path: str | os.PathLike, seed: int = 0, gated_norm: bool = False) -> Path:
     """Write a tiny random-initialised hybrid ``family`` (one of :data:`HYBRID_FAMILIES`) plus a byte
     tokenizer to ``path``; return it. ``gated_norm`` gives Falcon-H1's mixer its gated RMS norm."""
-    from gna_interp.models.loading import quiet_transformers
-    from gna_interp.models.tiny import byte_tokenizer
+    from gna_interp.models.tiny import byte_tokenizer, save_tiny
 
     if family not in HYBRID_FAMILIES:
         raise InputError(f"unknown tiny hybrid family {family!r}; choose one of {HYBRID_FAMILIES}")
     tok = byte_tokenizer()
     config, cls = _configs(len(tok), gated_norm)[family]()
-    config.pad_token_id = config.eos_token_id = config.bos_token_id = tok.eos_token_id
-    torch.manual_seed(seed)
-    path = Path(path)
-    with quiet_transformers():
-        model = cls(config).eval()
-        model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny(config, cls, tok, path, seed)
