@@ -420,7 +420,8 @@ def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Se
 
     def point(series: str, seed: int, j: int, heads: Sequence[HeadRef]) -> None:
         m = runner.run(heads).metrics
-        loss = lm_loss(ctl.run(heads)) if ctl is not None and j in (0, k) else math.nan
+        measured = j in (0, k) or series == "generic"  # the generic point sits at min(k, len(generic))
+        loss = lm_loss(ctl.run(heads)) if ctl is not None and measured else math.nan
         rows.append({"k": j, "series": series, "seed": seed, "accuracy": m["accuracy"], "logit_diff": m["logit_diff"],
                      "gold_prob": m["gold_prob"], "lm_loss": loss, "heads": ",".join(h.name for h in heads)})
 
