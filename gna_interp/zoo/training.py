@@ -28,11 +28,14 @@ import math
 import os
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
+from jaxtyping import Float, Int
+from torch import Tensor
 
 from gna_interp.errors import InputError, UnknownModelError
 from gna_interp.models.card import CARD_JSON, read_card
@@ -189,11 +192,93 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
     return {"total": total, "non_embedding": total - emb}
 
 
-def _lr_at(r: Recipe, step: int, steps: int) -> float:
+def lr_at(r: Recipe, step: int, steps: int) -> float:
+    """Learning rate at ``step`` of ``steps``: linear warmup over ``r.warmup`` steps to ``r.lr``, then cosine
+    decay to 10% of it."""
     if step < r.warmup:
         return r.lr * (step + 1) / r.warmup
     frac = (step - r.warmup) / max(1, steps - r.warmup)
     return r.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def make_optimizer(r: Recipe, named: Iterable[tuple[str, torch.nn.Parameter]]) -> torch.optim.AdamW:
+    """The zoo's optimizer over the ``(name, parameter)`` pairs ``named``: AdamW(betas=(0.9, 0.98)), weight
+    decay ``r.weight_decay`` on matrices (``dim >= 2``), none on vectors."""
+    named = list(named)
+    decay = [p for _, p in named if p.dim() >= 2]
+    no_decay = [p for _, p in named if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": r.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=r.lr, betas=(0.9, 0.98))
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(n)``; the previous count is restored on exit."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+LossFn = Callable[[torch.nn.Module, Int[Tensor, "batch pos"], Int[Tensor, "q"], Int[Tensor, "batch q"]], Tensor]
+
+
+def answer_loss(model: torch.nn.Module, inputs: Int[Tensor, "batch pos"], positions: Int[Tensor, "q"],
+                values: Int[Tensor, "batch q"]) -> Float[Tensor, ""]:
+    """The zoo's training loss: cross-entropy of every answer's value token, predicted at ``positions``."""
+    logits = model(input_ids=inputs, logits_to_keep=positions).logits
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), values.flatten())
+
+
+def fit(model: torch.nn.Module, r: Recipe, tokenizer: Any, loss_fn: LossFn = answer_loss,
+        params: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
+        log: Callable[[str], None] | None = print, log_every: int = 50) -> tuple[list[float], float]:
+    """Train ``model`` for ``r.steps`` steps on the zoo's data (:func:`training_batch` of ``r``): the
+    optimizer of :func:`make_optimizer` over ``params`` (default: every named parameter), learning rate
+    :func:`lr_at`, gradients clipped to norm ``r.grad_clip``; ``loss_fn(model, inputs, positions, values)``
+    gives each step's loss (default :func:`answer_loss`). Returns the loss per step and the wall time (s)."""
+    named = list(model.named_parameters() if params is None else params)
+    trained = [p for _, p in named]
+    opt = make_optimizer(r, named)
+    model.train()
+    losses: list[float] = []
+    start = time.perf_counter()
+    for step in range(r.steps):
+        inputs, positions, values = training_batch(tokenizer, r, step)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(r, step, r.steps)
+        loss = loss_fn(model, inputs, positions, values)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained, r.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+        if log and ((step + 1) % log_every == 0 or step + 1 == r.steps):
+            recent = losses[-log_every:]
+            log(f"  step {step + 1}/{r.steps}  loss {sum(recent) / len(recent):.4f}  "
+                f"{time.perf_counter() - start:.0f}s")
+    model.eval()
+    return losses, time.perf_counter() - start
+
+
+def save_evaluated(model: torch.nn.Module, tokenizer: Any, out: str | os.PathLike, card: dict[str, Any],
+                   eval_sizes: Sequence[int] = DEFAULT_EVAL_SIZES, eval_samples: int = 200) -> dict[str, Any]:
+    """Save ``model`` (fp32 safetensors) and ``tokenizer`` to ``out``, measure its KV accuracy there
+    (:func:`evaluate_checkpoint`, through ``load_model``) into ``card["evaluation"]`` and write the card;
+    returns the card."""
+    from gna_interp.models.loading import quiet_transformers
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    with quiet_transformers():
+        model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    card = {**card, "evaluation": evaluate_checkpoint(out, eval_sizes, eval_samples)}
+    write_card(out, card)
+    return card
 
 
 @dataclass
@@ -224,55 +309,22 @@ def train(name: str, out: str | os.PathLike, steps: int | None = None, seed: int
     if r.steps < 1:
         raise InputError(f"steps must be >= 1, got {r.steps}")
     say = log or (lambda _msg: None)
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(r.threads)
-    try:
+    with torch_threads(r.threads):
         tokenizer = build_tokenizer()
         with quiet_transformers():
             model = build_model(r, tokenizer)
-        model.train()
         counts = parameter_counts(model)
         say(f"{name}: {r.hf_class}, {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
             f"{r.steps} steps, batch {r.batch_size}, dictionaries {r.pairs[0]}-{r.pairs[1]} pairs, seed {r.seed}")
-        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": r.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=r.lr, betas=(0.9, 0.98))
-        losses: list[float] = []
-        start = time.perf_counter()
-        for step in range(r.steps):
-            inputs, positions, values = training_batch(tokenizer, r, step)
-            for g in opt.param_groups:
-                g["lr"] = _lr_at(r, step, r.steps)
-            logits = model(input_ids=inputs, logits_to_keep=positions).logits
-            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), values.flatten())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), r.grad_clip)
-            opt.step()
-            losses.append(loss.item())
-            if log and ((step + 1) % log_every == 0 or step + 1 == r.steps):
-                recent = losses[-log_every:]
-                say(f"  step {step + 1}/{r.steps}  loss {sum(recent) / len(recent):.4f}  "
-                    f"{time.perf_counter() - start:.0f}s")
-        wall = time.perf_counter() - start
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        model.eval()
-        with quiet_transformers():
-            model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        card = _card(r, counts, wall, losses)
-        card["evaluation"] = evaluate_checkpoint(out, eval_sizes, eval_samples)
-        write_card(out, card)
+        losses, wall = fit(model, r, tokenizer, log=log, log_every=log_every)
+        card = save_evaluated(model, tokenizer, out, card_for(r, counts, wall, losses), eval_sizes, eval_samples)
         say(f"  wrote {out}; accuracy " + ", ".join(f"{k} pairs {v['accuracy']:.3f}"
                                                      for k, v in card["evaluation"]["by_pairs"].items()))
-        return TrainResult(out, card, losses)
-    finally:
-        torch.set_num_threads(old_threads)
+        return TrainResult(Path(out), card, losses)
 
 
-def _card(r: Recipe, counts: dict[str, int], wall: float, losses: list[float]) -> dict[str, Any]:
+def card_for(r: Recipe, counts: dict[str, int], wall: float, losses: list[float]) -> dict[str, Any]:
+    """The model card (without ``evaluation``) of a model trained with recipe ``r``."""
     import transformers
 
     from gna_interp.zoo.tokenizer import zoo_keys
@@ -331,16 +383,21 @@ def evaluate_checkpoint(path: str | os.PathLike, sizes: Sequence[int] = DEFAULT_
             "by_pairs": by_pairs}
 
 
-def write_card(out: str | os.PathLike, card: dict[str, Any]) -> None:
-    """Write ``card.json`` and a human-readable ``MODEL_CARD.md`` into ``out``."""
+def write_card(out: str | os.PathLike, card: dict[str, Any], sections: Mapping[str, str] | None = None) -> None:
+    """Write ``card.json`` and a human-readable ``MODEL_CARD.md`` (with ``sections``, see :func:`render_card`)
+    into ``out``."""
     out = Path(out)
     (out / CARD_JSON).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
-    (out / CARD_MD).write_text(render_card(card), encoding="utf-8")
+    (out / CARD_MD).write_text(render_card(card, sections), encoding="utf-8")
 
 
-def render_card(card: dict[str, Any]) -> str:
-    """The Markdown model card of a ``card.json`` dictionary."""
+def render_card(card: dict[str, Any], sections: Mapping[str, str] | None = None) -> str:
+    """The Markdown model card of a ``card.json`` dictionary; ``sections`` (title -> Markdown) are placed
+    before ``## Training``; ``card["training"]["reproduce"]``, when present, is the command that rebuilds
+    the model (default ``gna zoo train NAME``)."""
     t, ev, p = card["training"], card["evaluation"], card["parameters"]
+    extra = "".join(f"## {title}\n\n{text.strip()}\n\n" for title, text in (sections or {}).items())
+    reproduce = t.get("reproduce") or f"gna zoo train {card['name']} --steps {t['steps']} --seed {t['seed']}"
     rows = "\n".join(f"| {n} | {v['accuracy']:.3f} | {v['chance']:.3f} | {v['logit_diff']:.2f} | {v['gold_prob']:.3f} |"
                      for n, v in ev["by_pairs"].items())
     cfg = "\n".join(f"- `{k}`: {v}" for k, v in card["config"].items())
@@ -352,7 +409,7 @@ def render_card(card: dict[str, Any]) -> str:
 - Parameters: {p['total']:,} ({p['non_embedding']:,} without the tied embedding), stored as {card['dtype']} safetensors
 - Tokenizer: {card['tokenizer']}
 
-## Training
+{extra}## Training
 
 - Task: KV retrieval, official template, dictionaries of {t['pairs'][0]}-{t['pairs'][1]} pairs
   (training dictionary size {t['train_pairs']}); data: {t['data']}
@@ -361,7 +418,7 @@ def render_card(card: dict[str, Any]) -> str:
   {t['optimizer']}, weight decay {t['weight_decay']}, grad clip {t['grad_clip']}
 - Wall time {t['wall_seconds']} s on CPU, {t['threads']} thread(s); final loss {t['final_loss']}
 - torch {t['torch']}, transformers {t['transformers']}, Python {t['python']}
-- Reproduce: `gna zoo train {card['name']} --steps {t['steps']} --seed {t['seed']}`
+- Reproduce: `{reproduce}`
 
 ## Accuracy
 
