@@ -18,6 +18,7 @@ format             file                                        written by
 ``eval`` ...       ``NAME.json`` of an experiment folder       ``experiments.output.ResultFolder``
                    (``eval``, ``prune``, ``mask``, ``sweep``,
                    ``families``)
+``hybrid_plan``    ``hybrid_plan.json``                        ``HybridPlan.save``, ``gna hybrid plan``
 =================  =========================================  ===========================
 
 ``scan.csv`` (the ranked table, for people and spreadsheets) and ``summary.md`` are written atomically
@@ -38,7 +39,8 @@ from typing import Any
 from gna_interp.errors import InputError
 
 FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 1, "views": 1, "patterns": 1,
-                                   "comparison": 1, "eval": 1, "prune": 1, "mask": 1, "sweep": 1, "families": 1}
+                                   "comparison": 1, "eval": 1, "prune": 1, "mask": 1, "sweep": 1, "families": 1,
+                                   "hybrid_plan": 1}
 
 __all__ = ["FORMAT_VERSIONS", "atomic_write", "clean_json", "read_json", "read_tensors", "write_json",
            "write_tensors"]
