@@ -412,3 +412,24 @@ def test_zoo_transformer_loses_retrieval_with_its_ga_heads(tmp_path):
     outs = lm.generate([lm.tok_encode(r["prompt"]) for r in rows], ["\n", "."], 4)
     hits = [bool(m) and m.group(0) == r["answer"] for m, r in zip((re.search(r"\d", o) for o in outs), rows)]
     assert s.loc["gna_kv_gen", "removed"] == pytest.approx(sum(hits) / len(hits))
+
+
+def test_lm_evals_own_cli_finds_the_gna_model(tiny_dirs, monkeypatch, capsys):
+    """`gna lm-eval run ...` hands its arguments to lm-eval's own parser with model class "gna" registered; the
+    model built from what that parser made carries the heads (running the tasks themselves is what
+    test_cli_writes_its_folder covers; lm-eval's CLI indexes every built-in task first, ~25 s)."""
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.api.registry import get_model
+
+    seen = {}
+    monkeypatch.setattr(HarnessCLI, "execute", lambda self, args: seen.setdefault("args", args))
+    code = main(["lm-eval", "run", "--model", "gna", "--model_args", f"model={tiny_dirs['llama']}", "heads=L1H0;L2H3",
+                 "--tasks", "t_mc", "--limit", "2"])
+    args = seen["args"]
+    assert code == 0 and args.model == "gna" and args.tasks == ["t_mc"]
+    assert args.device == ("cpu" if not torch.cuda.is_available() else args.device)
+    lm = get_model(args.model).create_from_arg_obj(args.model_args, {"device": args.device})
+    assert isinstance(lm, GnaLM) and [h.name for h in lm.heads] == HEADS
+    assert sys.argv[0] != "lm-eval"  # put back
+    assert main(["lm-eval", "--model", "gna"]) == 2
+    assert main(["lm-eval"]) == 2 and "needs one of lm-eval's subcommands" in capsys.readouterr().err

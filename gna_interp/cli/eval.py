@@ -116,3 +116,43 @@ def run_eval(args: argparse.Namespace) -> int:
     print(result.format_table())
     print(f"wrote {out / 'eval.csv'}, {out / 'eval_summary.csv'}, {out / 'eval.json'}, {out / 'report.html'}")
     return 0
+
+
+@command("lm-eval", "lm-evaluation-harness's own command line with gna_interp's model class registered as \"gna\": "
+                    "gna lm-eval run --model gna --model_args model=SPEC heads=L16H0;L18H6 --tasks T (lm-eval cannot "
+                    "find plug-in model classes by itself)")
+def _lm_eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("harness_args", nargs=argparse.REMAINDER, metavar="run|ls|validate ...",
+                   help="lm-eval's subcommand and its arguments, passed on unchanged (see gna lm-eval run -h)")
+    p.set_defaults(run=run_lm_eval)
+
+
+def run_lm_eval(args: argparse.Namespace) -> int:
+    """Register :class:`~gna_interp.experiments.harness.GnaLM` as lm-eval model ``gna`` and run lm-eval's CLI."""
+    from gna_interp.experiments.harness import require_lm_eval
+
+    require_lm_eval()
+    rest = list(args.harness_args)
+    if not rest or rest[0] not in ("run", "ls", "validate"):
+        raise InputError(f"gna lm-eval needs one of lm-eval's subcommands first (run, ls, validate), got "
+                         f"{' '.join(rest) or 'nothing'}; e.g. gna lm-eval run --model gna --model_args "
+                         f"model=zoo:transformer-kv heads=L0H3 --tasks gna_kv_mc --include_path tests/data/eval_tasks")
+    import torch
+
+    import gna_interp.experiments.harness  # noqa: F401 -- registers the "gna" model class
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.utils import setup_logging
+
+    if rest[0] == "run" and "--device" not in rest and not torch.cuda.is_available():
+        rest += ["--device", "cpu"]  # lm-eval's default device is cuda
+    setup_logging()
+    cli = HarnessCLI()
+    saved = sys.argv
+    sys.argv = ["lm-eval", *rest]  # lm-eval's parser reads sys.argv (it rewrites it for its legacy form)
+    try:
+        cli.execute(cli.parse_args())
+    except SystemExit as e:  # lm-eval's own --help or argument error (already printed)
+        return e.code if isinstance(e.code, int) else 2
+    finally:
+        sys.argv = saved
+    return 0
