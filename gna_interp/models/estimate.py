@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from gna_interp.models.heads import HeadRef
     from gna_interp.models.model import Model
 
-__all__ = ["DEVICES", "Device", "HookCheck", "ScanEstimate", "Throughput", "check_hooks", "estimate_scan",
-           "forward_flops", "get_device", "measure_throughput"]
+__all__ = ["CPU_REPLAY_ROWS", "DEVICES", "Device", "HookCheck", "STACK_MEMORY_SHARE", "ScanEstimate", "Throughput",
+           "check_hooks", "estimate_scan", "forward_flops", "get_device", "measure_throughput", "replay_stack"]
 
 GiB = 1 << 30
 DEFAULT_UTILIZATION = 0.35
@@ -283,6 +283,42 @@ def forward_flops(model: "Model", tokens: int, logits: int | None = None) -> flo
     default all), counted from the model's shapes as described in :mod:`gna_interp.models.estimate`."""
     d, v = _dims(model)
     return sum(b.flops(tokens) for b in _blocks(model)) + 2.0 * d * v * (tokens if logits is None else logits)
+
+
+CPU_REPLAY_ROWS = 64  # off CUDA a stacked replay holds at most this many rows (the measured CPU default)
+STACK_MEMORY_SHARE = 0.5  # share of the free CUDA memory the stacked replays may plan on (the rest: slack)
+
+
+def replay_stack(model: "Model", rows: int, tokens: int, *, reads: int = 1, reserve_bytes: int = 0,
+                 free_bytes: int | None = None, share: float = STACK_MEMORY_SHARE) -> int:
+    """Head ablations of one layer to stack in one replay of a batch of ``rows`` sequences of ``tokens``.
+
+    Off CUDA (``free_bytes`` None and the model not on a CUDA device): ``max(1, 64 // rows)``, the CPU
+    default (a replay of at most :data:`CPU_REPLAY_ROWS` rows). On CUDA, or when ``free_bytes`` is given:
+    as many copies of the batch as fit in ``share`` of the free memory (``torch.cuda.mem_get_info`` of the
+    model's first device) less ``reserve_bytes`` (e.g. the clean prefixes the scan keeps), at the *estimated*
+    working set of one replay row -- the largest block's activations of :meth:`_Block.working_bytes`, the
+    block's recorded inputs repeated per copy (a ``tokens x tokens`` mask, two position-embedding tables)
+    and ``reads`` float32 log-prob rows of the vocabulary. At least 1, at most the most heads any layer
+    has (a stack only groups heads of one layer).
+    """
+    for name, value, low in (("rows", rows, 1), ("tokens", tokens, 1), ("reads", reads, 0),
+                             ("reserve_bytes", reserve_bytes, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
+    if not 0 < share <= 1:
+        raise InputError(f"share must be in (0, 1], got {share!r}")
+    if free_bytes is None:
+        if model.device.type != "cuda":
+            return max(1, CPU_REPLAY_ROWS // rows)
+        free_bytes = int(torch.cuda.mem_get_info(model.device)[0])
+    nbytes = torch.empty(0, dtype=model.dtype).element_size()
+    d, v = _dims(model)
+    row = max(b.working_bytes(1, tokens, d, nbytes) for b in _blocks(model))
+    row += tokens * tokens * 4 + 2 * tokens * d * 4 + reads * v * (nbytes + 8)
+    cap = max((s.n_heads for s in model.layers if s.supported), default=1)
+    fit = int((free_bytes * share - reserve_bytes) // (rows * row))
+    return max(1, min(cap, fit))
 
 
 def _param_bytes(model: "Model", nbytes: int) -> tuple[int, int]:

@@ -411,8 +411,10 @@ class Model:
         return list(self.bridge.blocks)
 
     def unembed(self, resid: Float[Tensor, "... pos d_model"]) -> Float[Tensor, "... pos vocab"]:
-        """Final norm and unembedding of residual-stream vectors."""
-        return self.bridge.unembed(self.bridge.ln_final(resid))
+        """Final norm and unembedding of residual-stream vectors (cast to the unembedding's dtype, as Hugging
+        Face's own heads do: a half-precision Mamba keeps its residual, hence its final norm's output, in float32)."""
+        normed = self.bridge.ln_final(resid)
+        return self.bridge.unembed(normed.to(self.hf_model.get_output_embeddings().weight.dtype))
 
     @staticmethod
     def block_input_hook(layer: int) -> str:
