@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from gna_interp.circuits.roles import ROLE_COLUMNS, RoleRule, _sample_scores, decision_inputs, role_scores
+from gna_interp.circuits.offsets import pick_offset, reach, shifted_items
+from gna_interp.circuits.roles import (ROLE_COLUMNS, SCORE_COLUMNS, RoleRule, _sample_scores, decision_inputs, offset_scores,
+                                      role_scores)
 from gna_interp.errors import InputError
 from gna_interp.mixing import patterns
 from gna_interp.tasks import KVRetrieval, Task
@@ -42,7 +44,7 @@ def test_scores_of_a_hand_made_gather_and_aggregate_pattern():
     q = torch.tensor([0.1, 0.7]) / 0.8
     assert sharp[1] == pytest.approx(1 + float((q * q.log()).sum()) / math.log(2), abs=1e-6)
     rule = RoleRule()
-    names = ROLE_COLUMNS[1:-1]
+    names = SCORE_COLUMNS
     assert rule.label(dict(zip(names, s[0].tolist()))) == "gather"
     assert rule.label(dict(zip(names, s[1].tolist()))) == "aggregate"
 
@@ -112,3 +114,64 @@ def test_role_scores_refuse_bad_input(tiny_models):
         role_scores(model, plain)
     with pytest.raises(InputError, match="n_samples"):
         role_scores(model, TASK, n_samples=0)
+
+
+def test_pick_offset_prefers_the_literal_reading():
+    assert pick_offset({0: 0.5, 1: 0.52, 2: 0.3}) == 0  # within 10% of the best: the smaller offset wins
+    assert pick_offset({0: 0.1, 1: 0.6, 2: 0.62}) == 1
+    assert pick_offset({0: math.nan, 1: 0.2}) == 1 and pick_offset({}) == 0
+
+
+def test_offset_scores_read_the_shifted_lines(tiny_models):
+    """Offsets 0..reach of an SSM head, each recomputed by hand from the pattern with the lines moved."""
+    model = tiny_models["bamba"]
+    head = "L0S1"
+    assert reach(model, head) == model.hf_module(model.layer_spec(0, "ssm2").bridge_path).conv_kernel_size - 1
+    per = offset_scores(model, TASK, heads=[head], n_samples=3).set_index("offset")
+    assert list(per.index) == list(range(reach(model, head) + 1)) and (per["n_scored"] == 3).all()
+    for d in per.index:
+        want = {"gather": 0.0, "aggregate": 0.0, "summary_aggregate": 0.0}
+        for s, ids in zip(TASK.samples, decision_inputs(model, TASK.samples)):
+            pat = patterns(model, torch.tensor([ids]), heads=[head]).sample(0, [head])[0].float()
+            p = pat.abs() / pat.abs().sum(-1, keepdim=True)
+            items = shifted_items(s.segments(model.tokenizer), int(d))
+            want["gather"] += sum(float(p[sp.summary, sp.start:sp.summary].sum()) for sp in items) / len(items) / 3
+            want["aggregate"] += float(p[-1, items[s.gold].start:items[s.gold].stop].sum()) / 3
+            want["summary_aggregate"] += float(p[-1, items[s.gold].summary]) / 3
+        for c, v in want.items():
+            assert per.loc[d, c] == pytest.approx(v, abs=1e-5), (d, c)
+    roles = role_scores(model, TASK, heads=[head], n_samples=3).iloc[0]
+    assert roles["offset"] in per.index
+    assert roles["aggregate"] == pytest.approx(per.loc[roles["offset"], "aggregate"])
+    literal = role_scores(model, TASK, heads=[head], n_samples=3, offset=0).iloc[0]
+    assert literal["offset"] == 0 and literal["gather"] == pytest.approx(per.loc[0, "gather"])
+
+
+def test_attention_only_models_are_read_at_the_literal_summaries(tiny_models):
+    df = role_scores(tiny_models["llama"], TASK, n_samples=2)
+    assert (df["offset"] == 0).all()
+
+
+def test_smooth_rule_for_ssm_heads():
+    sc = {"aggregate": 0.26, "selectivity": 0.22, "gather": 0.02, "gather_prev": 0.02}
+    rule = RoleRule()
+    assert rule.label(sc) == "other" and rule.label(sc, smooth=True) == "aggregate"
+    assert "min 0.15 for an SSM head" in rule.explain(sc, smooth=True)
+
+
+def test_zoo_mamba2_aggregate_heads_are_labelled_at_offset_one():
+    """The zoo Mamba-2's layer-1 heads (tests/test_mask_cmd.py) select the gold line one token after its end:
+    labelled aggregate at offset 1, and ``other`` when read at the literal summaries."""
+    from gna_interp import load_model
+    from gna_interp.models import zoo_names
+
+    if "mamba2-kv" not in zoo_names():
+        pytest.skip("the zoo Mamba-2 is not installed")
+    m = load_model("zoo:mamba2-kv", device="cpu")
+    agg = ["L1S0", "L1S1", "L1S2", "L1S3", "L1S4", "L1S7"]
+    task = KVRetrieval(10, 8, seed=0, max_value=99, words=m.kv_words)
+    df = role_scores(m, task, heads=agg + ["L2S0", "L3S4"], n_samples=8).set_index("name")
+    assert (df.loc[agg, "role"] == "aggregate").all() and (df.loc[agg, "offset"] == 1).all()
+    assert (df.loc[["L2S0", "L3S4"], "role"] == "other").all()
+    literal = role_scores(m, task, heads=agg, n_samples=8, offset=0)
+    assert (literal["role"] == "other").all() and (literal["selectivity"] < 0.05).all()

@@ -22,6 +22,12 @@ all candidates share (``" 7"`` is ``" "`` + ``"7"`` for digit-splitting tokenize
 predicted at the ``" "`` token, not at ``" is"``), and ``f`` is the last of them -- the very position
 whose logits the task is scored on. Without a shared prefix, ``f`` is the prompt's last token.
 
+**Summary offsets.** An SSM mixer's causal convolution carries a line 1-3 tokens past its end, so an SSM
+head (or an attention head behind SSM layers) may read the lines there rather than at their last tokens.
+Each head is scored with the lines moved ``d = 0..reach(head)`` tokens later (:func:`offset_scores`,
+:mod:`gna_interp.circuits.offsets`; ``reach`` is 0 in an attention-only model) and read at the offset
+its role is clearest at (:func:`choose_offset`); the ``offset`` column records it.
+
 Scores are means over samples. :class:`RoleRule` turns them into a label (documented there).
 """
 
@@ -33,7 +39,10 @@ from typing import Any, Sequence
 
 import pandas as pd
 import torch
+from jaxtyping import Float
+from torch import Tensor
 
+from gna_interp.circuits.offsets import intact_at, offsets_of, pick_offset
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.mixing import PatternOptions, patterns
@@ -42,12 +51,16 @@ from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.scoring import plan_scoring
+from gna_interp.tasks.segments import Segments, Span
 
-ROLE_COLUMNS = ["name", "gather", "gather_prev", "line_tokens", "aggregate", "to_summaries", "to_items", "gold_share",
-                "selectivity", "sharpness", "role", "role_reason"]
+SCORE_COLUMNS = ["gather", "gather_prev", "line_tokens", "aggregate", "to_summaries", "to_items", "gold_share",
+                 "selectivity", "sharpness"]
+SUMMARY_COLUMNS = ["summary_aggregate", "summary_selectivity"]
+ROLE_COLUMNS = ["name", *SCORE_COLUMNS, "offset", "role", "role_reason"]
 ROLES: tuple[str, ...] = ("gather", "aggregate", "other")
 
-__all__ = ["ROLES", "ROLE_COLUMNS", "RoleRule", "decision_inputs", "role_scores"]
+__all__ = ["ROLES", "ROLE_COLUMNS", "SCORE_COLUMNS", "SUMMARY_COLUMNS", "RoleRule", "choose_offset", "decision_inputs", "item_masses",
+           "offset_scores", "role_scores"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,12 @@ class RoleRule:
 
     - **aggregate** when ``aggregate >= aggregate_min`` (the decision position puts at least that
       much mass on the gold segment) and ``selectivity >= selectivity_min`` (what it puts on the
-      segments goes to the gold one well above chance: it *selects*, it does not spread);
+      segments goes to the gold one well above chance: it *selects*, it does not spread); for a
+      *smooth* head -- one whose pattern is implicit attention (SSM heads, ``smooth=True``), whose rows
+      are not softmax distributions -- ``smooth_selectivity_min`` instead: SSMs implement G&A with a
+      smoother aggregate (the paper's point), e.g. the zoo Mamba-2's layer-1 aggregate heads put 0.26 of
+      their decision row on the gold one of 10 lines, 3x chance, selectivity 0.22; the other heads of that
+      model stay below 0.05;
     - else **gather** when ``gather >= gather_min`` (summary tokens read their own segment) and
       ``gather - gather_prev >= spread_min`` (beyond the adjacent token: not a previous-token head);
       when the lines are two tokens (``line_tokens <= 2``, e.g. the zoo tokenizer's ``key``, ``value``),
@@ -69,10 +87,15 @@ class RoleRule:
     selectivity_min: float = 0.3
     gather_min: float = 0.3
     spread_min: float = 0.15
+    smooth_selectivity_min: float = 0.15
 
-    def label(self, scores: dict[str, float] | pd.Series) -> str:
-        """The role of one head from its scores."""
-        if scores["aggregate"] >= self.aggregate_min and scores["selectivity"] >= self.selectivity_min:
+    def _selects(self, scores: dict[str, float] | pd.Series, smooth: bool) -> tuple[bool, float]:
+        least = self.smooth_selectivity_min if smooth else self.selectivity_min
+        return scores["aggregate"] >= self.aggregate_min and scores["selectivity"] >= least, least
+
+    def label(self, scores: dict[str, float] | pd.Series, smooth: bool = False) -> str:
+        """The role of one head from its scores (``smooth``: an SSM head, read as implicit attention)."""
+        if self._selects(scores, smooth)[0]:
             return "aggregate"
         short = float(scores.get("line_tokens", math.inf)) <= 2
         spread = scores["gather"] - scores["gather_prev"] >= self.spread_min
@@ -80,11 +103,12 @@ class RoleRule:
             return "gather"
         return "other"
 
-    def explain(self, scores: dict[str, float] | pd.Series) -> str:
+    def explain(self, scores: dict[str, float] | pd.Series, smooth: bool = False) -> str:
         """Why :meth:`label` gives its role: the numbers that decide it against the rule's thresholds."""
-        role = self.label(scores)
+        role = self.label(scores, smooth)
+        least = self._selects(scores, smooth)[1]
         agg = f"aggregate {scores['aggregate']:.2f} (min {self.aggregate_min}), selectivity {scores['selectivity']:.2f} " \
-              f"(min {self.selectivity_min})"
+              f"(min {least}{' for an SSM head' if smooth else ''})"
         gat = f"gather {scores['gather']:.2f} (min {self.gather_min}), beyond the previous token " \
               f"{scores['gather'] - scores['gather_prev']:.2f} (min {self.spread_min})"
         if role == "aggregate":
@@ -101,6 +125,11 @@ class RoleRule:
         return asdict(self)
 
 
+def item_masses(row: Float[Tensor, "heads keys"], items: Sequence[Span]) -> Float[Tensor, "heads items"]:
+    """Mass of each head's pattern row ``row`` on each item (line / option) ``[start, stop)``."""
+    return torch.stack([row[:, sp.start:sp.stop].sum(-1) for sp in items], dim=-1)
+
+
 def _sample_scores(p: torch.Tensor, items: Sequence[Any], gold: int, final: int) -> torch.Tensor:
     """Scores of every head on one sample; ``p`` is ``[n_heads, q, k]`` row-normalised."""
     g, prev = [], []
@@ -108,8 +137,8 @@ def _sample_scores(p: torch.Tensor, items: Sequence[Any], gold: int, final: int)
         s = sp.summary
         g.append(p[:, s, sp.start:s].sum(-1))
         prev.append(p[:, s, s - 1] if s - 1 >= sp.start else torch.zeros(p.shape[0]))
+    per_item = item_masses(p[:, final], items)  # [n, items]
     row = p[:, final]
-    per_item = torch.stack([row[:, sp.start:sp.stop].sum(-1) for sp in items], dim=-1)  # [n, items]
     to_items = per_item.sum(-1)
     to_gold = per_item[:, gold]
     to_summ = row[:, [sp.summary for sp in items]].sum(-1)
@@ -124,6 +153,17 @@ def _sample_scores(p: torch.Tensor, items: Sequence[Any], gold: int, final: int)
     width = torch.full_like(to_gold, sum(len(sp) for sp in items) / len(items))
     return torch.stack([torch.stack(g, -1).mean(-1), torch.stack(prev, -1).mean(-1), width, to_gold, to_summ,
                         to_items, share, select, sharp], dim=-1)
+
+
+def _summary_scores(p: torch.Tensor, items: Sequence[Any], gold: int, final: int) -> torch.Tensor:
+    """``[n_heads, 2]``: mass from ``final`` on the gold item's summary token, and its selectivity among
+    the summary tokens; ``p`` is ``[n_heads, q, k]`` row-normalised."""
+    per = p[:, final, [sp.summary for sp in items]]
+    gold_m = per[:, gold]
+    share = torch.where(per.sum(-1) > 0, gold_m / per.sum(-1).clamp_min(1e-12), torch.zeros_like(gold_m))
+    n = len(items)
+    select = (share - 1 / n) / (1 - 1 / n) if n > 1 else torch.zeros_like(share)
+    return torch.stack([gold_m, select], -1)
 
 
 def decision_inputs(model: Model, samples: Sequence[Sample]) -> list[list[int]]:
@@ -143,54 +183,129 @@ def decision_inputs(model: Model, samples: Sequence[Sample]) -> list[list[int]]:
     return out
 
 
-def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,
-                n_samples: int | None = 8, batch_size: int = 8, form: str = "exact",
-                rule: RoleRule | None = None) -> pd.DataFrame:
-    """G&A scores and role of each head (default: every head of kinds that are not grouped by default --
-    attention and Mamba-2 heads; Mamba-1 channels only when listed, else as 64-channel groups) over
-    the first ``n_samples`` samples of ``task`` (all when ``None``); SSM heads read in ``form``.
-
-    Returns one row per head with columns ``layer, head, kind`` + :data:`ROLE_COLUMNS`.
-    """
+def _check_inputs(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None, n_samples: int | None,
+                  batch_size: int) -> tuple[list[HeadRef], list[Sample], list[Segments]]:
+    """The heads (default: every head of kinds not grouped by default, else 64-channel groups), the samples and
+    their segments, with the input checks :func:`role_scores` and :func:`offset_scores` share."""
     if not isinstance(task, Task):
         raise InputError(f"role_scores needs a Task with segment spans (e.g. KVRetrieval), got {type(task).__name__}")
-    rule = rule or RoleRule()
     if heads is None:
         chosen = [h for h in model.heads() if not h.adapter.default_groups] or model.heads(channel_group=64)
     else:
         chosen = list(dict.fromkeys(model.check_heads(heads)))
     if not chosen:
         raise InputError("no heads to score")
-    if n_samples is not None and n_samples < 1:
+    if n_samples is not None and (isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1):
         raise InputError(f"n_samples must be >= 1 (or None for all), got {n_samples}")
-    samples = list(task.samples[: n_samples or len(task)])
-    if batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    samples = list(task.samples[: n_samples or len(task)])
     segs = [s.segments(model.tokenizer) for s in samples]
     bad = [i for i, sg in enumerate(segs) if not sg.items]
     if bad:
         raise InputError(f"samples {bad[:5]} have no segments (lines / options) to score gather and aggregate on")
-    total = torch.zeros(len(chosen), len(ROLE_COLUMNS) - 3, dtype=torch.float64)
+    return chosen, samples, segs
+
+
+def offset_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,
+                  offsets: Sequence[int] | None = None, n_samples: int | None = 8, batch_size: int = 8,
+                  form: str = "exact") -> pd.DataFrame:
+    """The G&A scores of each head with the lines read at each summary offset (default: ``0..reach(head)``,
+    :func:`~gna_interp.circuits.offsets.reach`; given ``offsets``: those, for every head), means over the
+    first ``n_samples`` samples of ``task``. An offset that pushes a line past the prompt's end on some
+    sample is not scored on that sample.
+
+    Columns: ``layer, head, kind, name, offset``, :data:`SCORE_COLUMNS` (the module's formulas on the shifted
+    lines), ``summary_aggregate`` (mass from the decision position on the gold line's summary token alone),
+    ``summary_selectivity`` (``(share - 1/n) / (1 - 1/n)``, ``share`` the gold summary's part of the mass on
+    all ``n`` summary tokens) and ``n_scored`` (samples scored at that offset).
+    """
+    chosen, samples, segs = _check_inputs(model, task, heads, n_samples, batch_size)
+    if offsets is not None:
+        offsets = list(offsets)
+        for d in offsets:
+            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+                raise InputError(f"offsets must be integers >= 0, got {offsets}")
+    ranges = [list(offsets) if offsets is not None else offsets_of(model, h) for h in chosen]
+    all_d = sorted({d for r in ranges for d in r})
+    width = len(SCORE_COLUMNS) + len(SUMMARY_COLUMNS)
+    total = torch.zeros(len(chosen), len(all_d), width, dtype=torch.float64)
+    count = torch.zeros(len(all_d), dtype=torch.float64)
     options = PatternOptions(form=form)  # type: ignore[arg-type]
     fed = decision_inputs(model, samples)
     for b0 in range(0, len(samples), batch_size):
-        part = samples[b0:b0 + batch_size]
         ps = patterns(model, model.pad_ids(fed[b0:b0 + batch_size]), heads=chosen, options=options)
-        for j, s in enumerate(part):
+        for j, s in enumerate(samples[b0:b0 + batch_size]):
             sg = segs[b0 + j]
             pat = ps.sample(j, chosen)
             if pat.shape[-1] < sg.n_tokens:
                 raise InputError(f"sample {b0 + j}: the model's tokenization ({pat.shape[-1]} tokens) differs from "
                                  f"the segment annotation ({sg.n_tokens}); cannot place the segments")
-            p = row_distribution(pat.float())
-            total += _sample_scores(p.cpu(), sg.items, s.gold, pat.shape[-1] - 1).double()
-    mean = total / len(samples)
-    cols = ROLE_COLUMNS[1:-2]
+            p = row_distribution(pat.float()).cpu()
+            final = p.shape[-1] - 1
+            for di, d in enumerate(all_d):
+                items = intact_at(sg, d)
+                if items is None:
+                    continue
+                total[:, di] += torch.cat([_sample_scores(p, items, s.gold, final),
+                                           _summary_scores(p, items, s.gold, final)], -1).double()
+                count[di] += 1
     rows = []
-    for h, vals in zip(chosen, mean.tolist()):
-        sc = dict(zip(cols, vals))
-        nan = any(math.isnan(v) for v in vals)
-        rows.append({"layer": h.layer, "head": h.head, "kind": h.kind, "name": h.name, **sc,
-                     "role": "other" if nan else rule.label(sc),
-                     "role_reason": "no segment structure to score (empty pattern rows)" if nan else rule.explain(sc)})
+    for i, h in enumerate(chosen):
+        for di, d in enumerate(all_d):
+            if d in ranges[i] and count[di] > 0:
+                vals = (total[i, di] / count[di]).tolist()
+                rows.append({"layer": h.layer, "head": h.head, "kind": h.kind, "name": h.name, "offset": d,
+                             **dict(zip(SCORE_COLUMNS + SUMMARY_COLUMNS, vals)), "n_scored": int(count[di])})
+    return pd.DataFrame(rows, columns=["layer", "head", "kind", "name", "offset"] + SCORE_COLUMNS + SUMMARY_COLUMNS
+                        + ["n_scored"])
+
+
+def choose_offset(per_offset: pd.DataFrame, rule: RoleRule, smooth: bool = False) -> int:
+    """The summary offset one head is read at, from its rows of :func:`offset_scores`: among the offsets
+    where ``rule`` labels it ``aggregate`` the one whose selectivity is best (the smallest within
+    :data:`~gna_interp.circuits.offsets.OFFSET_TOLERANCE`, :func:`~gna_interp.circuits.offsets.pick_offset`);
+    else among those labelling it ``gather`` the best gather score; else the literal offset 0 (or the
+    smallest scored one). ``smooth``: the head is an SSM head (:meth:`RoleRule.label`)."""
+    rows = per_offset.sort_values("offset")
+    labels = [rule.label(r, smooth) if not r[SCORE_COLUMNS].isna().any() else "other" for _, r in rows.iterrows()]
+    for role, col in (("aggregate", "selectivity"), ("gather", "gather")):
+        mine = rows[[lab == role for lab in labels]]
+        if len(mine):
+            return pick_offset(dict(zip(mine["offset"], mine[col])))
+    return int(rows["offset"].iloc[0]) if len(rows) else 0
+
+
+def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,
+                n_samples: int | None = 8, batch_size: int = 8, form: str = "exact",
+                rule: RoleRule | None = None, offset: int | str = "auto") -> pd.DataFrame:
+    """G&A scores and role of each head (default: every head of kinds that are not grouped by default --
+    attention and Mamba-2 heads; Mamba-1 channels only when listed, else as 64-channel groups) over
+    the first ``n_samples`` samples of ``task`` (all when ``None``); SSM heads read in ``form``.
+
+    Each head is read at its summary offset (``offset="auto"``: scored at ``0..reach(head)`` by
+    :func:`offset_scores`, then :func:`choose_offset`; an integer: that offset for every head). In an
+    attention-only model the reach is 0 and every head is read at its lines' literal summary tokens.
+
+    Returns one row per head with columns ``layer, head, kind`` + :data:`ROLE_COLUMNS`.
+    """
+    rule = rule or RoleRule()
+    if offset != "auto" and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
+        raise InputError(f"offset must be 'auto' or an integer >= 0, got {offset!r}")
+    per = offset_scores(model, task, heads, None if offset == "auto" else [offset], n_samples, batch_size, form)
+    rows = []
+    for h in model.check_heads(list(dict.fromkeys(per["name"]))):
+        name, smooth = h.name, not h.adapter.normalized_rows
+        mine = per[per["name"] == name]
+        if mine.empty:
+            raise InputError(f"offset {offset} moves some line past the prompt's end on every sample; use a smaller "
+                             f"offset or 'auto'")
+        d = choose_offset(mine, rule, smooth)
+        r = mine[mine["offset"] == d].iloc[0]
+        sc = {c: float(r[c]) for c in SCORE_COLUMNS}
+        nan = any(math.isnan(v) for v in sc.values())
+        rows.append({"layer": int(r["layer"]), "head": int(r["head"]), "kind": r["kind"], "name": name, **sc,
+                     "offset": d, "role": "other" if nan else rule.label(sc, smooth),
+                     "role_reason": "no segment structure to score (empty pattern rows)" if nan else
+                     rule.explain(sc, smooth) + (f"; lines read {d} token{'s' if d > 1 else ''} after their end" if d else "")})
     return pd.DataFrame(rows, columns=["layer", "head", "kind"] + ROLE_COLUMNS)

@@ -23,12 +23,15 @@ kind of mixer aggregates (the paper's third claim: hybrids delegate aggregation 
    ``pool`` heads whose removal hurts (scan drop > 0).
 
 **Aligned lines.** A head's decision row (the position the answer is read at) is split over the lines:
-``m_j = Σ p[f, t]`` over the tokens ``t`` of line ``j`` shifted by ``δ`` tokens. Mixers with a short
-convolution (every SSM here) can move a line's summary a token or two forward before an attention or
-SSM head reads it: the zoo Mamba-2's aggregate heads read the token after the gold line, the zoo
-hybrid's attention head two tokens after. ``δ`` is chosen per head from ``shifts`` (default 0-3) as the
-one with the most mean gold mass (choosing the best of four lets an unrelated head's score rise a little;
-``shifts=(0,)`` is :func:`~gna_interp.circuits.roles.role_scores`' unshifted ``aggregate``). Then:
+``m_j = Σ p[f, t]`` over the tokens ``t`` of line ``j`` shifted by ``δ`` tokens
+(:func:`~gna_interp.circuits.offsets.shifted_items`). Mixers with a short convolution (every SSM here)
+can move a line's summary a token or two forward before an attention or SSM head reads it
+(:mod:`gna_interp.circuits.offsets`): the zoo Mamba-2's aggregate heads read the token after the gold
+line, the zoo hybrid's attention head two tokens after. ``δ`` is chosen per head from ``shifts`` (default
+0-3) as the smallest within :data:`~gna_interp.circuits.offsets.OFFSET_TOLERANCE` of the most mean gold mass
+(:func:`~gna_interp.circuits.offsets.pick_offset`, the rule of the role scores; choosing among four still
+lets an unrelated head's score rise a little; ``shifts=(0,)`` is
+:func:`~gna_interp.circuits.roles.role_scores`' ``aggregate`` at offset 0). Then:
 
 - ``aggregate`` ``m_gold``; ``to_lines`` ``Σ_j m_j``; ``gold_share`` ``m_gold / Σ_j m_j`` (chance ``1/n``);
 - ``line_entropy`` the normalised entropy of ``m_j / Σ m`` over the ``n`` lines (0: one line, 1: uniform);
@@ -61,7 +64,8 @@ import torch
 
 from gna_interp.circuits.circuit import Circuit, curve_k
 from gna_interp.circuits.replay import SetAblation
-from gna_interp.circuits.roles import decision_inputs
+from gna_interp.circuits.offsets import intact_at, pick_offset
+from gna_interp.circuits.roles import decision_inputs, item_masses
 from gna_interp.errors import InputError
 from gna_interp.experiments.output import ResultFolder, records, table_html
 from gna_interp.experiments.sweep import (PointLog, _bar, check_out, clear_circuit, fingerprint, model_of,
@@ -73,6 +77,7 @@ from gna_interp.models.model import Model
 from gna_interp.store import atomic_write
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.base import Task
+from gna_interp.tasks.segments import Segments
 
 __all__ = ["AGGREGATION_COLUMNS", "Aggregation", "CURVE_COLUMNS", "FamilyComparison", "TABLE_COLUMNS",
            "aggregation_scores", "compare"]
@@ -103,18 +108,18 @@ class Aggregation:
         return self.per_head.copy()
 
 
-def _sample_rows(p: torch.Tensor, items: Sequence[Any], gold: int, shifts: Sequence[int]) -> torch.Tensor:
-    """``[heads, shifts, 4]``: gold mass, mass on all lines, gold share, line entropy, for one sample;
-    ``p`` is ``[heads, q, k]`` row-normalised and its last row is the decision row."""
-    f = p.shape[-1] - 1
-    row = p[:, f]
+def _sample_rows(p: torch.Tensor, seg: Segments, gold: int, shifts: Sequence[int]) -> torch.Tensor:
+    """``[heads, shifts, 4]``: gold mass, mass on all lines, gold share, line entropy, for one sample, the
+    lines read at each shift (:func:`~gna_interp.circuits.offsets.shifted_items`; NaN where a shift pushes
+    a line past the prompt's end); ``p`` is ``[heads, q, k]`` row-normalised, its last row the decision row."""
+    row = p[:, p.shape[-1] - 1]
     out = []
     for d in shifts:
-        masses = []
-        for sp in items:
-            a, b = min(sp.start + d, f), min(sp.stop + d, f)
-            masses.append(row[:, a:b].sum(-1) if b > a else torch.zeros(row.shape[0]))
-        m = torch.stack(masses, -1)  # [heads, lines]
+        items = intact_at(seg, d)
+        if items is None:
+            out.append(torch.full((row.shape[0], 4), math.nan))
+            continue
+        m = item_masses(row, items)  # [heads, lines]
         total = m.sum(-1)
         share = torch.where(total > 0, m[:, gold] / total.clamp_min(1e-12), torch.full_like(total, math.nan))
         ent = sharpness(m[:, None, :], causal=False).normalized_entropy[:, 0]
@@ -135,6 +140,7 @@ def aggregation_scores(model: Model, task: Task, heads: Sequence[HeadRef | str],
     chosen = list(dict.fromkeys(model.check_heads(list(heads))))
     if not chosen:
         raise InputError("aggregation_scores needs at least one head")
+    shifts = list(shifts)
     if not shifts or any(not isinstance(d, int) or d < 0 for d in shifts):
         raise InputError(f"shifts must be non-negative integers (tokens after each line), got {list(shifts)}")
     if n_samples < 1 or batch_size < 1:
@@ -154,16 +160,16 @@ def aggregation_scores(model: Model, task: Task, heads: Sequence[HeadRef | str],
             if pat.shape[-1] < sg.n_tokens:
                 raise InputError(f"sample {b0 + j}: the model's tokenization ({pat.shape[-1]} tokens) differs from the "
                                  f"segment annotation ({sg.n_tokens}); cannot place the lines")
-            per.append(_sample_rows(row_distribution(pat), sg.items, s.gold, shifts))
+            per.append(_sample_rows(row_distribution(pat), sg, s.gold, shifts))
             sh = sharpness(pat[:, -1:, :])
             finals.append(torch.stack([sh.normalized_entropy[:, 0], sh.top1[:, 0]], -1))
     stack = torch.stack(per)  # [samples, heads, shifts, 4]
     mean_gold = stack[..., 0].nanmean(0)  # [heads, shifts]
-    best = mean_gold.nan_to_num(-1.0).argmax(-1)
+    best = [shifts.index(pick_offset(dict(zip(shifts, mean_gold[i].tolist())))) for i in range(len(chosen))]
     fin = torch.stack(finals)  # [samples, heads, 2]
     head_rows, sample_rows = [], []
     for i, h in enumerate(chosen):
-        d = int(best[i])
+        d = best[i]
         vals = stack[:, i, d]  # [samples, 4]
         base = {"name": h.name, "layer": h.layer, "head": h.head, "kind": h.kind, "shift": shifts[d]}
         mean = vals.nanmean(0).tolist()

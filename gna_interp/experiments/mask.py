@@ -31,10 +31,10 @@ convolution of width ``w`` before the scan, so what the scan calls position ``s`
 and in the residual stream every later layer reads. Measured on the zoo Mamba-2, its layer-1
 aggregate heads read each line one token *after* its end (the next line's first token), and the zoo
 hybrid's attention aggregate heads two tokens after it; at the literal summary tokens neither selects
-the gold line. So each head reads the lines at a **summary offset** ``d`` in ``0..reach`` (:func:`reach`:
-``w - 1`` of the widest convolution up to its layer; 0 in an attention-only model): with
-``offset="auto"`` the smallest offset within :data:`OFFSET_TOLERANCE` of its best role score
-(:func:`head_scores`), or the offset given. With ``d > 0`` a line's span and summary move ``d`` tokens
+the gold line. So each head reads the lines at a **summary offset** ``d`` in ``0..reach``
+(:mod:`gna_interp.circuits.offsets`, shared with the role scores: :func:`reach` is ``w - 1`` of the widest
+convolution up to its layer, 0 in an attention-only model): with ``offset="auto"`` the smallest offset
+within :data:`OFFSET_TOLERANCE` of its best role score (:func:`head_scores`), or the offset given. With ``d > 0`` a line's span and summary move ``d`` tokens
 later (clipped at the prompt's end), for Gather and Aggregate masks alike, and the extra condition
 ``ga_pattern_unshifted`` shows what the literal summaries give.
 
@@ -68,12 +68,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from gna_interp.circuits.circuit import Circuit, discover
-from gna_interp.circuits.roles import RoleRule, decision_inputs
+from gna_interp.circuits.offsets import OFFSET_TOLERANCE, conv_width, pick_offset, reach, shifted_items
+from gna_interp.circuits.roles import RoleRule, offset_scores
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.interventions.masking import mask_pattern
-from gna_interp.mixing import PatternOptions, patterns
-from gna_interp.mixing.sharpness import row_distribution
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.store import read_json, write_json
@@ -81,7 +80,7 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.kv import KVRetrieval
 from gna_interp.tasks.scoring import (CandidateScores, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
                                      read_logprobs)
-from gna_interp.tasks.segments import Segments, Span
+from gna_interp.tasks.segments import Segments
 
 ROLES: tuple[str, ...] = ("gather", "aggregate")
 CONDITIONS: tuple[str, ...] = ("intact", "ga_masked", "ga_pattern", "ga_pattern_unshifted", "random_masked",
@@ -90,7 +89,6 @@ COLUMNS = ["condition", "seed", "heads", "accuracy", "accuracy_se", "logit_diff"
            "n_samples"]
 SCORE_COLUMNS = ["name", "kind", "offset", "gather", "aggregate", "selectivity"]
 LEAN_AGGREGATE = 0.1
-OFFSET_TOLERANCE = 0.1
 CHECKPOINT = "mask.ckpt.json"
 CIRCUIT_DIR = "circuit"
 _LABELS = {"intact": "intact", "ga_masked": "G&A heads\nsee nothing", "ga_pattern": "G&A heads keep\nonly G&A pattern",
@@ -127,19 +125,6 @@ class MaskedHead:
 
 # ---- masks ---------------------------------------------------------------------------------------
 
-def shifted_items(seg: Segments, offset: int = 0) -> list[Span]:
-    """The lines of ``seg`` moved ``offset`` tokens later and clipped at the prompt's end (a line left
-    empty is dropped): where an SSM head whose convolution shifts its input reads them."""
-    if offset < 0:
-        raise InputError(f"a summary offset must be >= 0, got {offset}")
-    out = []
-    for sp in seg.items:
-        a, z = sp.start + offset, min(sp.stop + offset, seg.n_tokens)
-        if a < z:
-            out.append(Span(a, z))
-    return out
-
-
 def ga_mask(seg: Segments, role: str, width: int, pad: int = 0, offset: int = 0) -> Float[Tensor, "q k"]:
     """The keep-only-G&A mask ``[width, width]`` of one prompt laid out behind ``pad`` padding tokens.
 
@@ -166,85 +151,21 @@ def ga_mask(seg: Segments, role: str, width: int, pad: int = 0, offset: int = 0)
     return m
 
 
-def conv_width(model: Model, head: HeadRef | str) -> int:
-    """Width of the causal convolution in front of ``head``'s mixer (``conv_kernel_size`` of Mamba
-    mixers); 1 for a mixer without one (attention)."""
-    h = model.check_head(head)
-    return _conv_width(model.hf_module(model.layer_spec(h.layer, h.kind).bridge_path))
-
-
-def _conv_width(mod: Any) -> int:
-    w = getattr(mod, "conv_kernel_size", None)
-    if w is None and hasattr(mod, "conv1d"):
-        w = getattr(mod.conv1d, "kernel_size", (1,))[0]
-    return max(1, int(w or 1))
-
-
-def reach(model: Model, head: HeadRef | str) -> int:
-    """How far (in tokens) after its last token a line can be read by ``head``: ``width - 1`` of the widest
-    causal convolution among the mixers up to and including ``head``'s (0 in an attention-only model).
-    An SSM mixer's convolution carries a line into the ``width - 1`` tokens after it, and so into the
-    residual stream that later layers (an attention layer of a hybrid included) read. One convolution's
-    span, not the sum over layers: larger offsets push the last lines' summaries into the question and
-    onto the decision position itself, where every head's local mass would pass for selectivity."""
-    h = model.check_head(head)
-    widths = [_conv_width(model.hf_module(s.bridge_path)) for s in model.layers
-              if s.supported and (s.layer < h.layer or (s.layer == h.layer and s.kind == h.kind))]
-    return max(widths, default=1) - 1
-
-
 # ---- role scores at an offset ----------------------------------------------------------------------
 
 def head_scores(model: Model, task: Task, heads: Sequence[HeadRef | str], offsets: Sequence[int] | None = None,
                 n_samples: int = 8, batch_size: int = 8, form: str = "exact") -> pd.DataFrame:
     """G&A scores of ``heads`` with the lines read at each summary offset (default: ``0..reach(head)``,
-    :func:`reach`; given ``offsets``: those, for every head). Rows: ``name, kind, offset, gather,
-    aggregate, selectivity`` (means over the first ``n_samples`` samples), where, with ``p`` the pattern
-    rows normalised to distributions of ``|A|`` and the lines shifted by the offset:
-    ``gather`` is the mass from each line's summary onto the rest of its line; ``aggregate`` the mass
-    from the decision position onto the gold line's summary token; ``selectivity`` ``(share - 1/n) /
-    (1 - 1/n)`` with ``share`` the gold summary's part of the mass on all ``n`` summaries (0: chance, 1:
-    only the gold one). These are the formulas of :mod:`gna_interp.circuits.roles` read at the summary
-    tokens (what the aggregate mask keeps) rather than over whole lines. An offset that pushes a line past
-    the prompt's end on some sample is not scored on that sample."""
-    chosen = list(dict.fromkeys(model.check_heads(list(heads))))
-    if not chosen:
-        raise InputError("no heads to score")
-    samples = list(task.samples[:n_samples])
-    segs = [s.segments(model.tokenizer) for s in samples]
-    if any(not sg.items for sg in segs):
-        raise InputError(f"task {task.name} has prompts without lines/options to score G&A roles on")
-    ranges = [list(offsets) if offsets is not None else list(range(reach(model, h) + 1)) for h in chosen]
-    all_d = sorted({d for r in ranges for d in r})
-    total = torch.zeros(len(chosen), len(all_d), 3, dtype=torch.float64)
-    count = torch.zeros(len(all_d), dtype=torch.float64)
-    fed = decision_inputs(model, samples)
-    options = PatternOptions(form=form)  # type: ignore[arg-type]
-    for b0 in range(0, len(samples), batch_size):
-        ps = patterns(model, model.pad_ids(fed[b0:b0 + batch_size]), heads=chosen, options=options)
-        for j, s in enumerate(samples[b0:b0 + batch_size]):
-            p = row_distribution(ps.sample(j, chosen).float()).cpu()
-            final = p.shape[-1] - 1
-            seg = segs[b0 + j]
-            for di, d in enumerate(all_d):
-                items = shifted_items(seg, d)
-                if len(items) != len(seg.items) or any(len(sp) != len(o) for sp, o in zip(items, seg.items)):
-                    continue  # a line pushed past the prompt's end
-                g = torch.stack([p[:, sp.summary, sp.start:sp.summary].sum(-1) for sp in items], -1).mean(-1)
-                per = p[:, final, [sp.summary for sp in items]]
-                gold = per[:, s.gold]
-                share = torch.where(per.sum(-1) > 0, gold / per.sum(-1).clamp_min(1e-12), torch.zeros_like(gold))
-                n = len(items)
-                total[:, di] += torch.stack([g, gold, (share - 1 / n) / (1 - 1 / n)], -1).double()
-                count[di] += 1
-    rows = []
-    for i, h in enumerate(chosen):
-        for di, d in enumerate(all_d):
-            if d in ranges[i] and count[di] > 0:
-                v = (total[i, di] / count[di]).tolist()
-                rows.append({"name": h.name, "kind": h.kind, "offset": d, "gather": v[0], "aggregate": v[1],
-                             "selectivity": v[2]})
-    return pd.DataFrame(rows, columns=SCORE_COLUMNS)
+    :func:`~gna_interp.circuits.offsets.reach`; given ``offsets``: those, for every head). Rows: ``name,
+    kind, offset, gather, aggregate, selectivity`` (means over the first ``n_samples`` samples), the
+    :func:`~gna_interp.circuits.roles.offset_scores` columns ``gather``, ``summary_aggregate`` and
+    ``summary_selectivity``: the role scores read at the summary tokens (what the aggregate mask keeps)
+    rather than over whole lines. An offset that pushes a line past the prompt's end on some sample is not
+    scored on that sample."""
+    per = offset_scores(model, task, list(heads), offsets, n_samples=n_samples, batch_size=batch_size, form=form)
+    per = per.rename(columns={"aggregate": "line_aggregate", "selectivity": "line_selectivity",
+                              "summary_aggregate": "aggregate", "summary_selectivity": "selectivity"})
+    return per[SCORE_COLUMNS].reset_index(drop=True)
 
 
 def _pick(rows: pd.DataFrame, role: str | None, rule: RoleRule) -> tuple[str | None, int]:
@@ -265,9 +186,7 @@ def _pick(rows: pd.DataFrame, role: str | None, rule: RoleRule) -> tuple[str | N
         else:
             return None, 0
     col = "selectivity" if role == "aggregate" else "gather"
-    best = float(rows[col].max())
-    near = rows[rows[col] >= best - OFFSET_TOLERANCE * abs(best)]
-    return role, int(near["offset"].iloc[0])
+    return role, pick_offset(dict(zip(rows["offset"], rows[col])))
 
 
 def _assign(model: Model, task: Task, candidates: Sequence[tuple[HeadRef, str | None, str]], offset: int | str,
