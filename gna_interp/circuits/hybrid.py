@@ -67,7 +67,7 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 
-from gna_interp.circuits.circuit import Circuit
+from gna_interp.circuits.circuit import Circuit, _records
 from gna_interp.circuits.scan import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
@@ -217,11 +217,11 @@ class HybridPlan:
                 "MB = 10^6 bytes; x = full / hybrid"] + [f"- {n}" for n in self.notes]
 
     def table_text(self) -> str:
-        """The wide table as aligned text (MB with 2 decimals, ratios with 2)."""
+        """The wide table as aligned text (MB with 2 decimals, 3 significant digits below 1 MB; ratios with 2)."""
         w = self.wide()
         cells = [[str(c) for c in w.columns]]
         for _, r in w.iterrows():
-            cells.append([f"{v:.2f}" if isinstance(v, float) else str(v) for v in r])
+            cells.append([_number(v) if isinstance(v, float) else str(v) for v in r])
         width = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
         return "\n".join("  ".join(c.rjust(width[i]) for i, c in enumerate(row)) for row in cells)
 
@@ -237,7 +237,7 @@ class HybridPlan:
     def wide_html(self) -> str:
         """:meth:`wide` as an HTML table (MB and ratios with 2 decimals)."""
         w = self.wide()
-        return w.to_html(index=False, formatters={c: "{:.2f}".format for c in w.columns if c.startswith("L=")})
+        return w.to_html(index=False, formatters={c: _number for c in w.columns if c.startswith("L=")})
 
     def _repr_html_(self) -> str:
         head = self.header()
@@ -257,7 +257,7 @@ class HybridPlan:
                 "dtype_source": self.dtype_source, "bytes_per_element": self.bytes_per_element,
                 "d_state": self.d_state, "d_conv": self.d_conv, "order": self.order, "seed": self.seed,
                 "source": self.source, "notes": list(self.notes), "mb": MB,
-                "table": json.loads(self.to_frame().to_json(orient="records"))}
+                "table": _records(self.to_frame())}
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the plan as a ``hybrid_plan`` JSON document (a folder gets ``hybrid_plan.json``)."""
@@ -273,6 +273,11 @@ class HybridPlan:
                    [HeadRef.parse(n) for n in doc["ranking"]], list(doc["ks"]), list(doc["lengths"]), doc["dtype"],
                    doc["dtype_source"], int(doc["d_state"]), int(doc["d_conv"]), doc["order"], doc.get("seed"),
                    doc.get("source") or "", list(doc.get("notes") or []))
+
+
+def _number(v: float) -> str:
+    """2 decimals, or 3 significant digits below 1 (a tiny model's caches are fractions of a MB)."""
+    return f"{v:.2f}" if abs(v) >= 1 or v == 0 else f"{v:.3g}"
 
 
 # ---- inputs -----------------------------------------------------------------------------------
