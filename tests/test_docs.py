@@ -43,7 +43,7 @@ def test_site_builds_strictly_and_the_api_page_lists_every_top_level_name(site: 
     ids = set(re.findall(r'id="(gna_interp[\w.]*)"', page))
     missing = [name for name in gna.__all__ if f"gna_interp.{name}" not in ids]
     assert not missing, f"the API page has no entry for gna_interp.{missing}"
-    for sub in ("models", "mixing", "interventions", "tasks", "circuits", "viz", "report"):
+    for sub in ("models", "mixing", "interventions", "tasks", "circuits", "viz", "report", "experiments"):
         assert (site / "api" / sub / "index.html").is_file(), sub
     # the reST of the docstrings was turned into Markdown (docs/_ext/rst_docstrings.py)
     for html in (site / "api").rglob("index.html"):

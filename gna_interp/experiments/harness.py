@@ -151,7 +151,8 @@ class GnaLM(TemplateLM):
         batch_size: sequences a forward (contexts a forward where continuations are packed).
         max_length: context limit in tokens (default: the model's, else 2048); ``max_gen_toks``: default
             limit of new tokens when a task gives none.
-        device, dtype: used only when ``model`` is a spec.
+        device: used only when ``model`` is a spec.
+        dtype: used only when ``model`` is a spec.
     """
 
     def __init__(self, model: Model | str | None = None, heads: str | Sequence[str | HeadRef] | None = None,

@@ -488,15 +488,17 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
             ``"L0H3=gather,L1H3=aggregate"``.
         out: folder for ``mask.csv``, ``mask.json``, ``report.html``, ``figures/``; conditions are
             checkpointed in ``out/mask.ckpt.json`` as they finish.
-        pairs, max_value, samples: the evaluation task, ``KVRetrieval(pairs, samples, seed + 1,
+        pairs: dictionary lines of the evaluation task, ``KVRetrieval(pairs, samples, seed + 1,
             max_value=max_value)`` -- prompts the circuit was not found on. ``pairs`` and ``max_value``
             default to the circuit's KV task's, else 10 and 9.
+        max_value: values of the evaluation task are ``0..max_value``.
+        samples: prompts of the evaluation task.
         top_k: best-ranked circuit heads considered; seeds: random draws; offset: ``"auto"`` or the SSM
             summary offset; renormalize: attention rows rescaled to sum to 1 after masking.
         role_samples: samples the role scores are measured on (the circuit's task, or the discovery task).
         allow_chance: run even when the intact model is near chance on the task (refused otherwise).
-        resume, fresh: continue from ``out``'s checkpoint, or delete it and start over (a checkpoint is
-            never reused or thrown away silently).
+        resume: continue from ``out``'s checkpoint (a checkpoint is never reused or thrown away silently).
+        fresh: delete ``out``'s checkpoint and start over.
     """
     from gna_interp.models import load_model
 

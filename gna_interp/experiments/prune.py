@@ -420,14 +420,18 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, *, tasks: Se
         out: folder for ``prune.csv``, ``keep.csv``, ``prune.json``, ``report.html``, ``figures/``; points
             are checkpointed in ``out/prune.ckpt.json`` as they finish.
         tasks: any of ``kv``, ``mc``, ``cloze`` (list or comma-separated).
-        pairs, max_value: the KV task (``samples`` prompts, seed ``seed``); questions, shots, mc_form: the
+        pairs: dictionary lines of the KV task (``samples`` prompts, seed ``seed``).
+        max_value: KV values are ``0..max_value``; ``questions``, ``shots``, ``mc_form``: the
             multiple-choice tasks (as ``gna scan``'s options).
         modes: ``from_end`` and/or ``single``; ks: the ``from_end`` points (default ``0..n_layers``);
             layers: the ``single`` blocks (default all).
-        keep_layers, keep_heads, keep_seeds: the head-keeping table (``"0-15"``, ``"L16H0,L17H2"``, random
-            draws); none when neither is given.
+        keep_layers: the head-keeping table's fully kept layers (``"0-15"``); no table when neither it nor
+            ``keep_heads`` is given.
+        keep_heads: the only heads kept after them (``"L16H0,L17H2"``).
+        keep_seeds: random draws of the table.
         allow_chance: keep tasks the intact model does not solve (left out otherwise).
-        resume, fresh: continue from ``out``'s checkpoint, or delete it and start over.
+        resume: continue from ``out``'s checkpoint.
+        fresh: delete ``out``'s checkpoint and start over.
     """
     from gna_interp.models import load_model
 
