@@ -81,6 +81,8 @@ def test_llama_full_attention_figures_equal_the_hand_arithmetic(llama):
     row = every.to_frame().iloc[0]
     assert (row["kept"], row["replaced"], row["hybrid_bytes"], row["ratio"]) == (512, 0, row["full_kv_bytes"], 1.0)
     assert "k=999 capped at 512 (the model's head count)" in every.notes
+    assert plan_hybrid(llama, order="random", seed=0, ks=[5, 5, 0], lengths=[64, 64]).wide()["k"].tolist() == \
+        ["full", "5", "0"]
 
 
 def test_kept_and_replaced_bytes_equal_a_brute_force_count_over_heads(llama):

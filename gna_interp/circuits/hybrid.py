@@ -350,7 +350,7 @@ def saved_dtype(model: Model) -> torch.dtype | None:
 
 
 def _positive(name: str, values: Sequence[int], minimum: int) -> list[int]:
-    out = list(values)
+    out = list(dict.fromkeys(values))  # each k / length once, in the order given
     bad = [v for v in out if isinstance(v, bool) or not isinstance(v, int) or v < minimum]
     if bad or not out:
         raise InputError(f"{name} must be a non-empty list of integers >= {minimum}, got {values!r}")
