@@ -1,12 +1,13 @@
 """Circuit discovery: head scans (exact, attribution, auto), G&A role scores, discovery of a circuit
-with its ablation curve and report views, and layer pruning."""
+with its ablation curve and report views, layer pruning, and retrieval-guided hybrid plans."""
 
 from gna_interp.circuits.circuit import Circuit, DiscoverConfig, ablation_curve, discover
 from gna_interp.circuits.comparison import CircuitComparison, compare_circuits
+from gna_interp.circuits.hybrid import HybridPlan, plan_hybrid
 from gna_interp.circuits.prune import prune_curve
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import HeadScan, ScanConfig, scan_heads
 from gna_interp.circuits.views import CardViews, card_heads, card_views
 
-__all__ = ["CardViews", "Circuit", "CircuitComparison", "DiscoverConfig", "HeadScan", "RoleRule", "ScanConfig", "ablation_curve",
-           "card_heads", "card_views", "compare_circuits", "discover", "prune_curve", "role_scores", "scan_heads"]
+__all__ = ["CardViews", "Circuit", "CircuitComparison", "DiscoverConfig", "HeadScan", "HybridPlan", "RoleRule", "ScanConfig", "ablation_curve",
+           "card_heads", "card_views", "compare_circuits", "discover", "plan_hybrid", "prune_curve", "role_scores", "scan_heads"]
