@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import gna_interp as gna
+from gna_interp.circuits.replay import replay_atol
 from gna_interp.circuits.scan import _default_stack
 from gna_interp.errors import InputError
 from gna_interp.models import zoo_dir, zoo_names
@@ -210,6 +211,81 @@ def test_default_stack_on_the_device(zoo, device):
         assert stack == CPU_REPLAY_ROWS // 8
     else:  # a 2-layer, 4-head model on any GPU: memory allows a whole layer's heads
         assert stack == max(s.n_heads for s in model.layers)
+
+
+# ---- placement over several devices ---------------------------------------------------------------
+def _device_map(device: str) -> dict[str, str | int]:
+    """Every module of the zoo Llama on ``device``, named one by one (accelerate dispatches each)."""
+    target: str | int = 0 if device == "cuda" else "cpu"
+    return {m: target for m in ("model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm",
+                                "model.rotary_emb", "lm_head")}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_map_load_scans_like_a_single_device_load(zoo, device):
+    placed = gna.load_model("zoo:transformer-kv", device_map=_device_map(device))
+    assert placed.device.type == device
+    task = _task(placed, 8)
+    ref = _scan(zoo("transformer-kv", device), task, strategy="exact").to_frame().set_index("name")
+    got = _scan(placed, task, strategy="exact").to_frame().set_index("name").loc[ref.index]
+    assert (got["drop"] - ref["drop"]).abs().max() <= 1e-5
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_gpus_split_the_layers_and_scan_like_one():
+    """``n_devices=2``: the layers on two GPUs; patterns, ablation and the exact scan equal one GPU's."""
+    one = _load("transformer-kv", "cuda")
+    two = gna.load_model("zoo:transformer-kv", n_devices=2)
+    assert len({p.device for p in two.hf_model.parameters()}) == 2
+    prompts = _prompts(one)
+    torch.testing.assert_close(gna.patterns(two, prompts, two.heads()).stack().cpu(),
+                               gna.patterns(one, prompts, one.heads()).stack().cpu(), atol=1e-5, rtol=1e-4)
+    with gna.ablate(two, ["L1H2"]), gna.ablate(one, ["L1H2"]):
+        torch.testing.assert_close(two.forward(prompts).cpu(), one.forward(prompts).cpu(), atol=1e-4, rtol=1e-4)
+    task = _task(one, 8)
+    ref = _scan(one, task, strategy="exact").to_frame().set_index("name")
+    got = _scan(two, task, strategy="exact").to_frame().set_index("name").loc[ref.index]
+    assert (got["drop"] - ref["drop"]).abs().max() <= 1e-4
+
+
+def test_placement_arguments_are_checked():
+    with pytest.raises(InputError, match="not both"):
+        gna.load_model("zoo:transformer-kv", device="cpu", device_map="auto")
+    with pytest.raises(InputError, match="n_devices must be an integer >= 1"):
+        gna.load_model("zoo:transformer-kv", n_devices=0)
+    with pytest.raises(InputError, match="stateful"):  # TransformerLens keeps an SSM's cache on one device
+        gna.load_model("zoo:mamba2-kv", device_map="auto")
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(InputError, match="n_devices=2"):
+            gna.load_model("zoo:transformer-kv", n_devices=2)
+
+
+# ---- replay verification tolerance ------------------------------------------------------------------
+def test_replay_tolerance_follows_the_dtype():
+    assert replay_atol(torch.float32, 40.0) == 1e-3
+    assert replay_atol(torch.bfloat16, 32.0) == 8 * 2 ** -7 * 32  # 8 bfloat16 steps near 32 (one is 0.25)
+    assert replay_atol(torch.float16, 32.0) == 8 * 2 ** -10 * 32
+    assert replay_atol(torch.bfloat16, 0.01) == 1e-3
+
+
+@pytest.mark.parametrize("dtype, shift, ok", [("float32", 0.5, False), ("bfloat16", 0.5, True),
+                                              ("bfloat16", 5.0, False)])
+def test_verify_replay_accepts_rounding_and_refuses_a_real_mismatch(zoo, monkeypatch, dtype, shift, ok):
+    """A replay off by ``shift`` logits: within half-precision rounding it is accepted, beyond it (or in float32)
+    the scan is told the replay does not reproduce the model."""
+    from gna_interp.circuits import replay as replay_mod
+
+    model = zoo("transformer-kv", "cpu", dtype)
+    chunk = layout_chunks(model, plan_scoring(model, _task(model, 2).samples), 2)[0]
+    assert replay_mod.verify_replay(model, chunk.batch, chunk.read_row, chunk.read_pos) == 0.0
+    true_final = replay_mod.final_logits
+    monkeypatch.setattr(replay_mod, "final_logits", lambda *a: true_final(*a) + shift)
+    if ok:
+        assert replay_mod.verify_replay(model, chunk.batch, chunk.read_row, chunk.read_pos) == pytest.approx(shift, abs=0.05)  # (bf16 rounding)
+    else:
+        with pytest.raises(replay_mod.ReplayMismatch, match="does not reproduce"):
+            replay_mod.verify_replay(model, chunk.batch, chunk.read_row, chunk.read_pos)
 
 
 # ---- replay_stack with fake free memory (runs everywhere) ---------------------------------------------

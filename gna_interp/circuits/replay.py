@@ -36,8 +36,8 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
                                       read_logprobs, run_plan)
 
-__all__ = ["Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "final_logits", "replay", "replay_scores",
-           "verify_replay"]
+__all__ = ["Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "final_logits", "replay", "replay_atol",
+           "replay_scores", "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
 
@@ -141,16 +141,29 @@ def final_logits(model: Model, hidden: Float[Tensor, "rows pos d_model"], rows: 
     return model.unembed(sel)[0]
 
 
+def replay_atol(dtype: torch.dtype, scale: float) -> float:
+    """Largest logit deviation :func:`verify_replay` accepts for a model in ``dtype`` whose largest logit is
+    ``scale``: ``1e-3`` in float32; in half precision the larger of that and 8 units in the last place of
+    ``scale`` (a stacked replay has a larger batch, and GPU kernels chosen by batch size round differently:
+    one bfloat16 rounding of a logit near 32 moves it by 0.25). A replay that misses work done between
+    blocks is off by far more."""
+    if dtype in (torch.float32, torch.float64):
+        return 1e-3
+    return max(1e-3, 8 * torch.finfo(dtype).eps * scale)
+
+
 @torch.no_grad()
 def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos: Int[Tensor, " n"],
-                  atol: float = 1e-3) -> float:
+                  atol: float | None = None) -> float:
     """Capture ``batch`` (keep it small: two rows do), replay it from block 0 as two stacked copies and
     return the largest deviation from the bridge's own logits at the reads ``(rows, pos)``; raises
-    :class:`ReplayMismatch` above ``atol``."""
+    :class:`ReplayMismatch` above ``atol`` (default :func:`replay_atol` of the model's dtype)."""
     prefix = capture(model, batch, (rows, pos))
     hidden = replay(model, prefix, 0, copies=2)
     b = prefix.batch_size
     want = prefix.logits.float()
+    if atol is None:
+        atol = replay_atol(model.dtype, want.abs().max().item())
     worst = 0.0
     for c in range(2):
         got = final_logits(model, hidden, rows + c * b, pos).float()
@@ -158,7 +171,7 @@ def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos:
     if not worst <= atol:
         raise ReplayMismatch(
             f"replaying the blocks of {model.name} from their recorded inputs does not reproduce its forward "
-            f"(max logit deviation {worst:.3g}); the model does work between its blocks, so the fast exact "
+            f"(max logit deviation {worst:.3g} > {atol:.3g}); the model does work between its blocks, so the fast exact "
             f"scan cannot be used for it"
         )
     return worst

@@ -135,7 +135,7 @@ def ablation_hooks(replaced: Sequence[Replacement], rows: slice | None = None) -
             part = flat if rows is None else flat[rows]
             for r in entries:
                 val = r.value(part.shape[0], part.shape[1])
-                part[..., r.site.columns] = val.to(part.dtype) if isinstance(val, Tensor) else val
+                part[..., r.site.columns] = val.to(part.device, part.dtype) if isinstance(val, Tensor) else val
             return x
 
         return hook

