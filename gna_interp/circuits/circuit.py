@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from gna_interp.circuits.delegation import Delegation, delegation, is_hybrid
 from gna_interp.circuits.replay import SetAblation
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import HeadScan, ScanConfig, scan_heads
@@ -40,7 +41,8 @@ from gna_interp.tasks.text import lm_loss
 
 CURVE_COLUMNS = ["k", "series", "seed", "accuracy", "logit_diff", "gold_prob", "lm_loss", "heads"]
 CONTROL_VERIFY = 8  # control heads run exactly before the error bound of the estimates is calibrated
-FILES = ("scan.csv", "scan.json", "control.json", "circuit.json", "views.pt", "summary.md")
+FILES = ("scan.csv", "scan.json", "control.json", "circuit.json", "views.pt", "summary.md", "delegation.json",
+         "delegation.csv")
 
 __all__ = ["CURVE_COLUMNS", "Circuit", "DiscoverConfig", "ablation_curve", "discover"]
 
@@ -65,6 +67,10 @@ class DiscoverConfig(Options):
         twin: the task's knowledge twin (a :class:`~gna_interp.tasks.base.Task` needing the same knowledge
             without retrieval, e.g. ``MultipleChoice(questions, format="cloze")`` next to letters), evaluated
             with the curve's heads removed (:func:`twin_check`); None: no twin.
+        delegation: on a hybrid (attention and SSM heads), measure which kind takes which role and what
+            removing each kind's aggregate heads costs on the task and on the knowledge twin (else the
+            neutral-text control) against random heads (:func:`~gna_interp.circuits.delegation.delegation`,
+            ``seeds`` draws); nothing runs on a model of one kind.
     """
 
     scan: ScanConfig = field(default_factory=lambda: ScanConfig(strategy="auto"))
@@ -80,6 +86,7 @@ class DiscoverConfig(Options):
     keep_generic: bool = False
     allow_chance: bool = False
     twin: Any = None
+    delegation: bool = True
 
     def validate(self) -> None:
         check_int("k", self.k, 0)
@@ -126,7 +133,9 @@ class Circuit:
             top k and random k heads removed: ``{"task", "k", "intact", "top", "random", "random_median"}``
             accuracies (None when the task has no twin).
         timings: wall seconds of each stage of :func:`discover` (check, scan, roles, control, curve, twin,
-            views), in the order they ran.
+            delegation, views), in the order they ran.
+        delegation: on a hybrid, the roles per head kind and the cost of removing each kind's aggregate
+            heads (:class:`~gna_interp.circuits.delegation.Delegation`); None otherwise.
     """
 
     model: str
@@ -144,6 +153,7 @@ class Circuit:
     notes: list[str] = field(default_factory=list)
     twin: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    delegation: Delegation | None = None
 
     @property
     def heads(self) -> list[HeadRef]:
@@ -251,6 +261,7 @@ class Circuit:
             "stability": self.scan.stability(),
             "decisive": [{"head": h.name, "accuracy": a} for h, a in self.decisive()],
             "twin": self.twin,
+            "delegation": "delegation.json" if self.delegation is not None else None,
         }
 
     def summary(self, top: int = 10) -> str:
@@ -305,6 +316,8 @@ class Circuit:
                    f"draws)" if t.get("random") else "")
             lines.append(f"- knowledge twin {t['task']}: accuracy {t['intact']:.3f} intact, {t['top']:.3f} with the top "
                          f"{t['k']} removed{rnd} (zero ablation)")
+        if self.delegation is not None:
+            lines += ["", "```", self.delegation.summary(), "```", ""]
         if self.timings:
             lines.append(f"- run time: {self.seconds:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
                          + ")")
@@ -354,6 +367,8 @@ class Circuit:
             self.control.save(d / "control.json")
         if self.views is not None:
             self.views.save(d / "views.pt")
+        if self.delegation is not None:
+            self.delegation.save(d)
         atomic_write(d / "scan.csv", self.to_frame().to_csv(index=False))
         atomic_write(d / "summary.md", self.summary())
         write_json(d / "circuit.json", "circuit", self.to_dict())  # last: it vouches for the others
@@ -371,12 +386,13 @@ class Circuit:
                              f"{doc.get('scan_rows')}; the folder mixes two runs: rerun `gna scan`")
         views = CardViews.load(d / doc["views"]) if doc.get("views") else None
         control = HeadScan.load(d / doc["control"]) if doc.get("control") else None
+        deleg = Delegation.load(d / doc["delegation"]) if doc.get("delegation") else None
         roles = pd.DataFrame(doc.get("roles") or [], columns=None)
         return cls(doc["model"], doc["task"], scan, roles, dict(doc["baseline"]),
                    pd.DataFrame(doc.get("curve") or [], columns=CURVE_COLUMNS),
                    RoleRule(**doc["rule"]), float(doc.get("seconds") or 0.0), views, control,
                    float(doc.get("generic_fraction") or DEFAULT_GENERIC_FRACTION), bool(doc.get("keep_generic")),
-                   list(doc.get("notes") or []), doc.get("twin"), dict(doc.get("timings") or {}))
+                   list(doc.get("notes") or []), doc.get("twin"), dict(doc.get("timings") or {}), deleg)
 
     def __repr__(self) -> str:
         return (f"Circuit({self.model!r}, {self.task.get('name')!r}, {len(self.scan.heads)} heads, "
@@ -507,6 +523,12 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
     if cfg.twin is not None:
         circuit.twin = twin_check(model, cfg.twin, circuit.curve, sc.batch_size)
         lap("twin")
+    if cfg.delegation and is_hybrid(model):
+        knowledge = cfg.twin if cfg.twin is not None else ctask if ctask is not None else "auto" if cfg.control else None
+        circuit.delegation = delegation(model, task, knowledge, roles=roles, seeds=cfg.seeds,
+                                        n_samples=cfg.role_samples, rule=cfg.rule, form=cfg.form, method=sc.method,
+                                        reference=sc.reference, batch_size=sc.batch_size, runner=runner)
+        lap("delegation")
     if cfg.n_cards:
         circuit.views = card_views(model, task, members, circuit.to_frame(), circuit.pair(), cfg.n_cards, cfg.form)
         lap("views")

@@ -18,6 +18,7 @@ from gna_interp.viz.attention import attention_heads
 from gna_interp.viz.cards import ga_card
 from gna_interp.viz.compare import compare_heads
 from gna_interp.viz.curves import ablation_curve
+from gna_interp.viz.delegation import delegation_figure
 from gna_interp.viz.export import write_pngs
 from gna_interp.viz.html import figure_div, page
 from gna_interp.viz.scores import score_heatmap
@@ -55,6 +56,7 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
         "G / A mark heads labelled gather / aggregate; #k marks the top-ranked heads. Hover for numbers."),
         figure_div(figures["heatmap"])]
     sections += ["<h2>Top heads and their roles</h2>", _top_table(heads)]
+    sections += _delegation_section(circuit, figures)
     sections.append("<h2>Ablation curve</h2>")
     if not circuit.curve.empty:
         figures["ablation_curve"] = ablation_curve(circuit)
@@ -130,6 +132,63 @@ def _top_table(heads: pd.DataFrame) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]) if r[c] == r[c] else '')}</td>" for c in cols) + "</tr>"
                    for _, r in top.iterrows())
     return f"<div style='overflow-x:auto'><table class='top-heads'><tr>{head}</tr>{body}</table></div>"
+
+
+def _delegation_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
+    """The hybrid's roles per head kind and the cost of removing each kind's aggregate heads; nothing for a
+    model of one kind."""
+    d = circuit.delegation
+    if d is None:
+        if {h.adapter.normalized_rows for h in circuit.scan.heads} == {True, False}:
+            return ["<h2>Delegation</h2>", _note("Not measured: this circuit was saved without it (discover with "
+                                                  "delegation=True, the default, measures it on hybrids; rerun `gna scan`).")]
+        return []
+    out = ["<h2>Delegation: which kind of head takes which role</h2>", _note(
+        "A hybrid's heads grouped by kind. Roles from the pattern scores, each head read at its summary offset "
+        "(+d: the lines read d tokens after their end, where an SSM convolution carries them). Then each kind's "
+        "aggregate heads are removed together (zero ablation), beside as many random heads of the same kind "
+        "(median over the draws), on the retrieval task and on a knowledge task that needs no retrieval.")]
+    kinds = d.kinds
+    roles = d.roles
+    rows = [("heads (scored)", lambda k: f"{int(k['heads'])} ({int(k['scored'])})"),
+            ("aggregate / gather / other", lambda k: f"{int(k['aggregate_heads'])} / {int(k['gather_heads'])} / "
+                                                     f"{int(k['other_heads'])}"),
+            ("labelled heads", lambda k: ", ".join(
+                f"{r['name']} {r['role'][0].upper()}" + (f" +{int(r['offset'])}" if r["offset"] else "")
+                for _, r in roles[(roles["kind"] == k["kind"]) & roles["role"].isin(["gather", "aggregate"])].iterrows())
+             or "none"),
+            ("aggregate: mean / max", lambda k: f"{_fmt(k['aggregate_mean'])} / {_fmt(k['aggregate_max'])}"),
+            ("selectivity: mean / max", lambda k: f"{_fmt(k['selectivity_mean'])} / {_fmt(k['selectivity_max'])}"),
+            ("gather: mean / max", lambda k: f"{_fmt(k['gather_mean'])} / {_fmt(k['gather_max'])}")]
+    head = "<th></th>" + "".join(f"<th>{html.escape(str(k['title']))}</th>" for _, k in kinds.iterrows())
+    body = "".join(f"<tr><th style='text-align:left'>{html.escape(name)}</th>"
+                   + "".join(f"<td>{html.escape(fn(k))}</td>" for _, k in kinds.iterrows()) + "</tr>"
+                   for name, fn in rows)
+    out.append(f"<table class='delegation-roles'><tr>{head}</tr>{body}</table>")
+    know = d.knowledge
+    unit = ("LM loss, nats/token" if know["metric"] == "lm_loss" else know["metric"]) if know else ""
+    cols = ["kind", "heads removed", "retrieval: intact", "removed", "random (median)"]
+    if know:
+        cols += [f"{know['name']} ({unit}): intact", "removed", "random (median)"]
+    lines = []
+    for _, k in kinds[kinds["aggregate_heads"] > 0].iterrows():
+        cells = [str(k["title"]), str(k["removed"]).replace(",", ", "), _fmt(k["retrieval_intact"]),
+                 _fmt(k["retrieval_removed"]),
+                 f"{_fmt(k['retrieval_random'])} ({int(k['random_draws'])} draws)" if k["random_draws"] else "no draw"]
+        if know:
+            cells += [_fmt(k["knowledge_intact"]), _fmt(k["knowledge_removed"]),
+                      _fmt(k["knowledge_random"]) if k["random_draws"] else ""]
+        lines.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    if lines:
+        out += ["<h3>Removing each kind's aggregate heads</h3>", "<table class='delegation-removal'><tr>"
+                + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>" + "".join(lines) + "</table>"]
+        figures["delegation"] = delegation_figure(d)
+        out.append(figure_div(figures["delegation"]))
+    else:
+        out.append(_note("No head of any kind is labelled aggregate: nothing to remove."))
+    if d.notes:
+        out.append(_note(" | ".join(d.notes)))
+    return out
 
 
 def _view_sections(views: CardViews, figures: dict[str, Any]) -> list[str]:
