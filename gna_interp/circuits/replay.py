@@ -300,5 +300,5 @@ class SetAblation:
         if self.prefixes is not None:
             return replay_scores(self.model, self.plan, self.prefixes, [replaced])[0]
         share = False if self.method == "resample" else None
-        return run_plan(self.model, self.plan, self.batch_size, fwd_hooks=ablation_hooks(replaced) if replaced else None,
+        return run_plan(self.model, self.plan, self.batch_size, fwd_hooks=ablation_hooks(replaced) if replaced else (),
                         share_prefix=share)
