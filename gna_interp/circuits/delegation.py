@@ -246,10 +246,18 @@ def delegation(model: Model, task: Task | None = None, knowledge: Task | str | N
             candidate each, like :class:`~gna_interp.tasks.text.NeutralText`, by LM loss), ``"auto"`` (the
             neutral-prose LM loss when the model can represent it) or None.
         circuit: a :class:`~gna_interp.circuits.circuit.Circuit` of ``model`` whose role scores to use
-            (recomputed when saved without summary offsets); ``roles``: such scores directly.
-        seeds: random draws per kind; n_samples, rule, form: the role scores' (when computed here).
-        method, reference, batch_size: the ablation (:class:`~gna_interp.circuits.replay.SetAblation`);
-            ``runner``: one made for ``task`` with that method, to reuse its clean prefixes.
+            (recomputed when saved without summary offsets).
+        roles: such scores directly (:func:`~gna_interp.circuits.roles.role_scores`' frame).
+        seeds: random draws per kind.
+        n_samples: samples the role scores are measured on (when computed here; also ``rule``, ``form``).
+        rule: the role rule (default: the circuit's, else :class:`~gna_interp.circuits.roles.RoleRule`).
+        form: SSM implicit-attention form of the role scores.
+        method: the ablation (:class:`~gna_interp.circuits.replay.SetAblation`; also ``reference``,
+            ``batch_size``).
+        reference: the mean/resample ablation's reference task.
+        batch_size: prompts per forward.
+        runner: a :class:`~gna_interp.circuits.replay.SetAblation` made for ``task`` with that method, to reuse
+            its clean prefixes.
     """
     start = time.perf_counter()
     if not isinstance(model, Model):
