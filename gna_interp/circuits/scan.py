@@ -38,6 +38,14 @@ Checkpoint: with ``checkpoint=PATH`` the per-sample results are written atomical
 + ``os.replace``) after every finished group of heads; a later call with the same arguments resumes
 from it, skipping finished heads. A checkpoint from a different model, task, method or head list is
 refused. Options are a :class:`ScanConfig` (or keyword overrides of its fields).
+
+Sharded (under ``torchrun``, see :mod:`gna_interp.circuits.distributed`): every rank runs the cheap,
+sequential parts identically (plan, prefixes, attribution, the ``auto`` decisions; rank 0 broadcasts
+the baseline, the estimates, ``stack`` and the replay check), and each exact phase -- the initial heads,
+each ``auto`` round, each screening round -- is cut into the replay groups one process would run and
+split by whole groups over the ranks; the ranks all-gather the results after the phase. Each rank
+checkpoints into its own file; rank 0 writes the merged checkpoint at the end. The numbers are bitwise
+those of one process with the same thread count.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import pandas as pd
 import torch
@@ -58,6 +66,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from gna_interp.circuits.attribution import attribution_estimates, logprob_weights, metric_weights
+from gna_interp.circuits.distributed import Shard, active, assign, check_world, rank_files, rank_path
 from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES, Prefixes, ReplayMismatch, replay_scores
 from gna_interp.errors import InputError, OptionError
 from gna_interp.interventions.ablation import METHODS, AblationMethod, Replacement, ablation_hooks, replacements
@@ -421,11 +430,78 @@ def _read_checkpoint(path: Path, fingerprint: str) -> dict[str, Any] | None:
     return state
 
 
-class _Progress:
-    """Collects results, mirrors them into the checkpoint, drives the progress bar."""
+def _merge_states(states: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """One checkpoint state from several of the same scan (a single process's and the ranks'): the union of
+    their exact and screened heads (first seen first); baseline, estimates, sizes and screening samples
+    from the first state that has them."""
+    states = [s for s in states if s]
+    if not states:
+        return None
+    out = {**states[0], "exact": {}, "screened": {}}
+    for s in states:
+        for key in ("exact", "screened"):
+            for k, v in (s.get(key) or {}).items():
+                out[key].setdefault(k, v)
+        for key in ("baseline", "screen_index", "estimates", "sizes"):
+            if not out.get(key) and s.get(key):
+                out[key] = s[key]
+    return out
 
-    def __init__(self, scan: HeadScan, path: Path | None, fingerprint: str, bar: Any) -> None:
-        self.scan, self.path, self.fingerprint, self.bar = scan, path, fingerprint, bar
+
+def _resume_state(path: Path, fingerprint: str, shard: Shard | None) -> tuple[dict[str, Any] | None, bool]:
+    """The state to resume from: ``path``'s checkpoint merged with every rank checkpoint beside it (all
+    of them this scan's, else :class:`InputError`); under a shard, merged over what every rank sees.
+    Also whether rank checkpoints were found."""
+    state = _read_checkpoint(path, fingerprint)
+    ranks = [_read_checkpoint(f, fingerprint) for f in rank_files(path)]
+    if ranks:
+        state = _merge_states([state, *ranks])
+    if shard is not None:  # a rank may see files the others do not (no shared folder): merge what all saw
+        seen = shard.gather((state, bool(ranks)))
+        return _merge_states([s for s, _ in seen]), any(r for _, r in seen)
+    return state, bool(ranks)
+
+
+def _finish_checkpoint(scan: HeadScan, path: Path | None, fingerprint: str, shard: Shard | None,
+                       merged: bool) -> None:
+    """Leave what one process leaves: the whole scan in ``path``, and no rank checkpoints (under a shard
+    rank 0 writes it; alone, only when rank checkpoints were merged, which are then deleted)."""
+    if path is None or (shard is None and not merged):
+        return
+    if shard is None or shard.lead:
+        _write_checkpoint(path, {"fingerprint": fingerprint, **scan.to_state()})
+    if shard is not None:
+        shard.barrier()  # the merged checkpoint is written: the rank files are no longer needed
+    for f in rank_files(path):
+        f.unlink(missing_ok=True)
+
+
+def _agree(scan: HeadScan, shard: Shard | None) -> None:
+    """Under a shard: rank 0's baseline, estimates and sizes on every rank (``auto`` decides from them)."""
+    if shard is not None:
+        scan.baseline, scan.estimates, scan.sizes = shard.broadcast((scan.baseline, scan.estimates, scan.sizes))
+
+
+def _replay_problem(prefixes: Prefixes, shard: Shard | None) -> str | None:
+    """None when replays reproduce the model, else why not (under a shard: rank 0's verdict)."""
+    try:
+        prefixes.verify()
+        why = None
+    except ReplayMismatch as e:
+        why = str(e)
+    return shard.broadcast(why) if shard is not None else why
+
+
+Unit = list[Replacement]  # heads scored together: one replay group, or one head of the naive loop
+
+
+class _Progress:
+    """Collects results, mirrors them into the checkpoint, drives the progress bar; under a shard, splits
+    each phase's units over the ranks and gathers their results (:meth:`run`)."""
+
+    def __init__(self, scan: HeadScan, path: Path | None, fingerprint: str, bar: Any,
+                 shard: Shard | None = None) -> None:
+        self.scan, self.path, self.fingerprint, self.bar, self.shard = scan, path, fingerprint, bar, shard
 
     def save(self) -> None:
         if self.path is not None:
@@ -437,6 +513,33 @@ class _Progress:
         self.save()
         if self.bar is not None:
             self.bar.update(len(results))
+
+    def run(self, units: list[Unit], compute: Callable[[Unit], dict[HeadRef, CandidateScores]],
+            record: Callable[[dict[HeadRef, CandidateScores]], None], store: dict[HeadRef, dict[str, Tensor]],
+            cost: Callable[[Unit], float]) -> None:
+        """Score each unit with ``compute`` and ``record`` it (into ``store``; recording saves). Under a shard
+        this rank runs only the units :func:`~gna_interp.circuits.distributed.assign` gives it (by ``cost``),
+        then the ranks all-gather, and ``store`` takes every unit's heads in the order one process
+        records them."""
+        if self.shard is None:
+            for unit in units:
+                record(compute(unit))
+            return
+        owner = assign([cost(u) for u in units], self.shard.world)
+        mine: dict[HeadRef, dict[str, Tensor]] = {}
+        for unit, rank in zip(units, owner):
+            if rank == self.shard.rank:
+                record(compute(unit))
+                mine.update({r.site.head: store[r.site.head] for r in unit})
+        got = {h: v for part in self.shard.gather(mine) for h, v in part.items()}
+        phase = [r.site.head for unit in units for r in unit]
+        kept = {h: v for h, v in store.items() if h not in got}
+        store.clear()
+        store.update(kept)
+        store.update({h: got[h] for h in phase})
+        self.save()
+        if self.bar is not None and store is self.scan.exact:
+            self.bar.update(len(phase) - len(mine))
 
 
 # ---- engines ------------------------------------------------------------------------------
@@ -511,22 +614,27 @@ def _exact_phase(model: Model, plan: ScoringPlan, batch_size: int, prefixes: Pre
                  stack: int, naive: bool, scan: HeadScan, rec: _Progress) -> None:
     """Run ``todo`` exactly (fast replay of the chunks' last blocks; one full forward per head when
     ``naive`` or when replays do not reproduce the model), recording each finished group."""
-    if not naive:
-        try:
-            prefixes.verify()
-        except ReplayMismatch as e:
-            warnings.warn(f"{e}; falling back to one full forward per head", RuntimeWarning, stacklevel=3)
-            naive = True
+    if not naive and (problem := _replay_problem(prefixes, rec.shard)) is not None:
+        warnings.warn(f"{problem}; falling back to one full forward per head", RuntimeWarning, stacklevel=3)
+        naive = True
     if not scan.baseline:
         scan.baseline = _per_sample(run_plan(model, plan, batch_size, share_prefix=False) if naive
                                     else prefixes.clean(plan))
+        _agree(scan, rec.shard)
     rec.save()
     if naive:  # full rows, never a KV-cached prefix: one plain forward per batch and head
-        for r in todo:
-            rec.done({r.site.head: run_plan(model, plan, batch_size, fwd_hooks=ablation_hooks([r]), share_prefix=False)})
+        rec.run([[r] for r in todo],
+                lambda u: {u[0].site.head: run_plan(model, plan, batch_size, fwd_hooks=ablation_hooks(u),
+                                                    share_prefix=False)},
+                rec.done, scan.exact, lambda u: 1.0)
     else:
-        for group in _groups(todo, stack):
-            rec.done(_exact_group(model, plan, prefixes, group))
+        rec.run(_groups(todo, stack), lambda g: _exact_group(model, plan, prefixes, g), rec.done, scan.exact,
+                _replay_cost(model))
+
+
+def _replay_cost(model: Model) -> Callable[[Unit], float]:
+    """The relative cost of a replay group: its heads times the blocks it re-runs."""
+    return lambda g: float(len(g) * (model.n_layers - g[0].site.head.layer))
 
 
 def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str] | str | None = None,
@@ -536,38 +644,48 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
     ``task`` is a task (or a :class:`~gna_interp.tasks.scoring.ScoringPlan` made from one); ``config`` a
     :class:`ScanConfig`, or keyword overrides of its fields (``strategy="auto"``, ``method``,
     ``metric``, ``batch_size``, ``checkpoint``, ...); an unknown keyword raises naming the closest one.
+    Under ``torchrun`` (``WORLD_SIZE > 1``) the exact ablations are split over the ranks and every rank
+    returns the whole scan (:mod:`gna_interp.circuits.distributed`).
     """
     cfg = ScanConfig.build(config, **overrides)
     head_list = list(dict.fromkeys(model.check_heads(heads) if heads is not None else model.heads()))
     if not head_list:
         raise InputError(f"no heads to scan: {model.name} has no supported heads, or the list given was empty")
+    shard = active()
+    if shard is not None:
+        check_world(shard.world, len(head_list))
+    lead = shard is None or shard.lead
     start = time.perf_counter()
     plan, task_name = _as_plan(model, task, cfg.scoring)
     replaced = replacements(model, head_list, cfg.method, cfg.reference)
     by_head = {r.site.head: r for r in replaced}
     chunks = layout_chunks(model, plan, cfg.batch_size, pack=False if cfg.method == "resample" else None)
     stack = cfg.stack or _default_stack(model, chunks, cfg.max_prefix_bytes)
+    if shard is not None:  # rank 0's: a default sized to free GPU memory may differ between ranks
+        stack = shard.broadcast(stack)
     path = Path(cfg.checkpoint) if cfg.checkpoint is not None else None
     fingerprint = _fingerprint(model, plan, cfg.method, head_list, cfg.reference)
-    state = _read_checkpoint(path, fingerprint) if path is not None else None
+    state, merged = _resume_state(path, fingerprint, shard) if path is not None else (None, False)
 
     scan = HeadScan(model.name, task_name, cfg.method, cfg.metric, cfg.strategy, head_list, {})
     if state is not None:
         scan.restore(state)
     prefixes = Prefixes(model, chunks, cfg.max_prefix_bytes)
-    rec = _Progress(scan, path, fingerprint, None)
+    rec = _Progress(scan, rank_path(path, shard.rank, shard.world) if shard and path else path, fingerprint, None,
+                    shard)
     if cfg.strategy in ("attribution", "auto") and len(scan.estimates) < len(head_list):
-        _attribution_phase(model, plan, chunks, prefixes, replaced, scan, cfg.progress)
+        _attribution_phase(model, plan, chunks, prefixes, replaced, scan, cfg.progress and lead)
+        _agree(scan, shard)
         rec.save()
     focus = set(model.check_heads(list(cfg.focus))) if cfg.focus is not None else None
     todo = _initial_exact(scan, cfg, focus)
-    with tqdm(total=len(todo), desc=f"scan {cfg.strategy}", unit="head", disable=not cfg.progress) as bar:
+    with tqdm(total=len(todo), desc=f"scan {cfg.strategy}", unit="head", disable=not (cfg.progress and lead)) as bar:
         rec.bar = bar
         if todo or not scan.baseline:
             _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in todo], stack,
                          cfg.strategy == "naive", scan, rec)
         if cfg.strategy == "auto" and (cfg.certify > 0 or cfg.settle_above is not None):
-            screen = _Screen.make(model, plan, scan, cfg)
+            screen = _Screen.make(model, plan, scan, cfg, shard)
             while more := _next_to_verify(scan, min(cfg.certify, len(head_list)),
                                           len(head_list) if screen else stack, cfg.settle_above, focus):
                 capped = cfg.max_exact is not None and len(scan.exact) >= cfg.max_exact
@@ -587,6 +705,7 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
                 _exact_phase(model, plan, cfg.batch_size, prefixes, [by_head[h] for h in more], stack, False, scan,
                              rec)
     scan.seconds = time.perf_counter() - start
+    _finish_checkpoint(scan, path, fingerprint, shard, merged)
     return scan
 
 
@@ -597,7 +716,8 @@ class _Screen:
         self.model, self.plan, self.prefixes = model, plan, prefixes
 
     @classmethod
-    def make(cls, model: Model, plan: ScoringPlan, scan: HeadScan, cfg: ScanConfig) -> "_Screen | None":
+    def make(cls, model: Model, plan: ScoringPlan, scan: HeadScan, cfg: ScanConfig,
+             shard: Shard | None = None) -> "_Screen | None":
         n = len(plan.samples)
         m = (n // 4 if n >= 64 else 0) if cfg.screen is None else min(cfg.screen, n)
         if m < 2 or m >= n or cfg.method == "resample":
@@ -605,20 +725,21 @@ class _Screen:
         scan.screen_index = scan.screen_index or [int(i) for i in torch.linspace(0, n - 1, m).round().long()]
         sub = plan_scoring(model, [plan.samples[i] for i in scan.screen_index], plan.method)  # type: ignore[arg-type]
         prefixes = Prefixes(model, layout_chunks(model, sub, cfg.batch_size), cfg.max_prefix_bytes)
-        try:
-            prefixes.verify()
-        except ReplayMismatch:  # no fast replay for this model: screening would cost what exact runs do
+        if _replay_problem(prefixes, shard) is not None:  # no fast replay: screening would cost what exact runs do
             return None
         return cls(model, sub, prefixes)
 
     def run(self, scan: HeadScan, todo: list[Replacement], stack: int, rec: _Progress) -> None:
         """Run ``todo`` on the screening samples, recording each finished group."""
-        for group in _groups(todo, stack):
-            for h, sc in _exact_group(self.model, self.plan, self.prefixes, group).items():
+        def record(results: dict[HeadRef, CandidateScores]) -> None:
+            for h, sc in results.items():
                 scan.screened[h] = _per_sample(sc)
             rec.save()
             if rec.bar is not None:
                 rec.bar.set_postfix_str(f"screened {len(scan.screened)} on {len(self.plan.samples)} samples")
+
+        rec.run(_groups(todo, stack), lambda g: _exact_group(self.model, self.plan, self.prefixes, g), record,
+                scan.screened, _replay_cost(self.model))
 
 
 def _initial_exact(scan: HeadScan, cfg: ScanConfig, focus: set[HeadRef] | None = None) -> list[HeadRef]:

@@ -318,13 +318,21 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    from gna_interp.circuits import discover
-    from gna_interp.circuits.circuit import FILES
+    """``gna scan``. Under torchrun every rank loads the model and runs the head scan sharded
+    (:mod:`gna_interp.circuits.distributed`); then the other ranks exit and rank 0 runs the rest of
+    :func:`~gna_interp.circuits.discover` (its scan resumes from the merged checkpoint) and writes the outputs."""
+    import contextlib
+
+    from gna_interp.circuits import DiscoverConfig, discover, scan_heads
+    from gna_interp.circuits.circuit import FILES, check_solvable
+    from gna_interp.circuits.distributed import active, leave, local_device, rank_files
     from gna_interp.report import build_report
 
+    shard = active()  # under torchrun: joins the job; None in one process
+    lead = shard is None or shard.lead
     out = Path(args.out)
     ckpt = out / "scan.ckpt.json"
-    stale = [f for f in (ckpt, ckpt.with_suffix(".control.json")) if f.exists()]
+    stale = [f for f in (ckpt, ckpt.with_suffix(".control.json")) if f.exists()] + rank_files(ckpt)
     _check_out_dir(out)
     _Lock(out).check()
     if args.task == "kv":
@@ -332,36 +340,74 @@ def run_scan(args: argparse.Namespace) -> int:
     if stale and not (args.resume or args.fresh):
         done = "a finished scan and its checkpoint" if (out / "circuit.json").exists() else \
             "the checkpoint of an unfinished scan"
-        raise InputError(f"{out} holds {done} ({ckpt.name}); --resume continues it (or rebuilds the outputs), "
-                         f"--fresh deletes it and starts over, or pick another --out")
+        raise InputError(f"{out} holds {done} ({', '.join(f.name for f in stale)}); --resume continues it (or "
+                         f"rebuilds the outputs), --fresh deletes it and starts over, or pick another --out")
+    if shard is not None:
+        args.device = local_device(getattr(args, "device", None))  # one GPU per rank where there are GPUs
     model = _load_for(args)
     task, twin = _scan_task(args, model, args.seed)
     reference = _scan_task(args, model, args.seed + 1)[0] if args.method != "zero" else None
-    with _Lock(out):
+    cfg = DiscoverConfig.build(strategy=args.strategy, method=args.method, metric=args.metric, reference=reference,
+                               k=args.top_k, seeds=args.seeds, batch_size=args.batch_size, checkpoint=ckpt,
+                               verify=args.verify, certify=args.certify, max_exact=args.max_exact,
+                               keep_generic=args.keep_generic, control=not args.no_control,
+                               allow_chance=args.allow_chance, twin=twin)
+    if shard is not None:
+        shard.barrier()  # every rank has checked the folder before rank 0 locks it
+    with _Lock(out) if lead else contextlib.nullcontext():
         if args.fresh:
             for f in stale:
-                f.unlink()
-        print(f"{model.name}: {len(model.heads())} heads; task {task.name}, {len(task)} samples; "
-              f"{args.strategy} scan, {args.method} ablation, metric {args.metric}", flush=True)
+                f.unlink(missing_ok=True)
+        if shard is not None:
+            shard.barrier()  # --fresh has deleted the old checkpoints before any rank reads them
+        if lead:
+            print(f"{model.name}: {len(model.heads())} heads; task {task.name}, {len(task)} samples; "
+                  f"{args.strategy} scan, {args.method} ablation, metric {args.metric}"
+                  + (f"; head scan sharded over {shard.world} ranks" if shard is not None else ""), flush=True)
         try:
-            circuit = discover(model, task, strategy=args.strategy, method=args.method, metric=args.metric,
-                               reference=reference, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size,
-                               checkpoint=ckpt, verify=args.verify, certify=args.certify, max_exact=args.max_exact,
-                               keep_generic=args.keep_generic,
-                               control=not args.no_control, allow_chance=args.allow_chance, twin=twin)
+            if shard is not None:
+                started = time.perf_counter()
+                check_solvable(model, task, args.batch_size, args.allow_chance)  # refuse before scanning, as discover
+                sharded = scan_heads(model, task, config=cfg.scan)  # rank 0 has written every head into the checkpoint
+                sharded_s = time.perf_counter() - started
+                leave()
+                if not lead:
+                    print(f"rank {shard.rank}: head scan done; rank 0 writes the outputs", flush=True)
+                    return 0
+            circuit = discover(model, task, config=cfg)
+            if shard is not None:  # discover's scan only read the sharded scan back: count the sharded one's time
+                circuit.scan.seconds = sharded.seconds
+                circuit.timings = {"sharded scan": sharded_s, **circuit.timings}
+                circuit.seconds += sharded_s
         except KeyboardInterrupt:
-            again = [a for a in (args.argv or []) if a not in ("--resume", "--fresh")]
-            if ckpt.exists():
-                print(f"\ngna: interrupted; the finished heads are saved in {ckpt}. Continue with:\n"
-                      f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
-            else:
-                print("\ngna: interrupted before any head finished; nothing was saved", file=sys.stderr, flush=True)
+            if lead:
+                _say_interrupted(ckpt, args.argv, shard.world if shard is not None else None)
             raise
         circuit.save(out)
     print(circuit.summary(top=10))
     print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
     print(f"wrote {build_report(out)}")
     return 0
+
+
+def _say_interrupted(ckpt: Path, argv: Sequence[str] | None, world: int | None) -> None:
+    """Tell what an interrupted scan saved and the command that continues it (``world``: the ranks of a
+    sharded scan, None in one process)."""
+    from gna_interp.circuits.distributed import rank_files
+
+    again = " ".join(shlex.quote(a) for a in (argv or []) if a not in ("--resume", "--fresh"))
+    ranks = rank_files(ckpt)
+    saved = [str(f) for f in (ckpt, *ranks) if f.exists()]
+    if ranks and world is not None:
+        print(f"\ngna: interrupted; the finished heads are saved in {ckpt.parent}: "
+              f"{', '.join(f.name for f in ranks)}. Continue with the same launch plus --resume (any number of "
+              f"ranks, or one process), e.g.:\n  torchrun --nproc-per-node {world} -m gna_interp {again} --resume",
+              file=sys.stderr, flush=True)
+    elif saved:
+        print(f"\ngna: interrupted; the finished heads are saved in {', '.join(saved)}. Continue with:\n"
+              f"  gna {again} --resume", file=sys.stderr, flush=True)
+    else:
+        print("\ngna: interrupted before any head finished; nothing was saved", file=sys.stderr, flush=True)
 
 
 @command("compare-circuits", "compare two saved circuits of one model (e.g. KV and multiple choice): overlap, rank "
