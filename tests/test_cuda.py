@@ -28,11 +28,12 @@ from gna_interp.circuits.replay import replay_atol
 from gna_interp.circuits.scan import _default_stack
 from gna_interp.errors import InputError
 from gna_interp.models import zoo_dir, zoo_names
-from gna_interp.models.estimate import CPU_REPLAY_ROWS, STACK_MEMORY_SHARE, replay_stack
+from gna_interp.models.estimate import (CPU_REPLAY_ROWS, STACK_MEMORY_SHARE, measure_row_bytes, replay_row_bytes,
+                                        replay_stack)
 from gna_interp.models.model import Model
 from gna_interp.models.ssm import layer_terms
 from gna_interp.models.ssm_kernel import mixer_output
-from gna_interp.tasks.scoring import layout_chunks, plan_scoring, run_plan
+from gna_interp.tasks.scoring import layout_chunks, plan_scoring
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 ZOO = ["transformer-kv", "mamba2-kv"]
@@ -298,15 +299,25 @@ def _row_bytes(tokens: int, reads: int, nbytes: int, cfg: dict | None = None) ->
     widest linear output, eager attention's scores (model dtype, twice) and float32 softmax, the repeated mask
     and position tables, and the float32 log-probs of the reads."""
     cfg = cfg or _config()
+    d = cfg["hidden_size"]
+    return _block_bytes(tokens, nbytes, cfg) + tokens ** 2 * 4 + 2 * tokens * d * 4 + reads * cfg["vocab_size"] * (nbytes + 8)
+
+
+def _block_bytes(tokens: int, nbytes: int, cfg: dict | None = None) -> int:
+    """The counted activations of one zoo Llama block for one row."""
+    cfg = cfg or _config()
     d, widest = cfg["hidden_size"], max(cfg["intermediate_size"], cfg["hidden_size"])
-    block = tokens * (4 * d + 2 * widest) * nbytes + cfg["num_attention_heads"] * tokens ** 2 * (2 * nbytes + 4)
-    return block + tokens ** 2 * 4 + 2 * tokens * d * 4 + reads * cfg["vocab_size"] * (nbytes + 8)
+    return tokens * (4 * d + 2 * widest) * nbytes + cfg["num_attention_heads"] * tokens ** 2 * (2 * nbytes + 4)
 
 
 def test_replay_stack_sizes_to_fake_free_memory(zoo):
     model = zoo("transformer-kv", "cpu")
     n_heads = _config()["num_attention_heads"]
     rows, tokens, reads, reserve = 8, 40, 2, 12345
+    assert replay_row_bytes(model, tokens, reads) == _row_bytes(tokens, reads, 4)
+    extras = _row_bytes(tokens, reads, 4) - _block_bytes(tokens, 4)
+    assert replay_row_bytes(model, tokens, reads, measured=10 ** 7) == 10 ** 7 + extras  # measured > counted
+    assert replay_row_bytes(model, tokens, reads, measured=10) == _row_bytes(tokens, reads, 4)  # counted > measured
     per_copy = rows * _row_bytes(tokens, reads, 4)
     for want in (1, 2, 3):  # free memory for `want` and a half copies, after the share and the reserve
         free = int(((want + 0.5) * per_copy + reserve) / STACK_MEMORY_SHARE)
@@ -330,7 +341,10 @@ def test_replay_stack_fits_more_half_precision_rows(zoo):
 
 def test_scan_default_stack_reads_cuda_free_memory(zoo, monkeypatch):
     """On a (faked) CUDA model the scan's default stack comes from ``torch.cuda.mem_get_info`` of the model's
-    device, less the clean prefixes the scan keeps; the CPU rule is not used."""
+    device plus the allocator's unused cache, less the clean prefixes it keeps, at the larger of the counted
+    and the measured row; the CPU rule is not used."""
+    from gna_interp.models import estimate
+
     model = zoo("transformer-kv", "cpu")
     chunks = layout_chunks(model, plan_scoring(model, _task(model).samples), 8)
     assert _default_stack(model, chunks, 2 << 30) == CPU_REPLAY_ROWS // 8
@@ -338,20 +352,51 @@ def test_scan_default_stack_reads_cuda_free_memory(zoo, monkeypatch):
     reads = max(-(-len(c.read_pos) // c.size) for c in chunks)
     cfg = _config()
     prefixes = sum(c.n_tokens for c in chunks) * cfg["hidden_size"] * cfg["num_hidden_layers"] * 4
-    per_copy = 8 * _row_bytes(tokens, reads, 4)
-    free = int((2.5 * per_copy + prefixes) / STACK_MEMORY_SHARE)  # two copies fit next to the prefixes
-    asked = []
-
-    def mem_get_info(device=None):
-        asked.append(device)
-        return free, 80 << 30
-
-    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    row = _row_bytes(tokens, reads, 4)
+    cached = 1 << 20  # reserved by PyTorch's allocator but unused: free for the scan too
+    free = int((2.5 * 8 * row + prefixes) / STACK_MEMORY_SHARE) - cached  # two copies fit next to the prefixes
+    asked, measured = [], {"row": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (asked.append(device), (free, 80 << 30))[1])
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * cached)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 4 * cached)
+    monkeypatch.setattr(estimate, "measure_row_bytes", lambda m, t, r: (asked.append((t, r)), measured["row"])[1])
     monkeypatch.setattr(Model, "device", property(lambda self: torch.device("cuda", 0)))
     assert _default_stack(model, chunks, 2 << 30) == 2
-    assert asked == [torch.device("cuda", 0)]
+    assert asked == [(tokens, 4), torch.device("cuda", 0)]  # the probe runs before the free memory is read
     # Prefixes over max_prefix_bytes are recomputed per group, not kept: nothing is reserved for them.
-    assert _default_stack(model, chunks, 0) == min(4, int(free * STACK_MEMORY_SHARE // per_copy))
+    assert _default_stack(model, chunks, 0) == min(4, int((free + cached) * STACK_MEMORY_SHARE // (8 * row)))
+    # A measured forward row larger than the counted block (as Hugging Face's SSM paths give) replaces it.
+    measured["row"] = int(1.3 * row)
+    big = measured["row"] + row - _block_bytes(tokens, 4)  # plus the mask, position tables and reads
+    want = int(((free + cached) * STACK_MEMORY_SHARE - prefixes) // (8 * big))
+    assert want == 1 and _default_stack(model, chunks, 2 << 30) == want
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ZOO)
+def test_measured_row_bounds_a_real_stacked_replay(zoo, name):
+    """On the GPU: the row size the sizing plans on (counted or measured, the larger) is at least what a
+    stacked replay of four ablations really allocates per row."""
+    from gna_interp.circuits.replay import Prefixes, replay_scores
+    from gna_interp.interventions.ablation import replacements
+
+    model = zoo(name, "cuda")
+    plan = plan_scoring(model, _task(model, 32).samples)
+    chunks = layout_chunks(model, plan, 32)
+    prefixes = Prefixes(model, chunks)
+    prefixes.get(0)
+    c = chunks[0]
+    tokens, reads = int(c.batch.ids.shape[1]), -(-len(c.read_pos) // c.size)
+    planned = replay_row_bytes(model, tokens, reads, measure_row_bytes(model, tokens, 4))
+    reps = replacements(model, model.heads(layers=[0])[:4])
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    replay_scores(model, plan, prefixes, [[r] for r in reps])
+    torch.cuda.synchronize()
+    assert len(chunks) == 1
+    per_row = (torch.cuda.max_memory_allocated() - base) / (len(reps) * c.size)
+    assert per_row <= planned, (per_row, planned)
 
 
 def test_replay_stack_refuses_bad_input(zoo):
@@ -360,3 +405,5 @@ def test_replay_stack_refuses_bad_input(zoo):
         replay_stack(model, 0, 10)
     with pytest.raises(InputError, match="share must be in"):
         replay_stack(model, 4, 10, share=0)
+    with pytest.raises(InputError, match="measures CUDA memory"):
+        measure_row_bytes(model, 10)

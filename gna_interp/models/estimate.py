@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from gna_interp.models.model import Model
 
 __all__ = ["CPU_REPLAY_ROWS", "DEVICES", "Device", "HookCheck", "STACK_MEMORY_SHARE", "ScanEstimate", "Throughput",
-           "check_hooks", "estimate_scan", "forward_flops", "get_device", "measure_throughput", "replay_stack"]
+           "check_hooks", "estimate_scan", "forward_flops", "get_device", "measure_row_bytes", "measure_throughput",
+           "replay_row_bytes", "replay_stack"]
 
 GiB = 1 << 30
 DEFAULT_UTILIZATION = 0.35
@@ -290,17 +291,18 @@ STACK_MEMORY_SHARE = 0.5  # share of the free CUDA memory the stacked replays ma
 
 
 def replay_stack(model: "Model", rows: int, tokens: int, *, reads: int = 1, reserve_bytes: int = 0,
-                 free_bytes: int | None = None, share: float = STACK_MEMORY_SHARE) -> int:
+                 free_bytes: int | None = None, row_bytes: int | None = None,
+                 share: float = STACK_MEMORY_SHARE) -> int:
     """Head ablations of one layer to stack in one replay of a batch of ``rows`` sequences of ``tokens``.
 
     Off CUDA (``free_bytes`` None and the model not on a CUDA device): ``max(1, 64 // rows)``, the CPU
     default (a replay of at most :data:`CPU_REPLAY_ROWS` rows). On CUDA, or when ``free_bytes`` is given:
-    as many copies of the batch as fit in ``share`` of the free memory (``torch.cuda.mem_get_info`` of the
-    model's first device) less ``reserve_bytes`` (e.g. the clean prefixes the scan keeps), at the *estimated*
-    working set of one replay row -- the largest block's activations of :meth:`_Block.working_bytes`, the
-    block's recorded inputs repeated per copy (a ``tokens x tokens`` mask, two position-embedding tables)
-    and ``reads`` float32 log-prob rows of the vocabulary. At least 1, at most the most heads any layer
-    has (a stack only groups heads of one layer).
+    as many copies of the batch as fit in ``share`` of the free memory less ``reserve_bytes`` (e.g. the clean
+    prefixes the scan keeps), at :func:`replay_row_bytes` a row. On CUDA the free memory is
+    ``torch.cuda.mem_get_info`` of the model's (first) device plus what PyTorch's allocator holds unused, and
+    ``row_bytes`` (a forward's peak per row) is measured first with :func:`measure_row_bytes`: the count alone
+    misses Hugging Face's SSM intermediates (on CPU a Mamba-2 row took up to 4.3x the count). At least 1, at
+    most the most heads any layer has (a stack only groups heads of one layer).
     """
     for name, value, low in (("rows", rows, 1), ("tokens", tokens, 1), ("reads", reads, 0),
                              ("reserve_bytes", reserve_bytes, 0)):
@@ -311,14 +313,43 @@ def replay_stack(model: "Model", rows: int, tokens: int, *, reads: int = 1, rese
     if free_bytes is None:
         if model.device.type != "cuda":
             return max(1, CPU_REPLAY_ROWS // rows)
-        free_bytes = int(torch.cuda.mem_get_info(model.device)[0])
+        if row_bytes is None:
+            row_bytes = measure_row_bytes(model, tokens, min(rows, 4))
+        dev = model.device
+        free_bytes = int(torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev)
+                         - torch.cuda.memory_allocated(dev))
+    cap = max((s.n_heads for s in model.layers if s.supported), default=1)
+    fit = int((free_bytes * share - reserve_bytes) // (rows * replay_row_bytes(model, tokens, reads, row_bytes)))
+    return max(1, min(cap, fit))
+
+
+def replay_row_bytes(model: "Model", tokens: int, reads: int = 1, measured: int | None = None) -> int:
+    """Working set of one row (one sequence of ``tokens``) of a stacked replay: the largest block's activations
+    -- counted (:meth:`_Block.working_bytes`, in the model's dtype) or ``measured`` (a forward's peak per row,
+    :func:`measure_row_bytes`), whichever is larger -- plus the block inputs repeated per copy (a
+    ``tokens x tokens`` mask, two position tables) and ``reads`` float32 log-prob rows of the vocabulary."""
     nbytes = torch.empty(0, dtype=model.dtype).element_size()
     d, v = _dims(model)
-    row = max(b.working_bytes(1, tokens, d, nbytes) for b in _blocks(model))
-    row += tokens * tokens * 4 + 2 * tokens * d * 4 + reads * v * (nbytes + 8)
-    cap = max((s.n_heads for s in model.layers if s.supported), default=1)
-    fit = int((free_bytes * share - reserve_bytes) // (rows * row))
-    return max(1, min(cap, fit))
+    block = max(b.working_bytes(1, tokens, d, nbytes) for b in _blocks(model))
+    return int(max(block, measured or 0) + tokens * tokens * 4 + 2 * tokens * d * 4 + reads * v * (nbytes + 8))
+
+
+def measure_row_bytes(model: "Model", tokens: int, rows: int = 4) -> int:
+    """CUDA memory one row of a forward takes at its peak: ``torch.cuda.max_memory_allocated`` above the level
+    before a forward of ``rows`` sequences of ``tokens`` (token id 0, logits of the last position only),
+    divided by ``rows``. Resets the device's peak-memory statistics. CUDA models only."""
+    if model.device.type != "cuda":
+        raise InputError(f"measure_row_bytes measures CUDA memory; {model.name} is on {model.device}: load it with "
+                         f"device='cuda'")
+    dev = model.device
+    torch.cuda.synchronize(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    out = model.run(torch.zeros(rows, tokens, dtype=torch.long, device=dev), return_type="logits", logits_to_keep=1)
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev) - base
+    del out
+    return int(peak // rows)
 
 
 def _param_bytes(model: "Model", nbytes: int) -> tuple[int, int]:
