@@ -226,7 +226,11 @@ def offset_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str
         for d in offsets:
             if isinstance(d, bool) or not isinstance(d, int) or d < 0:
                 raise InputError(f"offsets must be integers >= 0, got {offsets}")
-    ranges = [list(offsets) if offsets is not None else offsets_of(model, h) for h in chosen]
+    mixer_offsets: dict[tuple[int, str], list[int]] = {}  # the reach is a property of the head's mixer
+    for h in chosen:
+        if offsets is None and (h.layer, h.kind) not in mixer_offsets:
+            mixer_offsets[(h.layer, h.kind)] = offsets_of(model, h)
+    ranges = [list(offsets) if offsets is not None else mixer_offsets[(h.layer, h.kind)] for h in chosen]
     all_d = sorted({d for r in ranges for d in r})
     width = len(SCORE_COLUMNS) + len(SUMMARY_COLUMNS)
     total = torch.zeros(len(chosen), len(all_d), width, dtype=torch.float64)
@@ -267,13 +271,20 @@ def choose_offset(per_offset: pd.DataFrame, rule: RoleRule, smooth: bool = False
     :data:`~gna_interp.circuits.offsets.OFFSET_TOLERANCE`, :func:`~gna_interp.circuits.offsets.pick_offset`);
     else among those labelling it ``gather`` the best gather score; else the literal offset 0 (or the
     smallest scored one). ``smooth``: the head is an SSM head (:meth:`RoleRule.label`)."""
-    rows = per_offset.sort_values("offset")
-    labels = [rule.label(r, smooth) if not r[SCORE_COLUMNS].isna().any() else "other" for _, r in rows.iterrows()]
+    return _choose(per_offset.to_dict(orient="records"), rule, smooth)
+
+
+def _choose(rows: Sequence[dict[str, Any]], rule: RoleRule, smooth: bool) -> int:
+    """:func:`choose_offset` on one head's rows as dicts."""
+    if len(rows) == 1:  # one offset scored (always in an attention-only model)
+        return int(rows[0]["offset"])
+    rows = sorted(rows, key=lambda r: r["offset"])
+    labels = ["other" if any(math.isnan(r[c]) for c in SCORE_COLUMNS) else rule.label(r, smooth) for r in rows]
     for role, col in (("aggregate", "selectivity"), ("gather", "gather")):
-        mine = rows[[lab == role for lab in labels]]
-        if len(mine):
-            return pick_offset(dict(zip(mine["offset"], mine[col])))
-    return int(rows["offset"].iloc[0]) if len(rows) else 0
+        mine = {int(r["offset"]): r[col] for r, lab in zip(rows, labels) if lab == role}
+        if mine:
+            return pick_offset(mine)
+    return int(rows[0]["offset"]) if rows else 0
 
 
 def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,
@@ -293,15 +304,17 @@ def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str |
     if offset != "auto" and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
         raise InputError(f"offset must be 'auto' or an integer >= 0, got {offset!r}")
     per = offset_scores(model, task, heads, None if offset == "auto" else [offset], n_samples, batch_size, form)
+    if per.empty:  # an offset is scored on every head or on none
+        raise InputError(f"offset {offset} moves some line past the prompt's end on every sample; use a smaller "
+                         f"offset or 'auto'")
     rows = []
-    for h in model.check_heads(list(dict.fromkeys(per["name"]))):
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for rec in per.to_dict(orient="records"):
+        groups.setdefault(rec["name"], []).append(rec)
+    for h in model.check_heads(list(groups)):
         name, smooth = h.name, not h.adapter.normalized_rows
-        mine = per[per["name"] == name]
-        if mine.empty:
-            raise InputError(f"offset {offset} moves some line past the prompt's end on every sample; use a smaller "
-                             f"offset or 'auto'")
-        d = choose_offset(mine, rule, smooth)
-        r = mine[mine["offset"] == d].iloc[0]
+        d = _choose(groups[name], rule, smooth)
+        r = next(x for x in groups[name] if x["offset"] == d)
         sc = {c: float(r[c]) for c in SCORE_COLUMNS}
         nan = any(math.isnan(v) for v in sc.values())
         rows.append({"layer": int(r["layer"]), "head": int(r["head"]), "kind": r["kind"], "name": name, **sc,
