@@ -20,6 +20,7 @@ format             file                                        written by
                    ``families``)
 ``hybrid_plan``    ``hybrid_plan.json``                        ``HybridPlan.save``, ``gna hybrid plan``
 ``delegation``     ``delegation.json``                         ``Delegation.save`` (in a hybrid's scan folder)
+``hybrid_build``   ``hybrid_build.json`` (and its ``.ckpt``)   ``gna hybrid build`` (``experiments.hybrid_build``)
 =================  =========================================  ===========================
 
 ``scan.csv`` (the ranked table, for people and spreadsheets) and ``summary.md`` are written atomically
@@ -41,7 +42,8 @@ from gna_interp.errors import InputError
 
 FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 1, "views": 1, "patterns": 1,
                                    "comparison": 1, "eval": 1, "prune": 1, "mask": 1, "sweep": 1, "families": 1,
-                                   "hybrid_plan": 1, "delegation": 1}
+                                   "hybrid_plan": 1, "delegation": 1,
+                                   "hybrid_build": 1}
 
 __all__ = ["FORMAT_VERSIONS", "atomic_write", "clean_json", "read_json", "read_tensors", "write_json",
            "write_tensors"]
