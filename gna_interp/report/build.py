@@ -28,7 +28,7 @@ REPORT_FILE = "report.html"
 SCAN_FILE = "scan.csv"
 FIGURES_DIR = "figures"
 N_TOP = 15
-_TABLE_COLUMNS = ("rank", "circuit_rank", "name", "kind", "role", "drop", "ablated", "source", "est_drop",
+_TABLE_COLUMNS = ("rank", "circuit_rank", "name", "kind", "role", "offset", "drop", "ablated", "source", "est_drop",
                   "control_drop", "specificity", "gather", "aggregate", "gold_share", "sharpness")
 
 
@@ -127,7 +127,8 @@ def _summary(circuit: Circuit) -> str:
 def _top_table(heads: pd.DataFrame) -> str:
     """The best-ranked heads; scan.csv keeps every column (hover the heatmap for all of them)."""
     top = heads.head(N_TOP)
-    cols = [c for c in _TABLE_COLUMNS if c in top and top[c].notna().any()]
+    cols = [c for c in _TABLE_COLUMNS if c in top and top[c].notna().any()
+            and not (c == "offset" and (top[c].fillna(0) == 0).all())]  # offsets only where some head reads late
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]) if r[c] == r[c] else '')}</td>" for c in cols) + "</tr>"
                    for _, r in top.iterrows())
