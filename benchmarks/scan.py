@@ -168,7 +168,7 @@ def _figure(summary: dict, sweep: list[dict], clock: str, path: Path) -> str | N
                      type="log", dtick=0.30103)
     fig.update_yaxes(title_text="MiB", row=1, col=1, rangemode="tozero")
     fig.update_yaxes(title_text="heads/s", row=1, col=2, rangemode="tozero")
-    fig.update_layout(height=420, title=f"{summary['model']} on {summary['device']} ({summary['dtype']}): "
+    fig.update_layout(height=420, title=f"{summary['spec']} on {summary['device']} ({summary['dtype']}): "
                                         f"stacked exact scan, {summary['samples']} samples")
     try:
         (out,) = write_pngs({path.stem: fig}, path.parent)
@@ -335,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     clock = "heads_per_s" if cuda else "heads_per_cpu_s"  # GPU: synchronised wall time; CPU: CPU time
     e, n = res["exact"][clock], res["naive (full logits)"][clock]
     summary.update({
-        "device": str(device), "dtype": args.dtype, "stack": stack, "sweep_layer": sweep_heads[0].layer,
-        "sweep_heads": [h.name for h in sweep_heads],
+        "spec": args.model or model.name, "device": str(device), "dtype": args.dtype, "stack": stack,
+        "sweep_layer": sweep_heads[0].layer, "sweep_heads": [h.name for h in sweep_heads],
         "headline": {"exact_heads_per_s": e, "naive_heads_per_s": n, "ratio": e / n,
                      "clock": "wall (synchronised)" if cuda else "CPU time"},
         "memory_measure": measure, "peak_bytes": peaks, "stack_sweep": sweep,
