@@ -116,7 +116,8 @@ def test_every_head_kept_reproduces_the_teacher(teacher, batch):
 
 def test_a_short_build_keeps_unused_slots_at_zero_and_loads_like_any_model(teacher, tmp_path):
     out = tmp_path / "student"
-    res = build_hybrid(teacher, ["L1H3", "L1H2"], out, steps=3, seed=1, eval_sizes=(3,), eval_samples=4, log=None)
+    res = build_hybrid(teacher, ["L1H3", "L1H2"], out, steps=3, seed=1, eval_sizes=(3,), eval_samples=4, log=None,
+                       train_teacher_parts=True)  # attention trains too: the unused slots' masks must hold
     assert len(res.losses) == 3 and all(torch.isfinite(torch.tensor(res.losses)))
     card = read_card(out)
     assert card["architecture"] == "FalconH1ForCausalLM" and card["hybrid"]["kept"] == ["L1H2", "L1H3"]
@@ -207,6 +208,14 @@ def test_experiment_writes_its_outputs_and_resumes(teacher, tmp_path, monkeypatc
     assert set(t.loc[t["condition"] == "top", "kept"]) == {"L0H3,L1H3"}
     assert set(t.loc[t["condition"] == "none", "kept"]) == {""}
     assert set(t.loc[t["condition"] == "random", "kept"]) == {",".join(h.name for h in random_heads(teacher, 2, 0))}
+    # by default only the Mamba-2 mixers train: the kept heads and the MLPs are still the teacher's
+    w = load_file(str(out / "students" / "top-s0" / "model.safetensors"))
+    for layer in (0, 1):
+        ta = teacher.hf_model.model.layers[layer].self_attn
+        assert torch.equal(w[f"model.layers.{layer}.self_attn.o_proj.weight"], ta.o_proj.weight[:, 3 * D_HEAD:])
+        assert torch.equal(w[f"model.layers.{layer}.feed_forward.up_proj.weight"],
+                           teacher.hf_model.model.layers[layer].mlp.up_proj.weight)
+        assert w[f"model.layers.{layer}.mamba.out_proj.weight"].any()
     for c in ("top", "random", "none"):  # the table holds what each saved student's card says
         card = read_card(out / "students" / f"{c}-s0")
         for n in (3, 4):
