@@ -232,9 +232,16 @@ def test_experiment_writes_its_outputs_and_resumes(teacher, tmp_path, monkeypatc
 
     with pytest.raises(InputError, match="--resume"):
         exp.hybrid_build(teacher, 2, **kw)
+    real, built = exp.build_hybrid, []
     monkeypatch.setattr(exp, "build_hybrid", lambda *a, **k: pytest.fail("a finished student was rebuilt"))
     again = exp.hybrid_build(teacher, 2, resume=True, **kw)
     assert again.to_frame().equals(t)
+    assert set(exp.hybrid_build(teacher, 2, resume=True, **{**kw, "conditions": ["top"]}).to_frame()["condition"]) \
+        == {"top"}
+    # more seeds resume too: only the missing student is built
+    monkeypatch.setattr(exp, "build_hybrid", lambda *a, **k: built.append(k["seed"]) or real(*a, **k))
+    more = exp.hybrid_build(teacher, 2, resume=True, **{**kw, "conditions": ["none"], "seeds": 2})
+    assert built == [1] and sorted(set(more.to_frame()["seed"])) == [0, 1]
     with pytest.raises(InputError, match="different run"):
         exp.hybrid_build(teacher, 1, resume=True, **kw)
 

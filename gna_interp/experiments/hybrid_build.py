@@ -28,8 +28,9 @@ student in ``DIR/students/{condition}-s{seed}/`` (a zoo checkpoint: loads with `
 ``hybrid_build.csv`` (one row per student and size, columns :data:`COLUMNS`), ``hybrid_build.json``
 (settings, ranking, per-condition summary, metrics), ``report.html`` and ``figures/hybrid_build.png``
 (accuracy vs dictionary size, mean over seeds with the min-max band). Each finished student is recorded in
-``DIR/hybrid_build.ckpt.json``; ``resume=True`` skips it on a rerun, ``fresh=True`` deletes the earlier
-run's students, checkpoint and discovered circuit.
+``DIR/hybrid_build.ckpt.json``; ``resume=True`` skips it on a rerun (also a rerun with more seeds or other
+conditions, which adds the missing students), ``fresh=True`` deletes the earlier run's students,
+checkpoint and discovered circuit.
 """
 
 from __future__ import annotations
@@ -271,7 +272,8 @@ def _reference(m: Model, top: list[HeadRef], pairs: list[int], samples: int) -> 
         if top:
             with ablate(m, others):
                 only = evaluate(m, task, batch_size=32, progress=False).metrics["accuracy"]
-        rows.append({"pairs": n, "teacher": full["accuracy"], "teacher_top_only": only, "chance": full["chance"]})
+        rows.append({"pairs": n, "teacher": round(full["accuracy"], 4), "teacher_top_only": round(only, 4),
+                     "chance": round(full["chance"], 4)})
     return rows
 
 
@@ -327,7 +329,9 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
     plan = [(c, s, kept_heads(c, k, s, ranking, m)) for c in conds for s in range(seeds)]
     settings = {"k": k, "conditions": conds, "seeds": seeds, "samples": samples, "pairs": sizes,
                 "config": cfg.to_dict(), "threads": threads}
-    fp = fingerprint(m, {**settings, "top": [h.name for h in top]})
+    # what a student's numbers depend on (not how many seeds or which conditions: more of them resume)
+    fp = fingerprint(m, {"k": k, "samples": samples, "pairs": sizes, "config": cfg.to_dict(),
+                         "top": [h.name for h in top]})
     points = PointLog(folder / CKPT, NAME, fp)
     if "reference" not in points.extra:
         points.extra["reference"] = _reference(m, top, sizes, samples)
