@@ -266,3 +266,23 @@ def test_shipped_guided_hybrid_loads_lists_its_heads_and_scans():
     acc = evaluate(model, KVRetrieval(10, ev["n_samples"], seed=ev["seed"], words=model.kv_words), progress=False)
     assert abs(acc.accuracy - ev["by_pairs"]["10"]["accuracy"]) <= 0.02
     assert sum(f.stat().st_size for f in (zoo_dir() / SHIPPED).iterdir()) < 1.5 * 2**20
+
+
+def test_cli_builds_from_a_saved_scan_and_refuses_bad_arguments(teacher, tmp_path, capsys):
+    from gna_interp.circuits.scan import scan_heads
+    from gna_interp.cli import main
+
+    scan = scan_heads(teacher, KVRetrieval(5, 8, seed=1, words=teacher.kv_words), strategy="naive", progress=False)
+    scan.save(tmp_path / "scan.json")
+    out = tmp_path / "run"
+    argv = ["hybrid", "build", "--keep", "top,none", "--k", "1", "--seeds", "1", "--steps", "1", "--pairs", "3",
+            "--samples", "4", "--scan", str(tmp_path / "scan.json"), "--out", str(out), "--no-png"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    top = scan.top(1)[0].name
+    assert f"top heads {top}" in printed and "top beats none at every size" in printed
+    assert read_card(out / "students" / "top-s0")["hybrid"]["kept"] == [top]
+    assert main(argv) == 2 and "--resume" in capsys.readouterr().err  # a finished run is not overwritten silently
+    assert main(["hybrid", "build", "--keep", "best"]) == 2
+    assert main(["hybrid", "build", "--scan", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -359,10 +359,13 @@ def _sections(card: dict[str, Any]) -> dict[str, str]:
     teacher = h["teacher"]
     slots = "\n".join(f"| {s} | {t} |" for s, t in h["slots"].items()) or "| (none) | |"
     unused = ", ".join(h["unused_slots"]) or "none"
+    trained = h["config"]["train_teacher_parts"]
+    how = ("copied from the teacher's q/k/v/o slices, then trained with the rest" if trained else
+           "the teacher's q/k/v/o slices, frozen: only the Mamba-2 mixers were trained")
     return {"Construction": f"""Distilled from `{teacher}` by `gna_interp.zoo.hybrid_build.build_hybrid`. Every layer is a
-Falcon-H1 layer: the teacher's attention heads listed below (weights copied from the teacher's q/k/v/o
-slices, then trained), in parallel with {h['mamba']} (new), then the teacher's SwiGLU MLP; embeddings and
-norms from the teacher. Heads chosen: {h['chosen_by']}.
+Falcon-H1 layer: the teacher's attention heads listed below ({how}), in parallel with {h['mamba']} (new),
+then the teacher's SwiGLU MLP; embeddings and norms from the teacher{'' if trained else ' (frozen)'}.
+Heads chosen: {h['chosen_by']}.
 
 | student head | teacher head |
 |---|---|
@@ -385,6 +388,7 @@ def build_hybrid(teacher: "Model | str | os.PathLike", keep: Sequence[HeadRef | 
     was chosen. Returns the :class:`~gna_interp.zoo.training.TrainResult` (``out``, ``card``, losses).
     """
     from gna_interp.models.loading import quiet_transformers
+    from gna_interp.zoo.tokenizer import build_tokenizer
 
     cfg = HybridConfig.build(config, **({"steps": steps} if steps is not None else {}), **overrides)
     check_int("seed", seed, 0)
@@ -394,9 +398,10 @@ def build_hybrid(teacher: "Model | str | os.PathLike", keep: Sequence[HeadRef | 
     r = student_recipe(model, lay, cfg, seed, name)
     say = log or (lambda _msg: None)
     teacher_hf = model.hf_model.eval()
+    tokenizer = build_tokenizer()  # the teacher's (checked: zoo keys), saved as every zoo model saves it
     with torch_threads(threads):
         with quiet_transformers():
-            student = build_model(r, model.tokenizer)
+            student = build_model(r, tokenizer)
         transplant(teacher_hf, student, lay, cfg.ssm_init)
         masks = unused_masks(student, lay)
         _freeze_unused(student, masks)
@@ -407,7 +412,7 @@ def build_hybrid(teacher: "Model | str | os.PathLike", keep: Sequence[HeadRef | 
         counts = parameter_counts(student)
         say(f"{name}: FalconH1ForCausalLM, {counts['total']:,} parameters, keeps {', '.join(h.name for h in lay.keep) or 'no heads'} "
             f"({lay.slots} slot(s) per layer), {cfg.steps} steps, loss {cfg.loss}, seed {seed}")
-        losses, wall = fit(student, r, model.tokenizer, distill_loss(teacher_hf, cfg.loss), params=params, log=log,
+        losses, wall = fit(student, r, tokenizer, distill_loss(teacher_hf, cfg.loss), params=params, log=log,
                            log_every=log_every)
         for p in frozen:
             p.requires_grad_(True)
@@ -417,9 +422,9 @@ def build_hybrid(teacher: "Model | str | os.PathLike", keep: Sequence[HeadRef | 
             "kl_answers": "KL(teacher || student) of the next-token distribution at every answer position",
             "ce": "cross-entropy of every answer's value token (no teacher)",
             "kl+ce": "KL(teacher || student) at every position + cross-entropy of the answers"}[cfg.loss]
-        card["training"]["reproduce"] = (f"gna_interp.zoo.hybrid_build.build_hybrid({model.name!r}, "
-                                         f"keep={[h.name for h in lay.keep]!r}, out=..., seed={seed}, "
-                                         f"config=HybridConfig(**card['hybrid']['config']))")
+        changed = "".join(f", {k}={v!r}" for k, v in cfg.to_dict().items() if v != getattr(HybridConfig(), k))
+        card["training"]["reproduce"] = (f"gna_interp.zoo.build_hybrid({model.name!r}, "
+                                         f"keep={[h.name for h in lay.keep]!r}, out=DIR, seed={seed}{changed})")
         card["hybrid"] = {
             "teacher": model.name, "kept": [h.name for h in lay.keep], "chosen_by": chosen_by,
             "slots": lay.slot_map(), "unused_slots": [h.name for h in lay.unused()],
@@ -428,7 +433,7 @@ def build_hybrid(teacher: "Model | str | os.PathLike", keep: Sequence[HeadRef | 
                      f"{cfg.mamba_groups} group(s), conv {cfg.mamba_conv})",
             "config": cfg.to_dict(),
         }
-        card = save_evaluated(student, model.tokenizer, out, card, eval_sizes, eval_samples,
+        card = save_evaluated(student, tokenizer, out, card, eval_sizes, eval_samples,
                               sections=_sections(card))
         say(f"  wrote {out}; accuracy " + ", ".join(f"{k} pairs {v['accuracy']:.3f}"
                                                      for k, v in card["evaluation"]["by_pairs"].items()))
