@@ -216,10 +216,11 @@ def _check_teacher(teacher: "Model") -> Any:
 
 def student_recipe(teacher: "Model", lay: Layout, cfg: HybridConfig, seed: int, name: str,
                    base: Recipe | None = None) -> Recipe:
-    """The zoo :class:`~gna_interp.training.Recipe` of the Falcon-H1 student: the teacher's widths, norms and
-    RoPE, ``lay.slots`` attention slots of the teacher's head size, ``cfg``'s Mamba-2 mixer, every muP
-    multiplier 1; training data and schedule from ``base`` (the teacher's recipe) with ``cfg``'s steps,
-    lr, warmup and batch size."""
+    """The zoo :class:`~gna_interp.zoo.training.Recipe` of the Falcon-H1 student: the teacher's widths, norms
+    and RoPE, ``lay.slots`` attention slots of the teacher's head size, ``cfg``'s Mamba-2 mixer, every muP
+    multiplier 1; training data (dictionary sizes, queries) and optimizer settings from ``base`` (default:
+    the ``transformer-kv`` recipe; every zoo model trains on the same data) with ``cfg``'s steps, lr, warmup
+    and batch size, and ``seed``."""
     t = _check_teacher(teacher)
     d_head = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     config = dict(
