@@ -11,7 +11,6 @@ shipped ``zoo:hybrid-guided-kv``.
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch

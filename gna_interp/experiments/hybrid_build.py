@@ -54,7 +54,7 @@ from gna_interp.interventions import ablate
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.tasks import KVRetrieval, evaluate
-from gna_interp.zoo.hybrid_build import HybridConfig, build_hybrid, random_heads
+from gna_interp.zoo.hybrid_build import HybridConfig, build_hybrid, is_attention, random_heads
 from gna_interp.zoo.training import DEFAULT_EVAL_SIZES
 
 __all__ = ["COLUMNS", "CONDITIONS", "HybridBuild", "hybrid_build", "kept_heads"]
@@ -73,7 +73,7 @@ _LABELS = {"top": "top-{k} scan heads kept", "random": "{k} random heads kept", 
 def kept_heads(condition: str, k: int, seed: int, ranking: Sequence[HeadRef], teacher: Model) -> list[HeadRef]:
     """The attention heads the student of ``condition`` keeps at ``seed`` (see the module docstring)."""
     if condition == "top":
-        attn = [h for h in ranking if h.kind == "attn"]
+        attn = [h for h in ranking if is_attention(h)]
         if k > len(attn):
             raise InputError(f"the ranking has {len(attn)} attention heads; cannot keep the top {k}")
         return sorted(attn[:k])
@@ -157,8 +157,9 @@ class HybridBuild:
         b = self.by_condition().set_index(["condition", "pairs"])
         ref = self.reference.set_index("pairs")
         conds = self.conditions
+        cfg = self.settings.get("config", {})
         lines = [f"hybrid build from {self.teacher}: k = {self.k}, {self.settings.get('seeds')} seed(s), "
-                 f"{self.settings.get('config', {}).get('steps')} steps, loss {self.settings.get('config', {}).get('loss')}; "
+                 f"{cfg.get('steps')} steps, loss {cfg.get('loss')}; "
                  f"top heads {', '.join(self.ranking[:self.k]) or 'none'} ({self.source})"]
         for c in conds:
             kept = sorted(set(self.table.loc[self.table["condition"] == c, "kept"]))
@@ -198,7 +199,8 @@ class HybridBuild:
                                      y=list(one["max"]) + list(one["min"])[::-1], fill="toself", mode="lines",
                                      fillcolor=f"rgba{rgb + (0.15,)}", line=dict(width=0), hoverinfo="skip",
                                      showlegend=False))
-            fig.add_trace(go.Scatter(x=one["pairs"], y=one["mean"], mode="lines+markers", line=dict(color=colour, width=3),
+            fig.add_trace(go.Scatter(x=one["pairs"], y=one["mean"], mode="lines+markers",
+                                     line=dict(color=colour, width=3),
                                      error_y=dict(type="data", array=one["std"], visible=True, thickness=1),
                                      name=_LABELS[c].format(k=self.k) + f" (mean ± sd, band min-max, "
                                                                         f"{int(one['seeds'].max())} seeds)"))
@@ -264,7 +266,7 @@ class HybridBuild:
 def _reference(m: Model, top: list[HeadRef], pairs: list[int], samples: int) -> list[dict[str, Any]]:
     """Teacher intact and with only ``top`` kept, on the prompts :func:`evaluate_checkpoint` scores."""
     rows = []
-    others = [h for h in m.heads(kind="attn") if h not in set(top)]
+    others = [h for h in m.heads() if is_attention(h) and h not in set(top)]
     for n in pairs:
         task = KVRetrieval(n, samples, seed=0, template="official", words=m.kv_words)
         full = evaluate(m, task, batch_size=32, progress=False).metrics

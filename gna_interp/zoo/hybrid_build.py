@@ -91,8 +91,8 @@ LOSSES = ("kl", "kl_answers", "ce", "kl+ce")
 SSM_INITS = ("zero", "random")
 SUPPORTED_TEACHERS = ("LlamaForCausalLM",)
 
-__all__ = ["HybridConfig", "LOSSES", "Layout", "build_hybrid", "distill_loss", "layout", "random_heads",
-           "student_recipe", "transplant", "unused_masks"]
+__all__ = ["HybridConfig", "LOSSES", "Layout", "build_hybrid", "distill_loss", "is_attention", "layout",
+           "random_heads", "student_recipe", "transplant", "unused_masks"]
 
 
 @options
@@ -132,12 +132,19 @@ class HybridConfig(Options):
         check_choice("loss", self.loss, LOSSES)
         check_choice("ssm_init", self.ssm_init, SSM_INITS)
         if self.mamba_heads % self.mamba_groups:
-            raise OptionError(f"mamba_heads ({self.mamba_heads}) must be a multiple of mamba_groups ({self.mamba_groups})")
+            raise OptionError(f"mamba_heads ({self.mamba_heads}) must be a multiple of mamba_groups "
+                              f"({self.mamba_groups})")
         if not isinstance(self.lr, (int, float)) or not self.lr > 0:
             raise OptionError(f"lr must be a positive number, got {self.lr!r}")
 
 
 # ---- which teacher head sits where ----------------------------------------------------------------
+
+
+def is_attention(head: HeadRef) -> bool:
+    """Whether ``head`` is a softmax attention head (its kind's adapter says so): the heads a hybrid keeps."""
+    return head.adapter.normalized_rows
+
 
 
 class Layout:
@@ -171,7 +178,7 @@ def layout(teacher: "Model", keep: Sequence[HeadRef | str]) -> Layout:
         heads = teacher.check_heads(list(keep)) if keep else []
     except HeadError as e:
         raise InputError(f"keep: {e}") from e
-    bad = [h.name for h in heads if h.kind != "attn"]
+    bad = [h.name for h in heads if not is_attention(h)]
     if bad:
         raise InputError(f"keep names {', '.join(bad)}, not attention heads; a hybrid keeps attention heads of the "
                          f"teacher (names like L0H3)")
@@ -184,7 +191,7 @@ def layout(teacher: "Model", keep: Sequence[HeadRef | str]) -> Layout:
 def random_heads(teacher: "Model", k: int, seed: int) -> list[HeadRef]:
     """``k`` attention heads of ``teacher`` drawn uniformly without replacement (``random.Random`` seeded
     with ``hybrid-random-{seed}``: the same draw on every machine), in head order."""
-    pool = teacher.heads(kind="attn")
+    pool = [h for h in teacher.heads() if is_attention(h)]
     check_int("k", k, 0)
     if k > len(pool):
         raise InputError(f"cannot keep {k} random heads: {teacher.name} has {len(pool)} attention heads")
@@ -363,9 +370,9 @@ def _sections(card: dict[str, Any]) -> dict[str, str]:
     trained = h["config"]["train_teacher_parts"]
     how = ("copied from the teacher's q/k/v/o slices, then trained with the rest" if trained else
            "the teacher's q/k/v/o slices, frozen: only the Mamba-2 mixers were trained")
-    return {"Construction": f"""Distilled from `{teacher}` by `gna_interp.zoo.hybrid_build.build_hybrid`. Every layer is a
-Falcon-H1 layer: the teacher's attention heads listed below ({how}), in parallel with {h['mamba']} (new),
-then the teacher's SwiGLU MLP; embeddings and norms from the teacher{'' if trained else ' (frozen)'}.
+    return {"Construction": f"""Distilled from `{teacher}` by `gna_interp.zoo.hybrid_build.build_hybrid`. Every layer
+is a Falcon-H1 layer: the teacher's attention heads listed below ({how}), in parallel with {h['mamba']}
+(new), then the teacher's SwiGLU MLP; embeddings and norms from the teacher{'' if trained else ' (frozen)'}.
 Heads chosen: {h['chosen_by']}.
 
 | student head | teacher head |
@@ -411,8 +418,9 @@ def build_hybrid(teacher: "Model | str | os.PathLike", keep: Sequence[HeadRef | 
             p.requires_grad_(False)
         params = [(n, p) for n, p in student.named_parameters() if p.requires_grad]
         counts = parameter_counts(student)
-        say(f"{name}: FalconH1ForCausalLM, {counts['total']:,} parameters, keeps {', '.join(h.name for h in lay.keep) or 'no heads'} "
-            f"({lay.slots} slot(s) per layer), {cfg.steps} steps, loss {cfg.loss}, seed {seed}")
+        kept = ", ".join(h.name for h in lay.keep) or "no heads"
+        say(f"{name}: FalconH1ForCausalLM, {counts['total']:,} parameters, keeps {kept} ({lay.slots} slot(s) per "
+            f"layer), {cfg.steps} steps, loss {cfg.loss}, seed {seed}")
         losses, wall = fit(student, r, tokenizer, distill_loss(teacher_hf, cfg.loss), params=params, log=log,
                            log_every=log_every)
         for p in frozen:
