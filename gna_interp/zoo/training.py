@@ -264,10 +264,11 @@ def fit(model: torch.nn.Module, r: Recipe, tokenizer: Any, loss_fn: LossFn = ans
 
 
 def save_evaluated(model: torch.nn.Module, tokenizer: Any, out: str | os.PathLike, card: dict[str, Any],
-                   eval_sizes: Sequence[int] = DEFAULT_EVAL_SIZES, eval_samples: int = 200) -> dict[str, Any]:
+                   eval_sizes: Sequence[int] = DEFAULT_EVAL_SIZES, eval_samples: int = 200,
+                   sections: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Save ``model`` (fp32 safetensors) and ``tokenizer`` to ``out``, measure its KV accuracy there
-    (:func:`evaluate_checkpoint`, through ``load_model``) into ``card["evaluation"]`` and write the card;
-    returns the card."""
+    (:func:`evaluate_checkpoint`, through ``load_model``) into ``card["evaluation"]`` and write the card
+    (with ``sections``, see :func:`render_card`); returns the card."""
     from gna_interp.models.loading import quiet_transformers
 
     out = Path(out)
@@ -277,7 +278,7 @@ def save_evaluated(model: torch.nn.Module, tokenizer: Any, out: str | os.PathLik
         model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     card = {**card, "evaluation": evaluate_checkpoint(out, eval_sizes, eval_samples)}
-    write_card(out, card)
+    write_card(out, card, sections)
     return card
 
 
