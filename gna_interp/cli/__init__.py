@@ -44,6 +44,18 @@ def at_least(minimum: int, why: str = "") -> Callable[[str], int]:
     return parse
 
 
+def choice_list(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse ``type``: a comma-separated list of some of ``allowed`` (in the order given, repeats dropped)."""
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(allowed)} (comma-separated)")
+        return list(dict.fromkeys(items))
+    parse.__name__ = "list"
+    return parse
+
+
 def spec_text(text: str) -> str:
     """An argparse ``type`` for a model spec: non-empty text."""
     if not text.strip():

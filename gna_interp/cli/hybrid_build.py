@@ -6,22 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _Lock, at_least, spec_text
+from gna_interp.cli import _check_out_dir, _Lock, at_least, choice_list, spec_text
 from gna_interp.cli.hybrid import int_list, subcommand
 from gna_interp.cli.sweep import interrupted, resume_args
 
 
-def _conditions(text: str) -> list[str]:
-    from gna_interp.experiments.hybrid_build import CONDITIONS
-
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in items if t not in CONDITIONS]
-    if bad or not items:
-        raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(CONDITIONS)} (comma-separated)")
-    return list(dict.fromkeys(items))
-
-
-_conditions.__name__ = "list"
 
 
 @subcommand("build", "distil the zoo Transformer into Falcon-H1 hybrids (Mamba-2 heads beside the kept attention "
@@ -36,7 +25,7 @@ def _build_args(p: argparse.ArgumentParser) -> None:
     d = HybridConfig()
     p.add_argument("--model", type=spec_text, default="zoo:transformer-kv",
                    help="the teacher: a Llama zoo model (default zoo:transformer-kv)")
-    p.add_argument("--keep", type=_conditions, default=list(CONDITIONS),
+    p.add_argument("--keep", type=choice_list(CONDITIONS), default=list(CONDITIONS),
                    help="conditions, comma-separated: top (the scan's top k heads kept), random (k random heads), "
                         "none (Mamba-2 only); default all three")
     p.add_argument("--k", type=at_least(0), default=2, help="attention heads kept by top and random (default 2)")

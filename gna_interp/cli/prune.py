@@ -7,19 +7,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _check_pairs, _dtype_arg, _load_for, _Lock, at_least, command, spec_text
+from gna_interp.cli import (_check_out_dir, _check_pairs, _dtype_arg, _load_for, _Lock, at_least, choice_list,
+                            command, spec_text)
 from gna_interp.errors import InputError
-
-
-def _choices(allowed: tuple[str, ...]):  # noqa: ANN202 -- an argparse type
-    def parse(text: str) -> list[str]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        bad = [t for t in items if t not in allowed]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(allowed)} (comma-separated)")
-        return list(dict.fromkeys(items))
-    parse.__name__ = "list"
-    return parse
 
 
 @command("prune", "layer pruning: retrieval (KV, MC letters) and knowledge (MC cloze) accuracy as the last blocks are "
@@ -30,11 +20,11 @@ def _prune_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--model", type=spec_text, default=None,
                    help="model spec (default: smollm2-135m when installed, else a zoo model)")
-    p.add_argument("--tasks", type=_choices(TASKS), default=list(TASKS),
+    p.add_argument("--tasks", type=choice_list(TASKS), default=list(TASKS),
                    help="kv (KV retrieval), mc (multiple choice scored on the letters: retrieval), cloze (the same "
                         "questions scored on the option texts: knowledge); default kv,mc,cloze. A task the model "
                         "cannot tokenize or does not solve is left out, with its numbers")
-    p.add_argument("--modes", type=_choices(MODES), default=list(MODES),
+    p.add_argument("--modes", type=choice_list(MODES), default=list(MODES),
                    help="from_end (the last k blocks removed, k = 0..n) and/or single (one block removed at a time)")
     p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=10,
                    help="KV dictionary lines per prompt (default 10)")
