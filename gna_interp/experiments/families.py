@@ -325,9 +325,7 @@ class FamilyComparison:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "FamilyComparison":
         """Read a comparison written by :meth:`save` (the folder or its ``families.json``)."""
-        d = Path(path)
-        d = d.parent if d.name == f"{NAME}.json" else d
-        doc = ResultFolder(d, NAME).load()
+        doc = ResultFolder(path, NAME).load()
         return cls(list(doc["models"]), doc["frame"], pd.DataFrame(doc["curve"], columns=CURVE_COLUMNS),
                    pd.DataFrame(doc["heads"]), pd.DataFrame(doc["samples"]), pd.DataFrame(doc["kinds"]),
                    dict(doc["settings"]), dict(doc.get("sources") or {}), list(doc.get("notes") or []),

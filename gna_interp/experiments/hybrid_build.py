@@ -246,9 +246,7 @@ class HybridBuild:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "HybridBuild":
         """Read a result written by :meth:`save` (the folder or its ``hybrid_build.json``)."""
-        d = Path(path)
-        d = d.parent if d.name == f"{NAME}.json" else d
-        doc = ResultFolder(d, NAME).load()
+        doc = ResultFolder(path, NAME).load()
         return cls(doc["teacher"], int(doc["k"]), [int(n) for n in doc["pairs"]],
                    doc["frame"].reindex(columns=COLUMNS), pd.DataFrame(doc["reference"]), list(doc["ranking"]),
                    doc.get("source", ""), dict(doc["settings"]), dict(doc.get("students") or {}),

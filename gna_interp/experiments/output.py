@@ -65,7 +65,8 @@ class ResultFolder:
     """
 
     def __init__(self, out: str | os.PathLike, name: str) -> None:
-        self.path, self.name = Path(out), name
+        path = Path(out)
+        self.path, self.name = (path.parent if path.name == f"{name}.json" else path), name  # the folder or its JSON
         if self.path.exists() and not self.path.is_dir():
             raise InputError(f"--out {str(self.path)!r} is an existing file, not a folder; pick a folder path")
 

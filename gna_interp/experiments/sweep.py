@@ -410,9 +410,7 @@ class Sweep:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Sweep":
         """Read a sweep written by :meth:`save` (the folder or its ``sweep.json``)."""
-        d = Path(path)
-        d = d.parent if d.name == f"{NAME}.json" else d
-        doc = ResultFolder(d, NAME).load()
+        doc = ResultFolder(path, NAME).load()
         table = doc["frame"].reindex(columns=COLUMNS)
         return cls(doc["model"], [int(n) for n in doc["pairs"]], [HeadRef.parse(h) for h in doc["heads"]],
                    [[HeadRef.parse(h) for h in d] for d in doc["random"]], table, dict(doc["settings"]),
