@@ -81,6 +81,20 @@ def _dtype_arg(p: argparse.ArgumentParser) -> None:
                    help="weights and activations (default float32); scores and patterns are computed in float32")
 
 
+def _compute_args(p: argparse.ArgumentParser, batch_help: str | None = None) -> None:
+    """``--batch-size``, ``--threads`` and ``--dtype``: how a command that runs a model computes."""
+    p.add_argument("--batch-size", type=at_least(1), default=16, help=batch_help)
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
+    _dtype_arg(p)
+
+
+def _resume_args(p: argparse.ArgumentParser, resume: str, fresh: str) -> None:
+    """``--resume`` / ``--fresh`` (mutually exclusive) with their help texts."""
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help=resume)
+    again.add_argument("--fresh", action="store_true", help=fresh)
+
+
 @command("models", "show what model specs resolve to, their families and head counts; --estimate: hooks and the "
                    "memory and time of a scan")
 def _models_args(p: argparse.ArgumentParser) -> None:
@@ -312,15 +326,11 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=at_least(1), default=5, help="heads removed together in the ablation curve (default 5)")
     p.add_argument("--seeds", type=at_least(1), default=6, help="random-head draws for the curve (default 6; the summary "
                    "compares the top k with their median)")
-    p.add_argument("--batch-size", type=at_least(1), default=16)
-    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
-    _dtype_arg(p)
+    _compute_args(p)
     p.add_argument("--out", default="gna_scan", help="output folder (default ./gna_scan)")
-    again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true", help="continue an interrupted scan from DIR/scan.ckpt.json")
-    again.add_argument("--fresh", action="store_true",
-                       help="delete the checkpoint an earlier scan left in DIR and start over (refused without "
-                            "--resume or --fresh: a checkpoint is never thrown away silently)")
+    _resume_args(p, "continue an interrupted scan from DIR/scan.ckpt.json",
+                 "delete the checkpoint an earlier scan left in DIR and start over (refused without --resume or "
+                 "--fresh: a checkpoint is never thrown away silently)")
     p.add_argument("--keep-generic", action="store_true",
                    help="keep generic heads (removing them raises the LM loss on neutral text by >= 2%%) in the circuit")
     p.add_argument("--no-control", action="store_true", help="skip the LM-loss control scan (no generic labels)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _dtype_arg, _Lock, at_least, command
+from gna_interp.cli import _check_out_dir, _compute_args, _Lock, at_least, command
 from gna_interp.cli.sweep import interrupted, resume_args
 from gna_interp.errors import InputError
 
@@ -53,9 +53,7 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
                    help="prompts the aggregation scores (sharpness) are read on (default 8)")
     p.add_argument("--pool", type=at_least(1), default=64,
                    help="best-ranked heads of each model whose aggregation is scored (default 64)")
-    p.add_argument("--batch-size", type=at_least(1), default=16)
-    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
-    _dtype_arg(p)
+    _compute_args(p)
     p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
     p.add_argument("--out", default="gna_compare", help="output folder (default ./gna_compare)")
     resume_args(p, "comparison")

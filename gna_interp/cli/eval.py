@@ -9,7 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _dtype_arg, _load_for, _Lock, at_least, command, spec_text
+from gna_interp.cli import (_check_out_dir, _compute_args, _load_for, _Lock, _resume_args, at_least, command,
+                            spec_text)
 from gna_interp.errors import InputError
 
 
@@ -49,19 +50,14 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-fewshot", type=at_least(0), default=None, help="few-shot examples (default: the task's)")
     p.add_argument("--include-path", action="append", default=None, metavar="DIR",
                    help="folder of local lm-eval task YAML files (repeatable); e.g. tests/data/eval_tasks")
-    p.add_argument("--batch-size", type=at_least(1), default=16, help="sequences per forward (default 16)")
     p.add_argument("--max-gen-toks", type=at_least(1), default=256,
                    help="new tokens of a generation when the task sets none (default 256)")
     p.add_argument("--bootstrap-iters", type=at_least(0), default=100000,
                    help="lm-eval's bootstrap iterations for standard errors of non-mean metrics (default 100000)")
-    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
-    _dtype_arg(p)
+    _compute_args(p, "sequences per forward (default 16)")
     p.add_argument("--out", default="gna_eval", help="output folder (default ./gna_eval)")
-    again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true",
-                       help="reuse the conditions an earlier run into --out finished (DIR/conditions/*.json)")
-    again.add_argument("--fresh", action="store_true",
-                       help="delete the finished conditions an earlier run left in --out and start over")
+    _resume_args(p, "reuse the conditions an earlier run into --out finished (DIR/conditions/*.json)",
+                 "delete the finished conditions an earlier run left in --out and start over")
     p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
     p.set_defaults(run=run_eval)
 

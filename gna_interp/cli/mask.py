@@ -7,7 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _check_pairs, _dtype_arg, _load_for, _Lock, at_least, command, spec_text
+from gna_interp.cli import (_check_out_dir, _check_pairs, _compute_args, _load_for, _Lock, _resume_args, at_least,
+                            command, spec_text)
 from gna_interp.errors import InputError
 
 
@@ -51,14 +52,10 @@ def _mask_args(p: argparse.ArgumentParser) -> None:
                    help="rescale masked attention rows to sum to 1 (default: keep the pattern's own weights)")
     p.add_argument("--role-samples", type=at_least(1), default=8, help="samples the role scores are measured on")
     p.add_argument("--scan-samples", type=at_least(1), default=24, help="discovery prompts when no circuit is given")
-    p.add_argument("--batch-size", type=at_least(1), default=16)
-    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
-    _dtype_arg(p)
+    _compute_args(p)
     p.add_argument("--out", default="gna_mask", help="output folder (default ./gna_mask)")
-    again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT/mask.ckpt.json")
-    again.add_argument("--fresh", action="store_true", help="delete the checkpoint an earlier run left in OUT and "
-                                                            "start over")
+    _resume_args(p, "continue an interrupted run from OUT/mask.ckpt.json",
+                 "delete the checkpoint an earlier run left in OUT and start over")
     p.add_argument("--allow-chance", action="store_true",
                    help="run even when the intact model is near chance on the task (refused by default)")
     p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")

@@ -7,8 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (_check_out_dir, _check_pairs, _dtype_arg, _load_for, _Lock, at_least, choice_list,
-                            command, spec_text)
+from gna_interp.cli import (_check_out_dir, _check_pairs, _compute_args, _load_for, _Lock, _resume_args, at_least,
+                            choice_list, command, spec_text)
 from gna_interp.errors import InputError
 
 
@@ -45,14 +45,10 @@ def _prune_args(p: argparse.ArgumentParser) -> None:
                         "The table adds each one removed in turn and random heads kept instead")
     p.add_argument("--keep-seeds", type=at_least(0), default=3,
                    help="random draws in the head-keeping table (default 3)")
-    p.add_argument("--batch-size", type=at_least(1), default=16)
-    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
-    _dtype_arg(p)
+    _compute_args(p)
     p.add_argument("--out", default="gna_prune", help="output folder (default ./gna_prune)")
-    again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT/prune.ckpt.json")
-    again.add_argument("--fresh", action="store_true", help="delete the checkpoint an earlier run left in OUT and "
-                                                            "start over")
+    _resume_args(p, "continue an interrupted run from OUT/prune.ckpt.json",
+                 "delete the checkpoint an earlier run left in OUT and start over")
     p.add_argument("--allow-chance", action="store_true",
                    help="keep tasks the intact model does not solve (left out by default)")
     p.add_argument("--no-png", action="store_true", help="do not export the figures as PNG")

@@ -8,7 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _dtype_arg, _first_default, _Lock, at_least, command, spec_text
+from gna_interp.cli import (_check_out_dir, _compute_args, _first_default, _Lock, _resume_args, at_least, command,
+                            spec_text)
 from gna_interp.errors import InputError
 
 PAPER_PAIRS = "10,15,20,25,30,35,40,45,50"
@@ -36,12 +37,9 @@ def pairs_list(text: str) -> list[int]:
 
 def resume_args(p: argparse.ArgumentParser, what: str) -> None:
     """``--resume`` / ``--fresh`` (mutually exclusive), as in ``gna scan``."""
-    again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true", help=f"continue an interrupted {what} from its saved points "
-                                                             "(or rebuild the outputs of a finished one)")
-    again.add_argument("--fresh", action="store_true", help="delete the saved points (and a circuit discovered by an "
-                                                            "earlier run) in DIR and start over; refused without "
-                                                            "--resume or --fresh when DIR holds them")
+    _resume_args(p, f"continue an interrupted {what} from its saved points (or rebuild the outputs of a finished one)",
+                 "delete the saved points (and a circuit discovered by an earlier run) in DIR and start over; refused "
+                 "without --resume or --fresh when DIR holds them")
 
 
 def interrupted(args: argparse.Namespace, *saved: Path) -> None:
@@ -72,9 +70,7 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
                    help="values are 0..MAX (default 99, the paper's range; must be at least the largest size - 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts (discovery uses seed+1)")
     p.add_argument("--template", default="official", choices=["official", "completion"])
-    p.add_argument("--batch-size", type=at_least(1), default=16)
-    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
-    _dtype_arg(p)
+    _compute_args(p)
     p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
     p.add_argument("--out", default="gna_sweep", help="output folder (default ./gna_sweep)")
     resume_args(p, "sweep")
