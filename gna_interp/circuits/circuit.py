@@ -44,7 +44,7 @@ CONTROL_VERIFY = 8  # control heads run exactly before the error bound of the es
 FILES = ("scan.csv", "scan.json", "control.json", "circuit.json", "views.pt", "summary.md", "delegation.json",
          "delegation.csv")
 
-__all__ = ["CURVE_COLUMNS", "Circuit", "DiscoverConfig", "ablation_curve", "discover"]
+__all__ = ["CURVE_COLUMNS", "Circuit", "DiscoverConfig", "ablation_curve", "discover", "random_orders"]
 
 
 @options
@@ -409,6 +409,17 @@ def _f(v: Any, digits: int = 2) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.{digits}f}"
 
 
+def random_orders(heads: Sequence[HeadRef], seeds: int, salt: str = "gna-random-heads") -> list[list[HeadRef]]:
+    """``seeds`` shuffles of ``heads``, seed ``s`` seeded by ``f"{salt}-{s}"`` (the same on every machine); the
+    ablation curve's random draws are their prefixes, so any caller with the same pool and salt draws the same."""
+    orders = []
+    for s in range(seeds):
+        order = list(heads)
+        random.Random(f"{salt}-{s}").shuffle(order)
+        orders.append(order)
+    return orders
+
+
 def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Sequence[HeadRef], k: int = 5,
                    seeds: int = 3, method: AblationMethod = "zero", reference: Any = None,
                    batch_size: int = 16, control: Task | None = None,
@@ -445,9 +456,7 @@ def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Se
     base = dict(rows[0])
     for j in range(1, k + 1):
         point("top", 0, j, ranked[:j])
-    for s in range(seeds):
-        order = list(others)
-        random.Random(f"gna-random-heads-{s}").shuffle(order)
+    for s, order in enumerate(random_orders(others, seeds)):
         rows.append({**base, "series": "random", "seed": s})
         for j in range(1 if band is None or s < band else k, k + 1):
             point("random", s, j, order[:j])

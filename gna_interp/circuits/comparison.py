@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from gna_interp.circuits.circuit import Circuit
+from gna_interp.circuits.circuit import Circuit, random_orders
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import ablate
 from gna_interp.models.heads import HeadRef
@@ -123,11 +122,7 @@ def compare_circuits(model: Model, a: Circuit, b: Circuit, k: int = 5, seeds: in
     pool = [h for h in a.scan.heads if h in set(b.scan.heads) and h not in set(top_a) | set(top_b)]
     if len(pool) < k:
         raise InputError(f"only {len(pool)} heads lie outside both circuits' top {k}: too few for random draws")
-    draws = []
-    for s in range(seeds):
-        order = list(pool)
-        random.Random(f"gna-random-heads-{s}").shuffle(order)
-        draws.append(order[:k])
+    draws = [order[:k] for order in random_orders(pool, seeds)]
     out = CircuitComparison((a.task.get("name", "A"), b.task.get("name", "B")), k, metrics)
     for label, circuit in (("A", a), ("B", b)):
         task = circuit.load_task()

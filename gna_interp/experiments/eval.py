@@ -40,7 +40,6 @@ from __future__ import annotations
 import difflib
 import functools
 import math
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +48,7 @@ from typing import Any, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
+from gna_interp.circuits.circuit import random_orders
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
@@ -329,12 +329,7 @@ def _random_draws(pool: Sequence[HeadRef], removed: Sequence[HeadRef], k: int, s
     if k > len(others):
         raise InputError(f"--random-k {k} is more than the {len(others)} heads left to draw from once the "
                          f"{len(removed)} removed heads are set aside; lower --random-k")
-    draws = []
-    for s in range(seeds):
-        order = list(others)
-        random.Random(f"gna-random-heads-{s}").shuffle(order)
-        draws.append(order[:k])
-    return draws
+    return [order[:k] for order in random_orders(others, seeds)]
 
 
 def _choose_heads(model: Model, heads: Any, circuit: Any, top_k: int, out: Path | None, resume: bool,

@@ -40,7 +40,6 @@ import html
 import json
 import math
 import os
-import random
 import re
 import time
 from dataclasses import dataclass, field
@@ -50,7 +49,7 @@ from typing import Any, Callable, Iterable, Sequence
 import pandas as pd
 
 from gna_interp.circuits.circuit import FILES as CIRCUIT_FILES
-from gna_interp.circuits.circuit import Circuit, curve_k, discover
+from gna_interp.circuits.circuit import Circuit, curve_k, discover, random_orders
 from gna_interp.circuits.replay import SetAblation
 from gna_interp.errors import InputError
 from gna_interp.experiments.output import ResultFolder, table_html
@@ -218,12 +217,7 @@ def random_draws(pool: Sequence[HeadRef], exclude: Sequence[HeadRef], k: int, se
     others = [h for h in pool if h not in set(exclude)]
     if k > len(others):
         raise InputError(f"cannot draw {k} random heads: only {len(others)} scanned heads are outside the top {k}")
-    draws = []
-    for s in range(seeds):
-        order = list(others)
-        random.Random(f"{salt}-{s}").shuffle(order)
-        draws.append(order[:k])
-    return draws
+    return [order[:k] for order in random_orders(others, seeds, salt)]
 
 
 def _bar(total: int, initial: int, desc: str, progress: bool) -> Any:
