@@ -28,7 +28,7 @@ calibrated on a measured scan:
   assumption for eager Hugging Face attention with hooks, not a measurement. ``cpu-2core`` uses the
   throughput of SmolLM2-135M's exact scan measured on this project's 2-core machine (float32; the
   bfloat16/float16 figures scale it by ratios :func:`measure_throughput` measured; see :data:`DEVICES`).
-- Memory: weights (parameters x bytes of the dtype, plus buffers), the working set of one forward (the
+- Memory: weights (parameters x bytes of the dtype, the unembedding in float32, plus buffers), the working set of one forward (the
   largest block's activations: residual copies, the widest linear output, eager attention's scores and
   float32 softmax, the Mamba scans' float32 intermediates as Hugging Face's torch path builds them, and
   the logits), the scan's clean-prefix cache (``samples x tokens x d_model x layers`` in the dtype) and
@@ -331,7 +331,7 @@ def replay_row_bytes(model: "Model", tokens: int, reads: int = 1, measured: int 
     nbytes = torch.empty(0, dtype=model.dtype).element_size()
     d, v = _dims(model)
     block = max(b.working_bytes(1, tokens, d, nbytes) for b in _blocks(model))
-    return int(max(block, measured or 0) + tokens * tokens * 4 + 2 * tokens * d * 4 + reads * v * (nbytes + 8))
+    return int(max(block, measured or 0) + tokens * tokens * 4 + 2 * tokens * d * 4 + reads * v * 12)
 
 
 def measure_row_bytes(model: "Model", tokens: int, rows: int = 4) -> int:
@@ -353,10 +353,19 @@ def measure_row_bytes(model: "Model", tokens: int, rows: int = 4) -> int:
 
 
 def _param_bytes(model: "Model", nbytes: int) -> tuple[int, int]:
-    """(unique parameter count, bytes of weights in the dtype plus buffers)."""
-    n = sum(p.numel() for p in model.hf_model.parameters())
-    buf = sum(b.numel() * b.element_size() for b in model.hf_model.buffers())
-    return n, n * nbytes + buf
+    """(unique parameter count, bytes of the weights plus buffers): the weights in the dtype, except the
+    unembedding, which a half-precision model keeps as its own float32 copy (``loading.float32_output``)."""
+    hf = model.hf_model
+    n = sum(p.numel() for p in hf.parameters())
+    buf = sum(b.numel() * b.element_size() for b in hf.buffers())
+    head = hf.get_output_embeddings()
+    head_n = unwrap(head).weight.numel() if head is not None else 0
+    tied = bool(getattr(hf.config, "tie_word_embeddings", False))
+    untied_here = head is not None and unwrap(head).weight is not hf.get_input_embeddings().weight
+    if tied and untied_here:  # a half-precision load untied it: count the parameters as the checkpoint has them
+        n -= head_n
+    extra = 0 if nbytes >= 4 else head_n * (4 if tied else 4 - nbytes)
+    return n, n * nbytes + extra + buf
 
 
 # ---- the estimate --------------------------------------------------------------------------------
@@ -557,7 +566,7 @@ def estimate_scan(model: "Model", samples: int = 32, tokens: int = 64, *, device
             for r in rows:
                 f = copies * r * (suffix[layer] + unembed_reads)
                 exact_flops += f
-                t_exact += seconds(f, suffix_w[layer] + d * v * nbytes)
+                t_exact += seconds(f, suffix_w[layer] + d * v * max(nbytes, 4))
     prefix_need = samples * tokens * d * n_layers * 4  # the scan's own count
     prefix_kept = prefix_need <= max_prefix_bytes
     if not prefix_kept:
@@ -572,7 +581,7 @@ def estimate_scan(model: "Model", samples: int = 32, tokens: int = 64, *, device
 
     # memory
     b0 = max(rows)
-    logits_bytes = b0 * tokens * v * nbytes
+    logits_bytes = b0 * tokens * v * 4  # the output end is float32 in every dtype
     forward_bytes = max(b.working_bytes(b0, tokens, d, nbytes) for b in blocks) + logits_bytes
     prefix_bytes = samples * tokens * d * n_layers * nbytes
     replay_rows = stack * b0
