@@ -310,7 +310,7 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
             ) from e
         raise ModelPathError(f"could not load the model files in {location!r}: {e}") from e
     bridge.eval()
-    if torch_dtype != torch.float32:
+    if torch_dtype != torch.float32 and not meta:
         float32_output(bridge)
     model = Model(bridge, tokenizer, resolved)
     model.kv_words = card_keys(location)
@@ -321,8 +321,11 @@ def float32_output(bridge: Any) -> None:
     """Run the bridge's final norm and unembedding in float32, in place: their weights become float32 copies
     (an unembedding tied to the input embedding is untied, the embedding keeps its dtype) and the norm's input
     is cast to float32, so the logits of a half-precision model come out in float32. Costs 2 more bytes per
-    unembedding weight (1.05 GB for Llama-3.1-8B's 128,256 x 4,096), 4 when it was tied (SmolLM2: 113 MB)."""
+    unembedding weight (1.05 GB for Llama-3.1-8B's 128,256 x 4,096), 4 when it was tied (SmolLM2: 113 MB).
+    An unembedding a device map offloaded (its weight a meta placeholder) is left in the dtype."""
     head = unwrap(bridge.unembed)
+    if any(p.is_meta for p in head.parameters()):
+        return
     for name, p in list(head.named_parameters(recurse=False)):
         setattr(head, name, torch.nn.Parameter(p.detach().to(torch.float32).clone(), requires_grad=p.requires_grad))
     head.to(torch.float32)  # buffers too (the bridge gives a bias-less unembedding a zero bias buffer)
