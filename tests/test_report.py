@@ -158,3 +158,59 @@ def test_circuit_json_task_rebuilds_with_its_own_key_words() -> None:
     again = task_from_dict(spec)
     assert again.prompts == task.prompts and [s.gold for s in again] == [s.gold for s in task]
     assert KVRetrieval(3, 4, seed=2).to_dict()["args"]["words"] is None  # the shipped list is the default
+
+
+# ---- a PNG export that hangs or fails does not hang or break the command ------------------------------------
+
+def _fake_child(monkeypatch, code: str) -> None:
+    from gna_interp.viz import export
+
+    monkeypatch.setattr(export, "png_export_problem", lambda: None)
+    monkeypatch.setattr(export, "_CHILD", code)
+
+
+def _figure():
+    import plotly.graph_objects as go
+
+    return go.Figure(go.Scatter(y=[1, 3, 2]))
+
+
+def test_a_hung_png_export_is_killed_and_reported(monkeypatch, tmp_path):
+    import time
+
+    from gna_interp.viz.export import write_pngs
+
+    pid_file = tmp_path / "pid"
+    _fake_child(monkeypatch, f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"PNG export timed out after 2 s .*the HTML page has the same figures"):
+        write_pngs({"a": _figure()}, tmp_path / "figures", timeout=2)
+    assert time.monotonic() - t0 < 20
+    with pytest.raises(ProcessLookupError):  # the child is gone, not left sleeping
+        os.kill(int(pid_file.read_text()), 0)
+
+
+def test_a_failing_png_export_says_why(monkeypatch, tmp_path):
+    from gna_interp.viz.export import write_pngs
+
+    _fake_child(monkeypatch, "import sys\nsys.exit('kaleido: no browser answered')\n")
+    with pytest.raises(RuntimeError, match="PNG export failed: kaleido: no browser answered"):
+        write_pngs({"a": _figure()}, tmp_path / "figures")
+
+
+def test_an_experiment_folder_is_written_whole_when_the_png_export_hangs(monkeypatch, tmp_path):
+    import pandas as pd
+
+    from gna_interp.experiments.output import ResultFolder
+    from gna_interp.viz import export
+
+    _fake_child(monkeypatch, "import time\ntime.sleep(60)\n")
+    monkeypatch.setattr("gna_interp.experiments.output.png_export_problem", lambda: None)
+    monkeypatch.setattr(export, "PNG_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(export, "PNG_TIMEOUT_PER_FIGURE_S", 0.0)
+    folder = ResultFolder(tmp_path / "exp", "eval")
+    folder.write(pd.DataFrame({"k": [1, 2], "acc": [0.5, 0.25]}), {"note": "demo"}, title="demo",
+                 figures={"curve": _figure()})
+    page = folder.report.read_text(encoding="utf-8")
+    assert "PNG figures not written: PNG export timed out after 1 s" in page and "Plotly.newPlot" in page
+    assert folder.load()["frame"]["acc"].tolist() == [0.5, 0.25] and folder.csv.exists()

@@ -1,11 +1,30 @@
-"""PNG export of plotly figures through kaleido (a headless Chromium; works offline once one is installed)."""
+"""PNG export of plotly figures through kaleido (a headless Chromium; works offline once one is installed).
+
+The export runs in a child process with a time limit: kaleido's Chromium can hang without a word (seen once
+on this project's machine: a `gna compare` sat 15 minutes in `write_images`), and a hung export must not
+hang the command that made the figures. On a timeout the child and its browser are killed and
+:class:`RuntimeError` says so; the callers then note it in their HTML page, which has the same figures.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 EXPORT_WIDTH = 1100
+PNG_TIMEOUT_S = 120.0  # plus PNG_TIMEOUT_PER_FIGURE_S a figure; a browser start takes about 3 s here
+PNG_TIMEOUT_PER_FIGURE_S = 10.0
+_CHILD = ("import json, sys\n"
+          "import plotly.io as pio\n"
+          "job = json.load(open(sys.argv[1]))\n"
+          "pio.write_images([pio.from_json(f) for f in job['figures']], job['paths'], width=job['width'],\n"
+          "                 height=job['heights'])\n")
 
 
 def png_export_problem() -> str | None:
@@ -23,12 +42,11 @@ def png_export_problem() -> str | None:
     return None if found else "kaleido finds no Chromium/Chrome to drive; install one (e.g. apt-get install chromium)"
 
 
-def write_pngs(figures: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
+def write_pngs(figures: Mapping[str, Any], out_dir: str | Path, timeout: float | None = None) -> list[Path]:
     """Write each plotly figure as ``out_dir/NAME.png`` (``EXPORT_WIDTH`` wide, the figure's own height),
-    with one browser session for all of them. Raises :class:`RuntimeError` with the reason when the
-    export path is not available (see :func:`png_export_problem`)."""
-    import plotly.io as pio
-
+    with one browser session for all of them, in a child process given ``timeout`` seconds (default
+    ``PNG_TIMEOUT_S`` plus ``PNG_TIMEOUT_PER_FIGURE_S`` a figure). Raises :class:`RuntimeError` with the
+    reason when the export path is not available (see :func:`png_export_problem`), fails or times out."""
     problem = png_export_problem()
     if problem:
         raise RuntimeError(problem)
@@ -36,8 +54,35 @@ def write_pngs(figures: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png" for name in figures]
     figs = list(figures.values())
-    try:
-        pio.write_images(figs, paths, width=EXPORT_WIDTH, height=[int(f.layout.height or 500) for f in figs])
-    except Exception as e:  # noqa: BLE001 -- kaleido/choreographer raise many types; the caller wants the reason
-        raise RuntimeError(f"PNG export failed: {type(e).__name__}: {e}") from e
+    limit = PNG_TIMEOUT_S + PNG_TIMEOUT_PER_FIGURE_S * len(figs) if timeout is None else timeout
+    with tempfile.TemporaryDirectory(prefix="gna-png-") as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({"figures": [f.to_json() for f in figs], "paths": [str(p) for p in paths],
+                                   "width": EXPORT_WIDTH, "heights": [int(f.layout.height or 500) for f in figs]}))
+        with open(Path(tmp) / "stderr.txt", "w+") as err:
+            proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(job)], stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True)  # its own process group: the browser dies with it
+            try:
+                rc = proc.wait(timeout=limit)
+            except BaseException as e:  # a timeout, or Ctrl-C while waiting: take the child and its browser down
+                _kill_group(proc)
+                if isinstance(e, subprocess.TimeoutExpired):
+                    raise RuntimeError(f"PNG export timed out after {limit:.0f} s (kaleido's headless Chromium did "
+                                       f"not answer); the HTML page has the same figures") from None
+                raise
+            _kill_group(proc)  # a browser the child left behind
+            err.seek(0)
+            lines = [ln for ln in err.read().splitlines() if ln.strip()]
+    if rc != 0:
+        raise RuntimeError(f"PNG export failed: {lines[-1] if lines else f'exit status {rc}'}")
     return paths
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child's process group (it and any browser it started); quiet when it is already gone."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, AttributeError):  # gone, or no process groups (Windows)
+        if proc.poll() is None:
+            proc.kill()
+    proc.wait()
