@@ -242,8 +242,10 @@ class _Block:
         b += sum(rows * h * tokens * tokens * (2 * nbytes + 4) for h, _ in self.attn)
         b += sum(2 * rt * di * n * 4 for di, n in self.ssm1)
         for h, p, n, chunk in self.ssm2:
-            c = min(tokens, chunk)
-            b += rows * h * (3 * math.ceil(tokens / c) * c * c + 2 * math.ceil(tokens / c) * p * n) * 4
+            # Hugging Face's torch path pads the sequence to whole chunks and holds about five chunk x chunk
+            # float32 tensors a head at once (L, G, M and einsum's contiguous copies; segment_sum's two before)
+            nc = math.ceil(tokens / chunk)
+            b += rows * h * (5 * nc * chunk * chunk + 2 * nc * p * n + 4 * nc * chunk * p) * 4
         return b
 
 
