@@ -314,16 +314,10 @@ def load_ranking(scan: HeadScan | Circuit | str | os.PathLike | Sequence[HeadRef
     return heads, "an explicit head ranking", ""
 
 
-def _softmax_attention(kind: str) -> bool:
-    """Whether heads of ``kind`` are softmax attention (pattern rows are distributions): the heads that keep a
-    KV cache, which the planner counts and a hybrid keeps or replaces."""
-    return adapter(kind).normalized_rows
-
-
 def _layout(model: Model) -> list[AttentionLayer]:
     """Every attention layer's shape; an error for a model that is not a Transformer."""
     other = sorted({s.kind if s.supported else f"unsupported ({s.hf_class})" for s in model.layers
-                    if not (s.supported and _softmax_attention(s.kind))})
+                    if not (s.supported and adapter(s.kind).normalized_rows)})
     if other or not model.layers:
         raise InputError(f"plan_hybrid turns a Transformer's attention heads into Mamba-2 heads, but {model.name} has "
                          f"{', '.join(other) or 'no'} mixers besides attention; plan from a Transformer's scan")
@@ -407,10 +401,10 @@ def plan_hybrid(model: Model, scan: HeadScan | Circuit | str | os.PathLike | Seq
         if seed is not None:
             raise InputError("seed is only used with order='random'")
         ranking, source, scan_model = load_ranking(scan)
-        attn = [h for h in ranking if _softmax_attention(h.kind)]
+        attn = [h for h in ranking if h.adapter.normalized_rows]  # softmax attention: the heads with a KV cache
         if len(attn) < len(ranking):
             raise InputError(f"the scan ranks {len(ranking) - len(attn)} heads that are not attention heads "
-                             f"(e.g. {next(h for h in ranking if not _softmax_attention(h.kind)).name}); plan from a Transformer's scan")
+                             f"(e.g. {next(h for h in ranking if not h.adapter.normalized_rows).name}); plan from a Transformer's scan")
         valid = set(all_heads)
         unknown = [h.name for h in ranking if h not in valid]
         if unknown:

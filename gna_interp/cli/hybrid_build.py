@@ -11,8 +11,6 @@ from gna_interp.cli.hybrid import int_list, subcommand
 from gna_interp.cli.sweep import interrupted, resume_args
 
 
-
-
 @subcommand("build", "distil the zoo Transformer into Falcon-H1 hybrids (Mamba-2 heads beside the kept attention "
                      "heads) that keep the scan's top-k heads, k random heads or none, over several seeds, and "
                      "compare their KV accuracy by dictionary size; writes every student (a zoo checkpoint), "

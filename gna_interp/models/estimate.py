@@ -361,9 +361,10 @@ def _param_bytes(model: "Model", nbytes: int) -> tuple[int, int]:
     n = sum(p.numel() for p in hf.parameters())
     buf = sum(b.numel() * b.element_size() for b in hf.buffers())
     head = hf.get_output_embeddings()
-    head_n = unwrap(head).weight.numel() if head is not None else 0
+    w = unwrap(head).weight if head is not None else None
+    head_n = w.numel() if w is not None else 0
     tied = bool(getattr(hf.config, "tie_word_embeddings", False))
-    untied_here = head is not None and unwrap(head).weight is not hf.get_input_embeddings().weight
+    untied_here = w is not None and w is not hf.get_input_embeddings().weight
     if tied and untied_here:  # a half-precision load untied it: count the parameters as the checkpoint has them
         n -= head_n
     extra = 0 if nbytes >= 4 else head_n * (4 if tied else 4 - nbytes)

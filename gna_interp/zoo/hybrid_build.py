@@ -146,7 +146,6 @@ def is_attention(head: HeadRef) -> bool:
     return head.adapter.normalized_rows
 
 
-
 class Layout:
     """Where the kept teacher heads sit in the student: ``kept[l]`` are layer ``l``'s kept teacher heads
     (ascending), in slots ``0..len(kept[l]) - 1``; every layer has ``slots`` attention slots."""
