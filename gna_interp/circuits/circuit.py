@@ -35,6 +35,7 @@ from gna_interp.errors import OptionError
 from gna_interp.options import Options, check_choice, check_int, check_names, options
 from gna_interp.store import atomic_write, read_json, write_json
 from gna_interp.tasks.base import Task
+from gna_interp.tasks.calibration import Calibration, chance_margin
 from gna_interp.tasks.io import task_from_dict
 from gna_interp.tasks.evaluation import evaluate
 from gna_interp.tasks.text import lm_loss
@@ -136,6 +137,8 @@ class Circuit:
             delegation, views), in the order they ran.
         delegation: on a hybrid, the roles per head kind and the cost of removing each kind's aggregate
             heads (:class:`~gna_interp.circuits.delegation.Delegation`); None otherwise.
+        calibration: the grid of task forms the intact model was measured on and the one chosen
+            (:class:`~gna_interp.tasks.calibration.Calibration`; None when the task was given as is).
     """
 
     model: str
@@ -154,6 +157,7 @@ class Circuit:
     twin: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
     delegation: Delegation | None = None
+    calibration: Calibration | None = None
 
     @property
     def heads(self) -> list[HeadRef]:
@@ -221,7 +225,7 @@ class Circuit:
         chance, n = self.baseline.get("chance"), len(next(iter(self.scan.baseline.values()), []))
         if chance is None or not n:
             return []
-        margin = max(0.05, 2 * math.sqrt(chance * (1 - chance) / n))
+        margin = chance_margin(chance, n)
         out = [(h, self.scan.ablated(h, "accuracy")) for h in self.scan.top(len(self.scan.heads)) if h in self.scan.exact]
         return [(h, a) for h, a in out if a <= chance + margin]
 
@@ -262,6 +266,7 @@ class Circuit:
             "decisive": [{"head": h.name, "accuracy": a} for h, a in self.decisive()],
             "twin": self.twin,
             "delegation": "delegation.json" if self.delegation is not None else None,
+            "calibration": self.calibration.to_dict() if self.calibration is not None else None,
         }
 
     def summary(self, top: int = 10) -> str:
@@ -278,6 +283,8 @@ class Circuit:
                     f"{len(self.scan.screen_index)} screening samples" if self.scan.screened else "")
                  + (f" (stopped at max_exact: {self.scan.unsettled} unrun heads could still enter the leading ones)"
                     if self.scan.unsettled else "")]
+        if self.calibration is not None:
+            lines += ["", "## Task form", ""] + self.calibration.lines() + [""]
         lines += [f"- {n}" for n in self.notes]
         decisive = self.decisive()
         lines.append("- heads whose removal alone brings accuracy to chance: " + (", ".join(
@@ -392,7 +399,8 @@ class Circuit:
                    pd.DataFrame(doc.get("curve") or [], columns=CURVE_COLUMNS),
                    RoleRule(**doc["rule"]), float(doc.get("seconds") or 0.0), views, control,
                    float(doc.get("generic_fraction") or DEFAULT_GENERIC_FRACTION), bool(doc.get("keep_generic")),
-                   list(doc.get("notes") or []), doc.get("twin"), dict(doc.get("timings") or {}), deleg)
+                   list(doc.get("notes") or []), doc.get("twin"), dict(doc.get("timings") or {}), deleg,
+                   Calibration.from_dict(doc["calibration"]) if doc.get("calibration") else None)
 
     def __repr__(self) -> str:
         return (f"Circuit({self.model!r}, {self.task.get('name')!r}, {len(self.scan.heads)} heads, "
@@ -571,7 +579,7 @@ def check_solvable(model: Model, task: Task, batch_size: int = 16, allow_chance:
     refusal into that sentence."""
     acc = evaluate(model, task, batch_size=batch_size, progress=False).accuracy if accuracy is None else accuracy
     chance, n = task.chance, len(task)
-    margin = max(0.05, 2 * math.sqrt(chance * (1 - chance) / n))
+    margin = chance_margin(chance, n)
     line = (f"intact model: accuracy {acc:.3f} on {task.name} ({n} samples), chance {chance:.3f}, "
             f"margin {margin:.3f}")
     if acc <= chance + margin:

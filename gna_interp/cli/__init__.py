@@ -295,22 +295,30 @@ def run_report(args: argparse.Namespace) -> int:
 def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=spec_text, default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
     p.add_argument("--task", default="kv", choices=["kv", "mc", "cloze"],
-                   help="kv: KV retrieval (official template); mc: multiple choice scored on the letters (its cloze "
-                        "form is measured as the knowledge twin); cloze: multiple choice scored on the option texts")
+                   help="kv: KV retrieval; mc: multiple choice scored on the letters (its cloze form is measured as "
+                        "the knowledge twin); cloze: multiple choice scored on the option texts")
     p.add_argument("--questions", default="categories",
                    help="mc/cloze questions: categories (offline knowledge questions, default), synthetic (answer "
                         "stated in the question's context), a local .jsonl/.json/.csv/.parquet FILE, or hub[:SUBJECT] (MMLU)")
-    p.add_argument("--mc-form", default="letters", choices=["letters", "stated"],
+    p.add_argument("--mc-form", default=None, choices=["letters", "stated"],
                    help="mc prompt form: letters (MMLU: 'A. text' lines, 'Answer:'), or stated (lines 'text (A)', cue "
                         "'Answer: TEXT (': the answer is stated and its letter retrieved; small models that fail "
-                        "letters solve it)")
+                        "letters solve it); default: the one the model solves, by calibration")
     p.add_argument("--shots", type=at_least(0), default=3, help="solved questions before each mc/cloze question (default 3)")
-    p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=10,
-                   help="dictionary lines per prompt (default 10; chosen by measurement, see docs/discovery.md)")
+    p.add_argument("--template", default=None, choices=["official", "completion"],
+                   help="KV template: official ('The value of the key K is') or completion ('K:'); default: chosen "
+                        "by calibration")
+    p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=None,
+                   help="KV dictionary lines per prompt (default: chosen by calibration among 10 and 20)")
+    p.add_argument("--max-value", type=at_least(1), default=None,
+                   help="KV values are 0..MAX (default: chosen by calibration among 9 and 99, the paper's range)")
     p.add_argument("--samples", type=at_least(1), default=24, help="prompts (default 24)")
-    p.add_argument("--max-value", type=at_least(1), default=9,
-                   help="values are 0..MAX (default 9: one digit, so every candidate shares one forward row "
-                        "even with digit-splitting tokenizers; 99 is the paper's range)")
+    p.add_argument("--calibrate", type=at_least(0), default=16, metavar="N",
+                   help="before discovery, evaluate the intact model on N prompts of each task form whose knobs "
+                        "(--template, --max-value, --pairs; mc: --mc-form) were not named, and scan the most "
+                        "accurate unsaturated one (default 16; 0: no calibration, unnamed knobs take "
+                        "completion / 99 / 10 pairs / stated). The grid and the choice go into summary.md, "
+                        "circuit.json and the report")
     p.add_argument("--seed", type=int, default=0, help="task seed")
     p.add_argument("--strategy", default="auto", choices=["auto", "exact", "attribution", "naive"])
     p.add_argument("--method", default="zero", choices=["zero", "mean", "resample"],
@@ -357,7 +365,7 @@ def run_scan(args: argparse.Namespace) -> int:
     stale = [f for f in (ckpt, ckpt.with_suffix(".control.json")) if f.exists()] + rank_files(ckpt)
     _check_out_dir(out)
     _Lock(out).check()
-    if args.task == "kv":
+    if args.task == "kv" and args.pairs is not None and args.max_value is not None:
         _check_pairs(args.pairs, args.max_value)
     if stale and not (args.resume or args.fresh):
         done = "a finished scan and its checkpoint" if (out / "circuit.json").exists() else \
@@ -367,8 +375,9 @@ def run_scan(args: argparse.Namespace) -> int:
     if shard is not None:
         args.device = local_device(getattr(args, "device", None))  # one GPU per rank where there are GPUs
     model = _load_for(args)
-    task, twin = _scan_task(args, model, args.seed)
-    reference = _scan_task(args, model, args.seed + 1)[0] if args.method != "zero" else None
+    calibration, form = _scan_form(args, model)
+    task, twin = _scan_task(args, model, args.seed, form)
+    reference = _scan_task(args, model, args.seed + 1, form)[0] if args.method != "zero" else None
     cfg = DiscoverConfig.build(strategy=args.strategy, method=args.method, metric=args.metric, reference=reference,
                                k=args.top_k, seeds=args.seeds, batch_size=args.batch_size, checkpoint=ckpt,
                                verify=args.verify, certify=args.certify, max_exact=args.max_exact,
@@ -397,6 +406,10 @@ def run_scan(args: argparse.Namespace) -> int:
                     print(f"rank {shard.rank}: head scan done; rank 0 writes the outputs", flush=True)
                     return 0
             circuit = discover(model, task, config=cfg)
+            if calibration is not None:
+                circuit.calibration = calibration
+                circuit.timings = {"calibrate": calibration.seconds, **circuit.timings}
+                circuit.seconds += calibration.seconds
             if shard is not None:  # discover's scan only read the sharded scan back: count the sharded one's time
                 circuit.scan.seconds = sharded.seconds
                 circuit.timings = {"sharded scan": sharded_s, **circuit.timings}
@@ -458,22 +471,57 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scan_task(args: argparse.Namespace, model: Any, seed: int) -> tuple[Any, Any]:
-    """The task ``gna scan`` discovers on and its knowledge twin (None for kv and cloze)."""
+KV_UNCALIBRATED = {"template": "completion", "max_value": 99, "n_pairs": 10}  # SmolLM2's calibrated choice
+
+
+def _scan_form(args: argparse.Namespace, model: Any) -> tuple[Any, dict[str, Any]]:
+    """The calibration of ``gna scan``'s task form (None when every knob was named, or ``--calibrate 0``)
+    and the form to scan: the named knobs as given, the others chosen by measurement
+    (:mod:`gna_interp.tasks.calibration`)."""
+    from gna_interp.tasks.calibration import calibrate, kv_forms
+
+    if args.task == "cloze":
+        return None, {}
+    if args.task == "kv":
+        named = {"template": args.template, "max_value": args.max_value, "n_pairs": args.pairs}
+        forms = kv_forms(named)
+        fallback = {k: named[k] if named[k] is not None else v for k, v in KV_UNCALIBRATED.items()}
+    else:
+        named = {"mc_form": args.mc_form}
+        forms = [{"mc_form": f} for f in ((args.mc_form,) if args.mc_form else ("letters", "stated"))]
+        fallback = {"mc_form": args.mc_form or "stated"}
+    if len(forms) == 1 or args.calibrate == 0:
+        return None, forms[0] if len(forms) == 1 else fallback
+    n = min(args.calibrate, args.samples)
+    print(f"calibrating the task form: {len(forms)} forms on {n} prompts each", flush=True)
+    cal = calibrate(model, forms, lambda f: _scan_task(args, model, args.seed, f, n)[0], named,
+                    batch_size=args.batch_size, progress=lambda line: print(line, flush=True))
+    print(f"  chosen: {cal.rows[cal.chosen].task} ({', '.join(f'{k}={v}' for k, v in cal.form.items())})", flush=True)
+    return cal, cal.form
+
+
+def _scan_task(args: argparse.Namespace, model: Any, seed: int, form: dict[str, Any],
+               samples: int | None = None) -> tuple[Any, Any]:
+    """The task ``gna scan`` discovers on, in ``form`` (:func:`_scan_form`), and its knowledge twin (None for
+    kv and cloze); ``samples`` prompts (default ``--samples``)."""
     from gna_interp.tasks import KVRetrieval, MultipleChoice
     from gna_interp.tasks.mmlu import questions_from
 
+    n = samples or args.samples
     if args.task == "kv":
-        return KVRetrieval(args.pairs, args.samples, seed=seed, max_value=args.max_value, words=model.kv_words), None
+        return KVRetrieval(form["n_pairs"], n, seed=seed, template=form["template"], max_value=form["max_value"],
+                           words=model.kv_words), None
     generated = args.questions in ("categories", "synthetic")
     if seed != args.seed and not generated:
         raise InputError(f"--method {args.method} needs a second set of questions, which --questions "
                          f"{args.questions!r} does not generate; use --method zero or --questions categories|synthetic")
-    questions, shots = questions_from(args.questions, args.samples, seed, args.shots)
+    questions, shots = questions_from(args.questions, n, seed, args.shots)
     name = Path(args.questions).stem if Path(args.questions).is_file() else args.questions.replace(":", "-")
     if args.task == "cloze":
         return MultipleChoice(questions, format="cloze", name=name, shots=shots), None
-    task = MultipleChoice(questions, format=args.mc_form, name=name, shots=shots)
+    task = MultipleChoice(questions, format=form["mc_form"], name=name, shots=shots)
+    if samples is not None:  # a calibration task: no twin
+        return task, None
     try:
         return task, MultipleChoice(questions, format="cloze", name=name, shots=shots)
     except InputError as e:  # e.g. a question repeating an option text, which cloze cannot score

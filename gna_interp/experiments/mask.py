@@ -77,6 +77,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.store import read_json, write_json
 from gna_interp.tasks.base import Task
+from gna_interp.tasks.calibration import chance_margin
 from gna_interp.tasks.kv import KVRetrieval
 from gna_interp.tasks.scoring import (CandidateScores, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
                                      read_logprobs)
@@ -639,7 +640,7 @@ def _check_chance(row: Mapping[str, Any], task: Task, allow_chance: bool, notes:
     """Refuse (or note, with ``allow_chance``) an intact model within two standard errors (>= 0.05) of
     chance: masking cannot show how a model retrieves when it does not (``check_solvable``'s margin)."""
     acc, chance, n = row["accuracy"], task.chance, len(task)
-    margin = max(0.05, 2 * math.sqrt(chance * (1 - chance) / n))
+    margin = chance_margin(chance, n)
     line = f"intact model: accuracy {acc:.3f} on {task.name} ({n} samples), chance {chance:.3f}, margin {margin:.3f}"
     if acc <= chance + margin:
         if not allow_chance:

@@ -14,6 +14,7 @@ from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.views import CardViews
 from gna_interp.errors import InputError
 from gna_interp.store import atomic_write
+from gna_interp.tasks.calibration import Calibration
 from gna_interp.viz.attention import attention_heads
 from gna_interp.viz.cards import ga_card
 from gna_interp.viz.compare import compare_heads
@@ -51,6 +52,8 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
     label = circuit.model
     figures: dict[str, Any] = {"heatmap": score_heatmap(heads, title=f"Ablation drop per head: {label}")}
     sections = [_summary(circuit)]
+    if circuit.calibration is not None:
+        sections += ["<h2>Task form</h2>", _calibration_table(circuit.calibration)]
     sections += ["<h2>Where the heads are</h2>", _note(
         "Drop of the task metric when each head alone is ablated (red = the head matters). "
         "G / A mark heads labelled gather / aggregate; #k marks the top-ranked heads. Hover for numbers."),
@@ -83,6 +86,20 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
     out = folder / REPORT_FILE
     atomic_write(out, page(f"G&A report: {label}", sections, circuitsvis=True, plotly=True))
     return out
+
+
+def _calibration_table(cal: Calibration) -> str:
+    """The grid of task forms the intact model was measured on, the chosen one in bold, and the rule."""
+    keys = list(dict.fromkeys(k for r in cal.rows for k in r.form))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in keys + ["task", "accuracy", "chance", "prompt tokens",
+                                                                  "verdict"])
+    body = ""
+    for r in cal.rows:
+        cells = [str(r.form.get(k, "")) for k in keys] + [r.task, f"{r.accuracy:.3f}", f"{r.chance:.3f}",
+                                                          f"{r.tokens:.0f}", r.verdict]
+        style = " style='font-weight:bold'" if r.verdict == "chosen" else ""
+        body += f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+    return f"<table><tr>{head}</tr>{body}</table>" + _note(cal.lines()[-1].lstrip("- "))
 
 
 def _note(text: str) -> str:

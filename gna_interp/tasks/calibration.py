@@ -1,0 +1,175 @@
+"""Choose the task form a model solves, by measurement, before discovering on it.
+
+A circuit can only be read off a task the intact model solves: at chance there is nothing to remove,
+and on a form the model barely beats chance a scan ranks noise and format heads. Forms differ a lot on
+one model (SmolLM2-135M: KV official template, values 0-9, 0.40; completion template, values 0-99,
+0.81; tokenizers differ: SmolLM2 splits numbers into digits, Llama-3 keeps 0-999 whole), so
+:func:`calibrate` evaluates the intact model on a small grid of forms, on a few prompts each, and
+picks one with headroom by this rule (:func:`choose`):
+
+- a form is *solved* when its accuracy clears chance by the margin of :func:`chance_margin`
+  (two standard errors, at least 0.05), and *saturated* at ``saturated`` (0.95) or more;
+- the chosen form is the solved, unsaturated one with the highest accuracy (ties: fewer prompt tokens,
+  the cheaper scan); when every solved form is saturated, the one with the longest prompts (the
+  hardest); when none is solved, the most accurate (the chance check then refuses it).
+
+Knobs the user names are never replaced: the grid only varies the others (:func:`kv_forms`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from gna_interp.errors import InputError
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.evaluation import evaluate
+
+__all__ = ["Calibration", "FormResult", "KV_GRID", "SATURATED", "calibrate", "chance_margin", "choose", "kv_forms"]
+
+SATURATED = 0.95
+# The KV grid: template x value range x dictionary size (forms needing more distinct values than the range
+# holds are skipped). Measured on SmolLM2 (docs/discovery.md §6): the completion template with values 0-99
+# is the form it solves, the official one with values 0-9 the one it barely does.
+KV_GRID: dict[str, tuple[Any, ...]] = {"template": ("official", "completion"), "max_value": (9, 99),
+                                       "n_pairs": (10, 20)}
+
+
+def chance_margin(chance: float, n: int) -> float:
+    """How far above ``chance`` an accuracy on ``n`` samples must be to count as solving the task: two
+    standard errors of a guesser's accuracy, at least 0.05."""
+    return max(0.05, 2 * math.sqrt(chance * (1 - chance) / max(n, 1)))
+
+
+@dataclass(frozen=True)
+class FormResult:
+    """One form of the grid, measured: its knobs, the task's name, accuracy, chance, samples, mean prompt
+    tokens and the verdict (``chosen``, ``solved``, ``saturated`` or ``at chance``)."""
+
+    form: dict[str, Any]
+    task: str
+    accuracy: float
+    chance: float
+    n_samples: int
+    tokens: float
+    verdict: str = ""
+
+    @property
+    def solved(self) -> bool:
+        return self.accuracy > self.chance + chance_margin(self.chance, self.n_samples)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"form": dict(self.form), "task": self.task, "accuracy": self.accuracy, "chance": self.chance,
+                "n_samples": self.n_samples, "tokens": self.tokens, "verdict": self.verdict}
+
+
+@dataclass
+class Calibration:
+    """What :func:`calibrate` measured and chose: ``rows`` (one :class:`FormResult` a form, in grid order),
+    ``chosen`` (its index), the knobs the user ``named`` (held fixed), ``saturated`` and ``seconds``."""
+
+    rows: list[FormResult]
+    chosen: int
+    named: dict[str, Any] = field(default_factory=dict)
+    saturated: float = SATURATED
+    seconds: float = 0.0
+
+    @property
+    def form(self) -> dict[str, Any]:
+        """The chosen form's knobs."""
+        return dict(self.rows[self.chosen].form)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (``circuit.json``'s ``calibration``); :meth:`from_dict` reads it back."""
+        return {"rows": [r.to_dict() for r in self.rows], "chosen": self.chosen, "named": dict(self.named),
+                "saturated": self.saturated, "seconds": round(self.seconds, 2)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Calibration":
+        try:
+            rows = [FormResult(dict(r["form"]), str(r["task"]), float(r["accuracy"]), float(r["chance"]),
+                               int(r["n_samples"]), float(r["tokens"]), str(r.get("verdict", ""))) for r in d["rows"]]
+            chosen = int(d["chosen"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"malformed calibration record ({type(e).__name__}: {e}); rerun `gna scan`") from None
+        if not 0 <= chosen < len(rows):
+            raise InputError(f"calibration record chooses form {chosen} of {len(rows)}; rerun `gna scan`")
+        return cls(rows, chosen, dict(d.get("named") or {}), float(d.get("saturated", SATURATED)),
+                   float(d.get("seconds") or 0.0))
+
+    def lines(self) -> list[str]:
+        """A Markdown table of the grid with the choice marked, and one sentence on the rule."""
+        keys = list(dict.fromkeys(k for r in self.rows for k in r.form))
+        out = ["| " + " | ".join(keys) + " | task | accuracy | chance | prompt tokens | verdict |",
+               "|" + "---|" * len(keys) + "---|---:|---:|---:|---|"]
+        for r in self.rows:
+            mark = "**" if r.verdict == "chosen" else ""
+            out.append("| " + " | ".join(str(r.form.get(k, "")) for k in keys) +
+                       f" | {r.task} | {mark}{r.accuracy:.3f}{mark} | {r.chance:.3f} | {r.tokens:.0f} | {r.verdict} |")
+        fixed = (", ".join(f"{k}={v}" for k, v in self.named.items()) + " named, so held fixed; ") if self.named else ""
+        c = self.rows[self.chosen]
+        out.append("")
+        out.append(f"- task form chosen by measurement ({fixed}{len(self.rows)} forms on {c.n_samples} prompts each, "
+                   f"{self.seconds:.0f} s): {c.task} ({', '.join(f'{k}={v}' for k, v in c.form.items())}), "
+                   f"accuracy {c.accuracy:.3f}; rule: the most accurate form that clears chance by two standard "
+                   f"errors and is below {self.saturated:.2f} (saturated)")
+        return out
+
+
+def choose(rows: Sequence[FormResult], saturated: float = SATURATED) -> int:
+    """The index of the form to discover on (the rule of the module docstring)."""
+    if not rows:
+        raise InputError("no task forms to choose from")
+    solved = [i for i, r in enumerate(rows) if r.solved]
+    headroom = [i for i in solved if rows[i].accuracy < saturated]
+    if headroom:
+        return max(headroom, key=lambda i: (rows[i].accuracy, -rows[i].tokens, -i))
+    if solved:
+        return max(solved, key=lambda i: (rows[i].tokens, -i))
+    return max(range(len(rows)), key=lambda i: (rows[i].accuracy, -i))
+
+
+def kv_forms(named: Mapping[str, Any] | None = None, grid: Mapping[str, Sequence[Any]] = KV_GRID,
+             ) -> list[dict[str, Any]]:
+    """The KV forms to try: the product of ``grid``'s axes, each axis the user ``named`` (not None) replaced
+    by that one value; forms with more pairs than distinct values are dropped."""
+    named = {k: v for k, v in (named or {}).items() if v is not None}
+    unknown = sorted(set(named) - set(grid))
+    if unknown:
+        raise InputError(f"unknown KV knobs {unknown}; the grid varies {sorted(grid)}")
+    axes = {k: (named[k],) if k in named else tuple(v) for k, v in grid.items()}
+    forms: list[dict[str, Any]] = [{}]
+    for key, values in axes.items():
+        forms = [{**f, key: v} for f in forms for v in values]
+    ok = [f for f in forms if f["n_pairs"] <= f["max_value"] + 1]
+    if not ok:
+        raise InputError(f"no KV form fits the named knobs {named}: every line needs its own value, so n_pairs "
+                         f"must be at most max_value + 1")
+    return ok
+
+
+def calibrate(model: Any, forms: Sequence[dict[str, Any]], build: Callable[[dict[str, Any]], Task],
+              named: Mapping[str, Any] | None = None, batch_size: int = 16, saturated: float = SATURATED,
+              progress: Callable[[str], None] | None = None) -> Calibration:
+    """Evaluate the intact ``model`` on the task ``build(form)`` of every form and choose one (:func:`choose`).
+
+    ``build`` makes the (small) task of a form; ``named`` records the knobs the user fixed; ``progress``
+    receives one line a form."""
+    start = time.perf_counter()
+    rows = []
+    for form in forms:
+        task = build(form)
+        acc = evaluate(model, task, batch_size=batch_size, progress=False).accuracy
+        tokens = sum(len(model.tokenizer(p)["input_ids"]) for p in task.prompts) / len(task)
+        rows.append(FormResult(dict(form), task.name, float(acc), float(task.chance), len(task), float(tokens)))
+        if progress is not None:
+            progress(f"  {task.name} ({', '.join(f'{k}={v}' for k, v in form.items())}): accuracy {acc:.3f} "
+                     f"(chance {task.chance:.3f})")
+    i = choose(rows, saturated)
+    verdicts = ["chosen" if j == i else "saturated" if r.solved and r.accuracy >= saturated else
+                "solved" if r.solved else "at chance" for j, r in enumerate(rows)]
+    rows = [FormResult(r.form, r.task, r.accuracy, r.chance, r.n_samples, r.tokens, v) for r, v in zip(rows, verdicts)]
+    return Calibration(rows, i, {k: v for k, v in (named or {}).items() if v is not None}, saturated,
+                       time.perf_counter() - start)
