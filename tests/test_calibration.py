@@ -51,7 +51,7 @@ def test_calibrate_measures_each_form_as_evaluate_does_and_round_trips():
                            words=model.kv_words)
 
     cal = calibrate(model, forms, build, {"max_value": 99})
-    assert [r.form for r in cal.rows] == forms
+    assert [r.form for r in cal.rows] == forms and not cal.skipped
     for r, f in zip(cal.rows, forms):
         assert r.accuracy == pytest.approx(evaluate(model, build(f), progress=False).accuracy)
         assert r.n_samples == 6 and r.tokens > 10
@@ -70,8 +70,11 @@ def test_gna_scan_calibrates_the_unnamed_knobs_and_records_the_grid(tmp_path, ca
     assert main(argv) == 0
     assert "calibrating the task form: 2 forms on 4 prompts each" in capsys.readouterr().out
     c = Circuit.load(out)
-    assert c.calibration is not None and [r.form["n_pairs"] for r in c.calibration.rows] == [10, 20]
-    assert all(r.form["template"] == "official" and r.form["max_value"] == 99 for r in c.calibration.rows)
+    cal = c.calibration
+    assert cal is not None and [r.form["n_pairs"] for r in cal.rows] + [f["n_pairs"] for f in cal.skipped] == [10, 20]
+    assert all(r.form["template"] == "official" and r.form["max_value"] == 99 for r in cal.rows)
+    # the 20-pair form is measured only when the 10-pair one has no headroom
+    assert bool(cal.skipped) == (cal.rows[0].solved and cal.rows[0].accuracy < cal.saturated)
     args = c.task["args"]
     assert (args["template"], args["max_value"], args["n_pairs"]) == ("official", 99, c.calibration.form["n_pairs"])
     assert "timings" in json.loads((out / "circuit.json").read_text()) and "calibrate" in c.timings

@@ -11,6 +11,15 @@ from the clean run (large, saturating effects). The same pass therefore also mea
 ablation's **size**: the norm of the change it writes into the residual stream, ``(a' − a) W_O``,
 relative to the norm of the residual stream entering the head's block (mean over real tokens). An
 ``auto`` scan uses the sizes to bound how far an estimate can be off (:mod:`gna_interp.circuits.scan`).
+
+The estimate is a sum of one term per token. Terms of opposite signs cancel: zero-ablating a head that
+writes the value digit into every dictionary line's summary token hurts the gold line's candidate and,
+to first order, "helps" by hurting the distractors, so the sum can be near zero for a head whose removal
+brings retrieval to chance (SmolLM2's L16H0 on KV retrieval: estimated -0.06, exact drop 1.61). The
+same pass therefore returns each head's **mass**, the terms summed in absolute value: what the estimate
+would be with no cancellation between positions (AtP*, Kramár et al. 2024, names cancellation as one of
+attribution patching's two failure modes; its fix, GradDrop, cancels across paths and costs one backward
+a layer; the mass is free).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ class Attribution(NamedTuple):
     delta: Float[Tensor, " heads"]  # estimated change of the mean logit difference
     size: Float[Tensor, " heads"]  # relative size of the ablation's write into the residual stream
     clean: CandidateScores  # clean candidate scores, read from the same forwards
+    mass: Float[Tensor, " heads"]  # Σ over tokens of |that token's term of delta|: delta before cancellation
 
 
 def metric_weights(plan: ScoringPlan, clean: CandidateScores) -> Float[Tensor, " n_targets"]:
@@ -121,8 +131,10 @@ class _Recorder:
         return self._final[-1]
 
 
-def _head_terms(r: Replacement, rec: _Recorder, grad: Tensor | None, proj: Tensor, mask: Tensor) -> tuple[float, float]:
-    """One head's first-order estimate ``Σ (a' − a) · ∂metric/∂a`` and its summed relative residual write."""
+def _head_terms(r: Replacement, rec: _Recorder, grad: Tensor | None, proj: Tensor, mask: Tensor
+                ) -> tuple[float, float, float]:
+    """One head's first-order estimate ``Σ (a' − a) · ∂metric/∂a``, its summed relative residual write and
+    its absolute mass (the estimate's per-token terms summed in absolute value)."""
     a = flat_channels(rec.acts[r.site.hook].detach(), r.site)[..., r.site.columns]
     val = r.value(a.shape[0], a.shape[1])
     repl = val.to(a.dtype) if isinstance(val, Tensor) else torch.full_like(a, float(val))
@@ -130,10 +142,11 @@ def _head_terms(r: Replacement, rec: _Recorder, grad: Tensor | None, proj: Tenso
     with torch.no_grad():
         write = diff @ proj[:, r.site.columns].T.to(diff.dtype)
         size = (write.norm(dim=-1) / rec.resid[r.site.head.layer][mask].norm(dim=-1).clamp_min(1e-12)).sum().double().item()
-    est = 0.0
+    est = mass = 0.0
     if grad is not None:
-        est = (diff * flat_channels(grad, r.site)[..., r.site.columns][mask]).sum().double().item()
-    return est, size
+        terms = (diff * flat_channels(grad, r.site)[..., r.site.columns][mask]).sum(-1).double()
+        est, mass = terms.sum().item(), terms.abs().sum().item()
+    return est, size, mass
 
 
 def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chunk],
@@ -156,6 +169,7 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
         proj.setdefault(r.site.hook, model.output_projection(r.site.head))
     est = torch.zeros(len(replaced), dtype=torch.float64)
     size = torch.zeros(len(replaced), dtype=torch.float64)
+    mass = torch.zeros(len(replaced), dtype=torch.float64)
     n_tokens = 0
     clean = ScoreTable(plan)
     for chunk in chunks:
@@ -172,9 +186,10 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
         mask = chunk.batch.attention_mask.bool()
         n_tokens += int(mask.sum())
         for k, r in enumerate(replaced):
-            e, z = _head_terms(r, rec, grads[r.site.hook], proj[r.site.hook], mask)
+            e, z, a = _head_terms(r, rec, grads[r.site.hook], proj[r.site.hook], mask)
             est[k] += e
             size[k] += z
+            mass[k] += a
         if progress is not None:
             progress(1)
-    return Attribution(est, size / max(1, n_tokens), clean.result())
+    return Attribution(est, size / max(1, n_tokens), clean.result(), mass)

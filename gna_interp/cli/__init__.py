@@ -495,7 +495,8 @@ def _scan_form(args: argparse.Namespace, model: Any) -> tuple[Any, dict[str, Any
     n = min(args.calibrate, args.samples)
     print(f"calibrating the task form: {len(forms)} forms on {n} prompts each", flush=True)
     cal = calibrate(model, forms, lambda f: _scan_task(args, model, args.seed, f, n)[0], named,
-                    batch_size=args.batch_size, progress=lambda line: print(line, flush=True))
+                    batch_size=args.batch_size, progress=lambda line: print(line, flush=True),
+                    stage=lambda f: f.get("n_pairs", 0))
     print(f"  chosen: {cal.rows[cal.chosen].task} ({', '.join(f'{k}={v}' for k, v in cal.form.items())})", flush=True)
     return cal, cal.form
 

@@ -99,7 +99,7 @@ def _calibration_table(cal: Calibration) -> str:
                                                           f"{r.tokens:.0f}", r.verdict]
         style = " style='font-weight:bold'" if r.verdict == "chosen" else ""
         body += f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
-    return f"<table><tr>{head}</tr>{body}</table>" + _note(cal.lines()[-1].lstrip("- "))
+    return f"<table><tr>{head}</tr>{body}</table>" + "".join(_note(t) for t in cal.sentences())
 
 
 def _note(text: str) -> str:

@@ -68,13 +68,15 @@ class FormResult:
 @dataclass
 class Calibration:
     """What :func:`calibrate` measured and chose: ``rows`` (one :class:`FormResult` a form, in grid order),
-    ``chosen`` (its index), the knobs the user ``named`` (held fixed), ``saturated`` and ``seconds``."""
+    ``chosen`` (its index), the knobs the user ``named`` (held fixed), ``saturated``, ``seconds`` and the
+    harder forms ``skipped`` because an easier one had headroom."""
 
     rows: list[FormResult]
     chosen: int
     named: dict[str, Any] = field(default_factory=dict)
     saturated: float = SATURATED
     seconds: float = 0.0
+    skipped: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def form(self) -> dict[str, Any]:
@@ -84,7 +86,8 @@ class Calibration:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (``circuit.json``'s ``calibration``); :meth:`from_dict` reads it back."""
         return {"rows": [r.to_dict() for r in self.rows], "chosen": self.chosen, "named": dict(self.named),
-                "saturated": self.saturated, "seconds": round(self.seconds, 2)}
+                "saturated": self.saturated, "seconds": round(self.seconds, 2),
+                "skipped": [dict(f) for f in self.skipped]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Calibration":
@@ -97,7 +100,7 @@ class Calibration:
         if not 0 <= chosen < len(rows):
             raise InputError(f"calibration record chooses form {chosen} of {len(rows)}; rerun `gna scan`")
         return cls(rows, chosen, dict(d.get("named") or {}), float(d.get("saturated", SATURATED)),
-                   float(d.get("seconds") or 0.0))
+                   float(d.get("seconds") or 0.0), [dict(f) for f in d.get("skipped") or []])
 
     def lines(self) -> list[str]:
         """A Markdown table of the grid with the choice marked, and one sentence on the rule."""
@@ -108,13 +111,19 @@ class Calibration:
             mark = "**" if r.verdict == "chosen" else ""
             out.append("| " + " | ".join(str(r.form.get(k, "")) for k in keys) +
                        f" | {r.task} | {mark}{r.accuracy:.3f}{mark} | {r.chance:.3f} | {r.tokens:.0f} | {r.verdict} |")
+        return out + [""] + [f"- {t}" for t in self.sentences()]
+
+    def sentences(self) -> list[str]:
+        """What was chosen and by which rule; which harder forms were not measured."""
         fixed = (", ".join(f"{k}={v}" for k, v in self.named.items()) + " named, so held fixed; ") if self.named else ""
         c = self.rows[self.chosen]
-        out.append("")
-        out.append(f"- task form chosen by measurement ({fixed}{len(self.rows)} forms on {c.n_samples} prompts each, "
+        out = [f"task form chosen by measurement ({fixed}{len(self.rows)} forms on {c.n_samples} prompts each, "
                    f"{self.seconds:.0f} s): {c.task} ({', '.join(f'{k}={v}' for k, v in c.form.items())}), "
                    f"accuracy {c.accuracy:.3f}; rule: the most accurate form that clears chance by two standard "
-                   f"errors and is below {self.saturated:.2f} (saturated)")
+                   f"errors and is below {self.saturated:.2f} (saturated)"]
+        if self.skipped:
+            out.append(f"not measured (a form above has headroom, so the rule would not pick a harder one): "
+                       + "; ".join(", ".join(f"{k}={v}" for k, v in f.items()) for f in self.skipped))
         return out
 
 
@@ -152,12 +161,34 @@ def kv_forms(named: Mapping[str, Any] | None = None, grid: Mapping[str, Sequence
 
 def calibrate(model: Any, forms: Sequence[dict[str, Any]], build: Callable[[dict[str, Any]], Task],
               named: Mapping[str, Any] | None = None, batch_size: int = 16, saturated: float = SATURATED,
-              progress: Callable[[str], None] | None = None) -> Calibration:
-    """Evaluate the intact ``model`` on the task ``build(form)`` of every form and choose one (:func:`choose`).
+              progress: Callable[[str], None] | None = None,
+              stage: Callable[[dict[str, Any]], Any] | None = None) -> Calibration:
+    """Evaluate the intact ``model`` on the task ``build(form)`` of the forms and choose one (:func:`choose`).
 
     ``build`` makes the (small) task of a form; ``named`` records the knobs the user fixed; ``progress``
-    receives one line a form."""
+    receives one line a form. ``stage`` (e.g. the dictionary size) orders the forms from easy to hard: the
+    forms of a harder stage are measured only when no form measured so far has headroom (solved and below
+    ``saturated``), since the rule would not choose them (:attr:`Calibration.skipped` lists them)."""
     start = time.perf_counter()
+    key = stage or (lambda f: 0)
+    stages = sorted({key(f) for f in forms})
+    rows: list[FormResult] = []
+    skipped: list[dict[str, Any]] = []
+    for s in stages:
+        if any(r.solved and r.accuracy < saturated for r in rows):
+            skipped += [dict(f) for f in forms if key(f) == s]
+            continue
+        rows += _measure(model, [f for f in forms if key(f) == s], build, batch_size, progress)
+    i = choose(rows, saturated)
+    verdicts = ["chosen" if j == i else "saturated" if r.solved and r.accuracy >= saturated else
+                "solved" if r.solved else "at chance" for j, r in enumerate(rows)]
+    rows = [FormResult(r.form, r.task, r.accuracy, r.chance, r.n_samples, r.tokens, v) for r, v in zip(rows, verdicts)]
+    return Calibration(rows, i, {k: v for k, v in (named or {}).items() if v is not None}, saturated,
+                       time.perf_counter() - start, skipped)
+
+
+def _measure(model: Any, forms: Sequence[dict[str, Any]], build: Callable[[dict[str, Any]], Task], batch_size: int,
+             progress: Callable[[str], None] | None) -> list[FormResult]:
     rows = []
     for form in forms:
         task = build(form)
@@ -167,9 +198,4 @@ def calibrate(model: Any, forms: Sequence[dict[str, Any]], build: Callable[[dict
         if progress is not None:
             progress(f"  {task.name} ({', '.join(f'{k}={v}' for k, v in form.items())}): accuracy {acc:.3f} "
                      f"(chance {task.chance:.3f})")
-    i = choose(rows, saturated)
-    verdicts = ["chosen" if j == i else "saturated" if r.solved and r.accuracy >= saturated else
-                "solved" if r.solved else "at chance" for j, r in enumerate(rows)]
-    rows = [FormResult(r.form, r.task, r.accuracy, r.chance, r.n_samples, r.tokens, v) for r, v in zip(rows, verdicts)]
-    return Calibration(rows, i, {k: v for k, v in (named or {}).items() if v is not None}, saturated,
-                       time.perf_counter() - start)
+    return rows
