@@ -3,12 +3,13 @@
     python benchmarks/scan.py                      # SmolLM2-135M (270 heads) when installed, else a zoo model
     python benchmarks/scan.py --naive-heads all    # time the naive loop on every head (slow on CPU)
     python benchmarks/scan.py --model zoo:NAME --samples 16 --json out.json
-    python benchmarks/scan.py --pairs 10 --max-value 99 # multi-token values (SmolLM2 splits digits): packed rows
+    python benchmarks/scan.py --template official --max-value 9   # the old default task (single-token values)
     python benchmarks/scan.py --model tiny:llama --samples 64          # a tiny random Llama (gna_interp.models.tiny)
     python benchmarks/scan.py --model zoo:transformer-kv --device cuda:0 --dtype bfloat16   # on a GPU
 
-Task: KV retrieval (``--pairs`` lines, ``--samples`` prompts, values ``0..--max-value``), zero ablation,
-metric ``logit_diff``. Strategies (all through :func:`gna_interp.circuits.scan_heads` except the first):
+Task: KV retrieval (``--template``, ``--pairs`` lines, ``--samples`` prompts, values ``0..--max-value``,
+``--seed``), zero ablation, metric ``logit_diff``; the defaults are the form ``gna scan`` calibrates to on
+SmolLM2 (completion template, values 0-99, 10 pairs, 24 samples: multi-token values, packed rows). Strategies (all through :func:`gna_interp.circuits.scan_heads` except the first):
 
 - **naive (full logits)**: the textbook loop -- per head one full forward with one ablation hook and
   the logits of every position, scores read from them;
@@ -185,10 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="model spec (default: smollm2-135m when installed, else a zoo model; "
                                                   "tiny:FAMILY builds a tiny random one, e.g. tiny:llama)")
-    ap.add_argument("--pairs", type=int, default=6)
-    ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--max-value", type=int, default=9)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--pairs", type=int, default=10)
+    ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--max-value", type=int, default=99)
+    ap.add_argument("--template", default="completion", choices=["official", "completion"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--naive-heads", default="30", help="heads the naive loops run on: a number (layer-stratified) or 'all'")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
@@ -216,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
 
         spec = str(build_tiny(spec[len("tiny:"):], Path(tempfile.mkdtemp(prefix="gna-bench-")) / spec[len("tiny:"):]))
     model = load_model(spec, device=args.device, dtype=args.dtype)
-    task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, max_value=args.max_value, words=model.kv_words)
+    task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, max_value=args.max_value, words=model.kv_words,
+                       template=args.template, seed=args.seed)
     plan = plan_scoring(model, task.samples)
     heads = model.heads()
     by_layer: dict[int, list] = {}
@@ -316,7 +320,10 @@ def main(argv: list[str] | None = None) -> int:
                                    "vs_scorer": res["exact"]["heads_per_cpu_s"] / base2 / ceiling["vs_scorer"]},
         "attribution": {"spearman": rho, "top10_overlap": len(set(top_attr) & set(top_exact)),
                         "top10_attr": top_attr},
-        "auto": {"verified": len(auto.exact), "top10_same_set": set(top_auto) == set(top_exact),
+        "auto": {"verified": len(auto.exact), "screened": len(set(auto.screened) - set(auto.exact)),
+                 "exact_head_units": round(len(auto.exact) + len(set(auto.screened) - set(auto.exact))
+                                           * len(auto.screen_index) / len(task), 2),
+                 "top10_same_set": set(top_auto) == set(top_exact),
                  "top10_same_order": top_auto == top_exact, "top10_overlap": len(set(top_auto) & set(top_exact)),
                  "top10_auto": top_auto},
         "top10_exact": top_exact,
@@ -329,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['exact_share_of_ceiling']['vs_full_logits']:.0%} / {summary['exact_share_of_ceiling']['vs_scorer']:.0%}")
     print(f"attribution: Spearman {rho:.3f} with exact drops; top-10 overlap {summary['attribution']['top10_overlap']}/10")
     print(f"auto: top-10 overlap {summary['auto']['top10_overlap']}/10 (same set: {summary['auto']['top10_same_set']}, "
-          f"same order: {summary['auto']['top10_same_order']}), {summary['auto']['verified']} heads verified")
+          f"same order: {summary['auto']['top10_same_order']}), {summary['auto']['verified']} heads verified "
+          f"({summary['auto']['exact_head_units']} exact heads' worth with screening, of {len(heads)})")
     print(f"exact top 10: {', '.join(f'{n} ({d:.3f})' for n, d in zip(top_exact, summary['top10_exact_drop']))}")
     # The headline: stacked exact scan vs the naive loop, same run, same device.
     clock = "heads_per_s" if cuda else "heads_per_cpu_s"  # GPU: synchronised wall time; CPU: CPU time

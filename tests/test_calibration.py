@@ -85,3 +85,13 @@ def test_gna_scan_calibrates_the_unnamed_knobs_and_records_the_grid(tmp_path, ca
     assert main(argv[:-1] + [str(out2), "--pairs", "6"]) == 0
     c2 = Circuit.load(out2)
     assert c2.calibration is None and c2.task["args"]["n_pairs"] == 6
+
+
+def test_gna_scan_mc_calibrates_letters_against_stated(tiny_dirs, tmp_path):
+    out = tmp_path / "mc"
+    assert main(["--device", "cpu", "scan", "--allow-chance", "--model", str(tiny_dirs["llama"]), "--task", "mc",
+                 "--samples", "4", "--calibrate", "4", "--shots", "1", "--top-k", "1", "--seeds", "1", "--no-control",
+                 "--out", str(out)]) == 0
+    c = Circuit.load(out)
+    assert [r.form for r in c.calibration.rows] == [{"mc_form": "letters"}, {"mc_form": "stated"}]
+    assert c.load_task().name == f"categories-{c.calibration.form['mc_form']}"
