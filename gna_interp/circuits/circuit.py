@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from gna_interp.circuits.delegation import Delegation, delegation, is_hybrid
+from gna_interp.circuits.formats import consistency_order, cross_format, format_frame, one_format_heads
 from gna_interp.circuits.replay import SetAblation
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import HeadScan, ScanConfig, scan_heads
@@ -72,6 +73,10 @@ class DiscoverConfig(Options):
             removing each kind's aggregate heads costs on the task and on the knowledge twin (else the
             neutral-text control) against random heads (:func:`~gna_interp.circuits.delegation.delegation`,
             ``seeds`` draws); nothing runs on a model of one kind.
+        formats: other retrieval formats of the task (tasks, e.g. the other KV template or stated multiple
+            choice), each scanned like the task; the circuit then ranks heads by their consistent effect, the
+            smallest relative drop over all formats (:mod:`gna_interp.circuits.formats`). A format the
+            intact model does not solve is skipped with a note.
     """
 
     scan: ScanConfig = field(default_factory=lambda: ScanConfig(strategy="auto"))
@@ -88,6 +93,7 @@ class DiscoverConfig(Options):
     allow_chance: bool = False
     twin: Any = None
     delegation: bool = True
+    formats: tuple = ()
 
     def validate(self) -> None:
         check_int("k", self.k, 0)
@@ -99,6 +105,9 @@ class DiscoverConfig(Options):
         if self.twin is not None and not isinstance(self.twin, Task):
             raise OptionError(f"twin must be a Task (e.g. MultipleChoice(questions, format='cloze')), got "
                               f"{type(self.twin).__name__}")
+        bad = [type(t).__name__ for t in self.formats if not isinstance(t, Task)]
+        if bad:
+            raise OptionError(f"formats must be Tasks (e.g. KVRetrieval(..., template='official')), got {bad}")
         if not isinstance(self.generic_fraction, (int, float)) or not 0 < self.generic_fraction:
             raise OptionError(f"generic_fraction must be a positive number, got {self.generic_fraction!r}")
 
@@ -139,6 +148,8 @@ class Circuit:
             heads (:class:`~gna_interp.circuits.delegation.Delegation`); None otherwise.
         calibration: the grid of task forms the intact model was measured on and the one chosen
             (:class:`~gna_interp.tasks.calibration.Calibration`; None when the task was given as is).
+        formats, format_tasks: the scans of the other retrieval formats and their tasks (``to_dict``), by
+            format name; when present, ``circuit_rank`` follows the consistent effect.
     """
 
     model: str
@@ -158,6 +169,8 @@ class Circuit:
     timings: dict[str, float] = field(default_factory=dict)
     delegation: Delegation | None = None
     calibration: Calibration | None = None
+    formats: dict[str, HeadScan] = field(default_factory=dict)
+    format_tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def heads(self) -> list[HeadRef]:
@@ -200,8 +213,15 @@ class Circuit:
                     f"generic: removing it raises the LM loss on neutral text by {c:.3f} nats/token ({r:.1%} of the "
                     f"intact loss, threshold {self.generic_fraction:.0%})" for c, r in zip(df.loc[gen, "control_drop"],
                                                                                         df.loc[gen, "control_rel"])]
-            member = ~df["generic"].fillna(False).astype(bool) | self.keep_generic
-            df["circuit_rank"] = pd.Series(range(1, int(member.sum()) + 1), index=df.index[member]).reindex(df.index)
+        if self.formats:
+            df = df.merge(format_frame({self.task.get("name", "task"): self.scan, **self.formats}), on="name",
+                          how="left")
+        if self.control is not None or self.formats:
+            member = ~df["generic"].fillna(False).astype(bool) | self.keep_generic if "generic" in df else \
+                pd.Series(True, index=df.index)
+            names = [n for n in (consistency_order(df) if self.formats else list(df["name"]))
+                     if member[df.index[df["name"] == n][0]]]
+            df["circuit_rank"] = df["name"].map({n: i + 1 for i, n in enumerate(names)})
         return df
 
     def pair(self, pool: int = 20) -> tuple[HeadRef, HeadRef] | None:
@@ -267,6 +287,8 @@ class Circuit:
             "twin": self.twin,
             "delegation": "delegation.json" if self.delegation is not None else None,
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+            "formats": [{"name": n, "task": self.format_tasks.get(n), "scan": f"format{i}.json"}
+                        for i, n in enumerate(self.formats)],
         }
 
     def summary(self, top: int = 10) -> str:
@@ -283,8 +305,6 @@ class Circuit:
                     f"{len(self.scan.screen_index)} screening samples" if self.scan.screened else "")
                  + (f" (stopped at max_exact: {self.scan.unsettled} unrun heads could still enter the leading ones)"
                     if self.scan.unsettled else "")]
-        if self.calibration is not None:
-            lines += ["", "## Task form", ""] + self.calibration.lines() + [""]
         lines += [f"- {n}" for n in self.notes]
         decisive = self.decisive()
         lines.append("- heads whose removal alone brings accuracy to chance: " + (", ".join(
@@ -298,6 +318,7 @@ class Circuit:
                          (", ".join(f"{r['name']} (rank {r['rank']}, +{r['control_drop']:.3f} nats/token"
                                     f"{'' if r['control_source'] == 'exact' else ', estimated'})"
                                     for _, r in gen.iterrows()) or "none"))
+        if "circuit_rank" in df:
             df = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
         lines += ["", "| rank | head | drop | source | role | gather | aggregate | selectivity"
                   + (" | LM-loss rise | specificity |" if has_control else " |"),
@@ -314,6 +335,8 @@ class Circuit:
                          f"samples): top-5 overlap {st['top5_overlap']}/{min(5, st['k'])}, top-{st['k']} overlap "
                          f"{st['top_k_overlap']}/{st['k']}; drops carry 95% bootstrap intervals "
                          f"(drop_lo, drop_hi in scan.csv)")
+        if self.formats:
+            lines += self._format_lines()
         lines.append(f"- gather/aggregate pair: {pair[0].name} -> {pair[1].name}" if pair else
                      "- gather/aggregate pair: none (no aggregate or no gather head among the best-ranked heads)")
         lines += self._curve_lines()
@@ -328,7 +351,21 @@ class Circuit:
         if self.timings:
             lines.append(f"- run time: {self.seconds:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
                          + ")")
+        if self.calibration is not None:
+            lines += ["", "## Task form", ""] + self.calibration.lines()
         return "\n".join(lines) + "\n"
+
+    def _format_lines(self) -> list[str]:
+        """The formats scanned, the circuit's consistent effects and the heads that matter in one format only."""
+        names = [self.task.get("name", "task"), *self.formats]
+        df = self.to_frame()
+        members = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
+        top = ", ".join(f"{r['name']} ({r['consistent']:.2f})" for _, r in members.head(5).iterrows())
+        one = one_format_heads(df, names)
+        return [f"- formats scanned: {', '.join(names)}; the circuit is ranked by the consistent effect (the smallest "
+                f"relative logit-difference drop over the formats): {top}",
+                "- heads that matter in one format only (top 10 there, consistent effect below a quarter of it): " +
+                (", ".join(f"{h} ({f}: {d:.2f}, consistent {c:.2f})" for h, f, d, c in one) or "none")]
 
     def _curve_lines(self) -> list[str]:
         cs = self.curve_summary()
@@ -376,6 +413,8 @@ class Circuit:
             self.views.save(d / "views.pt")
         if self.delegation is not None:
             self.delegation.save(d)
+        for i, fs in enumerate(self.formats.values()):
+            fs.save(d / f"format{i}.json")
         atomic_write(d / "scan.csv", self.to_frame().to_csv(index=False))
         atomic_write(d / "summary.md", self.summary())
         write_json(d / "circuit.json", "circuit", self.to_dict())  # last: it vouches for the others
@@ -400,11 +439,23 @@ class Circuit:
                    RoleRule(**doc["rule"]), float(doc.get("seconds") or 0.0), views, control,
                    float(doc.get("generic_fraction") or DEFAULT_GENERIC_FRACTION), bool(doc.get("keep_generic")),
                    list(doc.get("notes") or []), doc.get("twin"), dict(doc.get("timings") or {}), deleg,
-                   Calibration.from_dict(doc["calibration"]) if doc.get("calibration") else None)
+                   Calibration.from_dict(doc["calibration"]) if doc.get("calibration") else None,
+                   *_load_formats(d, doc.get("formats") or []))
 
     def __repr__(self) -> str:
         return (f"Circuit({self.model!r}, {self.task.get('name')!r}, {len(self.scan.heads)} heads, "
                 f"top {[h.name for h in self.heads[:5]]}, baseline accuracy {self.baseline.get('accuracy', math.nan):.3f})")
+
+
+def _load_formats(d: Path, entries: list[Any]) -> tuple[dict[str, HeadScan], dict[str, dict[str, Any]]]:
+    """The format scans and tasks a ``circuit.json`` lists (files ``formatN.json`` inside the folder)."""
+    scans, tasks = {}, {}
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str) or e.get("scan") != f"format{i}.json":
+            raise InputError(f"{d / 'circuit.json'}: formats entry {i} is malformed ({e!r:.80}); rerun `gna scan`")
+        scans[e["name"]] = HeadScan.load(d / e["scan"])
+        tasks[e["name"]] = e.get("task") or {}
+    return scans, tasks
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -509,13 +560,16 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
     lap("check")
     scan = scan_heads(model, task, heads=heads, config=sc)
     lap("scan")
+    formats, format_tasks = _format_scans(model, task, scan, cfg, notes)
+    if formats:
+        lap("formats")
     ranked = scan.top(len(scan.heads))
     roles = role_scores(model, task, heads=ranked[:cfg.role_heads], n_samples=cfg.role_samples,
                         batch_size=min(sc.batch_size, 8), form=cfg.form, rule=cfg.rule)
     lap("roles")
     circuit = Circuit(model.name, task.to_dict(), scan, roles, {}, pd.DataFrame(columns=CURVE_COLUMNS), cfg.rule,
                       generic_fraction=cfg.generic_fraction, keep_generic=cfg.keep_generic, notes=notes,
-                      timings=timings)
+                      timings=timings, formats=formats, format_tasks=format_tasks)
     ctask = None
     if cfg.control:
         ctask, note = control_task(model)
@@ -551,6 +605,29 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
         lap("views")
     circuit.seconds = time.perf_counter() - start
     return circuit
+
+
+def _format_scans(model: Model, task: Task, scan: HeadScan, cfg: DiscoverConfig, notes: list[str],
+                  ) -> tuple[dict[str, HeadScan], dict[str, dict[str, Any]]]:
+    """Scan each of ``cfg.formats`` the intact model solves (a note for each one skipped), then make the
+    scans comparable (:func:`~gna_interp.circuits.formats.cross_format`)."""
+    if not cfg.formats:
+        return {}, {}
+    sc = cfg.scan
+    scans, tasks = {task.name: scan}, {task.name: task}
+    for i, t in enumerate(cfg.formats):
+        name = t.name if t.name not in tasks else f"{t.name}-{i + 2}"
+        line = check_solvable(model, t, sc.batch_size, allow_chance=True)
+        if "NEAR CHANCE" in line:
+            notes.append(f"format {name} not scanned: {line.split(' -- ')[0]} (at chance)")
+            continue
+        ckpt = Path(sc.checkpoint).with_suffix(f".format{i}.json") if sc.checkpoint is not None else None
+        scans[name] = scan_heads(model, t, heads=scan.heads, config=sc.replace(checkpoint=ckpt))
+        tasks[name] = t
+        notes.append(f"format {name}: {line}")
+    cross_format(model, scans, tasks, sc, sc.certify)
+    return ({n: s for n, s in scans.items() if n != task.name},
+            {n: t.to_dict() for n, t in tasks.items() if n != task.name})
 
 
 def twin_check(model: Model, twin: Task, curve: pd.DataFrame, batch_size: int = 16) -> dict[str, Any]:

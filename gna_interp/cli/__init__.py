@@ -320,6 +320,11 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
                         "completion / 99 / 10 pairs / stated). The grid and the choice go into summary.md, "
                         "circuit.json and the report")
     p.add_argument("--seed", type=int, default=0, help="task seed")
+    p.add_argument("--formats", type=choice_list(FORMATS), default=[],
+                   help="other retrieval formats to scan beside the task (comma-separated: official, completion -- KV "
+                        "templates with the task's values and pairs; stated, letters -- multiple choice on --questions): "
+                        "the circuit is then ranked by each head's consistent effect over all formats, and the summary "
+                        "names heads that matter in one format only (costs one more scan a format)")
     p.add_argument("--strategy", default="auto", choices=["auto", "exact", "attribution", "naive"])
     p.add_argument("--method", default="zero", choices=["zero", "mean", "resample"],
                    help="ablation (mean/resample read a second task of the same kind built with seed+1)")
@@ -377,12 +382,13 @@ def run_scan(args: argparse.Namespace) -> int:
     model = _load_for(args)
     calibration, form = _scan_form(args, model)
     task, twin = _scan_task(args, model, args.seed, form)
+    formats = _format_tasks(args, model, form)
     reference = _scan_task(args, model, args.seed + 1, form)[0] if args.method != "zero" else None
     cfg = DiscoverConfig.build(strategy=args.strategy, method=args.method, metric=args.metric, reference=reference,
                                k=args.top_k, seeds=args.seeds, batch_size=args.batch_size, checkpoint=ckpt,
                                verify=args.verify, certify=args.certify, max_exact=args.max_exact,
                                keep_generic=args.keep_generic, control=not args.no_control,
-                               allow_chance=args.allow_chance, twin=twin)
+                               allow_chance=args.allow_chance, twin=twin, formats=formats)
     if shard is not None:
         shard.barrier()  # every rank has checked the folder before rank 0 locks it
     with _Lock(out) if lead else contextlib.nullcontext():
@@ -471,6 +477,7 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+FORMATS = ("official", "completion", "stated", "letters")
 KV_UNCALIBRATED = {"template": "completion", "max_value": 99, "n_pairs": 10}  # SmolLM2's calibrated choice
 
 
@@ -499,6 +506,26 @@ def _scan_form(args: argparse.Namespace, model: Any) -> tuple[Any, dict[str, Any
                     stage=lambda f: f.get("n_pairs", 0))
     print(f"  chosen: {cal.rows[cal.chosen].task} ({', '.join(f'{k}={v}' for k, v in cal.form.items())})", flush=True)
     return cal, cal.form
+
+
+def _format_tasks(args: argparse.Namespace, model: Any, form: dict[str, Any]) -> tuple[Any, ...]:
+    """The tasks of ``--formats`` (a format equal to the scanned task's own is dropped with a note)."""
+    out = []
+    kv = {k: form.get(k, v) for k, v in KV_UNCALIBRATED.items()}
+    for f in args.formats:
+        if f in ("official", "completion"):
+            if args.task == "kv" and f == form.get("template"):
+                print(f"note: --formats {f} is the task's own template; not scanned twice", flush=True)
+                continue
+            out.append(_scan_task(argparse.Namespace(**{**vars(args), "task": "kv"}), model, args.seed,
+                                  {**kv, "template": f})[0])
+        else:
+            if args.task == "mc" and f == form.get("mc_form"):
+                print(f"note: --formats {f} is the task's own form; not scanned twice", flush=True)
+                continue
+            out.append(_scan_task(argparse.Namespace(**{**vars(args), "task": "mc"}), model, args.seed,
+                                  {"mc_form": f}, args.samples)[0])
+    return tuple(out)
 
 
 def _scan_task(args: argparse.Namespace, model: Any, seed: int, form: dict[str, Any],
