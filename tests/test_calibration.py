@@ -20,8 +20,9 @@ def _row(acc: float, tokens: float = 60.0, chance: float = 0.1, n: int = 16) -> 
 
 def test_choose_takes_the_most_accurate_unsaturated_solved_form():
     # SmolLM2's numbers (docs/discovery.md): 0.40 official 0-9, 0.81 completion 0-99, 0.67 with 20 pairs
-    rows = [_row(0.40), _row(0.81), _row(0.67, 120), _row(0.98)]
+    rows = [_row(0.40), _row(0.81), _row(0.67, 120)]
     assert choose(rows) == 1
+    assert choose([_row(0.50), _row(1.0)]) == 1  # 16/16 on a form solved at 0.85: saturation never demotes it
     assert choose([_row(0.8, 120), _row(0.8, 60)]) == 1  # a tie goes to the shorter prompts
     assert choose([_row(0.97, 60), _row(1.0, 120), _row(0.12)]) == 1  # all solved saturate: the hardest
     assert choose([_row(0.12), _row(0.15)]) == 1  # none solved: the most accurate (the chance check refuses it)

@@ -9,9 +9,15 @@ picks one with headroom by this rule (:func:`choose`):
 
 - a form is *solved* when its accuracy clears chance by the margin of :func:`chance_margin`
   (two standard errors, at least 0.05), and *saturated* at ``saturated`` (0.95) or more;
-- the chosen form is the solved, unsaturated one with the highest accuracy (ties: fewer prompt tokens,
-  the cheaper scan); when every solved form is saturated, the one with the longest prompts (the
-  hardest); when none is solved, the most accurate (the chance check then refuses it).
+- the chosen form is the solved one with the highest accuracy; saturated forms count as equally accurate
+  and the hardest of them (the longest prompts) is taken, as it leaves ablations the most room; other ties
+  go to the shorter prompts (the cheaper scan); when no form is solved, the most accurate (the chance
+  check then refuses it);
+- harder dictionaries (more pairs) are measured only when no form measured so far is solved below
+  saturation (:func:`calibrate`'s ``stage``): a model does not do better with more lines to choose from.
+
+A 16-prompt estimate is coarse (one prompt is 0.06): a form the model solves at 0.85 reads 16/16 about
+one time in eight, which is why saturation never demotes a form below a less accurate one.
 
 Knobs the user names are never replaced: the grid only varies the others (:func:`kv_forms`).
 """
@@ -120,9 +126,9 @@ class Calibration:
         out = [f"task form chosen by measurement ({fixed}{len(self.rows)} forms on {c.n_samples} prompts each, "
                    f"{self.seconds:.0f} s): {c.task} ({', '.join(f'{k}={v}' for k, v in c.form.items())}), "
                    f"accuracy {c.accuracy:.3f}; rule: the most accurate form that clears chance by two standard "
-                   f"errors and is below {self.saturated:.2f} (saturated)"]
+                   f"errors, forms at {self.saturated:.2f} or more counting as equal (saturated: the hardest is taken)"]
         if self.skipped:
-            out.append(f"not measured (a form above has headroom, so the rule would not pick a harder one): "
+            out.append(f"not measured (a form above is solved below saturation, so the rule would not pick a harder one): "
                        + "; ".join(", ".join(f"{k}={v}" for k, v in f.items()) for f in self.skipped))
         return out
 
@@ -132,12 +138,15 @@ def choose(rows: Sequence[FormResult], saturated: float = SATURATED) -> int:
     if not rows:
         raise InputError("no task forms to choose from")
     solved = [i for i, r in enumerate(rows) if r.solved]
-    headroom = [i for i in solved if rows[i].accuracy < saturated]
-    if headroom:
-        return max(headroom, key=lambda i: (rows[i].accuracy, -rows[i].tokens, -i))
-    if solved:
-        return max(solved, key=lambda i: (rows[i].tokens, -i))
-    return max(range(len(rows)), key=lambda i: (rows[i].accuracy, -i))
+    if not solved:
+        return max(range(len(rows)), key=lambda i: (rows[i].accuracy, -i))
+
+    def key(i: int) -> tuple[float, float, int]:
+        r = rows[i]
+        full = r.accuracy >= saturated  # saturated forms tie; the hardest of them leaves ablations most room
+        return min(r.accuracy, saturated), r.tokens if full else -r.tokens, -i
+
+    return max(solved, key=key)
 
 
 def kv_forms(named: Mapping[str, Any] | None = None, grid: Mapping[str, Sequence[Any]] = KV_GRID,
