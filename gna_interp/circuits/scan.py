@@ -32,7 +32,7 @@ Strategies:
 
   Measured on SmolLM2-135M, KV completion template, values 0-99, 10 pairs, 24 samples (seed 0): the
   exact top 10 are the estimate's ranks 0-9 except L16H0 (estimated -0.06, rank 214, exact drop 1.61, the
-  largest: its terms cancel; its mass ranks 4th). Calibrated on sizes and on every exact head, the bound
+  largest: its terms cancel; its mass ranks 5th). Calibrated on sizes and on every exact head, the bound
   ran 249 of 270 heads; on masses, below 1.5 times the bar, 24 (seed 1: 22), with the same top 10 as
   the exact scan (docs/discovery.md §5).
 
