@@ -11,25 +11,28 @@ The names here read like the science::
         print(gna.evaluate(m, task).accuracy)
 """
 
-from gna_interp.circuits import (
-    Circuit,
-    CircuitComparison,
-    DiscoverConfig,
-    HeadScan,
-    RoleRule,
-    ScanConfig,
-    ablation_curve,
-    compare_circuits,
-    discover,
-    prune_curve,
-    role_scores,
-    scan_heads,
-)
-from gna_interp.errors import GnaError
-from gna_interp.interventions import ablate, mask_pattern, skip_layers
-from gna_interp.mixing import PatternOptions, PatternSet, patterns
-from gna_interp.models import HeadRef, MaskOptions, MixerAdapter, Model, load_model, register_kind
-from gna_interp.tasks import Evaluation, KVRetrieval, MultipleChoice, Sample, Task, evaluate, task_from_dict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names below, for type checkers and the API docs
+    from gna_interp.circuits import (
+        Circuit,
+        CircuitComparison,
+        DiscoverConfig,
+        HeadScan,
+        RoleRule,
+        ScanConfig,
+        ablation_curve,
+        compare_circuits,
+        discover,
+        prune_curve,
+        role_scores,
+        scan_heads,
+    )
+    from gna_interp.errors import GnaError
+    from gna_interp.interventions import ablate, mask_pattern, skip_layers
+    from gna_interp.mixing import PatternOptions, PatternSet, patterns
+    from gna_interp.models import HeadRef, MaskOptions, MixerAdapter, Model, load_model, register_kind
+    from gna_interp.tasks import Evaluation, KVRetrieval, MultipleChoice, Sample, Task, evaluate, task_from_dict
 
 __version__ = "0.1.0"
 __all__ = ["Circuit", "CircuitComparison", "DiscoverConfig", "Evaluation", "GnaError", "HeadRef", "HeadScan", "KVRetrieval", "MaskOptions",
@@ -37,3 +40,54 @@ __all__ = ["Circuit", "CircuitComparison", "DiscoverConfig", "Evaluation", "GnaE
            "ScanConfig", "Task", "ablate", "ablation_curve", "compare_circuits", "discover", "evaluate", "load_model", "mask_pattern",
            "patterns", "prune_curve", "register_kind", "role_scores", "scan_heads", "skip_layers",
            "task_from_dict"]
+
+# Imported on first use (PEP 562): `gna` and `python -m gna_interp` import this package before any of our code
+# runs, and importing torch here would make Ctrl-C during start-up print a traceback and `gna --help` slow.
+_EXPORTS = {
+    "Circuit": "gna_interp.circuits",
+    "CircuitComparison": "gna_interp.circuits",
+    "DiscoverConfig": "gna_interp.circuits",
+    "HeadScan": "gna_interp.circuits",
+    "RoleRule": "gna_interp.circuits",
+    "ScanConfig": "gna_interp.circuits",
+    "ablation_curve": "gna_interp.circuits",
+    "compare_circuits": "gna_interp.circuits",
+    "discover": "gna_interp.circuits",
+    "prune_curve": "gna_interp.circuits",
+    "role_scores": "gna_interp.circuits",
+    "scan_heads": "gna_interp.circuits",
+    "GnaError": "gna_interp.errors",
+    "ablate": "gna_interp.interventions",
+    "mask_pattern": "gna_interp.interventions",
+    "skip_layers": "gna_interp.interventions",
+    "PatternOptions": "gna_interp.mixing",
+    "PatternSet": "gna_interp.mixing",
+    "patterns": "gna_interp.mixing",
+    "HeadRef": "gna_interp.models",
+    "MaskOptions": "gna_interp.models",
+    "MixerAdapter": "gna_interp.models",
+    "Model": "gna_interp.models",
+    "load_model": "gna_interp.models",
+    "register_kind": "gna_interp.models",
+    "Evaluation": "gna_interp.tasks",
+    "KVRetrieval": "gna_interp.tasks",
+    "MultipleChoice": "gna_interp.tasks",
+    "Sample": "gna_interp.tasks",
+    "Task": "gna_interp.tasks",
+    "evaluate": "gna_interp.tasks",
+    "task_from_dict": "gna_interp.tasks",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gna_interp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -3,7 +3,7 @@ runs a sharded scan, see docs/scaling.md)."""
 
 import sys
 
-from gna_interp.cli import main
+from gna_interp._entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

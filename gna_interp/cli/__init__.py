@@ -224,7 +224,7 @@ def run_patterns(args: argparse.Namespace) -> int:
     spec = args.model or _first_default()
     model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
     model.check_runnable()
-    if args.heads:
+    if args.heads is not None:  # "" is an empty list of heads (an error), not the default heads
         heads = model.check_heads(args.heads)
     else:
         candidates = model.default_heads()

@@ -152,7 +152,7 @@ def keep_rows(model: Model, keep_layers: int | str | Sequence[int] | None,
     ``skipped`` the removed blocks and ``ablated`` the zero-ablated heads (module doc for the rows)."""
     n = model.n_layers
     a = parse_keep_layers(keep_layers)
-    heads = model.check_heads(keep_heads) if keep_heads else []
+    heads = model.check_heads(keep_heads) if keep_heads is not None else []
     if a is None and not heads:
         return []
     if a is not None and a >= n:

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from gna_interp.models.mixer import MixerAdapter
 
 HeadKind = str
-_NAME_RE = re.compile(r"^L(\d+)([A-Z])(\d+)(?:\+(\d+))?$")
+_NAME_RE = re.compile(r"L([0-9]+)([A-Z])([0-9]+)(?:\+([0-9]+))?")  # ASCII digits only: L٠H٣ is not L0H3
+_MAX_DIGITS = 9  # no model has a billion layers or heads; a longer number is a typo (or an attack on int())
 
 
 @dataclass(frozen=True, order=True)
@@ -67,8 +68,11 @@ class HeadRef:
         """Parse ``L16H22`` / ``L3S5`` / ``L35C3186`` / ``L35C3184+8`` into a HeadRef."""
         if isinstance(name, HeadRef):
             return name
-        m = _NAME_RE.match(name.strip()) if isinstance(name, str) else None
+        m = _NAME_RE.fullmatch(name.strip()) if isinstance(name, str) else None
         kind = kind_of_letter(m.group(2)) if m else None
+        if m is not None and max(len(g) for g in m.groups() if g) > _MAX_DIGITS:
+            raise HeadError(f"head name {name[:40]!r}{'...' if len(name) > 40 else ''}: a number with more than "
+                            f"{_MAX_DIGITS} digits is no layer, head or width of any model")
         if m is None or kind is None:
             letters = ", ".join(f"{adapter(k).letter} ({k})" for k in kinds())
             raise HeadError(
@@ -81,7 +85,11 @@ class HeadRef:
 
 
 def parse_heads(spec: "str | HeadRef | list[str | HeadRef] | tuple[str | HeadRef, ...]") -> list[HeadRef]:
-    """Parse a comma-separated string or a list of names/HeadRefs into HeadRefs."""
+    """Parse a comma-separated string or a list of names/HeadRefs into HeadRefs, in the order given.
+
+    A head named twice (``L1H2,L1H2``, or ``L1H2`` and ``HeadRef(1, 2)``) is an error naming it: a list of
+    heads is a set, and a repeat is a typo that would be drawn, counted or removed twice.
+    """
     if isinstance(spec, str):
         items: list[str | HeadRef] = [s for s in spec.split(",") if s.strip()]
         if not items:
@@ -92,4 +100,16 @@ def parse_heads(spec: "str | HeadRef | list[str | HeadRef] | tuple[str | HeadRef
         items = list(spec)
     else:
         raise HeadError(f"heads must be a head name, a HeadRef or a list of them, got {type(spec).__name__}")
-    return [HeadRef.parse(s) for s in items]
+    heads = [HeadRef.parse(s) for s in items]
+    seen: set[HeadRef] = set()
+    for h in heads:
+        if h in seen:
+            raise HeadError(f"{h.name} is named twice in the heads {_shown(spec)}; name each head once")
+        seen.add(h)
+    return heads
+
+
+def _shown(spec: object) -> str:
+    """A head list as quoted in a message (long lists cut)."""
+    text = spec if isinstance(spec, str) else ",".join(str(s) for s in spec)  # type: ignore[union-attr]
+    return repr(text if len(text) <= 80 else text[:77] + "...")

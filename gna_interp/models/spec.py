@@ -73,13 +73,14 @@ def resolve_spec(spec: str | os.PathLike) -> ResolvedSpec:
         return ResolvedSpec(s, "gguf", str(gguf)) if gguf else ResolvedSpec(s, "hub", SMOLLM2_HUB_ID)
     if s.startswith(ZOO_PREFIX):
         name = s[len(ZOO_PREFIX):]
-        d = zoo_dir() / name
-        if not (d / "config.json").is_file():
+        if name not in zoo_names():  # a name, never a path: zoo:../x or zoo:/abs must not reach other folders
+            path_hint = (" zoo:NAME takes the name of a shipped model, not a path; to load a folder, pass its path "
+                         "without zoo:." if set(name) & set("/\\") or name.startswith((".", "~")) else "")
             raise UnknownModelError(
                 f"zoo model {name!r} is not shipped with this install; available zoo models: "
-                f"{zoo_names() or 'none yet'} (train one with `gna zoo train NAME`)."
+                f"{zoo_names() or 'none yet'} (train one with `gna zoo train NAME`).{path_hint}"
             )
-        return ResolvedSpec(s, "zoo", str(d))
+        return ResolvedSpec(s, "zoo", str(zoo_dir() / name))
     path = Path(s).expanduser()
     looks_like_path = s.endswith(".gguf") or s.startswith((".", "/", "~")) or (os.sep in s and not _HUB_ID_RE.match(s))
     if path.exists():

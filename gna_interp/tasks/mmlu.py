@@ -22,10 +22,15 @@ Sources: :func:`hub_questions` (``datasets``: ``cais/mmlu``, needs a reachable h
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
+
+import numpy as np
 
 from gna_interp.errors import InputError, ModelUnavailableError
 from gna_interp.tasks.base import FORMAT_VERSION, Task
@@ -58,6 +63,9 @@ class Question:
         if not 2 <= len(self.choices) <= len(LETTERS):
             raise InputError(f"a question needs 2..{len(LETTERS)} choices, got {len(self.choices)}: "
                              f"{self.question[:60]!r}")
+        if isinstance(self.answer, (bool, np.bool_)) or not isinstance(self.answer, numbers.Integral):
+            raise InputError(f"answer must be an integer index into the choices, got {self.answer!r} "
+                             f"({type(self.answer).__name__}): {self.question[:60]!r}")
         if not 0 <= self.answer < len(self.choices):
             raise InputError(f"answer {self.answer} is not an index into {len(self.choices)} choices: "
                              f"{self.question[:60]!r}")
@@ -227,65 +235,156 @@ def hub_questions(subject: str = "all", split: str = "test", n_samples: int | No
             for r in ds.select(range(n))]
 
 
-def _parse_choices(value: Any, row: int) -> tuple[str, ...]:
+def _missing(value: Any) -> bool:
+    """A cell with no value: absent, JSON null, a NaN or pandas' NA."""
+    import pandas as pd
+
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def _text(value: Any, what: str, where: str) -> str:
+    """``value`` checked to be non-empty text (``what`` and ``where`` name it in the message)."""
+    if _missing(value):
+        raise InputError(f"{where}: {what} is missing (null); every question needs it")
+    if not isinstance(value, str):
+        raise InputError(f"{where}: {what} must be text, got {value!r} ({type(value).__name__}); write it as a "
+                         f"string, e.g. \"{value}\"")
+    if not value.strip():
+        raise InputError(f"{where}: {what} is empty; write the text")
+    return value
+
+
+def _parse_choices(value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
-            raise InputError(f"row {row}: 'choices' is the text {value[:60]!r}; it must be a list "
+        except (ValueError, RecursionError):
+            raise InputError(f"{where}: 'choices' is the text {value[:60]!r}; it must be a list "
                              f"(a JSON list like [\"a\", \"b\"] in CSV files)") from None
-    if hasattr(value, "tolist"):
+    if hasattr(value, "tolist"):  # parquet lists arrive as numpy arrays
         value = value.tolist()
     if not isinstance(value, (list, tuple)):
-        raise InputError(f"row {row}: 'choices' must be a list of option texts, got {type(value).__name__}")
-    return tuple(str(c) for c in value)
+        raise InputError(f"{where}: 'choices' must be a list of option texts, got {type(value).__name__}")
+    return tuple(_text(c, f"choice {i} ({LETTERS[i] if i < len(LETTERS) else i})", where) for i, c in enumerate(value))
 
 
-def _parse_answer(value: Any, n: int, row: int) -> int:
-    if isinstance(value, str) and value.strip().upper() in LETTERS[:n] and len(value.strip()) == 1:
-        return LETTERS.index(value.strip().upper())
+def _letter_choices(row: Mapping[str, Any], letters: Sequence[str], where: str) -> tuple[str, ...]:
+    """Options from columns ``A``, ``B``, ...: the given ones must come first (a question with fewer options
+    leaves the last columns empty, never one in between)."""
+    given = [c for c in letters if not _missing(row.get(c)) and row.get(c) != ""]
+    if given != list(letters[:len(given)]):
+        gap = next(c for c in letters[:len(given)] if c not in given)
+        raise InputError(f"{where}: option {gap} is empty but a later one is given; options fill the columns "
+                         f"{', '.join(letters)} from the first")
+    return tuple(_text(row[c], f"option {c}", where) for c in given)
+
+
+def _parse_answer(value: Any, n: int, where: str, text_cells: bool = False) -> int:
+    """An option index (an integer; a digit string only where every cell is text, as in CSV) or a letter."""
+    expected = f"an option index (an integer 0..{n - 1}) nor a letter ({LETTERS[0]}..{LETTERS[n - 1]})"
+    if isinstance(value, str):
+        s = value.strip()
+        if len(s) == 1 and s.upper() in LETTERS[:n]:
+            return LETTERS.index(s.upper())
+        if not (text_cells and s.isascii() and s.isdigit()):
+            hint = f"; write an index as a number ({s}), not text" if s.isascii() and s.isdigit() else ""
+            raise InputError(f"{where}: answer {value!r} is neither {expected}{hint}")
+        index = int(s)
+    elif isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        index = int(value)
+    else:  # 1.9, true, null: never rounded or cast into some option
+        raise InputError(f"{where}: answer {value!r} ({'missing' if _missing(value) else type(value).__name__}) "
+                         f"is neither {expected}")
+    if not 0 <= index < n:
+        raise InputError(f"{where}: answer {index} is not an index into {n} choices (0..{n - 1})")
+    return index
+
+
+def _read_rows(path: Path) -> list[tuple[str, Any]]:
+    """``(where, row)`` for each question of a file, with the values the file holds: JSON and parquet keep
+    numbers, booleans, nulls and text apart (no pandas coercion); every CSV cell is text. ``where`` names
+    the row for messages: ``'q.jsonl' line 3`` (blank lines counted), ``'q.csv' row 3`` (header not counted)."""
+    import pandas as pd
+
+    name = repr(path.name)
+
+    def load(text: str, where: str) -> Any:
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise InputError(f"{where} is not valid JSON ({type(e).__name__}: {e}); is the file truncated?") from None
+
+    if path.suffix == ".jsonl":
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        return [(f"{name} line {i}", load(line, f"{name} line {i}")) for i, line in enumerate(lines, 1) if line.strip()]
+    if path.suffix == ".json":
+        data = load(path.read_text(encoding="utf-8-sig"), name)
+        if isinstance(data, dict) and data and all(isinstance(v, dict) for v in data.values()):
+            keys = list(next(iter(data.values())))  # pandas' DataFrame.to_json() layout: {column: {index: value}}
+            data = [{col: values.get(k) for col, values in data.items()} for k in keys]
+        if not isinstance(data, list):
+            raise InputError(f"{name} holds a JSON {type(data).__name__}; a .json question file holds a list of "
+                             f"objects [{{\"question\": ..., \"choices\": [...], \"answer\": 0}}, ...]")
+        return [(f"{name} item {i}", r) for i, r in enumerate(data, 1)]
+    if path.suffix == ".csv":
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    else:
+        df = pd.read_parquet(path, dtype_backend="numpy_nullable")
+    return [(f"{name} row {i}", r) for i, r in enumerate(df.to_dict("records"), 1)]
+
+
+def _row_question(row: Any, where: str, letters: Sequence[str], text_cells: bool) -> Question:
+    """One row of a question file as a :class:`Question`, every field checked (``where`` names the row);
+    ``letters``: the option columns ``A``, ``B``, ... of a file without a ``choices`` column."""
+    if not isinstance(row, Mapping):
+        raise InputError(f"{where}: a question is an object with 'question', 'choices' and 'answer', "
+                         f"got {type(row).__name__}")
+    question = _text(row.get("question"), "'question'", where)
+    choices = _letter_choices(row, letters, where) if letters else _parse_choices(row.get("choices"), where)
+    if not 2 <= len(choices) <= len(LETTERS):
+        raise InputError(f"{where}: a question needs 2..{len(LETTERS)} choices, got {len(choices)}")
+    answer = _parse_answer(row.get("answer"), len(choices), where, text_cells)
+    subject = row.get("subject")
+    if not (_missing(subject) or isinstance(subject, str)):
+        raise InputError(f"{where}: 'subject' must be text, got {subject!r} ({type(subject).__name__})")
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise InputError(f"row {row}: answer {value!r} is neither an option index (0..{n - 1}) nor a letter "
-                         f"({LETTERS[0]}..{LETTERS[n - 1]})") from None
+        return Question(question, choices, answer, "" if _missing(subject) else subject)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
 
 
 def file_questions(path: str | Path) -> list[Question]:
     """Read questions from a ``.jsonl``/``.json``/``.csv``/``.parquet`` file.
 
-    Columns: ``question``; ``choices`` (a list, or a JSON list in CSV) or one column per letter
-    ``A``, ``B``, ...; ``answer`` (0-based index or letter); optional ``subject``.
+    Columns: ``question`` (non-empty text); ``choices`` (a list of non-empty texts, a JSON list in CSV) or
+    one column per letter ``A``, ``B``, ...; ``answer``: the 0-based option index, an integer (in CSV, where
+    every cell is text, its digits), or the option's letter; optional ``subject`` (text). Nothing is coerced:
+    ``1.9``, ``true``, ``"1"`` in JSON, or a null ``question`` are refused with the row named.
     """
-    import pandas as pd
-
     path = Path(path)
     if not path.is_file():
         raise InputError(f"no such question file: {str(path)!r}")
-    readers = {".jsonl": lambda p: pd.read_json(p, lines=True), ".json": pd.read_json,
-               ".csv": pd.read_csv, ".parquet": pd.read_parquet}
-    if path.suffix not in readers:
-        raise InputError(f"{path.name!r}: unsupported question file type; use one of {sorted(readers)}")
+    if path.suffix not in (".jsonl", ".json", ".csv", ".parquet"):
+        raise InputError(f"{path.name!r}: unsupported question file type; use one of "
+                         f"['.csv', '.json', '.jsonl', '.parquet']")
     try:
-        df = readers[path.suffix](path)
-    except (ValueError, OSError, UnicodeDecodeError) as e:  # pandas' parsers: truncated or malformed files
+        rows = _read_rows(path)
+    except InputError:
+        raise
+    except (ValueError, OSError, UnicodeDecodeError) as e:  # pandas' parsers, decoding: truncated or malformed files
         raise InputError(f"{path.name!r} cannot be read as {path.suffix} ({type(e).__name__}: {e}); is it truncated "
                          f"or of another format?") from None
-    letter_cols = [c for c in LETTERS if c in df.columns]
-    missing = [c for c in ("question", "answer") if c not in df.columns]
-    if "choices" not in df.columns and len(letter_cols) < 2:
+    columns = list(dict.fromkeys(k for _, r in rows if isinstance(r, Mapping) for k in r))
+    letters = [] if "choices" in columns else [c for c in LETTERS if c in columns]
+    missing = [c for c in ("question", "answer") if c not in columns]
+    if "choices" not in columns and len(letters) < 2:
         missing.append("choices")
-    if missing:
+    if rows and missing:
         raise InputError(
-            f"{path.name!r} lacks the column(s) {missing}; it has {list(df.columns)}. A question file needs "
+            f"{path.name!r} lacks the column(s) {missing}; it has {columns}. A question file needs "
             f"'question', 'choices' (a list, or columns 'A', 'B', ...) and 'answer' (index or letter)"
         )
-    out = []
-    for i, r in enumerate(df.to_dict("records")):
-        choices = _parse_choices(r["choices"], i) if "choices" in df.columns else \
-            tuple(str(r[c]) for c in letter_cols if not pd.isna(r[c]))
-        out.append(Question(str(r["question"]), choices, _parse_answer(r["answer"], len(choices), i),
-                            str(r.get("subject", "") or "")))
+    out = [_row_question(r, where, letters, path.suffix == ".csv") for where, r in rows]
     if not out:
         raise InputError(f"{path.name!r} holds no questions")
     return out

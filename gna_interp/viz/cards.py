@@ -17,7 +17,8 @@ _GOLD, _PRED, _OTHER = "#2e8b57", "#c0392b", "#9aa5b1"
 
 
 def _show(token: str) -> str:
-    return token.replace("\n", "\\n").replace("\t", "\\t") or "\u2205"
+    """A token as plotly text: newlines and tabs visible, markup escaped (plotly reads tags such as ``<a>``)."""
+    return html.escape(token.replace("\n", "\\n").replace("\t", "\\t"), quote=False) or "\u2205"
 
 
 def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | str, segments: Segments,
@@ -56,7 +57,7 @@ def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | st
         inside = sum(seg)
         z.append(seg + [math.nan] * (width - len(seg)))
         text.append([_show(tokens[p]) for p in range(span.start, span.stop)] + [""] * (width - len(seg)))
-        hover.append([f"{html.escape(_show(tokens[p]), quote=False)} (pos {p}) ← summary pos {span.summary}" for p in
+        hover.append([f"{_show(tokens[p])} (pos {p}) ← summary pos {span.summary}" for p in
                       range(span.start, span.stop)] + [""] * (width - len(seg)))
         segment_text = "".join(tokens[span.start:span.stop]).strip()
         tag = " ★gold" if i == gold else " ✗pred" if i == pred else ""
@@ -84,7 +85,7 @@ def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | st
                   row=1, col=2)
     fig.update_yaxes(tickvals=ys, ticktext=labels, autorange="reversed", title_text="segment", row=1, col=1)
     fig.update_xaxes(title_text="token within segment", tickvals=list(range(width)), row=1, col=1)
-    fig.update_xaxes(title_text=f"weight from final token {html.escape(_show(tokens[final]), quote=False)!r}",
+    fig.update_xaxes(title_text=f"weight from final token {_show(tokens[final])!r}",
                      range=[0, max(0.05, max(total)) * 1.25], row=1, col=2)
     fig.update_layout(title=dict(text=title or _answer_title(g, a, gold, pred, candidates)), barmode="stack",
                       height=int(200 + 26 * len(labels)), template="plotly_white", margin=dict(l=190, r=90, t=110, b=60),

@@ -41,11 +41,12 @@ def delegation_figure(result: Any, title: str | None = None) -> Any:
                     vals, heads = [float(intact[metric])], "none"
                 else:
                     part = removal[(removal["kind"] == k["kind"]) & (removal["series"] == series)]
-                    vals, heads = [float(v) for v in part[metric]], "<br>".join(part["heads"])
+                    vals = [float(v) for v in part[metric]]
+                    heads = "<br>".join(html.escape(str(h), quote=False) for h in part["heads"])
                 if not vals:
                     continue
                 med = statistics.median(vals)
-                xs.append(f"{k['title']} ({int(k['aggregate_heads'])} aggregate)")
+                xs.append(f"{html.escape(str(k['title']), quote=False)} ({int(k['aggregate_heads'])} aggregate)")
                 ys.append(med)
                 lo.append(med - min(vals))
                 hi.append(max(vals) - med)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import os
 import uuid
 from dataclasses import dataclass
@@ -18,6 +19,20 @@ _FIT_FRAME = ("<script>(function(){var f=window.frameElement;if(!f)return;var b=
               "new ResizeObserver(fit).observe(b);window.addEventListener('load',fit);fit();})();</script>")
 
 
+# Inside <script>, the HTML parser ends the element at the first "</script" (and "<!--" changes how it scans), whatever
+# JavaScript would make of it. Writing <, > and & as JSON escapes leaves the value the same and the script unbreakable;
+# U+2028/2029 are line ends to older JavaScript parsers. A JSON text holds these characters only inside strings.
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                              "\u2029": "\\u2029"})
+
+
+def script_json(value: Any) -> str:
+    """``value`` as JSON that is safe to write inside a ``<script>`` element: no string in it (a token
+    ``</script><script>alert(1)</script>``, say) can end the element or start markup; JavaScript reads the
+    same value."""
+    return json.dumps(value).translate(_SCRIPT_SAFE)
+
+
 @lru_cache(maxsize=1)
 def circuitsvis_bundle() -> str:
     """The circuitsvis browser bundle shipped inside the installed ``circuitsvis`` package."""
@@ -30,13 +45,15 @@ def circuitsvis_bundle() -> str:
 def circuitsvis_widget(element: str, **props: Any) -> str:
     """One circuitsvis React element (e.g. ``AttentionHeads``) as a ``<div>`` plus its render call.
 
-    The page must include :func:`circuitsvis_bundle` once, before the widgets (see :func:`page`).
+    The page must include :func:`circuitsvis_bundle` once, before the widgets (see :func:`page`). The props
+    (token strings included) are embedded with :func:`script_json`, so no token can break out of the script.
     """
-    from circuitsvis.utils.convert_props import convert_props
+    from circuitsvis.utils.convert_props import convert_prop_type
 
     div_id = f"cv-{uuid.uuid4().hex[:12]}"
+    data = script_json({k: convert_prop_type(v) for k, v in props.items() if v is not None})
     return (f'<div id="{div_id}" class="cv-widget" style="margin: 15px 0;"></div>\n'
-            f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{element}, {convert_props(props)});</script>')
+            f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{element}, {data});</script>')
 
 
 def figure_div(fig: Any) -> str:
