@@ -196,3 +196,17 @@ def test_bad_input(zoo, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(["mask", "--model", "zoo:transformer-kv", "--out", str(tmp_path / "file")]) == 2
     assert "existing file" in capsys.readouterr().err
+
+
+def test_masks_are_evaluated_on_the_circuits_template(zoo, tmp_path):
+    """A circuit found on the completion template is masked on completion-template prompts (not the official
+    ones): the evaluation task follows the circuit's KV form unless a knob is named."""
+    from gna_interp import discover
+
+    model = zoo("transformer-kv")
+    found = KVRetrieval(6, 8, seed=0, template="completion", max_value=99, words=model.kv_words)
+    c = discover(model, found, control=False, k=2, seeds=1, progress=False).save(tmp_path / "c")
+    r = mask_experiment(model, circuit=c, samples=8, seeds=1, progress=False)
+    assert r.task == KVRetrieval(6, 8, seed=1, template="completion", max_value=99, words=model.kv_words).to_dict()
+    named = mask_experiment(model, circuit=c, samples=8, seeds=1, template="official", progress=False)
+    assert named.task["args"]["template"] == "official"

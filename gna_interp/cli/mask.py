@@ -40,6 +40,8 @@ def _mask_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=at_least(1), default=48, help="evaluation prompts (default 48)")
     p.add_argument("--max-value", type=at_least(1), default=None,
                    help="values are 0..MAX (default: the circuit's KV task's, else 9)")
+    p.add_argument("--template", default=None, choices=["official", "completion"],
+                   help="KV template of the evaluation task (default: the circuit's KV task's, else official)")
     p.add_argument("--seed", type=int, default=0,
                    help="discovery task seed; the evaluation prompts use seed+1 (prompts the circuit was not found on)")
     p.add_argument("--top-k", type=at_least(1), default=16,
@@ -82,7 +84,8 @@ def run_mask(args: argparse.Namespace) -> int:
     with _Lock(out):
         try:
             result = mask_experiment(model, circuit=args.circuit, heads=args.heads, out=out, pairs=pairs,
-                                     samples=args.samples, max_value=max_value, seed=args.seed, top_k=args.top_k,
+                                     samples=args.samples, max_value=max_value, template=args.template,
+                                     seed=args.seed, top_k=args.top_k,
                                      seeds=args.seeds, offset=args.offset, renormalize=args.renormalize,
                                      role_samples=args.role_samples, scan_samples=args.scan_samples,
                                      batch_size=args.batch_size, allow_chance=args.allow_chance, resume=args.resume,

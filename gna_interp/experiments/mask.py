@@ -473,7 +473,8 @@ def _settings_key(settings: Mapping[str, Any]) -> dict[str, Any]:
 def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | None = None,
                     heads: Mapping[Any, str] | Sequence[Any] | str | None = None, *,
                     out: str | os.PathLike | None = None, pairs: int | None = None, samples: int = 48,
-                    max_value: int | None = None, seed: int = 0, top_k: int = 16, seeds: int = 3,
+                    max_value: int | None = None, template: str | None = None, seed: int = 0, top_k: int = 16,
+                    seeds: int = 3,
                     offset: int | str = "auto", renormalize: bool = False, role_samples: int = 8,
                     scan_samples: int = 24, batch_size: int = 16, allow_chance: bool = False, resume: bool = False,
                     fresh: bool = False, progress: bool = True, png: bool = True) -> MaskResult:
@@ -490,8 +491,8 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
         out: folder for ``mask.csv``, ``mask.json``, ``report.html``, ``figures/``; conditions are
             checkpointed in ``out/mask.ckpt.json`` as they finish.
         pairs: dictionary lines of the evaluation task, ``KVRetrieval(pairs, samples, seed + 1,
-            max_value=max_value)`` -- prompts the circuit was not found on. ``pairs`` and ``max_value``
-            default to the circuit's KV task's, else 10 and 9.
+            max_value=max_value, template=template)`` -- prompts the circuit was not found on. ``pairs``,
+            ``max_value`` and ``template`` default to the circuit's KV task's, else 10, 9 and ``official``.
         max_value: values of the evaluation task are ``0..max_value``.
         samples: prompts of the evaluation task.
         top_k: best-ranked circuit heads considered; seeds: random draws; offset: ``"auto"`` or the SSM
@@ -530,6 +531,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
     kv_args = (circuit.task.get("args") or {}) if circuit is not None and circuit.task.get("kind") == "kv" else {}
     pairs = pairs if pairs is not None else int(kv_args.get("n_pairs", 10))
     max_value = max_value if max_value is not None else int(kv_args.get("max_value", 9))
+    template = template if template is not None else str(kv_args.get("template", "official"))
     if max_value + 1 < pairs:
         raise InputError(f"max_value {max_value} gives {max_value + 1} distinct values, fewer than pairs {pairs}: "
                          f"every line needs its own value; raise max_value or lower pairs")
@@ -543,7 +545,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
             circuit = Circuit.load(saved)
             notes.append(f"circuit from the earlier discovery in {saved}")
         else:
-            scan_task = KVRetrieval(pairs, scan_samples, seed=seed, max_value=max_value, words=words)
+            scan_task = KVRetrieval(pairs, scan_samples, seed=seed, max_value=max_value, template=template, words=words)
             if progress:
                 print(f"no circuit given: discovering on {scan_task.name} ({scan_samples} samples, seed {seed}) ...",
                       flush=True)
@@ -559,7 +561,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
             notes.append(f"the circuit was found on {circuit.model}; this run uses {model.name}")
         role_task = circuit.load_task()
         if not all(s.spans.items for s in role_task.samples[:role_samples]):
-            role_task = KVRetrieval(pairs, role_samples, seed=seed, max_value=max_value, words=words)
+            role_task = KVRetrieval(pairs, role_samples, seed=seed, max_value=max_value, template=template, words=words)
         elif circuit.task.get("kind") != "kv":
             notes.append(f"heads and roles come from a circuit found on {role_task.name} (roles measured there); the "
                          f"masks are evaluated on KV retrieval")
@@ -571,7 +573,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
                              f"(drop > 0); nothing to mask")
     else:
         assert given is not None
-        role_task = KVRetrieval(pairs, role_samples, seed=seed, max_value=max_value, words=words)
+        role_task = KVRetrieval(pairs, role_samples, seed=seed, max_value=max_value, template=template, words=words)
         candidates, pool, rule = given, model.default_heads(), RoleRule()
     ga, scores, role_notes = _assign(model, role_task, candidates, offset, rule, role_samples, batch_size)
     notes += role_notes
@@ -580,7 +582,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
                          f"aggregate), labelled or measured; name heads with roles, e.g. heads='L0H3=gather,"
                          f"L1H3=aggregate' (gna mask --heads)")
     random_heads = {s: _random_heads(model, ga, pool, s) for s in range(seeds)}
-    task = KVRetrieval(pairs, samples, seed=seed + 1, max_value=max_value, words=words)
+    task = KVRetrieval(pairs, samples, seed=seed + 1, max_value=max_value, template=template, words=words)
     plan = plan_scoring(model, task.samples)
     segs = [s.segments(model.tokenizer) for s in task.samples]
     for i, (sg, ids) in enumerate(zip(segs, plan.prompt_ids)):
@@ -620,7 +622,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
     if "intact:-1" in rows and not any("intact model" in n for n in notes):
         _check_chance(rows["intact:-1"], task, allow_chance, notes)
     frame = pd.DataFrame([rows[f"{n}:{s}"] for n, s, _, _ in conditions], columns=COLUMNS)
-    settings.update(samples=samples, pairs=pairs, max_value=max_value, seed=seed, top_k=top_k, seeds=seeds,
+    settings.update(samples=samples, pairs=pairs, max_value=max_value, template=template, seed=seed, top_k=top_k, seeds=seeds,
                     offset=offset, role_samples=role_samples, seconds=round(time.perf_counter() - started, 2))
     result = MaskResult(model.name, task.to_dict(), ga, random_heads, frame, scores, settings, notes, source)
     if folder is not None:
