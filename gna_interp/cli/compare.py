@@ -48,6 +48,9 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
                    help="dictionary lines of the measured task (default 10)")
     p.add_argument("--samples", type=at_least(1), default=24, help="prompts of the measured task (default 24)")
     p.add_argument("--max-value", type=at_least(1), default=9, help="values are 0..MAX (default 9)")
+    p.add_argument("--template", default="official", choices=["official", "completion"],
+                   help="KV template of the measured task (default official; SmolLM2 solves completion with --max-value "
+                        "99, see docs/discovery.md)")
     p.add_argument("--seed", type=int, default=0, help="seed of the measured prompts (discovery uses seed+1)")
     p.add_argument("--sharp-samples", type=at_least(1), default=8,
                    help="prompts the aggregation scores (sharpness) are read on (default 8)")
@@ -89,7 +92,7 @@ def run_compare_families(args: argparse.Namespace) -> int:
     with _Lock(out):
         try:
             result = compare(args.model, circuits, k=args.top_k, seeds=args.seeds, pairs=args.pairs, samples=args.samples,
-                             max_value=args.max_value, seed=args.seed, sharp_samples=args.sharp_samples, pool=args.pool,
+                             max_value=args.max_value, template=args.template, seed=args.seed, sharp_samples=args.sharp_samples, pool=args.pool,
                              batch_size=args.batch_size, out=out, resume=args.resume, fresh=args.fresh,
                              device=getattr(args, "device", None), dtype=args.dtype, png=not args.no_png)
         except KeyboardInterrupt:

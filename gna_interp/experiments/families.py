@@ -432,7 +432,8 @@ def _split_specs(models: str | Sequence[Model | str]) -> list[Model | str]:
 
 
 def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | str | os.PathLike | None] | None = None,
-            *, k: int = 5, seeds: int = 5, pairs: int = 10, samples: int = 24, max_value: int = 9, seed: int = 0,
+            *, k: int = 5, seeds: int = 5, pairs: int = 10, samples: int = 24, max_value: int = 9,
+            template: str = "official", seed: int = 0,
             sharp_samples: int = 8, pool: int = 64, shifts: Sequence[int] = (0, 1, 2, 3), batch_size: int = 16,
             out: str | os.PathLike | None = None, resume: bool = False, fresh: bool = False, progress: bool = True,
             device: str | None = None, dtype: str = "float32", png: bool = True) -> FamilyComparison:
@@ -469,7 +470,8 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
                 p.unlink(missing_ok=True)
             for c in cdirs:
                 clear_circuit(c)
-    settings = {"pairs": pairs, "samples": samples, "max_value": max_value, "seed": seed, "k": k, "seeds": seeds,
+    settings = {"pairs": pairs, "samples": samples, "max_value": max_value, "template": template, "seed": seed, "k": k,
+                "seeds": seeds,
                 "sharp_samples": sharp_samples, "pool": pool, "shifts": list(shifts), "batch_size": batch_size,
                 "method": "zero"}
     log = PointLog(folder / CKPT if folder is not None else None, NAME, fingerprint_settings(settings))
@@ -478,9 +480,10 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
     rows, curves, heads, samp, kinds, sources, notes = [], [], [], [], [], {}, []
     for spec, given, name in zip(specs, circuits, names):
         m = model_of(spec, device, dtype)
-        task = KVRetrieval(pairs, samples, seed=seed, max_value=max_value, words=m.kv_words)
+        task = KVRetrieval(pairs, samples, seed=seed, template=template, max_value=max_value, words=m.kv_words)
         cdir = folder / CIRCUITS_DIR / slug(name) if folder is not None else None
-        found_on = KVRetrieval(pairs, samples, seed=seed + 1, max_value=max_value, words=m.kv_words)
+        found_on = KVRetrieval(pairs, samples, seed=seed + 1, template=template, max_value=max_value,
+                               words=m.kv_words)
         try:
             circ, sources[name] = resolve_circuit(m, given, seed, cdir, k=k, batch_size=batch_size, progress=progress,
                                                   task=found_on)
