@@ -168,7 +168,7 @@ def test_unused_masks_cover_exactly_the_unused_slots(teacher):
     ("L0H3", "list of attention heads"),
     (["L5H0"], "keep: .*out of range|keep: .*layer"),
     (["L0H9"], "keep: .*out of range"),
-    (["L0H1", "L0H1"], "more than once"),
+    (["L0H1", "L0H1"], "named twice"),
     (["nonsense"], "keep: "),
 ])
 def test_keep_is_validated(teacher, tmp_path, keep, match):
