@@ -38,6 +38,10 @@ def test_discover_on_two_formats_ranks_by_the_consistent_effect(zoo, tmp_path):
     assert "formats scanned: kv6-official, kv6-completion" in c.summary()
     back = Circuit.load(c.save(tmp_path / "c"))
     assert list(back.formats) == ["kv6-completion"] and back.heads == c.heads
+    from gna_interp.report import build_report
+
+    page = build_report(tmp_path / "c", png=False).read_text()
+    assert "Retrieval formats" in page and "rel_drop_kv6-completion" in page
     assert back.format_tasks["kv6-completion"]["args"]["template"] == "completion"
 
 

@@ -336,7 +336,7 @@ class Circuit:
                          f"{st['top_k_overlap']}/{st['k']}; drops carry 95% bootstrap intervals "
                          f"(drop_lo, drop_hi in scan.csv)")
         if self.formats:
-            lines += self._format_lines()
+            lines += self.format_lines()
         lines.append(f"- gather/aggregate pair: {pair[0].name} -> {pair[1].name}" if pair else
                      "- gather/aggregate pair: none (no aggregate or no gather head among the best-ranked heads)")
         lines += self._curve_lines()
@@ -355,7 +355,7 @@ class Circuit:
             lines += ["", "## Task form", ""] + self.calibration.lines()
         return "\n".join(lines) + "\n"
 
-    def _format_lines(self) -> list[str]:
+    def format_lines(self) -> list[str]:
         """The formats scanned, the circuit's consistent effects and the heads that matter in one format only."""
         names = [self.task.get("name", "task"), *self.formats]
         df = self.to_frame()

@@ -59,6 +59,8 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
         "G / A mark heads labelled gather / aggregate; #k marks the top-ranked heads. Hover for numbers."),
         figure_div(figures["heatmap"])]
     sections += ["<h2>Top heads and their roles</h2>", _top_table(heads)]
+    if circuit.formats:
+        sections += ["<h2>Retrieval formats</h2>", _formats_table(heads, circuit)]
     sections += _delegation_section(circuit, figures)
     sections.append("<h2>Ablation curve</h2>")
     if not circuit.curve.empty:
@@ -86,6 +88,17 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
     out = folder / REPORT_FILE
     atomic_write(out, page(f"G&A report: {label}", sections, circuitsvis=True, plotly=True))
     return out
+
+
+def _formats_table(heads: pd.DataFrame, circuit: Circuit) -> str:
+    """The circuit's first heads by consistent effect, with their relative drop in every format."""
+    names = [circuit.task.get("name", "task"), *circuit.formats]
+    top = heads[heads["circuit_rank"].notna()].sort_values("circuit_rank").head(N_TOP)
+    cols = ["circuit_rank", "name", "consistent"] + [f"rel_drop_{n}" for n in names]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in cols) + "</tr>"
+                   for _, r in top.iterrows())
+    return f"<table><tr>{head}</tr>{body}</table>" + "".join(_note(t.lstrip("- ")) for t in circuit.format_lines())
 
 
 def _calibration_table(cal: Calibration) -> str:
