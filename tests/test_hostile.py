@@ -324,3 +324,29 @@ def test_patterns_refuses_bad_names_in_one_line(extra, needle, tmp_path, capsys)
     cap = capsys.readouterr()
     _one_error_line(cap.err, needle)
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv, bound", [
+    (["scan", "--seeds", "1000000000"], "1,000"),
+    (["scan", "--samples", "1000000000"], "100,000"),
+    (["scan", "--max-value", "1" + "0" * 30], "1,000,000"),
+    (["scan", "--top-k", "99999999"], "1,000,000"),
+    (["scan", "--batch-size", "10000000"], "1,000,000"),
+    (["compare-circuits", "a", "b", "--seeds", "1000000000"], "1,000"),
+    (["sweep", "--seeds", "5000"], "1,000"),
+    (["mask", "--samples", "1000001"], "100,000"),
+    (["hybrid", "plan", "--ks", "0,10000000"], "1,000,000"),
+])
+def test_count_arguments_are_bounded_before_any_work(argv, bound, tmp_path, capsys):
+    """A huge count is refused by the parser (exit 2, one line naming the bound and why), before any model loads or
+    anything is written."""
+    import time as _time
+
+    from gna_interp.cli import main
+
+    start = _time.perf_counter()
+    assert main([*argv, "--out", str(tmp_path / "out")] if argv[0] != "hybrid" else argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("gna: error:") == 1 and "Traceback" not in err
+    assert f"at most {bound}" in err and "(" in err
+    assert not (tmp_path / "out").exists() and _time.perf_counter() - start < 10

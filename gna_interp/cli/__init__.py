@@ -30,8 +30,14 @@ def command(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentParser
     return deco
 
 
-def at_least(minimum: int, why: str = "") -> Callable[[str], int]:
-    """An argparse ``type``: an integer ``>= minimum`` (the message names the value and the bound)."""
+COUNT_CAP = 1_000_000  # the default upper bound of a count argument
+MAX_SEEDS = 1_000  # random draws: each costs an evaluation of the task
+MAX_SAMPLES = 100_000  # prompts: all are built and tokenized before the first forward
+
+
+def at_least(minimum: int, why: str = "", at_most: int = COUNT_CAP,
+             why_most: str = "a count this large would run for days or exhaust memory") -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``minimum..at_most`` (the message names the value, the bound and why)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -39,9 +45,21 @@ def at_least(minimum: int, why: str = "") -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}{why}, got {value}")
+        if value > at_most:
+            raise argparse.ArgumentTypeError(f"must be at most {at_most:,} ({why_most}), got {value:,}")
         return value
     parse.__name__ = f"integer >= {minimum}"
     return parse
+
+
+def seeds_arg(minimum: int = 1) -> Callable[[str], int]:
+    """An argparse ``type`` for ``--seeds``: random draws, each an evaluation of the task."""
+    return at_least(minimum, at_most=MAX_SEEDS, why_most="each random draw costs an evaluation of the task")
+
+
+def samples_arg() -> Callable[[str], int]:
+    """An argparse ``type`` for ``--samples``: prompts, all built before the first forward."""
+    return at_least(1, at_most=MAX_SAMPLES, why_most="all prompts are built and tokenized before the first forward")
 
 
 def choice_list(allowed: Sequence[str]) -> Callable[[str], list[str]]:
@@ -107,7 +125,7 @@ def _models_args(p: argparse.ArgumentParser) -> None:
                         "memory and time of `gna scan` (see docs/scaling.md: counted and assumed, not measured)")
     p.add_argument("--gpu", default=None, help="device of the estimate (default: every one of "
                                                "gna_interp.models.estimate.DEVICES: A100-80GB, H100-80GB, ...)")
-    p.add_argument("--samples", type=at_least(1), default=32, help="estimate: prompts of the scan (default 32)")
+    p.add_argument("--samples", type=samples_arg(), default=32, help="estimate: prompts of the scan (default 32)")
     p.add_argument("--tokens", type=at_least(1), default=None,
                    help="estimate: tokens a sample (default: the default KV task counted with the model's tokenizer; "
                         f"{_ASSUMED_TOKENS} when the model has none)")
@@ -312,7 +330,7 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
                    help="KV dictionary lines per prompt (default: chosen by calibration among 10 and 20)")
     p.add_argument("--max-value", type=at_least(1), default=None,
                    help="KV values are 0..MAX (default: chosen by calibration among 9 and 99, the paper's range)")
-    p.add_argument("--samples", type=at_least(1), default=24, help="prompts (default 24)")
+    p.add_argument("--samples", type=samples_arg(), default=24, help="prompts (default 24)")
     p.add_argument("--calibrate", type=at_least(0), default=16, metavar="N",
                    help="before discovery, evaluate the intact model on N prompts of each task form whose knobs "
                         "(--template, --max-value, --pairs; mc: --mc-form) were not named, and scan the most "
@@ -337,7 +355,7 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
                    help="auto stops after this many exact heads and reports how many could still enter the top "
                         "(default: until settled)")
     p.add_argument("--top-k", type=at_least(1), default=5, help="heads removed together in the ablation curve (default 5)")
-    p.add_argument("--seeds", type=at_least(1), default=6, help="random-head draws for the curve (default 6; the summary "
+    p.add_argument("--seeds", type=seeds_arg(1), default=6, help="random-head draws for the curve (default 6; the summary "
                    "compares the top k with their median)")
     _compute_args(p)
     p.add_argument("--out", default="gna_scan", help="output folder (default ./gna_scan)")
@@ -458,7 +476,7 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("b", help="another `gna scan` output folder, same model")
     p.add_argument("--model", type=spec_text, default=None, help="model spec (default: the spec the circuits were found with)")
     p.add_argument("--top-k", type=at_least(1), default=5, help="circuit heads compared and removed (default 5)")
-    p.add_argument("--seeds", type=at_least(1), default=6, help="random k-head draws (default 6; their median is reported)")
+    p.add_argument("--seeds", type=seeds_arg(1), default=6, help="random k-head draws (default 6; their median is reported)")
     p.add_argument("--batch-size", type=at_least(1), default=16)
     p.add_argument("--out", default=None, help="output folder for compare.json/.csv/.md (default: print only)")
     p.set_defaults(run=run_compare)

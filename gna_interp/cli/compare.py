@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _compute_args, _Lock, at_least, command
+from gna_interp.cli import _check_out_dir, _compute_args, _Lock, at_least, samples_arg, seeds_arg, command
 from gna_interp.cli.sweep import interrupted, resume_args
 from gna_interp.errors import InputError
 
@@ -43,10 +43,10 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
                         "measured one, seeded seed+1; saved in DIR/circuits)")
     p.add_argument("--top-k", type=at_least(1), default=5,
                    help="most heads removed (default 5; at most a quarter of a model's scanned heads)")
-    p.add_argument("--seeds", type=at_least(1), default=5, help="random head orders (default 5; median and band)")
+    p.add_argument("--seeds", type=seeds_arg(1), default=5, help="random head orders (default 5; median and band)")
     p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=10,
                    help="dictionary lines of the measured task (default 10)")
-    p.add_argument("--samples", type=at_least(1), default=24, help="prompts of the measured task (default 24)")
+    p.add_argument("--samples", type=samples_arg(), default=24, help="prompts of the measured task (default 24)")
     p.add_argument("--max-value", type=at_least(1), default=9, help="values are 0..MAX (default 9)")
     p.add_argument("--template", default="official", choices=["official", "completion"],
                    help="KV template of the measured task (default official; SmolLM2 solves completion with --max-value "

@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (_check_out_dir, _compute_args, _load_for, _Lock, _resume_args, at_least, command,
+from gna_interp.cli import (_check_out_dir, _compute_args, _load_for, _Lock, _resume_args, at_least, seeds_arg, command,
                             spec_text)
 from gna_interp.errors import InputError
 
@@ -42,7 +42,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=at_least(1), default=5, help="circuit heads removed (default 5)")
     p.add_argument("--random-k", type=at_least(0), default=None,
                    help="random heads removed per seed (default: as many as removed; 0: no random condition)")
-    p.add_argument("--seeds", type=at_least(1), default=3, help="random draws (default 3)")
+    p.add_argument("--seeds", type=seeds_arg(1), default=3, help="random draws (default 3)")
     p.add_argument("--method", default="zero", choices=["zero", "mean"],
                    help="ablation: zero (the paper's) or mean (each head's mean output over neutral prose)")
     p.add_argument("--limit", type=_limit, default=None,

@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 from typing import Callable
 
-from gna_interp.cli import _check_out_dir, _Lock, at_least, command, spec_text
+from gna_interp.cli import COUNT_CAP, _check_out_dir, _Lock, at_least, command, spec_text
 from gna_interp.errors import InputError
 
 SUBCOMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -44,9 +44,9 @@ def _hybrid_args(p: argparse.ArgumentParser) -> None:
         add_args(sub.add_parser(name, help=help, description=help, allow_abbrev=False))
 
 
-def int_list(minimum: int) -> Callable[[str], list[int]]:
-    """An argparse ``type``: comma-separated integers ``>= minimum`` (e.g. ``0,5,10``)."""
-    one = at_least(minimum)
+def int_list(minimum: int, at_most: int = COUNT_CAP) -> Callable[[str], list[int]]:
+    """An argparse ``type``: comma-separated integers in ``minimum..at_most`` (e.g. ``0,5,10``)."""
+    one = at_least(minimum, at_most=at_most)
 
     def parse(text: str) -> list[int]:
         items = [t.strip() for t in text.split(",") if t.strip()]
@@ -74,7 +74,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of --order random")
     p.add_argument("--ks", type=int_list(0), default=list(DEFAULT_KS),
                    help=f"heads kept as attention (default {','.join(map(str, DEFAULT_KS))}; capped at the head count)")
-    p.add_argument("--lengths", type=int_list(1), default=list(DEFAULT_LENGTHS),
+    p.add_argument("--lengths", type=int_list(1, at_most=10**8), default=list(DEFAULT_LENGTHS),
                    help=f"sequence lengths L (default {','.join(map(str, DEFAULT_LENGTHS))}), batch 1")
     p.add_argument("--d-state", type=at_least(1), default=DEFAULT_D_STATE,
                    help=f"state size of a replaced head's Mamba-2 head (default {DEFAULT_D_STATE}, Llamba's; the "

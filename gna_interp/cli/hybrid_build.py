@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _Lock, at_least, choice_list, spec_text
+from gna_interp.cli import _check_out_dir, _Lock, at_least, samples_arg, seeds_arg, choice_list, spec_text
 from gna_interp.cli.hybrid import int_list, subcommand
 from gna_interp.cli.sweep import interrupted, resume_args
 
@@ -27,13 +27,13 @@ def _build_args(p: argparse.ArgumentParser) -> None:
                    help="conditions, comma-separated: top (the scan's top k heads kept), random (k random heads), "
                         "none (Mamba-2 only); default all three")
     p.add_argument("--k", type=at_least(0), default=2, help="attention heads kept by top and random (default 2)")
-    p.add_argument("--seeds", type=at_least(1), default=3, help="students per condition, seeds 0..N-1 (default 3)")
+    p.add_argument("--seeds", type=seeds_arg(1), default=3, help="students per condition, seeds 0..N-1 (default 3)")
     p.add_argument("--scan", default=None, metavar="DIR",
                    help="a `gna scan` folder (or scan.json) of the teacher whose ranking gives the top heads "
                         "(default: gna scan's default discovery, saved in OUT/circuit)")
     p.add_argument("--pairs", type=int_list(2), default=list(DEFAULT_EVAL_SIZES),
                    help=f"dictionary sizes measured (default {','.join(map(str, DEFAULT_EVAL_SIZES))})")
-    p.add_argument("--samples", type=at_least(1), default=200, help="prompts per size (default 200, as the zoo cards)")
+    p.add_argument("--samples", type=samples_arg(), default=200, help="prompts per size (default 200, as the zoo cards)")
     p.add_argument("--steps", type=at_least(1), default=d.steps, help=f"training steps per student (default {d.steps})")
     p.add_argument("--loss", default=d.loss, choices=LOSSES,
                    help=f"distillation loss (default {d.loss}: KL to the teacher at every position)")

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (_check_out_dir, _check_pairs, _compute_args, _load_for, _Lock, _resume_args, at_least,
+from gna_interp.cli import (_check_out_dir, _check_pairs, _compute_args, _load_for, _Lock, _resume_args, at_least, samples_arg, seeds_arg,
                             command, spec_text)
 from gna_interp.errors import InputError
 
@@ -37,7 +37,7 @@ def _mask_args(p: argparse.ArgumentParser) -> None:
                      help="heads to mask, with roles (L0H3=gather,L1H3=aggregate) or without (their role is measured)")
     p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=None,
                    help="dictionary lines per prompt (default: the circuit's KV task's, else 10)")
-    p.add_argument("--samples", type=at_least(1), default=48, help="evaluation prompts (default 48)")
+    p.add_argument("--samples", type=samples_arg(), default=48, help="evaluation prompts (default 48)")
     p.add_argument("--max-value", type=at_least(1), default=None,
                    help="values are 0..MAX (default: the circuit's KV task's, else 9)")
     p.add_argument("--template", default=None, choices=["official", "completion"],
@@ -46,7 +46,7 @@ def _mask_args(p: argparse.ArgumentParser) -> None:
                    help="discovery task seed; the evaluation prompts use seed+1 (prompts the circuit was not found on)")
     p.add_argument("--top-k", type=at_least(1), default=16,
                    help="best-ranked circuit heads considered (those whose removal hurts; default 16)")
-    p.add_argument("--seeds", type=at_least(0), default=3, help="random-head draws (default 3)")
+    p.add_argument("--seeds", type=seeds_arg(0), default=3, help="random-head draws (default 3)")
     p.add_argument("--offset", type=_offset, default="auto",
                    help="SSM summary offset: where an SSM head reads a line, in tokens after its last token "
                         "(auto: measured, 0..conv width-1; attention heads always 0)")

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (_check_out_dir, _check_pairs, _compute_args, _load_for, _Lock, _resume_args, at_least,
+from gna_interp.cli import (_check_out_dir, _check_pairs, _compute_args, _load_for, _Lock, _resume_args, at_least, samples_arg,
                             choice_list, command, spec_text)
 from gna_interp.errors import InputError
 
@@ -29,7 +29,7 @@ def _prune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=10,
                    help="KV dictionary lines per prompt (default 10)")
     p.add_argument("--max-value", type=at_least(1), default=9, help="KV values are 0..MAX (default 9)")
-    p.add_argument("--samples", type=at_least(1), default=32, help="prompts per task (default 32)")
+    p.add_argument("--samples", type=samples_arg(), default=32, help="prompts per task (default 32)")
     p.add_argument("--seed", type=int, default=0, help="task seed")
     p.add_argument("--questions", default="categories",
                    help="mc/cloze questions: categories (offline, default), synthetic, a local .jsonl/.json/.csv/"

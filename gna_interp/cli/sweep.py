@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (_check_out_dir, _compute_args, _first_default, _Lock, _resume_args, at_least, command,
+from gna_interp.cli import (_check_out_dir, _compute_args, _first_default, _Lock, _resume_args, at_least, samples_arg, seeds_arg, command,
                             spec_text)
 from gna_interp.errors import InputError
 
@@ -64,8 +64,8 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
                                                    "them first with gna scan's defaults; saved in DIR/circuit)")
     p.add_argument("--top-k", type=at_least(1), default=5,
                    help="heads removed together (default 5; at most a quarter of the scanned heads)")
-    p.add_argument("--seeds", type=at_least(1), default=5, help="random k-head draws (default 5; median and band)")
-    p.add_argument("--samples", type=at_least(1), default=48, help="prompts per dictionary size (default 48)")
+    p.add_argument("--seeds", type=seeds_arg(1), default=5, help="random k-head draws (default 5; median and band)")
+    p.add_argument("--samples", type=samples_arg(), default=48, help="prompts per dictionary size (default 48)")
     p.add_argument("--max-value", type=at_least(1), default=99,
                    help="values are 0..MAX (default 99, the paper's range; must be at least the largest size - 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts (discovery uses seed+1)")
