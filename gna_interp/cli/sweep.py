@@ -69,7 +69,8 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-value", type=at_least(1), default=99,
                    help="values are 0..MAX (default 99, the paper's range; must be at least the largest size - 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts (discovery uses seed+1)")
-    p.add_argument("--template", default="official", choices=["official", "completion"])
+    p.add_argument("--template", default=None, choices=["official", "completion"],
+                   help="KV template (default: the --circuit's KV task's, else official)")
     _compute_args(p)
     p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
     p.add_argument("--out", default="gna_sweep", help="output folder (default ./gna_sweep)")
@@ -93,6 +94,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     check_out(out, CKPT, args.resume, args.fresh,
               also=[out / CIRCUIT_DIR / "scan.ckpt.json", out / CIRCUIT_DIR / "circuit.json"])
     circuit = Circuit.load(args.circuit) if args.circuit else None  # a bad folder fails before loading the model
+    found = (circuit.task.get("args") or {}) if circuit is not None and circuit.task.get("kind") == "kv" else {}
+    template = args.template or str(found.get("template", "official"))
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = args.model or _first_default()
@@ -100,7 +103,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     with _Lock(out):
         try:
             result = sweep(spec, args.pairs, circuit, k=args.top_k, seeds=args.seeds, samples=args.samples,
-                           max_value=args.max_value, seed=args.seed, template=args.template,
+                           max_value=args.max_value, seed=args.seed, template=template,
                            batch_size=args.batch_size, out=out, resume=args.resume, fresh=args.fresh,
                            device=getattr(args, "device", None), dtype=args.dtype, png=not args.no_png)
         except KeyboardInterrupt:
