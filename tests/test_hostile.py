@@ -350,3 +350,27 @@ def test_count_arguments_are_bounded_before_any_work(argv, bound, tmp_path, caps
     assert err.count("gna: error:") == 1 and "Traceback" not in err
     assert f"at most {bound}" in err and "(" in err
     assert not (tmp_path / "out").exists() and _time.perf_counter() - start < 10
+
+
+@pytest.mark.parametrize("key, value", [("views", "../../../../etc/passwd"), ("control", "/etc/hostname"),
+                                        ("delegation", "../other/delegation.json"), ("views", 7)])
+def test_a_circuit_folder_cannot_point_outside_itself(key, value, tmp_path, capsys):
+    """circuit.json's views / control / delegation name the files saved beside it; any other path is refused
+    (exit 2, one line naming the field) before anything is opened, and the folder is left as it was."""
+    import json as _json
+
+    from gna_interp import discover, load_model
+    from gna_interp.cli import main
+    from gna_interp.tasks import KVRetrieval
+
+    model = load_model("zoo:transformer-kv", device="cpu")
+    c = discover(model, KVRetrieval(4, 4, seed=0, words=model.kv_words), control=False, k=1, seeds=1, progress=False)
+    folder = c.save(tmp_path / "c")
+    doc = _json.loads((folder / "circuit.json").read_text())
+    doc[key] = value
+    (folder / "circuit.json").write_text(_json.dumps(doc))
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert main(["report", str(folder), "--no-png"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gna: error:") == 1 and repr(key) in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

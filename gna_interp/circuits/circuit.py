@@ -430,9 +430,9 @@ class Circuit:
         if len(scan.heads) != doc.get("scan_rows"):
             raise InputError(f"{d / 'scan.json'} holds {len(scan.heads)} heads but circuit.json records "
                              f"{doc.get('scan_rows')}; the folder mixes two runs: rerun `gna scan`")
-        views = CardViews.load(d / doc["views"]) if doc.get("views") else None
-        control = HeadScan.load(d / doc["control"]) if doc.get("control") else None
-        deleg = Delegation.load(d / doc["delegation"]) if doc.get("delegation") else None
+        views = CardViews.load(d / _member(d, doc, "views", "views.pt")) if doc.get("views") else None
+        control = HeadScan.load(d / _member(d, doc, "control", "control.json")) if doc.get("control") else None
+        deleg = Delegation.load(d / _member(d, doc, "delegation", "delegation.json")) if doc.get("delegation") else None
         roles = pd.DataFrame(doc.get("roles") or [], columns=None)
         return cls(doc["model"], doc["task"], scan, roles, dict(doc["baseline"]),
                    pd.DataFrame(doc.get("curve") or [], columns=CURVE_COLUMNS),
@@ -445,6 +445,15 @@ class Circuit:
     def __repr__(self) -> str:
         return (f"Circuit({self.model!r}, {self.task.get('name')!r}, {len(self.scan.heads)} heads, "
                 f"top {[h.name for h in self.heads[:5]]}, baseline accuracy {self.baseline.get('accuracy', math.nan):.3f})")
+
+
+def _member(d: Path, doc: dict[str, Any], key: str, name: str) -> str:
+    """``doc[key]``, which must name the file :meth:`Circuit.save` writes there: a folder is untrusted input, and
+    a path that leads elsewhere (``../../etc/passwd``, another run's folder) is refused, never opened."""
+    if doc[key] != name:
+        raise InputError(f"{d / 'circuit.json'}: {key!r} is {str(doc[key])[:80]!r}, but a circuit folder keeps it in "
+                         f"{name!r} beside circuit.json; the file was edited or comes from elsewhere: rerun `gna scan`")
+    return name
 
 
 def _load_formats(d: Path, entries: list[Any]) -> tuple[dict[str, HeadScan], dict[str, dict[str, Any]]]:
