@@ -193,6 +193,11 @@ class Circuit:
         extra = {f"{k}_{cs['metric']}": cs[k] for k in ("top", "random_median", "random_mean")} if cs else {}
         return {**self.baseline, **extra}
 
+    @property
+    def kv_args(self) -> dict[str, Any]:
+        """The KV task's constructor arguments (``n_pairs``, ``template``, ``max_value``, ...); empty for other tasks."""
+        return dict(self.task.get("args") or {}) if self.task.get("kind") == "kv" else {}
+
     def load_task(self) -> Task:
         """The task this circuit was found on, rebuilt from :attr:`task`."""
         return task_from_dict(self.task)
@@ -219,8 +224,8 @@ class Circuit:
         if self.control is not None or self.formats:
             member = ~df["generic"].fillna(False).astype(bool) | self.keep_generic if "generic" in df else \
                 pd.Series(True, index=df.index)
-            names = [n for n in (consistency_order(df) if self.formats else list(df["name"]))
-                     if member[df.index[df["name"] == n][0]]]
+            keep = dict(zip(df["name"], member))
+            names = [n for n in (consistency_order(df) if self.formats else list(df["name"])) if keep[n]]
             df["circuit_rank"] = df["name"].map({n: i + 1 for i, n in enumerate(names)})
         return df
 

@@ -334,7 +334,7 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate", type=at_least(0), default=16, metavar="N",
                    help="before discovery, evaluate the intact model on N prompts of each task form whose knobs "
                         "(--template, --max-value, --pairs; mc: --mc-form) were not named, and scan the most "
-                        "accurate unsaturated one (default 16; 0: no calibration, unnamed knobs take "
+                        "accurate one that clears chance, forms at 0.95 or more counting as equal (default 16; 0: no calibration, unnamed knobs take "
                         "completion / 99 / 10 pairs / stated). The grid and the choice go into summary.md, "
                         "circuit.json and the report")
     p.add_argument("--seed", type=int, default=0, help="task seed")

@@ -94,7 +94,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     check_out(out, CKPT, args.resume, args.fresh,
               also=[out / CIRCUIT_DIR / "scan.ckpt.json", out / CIRCUIT_DIR / "circuit.json"])
     circuit = Circuit.load(args.circuit) if args.circuit else None  # a bad folder fails before loading the model
-    found = (circuit.task.get("args") or {}) if circuit is not None and circuit.task.get("kind") == "kv" else {}
+    found = circuit.kv_args if circuit is not None else {}
     template = args.template or str(found.get("template", "official"))
     if args.threads:
         torch.set_num_threads(args.threads)

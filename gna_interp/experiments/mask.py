@@ -528,7 +528,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
     if isinstance(circuit, (str, os.PathLike)):
         source = str(circuit)
         circuit = Circuit.load(circuit)
-    kv_args = (circuit.task.get("args") or {}) if circuit is not None and circuit.task.get("kind") == "kv" else {}
+    kv_args = circuit.kv_args if circuit is not None else {}
     pairs = pairs if pairs is not None else int(kv_args.get("n_pairs", 10))
     max_value = max_value if max_value is not None else int(kv_args.get("max_value", 9))
     template = template if template is not None else str(kv_args.get("template", "official"))
