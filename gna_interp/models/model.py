@@ -412,9 +412,14 @@ class Model:
 
     def unembed(self, resid: Float[Tensor, "... pos d_model"]) -> Float[Tensor, "... pos vocab"]:
         """Final norm and unembedding of residual-stream vectors (cast to the unembedding's dtype, as Hugging
-        Face's own heads do: a half-precision Mamba keeps its residual, hence its final norm's output, in float32)."""
+        Face's own heads do: a half-precision Mamba keeps its residual, hence its final norm's output, in float32),
+        then what the family's causal-LM head does after ``lm_head`` (the bridge adapter's output transform:
+        Gemma-2's final soft-cap ``c·tanh(x/c)``, Granite's ``x / logits_scaling``, Falcon-H1's
+        ``lm_head_multiplier``, Cohere's ``logit_scale``), so these logits equal the forward's."""
         normed = self.bridge.ln_final(resid)
-        return self.bridge.unembed(normed.to(self.hf_model.get_output_embeddings().weight.dtype))
+        logits = self.bridge.unembed(normed.to(self.hf_model.get_output_embeddings().weight.dtype))
+        transform = getattr(getattr(self.bridge, "adapter", None), "apply_output_logits_transform", None)
+        return transform(logits) if transform is not None else logits
 
     @staticmethod
     def block_input_hook(layer: int) -> str:

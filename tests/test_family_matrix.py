@@ -1,0 +1,249 @@
+"""The family matrix (issue 28): every causal-LM family of ``tests/family_matrix.py``, built tiny with
+``from_config``, saved and loaded with ``load_model``, checked against computations that bypass gna_interp:
+logits against the plain Hugging Face forward, head lists against the config, patterns (attention rows; SSM
+implicit attention reproducing the mixer's output), ablation against zeroing the head's input columns of the
+output projection in a copy of the Hugging Face model, exact scans against the naive loop, and a KV task.
+The page ``docs/family_matrix.md`` is generated from the same list and must equal what it writes."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections import Counter
+from contextlib import contextmanager
+
+import pytest
+import torch
+import transformers
+
+import gna_interp as gna
+from gna_interp.models.loading import quiet_transformers
+from gna_interp.models.ssm import layer_terms
+from gna_interp.models.ssm_kernel import mixer_output
+from family_matrix import FAMILIES, PAGE, Family, render
+
+PROMPT = "Memorize the following dictionary:\nscallops:84\nriver:7\nThe value of the key 'river' is"
+SSM_KINDS = ("ssm1", "ssm2")
+
+
+def _for(check: str) -> list:
+    return [pytest.param(f, id=f.key) for f in FAMILIES if check in f.checks]
+
+
+class Built:
+    """One family: its folder, the gna_interp model and a plain Hugging Face model of the same folder."""
+
+    def __init__(self, fam: Family, root) -> None:
+        self.fam = fam
+        self.dir = fam.build(root / fam.key)
+        self.model = gna.load_model(self.dir, device="cpu")
+        with quiet_transformers():
+            self.hf = getattr(transformers, fam.cls).from_pretrained(self.dir, attn_implementation="eager").eval()
+        self.batch = self.model.tokenize(PROMPT)
+        self.layout = fam.layout(self.hf.config)
+
+    def hf_logits(self, hf: torch.nn.Module | None = None) -> torch.Tensor:
+        with torch.no_grad():
+            return (hf or self.hf)(self.batch.ids, attention_mask=self.batch.attention_mask).logits.float()
+
+    def sample_heads(self) -> list[gna.HeadRef]:
+        """Per kind: head 1 of its first layer and the last head of its last layer."""
+        out = []
+        for kind in sorted({k for _, k in self.layout}):
+            layers = sorted(l for l, k in self.layout if k == kind)
+            first, last = layers[0], layers[-1]
+            out.append(gna.HeadRef(first, min(1, self.layout[(first, kind)][0] - 1), kind))
+            out.append(gna.HeadRef(last, self.layout[(last, kind)][0] - 1, kind))
+        return list(dict.fromkeys(out))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    cache: dict[str, Built] = {}
+    root = tmp_path_factory.mktemp("family_matrix")
+
+    def get(fam: Family) -> Built:
+        if fam.key not in cache:
+            cache[fam.key] = Built(fam, root)
+        return cache[fam.key]
+
+    return get
+
+
+def _module(hf: torch.nn.Module, fam: Family, kind: str, layer: int) -> torch.nn.Module:
+    for path in fam.proj[kind]:
+        try:
+            return hf.get_submodule(path.format(l=layer))
+        except AttributeError:
+            continue
+    raise AssertionError(f"{fam.key}: no output projection of kind {kind} in layer {layer} at {fam.proj[kind]}")
+
+
+def _zero_columns(proj: torch.nn.Module, cols: slice) -> None:
+    """Zero the input columns ``cols`` of a Linear (weight ``[out, in]``) or a GPT-2 Conv1D (``[in, out]``)."""
+    with torch.no_grad():
+        if isinstance(proj, torch.nn.Linear):
+            proj.weight[:, cols] = 0
+        elif type(proj).__name__ == "Conv1D":
+            proj.weight[cols, :] = 0
+        else:
+            raise AssertionError(f"unknown projection type {type(proj).__name__}")
+
+
+@contextmanager
+def _zero_at_depth(proj: torch.nn.Module, layer_module: torch.nn.Module, cols: slice):
+    """Zero ``cols`` of ``proj``'s input only while ``layer_module`` runs (a projection shared by several depths)."""
+    active = [False]
+
+    def enter(*_):
+        active[0] = True
+
+    def leave(*_):
+        active[0] = False
+
+    def zero(_mod, args):
+        if active[0]:
+            x = args[0].clone()
+            x[..., cols] = 0
+            return (x,) + tuple(args[1:])
+        return None
+
+    handles = [layer_module.register_forward_pre_hook(enter), layer_module.register_forward_hook(leave),
+               proj.register_forward_pre_hook(zero)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# ---- the checks -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fam", _for("logits"))
+def test_load_and_logits_equal_hugging_face(fam, built):
+    b = built(fam)
+    assert b.model.architecture == fam.cls
+    ref = b.hf_logits()
+    got = b.model.forward(b.batch)
+    assert got.shape == ref.shape
+    err = (got - ref).abs().max().item()
+    assert err <= 1e-5 * max(1.0, ref.abs().max().item()), (fam.key, err)
+
+
+@pytest.mark.parametrize("fam", _for("heads"))
+def test_heads_listed_with_their_kinds(fam, built):
+    b = built(fam)
+    want = Counter()
+    for (layer, kind), (n, _) in b.layout.items():
+        want[(layer, kind)] = n
+    got = Counter((h.layer, h.kind) for h in b.model.heads())
+    assert got == want, fam.key
+    assert b.model.unsupported() == []
+    for (layer, kind), (n, width) in b.layout.items():
+        spec = b.model.layer_spec(layer, kind)
+        assert spec.n_heads == n and spec.head_dim == width, (fam.key, layer, kind)
+    names = [h.name for h in b.model.heads()]
+    assert len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("fam", _for("patterns"))
+def test_patterns(fam, built):
+    b = built(fam)
+    m = b.model
+    keep = b.batch.attention_mask.bool()
+    for kind in sorted({k for _, k in b.layout}):
+        heads = m.heads(kind=kind)
+        if kind in SSM_KINDS:
+            heads = [h for h in heads if h.head < 8]  # Mamba-1: 8 channels per layer keep it fast
+        pat = gna.patterns(m, b.batch, heads=heads).stack()
+        assert pat.shape[1] == len(heads) and torch.isfinite(pat).all(), (fam.key, kind)
+        if kind == "attn":
+            torch.testing.assert_close(pat.sum(-1), torch.ones(pat.shape[:-1]), atol=1e-5, rtol=0)
+            assert torch.triu(pat, diagonal=1).abs().max() == 0
+            continue
+        for spec in [s for s in m.layers if s.kind == kind]:
+            names = [f"{spec.bridge_path}.hook_in", f"{spec.bridge_path}.hook_out"]
+            _, cache = m.run_with_cache(b.batch, names_filter=lambda n: n in names)
+            hidden, ref = cache[names[0]], cache[names[1]]
+            terms = layer_terms(m, spec, hidden, b.batch.attention_mask)
+            every = m.heads(kind=kind, layers=[spec.layer])
+            M = gna.patterns(m, b.batch, every, form="exact").stack()
+            mx = torch.einsum("bnqk,bknp->bqnp", M, terms.x)
+            dx = terms.x * terms.D[None, None, :, None]
+            assert mx[keep].norm() > 0.2 * dx[keep].norm(), "M x must carry real weight"
+            out = mixer_output(m.hf_module(spec.bridge_path), terms, mx + dx)
+            rel = ((out - ref)[keep].norm() / ref[keep].norm()).item()
+            assert rel <= 1e-4, (fam.key, spec.layer, rel)
+
+
+@pytest.mark.parametrize("fam", _for("ablation"))
+def test_ablation_equals_zeroed_projection_columns(fam, built):
+    b = built(fam)
+    intact = b.hf_logits()
+    for head in b.sample_heads():
+        width = b.layout[(head.layer, head.kind)][1]
+        cols = slice(head.head * width, (head.head + 1) * width)
+        with gna.ablate(b.model, head):
+            got = b.model.forward(b.batch)
+        if head.kind in fam.shared:
+            proj = _module(b.hf, fam, head.kind, head.layer)
+            path = fam.proj[head.kind][0].format(l=head.layer)
+            depth = b.hf.get_submodule(path[:path.index(f".{head.layer}.") + len(f".{head.layer}")])
+            with _zero_at_depth(proj, depth, cols):
+                ref = b.hf_logits()
+        else:
+            edited = copy.deepcopy(b.hf)
+            _zero_columns(_module(edited, fam, head.kind, head.layer), cols)
+            ref = b.hf_logits(edited)
+        moved = (ref - intact).abs().max().item()
+        assert moved > 1e-4, (fam.key, head.name, moved)
+        err = (got - ref).abs().max().item()
+        assert err <= 1e-5 * max(1.0, ref.abs().max().item()), (fam.key, head.name, err, moved)
+
+
+@pytest.mark.parametrize("fam", _for("scan"))
+def test_exact_scan_equals_naive_loop(fam, built):
+    b = built(fam)
+    task = gna.KVRetrieval(n_pairs=3, n_samples=3, seed=1, max_value=9)
+    heads = b.sample_heads()[:3]
+    kw = dict(heads=heads, batch_size=4, progress=False)
+    with warnings.catch_warnings():  # the fast exact path itself, not its fallback to the naive loop
+        warnings.simplefilter("error", RuntimeWarning)
+        exact = gna.scan_heads(b.model, task, strategy="exact", **kw)
+    naive = gna.scan_heads(b.model, task, strategy="naive", **kw)
+    assert set(exact.exact) == set(naive.exact) == set(heads)
+    assert exact.baseline_value == pytest.approx(naive.baseline_value, abs=1e-5)
+    for h in heads:
+        torch.testing.assert_close(exact.exact[h]["logit_diff"], naive.exact[h]["logit_diff"], atol=1e-5, rtol=0)
+        assert torch.equal(exact.exact[h]["correct"], naive.exact[h]["correct"])
+
+
+@pytest.mark.parametrize("fam", _for("kv"))
+def test_kv_task_evaluates(fam, built):
+    b = built(fam)
+    task = gna.KVRetrieval(n_pairs=3, n_samples=4, seed=2, max_value=9)
+    ev = gna.evaluate(b.model, task, progress=False)
+    assert ev.metrics["n_samples"] == 4 and 0.0 <= ev.accuracy <= 1.0
+    assert torch.isfinite(torch.tensor(ev.logit_diff))
+    # the prompts were tokenised by the model's own tokenizer: its ids, as the plain HF tokenizer gives them
+    ids = b.model.tokenize(task[0].prompt).ids[0].tolist()
+    assert ids == b.model.tokenizer(task[0].prompt)["input_ids"]
+
+
+# ---- the list and the page ----------------------------------------------------------------------------------
+
+
+def test_every_family_runs_every_check_or_says_why():
+    keys = [f.key for f in FAMILIES]
+    assert len(set(keys)) == len(keys)
+    for f in FAMILIES:
+        assert set(f.checks) <= set(("load", "logits", "heads", "patterns", "ablation", "scan", "kv")), f.key
+        assert f.checks == tuple(c for c in ("load", "logits", "heads", "patterns", "ablation", "scan", "kv")
+                                 if c in f.checks)
+        assert set(f.checks) == set(("load", "logits", "heads", "patterns", "ablation", "scan", "kv")) or f.note
+
+
+def test_page_is_generated_from_the_list():
+    assert PAGE.read_text(encoding="utf-8") == render(), \
+        "docs/family_matrix.md is stale: run `python -m tests.family_matrix` from the repository root"
