@@ -24,8 +24,9 @@ format             file                                        written by
 =================  =========================================  ===========================
 
 ``scan.csv`` (the ranked table, for people and spreadsheets) and ``summary.md`` are written atomically
-as well; the ``circuit`` document records how many heads ``scan.json`` holds (``scan_rows``), so a folder
-that mixes two runs is caught by ``Circuit.load``.
+as well. Every read checks the document against its schema (:mod:`gna_interp.schemas`: types, ranges, finite
+numbers); the files of one saved circuit carry the same ``run_id`` (circuit format 2), so a folder that mixes
+two runs is caught by ``Circuit.load``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 
 from gna_interp.errors import InputError
 
-FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 1, "views": 1, "patterns": 1,
+FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 2, "views": 1, "patterns": 1,
                                    "comparison": 1, "eval": 1, "prune": 1, "mask": 1, "sweep": 1, "families": 1,
                                    "hybrid_plan": 1, "delegation": 1,
                                    "hybrid_build": 1}
@@ -103,17 +104,53 @@ def write_json(path: str | os.PathLike, fmt: str, body: dict[str, Any], indent: 
     return atomic_write(path, json.dumps(doc, indent=indent, allow_nan=False) + "\n")
 
 
-def read_json(path: str | os.PathLike, fmt: str) -> dict[str, Any]:
-    """Read a ``fmt`` document written by :func:`write_json`; a clear error when missing, truncated,
-    of another kind or of another version."""
+def read_json(path: str | os.PathLike, fmt: str, run_id: str | None = None) -> dict[str, Any]:
+    """Read a ``fmt`` document written by :func:`write_json`; a clear error when missing, truncated, of another
+    kind or version, off its schema, or (given ``run_id``) written by another run."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{str(path)!r} does not exist")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise InputError(f"{str(path)!r} nests its JSON too deeply to be a gna_interp {fmt} file") from None
     except (OSError, ValueError) as e:
         raise InputError(f"{str(path)!r} cannot be read as JSON ({e}); it may be truncated: rewrite it") from e
-    return _check(doc, fmt, path)
+    return _same_run(_validated(_check(doc, fmt, path), fmt, path), run_id, path)
+
+
+def _same_run(doc: dict[str, Any], run_id: str | None, path: Path) -> dict[str, Any]:
+    """``doc`` when it carries ``run_id`` (or none is asked for): the files of one saved result carry the id of
+    the run that wrote them, so a file copied in from another run is caught."""
+    if run_id is not None and doc.get("run_id") != run_id:
+        found = doc.get("run_id")
+        raise InputError(f"{str(path)!r} comes from another run (run_id {str(found)[:32] if found else 'missing'}, the "
+                         f"folder's circuit.json has {run_id}): the folder mixes two runs; rerun the command that made "
+                         f"it or put the file's own folder back together")
+    return doc
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number (gna writes a non-finite value as null)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} overflows a float")
+    return value
+
+
+def _validated(doc: dict[str, Any], fmt: str, path: Path) -> dict[str, Any]:
+    """``doc`` when it fits its format's schema (:mod:`gna_interp.schemas`), else a one-line error naming the file
+    and the field."""
+    from gna_interp.schemas import schema_error
+
+    problem = schema_error(doc, fmt)
+    if problem:
+        raise InputError(f"{str(path)!r} is not a valid {fmt} file: {problem}; it was edited or comes from another "
+                         f"program: rewrite it (rerun the command that made it)")
+    return doc
 
 
 def write_tensors(path: str | os.PathLike, fmt: str, body: dict[str, Any]) -> Path:
@@ -126,8 +163,8 @@ def write_tensors(path: str | os.PathLike, fmt: str, body: dict[str, Any]) -> Pa
     return atomic_write(path, buf.getvalue())
 
 
-def read_tensors(path: str | os.PathLike, fmt: str) -> dict[str, Any]:
-    """Read a bundle written by :func:`write_tensors` (no code is unpickled)."""
+def read_tensors(path: str | os.PathLike, fmt: str, run_id: str | None = None) -> dict[str, Any]:
+    """Read a bundle written by :func:`write_tensors` (no code is unpickled); checked as :func:`read_json`."""
     import torch
 
     path = Path(path)
@@ -138,4 +175,4 @@ def read_tensors(path: str | os.PathLike, fmt: str) -> dict[str, Any]:
     except Exception as e:  # torch raises several types for a bad file
         raise InputError(f"{str(path)!r} cannot be read as a tensor bundle ({type(e).__name__}: {e}); "
                          f"it may be truncated: rewrite it") from e
-    return _check(doc, fmt, path)
+    return _same_run(_validated(_check(doc, fmt, path), fmt, path), run_id, path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import uuid
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -411,18 +412,19 @@ class Circuit:
         """Write the circuit into folder ``out`` (:data:`FILES`, each atomically); return the folder."""
         d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
-        self.scan.save(d / "scan.json")
+        run = uuid.uuid4().hex  # written into every file of this save: Circuit.load refuses a file from another run
+        self.scan.save(d / "scan.json", run)
         if self.control is not None:
-            self.control.save(d / "control.json")
+            self.control.save(d / "control.json", run)
         if self.views is not None:
-            self.views.save(d / "views.pt")
+            self.views.save(d / "views.pt", run)
         if self.delegation is not None:
-            self.delegation.save(d)
+            self.delegation.save(d, run)
         for i, fs in enumerate(self.formats.values()):
-            fs.save(d / f"format{i}.json")
+            fs.save(d / f"format{i}.json", run)
         atomic_write(d / "scan.csv", self.to_frame().to_csv(index=False))
         atomic_write(d / "summary.md", self.summary())
-        write_json(d / "circuit.json", "circuit", self.to_dict())  # last: it vouches for the others
+        write_json(d / "circuit.json", "circuit", {**self.to_dict(), "run_id": run})  # last: it vouches for the others
         return d
 
     @classmethod
@@ -430,22 +432,28 @@ class Circuit:
         """Read a circuit saved by :meth:`save` (a folder, or its ``circuit.json``); no model needed."""
         d = Path(path)
         d = d.parent if d.name == "circuit.json" else d
-        doc = read_json(d / "circuit.json", "circuit")
-        scan = HeadScan.load(d / "scan.json")
-        if len(scan.heads) != doc.get("scan_rows"):
+        doc = read_json(d / "circuit.json", "circuit")  # checked against its schema (gna_interp.schemas)
+        run = doc["run_id"]
+        scan = HeadScan.load(d / "scan.json", run)
+        if len(scan.heads) != doc["scan_rows"]:
             raise InputError(f"{d / 'scan.json'} holds {len(scan.heads)} heads but circuit.json records "
-                             f"{doc.get('scan_rows')}; the folder mixes two runs: rerun `gna scan`")
-        views = CardViews.load(d / _member(d, doc, "views", "views.pt")) if doc.get("views") else None
-        control = HeadScan.load(d / _member(d, doc, "control", "control.json")) if doc.get("control") else None
-        deleg = Delegation.load(d / _member(d, doc, "delegation", "delegation.json")) if doc.get("delegation") else None
-        roles = pd.DataFrame(doc.get("roles") or [], columns=None)
-        return cls(doc["model"], doc["task"], scan, roles, dict(doc["baseline"]),
-                   pd.DataFrame(doc.get("curve") or [], columns=CURVE_COLUMNS),
-                   RoleRule(**doc["rule"]), float(doc.get("seconds") or 0.0), views, control,
-                   float(doc.get("generic_fraction") or DEFAULT_GENERIC_FRACTION), bool(doc.get("keep_generic")),
-                   list(doc.get("notes") or []), doc.get("twin"), dict(doc.get("timings") or {}), deleg,
-                   Calibration.from_dict(doc["calibration"]) if doc.get("calibration") else None,
-                   *_load_formats(d, doc.get("formats") or []))
+                             f"{doc['scan_rows']}; the folder mixes two runs: rerun `gna scan`")
+        views = CardViews.load(d / _member(d, doc, "views", "views.pt"), run) if doc.get("views") else None
+        control = HeadScan.load(d / _member(d, doc, "control", "control.json"), run) if doc.get("control") else None
+        deleg = (Delegation.load(d / _member(d, doc, "delegation", "delegation.json"), run) if doc.get("delegation")
+                 else None)
+        try:
+            roles = pd.DataFrame(doc.get("roles") or [], columns=None)
+            return cls(doc["model"], doc["task"], scan, roles, dict(doc["baseline"]),
+                       pd.DataFrame(doc.get("curve") or [], columns=CURVE_COLUMNS),
+                       RoleRule(**doc["rule"]), float(doc.get("seconds") or 0.0), views, control,
+                       float(doc.get("generic_fraction") or DEFAULT_GENERIC_FRACTION), bool(doc.get("keep_generic")),
+                       list(doc.get("notes") or []), doc.get("twin"), dict(doc.get("timings") or {}), deleg,
+                       Calibration.from_dict(doc["calibration"]) if doc.get("calibration") else None,
+                       *_load_formats(d, doc.get("formats") or [], run))
+        except (KeyError, TypeError, ValueError, IndexError) as e:  # what the schema cannot say (a table's columns)
+            raise InputError(f"{d / 'circuit.json'} does not describe a circuit ({type(e).__name__}: {str(e)[:120]}); "
+                             f"rerun `gna scan`") from None
 
     def __repr__(self) -> str:
         return (f"Circuit({self.model!r}, {self.task.get('name')!r}, {len(self.scan.heads)} heads, "
@@ -461,13 +469,14 @@ def _member(d: Path, doc: dict[str, Any], key: str, name: str) -> str:
     return name
 
 
-def _load_formats(d: Path, entries: list[Any]) -> tuple[dict[str, HeadScan], dict[str, dict[str, Any]]]:
+def _load_formats(d: Path, entries: list[Any], run: str | None = None
+                  ) -> tuple[dict[str, HeadScan], dict[str, dict[str, Any]]]:
     """The format scans and tasks a ``circuit.json`` lists (files ``formatN.json`` inside the folder)."""
     scans, tasks = {}, {}
     for i, e in enumerate(entries):
         if not isinstance(e, dict) or not isinstance(e.get("name"), str) or e.get("scan") != f"format{i}.json":
             raise InputError(f"{d / 'circuit.json'}: formats entry {i} is malformed ({e!r:.80}); rerun `gna scan`")
-        scans[e["name"]] = HeadScan.load(d / e["scan"])
+        scans[e["name"]] = HeadScan.load(d / e["scan"], run)
         tasks[e["name"]] = e.get("task") or {}
     return scans, tasks
 

@@ -139,20 +139,20 @@ class Delegation:
                 "roles": _records(self.roles), "kinds": _records(self.kinds), "removal": _records(self.removal),
                 "settings": self.settings, "notes": list(self.notes), "seconds": round(self.seconds, 2)}
 
-    def save(self, out: str | os.PathLike) -> Path:
+    def save(self, out: str | os.PathLike, run_id: str | None = None) -> Path:
         """Write ``delegation.json`` and ``delegation.csv`` (the per-kind table) into folder ``out``; return it."""
         d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
         atomic_write(d / CSV_FILE, self.kinds.to_csv(index=False))
-        write_json(d / JSON_FILE, FORMAT, self.to_dict())
+        write_json(d / JSON_FILE, FORMAT, {**self.to_dict(), **({"run_id": run_id} if run_id else {})})
         return d
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Delegation":
+    def load(cls, path: str | os.PathLike, run_id: str | None = None) -> "Delegation":
         """Read a result written by :meth:`save` (the folder or its ``delegation.json``)."""
         p = Path(path)
         p = p / JSON_FILE if p.is_dir() else p
-        doc = read_json(p, FORMAT)
+        doc = read_json(p, FORMAT, run_id)
 
         def frame(key: str, columns: list[str], text: tuple[str, ...]) -> pd.DataFrame:
             df = pd.DataFrame(doc[key], columns=columns)

@@ -346,8 +346,10 @@ class HeadScan:
                 "screened": {h.name: _to_json(v) for h, v in self.screened.items()}}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "HeadScan":
-        """The scan :meth:`to_state` described."""
+    def from_state(cls, state: dict[str, Any], where: str = "the scan state") -> "HeadScan":
+        """The scan :meth:`to_state` described (its per-sample lists must agree in length: ``where`` names the
+        source in the error)."""
+        _check_lengths(state, where)
         scan = cls(state["model"], state["task"], state["method"], state["metric"], state["strategy"],
                    [HeadRef.parse(n) for n in state["heads"]], {}, seconds=float(state.get("seconds") or 0.0),
                    unsettled=int(state.get("unsettled") or 0))
@@ -365,14 +367,15 @@ class HeadScan:
         self.screen_index = [int(i) for i in state.get("screen_index") or []]
         self.screened = {HeadRef.parse(k): _from_json(v) for k, v in (state.get("screened") or {}).items()}
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the scan (every per-sample result) to ``path`` as a ``scan`` JSON document."""
-        return write_json(path, "scan", self.to_state(), indent=None)
+    def save(self, path: str | os.PathLike, run_id: str | None = None) -> Path:
+        """Write the scan (every per-sample result) to ``path`` as a ``scan`` JSON document (``run_id``: the id
+        of the saved result it belongs to)."""
+        return write_json(path, "scan", {**self.to_state(), **({"run_id": run_id} if run_id else {})}, indent=None)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "HeadScan":
-        """Read a scan written by :meth:`save`."""
-        return cls.from_state(read_json(path, "scan"))
+    def load(cls, path: str | os.PathLike, run_id: str | None = None) -> "HeadScan":
+        """Read a scan written by :meth:`save` (given ``run_id``, it must carry that id)."""
+        return cls.from_state(read_json(path, "scan", run_id), where=str(path))
 
     def __repr__(self) -> str:
         return (f"HeadScan({self.model!r}, {self.task!r}, {len(self.heads)} heads, {self.strategy}, "
@@ -399,6 +402,29 @@ def _per_sample(scores: CandidateScores) -> dict[str, Tensor]:
 
 def _to_json(per: dict[str, Tensor]) -> dict[str, list]:
     return {k: per[k].tolist() for k in _PER_SAMPLE if k in per}
+
+
+def _check_lengths(state: dict[str, Any], where: str) -> None:
+    """Refuse a state whose per-sample lists disagree in length (every head's results cover the baseline's samples;
+    a screened head's the screening samples) or that names results for heads it does not scan."""
+    heads = set(state.get("heads") or [])
+    n = None
+    if state.get("baseline"):
+        lengths = {len(v) for v in state["baseline"].values()}
+        if len(lengths) > 1:
+            raise InputError(f"{where}: the baseline's per-sample lists have different lengths {sorted(lengths)}")
+        n = lengths.pop() if lengths else None
+    m = len(state.get("screen_index") or [])
+    for key, want in (("exact", n), ("screened", m)):
+        for name, per in (state.get(key) or {}).items():
+            if name not in heads:
+                raise InputError(f"{where}: {key} holds results for {name}, which is not among the scanned heads")
+            bad = {k: len(v) for k, v in per.items() if want is not None and len(v) != want}
+            if bad:
+                raise InputError(f"{where}: {key} {name} has {bad} per-sample values where the "
+                                 f"{'baseline' if key == 'exact' else 'screening set'} has {want}")
+    if n is not None and any(i >= n for i in state.get("screen_index") or []):
+        raise InputError(f"{where}: screen_index names a sample beyond the {n} of the baseline")
 
 
 def _from_json(d: dict[str, list]) -> dict[str, Tensor]:

@@ -64,18 +64,18 @@ class CardViews:
                               "n_tokens": s.n_tokens}
                              for i, (g, p, c, s) in enumerate(zip(self.gold, self.pred, self.candidates, self.segments))])
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the views to ``path`` (a ``views`` tensor bundle)."""
-        return write_tensors(path, "views", {
+    def save(self, path: str | os.PathLike, run_id: str | None = None) -> Path:
+        """Write the views to ``path`` (a ``views`` tensor bundle; ``run_id``: the saved result it belongs to)."""
+        return write_tensors(path, "views", {**({"run_id": run_id} if run_id else {}),
             "patterns": self.patterns.to_state(), "segments": [s.to_dict() for s in self.segments],
             "gold": list(self.gold), "pred": list(self.pred), "candidates": [list(c) for c in self.candidates],
             "pair": [h.name for h in self.pair] if self.pair else None, "why": self.why,
             "view": [h.name for h in self.view]})
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "CardViews":
-        """Read views written by :meth:`save`."""
-        d = read_tensors(path, "views")
+    def load(cls, path: str | os.PathLike, run_id: str | None = None) -> "CardViews":
+        """Read views written by :meth:`save` (given ``run_id``, the bundle must carry that id)."""
+        d = read_tensors(path, "views", run_id)
         pair = d["pair"]
         return cls(PatternSet.from_state(d["patterns"]), [Segments.from_dict(s) for s in d["segments"]],
                    list(d["gold"]), list(d["pred"]), [tuple(c) for c in d["candidates"]],

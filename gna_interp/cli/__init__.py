@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from gna_interp.errors import GnaError, InputError
+from gna_interp.run_folder import RunFolder, check_out_file
 
 Command = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Command]] = {}
@@ -239,6 +240,7 @@ def run_patterns(args: argparse.Namespace) -> int:
     from gna_interp.models import load_model
     from gna_interp.viz.attention import patterns_page
 
+    out = check_out_file(args.out)  # before the model loads
     spec = args.model or _first_default()
     model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
     model.check_runnable()
@@ -249,7 +251,6 @@ def run_patterns(args: argparse.Namespace) -> int:
         first = sorted({h.layer for h in candidates})[:2]
         heads = [h for h in candidates if h.layer in first]
     ps = patterns(model, args.prompt, heads=heads, form=args.form)
-    out = Path(args.out)
     patterns_page(ps, f"{model.name}: {len(heads)} heads", heads,
                   note=f"model {model.name} ({model.architecture})").save(out)
     print(f"wrote {out} ({len(heads)} heads: {', '.join(h.name for h in heads[:12])}{' ...' if len(heads) > 12 else ''})")
@@ -269,6 +270,7 @@ def _zoo_args(p: argparse.ArgumentParser) -> None:
     dest = t.add_mutually_exclusive_group()
     dest.add_argument("--out", default=None, help="output directory (default: ./zoo/NAME)")
     dest.add_argument("--install", action="store_true", help="write into the package's zoo folder (replaces the shipped model)")
+    t.add_argument("--fresh", action="store_true", help="--out may hold another command's results: delete them first")
     p.set_defaults(run=run_zoo)
 
 
@@ -288,9 +290,11 @@ def run_zoo(args: argparse.Namespace) -> int:
         print(f"recipes: {', '.join(sorted(RECIPES))} (gna zoo train NAME)")
         return 0
     recipe(args.name)  # clear error for an unknown name before any work
-    out = zoo_dir() / args.name if args.install else Path(args.out or Path("zoo") / args.name)
-    _check_out_dir(out)
-    train(args.name, out, steps=args.steps, seed=args.seed, threads=args.threads, eval_samples=args.eval_samples)
+    args.out = zoo_dir() / args.name if args.install else Path(args.out or Path("zoo") / args.name)
+    folder = claim_out(args, "zoo train")
+    with folder.hold(args.fresh):
+        train(args.name, folder.path, steps=args.steps, seed=args.seed, threads=args.threads,
+              eval_samples=args.eval_samples)
     return 0
 
 
@@ -385,9 +389,8 @@ def run_scan(args: argparse.Namespace) -> int:
     lead = shard is None or shard.lead
     out = Path(args.out)
     ckpt = out / "scan.ckpt.json"
+    folder = claim_out(args, "scan", checkpoints=[ckpt, ckpt.with_suffix(".control.json")])
     stale = [f for f in (ckpt, ckpt.with_suffix(".control.json")) if f.exists()] + rank_files(ckpt)
-    _check_out_dir(out)
-    _Lock(out).check()
     if args.task == "kv" and args.pairs is not None and args.max_value is not None:
         _check_pairs(args.pairs, args.max_value)
     if stale and not (args.resume or args.fresh):
@@ -409,7 +412,7 @@ def run_scan(args: argparse.Namespace) -> int:
                                allow_chance=args.allow_chance, twin=twin, formats=formats)
     if shard is not None:
         shard.barrier()  # every rank has checked the folder before rank 0 locks it
-    with _Lock(out) if lead else contextlib.nullcontext():
+    with folder.hold(args.fresh) if lead else contextlib.nullcontext():
         if args.fresh:
             for f in stale:
                 f.unlink(missing_ok=True)
@@ -479,6 +482,7 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=seeds_arg(1), default=6, help="random k-head draws (default 6; their median is reported)")
     p.add_argument("--batch-size", type=at_least(1), default=16)
     p.add_argument("--out", default=None, help="output folder for compare.json/.csv/.md (default: print only)")
+    p.add_argument("--fresh", action="store_true", help="--out may hold another command's results: delete them first")
     p.set_defaults(run=run_compare)
 
 
@@ -486,12 +490,14 @@ def run_compare(args: argparse.Namespace) -> int:
     from gna_interp.circuits import Circuit, compare_circuits
     from gna_interp.models import load_model
 
+    folder = claim_out(args, "compare-circuits") if args.out else None  # before the model loads
     a, b = Circuit.load(args.a), Circuit.load(args.b)
     model = load_model(args.model or a.model, device=getattr(args, "device", None))
     result = compare_circuits(model, a, b, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size)
     print(result.summary())
-    if args.out:
-        print(f"wrote {result.save(args.out)}")
+    if folder is not None:
+        with folder.hold(args.fresh):
+            print(f"wrote {result.save(folder.path)}")
     return 0
 
 
@@ -575,70 +581,13 @@ def _scan_task(args: argparse.Namespace, model: Any, seed: int, form: dict[str, 
         return task, None
 
 
-def _check_out_dir(out: Path) -> None:
-    """Refuse an output folder that cannot be one (an existing file, or a folder we cannot write into)."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {str(out)!r} is an existing file, not a folder; pick a folder path")
-    parent = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"--out {str(out)!r}: cannot write into {str(parent)!r}; pick a folder you can write to")
-
-
-class _Lock:
-    """``DIR/.gna.lock`` held while a command writes into ``DIR``: a second scan into the same folder is
-    refused (a lock left by a process that no longer runs is taken over)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.path = folder / ".gna.lock"
-
-    def check(self) -> None:
-        """Refuse when a live process holds the lock (read only: touches nothing)."""
-        if self.path.exists() and self._held():
-            raise InputError(f"{self.path.parent} is in use by another gna process ({self.path} names pid "
-                             f"{self._pid() or '?'}); wait for it to finish, pick another --out, or delete the lock "
-                             f"file if no gna process uses the folder")
-
-    def _pid(self) -> int:
-        try:
-            return int(self.path.read_text().strip() or 0)
-        except (OSError, ValueError):
-            return 0
-
-    def _held(self) -> bool:
-        pid = self._pid()
-        if pid:
-            return _alive(pid)
-        try:  # empty: another process is between creating it and writing its pid, unless it is old
-            return time.time() - self.path.stat().st_mtime < 60
-        except OSError:
-            return False
-
-    def __enter__(self) -> "_Lock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self.check()
-                self.path.unlink(missing_ok=True)  # stale: its process is gone
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            return self
-        raise InputError(f"could not take the lock {self.path}; delete it if no gna process uses {self.path.parent}")
-
-    def __exit__(self, *exc: object) -> None:
-        self.path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def claim_out(args: argparse.Namespace, command: str, checkpoints: Sequence[Path] = ()) -> RunFolder:
+    """``--out`` checked for ``command`` before any work (:class:`~gna_interp.run_folder.RunFolder`: a folder we
+    may write, no folder links inside, no live lock, no other command's results unless ``--fresh``)."""
+    folder = RunFolder(args.out, command)
+    folder.check(fresh=bool(getattr(args, "fresh", False)), resume=bool(getattr(args, "resume", False)),
+                 checkpoints=checkpoints)
+    return folder
 
 
 def _check_device(device: str | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _compute_args, _Lock, at_least, samples_arg, seeds_arg, command
+from gna_interp.cli import claim_out, _compute_args, at_least, samples_arg, seeds_arg, command
 from gna_interp.cli.sweep import interrupted, resume_args
 from gna_interp.errors import InputError
 
@@ -71,8 +71,7 @@ def run_compare_families(args: argparse.Namespace) -> int:
     from gna_interp.experiments.sweep import check_out, slug
 
     out = Path(args.out)
-    _check_out_dir(out)
-    _Lock(out).check()
+    folder = claim_out(args, "compare")
     if args.pairs > args.max_value + 1:
         raise InputError(f"--pairs {args.pairs} needs {args.pairs} distinct values, but --max-value {args.max_value} "
                          f"gives {args.max_value + 1}; raise --max-value or lower --pairs")
@@ -89,7 +88,7 @@ def run_compare_families(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"comparing {', '.join(args.model)} ({args.dtype}) ...", flush=True)
-    with _Lock(out):
+    with folder.hold(args.fresh):
         try:
             result = compare(args.model, circuits, k=args.top_k, seeds=args.seeds, pairs=args.pairs, samples=args.samples,
                              max_value=args.max_value, template=args.template, seed=args.seed, sharp_samples=args.sharp_samples, pool=args.pool,

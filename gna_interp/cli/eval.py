@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (_check_out_dir, _compute_args, _load_for, _Lock, _resume_args, at_least, seeds_arg, command,
+from gna_interp.cli import (claim_out, _compute_args, _load_for, _resume_args, at_least, seeds_arg, command,
                             spec_text)
 from gna_interp.errors import InputError
 
@@ -70,8 +70,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if not args.debug:  # lm-eval logs every task's set-up at WARNING; --debug shows it
         logging.getLogger("lm_eval").setLevel(logging.ERROR)
     out = Path(args.out)
-    _check_out_dir(out)
-    _Lock(out).check()
+    folder = claim_out(args, "eval")
     done = sorted((out / CONDITIONS_DIR).glob("*.json")) if (out / CONDITIONS_DIR).is_dir() else []
     if done and not (args.resume or args.fresh):
         raise InputError(f"{out} holds {len(done)} finished condition(s) of an earlier gna eval ({out / CONDITIONS_DIR}); "
@@ -91,7 +90,7 @@ def run_eval(args: argparse.Namespace) -> int:
     model = _load_for(args, args.model or (circuit_doc.model if circuit_doc is not None else None))
     if args.ablate is not None:
         model.check_heads(args.ablate)  # heads out of range fail before any benchmark runs
-    with _Lock(out):
+    with folder.hold(args.fresh):
         if args.fresh:
             for f in done:
                 f.unlink()

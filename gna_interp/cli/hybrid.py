@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 from typing import Callable
 
-from gna_interp.cli import COUNT_CAP, _check_out_dir, _Lock, at_least, command, spec_text
+from gna_interp.cli import claim_out, COUNT_CAP, at_least, command, spec_text
 from gna_interp.errors import InputError
 
 SUBCOMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -86,6 +86,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                    help="dtype of the caches (default: the dtype the checkpoint was saved in, else float32)")
     p.add_argument("--out", default=None, help="output folder for hybrid_plan.csv, hybrid_plan.json, report.html "
                                                "(default: print only)")
+    p.add_argument("--fresh", action="store_true", help="--out may hold another command's results: delete them first")
     p.set_defaults(run=run_plan)
 
 
@@ -96,8 +97,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else None
     if out is not None:
-        _check_out_dir(out)
-        _Lock(out).check()
+        folder = claim_out(args, "hybrid plan")
     if args.order == "random" and args.scan is not None:
         raise InputError("--order random ranks the heads at random: drop --scan (or drop --order random)")
     if args.order == "random" and args.seed is None:
@@ -117,7 +117,7 @@ def run_plan(args: argparse.Namespace) -> int:
                        dtype=args.dtype, order=args.order, seed=args.seed)
     print(plan.summary())
     if out is not None:
-        with _Lock(out):
+        with folder.hold(args.fresh):
             head = plan.header()
             ResultFolder(out, FORMAT).write(plan.to_frame(), plan.to_dict(), title=head[0], notes=[n[2:] for n in head[1:]],
                                             sections=["<h2>Memory by k kept heads (MB = 10^6 bytes; x = full / hybrid)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import _check_out_dir, _Lock, at_least, samples_arg, seeds_arg, choice_list, spec_text
+from gna_interp.cli import claim_out, at_least, samples_arg, seeds_arg, choice_list, spec_text
 from gna_interp.cli.hybrid import int_list, subcommand
 from gna_interp.cli.sweep import interrupted, resume_args
 
@@ -51,13 +51,12 @@ def run_build(args: argparse.Namespace) -> int:
     from gna_interp.experiments.hybrid_build import CKPT, STUDENTS, hybrid_build
 
     out = Path(args.out)
-    _check_out_dir(out)
-    _Lock(out).check()
+    folder = claim_out(args, "hybrid build")
     if args.scan is not None and not Path(args.scan).exists():  # before any loading
         from gna_interp.errors import InputError
 
         raise InputError(f"--scan {args.scan!r} does not exist: pass the folder `gna scan --out DIR` wrote")
-    with _Lock(out):
+    with folder.hold(args.fresh):
         try:
             result = hybrid_build(args.model, args.k, out=out, conditions=args.keep, seeds=args.seeds,
                                   pairs=args.pairs, samples=args.samples, scan=args.scan, steps=args.steps,

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (_check_out_dir, _check_pairs, _compute_args, _load_for, _Lock, _resume_args, at_least, samples_arg, seeds_arg,
+from gna_interp.cli import (claim_out, _check_pairs, _compute_args, _load_for, _resume_args, at_least, samples_arg, seeds_arg,
                             command, spec_text)
 from gna_interp.errors import InputError
 
@@ -68,8 +68,7 @@ def run_mask(args: argparse.Namespace) -> int:
     from gna_interp.experiments.mask import checkpoint_files, mask_experiment
 
     out = Path(args.out)
-    _check_out_dir(out)
-    _Lock(out).check()
+    folder = claim_out(args, "mask")
     if args.circuit is not None and not (Path(args.circuit) / "circuit.json").is_file() \
             and not str(args.circuit).endswith("circuit.json"):
         raise InputError(f"--circuit {args.circuit!r} is not a `gna scan` folder (no circuit.json in it)")
@@ -81,7 +80,7 @@ def run_mask(args: argparse.Namespace) -> int:
         raise InputError(f"{out} holds the checkpoint of an unfinished mask run ({stale[0].relative_to(out)}); "
                          f"--resume continues it, --fresh deletes it and starts over, or pick another --out")
     model = _load_for(args)
-    with _Lock(out):
+    with folder.hold(args.fresh):
         try:
             result = mask_experiment(model, circuit=args.circuit, heads=args.heads, out=out, pairs=pairs,
                                      samples=args.samples, max_value=max_value, template=args.template,

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (_check_out_dir, _check_pairs, _compute_args, _load_for, _Lock, _resume_args, at_least, samples_arg,
+from gna_interp.cli import (claim_out, _check_pairs, _compute_args, _load_for, _resume_args, at_least, samples_arg,
                             choice_list, command, spec_text)
 from gna_interp.errors import InputError
 
@@ -59,8 +59,7 @@ def run_prune(args: argparse.Namespace) -> int:
     from gna_interp.experiments.prune import CHECKPOINT, parse_keep_layers, prune
 
     out = Path(args.out)
-    _check_out_dir(out)
-    _Lock(out).check()
+    folder = claim_out(args, "prune")
     if "kv" in args.tasks:
         _check_pairs(args.pairs, args.max_value)
     parse_keep_layers(args.keep_layers)  # a malformed range fails before any loading
@@ -68,7 +67,7 @@ def run_prune(args: argparse.Namespace) -> int:
         raise InputError(f"{out} holds the checkpoint of an unfinished prune run ({CHECKPOINT}); --resume continues "
                          f"it, --fresh deletes it and starts over, or pick another --out")
     model = _load_for(args)
-    with _Lock(out):
+    with folder.hold(args.fresh):
         try:
             result = prune(model, out, tasks=args.tasks, pairs=args.pairs, samples=args.samples,
                            max_value=args.max_value, seed=args.seed, questions=args.questions, shots=args.shots,

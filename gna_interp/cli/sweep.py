@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (_check_out_dir, _compute_args, _first_default, _Lock, _resume_args, at_least, samples_arg, seeds_arg, command,
+from gna_interp.cli import (claim_out, _compute_args, _first_default, _resume_args, at_least, samples_arg, seeds_arg, command,
                             spec_text)
 from gna_interp.errors import InputError
 
@@ -85,8 +85,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     from gna_interp.experiments.sweep import CIRCUIT_DIR, CKPT, check_out, sweep
 
     out = Path(args.out)
-    _check_out_dir(out)
-    _Lock(out).check()
+    folder = claim_out(args, "sweep")
     if max(args.pairs) > args.max_value + 1:
         raise InputError(f"--pairs up to {max(args.pairs)} need {max(args.pairs)} distinct values, but --max-value "
                          f"{args.max_value} gives {args.max_value + 1}; raise --max-value (99 is the paper's range) or "
@@ -100,7 +99,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     spec = args.model or _first_default()
     print(f"loading {spec} ({args.dtype}) ...", flush=True)
-    with _Lock(out):
+    with folder.hold(args.fresh):
         try:
             result = sweep(spec, args.pairs, circuit, k=args.top_k, seeds=args.seeds, samples=args.samples,
                            max_value=args.max_value, seed=args.seed, template=template,

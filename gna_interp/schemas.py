@@ -1,0 +1,143 @@
+"""The schema of every gna_interp result document, checked by :mod:`gna_interp.store` on every read.
+
+A result folder is untrusted input (a colleague's scan, a paper's supplement), so a reader never trusts a field:
+each format below is a JSON Schema (draft 2020-12, checked with ``jsonschema``) stating the types, ranges and
+lengths of its fields; tensor bundles (``views.pt``, pattern sets) use the extra type ``tensor``. Numbers are
+finite by construction: the JSON reader refuses ``NaN``, ``Infinity`` and overflowing literals such as ``1e999``
+(gna writes a non-finite value as ``null``). What a schema cannot say (per-sample lists of one length, a pattern
+tensor shaped like its tokens) the loaders check after it; a folder's files are tied together by the ``run_id``
+written into each of them (:meth:`gna_interp.circuits.Circuit.load`).
+
+A document that breaks its schema is refused with one line naming the file, the field (as a path such as
+``heads/3/drop``) and what is wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["HEAD_NAME", "RUN_ID", "SCHEMAS", "schema_error"]
+
+HEAD_NAME = r"^L[0-9]{1,9}[A-Z][0-9]{1,9}(\+[0-9]{1,9})?$"
+RUN_ID = r"^[0-9a-f]{32}$"
+
+NUM: dict[str, Any] = {"type": "number"}
+NUM_NULL: dict[str, Any] = {"type": ["number", "null"]}
+NAT: dict[str, Any] = {"type": "integer", "minimum": 0}
+STR: dict[str, Any] = {"type": "string"}
+BOOL: dict[str, Any] = {"type": "boolean"}
+HEAD: dict[str, Any] = {"type": "string", "pattern": HEAD_NAME}
+RUN: dict[str, Any] = {"type": "string", "pattern": RUN_ID}
+SECONDS: dict[str, Any] = {"type": ["number", "null"], "minimum": 0}
+
+
+def arr(items: dict[str, Any], **limits: int) -> dict[str, Any]:
+    """An array of ``items`` (``minItems`` / ``maxItems`` from ``limits``)."""
+    return {"type": "array", "items": items, **limits}
+
+
+def obj(required: dict[str, Any] | None = None, optional: dict[str, Any] | None = None,
+        closed: bool = False) -> dict[str, Any]:
+    """An object with ``required`` and ``optional`` fields (``closed``: no others)."""
+    required, optional = required or {}, optional or {}
+    out: dict[str, Any] = {"type": "object", "required": list(required), "properties": {**required, **optional}}
+    if closed:
+        out["additionalProperties"] = False
+    return out
+
+
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [{"type": "null"}, schema]}
+
+
+RECORDS = arr({"type": "object"})  # a table's rows; columns are checked by the reader that uses them
+NUMBERS = {"type": "object", "additionalProperties": NUM_NULL}
+PER_SAMPLE = obj(optional={"logit_diff": arr(NUM_NULL), "correct": arr(BOOL), "gold_score": arr(NUM_NULL),
+                           "n_gold": arr(NAT)}, closed=True)
+HEAD_VALUES = {"type": "object", "propertyNames": {"pattern": HEAD_NAME}, "additionalProperties": NUM_NULL}
+HEAD_SAMPLES = {"type": "object", "propertyNames": {"pattern": HEAD_NAME}, "additionalProperties": PER_SAMPLE}
+TASK = obj({"name": STR}, {"n_samples": NAT, "args": {"type": "object"}, "kind": STR})
+ROLE_RULE = obj(optional={k: NUM for k in ("aggregate_min", "selectivity_min", "gather_min", "spread_min",
+                                           "smooth_selectivity_min")}, closed=True)
+
+SCAN = obj({"model": STR, "task": STR, "method": STR, "metric": STR, "strategy": STR, "heads": arr(HEAD)},
+           {"baseline": nullable(PER_SAMPLE), "exact": HEAD_SAMPLES, "estimates": HEAD_VALUES, "sizes": HEAD_VALUES,
+            "masses": HEAD_VALUES, "seconds": SECONDS, "unsettled": NAT, "screen_index": arr(NAT),
+            "screened": HEAD_SAMPLES, "run_id": RUN})
+
+CALIBRATION = obj({"rows": arr(obj({"form": {"type": "object"}, "task": STR, "accuracy": NUM, "chance": NUM,
+                                    "n_samples": NAT, "tokens": NUM}, {"verdict": STR}), minItems=1),
+                   "chosen": NAT},
+                  {"named": {"type": "object"}, "saturated": NUM, "seconds": SECONDS,
+                   "skipped": arr({"type": "object"})})
+
+CIRCUIT = obj({"model": STR, "task": TASK, "baseline": NUMBERS, "rule": ROLE_RULE, "scan_rows": NAT, "run_id": RUN},
+              {"heads": RECORDS, "roles": RECORDS, "curve": RECORDS, "seconds": SECONDS,
+               "timings": {"type": "object", "additionalProperties": SECONDS},
+               "views": nullable(STR), "control": nullable(STR), "delegation": nullable(STR),
+               "generic_fraction": {"type": "number", "minimum": 0, "maximum": 1}, "keep_generic": BOOL,
+               "notes": arr(STR), "circuit": arr(HEAD), "generic": arr(HEAD), "twin": nullable({"type": "object"}),
+               "calibration": nullable(CALIBRATION),
+               "formats": arr(obj({"name": STR, "scan": STR}, {"task": nullable({"type": "object"})}))})
+
+SEGMENTS = obj({"items": arr(arr(NAT, minItems=2, maxItems=2)), "final": NAT, "n_tokens": NAT, "aligned": BOOL},
+               {"query": nullable(arr(NAT, minItems=2, maxItems=2))})
+PATTERNS = obj({"heads": arr(HEAD), "str_tokens": arr(arr(STR)), "ids": {"type": "tensor"},
+                "attention_mask": {"type": "tensor"}, "patterns": {"type": "tensor"}, "options": {"type": "object"}})
+VIEWS = obj({"patterns": PATTERNS, "segments": arr(SEGMENTS), "gold": arr(NAT), "pred": arr(NAT),
+             "candidates": arr(arr(STR, minItems=1)), "pair": nullable(arr(HEAD, minItems=2, maxItems=2)),
+             "why": STR, "view": arr(HEAD)}, {"run_id": RUN})
+
+DELEGATION = obj({"model": STR, "task": {"type": ["object", "string"]}, "chance": NUM, "roles": RECORDS,
+                  "kinds": RECORDS, "removal": RECORDS},
+                 {"knowledge": {}, "settings": {"type": "object"}, "notes": arr(STR), "seconds": SECONDS,
+                  "run_id": RUN})
+
+COMPARISON = obj({"names": arr(STR, minItems=2, maxItems=2), "k": NAT, "metrics": {"type": "object"},
+                  "rows": RECORDS})
+
+HYBRID_PLAN = obj({"model": STR, "architecture": STR, "layers": arr({"type": "object"}), "ranking": arr(HEAD),
+                   "ks": arr(NAT), "lengths": arr(NAT), "dtype": STR, "dtype_source": STR, "d_state": NAT,
+                   "d_conv": NAT, "order": STR, "table": RECORDS},
+                  {"seed": nullable({"type": "integer"}), "source": STR, "notes": arr(STR)})
+
+EXPERIMENT = obj({"table": RECORDS})  # the rest of an experiment document is read by its own result class
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "scan": SCAN, "circuit": CIRCUIT, "views": VIEWS, "patterns": PATTERNS, "delegation": DELEGATION,
+    "comparison": COMPARISON, "hybrid_plan": HYBRID_PLAN,
+    **{name: EXPERIMENT for name in ("eval", "prune", "mask", "sweep", "families", "hybrid_build")},
+}
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+
+    def is_tensor(_checker: Any, value: Any) -> bool:
+        import torch
+
+        return isinstance(value, torch.Tensor)
+
+    def is_array(_checker: Any, value: Any) -> bool:  # a bundle keeps lists as lists and tuples as tuples
+        return isinstance(value, (list, tuple))
+
+    checker = base.TYPE_CHECKER.redefine_many({"tensor": is_tensor, "array": is_array})
+    return jsonschema.validators.extend(base, type_checker=checker)(schema)
+
+
+def schema_error(doc: Any, fmt: str) -> str | None:
+    """What is wrong with ``doc`` as a ``fmt`` document (``"field heads/3: 'x' does not match ..."``), or None
+    when it fits :data:`SCHEMAS` (formats without a schema always fit)."""
+    schema = SCHEMAS.get(fmt)
+    if schema is None:
+        return None
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(doc))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "(the document)"
+    message = error.message if len(error.message) <= 160 else error.message[:157] + "..."
+    return f"field {where}: {message}"
