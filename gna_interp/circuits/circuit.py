@@ -33,6 +33,7 @@ from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
+from gna_interp.models.spec import IN_MEMORY_PREFIX
 from gna_interp.errors import OptionError
 from gna_interp.options import Options, check_choice, check_int, check_names, options
 from gna_interp.store import atomic_write, read_json, write_json
@@ -128,7 +129,8 @@ class Circuit:
     """Result of :func:`discover`.
 
     Attributes:
-        model: the model's name (its spec when loaded by spec).
+        model: the model's name (its spec when loaded by spec; ``<in-memory ARCH>`` for a model wrapped from memory,
+            see :attr:`model_in_memory`).
         task: the task as :meth:`Task.to_dict <gna_interp.tasks.base.Task.to_dict>` saves it
             (:meth:`load_task` rebuilds it).
         scan: the head scan.
@@ -193,6 +195,12 @@ class Circuit:
         cs = self.curve_summary()
         extra = {f"{k}_{cs['metric']}": cs[k] for k in ("top", "random_median", "random_mean")} if cs else {}
         return {**self.baseline, **extra}
+
+    @property
+    def model_in_memory(self) -> bool:
+        """Whether the circuit was found on a model wrapped from memory (``model`` is ``<in-memory ARCH>``): there is
+        no spec to reload it from, so anything that would load the model needs one given explicitly."""
+        return self.model.startswith(IN_MEMORY_PREFIX)
 
     @property
     def kv_args(self) -> dict[str, Any]:
@@ -274,7 +282,7 @@ class Circuit:
         heads = self.to_frame().head(top)
         pair = self.pair()
         return {
-            "model": self.model, "task": self.task, "n_samples": self.task.get("n_samples"),
+            "model": self.model, "model_in_memory": self.model_in_memory, "task": self.task, "n_samples": self.task.get("n_samples"),
             "seed": (self.task.get("args") or {}).get("seed"), "method": self.scan.method, "metric": self.scan.metric,
             "strategy": self.scan.strategy, "baseline": self.baseline, "chance": self.baseline.get("chance"),
             "rule": self.rule.to_dict(),

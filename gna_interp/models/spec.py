@@ -9,24 +9,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gna_interp.errors import ModelPathError, UnknownModelError
+from gna_interp.errors import ModelPathError, ModelUnavailableError, UnknownModelError
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES = ("smollm2-135m",)
 ZOO_PREFIX = "zoo:"
+IN_MEMORY_PREFIX = "<in-memory "  # names of models wrapped from memory (``<in-memory LlamaForCausalLM>``)
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
-Source = Literal["dir", "gguf", "hub", "zoo"]
+Source = Literal["dir", "gguf", "hub", "zoo", "memory"]
 
 
 @dataclass(frozen=True)
 class ResolvedSpec:
-    """Where a model spec points. ``location`` is a directory, a `.gguf` path or a hub id."""
+    """Where a model spec points. ``location`` is a directory, a `.gguf` path or a hub id (empty for a model
+    wrapped from memory, ``source="memory"``: there is nothing to reload it from)."""
 
     spec: str
     source: Source
     location: str
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the model was wrapped from memory (no spec, no files to reload it from)."""
+        return self.source == "memory"
 
     def describe(self) -> str:
         return f"{self.spec} -> {self.source}: {self.location}"
@@ -68,6 +75,11 @@ def resolve_spec(spec: str | os.PathLike) -> ResolvedSpec:
     if not s:
         raise UnknownModelError("the model spec is empty: pass an alias (smollm2-135m), zoo:NAME, a local Hugging Face "
                                 "directory, a .gguf file or a hub id")
+    if s.startswith(IN_MEMORY_PREFIX):
+        raise ModelUnavailableError(
+            f"{s!r} names a model that was wrapped from memory (load_model(hf_model, tokenizer) in a notebook): there is "
+            f"no spec, folder or hub id to reload it from. Load it again in Python and pass the object, or give the "
+            f"model's folder or hub id instead (gna: --model DIR_OR_ID)")
     if s.lower() == "smollm2-135m":
         gguf = smollm2_gguf_path()
         return ResolvedSpec(s, "gguf", str(gguf)) if gguf else ResolvedSpec(s, "hub", SMOLLM2_HUB_ID)
