@@ -128,7 +128,7 @@ def _validator(schema: dict[str, Any]) -> Any:
 
 
 def schema_error(doc: Any, fmt: str) -> str | None:
-    """What is wrong with ``doc`` as a ``fmt`` document (``"field heads/3: 'x' does not match ..."``), or None
+    """What is wrong with ``doc`` as a ``fmt`` document (``"field 'heads/3': 'x' does not match ..."``), or None
     when it fits :data:`SCHEMAS` (formats without a schema always fit)."""
     schema = SCHEMAS.get(fmt)
     if schema is None:
@@ -138,6 +138,6 @@ def schema_error(doc: Any, fmt: str) -> str | None:
     error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(doc))
     if error is None:
         return None
-    where = "/".join(str(p) for p in error.absolute_path) or "(the document)"
+    where = "/".join(str(p) for p in error.absolute_path)
     message = error.message if len(error.message) <= 160 else error.message[:157] + "..."
-    return f"field {where}: {message}"
+    return f"field {where!r}: {message}" if where else f"the document: {message}"

@@ -172,7 +172,11 @@ def test_a_truncated_or_foreign_circuit_folder_is_refused(circuit, tmp_path):
     (folder / "circuit.json").write_text(text[: len(text) // 2])
     with pytest.raises(InputError, match="truncated"):
         Circuit.load(folder)
-    (folder / "circuit.json").write_text(text.replace('"format_version": 1', '"format_version": 99'))
+    from gna_interp.store import FORMAT_VERSIONS
+
+    version = f'"format_version": {FORMAT_VERSIONS["circuit"]}'
+    assert version in text
+    (folder / "circuit.json").write_text(text.replace(version, '"format_version": 99'))
     with pytest.raises(InputError, match="format version 99"):
         Circuit.load(folder)
 

@@ -77,7 +77,7 @@ def hostile_pages(tiny_models, tmp_path_factory) -> dict[str, Path]:
     for tokens in views.patterns.str_tokens:  # every token hostile: the cards' segments show some of each
         tokens[:] = [HOSTILE[i % len(HOSTILE)] for i in range(len(tokens))]
     views.candidates = [(HOSTILE[0], *c[1:]) for c in views.candidates]
-    views.save(folder / "views.pt")
+    views.save(folder / "views.pt", json.loads((folder / "circuit.json").read_text())["run_id"])  # same run
     standalone = patterns_page(views.patterns, HOSTILE[0], views.view[:2], note=HOSTILE[1]).save(folder / "p.html")
     return {"report": build_report(folder, png=False), "patterns": standalone}
 

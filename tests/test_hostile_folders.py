@@ -242,25 +242,25 @@ def test_a_file_from_another_run_is_refused(name, scan_folder, second_run, tmp_p
 
 
 CIRCUIT_CASES = [
-    ("scan_rows as text", _set("scan_rows", "12"), "field scan_rows: '12' is not of type 'integer'"),
-    ("scan_rows negative", _set("scan_rows", -1), "field scan_rows"),
+    ("scan_rows as text", _set("scan_rows", "12"), "field 'scan_rows': '12' is not of type 'integer'"),
+    ("scan_rows negative", _set("scan_rows", -1), "field 'scan_rows'"),
     ("model missing", lambda d: d.pop("model"), "'model' is a required property"),
-    ("model a number", _set("model", 7), "field model"),
-    ("task a list", _set("task", []), "field task"),
-    ("baseline a list", _set("baseline", [0.5]), "field baseline"),
-    ("baseline text value", lambda d: d["baseline"].update(accuracy="0.9"), "field baseline/accuracy"),
-    ("rule with an unknown field", lambda d: d["rule"].update(x=1), "field rule"),
-    ("rule value text", lambda d: d["rule"].update(aggregate_min="high"), "field rule/aggregate_min"),
-    ("circuit head misspelt", _set("circuit", ["L1H1", "head seven"]), "field circuit/1"),
-    ("notes not text", _set("notes", ["fine", 2]), "field notes/1"),
-    ("generic_fraction above 1", _set("generic_fraction", 3.5), "field generic_fraction"),
-    ("heads rows not objects", _set("heads", [{}, 2]), "field heads/1"),
-    ("curve a string", _set("curve", "top"), "field curve"),
+    ("model a number", _set("model", 7), "field 'model'"),
+    ("task a list", _set("task", []), "field 'task'"),
+    ("baseline a list", _set("baseline", [0.5]), "field 'baseline'"),
+    ("baseline text value", lambda d: d["baseline"].update(accuracy="0.9"), "field 'baseline/accuracy'"),
+    ("rule with an unknown field", lambda d: d["rule"].update(x=1), "field 'rule'"),
+    ("rule value text", lambda d: d["rule"].update(aggregate_min="high"), "field 'rule/aggregate_min'"),
+    ("circuit head misspelt", _set("circuit", ["L1H1", "head seven"]), "field 'circuit/1'"),
+    ("notes not text", _set("notes", ["fine", 2]), "field 'notes/1'"),
+    ("generic_fraction above 1", _set("generic_fraction", 3.5), "field 'generic_fraction'"),
+    ("heads rows not objects", _set("heads", [{}, 2]), "field 'heads/1'"),
+    ("curve a string", _set("curve", "top"), "field 'curve'"),
     ("run id missing", lambda d: d.pop("run_id"), "'run_id' is a required property"),
-    ("run id not hex", _set("run_id", "../../x"), "field run_id"),
-    ("calibration chooses no row", _set("calibration", {"rows": [], "chosen": 0}), "field calibration"),
-    ("formats entry not an object", _set("formats", ["format0.json"]), "field formats/0"),
-    ("views a number", _set("views", 7), "field views"),
+    ("run id not hex", _set("run_id", "../../x"), "field 'run_id'"),
+    ("calibration chooses no row", _set("calibration", {"rows": [], "chosen": 0}), "field 'calibration/rows'"),
+    ("formats entry not an object", _set("formats", ["format0.json"]), "field 'formats/0'"),
+    ("views a number", _set("views", 7), "field 'views'"),
 ]
 
 
@@ -295,13 +295,13 @@ def test_json_nested_too_deeply_is_refused(scan_folder, tmp_path, capsys):
 
 
 SCAN_CASES = [
-    ("heads a string", _set("heads", "L1H1"), "field heads"),
-    ("a head misspelt", lambda d: d["heads"].__setitem__(0, "L1X"), "field heads/0"),
+    ("heads a string", _set("heads", "L1H1"), "field 'heads'"),
+    ("a head misspelt", lambda d: d["heads"].__setitem__(0, "L1X"), "field 'heads/0'"),
     ("model missing", lambda d: d.pop("model"), "'model' is a required property"),
-    ("estimates text", lambda d: d.__setitem__("estimates", {"L0H0": "big"}), "field estimates/L0H0"),
+    ("estimates text", lambda d: d.__setitem__("estimates", {"L0H0": "big"}), "field 'estimates/L0H0'"),
     ("per-sample bools as numbers", lambda d: d["baseline"].__setitem__("correct", [1, 0, 1, 1]),
-     "field baseline/correct/0"),
-    ("an unknown per-sample list", lambda d: d["baseline"].__setitem__("extra", [1]), "field baseline"),
+     "field 'baseline/correct/0'"),
+    ("an unknown per-sample list", lambda d: d["baseline"].__setitem__("extra", [1]), "field 'baseline'"),
     ("a shorter exact list", lambda d: next(iter(d["exact"].values()))["logit_diff"].pop(),
      "per-sample values where the baseline has 4"),
     ("results for a head not scanned", lambda d: d["exact"].__setitem__("L9H9", d["baseline"]),
@@ -320,11 +320,11 @@ def test_scan_json_fields_are_checked(change, needle, scan_folder, tmp_path, cap
 
 
 VIEWS_CASES = [
-    ("segments not a list", lambda d: d.__setitem__("segments", "x"), "field segments"),
-    ("gold negative", lambda d: d.__setitem__("gold", [-1, 0]), "field gold/0"),
-    ("a token not text", lambda d: d["patterns"]["str_tokens"][0].__setitem__(0, 7), "field patterns/str_tokens/0/0"),
-    ("patterns not a tensor", lambda d: d["patterns"].__setitem__("patterns", [[0.5]]), "field patterns/patterns"),
-    ("pair of three", lambda d: d.__setitem__("pair", ["L0H0", "L0H1", "L1H0"]), "field pair"),
+    ("segments not a list", lambda d: d.__setitem__("segments", "x"), "field 'segments'"),
+    ("gold negative", lambda d: d.__setitem__("gold", [-1, 0]), "field 'gold/0'"),
+    ("a token not text", lambda d: d["patterns"]["str_tokens"][0].__setitem__(0, 7), "field 'patterns/str_tokens/0/0'"),
+    ("patterns not a tensor", lambda d: d["patterns"].__setitem__("patterns", [[0.5]]), "field 'patterns/patterns'"),
+    ("pair of three", lambda d: d.__setitem__("pair", ["L0H0", "L0H1", "L1H0"]), "field 'pair'"),
     ("why missing", lambda d: d.pop("why"), "'why' is a required property"),
 ]
 

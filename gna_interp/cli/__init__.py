@@ -659,14 +659,20 @@ def _load_command_modules() -> None:
         importlib.import_module(f"{__name__}.{info.name}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``gna`` parser. Given the command line ``argv``, only the subcommand it names gets its arguments (their
+    defaults import what they describe, torch among them), so ``gna --help`` lists the commands without loading
+    torch; without ``argv`` every subcommand is complete."""
     parser = _Parser(prog="gna", description="Find and inspect Gather-and-Aggregate heads.", allow_abbrev=False)
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _load_command_modules()
+    chosen = next((a for a in argv if a in _COMMANDS), None) if argv is not None else None
     for name, (add_args, help) in _COMMANDS.items():
-        add_args(sub.add_parser(name, help=help, allow_abbrev=False))  # type: ignore[arg-type]
+        p = sub.add_parser(name, help=help, allow_abbrev=False)
+        if argv is None or name == chosen:
+            add_args(p)  # type: ignore[arg-type]
     return parser
 
 
@@ -680,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     how to resume)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
     except SystemExit as e:  # --help (0) or a bad argument (2, already printed)
         return e.code if isinstance(e.code, int) else 2
     args.argv = argv
