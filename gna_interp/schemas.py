@@ -76,7 +76,7 @@ CIRCUIT = obj({"model": STR, "task": TASK, "baseline": NUMBERS, "rule": ROLE_RUL
                "timings": {"type": "object", "additionalProperties": SECONDS},
                "views": nullable(STR), "control": nullable(STR), "delegation": nullable(STR),
                "generic_fraction": {"type": "number", "minimum": 0, "maximum": 1}, "keep_generic": BOOL,
-               "notes": arr(STR), "circuit": arr(HEAD), "generic": arr(HEAD), "twin": nullable({"type": "object"}),
+               "model_in_memory": BOOL, "notes": arr(STR), "circuit": arr(HEAD), "generic": arr(HEAD), "twin": nullable({"type": "object"}),
                "calibration": nullable(CALIBRATION),
                "formats": arr(obj({"name": STR, "scan": STR}, {"task": nullable({"type": "object"})}))})
 
