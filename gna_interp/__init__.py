@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and the API docs
         compare_circuits,
         discover,
         prune_curve,
+        reference_scan,
         role_scores,
         scan_heads,
     )
@@ -38,7 +39,7 @@ __version__ = "0.1.0"
 __all__ = ["Circuit", "CircuitComparison", "DiscoverConfig", "Evaluation", "GnaError", "HeadRef", "HeadScan", "KVRetrieval", "MaskOptions",
            "MixerAdapter", "Model", "MultipleChoice", "PatternOptions", "PatternSet", "RoleRule", "Sample",
            "ScanConfig", "Task", "ablate", "ablation_curve", "compare_circuits", "discover", "evaluate", "load_model", "mask_pattern",
-           "patterns", "prune_curve", "register_kind", "role_scores", "scan_heads", "skip_layers",
+           "patterns", "prune_curve", "reference_scan", "register_kind", "role_scores", "scan_heads", "skip_layers",
            "task_from_dict"]
 
 # Imported on first use (PEP 562): `gna` and `python -m gna_interp` import this package before any of our code
@@ -54,6 +55,7 @@ _EXPORTS = {
     "compare_circuits": "gna_interp.circuits",
     "discover": "gna_interp.circuits",
     "prune_curve": "gna_interp.circuits",
+    "reference_scan": "gna_interp.circuits",
     "role_scores": "gna_interp.circuits",
     "scan_heads": "gna_interp.circuits",
     "GnaError": "gna_interp.errors",

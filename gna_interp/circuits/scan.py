@@ -238,6 +238,16 @@ class HeadScan:
         estimate's absolute mass when attribution measured it, else the ablation's relative size."""
         return self.masses[head] if self.masses else self.sizes[head]
 
+    def drop(self, head: HeadRef | str, metric: str | None = None) -> float:
+        """The drop of the metric (default: the scan's) when ``head`` alone is ablated: the intact model's value
+        minus the ablated one. Exact for an exactly run head; for another head the attribution estimate of the
+        scan's estimand (NaN when there is none)."""
+        return self._value(self.baseline, metric) - self.ablated(head, metric) if self.baseline else math.nan
+
+    def drops(self, metric: str | None = None) -> dict[HeadRef, float]:
+        """:meth:`drop` of every scanned head, in scan order (``{HeadRef: drop}``)."""
+        return {h: self.drop(h, metric) for h in self.heads}
+
     def est_drop(self, head: HeadRef) -> float:
         """Attribution estimate of the drop of :attr:`estimand` when ``head`` is ablated (NaN if none)."""
         return self._value(self.baseline, self.estimand) - self.estimates[head] if head in self.estimates else math.nan
@@ -392,7 +402,7 @@ def default_verify(n_heads: int, certify: int = DEFAULT_CERTIFY) -> int:
 _PER_SAMPLE = {"logit_diff": torch.float64, "correct": torch.bool, "gold_score": torch.float64, "n_gold": torch.long}
 
 
-def _per_sample(scores: CandidateScores) -> dict[str, Tensor]:
+def per_sample(scores: CandidateScores) -> dict[str, Tensor]:
     """What a scan keeps per sample: logit difference, correctness, the gold continuation's summed
     log-prob and its token count."""
     n_gold = scores.n_tokens.gather(1, scores.gold[:, None])[:, 0]
@@ -553,7 +563,7 @@ class _Progress:
 
     def done(self, results: dict[HeadRef, CandidateScores]) -> None:
         for h, sc in results.items():
-            self.scan.exact[h] = _per_sample(sc)
+            self.scan.exact[h] = per_sample(sc)
         self.save()
         if self.bar is not None:
             self.bar.update(len(results))
@@ -629,7 +639,7 @@ def _attribution_phase(model: Model, plan: ScoringPlan, chunks: list[Chunk], pre
     with tqdm(total=len(chunks), desc="attribution", unit="batch", disable=not progress, leave=False) as bar:
         att = attribution_estimates(model, plan, chunks, replaced, weights, bar.update)
     if not scan.baseline:
-        scan.baseline = _per_sample(att.clean)
+        scan.baseline = per_sample(att.clean)
     base = scan._value(scan.baseline, scan.estimand)
     scan.estimates = {r.site.head: base + float(e) for r, e in zip(replaced, att.delta)}
     scan.sizes = {r.site.head: float(z) for r, z in zip(replaced, att.size)}
@@ -674,7 +684,7 @@ def _exact_phase(model: Model, plan: ScoringPlan, batch_size: int, prefixes: Pre
         warnings.warn(f"{problem}; falling back to one full forward per head", RuntimeWarning, stacklevel=3)
         naive = True
     if not scan.baseline:
-        scan.baseline = _per_sample(run_plan(model, plan, batch_size, share_prefix=False) if naive
+        scan.baseline = per_sample(run_plan(model, plan, batch_size, share_prefix=False) if naive
                                     else prefixes.clean(plan))
         _agree(scan, rec.shard)
     rec.save()
@@ -789,7 +799,7 @@ class _Screen:
         """Run ``todo`` on the screening samples, recording each finished group."""
         def record(results: dict[HeadRef, CandidateScores]) -> None:
             for h, sc in results.items():
-                scan.screened[h] = _per_sample(sc)
+                scan.screened[h] = per_sample(sc)
             rec.save()
             if rec.bar is not None:
                 rec.bar.set_postfix_str(f"screened {len(scan.screened)} on {len(self.plan.samples)} samples")
