@@ -61,6 +61,13 @@ class Family:
             checked by zeroing the columns only while that depth runs, not by editing the weights.
         checks: what passes (a subset of :data:`CHECKS`).
         note: what is particular to the family (soft-capping, parallel blocks, ...).
+        unsupported: layers whose token mixer no adapter recognises (listed with kind ``unsupported``).
+        raises: for a family gna_interp cannot load, text the ``UnsupportedArchitectureError`` must contain.
+        limits: ``(check, text)`` for each check that fails on this family with an error containing ``text``
+            (the test asserts that error, so a fix upstream shows up as a failing test).
+        sinks: attention with sink logits (gpt-oss): a row's weights over the keys sum to less than 1.
+        replays: whether the fast exact scan can replay blocks from their recorded inputs (else it warns and
+            falls back to one full forward per head, with the same numbers).
     """
 
     key: str
@@ -72,6 +79,23 @@ class Family:
     shared: tuple[str, ...] = ()
     checks: tuple[str, ...] = ALL
     note: str = ""
+    unsupported: tuple[int, ...] = ()
+    raises: str = ""
+    limits: tuple[tuple[str, str], ...] = ()
+    sinks: bool = False
+    replays: bool = True
+
+    @property
+    def status(self) -> str:
+        """How gna_interp treats the family: analysed, partly analysed, listed unsupported, or refused."""
+        if self.raises:
+            return "refused with `UnsupportedArchitectureError`"
+        if self.unsupported and not self.proj:
+            return "loads; every mixer listed `unsupported`"
+        if self.unsupported:
+            which = "layer" if len(self.unsupported) == 1 else "layers"
+            return f"analysed; {which} {', '.join(map(str, self.unsupported))} listed `unsupported`"
+        return "analysed"
 
     def build(self, path: str | os.PathLike, seed: int = 0) -> Path:
         """Write the tiny random-initialised model (SSM mixers livened) and the byte tokenizer to ``path``."""
@@ -102,7 +126,7 @@ def liven(model: torch.nn.Module, seed: int = 0) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for mod in model.modules():
-            if not hasattr(mod, "A_log") or not hasattr(mod, "conv1d"):
+            if not (hasattr(mod, "A_log") and hasattr(mod, "conv1d") and hasattr(mod, "D")):  # Mamba mixers only
                 continue
             for name in ("in_proj", "x_proj"):
                 lin = getattr(mod, name, None)
@@ -133,8 +157,11 @@ def _head_dim(cfg: Any) -> int:
 
 
 def attention_only(cfg: Any) -> Layout:
-    """Every layer one attention layer of ``num_attention_heads`` query heads."""
-    return {(l, "attn"): (_n_heads(cfg), _head_dim(cfg)) for l in range(cfg.num_hidden_layers)}
+    """Every layer one attention layer of ``num_attention_heads`` query heads (per-layer configs where the
+    config is heterogeneous: Gemma-4's global layers have their own ``head_dim``)."""
+    per_layer = getattr(cfg, "per_layer_config", None)
+    return {(l, "attn"): (_n_heads(cfg), _head_dim(per_layer[l] if per_layer else cfg))
+            for l in range(cfg.num_hidden_layers)}
 
 
 def mamba1(cfg: Any) -> Layout:
@@ -285,6 +312,223 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+def none(cfg: Any) -> Layout:
+    """No analysed heads."""
+    return {}
+
+
+def attention_at(*layers: int) -> Callable[[Any], Layout]:
+    """Attention heads at ``layers`` only (the other layers' mixers are not analysed)."""
+    return lambda cfg: {k: v for k, v in attention_only(cfg).items() if k[0] in layers}
+
+
+def mla(cfg: Any) -> Layout:
+    """Multi-head latent attention: ``num_attention_heads`` heads, ``v_head_dim`` channels each at ``o_proj``."""
+    return {(l, "attn"): (_n_heads(cfg), cfg.v_head_dim) for l in range(cfg.num_hidden_layers)}
+
+
+def granite_hybrid(cfg: Any) -> Layout:
+    """GraniteMoeHybrid: attention or Mamba-2 per layer as ``layer_types`` says."""
+    out: Layout = {}
+    for l, t in enumerate(cfg.layer_types):
+        if t in ("attention", "full_attention"):
+            out[(l, "attn")] = (_n_heads(cfg), _head_dim(cfg))
+        else:
+            out[(l, "ssm2")] = (cfg.mamba_n_heads, cfg.mamba_d_head)
+    return out
+
+
+_MOE = dict(num_experts=4, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+_MLA = dict(_SMALL, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8,
+            v_head_dim=16, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+            first_k_dense_replace=1, n_group=1, topk_group=1)
+_O = {"attn": ("model.layers.{l}.self_attn.o_proj",)}
+
+
+def _mla(key: str, label: str, cls: str, **config: Any) -> Family:
+    return Family(key, label, cls, {**_MLA, **config}, _O, mla,
+                  note="multi-head latent attention (low-rank q and kv); one dense and one MoE layer")
+
+
+EXTRA: tuple[Family, ...] = (
+    _llama_like("afmoe", "AFMoE", "AfmoeForCausalLM", **_MOE),
+    _llama_like("apertus", "Apertus", "ApertusForCausalLM"),
+    _llama_like("arcee", "Arcee", "ArceeForCausalLM"),
+    _llama_like("bitnet", "BitNet", "BitNetForCausalLM"),
+    Family("bloom", "BLOOM", "BloomForCausalLM", dict(hidden_size=64, n_layer=2, n_head=4),
+           {"attn": ("transformer.h.{l}.self_attention.dense",)}, attention_only, note="ALiBi positions"),
+    Family("codegen", "CodeGen", "CodeGenForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                                               rotary_dim=8),
+           {"attn": ("transformer.h.{l}.attn.out_proj",)}, attention_only, checks=("load", "heads"),
+           limits=(("logits", "embed_positions"),),
+           note="TransformerLens 4.3's CodeGen bridge fails in the forward under transformers 5 "
+                "(`CodeGenAttention` has no `embed_positions`): loads and lists its heads, cannot run"),
+    _llama_like("cohere", "Cohere", "CohereForCausalLM", logit_scale=0.5, note="`logit_scale` 0.5"),
+    _llama_like("cohere2", "Cohere2", "Cohere2ForCausalLM", sliding_window=16, logit_scale=0.5,
+                layer_types=["sliding_attention", "full_attention"], note="RoPE on sliding layers only"),
+    _mla("deepseek_v2", "DeepSeek-V2", "DeepseekV2ForCausalLM"),
+    _mla("deepseek_v3", "DeepSeek-V3", "DeepseekV3ForCausalLM"),
+    _llama_like("ernie4_5", "ERNIE-4.5", "Ernie4_5ForCausalLM"),
+    _llama_like("ernie4_5_moe", "ERNIE-4.5 MoE", "Ernie4_5_MoeForCausalLM", **_MOE),
+    _llama_like("exaone4", "EXAONE-4", "Exaone4ForCausalLM"),
+    Family("falcon_mamba", "Falcon-Mamba", "FalconMambaForCausalLM",
+           dict(hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4),
+           {"ssm1": ("backbone.layers.{l}.mixer.out_proj",)}, mamba1, note="Mamba-1 with B/C/Δ RMS norms"),
+    _llama_like("flex_olmo", "FlexOlmo", "FlexOlmoForCausalLM", **_MOE),
+    _llama_like("gemma", "Gemma", "GemmaForCausalLM", head_dim=16),
+    _llama_like("glm", "GLM", "GlmForCausalLM"),
+    _llama_like("glm4", "GLM-4", "Glm4ForCausalLM"),
+    _llama_like("glm4_moe", "GLM-4 MoE", "Glm4MoeForCausalLM", n_routed_experts=4, num_experts_per_tok=2,
+                moe_intermediate_size=32, first_k_dense_replace=1),
+    _mla("glm4_moe_lite", "GLM-4 MoE Lite", "Glm4MoeLiteForCausalLM"),
+    Family("gpt_bigcode", "GPT-BigCode", "GPTBigCodeForCausalLM", dict(n_embd=64, n_layer=2, n_head=4,
+                                                                         n_positions=256),
+           {"attn": ("transformer.h.{l}.attn.c_proj",)}, attention_only, note="multi-query attention"),
+    Family("gpt_neo", "GPT-Neo", "GPTNeoForCausalLM",
+           dict(hidden_size=64, num_layers=2, num_heads=4, max_position_embeddings=256, window_size=16,
+                attention_types=[[["global", "local"], 1]]),
+           {"attn": ("transformer.h.{l}.attn.attention.out_proj",)}, attention_only,
+           note="one global and one local (window 16) layer; unscaled attention"),
+    Family("gpt_oss", "gpt-oss", "GptOssForCausalLM", dict(_GQA, head_dim=16, num_local_experts=4,
+                                                           num_experts_per_tok=2, sliding_window=16),
+           _LLAMA_O, attention_only, sinks=True,
+           note="attention sinks (a row sums to 1 less the sink's share), sliding window, MoE"),
+    _llama_like("granite_moe", "Granite MoE", "GraniteMoeForCausalLM", num_local_experts=4, num_experts_per_tok=2,
+                logits_scaling=1.5, attention_multiplier=0.3),
+    Family("granite_moe_hybrid", "Granite MoE hybrid (Granite-4)", "GraniteMoeHybridForCausalLM",
+           dict(_GQA, layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2,
+                mamba_d_state=8, mamba_expand=2, mamba_chunk_size=16, num_local_experts=4, num_experts_per_tok=2,
+                logits_scaling=1.5, position_embedding_type="rope"),
+           {"attn": ("model.layers.{l}.self_attn.o_proj",), "ssm2": ("model.layers.{l}.mamba.out_proj",)},
+           granite_hybrid, note="Mamba-2 and attention layers; shared MLP plus experts"),
+    _llama_like("hunyuan_dense", "Hunyuan dense", "HunYuanDenseV1ForCausalLM", head_dim=16),
+    _llama_like("jais2", "Jais-2", "Jais2ForCausalLM"),
+    Family("jetmoe", "JetMoE", "JetMoeForCausalLM", dict(_GQA, num_local_experts=4, num_experts_per_tok=2),
+           _LLAMA_O, attention_only, checks=("load", "logits", "heads", "patterns", "kv"),
+           limits=(("ablation", "has no hook 'blocks.0.attn.o.hook_in'"),),
+           note="mixture of attention heads: the output projection is a mixture of experts, so a head's "
+                "output has no hook to ablate at (`HeadError`)"),
+    _llama_like("laguna", "Laguna", "LagunaForCausalLM", **_MOE),
+    Family("lfm2", "LFM2", "Lfm2ForCausalLM", dict(_GQA, layer_types=["conv", "full_attention"]),
+           {"attn": ("model.layers.{l}.self_attn.out_proj",)}, attention_at(1), unsupported=(0,),
+           note="short-convolution layers have no adapter: listed `unsupported`"),
+    _llama_like("llama4", "Llama-4 (text)", "Llama4ForCausalLM", head_dim=16, num_local_experts=4,
+                intermediate_size_mlp=128, note="`Llama4ForCausalLM`; chunked attention, MoE"),
+    _llama_like("minimax_m2", "MiniMax-M2", "MiniMaxM2ForCausalLM", head_dim=16, num_local_experts=4,
+                num_experts_per_tok=2),
+    _llama_like("ministral3", "Ministral-3", "Ministral3ForCausalLM"),
+    _llama_like("mixtral", "Mixtral", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2),
+    Family("modernbert_decoder", "ModernBERT decoder", "ModernBertDecoderForCausalLM",
+           dict(_SMALL, local_attention=16, global_attn_every_n_layers=2),
+           {"attn": ("model.layers.{l}.attn.Wo",)}, attention_only, replays=False,
+           note="fused `Wqkv`, local and global layers; its LM head runs a dense layer and a norm before the "
+                "decoder, so the exact scan falls back to one full forward per head (same numbers)"),
+    _llama_like("nanochat", "nanochat", "NanoChatForCausalLM"),
+    _llama_like("nemotron", "Nemotron", "NemotronForCausalLM", partial_rotary_factor=0.5),
+    _llama_like("olmo", "OLMo", "OlmoForCausalLM"),
+    _llama_like("olmo3", "OLMo-3", "Olmo3ForCausalLM", sliding_window=16),
+    _llama_like("olmoe", "OLMoE", "OlmoeForCausalLM", num_experts=4, num_experts_per_tok=2),
+    Family("opt", "OPT", "OPTForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                 ffn_dim=128, max_position_embeddings=256, word_embed_proj_dim=64),
+           {"attn": ("model.decoder.layers.{l}.self_attn.out_proj",)}, attention_only),
+    _llama_like("qwen2_moe", "Qwen2-MoE", "Qwen2MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                moe_intermediate_size=32, shared_expert_intermediate_size=64),
+    _llama_like("qwen3_moe", "Qwen3-MoE", "Qwen3MoeForCausalLM", head_dim=16, num_experts=4, num_experts_per_tok=2,
+                moe_intermediate_size=32),
+    _llama_like("seed_oss", "Seed-OSS", "SeedOssForCausalLM"),
+    _llama_like("smollm3", "SmolLM3", "SmolLM3ForCausalLM"),
+    _llama_like("starcoder2", "Starcoder2", "Starcoder2ForCausalLM"),
+    _llama_like("vaultgemma", "VaultGemma", "VaultGemmaForCausalLM", head_dim=16, query_pre_attn_scalar=16),
+    Family("xglm", "XGLM", "XGLMForCausalLM", dict(d_model=64, num_layers=2, attention_heads=4, ffn_dim=128,
+                                                   max_position_embeddings=256),
+           {"attn": ("model.layers.{l}.self_attn.out_proj",)}, attention_only),
+    _mla("youtu", "Youtu", "YoutuForCausalLM"),
+    _mla("glm_moe_dsa", "GLM MoE DSA", "GlmMoeDsaForCausalLM", index_n_heads=2, index_head_dim=16, index_topk=8),
+    _llama_like("gemma4", "Gemma-4 (text)", "Gemma4ForCausalLM",
+                note="`Gemma4ForCausalLM`; per-layer input projections (per position, no heads)"),
+    Family("deepseek_v4", "DeepSeek-V4", "DeepseekV4ForCausalLM", dict(_GQA, head_dim=16), _O, attention_only,
+           checks=("load", "logits", "heads", "kv"), unsupported=(0, 1),
+           limits=(("patterns", "blocks.0.attn.hook_pattern"), ("ablation", "has no hook 'blocks.0.attn.o.hook_in'")),
+           note="the bridge gives its attention no pattern or output-projection hook, so its heads are listed "
+                "but cannot be read or ablated (errors say so); the hyper-connections are listed `unsupported`"),
+    Family("mpt", "MPT", "MptForCausalLM", dict(d_model=64, n_layers=2, n_heads=4, max_seq_len=256),
+           {"attn": ("transformer.blocks.{l}.attn.out_proj",)}, attention_only,
+           checks=("load", "logits", "heads", "patterns", "ablation", "kv"), limits=(("scan", "must match the size"),),
+           note="fused `Wqkv`, ALiBi; the exact scan's stacked replay fails in the bridge's ALiBi attention "
+                "(use `strategy='naive'`)"),
+    Family("openai_gpt", "OpenAI GPT", "OpenAIGPTLMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256),
+           {}, none, checks=("load", "logits", "heads"), unsupported=(0, 1),
+           note="its attention bridge has no output-projection hook: listed `unsupported`"),
+    Family("bert_lm", "BERT as a decoder", "BertLMHeadModel",
+           dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, is_decoder=True),
+           {}, none, checks=("load", "logits", "heads"), unsupported=(0, 1),
+           note="`BertLMHeadModel` (`is_decoder=True`): its attention is not reached, listed `unsupported`"),
+    # token mixers without an adapter: the model loads and runs, they are listed `unsupported`
+    Family("lfm2_moe", "LFM2-MoE", "Lfm2MoeForCausalLM",
+           dict(_GQA, layer_types=["conv", "full_attention"], num_experts=4, num_experts_per_tok=2,
+                moe_intermediate_size=32, num_dense_layers=1),
+           {"attn": ("model.layers.{l}.self_attn.out_proj",)}, attention_at(1), unsupported=(0,),
+           note="short-convolution layers have no adapter: listed `unsupported`"),
+    Family("qwen3_5", "Qwen3.5 (text)", "Qwen3_5ForCausalLM",
+           dict(_GQA, head_dim=16, layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+                linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8),
+           _O, attention_at(1), unsupported=(0,),
+           note="gated delta net layers have no adapter: listed `unsupported`; gated attention analysed"),
+    Family("qwen3_5_moe", "Qwen3.5-MoE (text)", "Qwen3_5MoeForCausalLM",
+           dict(_GQA, head_dim=16, layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+                linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
+                num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64),
+           _O, attention_at(1), unsupported=(0,),
+           note="gated delta net layers have no adapter: listed `unsupported`; gated attention analysed"),
+    Family("recurrent_gemma", "RecurrentGemma", "RecurrentGemmaForCausalLM",
+           dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=128, lru_width=64, attention_window_size=16, head_dim=16,
+                block_types=["recurrent", "recurrent", "attention"]),
+           {"attn": ("model.layers.{l}.temporal_block.o_proj",)}, attention_at(2), unsupported=(0, 1),
+           checks=("load", "logits", "heads", "patterns", "ablation", "kv"), limits=(("scan", "Sizes of tensors"),),
+           note="RG-LRU recurrent blocks have no adapter: listed `unsupported`; local attention analysed; the "
+                "exact scan's replay fails on its recurrent cache (use `strategy='naive'`)"),
+    Family("hrm_text", "HRM text", "HrmTextForCausalLM", dict(_GQA), {}, none, checks=(),
+           raises="exposes no blocks",
+           note="TransformerLens's bridge for it has no `blocks`: refused at load"),
+    Family("qwen3_next", "Qwen3-Next", "Qwen3NextForCausalLM",
+           dict(_GQA, head_dim=16, layer_types=["linear_attention", "full_attention"], num_experts=4,
+                num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8),
+           _O, attention_at(1), unsupported=(0,),
+           note="gated delta net layers have no adapter: listed `unsupported`; gated attention analysed"),
+    Family("olmo_hybrid", "OLMo hybrid", "OlmoHybridForCausalLM",
+           dict(_GQA, layer_types=["linear_attention", "full_attention"]), _O, attention_at(1), unsupported=(0,),
+           note="gated delta net layers have no adapter: listed `unsupported`"),
+    Family("rwkv", "RWKV", "RwkvForCausalLM", dict(hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                                                   intermediate_size=64, context_length=256),
+           {}, none, checks=("load", "logits", "heads"), unsupported=(0, 1),
+           note="RWKV time-mix has no adapter: every layer listed `unsupported`, no heads"),
+)
+
+FAMILIES = FAMILIES + EXTRA
+
+
+# Causal LMs of the bridge that are not rows of the matrix, with the reason (those without a class in the
+# installed transformers are found and listed by :func:`remote_code_only`).
+NOT_IN_MATRIX: dict[str, str] = {}
+
+
+def bridge_causal_lms() -> list[str]:
+    """The causal-LM architectures (``*ForCausalLM``, ``*LMHeadModel``) TransformerLens's bridge supports."""
+    from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
+
+    return sorted(a for a in SUPPORTED_ARCHITECTURES if a.endswith(("ForCausalLM", "LMHeadModel")))
+
+
+def remote_code_only() -> list[str]:
+    """Bridge-supported causal LMs with no class in the installed transformers (remote-code checkpoints,
+    or aliases of another class): transformers cannot build them from a config here."""
+    import transformers
+
+    return [a for a in bridge_causal_lms() if not hasattr(transformers, a) and a not in NOT_IN_MATRIX]
+
+
 def family(key: str) -> Family:
     """The family with ``key``."""
     return next(f for f in FAMILIES if f.key == key)
@@ -317,35 +561,49 @@ def unsupported_message() -> str:
 
 def render() -> str:
     """The Markdown of ``docs/family_matrix.md``."""
-    mark = {True: "✓", False: "—"}
+    analysed = [f for f in FAMILIES if not f.raises and f.proj]
     lines = [
         "# Family matrix",
         "",
         "<!-- generated by `python -m tests.family_matrix` from the list in tests/family_matrix.py; "
         "tests/test_family_matrix.py checks this page equals what it writes -->",
         "",
-        "Every family below is built as a tiny random-initialised model with `AutoModelForCausalLM.from_config` "
-        "(2-4 layers, `d_model` 32-64, the 257-token byte-level tokenizer of `gna_interp.models.tiny`), saved to "
-        "a folder and loaded with `gna.load_model(folder)`. `tests/test_family_matrix.py` then checks, on CPU "
-        "in float32, against computations that do not go through gna_interp:",
+        f"TransformerLens's bridge (installed here) lists {len(bridge_causal_lms())} causal-LM architectures. "
+        f"Every one that the installed transformers can build is a row below ({len(FAMILIES)} families; "
+        f"{len(analysed)} with heads gna_interp analyses). Each is built as a tiny random-initialised model with "
+        "`from_config` (2-4 layers, `d_model` 32-64, the 257-token byte-level tokenizer of "
+        "`gna_interp.models.tiny`), saved to a folder and loaded with `gna.load_model(folder)`. "
+        "`tests/test_family_matrix.py` then checks, on CPU in float32, against computations that do not go "
+        "through gna_interp:",
         "",
     ]
     lines += [f"- **{name}**: {text};" for name, text in CHECKS.items()]
     lines[-1] = lines[-1][:-1] + "."
-    lines += ["", "A ✓ is a check that runs in CI for that family; — is one that does not apply.", "",
-              "| family | HF class | heads | " + " | ".join(CHECKS) + " | notes |",
-              "|---|---|---|" + "---|" * len(CHECKS) + "---|"]
+    lines += ["", "✓: the check runs in CI and passes. ✗: it fails with the error the notes give, and a test asserts "
+              "that error (a fix upstream shows up as a failing test). —: it does not apply (no heads of that "
+              "family are analysed).", "",
+              "| family | HF class | heads | status | " + " | ".join(CHECKS) + " | notes |",
+              "|---|---|---|---|" + "---|" * len(CHECKS) + "---|"]
     for f in FAMILIES:
-        kinds = sorted({k for k in f.proj})
-        cells = " | ".join(mark[c in f.checks] for c in CHECKS)
-        lines.append(f"| {f.label} | `{f.cls}` | {', '.join(f'`{k}`' for k in kinds)} | {cells} | {f.note} |")
+        kinds = ", ".join(f"`{k}`" for k in sorted(f.proj)) or "none"
+        failing = {c for c, _ in f.limits}
+        cells = " | ".join("✓" if c in f.checks else "✗" if c in failing else "—" for c in CHECKS)
+        lines.append(f"| {f.label} | `{f.cls}` | {kinds} | {f.status} | {cells} | {f.note} |")
     lines += [
         "",
-        "Head kinds: `attn` is one query head of an attention layer (grouped-query layouts included), "
-        "`ssm2` one Mamba-2 head, `ssm1` one Mamba-1 channel (see [Concepts](concepts.md)). Where one attention "
-        "block runs at several depths (Zamba2), its heads are listed at each depth and ablating `L3H1` acts at "
-        "depth 3 only, so that check zeroes the columns while that depth runs instead of editing the shared "
-        "weights.",
+        "Head kinds: `attn` is one query head of an attention layer (grouped-query and multi-query layouts "
+        "included), `ssm2` one Mamba-2 head, `ssm1` one Mamba-1 channel (see [Concepts](concepts.md)). Where one "
+        "attention block runs at several depths (Zamba2), its heads are listed at each depth and ablating `L3H1` "
+        "acts at depth 3 only, so that check zeroes the columns while that depth runs instead of editing the "
+        "shared weights.",
+        "",
+        "Not in the matrix: the bridge's causal LMs that have no class in the installed transformers (remote-code "
+        "checkpoints, or another spelling of a class above), which transformers cannot build from a config here: "
+        + ", ".join(f"`{a}`" for a in remote_code_only()) + ".",
+    ]
+    if NOT_IN_MATRIX:
+        lines += [""] + [f"- `{a}`: {why}" for a, why in sorted(NOT_IN_MATRIX.items())]
+    lines += [
         "",
         "## An architecture that is not supported",
         "",
@@ -358,9 +616,10 @@ def render() -> str:
         "```",
         "",
         "A model the bridge loads but whose token mixers no gna_interp adapter recognises (RWKV time-mix, "
-        "LFM2 short convolutions, gated delta nets) loads, and each such mixer is listed with kind "
-        "`unsupported` and no heads: `model.unsupported()` returns them and `gna models` prints them. "
-        "Asking for a head there raises `HeadError`; a scan with no supported head raises `InputError`.",
+        "LFM2 short convolutions, gated delta nets, RecurrentGemma's RG-LRU) loads and runs, and each such mixer "
+        "is listed with kind `unsupported` and no heads: `model.unsupported()` returns them and `gna models` "
+        "prints them. Asking for a head there raises `HeadError`; a scan with no supported head raises "
+        "`InputError`.",
         "",
     ]
     return "\n".join(lines)

@@ -102,7 +102,8 @@ def _repeat(value: Any, batch: int, times: int) -> Any:
     if times == 1:
         return value
     if isinstance(value, Tensor):
-        if value.dim() >= 2 and value.shape[0] == batch:
+        # batch-major tensors: [batch, ...], or [batch * heads, ...] (BLOOM's ALiBi bias [batch * heads, 1, k])
+        if value.dim() >= 2 and value.shape[0] == batch or value.dim() >= 3 and value.shape[0] % batch == 0:
             return value.repeat(times, *([1] * (value.dim() - 1)))
         return value
     if isinstance(value, tuple):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gna_interp.errors import UnsupportedArchitectureError
 from gna_interp.models.mixer import _REGISTRY, adapter, unwrap
 from gna_interp.models.reach import reach_mixers
 
@@ -81,13 +82,15 @@ def _unsupported(layer: int, path: str, cls: str) -> LayerSpec:
 # Names that only token mixers have (attention projections, SSM parameters, recurrences).
 _TOKEN_MIXING = {"q_proj", "k_proj", "qkv_proj", "query_key_value", "c_attn", "Wqkv", "A_log", "conv1d",
                  "time_mix", "time_mixer", "attention", "self_attn", "recurrence"}
-_CHANNEL_MIXING = {"down_proj", "experts", "fc2", "w2", "dense_4h_to_h"}
+_CHANNEL_MIXING = {"down_proj", "experts", "fc2", "w2", "dense_4h_to_h", "output_linear"}  # output_linear: Granite MoE
 
 
 def is_channel_mixer(module: torch.nn.Module) -> bool:
     """Whether a Hugging Face module only mixes channels within a position (an MLP or a mixture of
-    experts): it has a down projection or experts and nothing that mixes positions (no attention
-    projection, SSM parameter or convolution)."""
+    experts, or a bare linear projection): it has a down projection or experts and nothing that mixes
+    positions (no attention projection, SSM parameter or convolution)."""
+    if type(module) is torch.nn.Linear:  # a bare projection in a block (Gemma-4's per-layer input gate)
+        return True
     names = {n.rsplit(".", 1)[-1] for n, _ in module.named_modules()}
     names |= {n.rsplit(".", 1)[-1] for n, _ in module.named_parameters()}
     if names & _TOKEN_MIXING or any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules()):
@@ -128,6 +131,10 @@ def detect_layers(bridge: Any) -> list[LayerSpec]:
     Mixers the bridge leaves without the hooks of their kind are reached first (hook points added to
     the bridge, once: see :mod:`gna_interp.models.reach`).
     """
+    if not hasattr(bridge, "blocks"):
+        raise UnsupportedArchitectureError(
+            f"TransformerLens's bridge for {type(getattr(bridge, 'original_model', bridge)).__name__} exposes no "
+            f"blocks (bridge.blocks), so gna_interp finds no layers or heads in it")
     reach_mixers(bridge, list(_REGISTRY.values()))
     specs: list[LayerSpec] = []
     for i, block in enumerate(bridge.blocks):

@@ -118,7 +118,8 @@ def _delegated_attention_hook(spec: LayerSpec, heads: dict["HeadRef", Any],
 def _head_layout(mod: Any) -> tuple[int, int, int] | None:
     """``(query heads, KV heads, d_head)`` of a Hugging Face attention module, from it or its config."""
     cfg = getattr(mod, "config", None)
-    n_heads = getattr(mod, "num_heads", None) or getattr(cfg, "num_attention_heads", None)
+    n_heads = (getattr(mod, "num_heads", None) or getattr(mod, "n_heads", None) or getattr(mod, "n_head", None)
+               or getattr(cfg, "num_attention_heads", None))  # n_heads: MPT; n_head: OpenAI GPT
     if not isinstance(n_heads, int) or n_heads < 1:
         return None
     n_kv = getattr(mod, "num_key_value_heads", None) or getattr(cfg, "num_key_value_heads", None) or n_heads

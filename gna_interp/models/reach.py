@@ -307,7 +307,10 @@ def _install(bridge: Any, layer: int, block: torch.nn.Module, module: torch.nn.M
         if _hook_at(component, f"{sub}.hook_in"):
             continue
         child = Reached(unwrap(target))
-        component.add_module(sub, child)
+        if sub in component._modules or sub not in component.__dict__ and not hasattr(component, sub):
+            component.add_module(sub, child)
+        else:  # the bridge component passes the HF module's attribute through (GraniteMoeHybrid's mixer: out_proj)
+            component._modules[sub] = child
         _hook_module(unwrap(target), child.hook_in, child.hook_out)
         _register(bridge, f"{prefix}.{sub}", child)
     if plan.pattern and not _hook_at(component, "hook_pattern"):

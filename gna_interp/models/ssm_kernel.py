@@ -134,9 +134,12 @@ def _depthwise_conv(conv: torch.nn.Module, u: Tensor, act: Any) -> Tensor:
 
 
 def is_ssm2(oc: Any) -> bool:
-    """Whether an HF module is a Mamba-2 (SSD) mixer: a per-head ``A_log`` vector and ``dt_bias``."""
+    """Whether an HF module is a Mamba-2 (SSD) mixer: a per-head ``A_log`` vector and ``dt_bias``, with the SSD
+    layout attributes (``num_heads``, ``head_dim``, ``n_groups``, ``ssm_state_size``). Gated delta nets (Qwen3-Next,
+    OLMo-hybrid) also carry ``A_log`` and ``dt_bias`` but not that layout: they are another kind."""
     a_log = getattr(oc, "A_log", None)
-    return isinstance(a_log, Tensor) and a_log.dim() == 1 and hasattr(oc, "dt_bias")
+    return (isinstance(a_log, Tensor) and a_log.dim() == 1 and hasattr(oc, "dt_bias")
+            and all(hasattr(oc, a) for a in ("num_heads", "head_dim", "n_groups", "ssm_state_size")))
 
 
 def is_ssm1(oc: Any) -> bool:
