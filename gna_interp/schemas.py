@@ -84,9 +84,11 @@ SEGMENTS = obj({"items": arr(arr(NAT, minItems=2, maxItems=2)), "final": NAT, "n
                {"query": nullable(arr(NAT, minItems=2, maxItems=2))})
 PATTERNS = obj({"heads": arr(HEAD), "str_tokens": arr(arr(STR)), "ids": {"type": "tensor"},
                 "attention_mask": {"type": "tensor"}, "patterns": {"type": "tensor"}, "options": {"type": "object"}})
+ALL_HEADS = obj({"heads": arr(HEAD), "sample": NAT, "n_tokens": NAT, "codes": {"type": "tensor"},
+                 "scales": {"type": "tensor"}, "budget": NAT, "omitted": arr(HEAD)}, closed=True)
 VIEWS = obj({"patterns": PATTERNS, "segments": arr(SEGMENTS), "gold": arr(NAT), "pred": arr(NAT),
              "candidates": arr(arr(STR, minItems=1)), "pair": nullable(arr(HEAD, minItems=2, maxItems=2)),
-             "why": STR, "view": arr(HEAD)}, {"run_id": RUN})
+             "why": STR, "view": arr(HEAD)}, {"run_id": RUN, "all_heads": nullable(ALL_HEADS)})
 
 DELEGATION = obj({"model": STR, "task": {"type": ["object", "string"]}, "chance": NUM, "roles": RECORDS,
                   "kinds": RECORDS, "removal": RECORDS},

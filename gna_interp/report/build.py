@@ -22,6 +22,7 @@ from gna_interp.viz.compare import compare_heads
 from gna_interp.viz.curves import ablation_curve
 from gna_interp.viz.delegation import delegation_figure
 from gna_interp.viz.export import write_pngs
+from gna_interp.viz.head_view import HEATMAP_ID, head_explorer
 from gna_interp.viz.html import figure_div, page
 from gna_interp.viz.scores import score_heatmap
 from gna_interp.viz.stability import stability_plot
@@ -38,8 +39,9 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
     """Write ``out_dir/report.html`` from the circuit saved in ``out_dir`` (:meth:`Circuit.save
     <gna_interp.circuits.circuit.Circuit.save>`); return its path. No model is loaded or run.
 
-    The page holds the model and task summary, the baseline, the layer x head heatmap, the top heads
-    with their roles, the ablation curve, G&A cards for the gather and aggregate heads and circuitsvis
+    The page holds the model and task summary, the baseline, the layer x head heatmap (click any cell: that
+    head's pattern on the first card sample and its numbers, :func:`~gna_interp.viz.head_view.head_explorer`),
+    the top heads with their roles, the ablation curve, G&A cards for the gather and aggregate heads and circuitsvis
     views of the top heads' patterns (from ``views.pt``, which discovery computed beside the model);
     plotly's and circuitsvis's JavaScript are embedded once each, so the file renders with no network.
     With ``png`` the figures are also written to ``out_dir/figures/*.png`` when the export path
@@ -58,8 +60,9 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
         sections += ["<h2>Task form</h2>", _calibration_table(circuit.calibration)]
     sections += ["<h2>Where the heads are</h2>", _note(
         "Drop of the task metric when each head alone is ablated (red = the head matters). "
-        "G / A mark heads labelled gather / aggregate; #k marks the top-ranked heads. Hover for numbers."),
-        figure_div(figures["heatmap"])]
+        "G / A mark heads labelled gather / aggregate; #k marks the top-ranked heads. Hover for numbers; click a "
+        "cell for the head's pattern and numbers below."),
+        figure_div(figures["heatmap"], div_id=HEATMAP_ID), head_explorer(heads, circuit.views)]
     sections += ["<h2>Top heads and their roles</h2>", _top_table(heads)]
     if circuit.formats:
         sections += ["<h2>Retrieval formats</h2>", _formats_table(heads, circuit)]

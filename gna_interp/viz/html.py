@@ -56,10 +56,13 @@ def circuitsvis_widget(element: str, **props: Any) -> str:
             f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{element}, {data});</script>')
 
 
-def figure_div(fig: Any) -> str:
+def figure_div(fig: Any, div_id: str | None = None) -> str:
     """A plotly figure as an HTML fragment (``<div>`` + render call) that uses the page's plotly JS
-    (:func:`page` with ``plotly=True``); the figure's own ``layout.height`` sets its height."""
-    return fig.to_html(full_html=False, include_plotlyjs=False,
+    (:func:`page` with ``plotly=True``); the figure's own ``layout.height`` sets its height. ``div_id`` names
+    the ``<div>`` (letters, digits, ``-`` and ``_``), for a script that listens to the plot's events."""
+    if div_id is not None and not (div_id and all(c.isascii() and (c.isalnum() or c in "-_") for c in div_id)):
+        raise ValueError(f"a figure's div id is letters, digits, '-' and '_' only, got {div_id!r}")
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
                        config={"displaylogo": False, "responsive": True})
 
 

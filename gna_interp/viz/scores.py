@@ -70,8 +70,9 @@ def score_heatmap(scan: Any, roles: pd.DataFrame | None = None, value: str = "dr
     channel-group start on the x axis, so hybrids show their attention and SSM layers apart.
     Colour is centred at 0 (red = ablating hurts). Cells are marked ``G`` / ``A`` for heads whose
     ``role`` is gather / aggregate, and the ``mark_top`` best-ranked heads carry their rank.
-    Hover shows the name, the role and every other column of the frame. ``roles`` (a frame with
-    ``name`` and e.g. ``role``, gather/aggregate scores) is merged in on ``name`` when given.
+    Hover shows the name, the role and every other column of the frame; each trace's ``meta.names[y][x]`` is
+    the head name of cell ``(x, y)`` (``""`` where no head was scanned), for scripts that react to a click.
+    ``roles`` (a frame with ``name`` and e.g. ``role``, gather/aggregate scores) is merged in on ``name``.
     """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -101,9 +102,11 @@ def score_heatmap(scan: Any, roles: pd.DataFrame | None = None, value: str = "dr
         z = [[math.nan] * len(cols) for _ in layers]
         text = [[""] * len(cols) for _ in layers]
         hover = [["not scanned"] * len(cols) for _ in layers]
+        names = [[""] * len(cols) for _ in layers]
         for _, row in sub.iterrows():
             i, j = li[row["layer"]], ci[row["head"]]
             z[i][j] = float(row[value])
+            names[i][j] = str(row["name"])
             mark = ROLE_MARKS.get(str(row.get("role", "")), "")
             if int(row["rank"]) <= mark_top:
                 mark = f"{mark}#{int(row['rank'])}"
@@ -112,7 +115,8 @@ def score_heatmap(scan: Any, roles: pd.DataFrame | None = None, value: str = "dr
         panel, axis, letter = info[kind]
         fig.add_trace(go.Heatmap(z=z, x=list(range(len(cols))), y=list(range(len(layers))), text=text,
                                  texttemplate="%{text}", customdata=hover, hovertemplate="%{customdata}<extra></extra>",
-                                 coloraxis="coloraxis", xgap=1, ygap=1, name=panel), row=r, col=1)
+                                 coloraxis="coloraxis", xgap=1, ygap=1, name=panel, meta={"names": names}),
+                      row=r, col=1)
         step = max(1, math.ceil(len(cols) / _MAX_TICKS))
         fig.update_xaxes(title_text=axis, tickvals=list(range(0, len(cols), step)),
                          ticktext=[f"{letter}{cols[j]}" for j in range(0, len(cols), step)], row=r, col=1)

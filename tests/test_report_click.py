@@ -1,0 +1,194 @@
+"""Any head, one click (issue 28, part 3): views.pt keeps every head's pattern on a card sample, compressed within
+a stated budget, and a click on any heatmap cell of report.html draws that head's pattern and numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from gna_interp.circuits import Circuit
+from gna_interp.circuits.views import (ALL_HEADS_BUDGET, LEVELS, CardViews, HeadPatterns, card_views, head_patterns,
+                                       row_normalised)
+from gna_interp.mixing import patterns
+from gna_interp.models.heads import HeadRef
+from gna_interp.report import build_report
+from gna_interp.tasks import KVRetrieval
+from made_up import made_up_scan, write_scan_folder
+
+CHROMIUM = os.environ.get("GNA_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-quic", "--no-first-run"]
+
+
+def _ranked(frame):
+    return [HeadRef.parse(n) for n in frame.sort_values("rank")["name"]]
+
+
+@pytest.mark.parametrize("family", ["llama", "bamba"])
+def test_all_head_patterns_decode_to_the_model_patterns_within_the_stated_error(family, tiny_models, tmp_path):
+    """Every head is stored; decoded from views.pt, each value is within row max / 510 of the pattern that
+    ``mixing.patterns`` reads from the model (SSM heads row-normalised, |M| / sum |M|), and the upper triangle that
+    is not stored is zero in the model too."""
+    model = tiny_models[family]
+    task = KVRetrieval(n_pairs=4, n_samples=2, seed=3)
+    frame = made_up_scan(model.heads()).sort_values("rank")
+    views = card_views(model, task, _ranked(frame), frame, None, n_cards=2)
+    views.save(tmp_path / "views.pt")
+    every = CardViews.load(tmp_path / "views.pt").all_heads
+    assert every is not None and every.heads == _ranked(frame) and not every.omitted  # all heads, best first
+    t = every.n_tokens
+    assert t == len(views.patterns.str_tokens[0]) and t > 20
+    assert every.nbytes == len(every.heads) * HeadPatterns.bytes_per_head(t) <= ALL_HEADS_BUDGET
+    assert every.codes.dtype == torch.uint8 and every.codes.shape == (len(every.heads), t * (t + 1) // 2)
+
+    direct = patterns(model, task[0].prompt, heads=every.heads)
+    exact = row_normalised(direct.sample(0), every.heads)
+    assert exact.triu(1).abs().max() < 1e-6  # causal: nothing lost above the diagonal
+    decoded = every.decode()
+    err = (decoded - exact).abs()
+    bound = every.max_error()[:, :, None]
+    assert bool((err <= bound + 1e-6).all()), float((err - bound).max())
+    assert float(err.max()) <= 1 / (2 * LEVELS) + 1e-6
+    assert float(err.max()) > 0  # 8-bit codes really are lossy: the bound is what the test checks
+    kinds = {h.kind for h in every.heads}
+    assert kinds == ({"attn", "ssm2"} if family == "bamba" else {"attn"})
+    one = every.heads[-1]
+    assert torch.equal(every.decode([one.name])[0], decoded[-1])
+
+
+def test_the_budget_keeps_the_best_ranked_heads_and_names_the_rest(tiny_models):
+    model = tiny_models["llama"]
+    prompt = KVRetrieval(n_pairs=3, n_samples=1, seed=0)[0].prompt
+    ranked = list(reversed(model.heads()))
+    t = int(model.as_batch(prompt).ids.shape[1])
+    budget = 3 * HeadPatterns.bytes_per_head(t) + HeadPatterns.bytes_per_head(t) // 2
+    kept = head_patterns(model, prompt, ranked, budget=budget)
+    assert kept.heads == ranked[:3] and kept.omitted == ranked[3:] and kept.nbytes <= budget
+    with pytest.raises(Exception, match="left out to stay within the size budget"):
+        kept.index(ranked[5])
+
+
+def test_views_refuse_all_head_patterns_of_another_shape(tiny_models, tmp_path):
+    model = tiny_models["llama"]
+    folder = write_scan_folder(tmp_path / "run", model, model.heads())
+    run = json.loads((folder / "circuit.json").read_text())["run_id"]
+    bundle = torch.load(folder / "views.pt", weights_only=True)
+    bundle["all_heads"]["codes"] = bundle["all_heads"]["codes"][:, :-1]
+    torch.save(bundle, folder / "views.pt")
+    with pytest.raises(Exception, match=r"codes must be uint8"):
+        CardViews.load(folder / "views.pt", run)
+    bundle["all_heads"]["extra"] = 1
+    torch.save(bundle, folder / "views.pt")
+    with pytest.raises(Exception, match="all_heads"):
+        CardViews.load(folder / "views.pt", run)
+
+
+def test_a_folder_without_all_head_patterns_still_renders_with_a_note(tiny_models, tmp_path):
+    """Views saved before the field existed (no ``all_heads`` in views.pt) load, and the report says why there is
+    no click view; no views at all says so too."""
+    model = tiny_models["llama"]
+    folder = write_scan_folder(tmp_path / "run", model, model.heads())
+    run = json.loads((folder / "circuit.json").read_text())["run_id"]
+    views = CardViews.load(folder / "views.pt", run)
+    views.all_heads = None
+    views.save(folder / "views.pt", run)
+    assert "all_heads" not in torch.load(folder / "views.pt", weights_only=True)
+    html = build_report(folder, png=False).read_text(encoding="utf-8")
+    assert "No click view: this folder&#x27;s views.pt holds no all-head patterns" in html
+    assert "gna-head-data" not in html and "CircuitsVis.render(" in html  # the rest of the report is drawn
+    bare = write_scan_folder(tmp_path / "bare", model, model.heads(), n_cards=0)
+    assert "No click view" in build_report(bare, png=False).read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def click_report(tiny_models, tmp_path_factory):
+    model = tiny_models["llama"]
+    folder = write_scan_folder(tmp_path_factory.mktemp("click") / "run", model, model.heads())
+    return build_report(folder, png=False)
+
+
+def test_the_report_embeds_the_click_data_once_as_inert_json(click_report):
+    html = click_report.read_text(encoding="utf-8")
+    assert html.count('id="gna-head-data"') == 1 and html.count("var CircuitsVis") == 1
+    assert html.count("* plotly.js v") == 1
+    start = html.index('id="gna-head-data">') + len('id="gna-head-data">')
+    data = json.loads(html[start:html.index("</script>", start)])
+    circuit = Circuit.load(click_report.parent)
+    assert set(data["rows"]) == {h.name for h in circuit.scan.heads} and len(data["stored"]) == 12
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
+def test_clicking_a_heatmap_cell_outside_the_top_6_draws_that_heads_pattern(click_report):
+    """A real mouse click on the heatmap cell of a head ranked below 6 (no pattern of it anywhere else on the page)
+    draws its circuitsvis pattern, decoded in the browser equal to views.pt's, with its name and numbers."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    circuit = Circuit.load(click_report.parent)
+    frame = circuit.to_frame()
+    row = frame[frame["rank"] == 9].iloc[0]
+    name = str(row["name"])
+    assert name not in {h.name for h in circuit.views.view}  # outside the top-6 pattern view
+    every = circuit.views.all_heads
+    record = """(() => { window.__props = []; let cv;
+      Object.defineProperty(window, 'CircuitsVis', {configurable: true, get() { return cv; }, set(v) {
+        cv = new Proxy(v, {get(t, k) { return k !== 'render' ? t[k]
+          : (id, el, props) => { window.__props.push([id, props]); return t.render(id, el, props); }; }}); }});
+    })();"""
+    errors, requests = [], []
+    shot = click_report.parent / "click.png"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.add_init_script(record)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(click_report.as_uri(), wait_until="load", timeout=120_000)
+            page.wait_for_function("document.querySelector('#gna-heatmap .hm image') !== null", timeout=120_000)
+            assert page.evaluate("document.querySelectorAll('#gna-head-detail canvas').length") == 0
+            page.evaluate("document.getElementById('gna-heatmap').scrollIntoView()")
+            cell = page.evaluate("""(name) => {
+                const gd = document.getElementById('gna-heatmap');
+                for (let t = 0; t < gd.data.length; t++) {
+                  const names = gd.data[t].meta.names, tr = gd._fullData[t], fl = gd._fullLayout;
+                  const xa = fl['xaxis' + tr.xaxis.slice(1)], ya = fl['yaxis' + tr.yaxis.slice(1)];
+                  for (let y = 0; y < names.length; y++) for (let x = 0; x < names[y].length; x++)
+                    if (names[y][x] === name) {
+                      const box = gd.getBoundingClientRect();
+                      return {x: box.left + xa._offset + xa.d2p(x), y: box.top + ya._offset + ya.d2p(y)};
+                    }
+                }
+                return null; }""", name)
+            assert cell is not None, name
+            page.mouse.click(cell["x"], cell["y"])
+            page.wait_for_function("document.querySelectorAll('#gna-head-detail canvas').length >= 1", timeout=60_000)
+            page.wait_for_timeout(500)
+            seen = page.evaluate("""() => {
+                const box = document.getElementById('gna-head-detail');
+                const c = box.querySelector('canvas');
+                const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                let inked = 0;
+                for (let i = 0; i < px.length; i += 4) if (px[i + 3] > 0 && (px[i] < 240 || px[i + 1] < 240)) inked++;
+                const last = window.__props[window.__props.length - 1];
+                return {head: box.dataset.head, text: box.innerText, inked, w: c.width, h: c.height,
+                        renders: window.__props.length, id: last[0], props: last[1],
+                        pick: document.getElementById('gna-head-pick').value};
+            }""")
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert not errors, errors
+    assert all(u.startswith(("file:", "data:", "blob:", "about:")) for u in requests), requests
+    assert seen["head"] == name == seen["pick"] and seen["id"].startswith("gna-head-pattern-")
+    assert seen["renders"] == 2  # the top-heads widget at load, then the click
+    text = seen["text"]
+    assert name in text and "(rank 9 of 12)" in text and "95% interval" in text and "role" in text
+    assert f"{row['drop']:.4g}"[:5] in text
+    assert seen["w"] > 100 and seen["h"] > 100 and seen["inked"] > 500, seen
+    assert seen["props"]["tokens"] == circuit.views.patterns.str_tokens[every.sample]
+    drawn = torch.tensor(seen["props"]["attention"])
+    assert torch.allclose(drawn, every.decode([name])[0], atol=1e-6)
+    print(f"screenshot: {shot}")
