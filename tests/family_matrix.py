@@ -90,6 +90,8 @@ class Family:
         """How gna_interp treats the family: analysed, partly analysed, listed unsupported, or refused."""
         if self.raises:
             return "refused with `UnsupportedArchitectureError`"
+        if any(c == "logits" for c, _ in self.limits):
+            return "loads; its forward fails in the bridge"
         if self.unsupported and not self.proj:
             return "loads; every mixer listed `unsupported`"
         if self.unsupported:
