@@ -192,3 +192,44 @@ def test_clicking_a_heatmap_cell_outside_the_top_6_draws_that_heads_pattern(clic
     drawn = torch.tensor(seen["props"]["attention"])
     assert torch.allclose(drawn, every.decode([name])[0], atol=1e-6)
     print(f"screenshot: {shot}")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
+def test_every_head_shows_with_hostile_tokens_and_reasons_as_text_only(tiny_models, tmp_path):
+    """Each head of the page, shown in turn, draws its pattern; tokens and role reasons that try to become markup
+    reach circuitsvis unchanged and the detail box as text, and run nothing."""
+    from made_up import made_up_circuit
+    from test_hostile import HOSTILE
+
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    model = tiny_models["llama"]
+    circuit = made_up_circuit(model, model.heads())
+    circuit.roles["role_reason"] = [HOSTILE[i % len(HOSTILE)] for i in range(len(circuit.roles))]
+    for tokens in circuit.views.patterns.str_tokens:
+        tokens[:] = [HOSTILE[i % len(HOSTILE)] for i in range(len(tokens))]
+    folder = circuit.save(tmp_path / "run")
+    report = build_report(folder, png=False)
+    names = [h.name for h in circuit.scan.heads]
+    errors, dialogs = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.goto(report.as_uri(), wait_until="load", timeout=120_000)
+            page.wait_for_function("typeof window.gnaShowHead === 'function'", timeout=60_000)
+            shown = []
+            for name in names:
+                page.evaluate("(n) => window.gnaShowHead(n)", name)
+                page.wait_for_function("document.querySelector('#gna-head-detail canvas') !== null", timeout=30_000)
+                shown.append(page.evaluate("""() => { const b = document.getElementById('gna-head-detail');
+                    return [b.dataset.head, b.querySelector('h3').textContent, b.innerText]; }"""))
+            page.wait_for_timeout(300)
+            pwned = page.evaluate("window.__pwned === undefined ? null : String(window.__pwned)")
+            injected = page.evaluate("document.querySelectorAll('img, [onload], [onerror]').length")
+        finally:
+            browser.close()
+    assert not errors and pwned is None and not dialogs and injected == 0, (errors, pwned, dialogs)
+    assert [s[0] for s in shown] == names and all(s[1].startswith(n) for s, n in zip(shown, names))
+    assert any(HOSTILE[0] in s[2] for s in shown)  # a reason shown literally, as text

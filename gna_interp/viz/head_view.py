@@ -82,12 +82,16 @@ _SCRIPT = r"""
     }
     lines.push(["role", (has(h.role) ? h.role : "unscored") + (has(h.role_reason) ? ": " + h.role_reason : "")]);
     if (has(h.pattern_role) && h.pattern_role !== h.role) lines.push(["role from the pattern", h.pattern_role]);
-    D.scores.forEach(function (c) { if (has(h[c])) lines.push([c.replace(/_/g, " ") + " score", num(h[c])]); });
+    D.scores.forEach(function (c) {
+      if (has(h[c])) lines.push([c.replace(/_/g, " ") + (c === "gather" || c === "aggregate" ? " score" : ""), num(h[c])]);
+    });
     if (has(h.offset) && h.offset) lines.push(["offset", "+" + num(h.offset)]);
     lines.forEach(function (r) {
       var tr = el("tr");
       tr.appendChild(el("th", r[0]));
-      tr.appendChild(el("td", r[1]));
+      var td = el("td", r[1]);
+      td.style.textAlign = "left";
+      tr.appendChild(td);
       t.appendChild(tr);
     });
     box.appendChild(t);
