@@ -103,7 +103,7 @@ HYBRID_PLAN = obj({"model": STR, "architecture": STR, "layers": arr({"type": "ob
                    "d_conv": NAT, "order": STR, "table": RECORDS},
                   {"seed": nullable({"type": "integer"}), "source": STR, "notes": arr(STR)})
 
-EXPERIMENT = obj({"table": RECORDS})  # the rest of an experiment document is read by its own result class
+EXPERIMENT = obj(optional={"table": RECORDS})  # its checkpoints share the format; the rest is read by its class
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "scan": SCAN, "circuit": CIRCUIT, "views": VIEWS, "patterns": PATTERNS, "delegation": DELEGATION,
