@@ -361,10 +361,9 @@ EXTRA: tuple[Family, ...] = (
            {"attn": ("transformer.h.{l}.self_attention.dense",)}, attention_only, note="ALiBi positions"),
     Family("codegen", "CodeGen", "CodeGenForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                                                rotary_dim=8),
-           {"attn": ("transformer.h.{l}.attn.out_proj",)}, attention_only, checks=("load", "heads"),
-           limits=(("logits", "embed_positions"),),
-           note="TransformerLens 4.3's CodeGen bridge fails in the forward under transformers 5 "
-                "(`CodeGenAttention` has no `embed_positions`): loads and lists its heads, cannot run"),
+           {}, none, checks=("load", "logits", "heads"), unsupported=(0, 1),
+           note="TransformerLens 4.3's CodeGen bridge runs the forward but gives `CodeGenAttention` no pattern or "
+                "output-projection hook: both layers listed `unsupported`, no heads"),
     _llama_like("cohere", "Cohere", "CohereForCausalLM", logit_scale=0.5, note="`logit_scale` 0.5"),
     _llama_like("cohere2", "Cohere2", "Cohere2ForCausalLM", sliding_window=16, logit_scale=0.5,
                 layer_types=["sliding_attention", "full_attention"], note="RoPE on sliding layers only"),

@@ -61,7 +61,9 @@ class Prefix:
         return args[0] if args else kwargs["hidden_states"]
 
 
-def _strip_caches(kwargs: dict[str, Any]) -> dict[str, Any]:
+def _strip_caches(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """A block's recorded arguments without KV caches (positional ones included: GPT-2's block takes its cache
+    second): a replay must neither read nor grow the clean run's cache."""
     from transformers.cache_utils import Cache
 
     out = {}
@@ -71,7 +73,7 @@ def _strip_caches(kwargs: dict[str, Any]) -> dict[str, Any]:
         elif k == "use_cache":
             v = False
         out[k] = v
-    return out
+    return tuple(None if isinstance(a, Cache) else a for a in args), out
 
 
 @torch.no_grad()
@@ -84,7 +86,7 @@ def capture(model: Model, batch: TokenBatch,
     try:
         for i, block in enumerate(model.blocks()):
             def pre(_mod: Any, args: tuple, kwargs: dict, i: int = i) -> None:
-                inputs[i] = (tuple(args), _strip_caches(kwargs))
+                inputs[i] = _strip_caches(tuple(args), kwargs)
 
             handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
         logits = model.forward(batch)
