@@ -56,6 +56,7 @@ from typing import Any, Iterator, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -192,8 +193,9 @@ def _ssd_terms(oc: Any, hidden_states: Tensor, attention_mask: Tensor | None) ->
     lo, hi = getattr(oc, "time_step_limit", (0.0, float("inf")))
     dt = dt.clamp(float(lo), float(hi))
     A = -torch.exp(oc.A_log.detach().float())
-    return SSMTerms("ssm2", x.reshape(b, seq, H, P), dt, A[:, None], B.reshape(b, seq, G, N),
-                    C.reshape(b, seq, G, N), oc.D.detach().float(), gate.float(), attention_mask)
+    return SSMTerms("ssm2", rearrange(x, "b t (h p) -> b t h p", h=H, p=P), dt, A[:, None],
+                    rearrange(B, "b t (g n) -> b t g n", g=G, n=N), rearrange(C, "b t (g n) -> b t g n", g=G, n=N),
+                    oc.D.detach().float(), gate.float(), attention_mask)
 
 
 def _s6_terms(oc: Any, hidden_states: Tensor, attention_mask: Tensor | None) -> SSMTerms:
@@ -261,14 +263,14 @@ def _unit_blocks(terms: SSMTerms, units: Sequence[int], form: str, block_elems: 
     for c0 in range(0, len(units), chunk):
         cidx = idx[c0:c0 + chunk]
         A = terms.A[cidx]  # [u, Na]
-        dt = terms.dt[:, :, cidx].permute(0, 2, 1)  # [b, u, T]
+        dt = rearrange(terms.dt[:, :, cidx], "b t u -> b u t")
         cs = torch.cumsum(dt.double(), dim=-1)  # [b, u, T]
         g = torch.div(cidx, terms.units_per_group, rounding_mode="floor")
         if terms.B.shape[2] == 1:
-            Bu, Cu = terms.B.permute(0, 2, 1, 3), terms.C.permute(0, 2, 1, 3)  # [b, 1, T, N]
+            Bu, Cu = (rearrange(m, "b t one n -> b one t n") for m in (terms.B, terms.C))
         else:
-            Bu, Cu = terms.B[:, :, g].permute(0, 2, 1, 3), terms.C[:, :, g].permute(0, 2, 1, 3)  # [b, u, T, N]
-        a = A[None, :, None, :]  # [1, u, 1, Na]
+            Bu, Cu = (rearrange(m[:, :, g], "b t u n -> b u t n") for m in (terms.B, terms.C))
+        a = rearrange(A, "u na -> 1 u 1 na")
         for q0 in range(0, T, Q):
             q1 = min(T, q0 + Q)
             csq = cs[:, :, q0:q1]
