@@ -38,6 +38,7 @@ def _frame_text(df: object) -> str:
 
 def run(out: Path, smollm2: bool) -> dict[str, str]:
     from gna_interp import discover, load_model, role_scores, scan_heads
+    from gna_interp.report import circuit_summary
     from gna_interp.models.tiny import FAMILIES, build_tiny
     from gna_interp.tasks import KVRetrieval
 
@@ -64,7 +65,7 @@ def run(out: Path, smollm2: bool) -> dict[str, str]:
             keep(f"{name}.roles.csv", _frame_text(role_scores(model, task, heads=model.heads()[:12])))
             circuit = discover(model, task, k=2, seeds=2, progress=False, allow_chance=True)
             keep(f"{name}.circuit.json", json.dumps(_strip(circuit.to_dict()), indent=1, sort_keys=True, default=str))
-            keep(f"{name}.summary.md", "\n".join(line for line in circuit.summary().splitlines()
+            keep(f"{name}.summary.md", "\n".join(line for line in circuit_summary(circuit).splitlines()
                                                  if "seconds" not in line and " s)" not in line))
         if smollm2:
             from gna_interp.circuits import DiscoverConfig

@@ -46,7 +46,7 @@ FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 2, "vi
                                    "hybrid_plan": 1, "delegation": 1,
                                    "hybrid_build": 1}
 
-__all__ = ["FORMAT_VERSIONS", "atomic_write", "clean_json", "read_json", "read_tensors", "write_json",
+__all__ = ["FORMAT_VERSIONS", "atomic_write", "clean_json", "read_json", "read_tensors", "records", "write_json",
            "write_tensors"]
 
 
@@ -96,6 +96,13 @@ def _check(doc: Any, fmt: str, path: Path) -> dict[str, Any]:
         raise InputError(f"{str(path)!r} has {fmt} format version {version!r}; this gna_interp reads version {want} "
                          f"(rewrite it with this version, e.g. rerun the command that made it)")
     return doc
+
+
+def records(df: Any) -> list[dict[str, Any]]:
+    """The rows of a pandas DataFrame as plain JSON-able dicts (numpy scalars converted; :func:`write_json` writes
+    NaN as null)."""
+    return [{str(k): (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
+            for rec in df.to_dict(orient="records")]
 
 
 def write_json(path: str | os.PathLike, fmt: str, body: dict[str, Any], indent: int | None = 1) -> Path:

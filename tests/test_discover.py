@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 
 from gna_interp import HeadRef
 from gna_interp.circuits import ablation_curve, discover, scan_heads
-from gna_interp.circuits.circuit import CURVE_COLUMNS, Circuit
+from gna_interp.circuits.circuit import Circuit
+from gna_interp.circuits.curve import CURVE_COLUMNS
 from gna_interp.cli import main
 from gna_interp.errors import InputError
 from gna_interp.interventions import ablate
@@ -76,6 +78,9 @@ def test_saved_files_feed_the_report(circuit, tmp_path):
     loaded = Circuit.load(tmp_path)
     assert loaded.to_frame()["name"].tolist() == circuit.to_frame()["name"].tolist()
     assert loaded.baseline["accuracy"] == pytest.approx(circuit.baseline["accuracy"])
+    from gna_interp.report import build_report
+
+    build_report(tmp_path, png=False)  # the report writes summary.md beside report.html
     text = (tmp_path / "summary.md").read_text()
     assert circuit.to_frame()["name"].iloc[0] in text and "random heads" in text
     c = circuit.curve
@@ -232,3 +237,21 @@ def test_mc_scan_measures_its_cloze_twin_and_compare_circuits_removes_each_on_th
     with ablate(model, heads):
         assert draws[1]["B"] == pytest.approx(evaluate(model, b.load_task(), progress=False).accuracy)
     assert main(["compare-circuits", str(mc), str(tmp_path / "missing")]) == 2
+
+
+def test_to_dict_and_from_dict_are_symmetric(circuit):
+    """from_dict(to_dict()) with the parts kept in files of their own gives back the same circuit (its document and
+    its table), and the stages ran in order with their timings."""
+    from gna_interp.circuits.discover import STAGES
+
+    again = Circuit.from_dict(circuit.to_dict(), circuit.scan, views=circuit.views, control=circuit.control,
+                              delegation=circuit.delegation, formats=circuit.formats,
+                              format_tasks=circuit.format_tasks)
+    from gna_interp.store import clean_json
+
+    as_json = lambda c: json.dumps(clean_json(c.to_dict()), sort_keys=True)  # noqa: E731 (NaN == NaN as null)
+    assert as_json(again) == as_json(circuit)
+    pd.testing.assert_frame_equal(again.to_frame(), circuit.to_frame())
+    order = [name for name, _ in STAGES]
+    assert list(circuit.timings) == [n for n in order if n in circuit.timings]
+    assert {"check", "scan", "roles", "control", "curve"} <= set(circuit.timings)

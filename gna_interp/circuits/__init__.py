@@ -1,7 +1,9 @@
 """Circuit discovery: head scans (exact, attribution, auto), G&A role scores, discovery of a circuit
 with its ablation curve and report views, layer pruning, and retrieval-guided hybrid plans."""
 
-from gna_interp.circuits.circuit import Circuit, DiscoverConfig, ablation_curve, discover
+from gna_interp.circuits.circuit import Circuit
+from gna_interp.circuits.curve import CurveConfig, ablation_curve
+from gna_interp.circuits.discover import DiscoverConfig, discover
 from gna_interp.circuits.comparison import CircuitComparison, compare_circuits
 from gna_interp.circuits.hybrid import HybridPlan, plan_hybrid
 from gna_interp.circuits.prune import prune_curve

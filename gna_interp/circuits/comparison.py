@@ -23,7 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from gna_interp.circuits.circuit import Circuit, random_orders
+from gna_interp.circuits.circuit import Circuit
+from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import ablate
 from gna_interp.models.heads import HeadRef

@@ -44,7 +44,7 @@ from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import Options, options
-from gna_interp.store import atomic_write, read_json, write_json
+from gna_interp.store import atomic_write, read_json, records, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores
 from gna_interp.tasks.metrics import ACCURACY, raw
@@ -136,7 +136,7 @@ class Delegation:
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able result (``delegation.json``)."""
         return {"model": self.model, "task": self.task, "knowledge": self.knowledge, "chance": self.chance,
-                "roles": _records(self.roles), "kinds": _records(self.kinds), "removal": _records(self.removal),
+                "roles": records(self.roles), "kinds": records(self.kinds), "removal": records(self.removal),
                 "settings": self.settings, "notes": list(self.notes), "seconds": round(self.seconds, 2)}
 
     def save(self, out: str | os.PathLike, run_id: str | None = None) -> Path:
@@ -184,11 +184,6 @@ class Delegation:
 
 def _f(v: Any, digits: int = 3) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.{digits}f}"
-
-
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{str(k): (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
-            for rec in df.to_dict(orient="records")]
 
 
 def _draws(pool: Sequence[HeadRef], k: int, seeds: int, salt: str) -> list[list[HeadRef]]:

@@ -67,14 +67,14 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 
-from gna_interp.circuits.circuit import Circuit, _records
+from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.scan_result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.loading import dtype_name, parse_dtype
 from gna_interp.models.registry import adapter
 from gna_interp.models.model import Model
-from gna_interp.store import read_json, write_json
+from gna_interp.store import read_json, records, write_json
 
 DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 40)
 DEFAULT_LENGTHS: tuple[int, ...] = (128, 2048, 4096)
@@ -258,7 +258,7 @@ class HybridPlan:
                 "dtype_source": self.dtype_source, "bytes_per_element": self.bytes_per_element,
                 "d_state": self.d_state, "d_conv": self.d_conv, "order": self.order, "seed": self.seed,
                 "source": self.source, "notes": list(self.notes), "mb": MB,
-                "table": _records(self.to_frame())}
+                "table": records(self.to_frame())}
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the plan as a ``hybrid_plan`` JSON document (a folder gets ``hybrid_plan.json``)."""

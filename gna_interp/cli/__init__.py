@@ -381,9 +381,10 @@ def run_scan(args: argparse.Namespace) -> int:
     import contextlib
 
     from gna_interp.circuits import DiscoverConfig, discover, scan_heads
-    from gna_interp.circuits.circuit import FILES, check_solvable
+    from gna_interp.circuits.circuit import FILES
+    from gna_interp.circuits.discover import check_solvable
     from gna_interp.circuits.distributed import active, leave, local_device, rank_files
-    from gna_interp.report import build_report
+    from gna_interp.report import build_report, circuit_summary
 
     shard = active()  # under torchrun: joins the job; None in one process
     lead = shard is None or shard.lead
@@ -446,7 +447,7 @@ def run_scan(args: argparse.Namespace) -> int:
                 _say_interrupted(ckpt, args.argv, shard.world if shard is not None else None)
             raise
         circuit.save(out)
-    print(circuit.summary(top=10))
+    print(circuit_summary(circuit, top=10))
     print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
     print(f"wrote {build_report(out)}")
     return 0

@@ -48,7 +48,7 @@ from typing import Any, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
-from gna_interp.circuits.circuit import random_orders
+from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model

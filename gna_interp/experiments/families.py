@@ -62,7 +62,8 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 
-from gna_interp.circuits.circuit import Circuit, curve_k
+from gna_interp.circuits.circuit import Circuit
+from gna_interp.circuits.curve import curve_k
 from gna_interp.circuits.replay import SetAblation
 from gna_interp.circuits.offsets import intact_at, pick_offset
 from gna_interp.circuits.roles import decision_inputs, item_masses

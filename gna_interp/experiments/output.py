@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from gna_interp.errors import InputError
-from gna_interp.store import atomic_write, read_json, write_json
+from gna_interp.store import atomic_write, read_json, records, write_json
 from gna_interp.viz.export import png_export_problem, write_pngs
 from gna_interp.viz.html import figure_div, page
 
@@ -31,12 +31,6 @@ REPORT_FILE = "report.html"
 FIGURES_DIR = "figures"
 
 __all__ = ["FIGURES_DIR", "REPORT_FILE", "ResultFolder", "records", "table_html"]
-
-
-def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """The rows of ``df`` as plain JSON-able dicts (numpy scalars converted; NaN becomes null on write)."""
-    return [{str(k): (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
-            for rec in df.to_dict(orient="records")]
 
 
 def table_html(df: pd.DataFrame, digits: int = 3, max_rows: int = 200) -> str:

@@ -14,6 +14,7 @@ from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.views import CardViews
 from gna_interp.errors import InputError
 from gna_interp.run_folder import check_no_links
+from gna_interp.report.summary import circuit_summary, format_lines
 from gna_interp.store import atomic_write
 from gna_interp.tasks.calibration import Calibration
 from gna_interp.viz.attention import attention_heads
@@ -28,6 +29,7 @@ from gna_interp.viz.scores import score_heatmap
 from gna_interp.viz.stability import stability_plot
 
 REPORT_FILE = "report.html"
+SUMMARY_FILE = "summary.md"
 SCAN_FILE = "scan.csv"
 FIGURES_DIR = "figures"
 N_TOP = 15
@@ -45,7 +47,8 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
     views of the top heads' patterns (from ``views.pt``, which discovery computed beside the model);
     plotly's and circuitsvis's JavaScript are embedded once each, so the file renders with no network.
     With ``png`` the figures are also written to ``out_dir/figures/*.png`` when the export path
-    (kaleido + a Chromium) works; otherwise the page says why.
+    (kaleido + a Chromium) works; otherwise the page says why. ``out_dir/summary.md`` gets the Markdown summary
+    (:func:`~gna_interp.report.summary.circuit_summary`).
     """
     folder = Path(out_dir)
     if not (folder / SCAN_FILE).is_file():
@@ -91,6 +94,7 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
     if png:
         sections.append(_png_section(folder, figures))
     out = folder / REPORT_FILE
+    atomic_write(folder / SUMMARY_FILE, circuit_summary(circuit))
     atomic_write(out, page(f"G&A report: {label}", sections, circuitsvis=True, plotly=True))
     return out
 
@@ -103,7 +107,7 @@ def _formats_table(heads: pd.DataFrame, circuit: Circuit) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in cols) + "</tr>"
                    for _, r in top.iterrows())
-    return f"<table><tr>{head}</tr>{body}</table>" + "".join(_note(t.lstrip("- ")) for t in circuit.format_lines())
+    return f"<table><tr>{head}</tr>{body}</table>" + "".join(_note(t.lstrip("- ")) for t in format_lines(circuit))
 
 
 def _calibration_table(cal: Calibration) -> str:

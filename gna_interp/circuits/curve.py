@@ -1,0 +1,114 @@
+"""The ablation curve: a task's metrics as the best-ranked heads are removed together, beside as many heads drawn at
+random (each seed draws one random order of the other heads and removes its first ``j``), and the generic heads
+(columns :data:`CURVE_COLUMNS`)."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Sequence
+
+import pandas as pd
+
+from gna_interp.circuits.replay import SetAblation
+from gna_interp.errors import InputError
+from gna_interp.interventions.ablation import AblationMethod
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.model import Model
+from gna_interp.options import Options, options
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.text import lm_loss
+
+CURVE_COLUMNS = ["k", "series", "seed", "accuracy", "logit_diff", "gold_prob", "lm_loss", "heads"]
+
+__all__ = ["CURVE_COLUMNS", "CurveConfig", "ablation_curve", "curve_k", "random_orders"]
+
+
+@options
+class CurveConfig(Options):
+    """How :func:`ablation_curve` removes heads.
+
+    Attributes:
+        k: the most heads removed together (the curve runs ``j = 0..k``).
+        seeds: random orders of the other heads, compared with the top ``k`` at ``j = k``.
+        method, reference: the ablation (and, for ``mean`` / ``resample``, its reference prompts or task).
+        batch_size: prompts per forward.
+        band: the random orders measured at every ``j`` (the curve's band); None: all of them.
+    """
+
+    k: int = 5
+    seeds: int = 3
+    method: AblationMethod = "zero"
+    reference: Any = None
+    batch_size: int = 16
+    band: int | None = 2
+
+    def validate(self) -> None:
+        if isinstance(self.k, bool) or isinstance(self.seeds, bool) or self.k < 0 or self.seeds < 0:
+            raise InputError(f"k and seeds must be >= 0, got k={self.k}, seeds={self.seeds}")
+
+
+def random_orders(heads: Sequence[HeadRef], seeds: int, salt: str = "gna-random-heads") -> list[list[HeadRef]]:
+    """``seeds`` shuffles of ``heads``, seed ``s`` seeded by ``f"{salt}-{s}"`` (the same on every machine); the
+    ablation curve's random draws are their prefixes, so any caller with the same pool and salt draws the same."""
+    orders = []
+    for s in range(seeds):
+        order = list(heads)
+        random.Random(f"{salt}-{s}").shuffle(order)
+        orders.append(order)
+    return orders
+
+
+def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Sequence[HeadRef], *,
+                   control: Task | SetAblation | None = None, generic: Sequence[HeadRef] = (),
+                   runner: SetAblation | None = None, config: CurveConfig | None = None,
+                   **overrides: Any) -> pd.DataFrame:
+    """Task metrics (and the LM loss on ``control`` when given) after removing ``ranked[:j]``
+    (``j = 0..k``), ``j`` random heads of ``pool`` that are not among ``ranked[:k]`` (``seeds`` random
+    orders), and the first ``k`` of ``generic`` (fewer when there are fewer); columns :data:`CURVE_COLUMNS`.
+
+    The first ``band`` random orders are measured at every ``j`` (the curve's band); the others only at
+    ``j = k``, where the top ``k`` are compared with the median of all ``seeds`` draws (``band=None``:
+    every order at every ``j``). The generic heads are measured at ``j = k`` only, and the LM loss at
+    ``j = 0`` and ``j = k`` (where the comparison is made). Each point replays only the blocks from its earliest removed head on
+    (:class:`~gna_interp.circuits.replay.SetAblation`; pass ``runner``, one made for ``task`` with the
+    same method, to reuse its clean prefixes, and ``control`` as such a runner of the control task to reuse
+    its). ``config``: a :class:`CurveConfig` (``k``, ``seeds``, ``method``, ``reference``, ``batch_size``,
+    ``band``), or keyword overrides of its fields."""
+    cfg = CurveConfig.build(config, **overrides)
+    k, seeds, band = cfg.k, cfg.seeds, cfg.band
+    method, reference, batch_size = cfg.method, cfg.reference, cfg.batch_size
+    others = [h for h in pool if h not in set(ranked[:k])]
+    if k > len(ranked) or k > len(others):
+        raise InputError(f"cannot remove k={k} heads: only {len(ranked)} ranked and {len(others)} other heads "
+                         f"in the pool to draw random ones from")
+    runner = runner if runner is not None else SetAblation(model, task, method, reference, batch_size)
+    ctl = control if isinstance(control, SetAblation) or control is None else \
+        SetAblation(model, control, method, reference, batch_size)
+    rows = []
+
+    def point(series: str, seed: int, j: int, heads: Sequence[HeadRef]) -> None:
+        m = runner.run(heads).metrics
+        measured = j in (0, k) or series == "generic"  # the generic point sits at min(k, len(generic))
+        loss = lm_loss(ctl.run(heads)) if ctl is not None and measured else math.nan
+        rows.append({"k": j, "series": series, "seed": seed, "accuracy": m["accuracy"], "logit_diff": m["logit_diff"],
+                     "gold_prob": m["gold_prob"], "lm_loss": loss, "heads": ",".join(h.name for h in heads)})
+
+    point("top", 0, 0, [])
+    base = dict(rows[0])
+    for j in range(1, k + 1):
+        point("top", 0, j, ranked[:j])
+    for s, order in enumerate(random_orders(others, seeds)):
+        rows.append({**base, "series": "random", "seed": s})
+        for j in range(1 if band is None or s < band else k, k + 1):
+            point("random", s, j, order[:j])
+    if generic and k:
+        rows.append({**base, "series": "generic", "seed": 0})
+        point("generic", 0, min(k, len(generic)), generic[:k])
+    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
+
+
+def curve_k(n_heads: int, k: int) -> int:
+    """How many heads the curve removes: ``k``, but at most a quarter of the heads (at least 1), so that
+    ``k`` random heads are a small draw that cannot contain the circuit by construction."""
+    return max(1, min(k, n_heads // 4)) if n_heads > 1 else min(k, n_heads)

@@ -1,0 +1,129 @@
+"""`circuit_summary(circuit)`: the Markdown summary of a circuit (``summary.md``, and what ``gna scan`` prints):
+baseline, the circuit's heads with roles and control effects, the generic heads left out, the G&A pair, the
+curve of retrieval and control, the formats, the twin, delegation, run time and the task form."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gna_interp.circuits.circuit import Circuit
+from gna_interp.circuits.formats import one_format_heads
+
+__all__ = ["circuit_summary", "format_lines"]
+
+
+def circuit_summary(circuit: Circuit, top: int = 10) -> str:
+    """A short Markdown summary: baseline, the circuit's heads with roles and control effects, the
+    generic heads left out, the G&A pair, the curve of retrieval and control."""
+    b = circuit.baseline
+    loss = f", LM loss {b['lm_loss']:.3f} nats/token on neutral text" if "lm_loss" in b else ""
+    lines = [f"# G&A circuit: {circuit.model} on {circuit.task.get('name')}", "",
+             f"- baseline: accuracy {b.get('accuracy', math.nan):.3f} (chance {b.get('chance', math.nan):.3f}), "
+             f"logit_diff {b.get('logit_diff', math.nan):.3f}{loss}; {circuit.task.get('n_samples')} samples",
+             f"- scan: {len(circuit.scan.heads)} heads, {circuit.scan.strategy} strategy, {circuit.scan.method} ablation, "
+             f"metric {circuit.scan.metric}, {len(circuit.scan.exact)} heads run exactly"
+             + (f", {len(set(circuit.scan.screened) - set(circuit.scan.exact))} more ruled out by exact runs on "
+                f"{len(circuit.scan.screen_index)} screening samples" if circuit.scan.screened else "")
+             + (f" (stopped at max_exact: {circuit.scan.unsettled} unrun heads could still enter the leading ones)"
+                if circuit.scan.unsettled else "")]
+    lines += [f"- {n}" for n in circuit.notes]
+    decisive = circuit.decisive()
+    lines.append("- heads whose removal alone brings accuracy to chance: " + (", ".join(
+        f"{h.name} ({a:.3f})" for h, a in decisive) if decisive else "none (the task survives every single removal)"))
+    df = circuit.to_frame()
+    has_control = "control_drop" in df
+    if has_control:
+        gen = df[df["role"] == "generic"]
+        lines.append(f"- generic heads (LM-loss rise >= {circuit.generic_fraction:.0%} of the intact loss), "
+                     f"{'kept in' if circuit.keep_generic else 'left out of'} the circuit: " +
+                     (", ".join(f"{r['name']} (rank {r['rank']}, +{r['control_drop']:.3f} nats/token"
+                                f"{'' if r['control_source'] == 'exact' else ', estimated'})"
+                                for _, r in gen.iterrows()) or "none"))
+    if "circuit_rank" in df:
+        df = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
+    lines += ["", "| rank | head | drop | source | role | gather | aggregate | selectivity"
+              + (" | LM-loss rise | specificity |" if has_control else " |"),
+              "|---:|---|---:|---|---|---:|---:|---:|" + ("---:|---:|" if has_control else "")]
+    for _, r in df.head(top).iterrows():
+        lines.append(f"| {r['rank']} | {r['name']} | {r['drop']:.3f} | {r['source']} | {r['role']} | "
+                     f"{_f(r.get('gather'))} | {_f(r.get('aggregate'))} | {_f(r.get('selectivity'))} |"
+                     + (f" {_f(r.get('control_drop'), 3)} | {_f(r.get('specificity'))} |" if has_control else ""))
+    pair = circuit.pair()
+    lines.append("")
+    st = circuit.scan.stability()
+    if st:
+        lines.append(f"- rank stability ({st['n_exact']} heads run exactly, ranked on the even and on the odd "
+                     f"samples): top-5 overlap {st['top5_overlap']}/{min(5, st['k'])}, top-{st['k']} overlap "
+                     f"{st['top_k_overlap']}/{st['k']}; drops carry 95% bootstrap intervals "
+                     f"(drop_lo, drop_hi in scan.csv)")
+    if circuit.formats:
+        lines += format_lines(circuit)
+    lines.append(f"- gather/aggregate pair: {pair[0].name} -> {pair[1].name}" if pair else
+                 "- gather/aggregate pair: none (no aggregate or no gather head among the best-ranked heads)")
+    lines += _curve_lines(circuit)
+    if circuit.twin:
+        t = circuit.twin
+        rnd = (f", {_f(t['random_median'], 3)} with {t['k']} random heads removed (median of {len(t['random'])} "
+               f"draws)" if t.get("random") else "")
+        lines.append(f"- knowledge twin {t['task']}: accuracy {t['intact']:.3f} intact, {t['top']:.3f} with the top "
+                     f"{t['k']} removed{rnd} (zero ablation)")
+    if circuit.delegation is not None:
+        lines += ["", "```", circuit.delegation.summary(), "```", ""]
+    if circuit.timings:
+        lines.append(f"- run time: {circuit.seconds:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in circuit.timings.items())
+                     + ")")
+    if circuit.calibration is not None:
+        lines += ["", "## Task form", ""] + circuit.calibration.lines()
+    return "\n".join(lines) + "\n"
+
+def format_lines(circuit: Circuit) -> list[str]:
+    """The formats scanned, the circuit's consistent effects and the heads that matter in one format only."""
+    names = [circuit.task.get("name", "task"), *circuit.formats]
+    df = circuit.to_frame()
+    members = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
+    top = ", ".join(f"{r['name']} ({r['consistent']:.2f})" for _, r in members.head(5).iterrows())
+    one = one_format_heads(df, names)
+    return [f"- formats scanned: {', '.join(names)}; the circuit is ranked by the consistent effect (the smallest "
+            f"relative logit-difference drop over the formats): {top}",
+            "- heads that matter in one format only (top 10 there, consistent effect below a quarter of it): " +
+            (", ".join(f"{h} ({f}: {d:.2f}, consistent {c:.2f})" for h, f, d, c in one) or "none")]
+
+def _curve_lines(circuit: Circuit) -> list[str]:
+    cs = circuit.curve_summary()
+    if not cs:
+        return []
+    k = cs["k"]
+    out = [f"- removing the top {k} circuit heads: accuracy {cs['top']:.3f}; {k} random heads (not in the "
+           f"circuit's top {k}): median {cs['random_median']:.3f}, mean {cs['random_mean']:.3f} (min "
+           f"{cs['random_min']:.3f}, max {cs['random_max']:.3f}, {cs['seeds']} seeds); baseline {cs['baseline']:.3f}"]
+    if cs["seeds"] and cs["baseline"] is not None:
+        top_drop, rnd_drop = cs["baseline"] - cs["top"], cs["baseline"] - cs["random_max"]
+        verdict = ("more than any random draw" if top_drop > cs["baseline"] - cs["random_min"] else
+                   "no more than some random draw: the circuit is not distinguished at this k")
+        med_drop = cs["baseline"] - cs["random_median"]
+        ratio = (f", {top_drop / med_drop:.1f}x the random median's drop ({med_drop:.3f})" if med_drop > 1e-9
+                 else f"; the random median's drop is {med_drop:.3f}")
+        out.append(f"- so the top {k} cost {top_drop:.3f} accuracy, {verdict}{ratio} (the smallest random drop "
+                   f"was {rnd_drop:.3f})")
+    curve = circuit.curve if "lm_loss" in circuit.curve else circuit.curve.assign(lm_loss=math.nan)
+    means = curve.groupby(["series", "k"])[["accuracy", "lm_loss"]].median()
+    steps = [f"k={j} {means.loc[('top', j), 'accuracy']:.3f} vs {means.loc[('random', j), 'accuracy']:.3f}"
+             for j in range(1, k + 1) if ("top", j) in means.index and ("random", j) in means.index]
+    if steps:
+        out.append("- accuracy curve, top k vs k random (median over seeds): " + ", ".join(steps))
+    if means["lm_loss"].notna().any() and ("top", k) in means.index:
+        base = circuit.baseline.get("lm_loss", math.nan)
+        parts = [f"top {k} +{means.loc[('top', k), 'lm_loss'] - base:.3f}"]
+        if ("random", k) in means.index:
+            parts.append(f"{k} random +{means.loc[('random', k), 'lm_loss'] - base:.3f} (median)")
+        gk = int(curve.loc[curve["series"] == "generic", "k"].max()) if "generic" in set(curve["series"]) else 0
+        if gk:
+            parts.append(f"top {gk} generic +{means.loc[('generic', gk), 'lm_loss'] - base:.3f} (accuracy "
+                         f"{means.loc[('generic', gk), 'accuracy']:.3f})")
+        out.append("- LM-loss rise on neutral text (nats/token): " + ", ".join(parts))
+    return out
+
+
+def _f(v: Any, digits: int = 2) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.{digits}f}"
