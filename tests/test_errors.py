@@ -159,12 +159,12 @@ def test_an_interrupted_scan_says_how_to_resume_and_keeps_its_progress(tiny_dirs
     script = textwrap.dedent(f"""
         import os, sys
         import gna_interp.circuits.scan as scan
-        real = scan._Progress.done
+        real = scan._Run.record_exact
         def done(self, results):
             real(self, results)
             if len(self.scan.exact) >= 2:
                 os.kill(os.getpid(), {int(sig)})
-        scan._Progress.done = done
+        scan._Run.record_exact = done
         from gna_interp.cli import main
         sys.exit(main({argv!r}))
     """)

@@ -15,8 +15,12 @@ import torch
 from gna_interp import HeadRef
 from gna_interp.circuits import scan_heads
 from gna_interp.circuits import scan as scan_mod
-from gna_interp.circuits.attribution import attribution_estimates, metric_weights
-from gna_interp.circuits.scan import _next_to_verify
+from gna_interp.circuits import scan_policy, scan_result
+from gna_interp.circuits.attribution import attribution_estimates
+from gna_interp.circuits.scan_policy import next_to_verify as _next_to_verify
+from gna_interp.tasks.metrics import LOGIT_DIFF
+
+metric_weights = LOGIT_DIFF.target_weights  # the logit difference's target weights
 from gna_interp.tasks.scoring import layout_chunks
 from gna_interp.circuits import replay as replay_mod
 from gna_interp.circuits.replay import ReplayMismatch, SetAblation
@@ -162,8 +166,8 @@ def test_auto_screens_on_a_subset_before_running_all_samples(tiny_models, tmp_pa
     (The tiny model's 12 heads differ too little for 3 standard deviations on 4 samples to rule any out:
     the bound is taken at its mean here, z = 0; and its attribution bound settles the top 3 at once, so the
     calibration constant is made huge to leave every head in play.)"""
-    monkeypatch.setattr(scan_mod, "SCREEN_Z", 0.0)
-    monkeypatch.setattr(scan_mod, "_calibration", lambda *args: 1e6)
+    monkeypatch.setattr(scan_result, "SCREEN_Z", 0.0)
+    monkeypatch.setattr(scan_policy, "calibration", lambda *args: 1e6)
     model = tiny_models["llama"]
     task = KVRetrieval(n_pairs=3, n_samples=8, max_value=20, seed=3)
     exact = scan_heads(model, task, strategy="exact", batch_size=4, progress=False)
@@ -232,10 +236,11 @@ _KILLER = textwrap.dedent("""
     torch.set_num_threads(1)
     from gna_interp import load_model
     from gna_interp.circuits import scan as scan_mod
+    from gna_interp.circuits import scan_store
     from gna_interp.tasks import KVRetrieval
 
     model_dir, ckpt, kill_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    real_write = scan_mod._write_checkpoint
+    real_write = scan_store._write_checkpoint
     writes = []
 
     def write_then_die(path, state):
@@ -243,7 +248,7 @@ _KILLER = textwrap.dedent("""
         if len(state["exact"]) >= kill_after:
             os.kill(os.getpid(), signal.SIGKILL)   # killed mid-scan, right after a checkpoint
 
-    scan_mod._write_checkpoint = write_then_die
+    scan_store._write_checkpoint = write_then_die
     model = load_model(model_dir, device="cpu")
     task = KVRetrieval(n_pairs=3, n_samples=3, max_value=20, seed=1)
     scan_mod.scan_heads(model, task, strategy="exact", stack=2, batch_size=2, checkpoint=ckpt, progress=False)

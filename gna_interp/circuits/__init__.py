@@ -7,7 +7,8 @@ from gna_interp.circuits.hybrid import HybridPlan, plan_hybrid
 from gna_interp.circuits.prune import prune_curve
 from gna_interp.circuits.reference import reference_scan
 from gna_interp.circuits.roles import RoleRule, role_scores
-from gna_interp.circuits.scan import HeadScan, ScanConfig, scan_heads
+from gna_interp.circuits.scan import ScanConfig, scan_heads
+from gna_interp.circuits.scan_result import HeadScan
 from gna_interp.circuits.views import CardViews, card_heads, card_views
 
 __all__ = ["CardViews", "Circuit", "CircuitComparison", "DiscoverConfig", "HeadScan", "HybridPlan", "RoleRule", "ScanConfig", "ablation_curve", "reference_scan",

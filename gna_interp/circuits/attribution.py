@@ -34,9 +34,10 @@ from torch import Tensor
 from gna_interp.circuits.replay import final_logits
 from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
+from gna_interp.tasks.metrics import LOGIT_DIFF
 from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, ScoringPlan, read_logprobs, whole_samples
 
-__all__ = ["Attribution", "attribution_estimates", "logprob_weights", "metric_weights"]
+__all__ = ["Attribution", "attribution_estimates"]
 
 
 class Attribution(NamedTuple):
@@ -46,30 +47,6 @@ class Attribution(NamedTuple):
     size: Float[Tensor, " heads"]  # relative size of the ablation's write into the residual stream
     clean: CandidateScores  # clean candidate scores, read from the same forwards
     mass: Float[Tensor, " heads"]  # Σ over tokens of |that token's term of delta|: delta before cancellation
-
-
-def metric_weights(plan: ScoringPlan, clean: CandidateScores) -> Float[Tensor, " n_targets"]:
-    """Weight of each plan target in the mean logit difference: ``+1/n`` for the gold candidate,
-    ``−1/n`` for the clean run's best other candidate, 0 otherwise."""
-    n = len(plan.samples)
-    gold = clean.gold.tolist()
-    others = clean.scores.scatter(1, clean.gold[:, None], float("-inf")).argmax(-1).tolist()
-    w = torch.zeros(len(plan.targets), dtype=torch.float32)
-    for i, t in enumerate(plan.targets):
-        if t.cand == gold[t.sample]:
-            w[i] = 1.0 / n
-        elif t.cand == others[t.sample] and len(plan.samples[t.sample].candidates) > 1:
-            w[i] = -1.0 / n
-    return w
-
-
-def logprob_weights(plan: ScoringPlan) -> Float[Tensor, " n_targets"]:
-    """Weight of each plan target in the per-token log-prob of the gold continuations: ``1/N`` for gold
-    targets (``N`` their tokens in all), 0 otherwise."""
-    gold = [t for t in plan.targets if t.cand == plan.samples[t.sample].gold]
-    n = max(1, sum(len(t.tokens) for t in gold))
-    return torch.tensor([1.0 / n if t.cand == plan.samples[t.sample].gold else 0.0 for t in plan.targets],
-                        dtype=torch.float32)
 
 
 @contextmanager
@@ -157,7 +134,7 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
     the same forwards.
 
     One forward (with gradients) and one backward per chunk, for all heads at once. ``weights`` are
-    :func:`metric_weights` of a clean run; ``None`` derives them from each chunk's own clean scores,
+    :meth:`Metric.target_weights <gna_interp.tasks.metrics.Metric.target_weights>` of a clean run; ``None`` derives them from each chunk's own clean scores,
     which needs every sample's rows to sit in one chunk (true when each sample has one row, or is packed).
     """
     if weights is None and not whole_samples(chunks):
@@ -179,7 +156,7 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
             rec.check()
             logp = read_logprobs(final_logits(model, rec.final, chunk.read_row, chunk.read_pos), chunk.read_tok)
             clean.add(chunk, logp.detach())
-            w = weights if weights is not None else metric_weights(plan, clean.result())
+            w = weights if weights is not None else LOGIT_DIFF.target_weights(plan, clean.result())
             objective = (logp * w[chunk.read_target].to(logp.device)).sum()
             grads = dict(zip(hooks_at, torch.autograd.grad(objective, [rec.acts[h] for h in hooks_at],
                                                            allow_unused=True)))

@@ -47,6 +47,7 @@ from gna_interp.store import atomic_write, read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores
 from gna_interp.tasks.text import lm_loss
+from gna_interp.tasks.metrics import ACCURACY, raw
 
 if TYPE_CHECKING:
     from gna_interp.circuits.circuit import Circuit
@@ -229,7 +230,7 @@ def _knowledge(model: Model, knowledge: Task | str | None, notes: list[str]) -> 
 
 
 def _value(scores: CandidateScores, metric: str) -> float:
-    return lm_loss(scores) if metric == "lm_loss" else float(scores.metrics["accuracy"])
+    return lm_loss(scores) if metric == "lm_loss" else ACCURACY.value(raw(scores))
 
 
 def delegation(model: Model, task: Task | None = None, knowledge: Task | str | None = "auto",

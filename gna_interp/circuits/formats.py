@@ -21,6 +21,7 @@ from gna_interp.circuits.scan import HeadScan, ScanConfig, scan_heads
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
+from gna_interp.tasks.metrics import LOGIT_DIFF
 
 __all__ = ["ONE_FORMAT_RATIO", "consistency_order", "cross_format", "format_frame", "one_format_heads"]
 
@@ -41,9 +42,9 @@ def cross_format(model: Model, scans: Mapping[str, HeadScan], tasks: Mapping[str
 
 
 def _relative(scan: HeadScan, head: HeadRef) -> tuple[float, str]:
-    base = scan._value(scan.baseline, "logit_diff")
+    base = LOGIT_DIFF.value(scan.baseline)
     src = "exact" if head in scan.exact else "attribution" if head in scan.estimates else "none"
-    return (base - scan.ablated(head, "logit_diff")) / (abs(base) or 1.0), src
+    return scan.drop(head, "logit_diff") / (abs(base) or 1.0), src
 
 
 def format_frame(scans: Mapping[str, HeadScan]) -> pd.DataFrame:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from torch import Tensor
-
-from gna_interp.circuits.scan import HeadScan, per_sample
+from gna_interp.circuits.scan_result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod, ablate
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
+from gna_interp.tasks.metrics import Results, results
 from gna_interp.tasks.scoring import score_candidates
 
 __all__ = ["reference_scan"]
@@ -36,8 +35,8 @@ def reference_scan(model: Model, task: Task, heads: Sequence[HeadRef | str] | st
         raise InputError(f"reference_scan takes method 'zero' or 'mean', got {method!r}")
     head_list = list(dict.fromkeys(model.check_heads(heads) if heads is not None else model.heads()))
 
-    def score() -> dict[str, Tensor]:
-        return per_sample(score_candidates(model, task.samples, batch_size=batch_size, share_prefix=False))
+    def score() -> Results:
+        return results(score_candidates(model, task.samples, batch_size=batch_size, share_prefix=False))
 
     scan = HeadScan(model.name, task.name, method, metric, "reference", head_list, score())
     for head in head_list:

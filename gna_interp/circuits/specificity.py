@@ -28,11 +28,12 @@ import math
 
 import pandas as pd
 
-from gna_interp.circuits.scan import HeadScan
+from gna_interp.circuits.scan_result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.models.model import Model
 from gna_interp.tasks.scoring import plan_scoring
 from gna_interp.tasks.text import NeutralText
+from gna_interp.tasks.metrics import LOGIT_DIFF
 
 DEFAULT_GENERIC_FRACTION = 0.02
 
@@ -55,16 +56,16 @@ def specificity_frame(scan: HeadScan, control: HeadScan, generic_fraction: float
     """Per head of ``scan``: ``name, control_drop, control_source, control_rel, specificity, generic``
     (see the module docstring); ``control`` is a ``logprob`` scan of the control task."""
     base_loss = -control.baseline_value
-    base_ld = abs(scan._value(scan.baseline, "logit_diff")) or 1.0
+    base_ld = abs(LOGIT_DIFF.value(scan.baseline)) or 1.0
     rows = []
     for h in scan.heads:
         if h in control.exact:
-            c, src = control.baseline_value - control._value(control.exact[h]), "exact"
+            c, src = control.drop(h), "exact"
         elif h in control.estimates:
             c, src = control.est_drop(h), "attribution"
         else:
             c, src = math.nan, "none"
-        r = (scan._value(scan.baseline, "logit_diff") - scan.ablated(h, "logit_diff")) / base_ld  # NaN if unmeasured
+        r = scan.drop(h, "logit_diff") / base_ld  # NaN if unmeasured
         rel = c / base_loss if base_loss > 0 else math.nan
         spec = (r - rel) / (abs(r) + abs(rel)) if abs(r) + abs(rel) > 0 else 0.0
         rows.append({"name": h.name, "control_drop": c, "control_source": src, "control_rel": rel,

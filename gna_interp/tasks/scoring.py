@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 from gna_interp.errors import InputError
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.tasks.sample import Sample
+from gna_interp.tasks.metrics import ACCURACY, LOGIT_DIFF, raw
 
 Method = Literal["auto", "first_token", "per_candidate"]
 METHODS: tuple[str, ...] = ("auto", "first_token", "per_candidate")
@@ -258,8 +259,9 @@ class CandidateScores:
     def metrics(self) -> dict[str, float]:
         """``accuracy``, mean ``logit_diff``, mean ``gold_prob``, ``chance``, ``n_samples``."""
         n_c = (self.n_tokens > 0).sum(-1).float()
-        return {"accuracy": self.correct.float().mean().item(),
-                "logit_diff": self.logit_diff.mean().item(),
+        from_scores = raw(self)
+        return {"accuracy": ACCURACY.value(from_scores),
+                "logit_diff": LOGIT_DIFF.value(from_scores),
                 "gold_prob": self.gold_prob.mean().item(),
                 "chance": (1 / n_c).mean().item(),
                 "n_samples": len(self.samples)}

@@ -17,6 +17,7 @@ from gna_interp.errors import InputError
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.scoring import CandidateScores
+from gna_interp.tasks.metrics import LOGPROB, raw
 
 NEUTRAL_FILE = Path(__file__).resolve().parent.parent / "data" / "neutral.txt"
 
@@ -50,5 +51,4 @@ class NeutralText(Task):
 
 def lm_loss(scores: CandidateScores) -> float:
     """LM loss in nats per token of the gold continuations scored in ``scores`` (e.g. of a :class:`NeutralText`)."""
-    n_gold = scores.n_tokens.gather(1, scores.gold[:, None])[:, 0]
-    return -float(scores.gold_score.sum() / n_gold.sum().clamp_min(1))
+    return -LOGPROB.value(raw(scores))
