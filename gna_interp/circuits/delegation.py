@@ -32,7 +32,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 
@@ -43,14 +43,13 @@ from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
+from gna_interp.options import Options, options
 from gna_interp.store import atomic_write, read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores
-from gna_interp.tasks.text import lm_loss
 from gna_interp.tasks.metrics import ACCURACY, raw
+from gna_interp.tasks.text import lm_loss
 
-if TYPE_CHECKING:
-    from gna_interp.circuits.circuit import Circuit
 
 FORMAT = "delegation"
 JSON_FILE = "delegation.json"
@@ -62,7 +61,7 @@ KIND_COLUMNS = ["kind", "title", "attention", "heads", "scored", "gather_heads",
                 "knowledge_removed", "knowledge_random", "random_draws"]
 REMOVAL_COLUMNS = ["kind", "series", "seed", "n_heads", "heads", "accuracy", "logit_diff", "knowledge"]
 
-__all__ = ["CSV_FILE", "Delegation", "JSON_FILE", "KIND_COLUMNS", "REMOVAL_COLUMNS", "delegation", "is_hybrid"]
+__all__ = ["CSV_FILE", "Delegation", "DelegationConfig", "JSON_FILE", "KIND_COLUMNS", "REMOVAL_COLUMNS", "delegation", "is_hybrid"]
 
 
 def is_hybrid(model: Model) -> bool:
@@ -233,54 +232,70 @@ def _value(scores: CandidateScores, metric: str) -> float:
     return lm_loss(scores) if metric == "lm_loss" else ACCURACY.value(raw(scores))
 
 
-def delegation(model: Model, task: Task | None = None, knowledge: Task | str | None = "auto",
-               circuit: "Circuit | None" = None, *, roles: pd.DataFrame | None = None, seeds: int = 5,
-               n_samples: int = 8, rule: RoleRule | None = None, form: str = "exact", method: AblationMethod = "zero",
-               reference: Any = None, batch_size: int = 16, runner: SetAblation | None = None) -> Delegation:
+@options
+class DelegationConfig(Options):
+    """How :func:`delegation` measures.
+
+    Attributes:
+        seeds: random draws per kind.
+        n_samples: samples the role scores are measured on (when computed here; also ``rule``, ``form``).
+        rule: the role rule.
+        form: SSM implicit-attention form of the role scores.
+        method: the ablation (:class:`~gna_interp.circuits.replay.SetAblation`); ``reference``: the mean /
+            resample ablation's reference task.
+        batch_size: prompts per forward.
+    """
+
+    seeds: int = 5
+    n_samples: int = 8
+    rule: RoleRule = field(default_factory=RoleRule)
+    form: str = "exact"
+    method: AblationMethod = "zero"
+    reference: Any = None
+    batch_size: int = 16
+
+    def validate(self) -> None:
+        for name, lo in (("seeds", 0), ("n_samples", 1), ("batch_size", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
+
+
+def delegation(model: Model, task: Task | None = None, knowledge: Task | str | None = "auto", *,
+               roles: pd.DataFrame | None = None, runner: SetAblation | None = None,
+               config: DelegationConfig | None = None, **overrides: Any) -> Delegation:
     """Which role each head kind of hybrid ``model`` takes on retrieval ``task``, and what removing each kind's
     aggregate heads costs on ``task`` and on ``knowledge`` against random heads of the kind (module doc).
 
     Args:
         model: a model with attention and SSM heads (:func:`is_hybrid`).
-        task: the retrieval task (a task with segments, e.g. ``KVRetrieval``); default: ``circuit``'s task.
+        task: the retrieval task (a task with segments, e.g. ``KVRetrieval``).
         knowledge: a task needing no in-context retrieval (accuracy; a task whose samples have one
             candidate each, like :class:`~gna_interp.tasks.text.NeutralText`, by LM loss), ``"auto"`` (the
             neutral-prose LM loss when the model can represent it) or None.
-        circuit: a :class:`~gna_interp.circuits.circuit.Circuit` of ``model`` whose role scores to use
-            (recomputed when saved without summary offsets).
-        roles: such scores directly (:func:`~gna_interp.circuits.roles.role_scores`' frame).
-        seeds: random draws per kind.
-        n_samples: samples the role scores are measured on (when computed here; also ``rule``, ``form``).
-        rule: the role rule (default: the circuit's, else :class:`~gna_interp.circuits.roles.RoleRule`).
-        form: SSM implicit-attention form of the role scores.
-        method: the ablation (:class:`~gna_interp.circuits.replay.SetAblation`; also ``reference``,
-            ``batch_size``).
-        reference: the mean/resample ablation's reference task.
-        batch_size: prompts per forward.
+        roles: role scores to use (:func:`~gna_interp.circuits.roles.role_scores`' frame, e.g. a circuit's
+            ``roles``; recomputed when they lack summary offsets).
         runner: a :class:`~gna_interp.circuits.replay.SetAblation` made for ``task`` with that method, to reuse
             its clean prefixes.
+        config: a :class:`DelegationConfig`, or keyword overrides of its fields (``seeds=3``, ``rule=...``).
     """
+    cfg = DelegationConfig.build(config, **overrides)
+    seeds, n_samples, rule, form = cfg.seeds, cfg.n_samples, cfg.rule, cfg.form
+    method, reference, batch_size = cfg.method, cfg.reference, cfg.batch_size
     start = time.perf_counter()
     if not isinstance(model, Model):
         raise InputError(f"delegation needs a loaded Model, got {type(model).__name__}")
     if task is None:
-        if circuit is None:
-            raise InputError("delegation needs a retrieval task (e.g. KVRetrieval(10, 24)) or a circuit to take it from")
-        task = circuit.load_task()
+        raise InputError("delegation needs a retrieval task (e.g. KVRetrieval(10, 24); a circuit's: "
+                         "circuit.load_task())")
     if not isinstance(task, Task):
         raise InputError(f"delegation needs a Task with segments (e.g. KVRetrieval), got {type(task).__name__}")
-    for name, v, lo in (("seeds", seeds, 0), ("n_samples", n_samples, 1), ("batch_size", batch_size, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
     heads = model.default_heads()
     if not is_hybrid(model):
         kinds = sorted({h.kind for h in heads})
         raise InputError(f"delegation compares the attention and SSM heads of a hybrid; {model.name} has only "
                          f"{'/'.join(kinds)} heads (use role_scores or discover for it)")
-    rule = rule or (circuit.rule if circuit is not None else RoleRule())
     notes: list[str] = []
-    if roles is None and circuit is not None:
-        roles = circuit.roles
     if roles is not None and "offset" not in roles:
         notes.append("the given role scores were computed without summary offsets; recomputed here")
         roles = None
