@@ -61,7 +61,7 @@ from gna_interp.circuits.scan import _default_stack, scan_heads  # noqa: E402
 from gna_interp.models.estimate import measure_row_bytes, replay_row_bytes  # noqa: E402
 from gna_interp.interventions.ablation import ablation_hooks, replacements  # noqa: E402
 from gna_interp.models import AttentionAdapter, load_model  # noqa: E402
-from gna_interp.models.mixer import unwrap  # noqa: E402
+from gna_interp.models.hf import unwrap  # noqa: E402
 from gna_interp.tasks import KVRetrieval, plan_scoring  # noqa: E402
 
 

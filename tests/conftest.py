@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gna_interp.models import smollm2_gguf_path
-from gna_interp.models.mixer import unwrap
+from gna_interp.models.hf import unwrap
 from gna_interp.models.tiny import FAMILIES, build_tiny
 
 # One thread: the tiny test models are too small to gain from more, and a shared or loaded

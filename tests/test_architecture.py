@@ -18,7 +18,7 @@ import torch
 import gna_interp as gna
 from gna_interp.errors import OptionError, UnsupportedArchitectureError
 from gna_interp.models import LayerSpec, MixerAdapter, PatternOptions, kinds, register_kind, unregister_kind
-from gna_interp.models.mixer import unwrap
+from gna_interp.models.hf import unwrap
 
 PACKAGE = Path(gna.__file__).parent
 

@@ -22,7 +22,7 @@ from gna_interp import HeadRef, ablate, load_model, mask_pattern, patterns
 from gna_interp.errors import HeadError, InputError
 from gna_interp.models import Model
 from gna_interp.models.loading import quiet_transformers
-from gna_interp.models.mixer import unwrap
+from gna_interp.models.hf import unwrap
 from gna_interp.models.ssm import layer_terms
 from gna_interp.models.tiny_hybrid import HYBRID_FAMILIES, build_tiny_hybrid
 from conftest import liven

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from gna_interp.errors import HeadError, InputError
 from gna_interp.interventions import mask_pattern
-from gna_interp.models.mixer import unwrap
+from gna_interp.models.hf import unwrap
 from gna_interp.models.ssm import layer_terms
 
 PROMPTS = ["Memorize the following dictionary:\nscallops:84\npear:12\nThe value of the key 'pear' is",

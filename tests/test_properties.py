@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gna_interp import HeadRef, ablate, patterns
-from gna_interp.models.mixer import adapter, kinds
+from gna_interp.models.registry import adapter, kinds
 from gna_interp.tasks import word_list
 
 SLOW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

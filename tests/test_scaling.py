@@ -18,7 +18,7 @@ from gna_interp.cli import main
 from gna_interp.errors import InputError, ModelPathError, OptionError, UnknownModelError, UnsupportedArchitectureError
 from gna_interp.models.estimate import DEVICES, Device, check_hooks, estimate_scan, forward_flops, get_device
 from gna_interp.models.loading import MissingTokenizer, configs_dir, parse_dtype, shipped_configs
-from gna_interp.models.mixer import unwrap
+from gna_interp.models.hf import unwrap
 from gna_interp.tasks.scoring import plan_scoring, read_logprobs, run_plan
 
 GiB = 1 << 30

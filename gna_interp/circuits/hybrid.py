@@ -72,7 +72,7 @@ from gna_interp.circuits.scan_result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.loading import dtype_name, parse_dtype
-from gna_interp.models.mixer import adapter
+from gna_interp.models.registry import adapter
 from gna_interp.models.model import Model
 from gna_interp.store import read_json, write_json
 

@@ -9,16 +9,8 @@ from gna_interp.models.arch import LayerSpec, detect_layers
 from gna_interp.models.attention import AttentionAdapter
 from gna_interp.models.card import read_card
 from gna_interp.models.heads import HeadRef, parse_heads
-from gna_interp.models.mixer import (
-    HeadSite,
-    MaskOptions,
-    MixerAdapter,
-    PatternOptions,
-    adapter,
-    kinds,
-    register_kind,
-    unregister_kind,
-)
+from gna_interp.models.registry import adapter, kinds, register_kind, unregister_kind
+from gna_interp.models.mixer import HeadSite, MaskOptions, MixerAdapter, PatternOptions
 from gna_interp.models.loading import convert_gguf, hub_reachable, load_model
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.models.spec import ALIASES, ResolvedSpec, cache_dir, resolve_spec, smollm2_gguf_path, zoo_dir, zoo_names

@@ -20,16 +20,15 @@ that cannot be reached) is reported with kind ``"unsupported"`` -- never silentl
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from gna_interp.errors import UnsupportedArchitectureError
-from gna_interp.models.mixer import _REGISTRY, adapter, unwrap
+from gna_interp.models.hf import unwrap
+from gna_interp.models.registry import adapter, registered
+from gna_interp.models.mixer import MixerAdapter
 from gna_interp.models.reach import reach_mixers
-
-if TYPE_CHECKING:
-    from gna_interp.models.mixer import MixerAdapter
 
 UNSUPPORTED = "unsupported"
 
@@ -70,7 +69,7 @@ class LayerSpec:
         return self.kind != UNSUPPORTED
 
     @property
-    def adapter(self) -> "MixerAdapter":
+    def adapter(self) -> MixerAdapter:
         """The mixer adapter of this layer's kind."""
         return adapter(self.kind)
 
@@ -99,7 +98,7 @@ def is_channel_mixer(module: torch.nn.Module) -> bool:
 
 
 def _classify(layer: int, name: str, component: Any) -> LayerSpec | None:
-    for a in _REGISTRY.values():
+    for a in registered():
         spec = a.detect(layer, name, component)
         if spec is not None:
             return spec
@@ -135,7 +134,7 @@ def detect_layers(bridge: Any) -> list[LayerSpec]:
         raise UnsupportedArchitectureError(
             f"TransformerLens's bridge for {type(getattr(bridge, 'original_model', bridge)).__name__} exposes no "
             f"blocks (bridge.blocks), so gna_interp finds no layers or heads in it")
-    reach_mixers(bridge, list(_REGISTRY.values()))
+    reach_mixers(bridge, registered())
     specs: list[LayerSpec] = []
     for i, block in enumerate(bridge.blocks):
         found: list[LayerSpec] = []

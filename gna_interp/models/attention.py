@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from jaxtyping import Float
@@ -28,13 +28,13 @@ from torch import Tensor
 
 from gna_interp.errors import GnaError
 from gna_interp.models.arch import LayerSpec
-from gna_interp.models.mixer import (Hook, MaskOptions, MixerAdapter, PatternOptions, bind_args, prepare_mask,
-                                     shared_note, unwrap)
-from gna_interp.models.reach import ReachPlan, can_hook_pattern, reached_kind
+from gna_interp.models.hf import bind_args, unwrap
+from gna_interp.models.mixer import Hook, MaskOptions, MixerAdapter, PatternOptions, prepare_mask, shared_note
+from gna_interp.models.mixer import ReachPlan
+from gna_interp.models.reach import can_hook_pattern, reached_kind
 
-if TYPE_CHECKING:
-    from gna_interp.models.heads import HeadRef
-    from gna_interp.models.model import Model, TokenBatch
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.model import Model, TokenBatch
 
 
 def _masked_rows(pattern: Tensor, heads: dict["HeadRef", Any], renormalize: bool) -> dict["HeadRef", Tensor]:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from gna_interp.errors import InputError, OptionError
-from gna_interp.models.mixer import unwrap
+from gna_interp.models.hf import unwrap
 
 if TYPE_CHECKING:
     from gna_interp.models.heads import HeadRef

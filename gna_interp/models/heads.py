@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from gna_interp.errors import HeadError
-from gna_interp.models.mixer import adapter, kind_of_letter, kinds
-
-if TYPE_CHECKING:
-    from gna_interp.models.mixer import MixerAdapter
+from gna_interp.models.registry import adapter, kind_of_letter, kinds, registered
+from gna_interp.models.mixer import MixerAdapter
 
 HeadKind = str
 _NAME_RE = re.compile(r"L([0-9]+)([A-Z])([0-9]+)(?:\+([0-9]+))?")  # ASCII digits only: L٠H٣ is not L0H3
@@ -21,7 +19,7 @@ _MAX_DIGITS = 9  # no model has a billion layers or heads; a longer number is a 
 class HeadRef:
     """One head: an attention query head (`attn`), a Mamba-2 head (`ssm2`), a Mamba-1 channel or a
     group of `width` consecutive channels (`ssm1`), or a head of any kind registered with
-    :func:`~gna_interp.models.mixer.register_kind`.
+    :func:`~gna_interp.models.registry.register_kind`. ``kind`` defaults to the first registered kind (attention).
 
     Names: ``L16H22`` (attention), ``L3S5`` (SSM head), ``L35C3186`` (Mamba-1
     channel), ``L35C3184+8`` (channels 3184..3191 treated as one unit); the letter is the kind's.
@@ -29,10 +27,12 @@ class HeadRef:
 
     layer: int
     head: int
-    kind: HeadKind = "attn"
+    kind: HeadKind = ""
     width: int = 1
 
     def __post_init__(self) -> None:
+        if self.kind == "":
+            object.__setattr__(self, "kind", kinds()[0])
         for name in ("layer", "head", "width"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -45,7 +45,7 @@ class HeadRef:
             raise HeadError(f"width={self.width} is only meaningful (>1) for groupable kinds {groupable}")
 
     @property
-    def adapter(self) -> "MixerAdapter":
+    def adapter(self) -> MixerAdapter:
         """The mixer adapter of this head's kind (labels, hooks, patterns, masking)."""
         return adapter(self.kind)
 
@@ -65,7 +65,7 @@ class HeadRef:
 
     @classmethod
     def parse(cls, name: "str | HeadRef") -> "HeadRef":
-        """Parse ``L16H22`` / ``L3S5`` / ``L35C3186`` / ``L35C3184+8`` into a HeadRef."""
+        """Parse ``L16H22`` / ``L3S5`` / ``L35C3186`` / ``L35C3184+8`` (the letter names a registered kind)."""
         if isinstance(name, HeadRef):
             return name
         m = _NAME_RE.fullmatch(name.strip()) if isinstance(name, str) else None
@@ -74,12 +74,10 @@ class HeadRef:
             raise HeadError(f"head name {name[:40]!r}{'...' if len(name) > 40 else ''}: a number with more than "
                             f"{_MAX_DIGITS} digits is no layer, head or width of any model")
         if m is None or kind is None:
-            letters = ", ".join(f"{adapter(k).letter} ({k})" for k in kinds())
-            raise HeadError(
-                f"malformed head name {name!r}: expected L<layer>H<head> (attention), "
-                f"L<layer>S<head> (Mamba-2 head) or L<layer>C<channel>[+<width>] (Mamba-1 channel), "
-                f"e.g. L16H22, L3S5, L35C3186 (registered letters: {letters})"
-            )
+            forms = ", ".join(f"L<layer>{a.letter}<index>{'[+<width>]' if a.groupable else ''} ({a.label})"
+                              for a in registered())
+            examples = ", ".join(f"L3{a.letter}1" for a in registered())
+            raise HeadError(f"malformed head name {name!r}: expected one of {forms}, e.g. {examples}")
         layer, _, head, width = m.groups()
         return cls(int(layer), int(head), kind, int(width) if width else 1)
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from gna_interp.errors import InputError, UnsupportedArchitectureError
-from gna_interp.models.mixer import unwrap
+from gna_interp.models.hf import unwrap
 from gna_interp.models.reach import Reached, reached_kind
 from gna_interp.models.spec import IN_MEMORY_PREFIX
 

@@ -39,7 +39,7 @@ from gna_interp.errors import (
     UnsupportedArchitectureError,
 )
 from gna_interp.models.card import card_keys
-from gna_interp.models.mixer import unwrap
+from gna_interp.models.hf import unwrap
 from gna_interp.models.model import Model
 from gna_interp.models.spec import SMOLLM2_HUB_ID, ResolvedSpec, cache_dir, resolve_spec
 

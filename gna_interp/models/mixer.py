@@ -1,4 +1,5 @@
-"""Head kinds: one *mixer adapter* per kind, and the registry that the rest of the package asks.
+"""The mixer adapter: the protocol one head kind implements (the registry of kinds is
+:mod:`gna_interp.models.registry`; Hugging Face module helpers are in :mod:`gna_interp.models.hf`).
 
 A mixer adapter holds everything that is specific to one kind of token mixer and its heads:
 
@@ -13,40 +14,105 @@ A mixer adapter holds everything that is specific to one kind of token mixer and
   carried out by :mod:`gna_interp.models.reach`: Zamba2's shared attention, Nemotron-H's attention).
 
 Ablation itself is generic: a head's output is a slice of channels at :meth:`site`, replaced by
-zero, a mean or resampled values. Adding a kind is one subclass plus :func:`register_kind`
+zero, a mean or resampled values. Adding a kind is one subclass plus
+:func:`~gna_interp.models.registry.register_kind`
 (``docs/architecture.md`` shows one). Hook names are built by the adapters (and, for the hook points
 it adds from their plans, by :mod:`~gna_interp.models.reach`) and by
 :class:`~gna_interp.models.model.Model`, nowhere else.
+
+The adapter reads heads, layers, models and batches through the small protocols below (:class:`HeadLike`,
+:class:`LayerLike`, :class:`ModelLike`, :class:`BatchLike`), so this module imports none of the modules that
+use it.
 """
 
 from __future__ import annotations
 
-import inspect
-import re
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
+from dataclasses import field
+from typing import Any, Callable, ClassVar, Literal, Protocol
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.errors import GnaError, HeadError, InputError, UnsupportedArchitectureError
+from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.options import Options, check_choice, check_int, options
 
-if TYPE_CHECKING:
-    from gna_interp.models.arch import LayerSpec
-    from gna_interp.models.heads import HeadRef
-    from gna_interp.models.model import Model, TokenBatch
-    from gna_interp.models.reach import ReachPlan
+
+
+class HeadLike(Protocol):
+    """A head as an adapter reads it (:class:`~gna_interp.models.heads.HeadRef`)."""
+
+    layer: int
+    head: int
+    width: int
+    kind: str
+
+    @property
+    def name(self) -> str: ...
+
+
+class LayerLike(Protocol):
+    """A layer's mixer as an adapter reads it (:class:`~gna_interp.models.arch.LayerSpec`)."""
+
+    layer: int
+    kind: str
+    n_heads: int
+    n_groups: int
+    head_dim: int
+    state_size: int
+    bridge_path: str
+    hf_class: str
+    shared_by: tuple[int, ...]
+
+
+class ModelLike(Protocol):
+    """What an adapter reads of a model (:class:`~gna_interp.models.model.Model`)."""
+
+    name: str
+
+    def component(self, path: str) -> torch.nn.Module: ...
+
+    def hf_module(self, path: str) -> torch.nn.Module: ...
+
+    def has_hook(self, name: str) -> bool: ...
+
+
+class BatchLike(Protocol):
+    """A batch of token ids (:class:`~gna_interp.models.model.TokenBatch`)."""
+
+    ids: Tensor
+    attention_mask: Tensor
+
+
+@dataclass(frozen=True)
+class ReachPlan:
+    """What a mixer adapter needs from a Hugging Face module that no bridge component hooks (carried out by
+    :func:`~gna_interp.models.reach.reach_mixers`).
+
+    Attributes:
+        name: child name of a new component in the bridge block (``attn``, ``mixer``); ``shared_`` is
+            prefixed when the module's weights also run in another block.
+        subs: hook component name -> attribute of the Hugging Face module, e.g. ``{"o": "o_proj"}``;
+            each gets ``hook_in`` / ``hook_out``.
+        pattern: run the attention weights through ``hook_pattern`` (attention modules only).
+        required: hooks, relative to a component that already wraps the module, that make reaching
+            unnecessary (e.g. ``("hook_pattern", "o.hook_in")``).
+    """
+
+    name: str
+    subs: dict[str, str] = field(default_factory=dict)
+    pattern: bool = False
+    required: tuple[str, ...] = ()
 
 Hook = tuple[str, Callable[..., Any]]
 FORMS: tuple[str, ...] = ("exact", "attention")
 GROUP_REDUCTIONS: tuple[str, ...] = ("mean", "abs_mean")
 DEFAULT_BLOCK_ELEMS = 1 << 22
 
-__all__ = ["DEFAULT_BLOCK_ELEMS", "FORMS", "HeadSite", "MaskOptions", "MixerAdapter", "PatternOptions",
-           "adapter", "kinds", "register_kind", "unregister_kind", "unwrap"]
+__all__ = ["DEFAULT_BLOCK_ELEMS", "FORMS", "BatchLike", "HeadLike", "HeadSite", "LayerLike", "MaskOptions",
+           "MixerAdapter", "ModelLike", "PatternOptions", "ReachPlan"]
 
 
 @options
@@ -98,7 +164,7 @@ class HeadSite:
     """Where one head's output lives: ``hook`` (a hook name at the input of the layer's output
     projection) and the head's flat channels ``start:stop`` out of ``width``."""
 
-    head: "HeadRef"
+    head: HeadLike
     hook: str
     start: int
     stop: int
@@ -109,7 +175,7 @@ class HeadSite:
         return slice(self.start, self.stop)
 
 
-def shared_note(spec: "LayerSpec") -> str:
+def shared_note(spec: LayerLike) -> str:
     """``"; shared block: ..."`` when ``spec``'s mixer runs the same weights as mixers of other layers, else ``""``."""
     if not spec.shared_by:
         return ""
@@ -117,16 +183,7 @@ def shared_note(spec: "LayerSpec") -> str:
     return f"; shared block: the same weights run at layers {layers} (its heads are listed at each depth)"
 
 
-def unwrap(module: Any) -> Any:
-    """The plain Hugging Face module behind a TransformerLens bridge component (calling it fires no
-    TransformerLens hook); any other module is returned as it is."""
-    inner = getattr(module, "original_component", None)
-    if not isinstance(inner, torch.nn.Module):
-        inner = getattr(module, "_original_component", None)
-    return inner if isinstance(inner, torch.nn.Module) else module
-
-
-def prepare_mask(mask: Any, head: "HeadRef", batch: int, q: int, k: int, device: torch.device) -> Tensor:
+def prepare_mask(mask: Any, head: HeadLike, batch: int, q: int, k: int, device: torch.device) -> Tensor:
     """A mask as float32 ``[batch|1, q, k]``; a clear error when it does not fit this forward or holds
     non-finite values."""
     m = torch.as_tensor(mask, device=device).float()
@@ -138,21 +195,6 @@ def prepare_mask(mask: Any, head: "HeadRef", batch: int, q: int, k: int, device:
     if not torch.isfinite(m).all():
         raise InputError(f"mask for {head.name} holds NaN or infinite values; masks must be finite (0..1)")
     return m if m.dim() == 3 else m[None]
-
-
-def bind_args(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[Tensor, Tensor | None]:
-    """``(hidden_states, attention_mask)`` from the arguments of a Hugging Face module's forward."""
-    try:
-        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
-    except TypeError:
-        bound = dict(kwargs)
-        if args:
-            bound["hidden_states"] = args[0]
-    hidden = bound.get("hidden_states", args[0] if args else None)
-    mask = bound.get("attention_mask")
-    if not isinstance(hidden, Tensor):
-        raise GnaError(f"could not find the hidden states among the arguments of {type(module).__name__}.forward")
-    return hidden, mask if isinstance(mask, Tensor) else None
 
 
 class MixerAdapter:
@@ -184,15 +226,15 @@ class MixerAdapter:
     splittable_cache: ClassVar[bool] = False
 
     # ---- detection and description -------------------------------------------------------
-    def detect(self, layer: int, name: str, component: Any) -> "LayerSpec | None":
+    def detect(self, layer: int, name: str, component: Any) -> LayerLike | None:
         """The :class:`LayerSpec` of bridged block child ``name`` if it is this kind's mixer, else None."""
         raise NotImplementedError
 
-    def describe(self, spec: "LayerSpec") -> str:
+    def describe(self, spec: LayerLike) -> str:
         """One line about a layer of this kind (for ``gna models``)."""
         return f"{self.title}: {spec.n_heads} per layer ({spec.hf_class})" + shared_note(spec)
 
-    def reach_plan(self, module: torch.nn.Module) -> "ReachPlan | None":
+    def reach_plan(self, module: torch.nn.Module) -> ReachPlan | None:
         """For a plain Hugging Face module of a block: a :class:`~gna_interp.models.reach.ReachPlan` (the hook
         points this kind's methods use) if ``module`` is this kind's mixer, else None.
 
@@ -203,16 +245,16 @@ class MixerAdapter:
         return None
 
     # ---- where a head's output lives -----------------------------------------------------
-    def output_hook(self, spec: "LayerSpec") -> str:
+    def output_hook(self, spec: LayerLike) -> str:
         """The hook at the input of the layer's output projection."""
         raise NotImplementedError
 
-    def site(self, spec: "LayerSpec", head: "HeadRef") -> HeadSite:
+    def site(self, spec: LayerLike, head: HeadLike) -> HeadSite:
         """The output hook and the flat channels ``head`` owns there (``head_dim`` channels per head)."""
         return HeadSite(head, self.output_hook(spec), head.head * spec.head_dim,
                         (head.head + head.width) * spec.head_dim, spec.n_heads * spec.head_dim)
 
-    def output_projection(self, model: "Model", spec: "LayerSpec") -> Float[Tensor, "d_model width"]:
+    def output_projection(self, model: ModelLike, spec: LayerLike) -> Float[Tensor, "d_model width"]:
         """Weight of the linear map from :meth:`output_hook`'s channels into the residual stream."""
         path = self.output_hook(spec).rsplit(".", 1)[0]
         weight = getattr(model.hf_module(path), "weight", None)
@@ -221,17 +263,17 @@ class MixerAdapter:
         return weight.detach()
 
     # ---- patterns -------------------------------------------------------------------------
-    def pattern_hooks(self, spec: "LayerSpec") -> list[str]:
+    def pattern_hooks(self, spec: LayerLike) -> list[str]:
         """Hook names whose cached values :meth:`pattern` reads."""
         raise NotImplementedError
 
-    def pattern(self, model: "Model", spec: "LayerSpec", cache: Any, heads: list["HeadRef"], batch: "TokenBatch",
+    def pattern(self, model: ModelLike, spec: LayerLike, cache: Any, heads: list[HeadLike], batch: BatchLike,
                 options: PatternOptions) -> Float[Tensor, "batch n q k"]:
         """Patterns ``[batch, n, q, k]`` of ``heads`` (all in layer ``spec``) from the cache."""
         raise NotImplementedError
 
     # ---- masking --------------------------------------------------------------------------
-    def mask_hooks(self, model: "Model", spec: "LayerSpec", masks: dict["HeadRef", Any], stack: ExitStack,
+    def mask_hooks(self, model: ModelLike, spec: LayerLike, masks: dict[HeadLike, Any], stack: ExitStack,
                    options: MaskOptions) -> list[Hook]:
         """Hooks that multiply each head's pattern by its mask in every forward. Extra torch hooks
         this needs are registered here with their removal pushed onto ``stack``."""
@@ -239,49 +281,3 @@ class MixerAdapter:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.kind!r}, letter={self.letter!r})"
-
-
-_REGISTRY: dict[str, MixerAdapter] = {}
-
-
-def register_kind(adapter_: MixerAdapter) -> MixerAdapter:
-    """Make a head kind known to gna_interp (detection, names, patterns, ablation, masking); returns it.
-
-    Models loaded afterwards list the kind's heads. A kind or letter already taken is refused.
-    """
-    kind, letter = getattr(adapter_, "kind", None), getattr(adapter_, "letter", None)
-    if not isinstance(kind, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", kind):
-        raise HeadError(f"a head kind needs a lower-case name, got {kind!r}")
-    if not isinstance(letter, str) or not re.fullmatch(r"[A-Z]", letter):
-        raise HeadError(f"head kind {kind!r} needs a single capital display letter, got {letter!r}")
-    if kind in _REGISTRY:
-        raise HeadError(f"head kind {kind!r} is already registered ({_REGISTRY[kind]!r})")
-    taken = [a.kind for a in _REGISTRY.values() if a.letter == letter]
-    if taken:
-        raise HeadError(f"display letter {letter!r} is already used by head kind {taken[0]!r}")
-    _REGISTRY[kind] = adapter_
-    return adapter_
-
-
-def unregister_kind(kind: str) -> None:
-    """Forget a registered head kind (models already loaded keep their layer list)."""
-    if _REGISTRY.pop(kind, None) is None:
-        raise HeadError(f"head kind {kind!r} is not registered; registered: {kinds()}")
-
-
-def kinds() -> tuple[str, ...]:
-    """Registered head kinds, in registration (detection) order."""
-    return tuple(_REGISTRY)
-
-
-def adapter(kind: str) -> MixerAdapter:
-    """The adapter of a registered head kind; a clear error for an unknown one."""
-    try:
-        return _REGISTRY[kind]
-    except KeyError:
-        raise HeadError(f"unknown head kind {kind!r}; registered kinds: {kinds()}") from None
-
-
-def kind_of_letter(letter: str) -> str | None:
-    """The registered kind displayed with ``letter`` (``H`` -> ``attn``), or None."""
-    return next((a.kind for a in _REGISTRY.values() if a.letter == letter), None)

@@ -15,7 +15,8 @@ from torch import Tensor
 from gna_interp.errors import HeadError, InputError
 from gna_interp.models.arch import LayerSpec, detect_layers
 from gna_interp.models.heads import HeadRef, parse_heads
-from gna_interp.models.mixer import HeadSite, unwrap
+from gna_interp.models.hf import unwrap
+from gna_interp.models.mixer import HeadSite
 from gna_interp.models.spec import ResolvedSpec
 
 Hooks = Sequence[tuple[Any, Callable[..., Any]]]

@@ -50,40 +50,19 @@ import copy
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from gna_interp.errors import GnaError, UnsupportedArchitectureError
-from gna_interp.models.mixer import unwrap
+from gna_interp.models.hf import unwrap
+from gna_interp.models.mixer import MixerAdapter, ReachPlan
 
-if TYPE_CHECKING:
-    from gna_interp.models.mixer import MixerAdapter
 
 HOOKED_ATTENTION = "gna_hooked_eager"
 
 __all__ = ["HOOKED_ATTENTION", "ReachPlan", "Reached", "can_hook_pattern", "reach_mixers", "reached_kind"]
-
-
-@dataclass(frozen=True)
-class ReachPlan:
-    """What a mixer adapter needs from a Hugging Face module that no bridge component hooks.
-
-    Attributes:
-        name: child name of a new component in the bridge block (``attn``, ``mixer``); ``shared_`` is
-            prefixed when the module's weights also run in another block.
-        subs: hook component name -> attribute of the Hugging Face module, e.g. ``{"o": "o_proj"}``;
-            each gets ``hook_in`` / ``hook_out``.
-        pattern: run the attention weights through ``hook_pattern`` (attention modules only).
-        required: hooks, relative to a component that already wraps the module, that make reaching
-            unnecessary (e.g. ``("hook_pattern", "o.hook_in")``).
-    """
-
-    name: str
-    subs: dict[str, str] = field(default_factory=dict)
-    pattern: bool = False
-    required: tuple[str, ...] = ()
 
 
 class Reached(torch.nn.Module):
@@ -283,7 +262,7 @@ def _register(bridge: Any, prefix: str, component: torch.nn.Module) -> None:
             registry[mod.name] = mod
 
 
-def _install(bridge: Any, layer: int, block: torch.nn.Module, module: torch.nn.Module, adapter_: "MixerAdapter",
+def _install(bridge: Any, layer: int, block: torch.nn.Module, module: torch.nn.Module, adapter_: MixerAdapter,
              plan: ReachPlan, wrapper: tuple[str, torch.nn.Module] | None, shared: bool) -> None:
     """Give ``module`` (HF) the hooks of ``plan``: extend ``wrapper`` (path, component) or attach a new component."""
     targets = {sub: getattr(module, attr, None) for sub, attr in plan.subs.items()}
@@ -321,7 +300,7 @@ def _install(bridge: Any, layer: int, block: torch.nn.Module, module: torch.nn.M
     _KIND[component] = adapter_.kind
 
 
-def reach_mixers(bridge: Any, adapters: list["MixerAdapter"]) -> None:
+def reach_mixers(bridge: Any, adapters: list[MixerAdapter]) -> None:
     """Give every token mixer of ``bridge``'s blocks that the bridge leaves without the hooks of its kind
     those hook points (see the module docstring). Modules reached before are left as they are; a bridge
     that keeps no hook registry is left as it is (its unhooked mixers are then reported unsupported)."""
@@ -335,7 +314,7 @@ def reach_mixers(bridge: Any, adapters: list["MixerAdapter"]) -> None:
             continue
         components = _bridge_components(block)
         wrappers = {id(unwrap(c)): (p, c) for p, c in components if unwrap(c) is not c}
-        todo: list[tuple[int, torch.nn.Module, "MixerAdapter", ReachPlan]] = []
+        todo: list[tuple[int, torch.nn.Module, MixerAdapter, ReachPlan]] = []
         seen: set[int] = set()
         for _, mod in hf_block.named_modules():
             if mod is hf_block or unwrap(mod) is not mod or _is_hook_point(mod) or isinstance(mod, Reached):

@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,14 +30,13 @@ from torch import Tensor
 
 from gna_interp.errors import GnaError, UnsupportedArchitectureError
 from gna_interp.models.arch import LayerSpec
-from gna_interp.models.mixer import (Hook, MaskOptions, MixerAdapter, PatternOptions, bind_args, prepare_mask,
-                                     shared_note, unwrap)
-from gna_interp.models.reach import ReachPlan
+from gna_interp.models.hf import bind_args, unwrap
+from gna_interp.models.mixer import Hook, MaskOptions, MixerAdapter, PatternOptions, prepare_mask, shared_note
+from gna_interp.models.mixer import ReachPlan
 from gna_interp.models.ssm_kernel import SSMTerms, implicit_attention, is_ssm1, is_ssm2, mix, ssm_terms
 
-if TYPE_CHECKING:
-    from gna_interp.models.heads import HeadRef
-    from gna_interp.models.model import Model, TokenBatch
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.model import Model, TokenBatch
 
 
 def _gated_norm(oc: Any) -> bool:

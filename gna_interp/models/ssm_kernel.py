@@ -60,7 +60,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from gna_interp.errors import InputError, UnsupportedArchitectureError
-from gna_interp.models.mixer import DEFAULT_BLOCK_ELEMS, FORMS, unwrap
+from gna_interp.models.hf import unwrap
+from gna_interp.models.mixer import DEFAULT_BLOCK_ELEMS, FORMS
 
 Form = Literal["exact", "attention"]
 GroupReduce = Literal["mean", "abs_mean"]

@@ -10,7 +10,8 @@ import pandas as pd
 
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
-from gna_interp.models.mixer import MixerAdapter, adapter, kinds
+from gna_interp.models.registry import adapter, kinds
+from gna_interp.models.mixer import MixerAdapter
 ROLE_MARKS = {"gather": "G", "aggregate": "A"}
 _HIDDEN = {"layer", "head", "kind", "name", "width"}
 _MAX_TICKS = 40

@@ -1,0 +1,37 @@
+"""Helpers for the plain Hugging Face modules behind TransformerLens bridge components."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gna_interp.errors import GnaError
+
+__all__ = ["bind_args", "unwrap"]
+
+
+def unwrap(module: Any) -> Any:
+    """The plain Hugging Face module behind a TransformerLens bridge component (calling it fires no
+    TransformerLens hook); any other module is returned as it is."""
+    inner = getattr(module, "original_component", None)
+    if not isinstance(inner, torch.nn.Module):
+        inner = getattr(module, "_original_component", None)
+    return inner if isinstance(inner, torch.nn.Module) else module
+
+
+def bind_args(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[Tensor, Tensor | None]:
+    """``(hidden_states, attention_mask)`` from the arguments of a Hugging Face module's forward."""
+    try:
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        bound = dict(kwargs)
+        if args:
+            bound["hidden_states"] = args[0]
+    hidden = bound.get("hidden_states", args[0] if args else None)
+    mask = bound.get("attention_mask")
+    if not isinstance(hidden, Tensor):
+        raise GnaError(f"could not find the hidden states among the arguments of {type(module).__name__}.forward")
+    return hidden, mask if isinstance(mask, Tensor) else None
