@@ -44,7 +44,7 @@ from gna_interp.errors import InputError
 FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 2, "views": 1, "patterns": 1,
                                    "comparison": 1, "eval": 1, "prune": 1, "mask": 1, "sweep": 1, "families": 1,
                                    "hybrid_plan": 1, "delegation": 1,
-                                   "hybrid_build": 1}
+                                   "hybrid_build": 1, "run_checkpoint": 1}
 
 __all__ = ["FORMAT_VERSIONS", "atomic_write", "clean_json", "read_json", "read_tensors", "records", "write_json",
            "write_tensors"]

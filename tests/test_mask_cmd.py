@@ -153,7 +153,7 @@ def test_resume_runs_only_the_missing_conditions(zoo, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         mask_experiment(model, out=out, **kw)
     saved = json.loads((out / mask_mod.CHECKPOINT).read_text())
-    assert [r["key"] for r in saved["rows"]] == ["intact:-1", "ga_masked:-1"]
+    assert list(saved["points"]) == ["intact:-1", "ga_masked:-1"]
     with pytest.raises(InputError, match="--resume continues it"):
         mask_experiment(model, out=out, **kw)
     assert main(["mask", "--model", "zoo:transformer-kv", "--heads", TR_HEADS, "--out", str(out)]) == 2

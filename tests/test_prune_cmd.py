@@ -13,6 +13,7 @@ from gna_interp.circuits import prune_curve
 from gna_interp.cli import main
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments import prune as prune_mod
+from gna_interp.tasks.options import TaskOptions
 from gna_interp.experiments.prune import PruneResult, build_tasks, keep_rows, parse_keep_layers, prune
 from gna_interp.interventions import ablate, skip_layers
 from gna_interp.tasks import evaluate, task_from_dict
@@ -30,7 +31,8 @@ def test_curves_equal_prune_curve_on_three_tasks(tiny_models):
     point the numbers prune_curve computes on the same tasks."""
     model = tiny_models["llama"]
     r = prune(model, tasks="kv,mc,cloze", samples=3, pairs=4, shots=0, allow_chance=True, progress=False)
-    built, _ = build_tasks(model, ["kv", "mc", "cloze"], 4, 3, 9, 0, "categories", 0)
+    built, _ = build_tasks(model, ["kv", "mc", "cloze"], TaskOptions(pairs=4, samples=3, max_value=9, seed=0,
+                                                                   questions="categories", shots=0))
     tasks = {name: t for name, (t, _) in built.items()}
     assert set(r.tasks) == set(tasks) and {t["kind"] for t in r.tasks.values()} == {"retrieval", "knowledge"}
     assert r.tasks["categories-cloze"]["kind"] == "knowledge"

@@ -74,6 +74,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.loading import dtype_name, parse_dtype
 from gna_interp.models.registry import adapter
 from gna_interp.models.model import Model
+from gna_interp.options import Options, options
 from gna_interp.store import read_json, records, write_json
 
 DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 40)
@@ -86,7 +87,7 @@ ORDERS = ("scan", "random")
 COLUMNS = ["k", "kept", "replaced", "kv_heads_kept", "length", "full_kv_bytes", "kept_kv_bytes", "ssm_state_bytes",
            "conv_state_bytes", "hybrid_bytes", "full_mb", "hybrid_mb", "ratio", "kept_heads"]
 
-__all__ = ["COLUMNS", "DEFAULT_D_CONV", "DEFAULT_D_STATE", "DEFAULT_KS", "DEFAULT_LENGTHS", "AttentionLayer",
+__all__ = ["COLUMNS", "DEFAULT_D_CONV", "DEFAULT_D_STATE", "DEFAULT_KS", "DEFAULT_LENGTHS", "AttentionLayer", "HybridPlanConfig",
            "HybridPlan", "load_ranking", "plan_hybrid"]
 
 
@@ -359,19 +360,43 @@ def _positive(name: str, values: Sequence[int], minimum: int) -> list[int]:
     return out
 
 
+@options
+class HybridPlanConfig(Options):
+    """What :func:`plan_hybrid` counts.
+
+    Attributes:
+        ks: heads kept as attention (each ``k`` once, capped at the head count).
+        lengths: sequence lengths, batch 1.
+        d_state: state size of a replaced head's Mamba-2 head; d_conv: its convolution width counted in the
+            conv state (0: left out).
+        dtype: of the caches (None: the dtype the checkpoint was saved in, else the loaded dtype).
+        order: ``scan`` (the scan's ranking) or ``random`` (every head shuffled with ``seed``).
+    """
+
+    ks: Sequence[int] = DEFAULT_KS
+    lengths: Sequence[int] = DEFAULT_LENGTHS
+    d_state: int = DEFAULT_D_STATE
+    d_conv: int = DEFAULT_D_CONV
+    dtype: str | torch.dtype | None = None
+    order: str = "scan"
+    seed: int | None = None
+
+
 def plan_hybrid(model: Model, scan: HeadScan | Circuit | str | os.PathLike | Sequence[HeadRef | str] | None = None,
-                ks: Sequence[int] = DEFAULT_KS, lengths: Sequence[int] = DEFAULT_LENGTHS,
-                d_state: int = DEFAULT_D_STATE, d_conv: int = DEFAULT_D_CONV, dtype: str | torch.dtype | None = None,
-                order: str = "scan", seed: int | None = None) -> HybridPlan:
+                config: HybridPlanConfig | None = None, **overrides: Any) -> HybridPlan:
     """Plan the retrieval-guided hybrids of a Transformer: for each ``k`` in ``ks`` the top ``k`` heads of the
     scan's ranking stay attention, the others become Mamba-2 heads; :meth:`HybridPlan.to_frame` gives the memory
     at each length (formulas and conventions: :mod:`gna_interp.circuits.hybrid`).
 
     ``model`` may be a meta-device model (shapes only). ``scan``: a HeadScan, a Circuit, a `gna scan` folder, a
     ``scan.json`` file or a list of heads best first (needed for ``order="scan"``); ``order="random"`` with a
-    ``seed`` ranks every head at random instead (not retrieval-guided). ``dtype``: None counts the dtype the
-    checkpoint was saved in, else the loaded dtype.
+    ``seed`` ranks every head at random instead (not retrieval-guided). ``config`` (:class:`HybridPlanConfig`)
+    and keyword ``overrides`` of its fields: ``ks``, ``lengths``, ``d_state``, ``d_conv``, ``dtype``, ``order``,
+    ``seed``.
     """
+    cfg = HybridPlanConfig.build(config, **overrides)
+    ks, lengths, d_state, d_conv, dtype, order, seed = cfg.ks, cfg.lengths, cfg.d_state, cfg.d_conv, cfg.dtype, \
+        cfg.order, cfg.seed
     if order not in ORDERS:
         raise InputError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
     ks = _positive("ks", ks, 0)

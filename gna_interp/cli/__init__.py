@@ -319,29 +319,26 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="kv", choices=["kv", "mc", "cloze"],
                    help="kv: KV retrieval; mc: multiple choice scored on the letters (its cloze form is measured as "
                         "the knowledge twin); cloze: multiple choice scored on the option texts")
-    p.add_argument("--questions", default="categories",
-                   help="mc/cloze questions: categories (offline knowledge questions, default), synthetic (answer "
-                        "stated in the question's context), a local .jsonl/.json/.csv/.parquet FILE, or hub[:SUBJECT] (MMLU)")
-    p.add_argument("--mc-form", default=None, choices=["letters", "stated"],
-                   help="mc prompt form: letters (MMLU: 'A. text' lines, 'Answer:'), or stated (lines 'text (A)', cue "
-                        "'Answer: TEXT (': the answer is stated and its letter retrieved; small models that fail "
-                        "letters solve it); default: the one the model solves, by calibration")
-    p.add_argument("--shots", type=at_least(0), default=3, help="solved questions before each mc/cloze question (default 3)")
-    p.add_argument("--template", default=None, choices=["official", "completion"],
-                   help="KV template: official ('The value of the key K is') or completion ('K:'); default: chosen "
-                        "by calibration")
-    p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=None,
-                   help="KV dictionary lines per prompt (default: chosen by calibration among 10 and 20)")
-    p.add_argument("--max-value", type=at_least(1), default=None,
-                   help="KV values are 0..MAX (default: chosen by calibration among 9 and 99, the paper's range)")
-    p.add_argument("--samples", type=samples_arg(), default=24, help="prompts (default 24)")
+    task_args(p, questions=("categories", "mc/cloze questions: categories (offline knowledge questions, default), "
+                                          "synthetic (answer stated in the question's context), a local .jsonl/.json/"
+                                          ".csv/.parquet FILE, or hub[:SUBJECT] (MMLU)"),
+              mc_form=(None, "mc prompt form: letters (MMLU: 'A. text' lines, 'Answer:'), or stated (lines 'text (A)', "
+                             "cue 'Answer: TEXT (': the answer is stated and its letter retrieved; small models that "
+                             "fail letters solve it); default: the one the model solves, by calibration"),
+              shots=(3, "solved questions before each mc/cloze question (default 3)"),
+              template=(None, "KV template: official ('The value of the key K is') or completion ('K:'); default: "
+                              "chosen by calibration"),
+              pairs=(None, "KV dictionary lines per prompt (default: chosen by calibration among 10 and 20)"),
+              max_value=(None, "KV values are 0..MAX (default: chosen by calibration among 9 and 99, the paper's "
+                               "range)"),
+              samples=(24, "prompts (default 24)"))
     p.add_argument("--calibrate", type=at_least(0), default=16, metavar="N",
                    help="before discovery, evaluate the intact model on N prompts of each task form whose knobs "
                         "(--template, --max-value, --pairs; mc: --mc-form) were not named, and scan the most "
                         "accurate one that clears chance, forms at 0.95 or more counting as equal (default 16; 0: no calibration, unnamed knobs take "
                         "completion / 99 / 10 pairs / stated). The grid and the choice go into summary.md, "
                         "circuit.json and the report")
-    p.add_argument("--seed", type=int, default=0, help="task seed")
+    task_args(p, seed=(0, "task seed"))
     p.add_argument("--formats", type=choice_list(FORMATS), default=[],
                    help="other retrieval formats to scan beside the task (comma-separated: official, completion -- KV "
                         "templates with the task's values and pairs; stated, letters -- multiple choice on --questions): "
@@ -444,7 +441,8 @@ def run_scan(args: argparse.Namespace) -> int:
                 circuit.seconds += sharded_s
         except KeyboardInterrupt:
             if lead:
-                _say_interrupted(ckpt, args.argv, shard.world if shard is not None else None)
+                say_interrupted(args, ckpt, what="heads", ranks=rank_files(ckpt),
+                                world=shard.world if shard is not None else None)
             raise
         circuit.save(out)
     print(circuit_summary(circuit, top=10))
@@ -453,24 +451,25 @@ def run_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say_interrupted(ckpt: Path, argv: Sequence[str] | None, world: int | None) -> None:
-    """Tell what an interrupted scan saved and the command that continues it (``world``: the ranks of a
-    sharded scan, None in one process)."""
-    from gna_interp.circuits.distributed import rank_files
-
-    again = " ".join(shlex.quote(a) for a in (argv or []) if a not in ("--resume", "--fresh"))
-    ranks = rank_files(ckpt)
-    saved = [str(f) for f in (ckpt, *ranks) if f.exists()]
+def say_interrupted(args: argparse.Namespace, *saved: Path, what: str = "work", ranks: Sequence[Path] = (),
+                    world: int | None = None) -> None:
+    """Tell how to continue after an interrupt: where the finished ``what`` (``work``, ``heads``) is saved
+    (the files of ``saved`` that exist) and the command line with ``--resume``; ``ranks`` and ``world``: the
+    rank files and ranks of a torchrun job, continued with the same launch."""
+    again = " ".join(shlex.quote(a) for a in (args.argv or []) if a not in ("--resume", "--fresh"))
+    there = [str(f) for f in (*saved, *ranks) if f.exists()]
+    verb = "are" if what.endswith("s") else "is"
     if ranks and world is not None:
-        print(f"\ngna: interrupted; the finished heads are saved in {ckpt.parent}: "
+        print(f"\ngna: interrupted; the finished {what} {verb} saved in {ranks[0].parent}: "
               f"{', '.join(f.name for f in ranks)}. Continue with the same launch plus --resume (any number of "
               f"ranks, or one process), e.g.:\n  torchrun --nproc-per-node {world} -m gna_interp {again} --resume",
               file=sys.stderr, flush=True)
-    elif saved:
-        print(f"\ngna: interrupted; the finished heads are saved in {', '.join(saved)}. Continue with:\n"
+    elif there:
+        print(f"\ngna: interrupted; the finished {what} {verb} saved in {', '.join(there)}. Continue with:\n"
               f"  gna {again} --resume", file=sys.stderr, flush=True)
     else:
-        print("\ngna: interrupted before any head finished; nothing was saved", file=sys.stderr, flush=True)
+        unit = "head" if what == "heads" else "point"
+        print(f"\ngna: interrupted before any {unit} finished; nothing was saved", file=sys.stderr, flush=True)
 
 
 @command("compare-circuits", "compare two saved circuits of one model (e.g. KV and multiple choice): overlap, rank "
@@ -557,29 +556,61 @@ def _scan_task(args: argparse.Namespace, model: Any, seed: int, form: dict[str, 
                samples: int | None = None) -> tuple[Any, Any]:
     """The task ``gna scan`` discovers on, in ``form`` (:func:`_scan_form`), and its knowledge twin (None for
     kv and cloze); ``samples`` prompts (default ``--samples``)."""
-    from gna_interp.tasks import KVRetrieval, MultipleChoice
-    from gna_interp.tasks.mmlu import questions_from
-
-    n = samples or args.samples
+    opts = task_options(args).replace(samples=samples or args.samples, seed=seed)
     if args.task == "kv":
-        return KVRetrieval(form["n_pairs"], n, seed=seed, template=form["template"], max_value=form["max_value"],
-                           words=model.kv_words), None
-    generated = args.questions in ("categories", "synthetic")
-    if seed != args.seed and not generated:
+        return opts.replace(pairs=form["n_pairs"], template=form["template"],
+                            max_value=form["max_value"]).kv(model.kv_words), None
+    if seed != args.seed and not opts.generated:
         raise InputError(f"--method {args.method} needs a second set of questions, which --questions "
                          f"{args.questions!r} does not generate; use --method zero or --questions categories|synthetic")
-    questions, shots = questions_from(args.questions, n, seed, args.shots)
-    name = Path(args.questions).stem if Path(args.questions).is_file() else args.questions.replace(":", "-")
+    pool = opts.question_pool()
     if args.task == "cloze":
-        return MultipleChoice(questions, format="cloze", name=name, shots=shots), None
-    task = MultipleChoice(questions, format=form["mc_form"], name=name, shots=shots)
+        return opts.multiple_choice(pool, "cloze"), None
+    task = opts.multiple_choice(pool, form["mc_form"])
     if samples is not None:  # a calibration task: no twin
         return task, None
     try:
-        return task, MultipleChoice(questions, format="cloze", name=name, shots=shots)
+        return task, opts.multiple_choice(pool, "cloze")
     except InputError as e:  # e.g. a question repeating an option text, which cloze cannot score
         print(f"note: no knowledge twin (the cloze form of these questions cannot be scored: {e})", flush=True)
         return task, None
+
+
+TASK_FLAGS: dict[str, Callable[[], dict[str, Any]]] = {
+    "pairs": lambda: {"type": at_least(2, " (a dictionary needs two lines to choose between)")},
+    "samples": lambda: {"type": samples_arg()},
+    "max_value": lambda: {"type": at_least(1)},
+    "seed": lambda: {"type": int},
+    "template": lambda: {"choices": ["official", "completion"]},
+    "questions": lambda: {},
+    "shots": lambda: {"type": at_least(0)},
+    "mc_form": lambda: {"choices": ["letters", "stated"]},
+}
+
+
+def task_args(p: argparse.ArgumentParser, **flags: tuple[Any, str]) -> None:
+    """Add the task knobs of :class:`~gna_interp.tasks.options.TaskOptions` named in ``flags``
+    (``pairs=(default, help)``, ...) as ``--pairs``, ``--max-value``, ... with their shared types."""
+    for name, (default, help) in flags.items():
+        p.add_argument("--" + name.replace("_", "-"), default=default, help=help, **TASK_FLAGS[name]())
+
+
+def task_options(args: argparse.Namespace, **given: Any) -> Any:
+    """The :class:`~gna_interp.tasks.options.TaskOptions` of the task knobs ``args`` holds (the others at
+    their defaults), with ``given`` on top."""
+    from gna_interp.tasks.options import TaskOptions
+
+    return TaskOptions(**{**{n: getattr(args, n) for n in TaskOptions.field_names() if hasattr(args, n)}, **given})
+
+
+def output_args(p: argparse.ArgumentParser, default: str, what: str) -> None:
+    """``--no-png``, ``--out`` (default ``./default``) and ``--resume`` / ``--fresh`` of a command whose
+    ``what`` (``sweep``, ``build``, ...) is checkpointed point by point."""
+    p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
+    p.add_argument("--out", default=default, help=f"output folder (default ./{default})")
+    _resume_args(p, f"continue an interrupted {what} from its saved points (or rebuild the outputs of a finished one)",
+                 "delete the saved points (and a circuit discovered by an earlier run) in DIR and start over; refused "
+                 "without --resume or --fresh when DIR holds them")
 
 
 def claim_out(args: argparse.Namespace, command: str, checkpoints: Sequence[Path] = ()) -> RunFolder:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import claim_out, _compute_args, at_least, samples_arg, seeds_arg, command
-from gna_interp.cli.sweep import interrupted, resume_args
+from gna_interp.cli import (_compute_args, at_least, claim_out, command, output_args, say_interrupted, seeds_arg,
+                            task_args, task_options)
 from gna_interp.errors import InputError
 
 
@@ -44,22 +44,17 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=at_least(1), default=5,
                    help="most heads removed (default 5; at most a quarter of a model's scanned heads)")
     p.add_argument("--seeds", type=seeds_arg(1), default=5, help="random head orders (default 5; median and band)")
-    p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=10,
-                   help="dictionary lines of the measured task (default 10)")
-    p.add_argument("--samples", type=samples_arg(), default=24, help="prompts of the measured task (default 24)")
-    p.add_argument("--max-value", type=at_least(1), default=9, help="values are 0..MAX (default 9)")
-    p.add_argument("--template", default="official", choices=["official", "completion"],
-                   help="KV template of the measured task (default official; SmolLM2 solves completion with --max-value "
-                        "99, see docs/discovery.md)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the measured prompts (discovery uses seed+1)")
+    task_args(p, pairs=(10, "dictionary lines of the measured task (default 10)"),
+              samples=(24, "prompts of the measured task (default 24)"), max_value=(9, "values are 0..MAX (default 9)"),
+              template=("official", "KV template of the measured task (default official; SmolLM2 solves completion "
+                                    "with --max-value 99, see docs/discovery.md)"),
+              seed=(0, "seed of the measured prompts (discovery uses seed+1)"))
     p.add_argument("--sharp-samples", type=at_least(1), default=8,
                    help="prompts the aggregation scores (sharpness) are read on (default 8)")
     p.add_argument("--pool", type=at_least(1), default=64,
                    help="best-ranked heads of each model whose aggregation is scored (default 64)")
     _compute_args(p)
-    p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
-    p.add_argument("--out", default="gna_compare", help="output folder (default ./gna_compare)")
-    resume_args(p, "comparison")
+    output_args(p, "gna_compare", "comparison")
     p.set_defaults(run=run_compare_families)
 
 
@@ -67,8 +62,9 @@ def run_compare_families(args: argparse.Namespace) -> int:
     import torch
 
     from gna_interp.circuits import Circuit
-    from gna_interp.experiments.families import CIRCUITS_DIR, CKPT, compare
-    from gna_interp.experiments.sweep import check_out, slug
+    from gna_interp.experiments.checkpoint import stale_files
+    from gna_interp.experiments.families import CIRCUITS_DIR, CKPT, CompareConfig, compare
+    from gna_interp.experiments.sweep import slug
 
     out = Path(args.out)
     folder = claim_out(args, "compare")
@@ -80,7 +76,7 @@ def run_compare_families(args: argparse.Namespace) -> int:
         raise InputError(f"--circuit lists {len(circuits)} folders for {len(args.model)} models; give one per model, "
                          f"in the same order (an empty entry, as in DIR1,,DIR3, discovers that model's heads)")
     cdirs = [out / CIRCUITS_DIR / slug(s) for s in args.model]
-    check_out(out, CKPT, args.resume, args.fresh,
+    stale_files(out, CKPT, args.resume, args.fresh,
               also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")])
     for c in circuits:  # a bad folder fails before any model is loaded
         if c:
@@ -90,12 +86,13 @@ def run_compare_families(args: argparse.Namespace) -> int:
     print(f"comparing {', '.join(args.model)} ({args.dtype}) ...", flush=True)
     with folder.hold(args.fresh):
         try:
-            result = compare(args.model, circuits, k=args.top_k, seeds=args.seeds, pairs=args.pairs, samples=args.samples,
-                             max_value=args.max_value, template=args.template, seed=args.seed, sharp_samples=args.sharp_samples, pool=args.pool,
-                             batch_size=args.batch_size, out=out, resume=args.resume, fresh=args.fresh,
-                             device=getattr(args, "device", None), dtype=args.dtype, png=not args.no_png)
+            config = CompareConfig(**vars(task_options(args)), k=args.top_k, seeds=args.seeds,
+                                   sharp_samples=args.sharp_samples, pool=args.pool, batch_size=args.batch_size,
+                                   resume=args.resume, fresh=args.fresh, device=getattr(args, "device", None),
+                                   dtype=args.dtype, png=not args.no_png)
+            result = compare(args.model, circuits, out, config)
         except KeyboardInterrupt:
-            interrupted(args, out / CKPT, *(c / "scan.ckpt.json" for c in cdirs))
+            say_interrupted(args, out / CKPT, *(c / "scan.ckpt.json" for c in cdirs))
             raise
     print(result.summary())
     print(f"wrote {out / 'families.csv'}, {out / 'families.json'}, {out / 'report.html'} ({result.seconds:.0f}s)")

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shlex
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (claim_out, _compute_args, _load_for, _resume_args, at_least, seeds_arg, command,
-                            spec_text)
+from gna_interp.cli import (_compute_args, _load_for, _resume_args, at_least, claim_out, command, say_interrupted,
+                            seeds_arg, spec_text)
 from gna_interp.errors import InputError
 
 
@@ -63,7 +62,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from gna_interp.experiments.eval import CIRCUIT_DIR, CONDITIONS_DIR, eval_heads, resolve_tasks
+    from gna_interp.experiments.eval import CIRCUIT_DIR, CONDITIONS_DIR, EvalConfig, eval_heads, resolve_tasks
     from gna_interp.experiments.harness import require_lm_eval
 
     require_lm_eval()
@@ -97,15 +96,13 @@ def run_eval(args: argparse.Namespace) -> int:
             stale = out / CIRCUIT_DIR / "scan.ckpt.json"
             stale.unlink(missing_ok=True)
         try:
-            result = eval_heads(model, names, heads=args.ablate, circuit=args.circuit, top_k=args.top_k,
-                                random_k=args.random_k, seeds=args.seeds, limit=args.limit, out=out,
+            config = EvalConfig(top_k=args.top_k, random_k=args.random_k, seeds=args.seeds, limit=args.limit,
                                 method=args.method, include_path=args.include_path, num_fewshot=args.num_fewshot,
                                 batch_size=args.batch_size, max_gen_toks=args.max_gen_toks,
                                 bootstrap_iters=args.bootstrap_iters, resume=args.resume, png=not args.no_png)
+            result = eval_heads(model, names, args.ablate, args.circuit, out, config)
         except KeyboardInterrupt:
-            again = [a for a in (args.argv or []) if a not in ("--resume", "--fresh")]
-            print(f"\ngna: interrupted; finished conditions are saved in {out / CONDITIONS_DIR}. Continue with:\n"
-                  f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
+            say_interrupted(args, out / CONDITIONS_DIR, what="conditions")
             raise
     print()
     print(result.format_table())

@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import claim_out, at_least, samples_arg, seeds_arg, choice_list, spec_text
+from gna_interp.cli import at_least, choice_list, claim_out, output_args, samples_arg, say_interrupted, seeds_arg, spec_text
 from gna_interp.cli.hybrid import int_list, subcommand
-from gna_interp.cli.sweep import interrupted, resume_args
 
 
 @subcommand("build", "distil the zoo Transformer into Falcon-H1 hybrids (Mamba-2 heads beside the kept attention "
@@ -41,14 +40,12 @@ def _build_args(p: argparse.ArgumentParser) -> None:
                    help="also train what is copied from the teacher (embeddings, norms, MLPs, kept heads); "
                         f"default {'on' if d.train_teacher_parts else 'off: only the Mamba-2 mixers train'}")
     p.add_argument("--threads", type=at_least(1), default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
-    p.add_argument("--out", default="gna_hybrid_build", help="output folder (default ./gna_hybrid_build)")
-    resume_args(p, "build")
+    output_args(p, "gna_hybrid_build", "build")
     p.set_defaults(run=run_build)
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from gna_interp.experiments.hybrid_build import CKPT, STUDENTS, hybrid_build
+    from gna_interp.experiments.hybrid_build import CKPT, STUDENTS, HybridBuildConfig, hybrid_build
 
     out = Path(args.out)
     folder = claim_out(args, "hybrid build")
@@ -58,12 +55,13 @@ def run_build(args: argparse.Namespace) -> int:
         raise InputError(f"--scan {args.scan!r} does not exist: pass the folder `gna scan --out DIR` wrote")
     with folder.hold(args.fresh):
         try:
-            result = hybrid_build(args.model, args.k, out=out, conditions=args.keep, seeds=args.seeds,
-                                  pairs=args.pairs, samples=args.samples, scan=args.scan, steps=args.steps,
-                                  loss=args.loss, train_teacher_parts=args.train_teacher_parts, resume=args.resume,
-                                  fresh=args.fresh, threads=args.threads, png=not args.no_png)
+            run = HybridBuildConfig(conditions=args.keep, seeds=args.seeds, pairs=args.pairs, samples=args.samples,
+                                    scan=args.scan, resume=args.resume, fresh=args.fresh, threads=args.threads,
+                                    png=not args.no_png)
+            result = hybrid_build(args.model, args.k, out=out, run=run, steps=args.steps, loss=args.loss,
+                                  train_teacher_parts=args.train_teacher_parts)
         except KeyboardInterrupt:
-            interrupted(args, out / CKPT, out / STUDENTS)
+            say_interrupted(args, out / CKPT, out / STUDENTS)
             raise
     print(result.summary())
     print(f"wrote {out / 'hybrid_build.csv'}, {out / 'hybrid_build.json'}, {out / 'report.html'} and the students in "

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from pathlib import Path
 
-from gna_interp.cli import (claim_out, _check_pairs, _compute_args, _load_for, _resume_args, at_least, samples_arg, seeds_arg,
-                            command, spec_text)
+from gna_interp.cli import (_check_pairs, _compute_args, _load_for, _resume_args, at_least, claim_out, command,
+                            say_interrupted, seeds_arg, spec_text, task_args)
 from gna_interp.errors import InputError
 
 
@@ -35,15 +33,11 @@ def _mask_args(p: argparse.ArgumentParser) -> None:
                                                      "(default: discover them here, saved in OUT/circuit)")
     src.add_argument("--heads", default=None,
                      help="heads to mask, with roles (L0H3=gather,L1H3=aggregate) or without (their role is measured)")
-    p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=None,
-                   help="dictionary lines per prompt (default: the circuit's KV task's, else 10)")
-    p.add_argument("--samples", type=samples_arg(), default=48, help="evaluation prompts (default 48)")
-    p.add_argument("--max-value", type=at_least(1), default=None,
-                   help="values are 0..MAX (default: the circuit's KV task's, else 9)")
-    p.add_argument("--template", default=None, choices=["official", "completion"],
-                   help="KV template of the evaluation task (default: the circuit's KV task's, else official)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="discovery task seed; the evaluation prompts use seed+1 (prompts the circuit was not found on)")
+    task_args(p, pairs=(None, "dictionary lines per prompt (default: the circuit's KV task's, else 10)"),
+              samples=(48, "evaluation prompts (default 48)"),
+              max_value=(None, "values are 0..MAX (default: the circuit's KV task's, else 9)"),
+              template=(None, "KV template of the evaluation task (default: the circuit's KV task's, else official)"),
+              seed=(0, "discovery task seed; the evaluation prompts use seed+1 (prompts the circuit was not found on)"))
     p.add_argument("--top-k", type=at_least(1), default=16,
                    help="best-ranked circuit heads considered (those whose removal hurts; default 16)")
     p.add_argument("--seeds", type=seeds_arg(0), default=3, help="random-head draws (default 3)")
@@ -65,7 +59,7 @@ def _mask_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_mask(args: argparse.Namespace) -> int:
-    from gna_interp.experiments.mask import checkpoint_files, mask_experiment
+    from gna_interp.experiments.mask import MaskConfig, checkpoint_files, mask_experiment
 
     out = Path(args.out)
     folder = claim_out(args, "mask")
@@ -82,17 +76,15 @@ def run_mask(args: argparse.Namespace) -> int:
     model = _load_for(args)
     with folder.hold(args.fresh):
         try:
-            result = mask_experiment(model, circuit=args.circuit, heads=args.heads, out=out, pairs=pairs,
-                                     samples=args.samples, max_value=max_value, template=args.template,
-                                     seed=args.seed, top_k=args.top_k,
-                                     seeds=args.seeds, offset=args.offset, renormalize=args.renormalize,
-                                     role_samples=args.role_samples, scan_samples=args.scan_samples,
-                                     batch_size=args.batch_size, allow_chance=args.allow_chance, resume=args.resume,
-                                     fresh=args.fresh, png=not args.no_png)
+            config = MaskConfig(pairs=pairs, samples=args.samples, max_value=max_value, template=args.template,
+                                seed=args.seed, top_k=args.top_k, seeds=args.seeds, offset=args.offset,
+                                renormalize=args.renormalize, role_samples=args.role_samples,
+                                scan_samples=args.scan_samples, batch_size=args.batch_size,
+                                allow_chance=args.allow_chance, resume=args.resume, fresh=args.fresh,
+                                png=not args.no_png)
+            result = mask_experiment(model, args.circuit, args.heads, out, config)
         except KeyboardInterrupt:
-            again = [a for a in (args.argv or []) if a not in ("--resume", "--fresh")]
-            print(f"\ngna: interrupted; what finished is saved in {out}. Continue with:\n"
-                  f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
+            say_interrupted(args, *checkpoint_files(out))
             raise
     print(result.summary())
     print(f"wrote {out / 'mask.csv'}, {out / 'mask.json'}, {out / 'report.html'}")

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from pathlib import Path
 
-from gna_interp.cli import (claim_out, _check_pairs, _compute_args, _load_for, _resume_args, at_least, samples_arg,
-                            choice_list, command, spec_text)
+from gna_interp.cli import (_check_pairs, _compute_args, _load_for, _resume_args, at_least, choice_list, claim_out,
+                            command, say_interrupted, spec_text, task_args, task_options)
 from gna_interp.errors import InputError
 
 
@@ -26,17 +24,14 @@ def _prune_args(p: argparse.ArgumentParser) -> None:
                         "cannot tokenize or does not solve is left out, with its numbers")
     p.add_argument("--modes", type=choice_list(MODES), default=list(MODES),
                    help="from_end (the last k blocks removed, k = 0..n) and/or single (one block removed at a time)")
-    p.add_argument("--pairs", type=at_least(2, " (a dictionary needs two lines to choose between)"), default=10,
-                   help="KV dictionary lines per prompt (default 10)")
-    p.add_argument("--max-value", type=at_least(1), default=9, help="KV values are 0..MAX (default 9)")
-    p.add_argument("--samples", type=samples_arg(), default=32, help="prompts per task (default 32)")
-    p.add_argument("--seed", type=int, default=0, help="task seed")
-    p.add_argument("--questions", default="categories",
-                   help="mc/cloze questions: categories (offline, default), synthetic, a local .jsonl/.json/.csv/"
-                        ".parquet FILE, or hub[:SUBJECT] (MMLU)")
-    p.add_argument("--shots", type=at_least(0), default=3, help="solved questions before each mc/cloze question")
-    p.add_argument("--mc-form", default="letters", choices=["letters", "stated"],
-                   help="mc prompt form (letters: MMLU's; stated: the answer's text given, its letter retrieved)")
+    task_args(p, pairs=(10, "KV dictionary lines per prompt (default 10)"),
+              max_value=(9, "KV values are 0..MAX (default 9)"), samples=(32, "prompts per task (default 32)"),
+              seed=(0, "task seed"),
+              questions=("categories", "mc/cloze questions: categories (offline, default), synthetic, a local "
+                                       ".jsonl/.json/.csv/.parquet FILE, or hub[:SUBJECT] (MMLU)"),
+              shots=(3, "solved questions before each mc/cloze question"),
+              mc_form=("letters", "mc prompt form (letters: MMLU's; stated: the answer's text given, its letter "
+                                  "retrieved)"))
     p.add_argument("--keep-layers", default=None, metavar="0-A",
                    help="head keeping: layers 0..A keep every head (default with --keep-heads: up to the first "
                         "kept head's layer)")
@@ -56,7 +51,7 @@ def _prune_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    from gna_interp.experiments.prune import CHECKPOINT, parse_keep_layers, prune
+    from gna_interp.experiments.prune import CHECKPOINT, PruneConfig, parse_keep_layers, prune
 
     out = Path(args.out)
     folder = claim_out(args, "prune")
@@ -69,15 +64,13 @@ def run_prune(args: argparse.Namespace) -> int:
     model = _load_for(args)
     with folder.hold(args.fresh):
         try:
-            result = prune(model, out, tasks=args.tasks, pairs=args.pairs, samples=args.samples,
-                           max_value=args.max_value, seed=args.seed, questions=args.questions, shots=args.shots,
-                           mc_form=args.mc_form, modes=args.modes, keep_layers=args.keep_layers,
-                           keep_heads=args.keep_heads, keep_seeds=args.keep_seeds, allow_chance=args.allow_chance,
-                           batch_size=args.batch_size, resume=args.resume, fresh=args.fresh, png=not args.no_png)
+            config = PruneConfig(**vars(task_options(args)), tasks=args.tasks, modes=args.modes,
+                                 keep_layers=args.keep_layers, keep_heads=args.keep_heads, keep_seeds=args.keep_seeds,
+                                 allow_chance=args.allow_chance, batch_size=args.batch_size, resume=args.resume,
+                                 fresh=args.fresh, png=not args.no_png)
+            result = prune(model, out, config)
         except KeyboardInterrupt:
-            again = [a for a in (args.argv or []) if a not in ("--resume", "--fresh")]
-            print(f"\ngna: interrupted; finished points are saved in {out / CHECKPOINT}. Continue with:\n"
-                  f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
+            say_interrupted(args, out / CHECKPOINT)
             raise
     print(result.summary())
     written = [out / f for f in ("prune.csv", "keep.csv", "prune.json", "report.html") if (out / f).exists()]

@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from pathlib import Path
 
-from gna_interp.cli import (claim_out, _compute_args, _first_default, _resume_args, at_least, samples_arg, seeds_arg, command,
-                            spec_text)
+from gna_interp.cli import (_compute_args, _first_default, at_least, claim_out, command, output_args, say_interrupted,
+                            seeds_arg, spec_text, task_args, task_options)
 from gna_interp.errors import InputError
 
 PAPER_PAIRS = "10,15,20,25,30,35,40,45,50"
@@ -35,24 +33,6 @@ def pairs_list(text: str) -> list[int]:
     return sorted(vals)
 
 
-def resume_args(p: argparse.ArgumentParser, what: str) -> None:
-    """``--resume`` / ``--fresh`` (mutually exclusive), as in ``gna scan``."""
-    _resume_args(p, f"continue an interrupted {what} from its saved points (or rebuild the outputs of a finished one)",
-                 "delete the saved points (and a circuit discovered by an earlier run) in DIR and start over; refused "
-                 "without --resume or --fresh when DIR holds them")
-
-
-def interrupted(args: argparse.Namespace, *saved: Path) -> None:
-    """Tell how to continue after an interrupt (what is saved, and the command line with --resume)."""
-    again = [a for a in (args.argv or []) if a not in ("--resume", "--fresh")]
-    there = [str(p) for p in saved if p.exists()]
-    if there:
-        print(f"\ngna: interrupted; the finished work is saved in {', '.join(there)}. Continue with:\n"
-              f"  gna {' '.join(shlex.quote(a) for a in again)} --resume", file=sys.stderr, flush=True)
-    else:
-        print("\ngna: interrupted before any point finished; nothing was saved", file=sys.stderr, flush=True)
-
-
 @command("sweep", "KV accuracy vs dictionary size: intact, top-1 / top-k G&A heads removed, k random heads removed "
                   "(the paper's constant drop); writes sweep.csv, sweep.json, report.html")
 def _sweep_args(p: argparse.ArgumentParser) -> None:
@@ -65,16 +45,12 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=at_least(1), default=5,
                    help="heads removed together (default 5; at most a quarter of the scanned heads)")
     p.add_argument("--seeds", type=seeds_arg(1), default=5, help="random k-head draws (default 5; median and band)")
-    p.add_argument("--samples", type=samples_arg(), default=48, help="prompts per dictionary size (default 48)")
-    p.add_argument("--max-value", type=at_least(1), default=99,
-                   help="values are 0..MAX (default 99, the paper's range; must be at least the largest size - 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the prompts (discovery uses seed+1)")
-    p.add_argument("--template", default=None, choices=["official", "completion"],
-                   help="KV template (default: the --circuit's KV task's, else official)")
+    task_args(p, samples=(48, "prompts per dictionary size (default 48)"),
+              max_value=(99, "values are 0..MAX (default 99, the paper's range; must be at least the largest size - 1)"),
+              seed=(0, "seed of the prompts (discovery uses seed+1)"),
+              template=(None, "KV template (default: the --circuit's KV task's, else official)"))
     _compute_args(p)
-    p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
-    p.add_argument("--out", default="gna_sweep", help="output folder (default ./gna_sweep)")
-    resume_args(p, "sweep")
+    output_args(p, "gna_sweep", "sweep")
     p.set_defaults(run=run_sweep)
 
 
@@ -82,7 +58,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     import torch
 
     from gna_interp.circuits import Circuit
-    from gna_interp.experiments.sweep import CIRCUIT_DIR, CKPT, check_out, sweep
+    from gna_interp.experiments.checkpoint import stale_files
+    from gna_interp.experiments.sweep import CIRCUIT_DIR, CKPT, SweepConfig, sweep
 
     out = Path(args.out)
     folder = claim_out(args, "sweep")
@@ -90,7 +67,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         raise InputError(f"--pairs up to {max(args.pairs)} need {max(args.pairs)} distinct values, but --max-value "
                          f"{args.max_value} gives {args.max_value + 1}; raise --max-value (99 is the paper's range) or "
                          f"drop the larger sizes")
-    check_out(out, CKPT, args.resume, args.fresh,
+    stale_files(out, CKPT, args.resume, args.fresh,
               also=[out / CIRCUIT_DIR / "scan.ckpt.json", out / CIRCUIT_DIR / "circuit.json"])
     circuit = Circuit.load(args.circuit) if args.circuit else None  # a bad folder fails before loading the model
     found = circuit.kv_args if circuit is not None else {}
@@ -101,12 +78,12 @@ def run_sweep(args: argparse.Namespace) -> int:
     print(f"loading {spec} ({args.dtype}) ...", flush=True)
     with folder.hold(args.fresh):
         try:
-            result = sweep(spec, args.pairs, circuit, k=args.top_k, seeds=args.seeds, samples=args.samples,
-                           max_value=args.max_value, seed=args.seed, template=template,
-                           batch_size=args.batch_size, out=out, resume=args.resume, fresh=args.fresh,
-                           device=getattr(args, "device", None), dtype=args.dtype, png=not args.no_png)
+            config = SweepConfig(**vars(task_options(args, pairs=args.pairs, template=template)), k=args.top_k,
+                                 seeds=args.seeds, batch_size=args.batch_size, resume=args.resume, fresh=args.fresh,
+                                 device=getattr(args, "device", None), dtype=args.dtype, png=not args.no_png)
+            result = sweep(spec, circuit=circuit, out=out, config=config)
         except KeyboardInterrupt:
-            interrupted(args, out / CKPT, out / CIRCUIT_DIR / "scan.ckpt.json")
+            say_interrupted(args, out / CKPT, out / CIRCUIT_DIR / "scan.ckpt.json")
             raise
     print(result.summary())
     print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'report.html'} ({result.seconds:.0f}s)")

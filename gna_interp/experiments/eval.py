@@ -52,9 +52,10 @@ from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
+from gna_interp.options import Options, options
 from gna_interp.store import atomic_write, read_json, write_json
 
-__all__ = ["CONDITIONS", "SUMMARY_COLUMNS", "TABLE_COLUMNS", "EvalResult", "eval_figure", "eval_heads",
+__all__ = ["CONDITIONS", "SUMMARY_COLUMNS", "TABLE_COLUMNS", "EvalConfig", "EvalResult", "eval_figure", "eval_heads",
            "metric_rows", "resolve_tasks", "summarize"]
 
 CONDITIONS: tuple[str, ...] = ("intact", "removed", "random")
@@ -146,7 +147,8 @@ class EvalResult:
 
     def save(self, out: str | Path, png: bool = True) -> Path:
         """Write the result folder (see the module docstring); return it."""
-        from gna_interp.experiments.output import ResultFolder, records, table_html
+        from gna_interp.experiments.output import ResultFolder, table_html
+        from gna_interp.store import records
 
         folder = ResultFolder(out, "eval")
         summary = self.summary
@@ -387,20 +389,53 @@ def _choose_heads(model: Model, heads: Any, circuit: Any, top_k: int, out: Path 
     return removed, pool, [f"{note}: its top {len(removed)} heads removed ({', '.join(h.name for h in removed)})."]
 
 
+@options
+class EvalConfig(Options):
+    """How :func:`eval_heads` runs.
+
+    Attributes:
+        top_k: the circuit's best-ranked heads removed; random_k: random heads removed per seed (None: as
+            many as removed; 0: no random condition); seeds: random draws.
+        limit: documents a task (or a fraction below 1), as lm-eval's ``--limit``.
+        method: ``zero`` or ``mean`` ablation.
+        include_path: folder(s) of local task YAML files; num_fewshot: few-shot examples (None: the task's).
+        batch_size: sequences a forward; max_gen_toks: new tokens of a generation when the task sets none;
+        bootstrap_iters: lm-eval's bootstrap iterations for standard errors.
+        resume: reuse the finished conditions of an earlier run with the same settings.
+        progress: show progress bars; png: export the figure as PNG.
+    """
+
+    top_k: int = 5
+    random_k: int | None = None
+    seeds: int = 3
+    limit: int | float | None = None
+    method: str = "zero"
+    include_path: str | Path | Sequence[str | Path] | None = None
+    num_fewshot: int | None = None
+    batch_size: int = 16
+    max_gen_toks: int = 256
+    bootstrap_iters: int = 100000
+    resume: bool = False
+    progress: bool = True
+    png: bool = True
+
+
 def eval_heads(model: Model | str, tasks: str | Sequence[str], heads: str | Sequence[str | HeadRef] | None = None,
-               circuit: Any = None, top_k: int = 5, random_k: int | None = None, seeds: int = 3,
-               limit: int | float | None = None, out: str | Path | None = None, *, method: str = "zero",
-               include_path: str | Path | Sequence[str | Path] | None = None, num_fewshot: int | None = None,
-               batch_size: int = 16, max_gen_toks: int = 256, bootstrap_iters: int = 100000, resume: bool = False,
-               progress: bool = True, png: bool = True) -> EvalResult:
+               circuit: Any = None, out: str | Path | None = None, config: EvalConfig | None = None,
+               **overrides: Any) -> EvalResult:
     """Run lm-eval ``tasks`` on ``model`` intact, with ``heads`` (or ``circuit``'s ``top_k``) removed, and with
     ``random_k`` random heads removed (``seeds`` draws; ``random_k=0`` skips them); see the module docstring.
 
-    ``model``: a loaded :class:`Model` or a spec. ``limit``: documents a task (or a fraction below 1), as
-    lm-eval's ``--limit``. ``method``: ``zero`` or ``mean`` ablation. ``include_path``: folder(s) of local
-    task YAML files. ``out``: write the result folder there (each condition's metrics as it finishes;
-    ``resume=True`` reuses the finished conditions of an earlier run with the same settings).
+    ``model``: a loaded :class:`Model` or a spec. ``out``: write the result folder there (each condition's
+    metrics as it finishes; ``resume=True`` reuses the finished conditions of an earlier run with the same
+    settings). ``config`` (:class:`EvalConfig`) and keyword ``overrides`` of its fields: ``limit``,
+    ``method``, ``include_path``, ... (as ``gna eval``'s options).
     """
+    cfg = EvalConfig.build(config, **overrides)
+    top_k, random_k, seeds, limit, method = cfg.top_k, cfg.random_k, cfg.seeds, cfg.limit, cfg.method
+    include_path, num_fewshot, batch_size, max_gen_toks = cfg.include_path, cfg.num_fewshot, cfg.batch_size, \
+        cfg.max_gen_toks
+    bootstrap_iters, resume, progress, png = cfg.bootstrap_iters, cfg.resume, cfg.progress, cfg.png
     from gna_interp.experiments.harness import ABLATION_METHODS, LM_EVAL_VERSION, GnaLM
 
     if method not in ABLATION_METHODS:

@@ -68,20 +68,23 @@ from gna_interp.circuits.replay import SetAblation
 from gna_interp.circuits.offsets import intact_at, pick_offset
 from gna_interp.circuits.roles import decision_inputs, item_masses
 from gna_interp.errors import InputError
-from gna_interp.experiments.output import ResultFolder, records, table_html
-from gna_interp.experiments.sweep import (PointLog, _bar, check_out, clear_circuit, fingerprint, model_of,
-                                          random_draws, resolve_circuit, slug)
+from gna_interp.experiments.output import ResultFolder, table_html
+from gna_interp.store import records
+from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, settings_fingerprint, stale_files
+from gna_interp.experiments.sweep import _bar, clear_circuit, model_of, random_draws, resolve_circuit, slug
 from gna_interp.mixing import PatternOptions, patterns
 from gna_interp.mixing.sharpness import row_distribution, sharpness
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
+from gna_interp.options import options
 from gna_interp.store import atomic_write
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.base import Task
+from gna_interp.tasks.options import TaskOptions
 from gna_interp.tasks.segments import Segments
 
 __all__ = ["AGGREGATION_COLUMNS", "Aggregation", "CURVE_COLUMNS", "FamilyComparison", "TABLE_COLUMNS",
-           "aggregation_scores", "compare"]
+           "CompareConfig", "aggregation_scores", "compare"]
 
 NAME = "families"
 CKPT = "families.ckpt.json"
@@ -354,7 +357,7 @@ def _mixers(model: Model) -> str:
 
 
 # ---- the experiment ---------------------------------------------------------------------------------------------
-def _one_model(m: Model, circ: Circuit, log: PointLog, key: str, task: KVRetrieval, k: int, seeds: int,
+def _one_model(m: Model, circ: Circuit, log: Checkpoint, key: str, task: KVRetrieval, k: int, seeds: int,
                pool: int, sharp_samples: int, shifts: Sequence[int], batch_size: int, bar: Any) -> dict[str, Any]:
     """Every measurement of one model (points from ``log`` when already there)."""
     kk = min(curve_k(len(circ.scan.heads), k), len(circ.heads))
@@ -432,20 +435,51 @@ def _split_specs(models: str | Sequence[Model | str]) -> list[Model | str]:
     return out
 
 
+@options
+class CompareConfig(TaskOptions):
+    """How :func:`compare` runs (the measured KV task's knobs of :class:`~gna_interp.tasks.options.TaskOptions`).
+
+    Attributes:
+        k: most heads removed; seeds: random head orders; sharp_samples: prompts the aggregation scores
+            are read on; pool: best-ranked heads of each model whose aggregation is scored; shifts: the
+            summary offsets tried; batch_size: sequences a forward.
+        resume, fresh: continue from / delete the checkpoint in ``out`` (as in ``gna scan``).
+        progress: show progress bars; png: export the figure as PNG.
+        device, dtype: used only for the models given as specs.
+    """
+
+    samples: int = 24
+    k: int = 5
+    seeds: int = 5
+    sharp_samples: int = 8
+    pool: int = 64
+    shifts: Sequence[int] = (0, 1, 2, 3)
+    batch_size: int = 16
+    resume: bool = False
+    fresh: bool = False
+    progress: bool = True
+    device: str | None = None
+    dtype: str = "float32"
+    png: bool = True
+
+
 def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | str | os.PathLike | None] | None = None,
-            *, k: int = 5, seeds: int = 5, pairs: int = 10, samples: int = 24, max_value: int = 9,
-            template: str = "official", seed: int = 0,
-            sharp_samples: int = 8, pool: int = 64, shifts: Sequence[int] = (0, 1, 2, 3), batch_size: int = 16,
-            out: str | os.PathLike | None = None, resume: bool = False, fresh: bool = False, progress: bool = True,
-            device: str | None = None, dtype: str = "float32", png: bool = True) -> FamilyComparison:
+            out: str | os.PathLike | None = None, config: CompareConfig | None = None,
+            **overrides: Any) -> FamilyComparison:
     """Two or more models side by side on one KV task: their aggregate heads' sharpness and the accuracy that
     removing their top 1..k heads costs against random heads (see the module docstring).
 
     ``models`` are :class:`Model` objects or specs (comma-separated text or a list; specs are loaded one at a
     time with ``device``, ``dtype``); ``circuits`` one entry per model (a :class:`Circuit`, a ``gna scan``
     folder, or None to discover). With ``out`` the folder is written and each finished part checkpointed
-    (``resume``/``fresh`` as in ``gna scan``). Same options as ``gna compare``.
+    (``resume``/``fresh`` as in ``gna scan``). ``config`` (:class:`CompareConfig`) and keyword ``overrides``
+    of its fields: the same options as ``gna compare``.
     """
+    cfg = CompareConfig.build(config, **overrides)
+    k, seeds, pairs, samples, max_value, seed = cfg.k, cfg.seeds, cfg.pairs, cfg.samples, cfg.max_value, cfg.seed
+    template, sharp_samples, pool, shifts, batch_size = cfg.template, cfg.sharp_samples, cfg.pool, cfg.shifts, \
+        cfg.batch_size
+    resume, fresh, progress = cfg.resume, cfg.fresh, cfg.progress
     specs = _split_specs(models)
     circuits = list(circuits) if circuits is not None else [None] * len(specs)
     if len(circuits) != len(specs):
@@ -464,7 +498,7 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
     names = [s if isinstance(s, str) else s.name for s in specs]
     if folder is not None:
         cdirs = [folder / CIRCUITS_DIR / slug(n) for n in names]
-        stale = check_out(folder, CKPT, resume, fresh,
+        stale = stale_files(folder, CKPT, resume, fresh,
                           also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")])
         if fresh:
             for p in stale:
@@ -475,16 +509,15 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
                 "seeds": seeds,
                 "sharp_samples": sharp_samples, "pool": pool, "shifts": list(shifts), "batch_size": batch_size,
                 "method": "zero"}
-    log = PointLog(folder / CKPT if folder is not None else None, NAME, fingerprint_settings(settings))
+    log = Checkpoint(folder / CKPT if folder is not None else None, NAME, settings_fingerprint(settings))
     log.save()
     start = time.perf_counter()
     rows, curves, heads, samp, kinds, sources, notes = [], [], [], [], [], {}, []
     for spec, given, name in zip(specs, circuits, names):
-        m = model_of(spec, device, dtype)
-        task = KVRetrieval(pairs, samples, seed=seed, template=template, max_value=max_value, words=m.kv_words)
+        m = model_of(spec, cfg.device, cfg.dtype)
+        task = cfg.kv(m.kv_words)
         cdir = folder / CIRCUITS_DIR / slug(name) if folder is not None else None
-        found_on = KVRetrieval(pairs, samples, seed=seed + 1, template=template, max_value=max_value,
-                               words=m.kv_words)
+        found_on = cfg.kv(m.kv_words, seed=seed + 1)
         try:
             circ, sources[name] = resolve_circuit(m, given, seed, cdir, k=k, batch_size=batch_size, progress=progress,
                                                   task=found_on)
@@ -527,17 +560,8 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
                               pd.DataFrame(kinds), {**settings, "drop_metric": "logit_diff"}, sources, notes,
                               time.perf_counter() - start)
     if folder is not None:
-        result.save(folder, png=png)
+        result.save(folder, png=cfg.png)
     return result
-
-
-def fingerprint_settings(settings: dict[str, Any]) -> str:
-    """The checkpoint's run key: the settings. Each model's points carry their own key (model, weights,
-    heads), so a resumed run may list fewer or more models and keeps the points of those it still lists."""
-    import hashlib
-    import json
-
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
 def _table_row(m: Model, name: str, circ: Circuit, got: dict[str, Any], curve: pd.DataFrame, agg: Any,

@@ -57,6 +57,7 @@ from gna_interp.interventions.masking import mask_pattern
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import MaskOptions
 from gna_interp.models.model import Model, TokenBatch
+from gna_interp.options import Options, options
 from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.scoring import Row, ScoringPlan, Target, layout_chunks, packable, read_logprobs
 
@@ -84,7 +85,7 @@ from lm_eval import utils as lm_utils  # noqa: E402
 from lm_eval.api.model import TemplateLM  # noqa: E402
 from lm_eval.api.registry import register_model  # noqa: E402
 
-__all__ = ["ABLATION_METHODS", "DEFAULT_MAX_LENGTH", "FullMask", "GnaLM", "LM_EVAL_HINT", "LM_EVAL_VERSION",
+__all__ = ["ABLATION_METHODS", "DEFAULT_MAX_LENGTH", "FullMask", "GnaLM", "HarnessConfig", "LM_EVAL_HINT", "LM_EVAL_VERSION",
            "MaskFn", "neutral_reference", "parse_heads_arg", "require_lm_eval"]
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,29 @@ def neutral_reference() -> list[str]:
     return [s.prompt + s.candidates[0] for s in NeutralText()]
 
 
+@options
+class HarnessConfig(Options):
+    """The intervention and the limits of a :class:`GnaLM` run (its Args, less ``model``/``pretrained``).
+
+    ``max_batch_size`` is accepted because lm-eval passes it (unused: batches are ``batch_size``).
+    """
+
+    heads: str | Sequence[str | HeadRef] | None = None
+    circuit: Any = None
+    top_k: int = 5
+    method: AblationMethod = "zero"
+    reference: Any = None
+    mask: MaskFn | str | Sequence[str | HeadRef] | None = None
+    mask_options: MaskOptions | None = None
+    batch_size: int | str = 16
+    max_length: int | None = None
+    max_gen_toks: int = 256
+    device: str | None = None
+    dtype: str = "float32"
+    progress: bool = True
+    max_batch_size: int | None = None
+
+
 @register_model("gna")
 class GnaLM(TemplateLM):
     """lm-eval's ``LM`` over a gna_interp :class:`Model`, with an intervention for the whole run.
@@ -155,12 +179,14 @@ class GnaLM(TemplateLM):
         dtype: used only when ``model`` is a spec.
     """
 
-    def __init__(self, model: Model | str | None = None, heads: str | Sequence[str | HeadRef] | None = None,
-                 circuit: Any = None, top_k: int = 5, method: AblationMethod = "zero", reference: Any = None,
-                 mask: MaskFn | str | Sequence[str | HeadRef] | None = None, mask_options: MaskOptions | None = None,
-                 batch_size: int | str = 16, max_length: int | None = None, max_gen_toks: int = 256,
-                 device: str | None = None, dtype: str = "float32", progress: bool = True,
-                 pretrained: Model | str | None = None, max_batch_size: int | None = None) -> None:
+    def __init__(self, model: Model | str | None = None, config: HarnessConfig | None = None,
+                 pretrained: Model | str | None = None, **overrides: Any) -> None:
+        """``config`` (:class:`HarnessConfig`) and keyword ``overrides`` of its fields: lm-eval passes
+        ``--model_args key=value,...`` (and its ``batch_size``, ``max_batch_size``, ``device``) this way."""
+        cfg = HarnessConfig.build(config, **overrides)
+        heads, circuit, top_k, method, reference = cfg.heads, cfg.circuit, cfg.top_k, cfg.method, cfg.reference
+        mask, mask_options, batch_size, max_length = cfg.mask, cfg.mask_options, cfg.batch_size, cfg.max_length
+        max_gen_toks, device, dtype, progress = cfg.max_gen_toks, cfg.device, cfg.dtype, cfg.progress
         super().__init__()
         if model is not None and pretrained is not None:
             raise InputError("pass the model once: model= or pretrained=, not both")

@@ -49,15 +49,17 @@ import pandas as pd
 from gna_interp.circuits.hybrid import load_ranking
 from gna_interp.errors import InputError
 from gna_interp.experiments.output import ResultFolder, table_html
-from gna_interp.experiments.sweep import PointLog, check_out, clear_circuit, fingerprint, model_of, resolve_circuit
+from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.sweep import clear_circuit, model_of, resolve_circuit
 from gna_interp.interventions import ablate
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
+from gna_interp.options import Options, options
 from gna_interp.tasks import KVRetrieval, evaluate
 from gna_interp.zoo.hybrid_build import HybridConfig, build_hybrid, is_attention, random_heads
-from gna_interp.zoo.training import DEFAULT_EVAL_SIZES
+from gna_interp.zoo.training import DEFAULT_EVAL_SIZES, TrainingRun
 
-__all__ = ["COLUMNS", "CONDITIONS", "HybridBuild", "hybrid_build", "kept_heads"]
+__all__ = ["COLUMNS", "CONDITIONS", "HybridBuild", "HybridBuildConfig", "hybrid_build", "kept_heads"]
 
 NAME = "hybrid_build"
 CKPT = "hybrid_build.ckpt.json"
@@ -277,18 +279,47 @@ def _reference(m: Model, top: list[HeadRef], pairs: list[int], samples: int) -> 
     return rows
 
 
+@options
+class HybridBuildConfig(Options):
+    """How :func:`hybrid_build` runs (the students' own build is a
+    :class:`~gna_interp.zoo.hybrid_build.HybridConfig`).
+
+    Attributes:
+        conditions: ``top``, ``random`` and/or ``none``; seeds: students per condition (seeds ``0..N-1``).
+        pairs: dictionary sizes measured; samples: prompts per size.
+        scan: a ``gna scan`` folder or ``scan.json`` whose ranking gives the top heads (None: discovered).
+        resume, fresh: skip the finished students / delete them and start over.
+        threads: torch CPU threads; png: export the figure as PNG; log: where progress lines go.
+    """
+
+    conditions: Sequence[str] = CONDITIONS
+    seeds: int = 3
+    pairs: Sequence[int] = DEFAULT_EVAL_SIZES
+    samples: int = 200
+    scan: Any = None
+    resume: bool = False
+    fresh: bool = False
+    threads: int = 1
+    png: bool = True
+    log: Callable[[str], None] | None = print
+
+
 def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out: str | os.PathLike,
-                 conditions: Sequence[str] = CONDITIONS, seeds: int = 3, pairs: Sequence[int] = DEFAULT_EVAL_SIZES,
-                 samples: int = 200, scan: Any = None, config: HybridConfig | None = None, resume: bool = False,
-                 fresh: bool = False, threads: int = 1, png: bool = True, log: Callable[[str], None] | None = print,
+                 config: HybridConfig | None = None, run: HybridBuildConfig | None = None,
                  **overrides: Any) -> HybridBuild:
     """Distil one student per condition (``top``, ``random``, ``none``) and seed ``0..seeds-1`` from
     ``teacher`` and measure each one's KV accuracy at every size of ``pairs`` (see the module docstring).
 
-    ``config`` (:class:`~gna_interp.zoo.hybrid_build.HybridConfig`) and keyword ``overrides`` of its fields
-    set the students' build; ``scan`` gives the ranking (default: discovered); ``out`` is required (every
-    student is saved there, and a rerun with ``resume=True`` skips the finished ones).
+    ``config`` (:class:`~gna_interp.zoo.hybrid_build.HybridConfig`) sets the students' build, ``run``
+    (:class:`HybridBuildConfig`) the experiment; keyword ``overrides`` adjust either by its field names.
+    ``scan`` gives the ranking (default: discovered); ``out`` is required (every student is saved there,
+    and a rerun with ``resume=True`` skips the finished ones).
     """
+    run_names = HybridBuildConfig.field_names()
+    opts = HybridBuildConfig.build(run, **{n: v for n, v in overrides.items() if n in run_names})
+    overrides = {n: v for n, v in overrides.items() if n not in run_names}
+    conditions, seeds, pairs, samples, scan = opts.conditions, opts.seeds, opts.pairs, opts.samples, opts.scan
+    resume, fresh, threads, png, log = opts.resume, opts.fresh, opts.threads, opts.png, opts.log
     conds = list(dict.fromkeys(conditions))
     bad = [c for c in conds if c not in CONDITIONS]
     if bad or not conds:
@@ -303,8 +334,8 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
     say = log or (lambda _msg: None)
     folder = Path(out)
     cfolder = folder / CIRCUIT_DIR
-    stale = check_out(folder, CKPT, resume, fresh, also=[folder / STUDENTS, cfolder / "circuit.json",
-                                                          cfolder / "scan.ckpt.json"])
+    stale = stale_files(folder, CKPT, resume, fresh, also=[folder / STUDENTS, cfolder / "circuit.json",
+                                                           cfolder / "scan.ckpt.json"])
     if fresh:
         (folder / CKPT).unlink(missing_ok=True)
         if (folder / STUDENTS).is_dir():
@@ -332,7 +363,7 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
     # what a student's numbers depend on (not how many seeds or which conditions: more of them resume)
     fp = fingerprint(m, {"k": k, "samples": samples, "pairs": sizes, "config": cfg.to_dict(),
                          "top": [h.name for h in top]})
-    points = PointLog(folder / CKPT, NAME, fp)
+    points = Checkpoint(folder / CKPT, NAME, fp)
     if "reference" not in points.extra:
         points.extra["reference"] = _reference(m, top, sizes, samples)
     points.save()
@@ -347,8 +378,8 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
                 shutil.rmtree(where)  # an interrupted build of this student: start it again
             say(f"[{i + 1}/{len(plan)}] {c} seed {s}: keeps {', '.join(h.name for h in heads) or 'no heads'}")
             res = build_hybrid(m, heads, where, seed=s, config=cfg, name=f"hybrid-{c}-s{s}",
-                               chosen_by=_chosen_by(c, k, s, source), eval_sizes=sizes, eval_samples=samples,
-                               threads=threads, log=log)
+                               chosen_by=_chosen_by(c, k, s, source),
+                               run=TrainingRun(eval_sizes=sizes, eval_samples=samples, threads=threads, log=log))
             card = res.card
             points.put(key, {"kept": [h.name for h in heads], "by_pairs": card["evaluation"]["by_pairs"],
                              "final_loss": card["training"]["final_loss"],

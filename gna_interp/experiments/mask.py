@@ -72,14 +72,15 @@ from gna_interp.circuits.discover import discover
 from gna_interp.circuits.offsets import OFFSET_TOLERANCE, conv_width, pick_offset, reach, shifted_items
 from gna_interp.circuits.roles import RoleRule, offset_scores
 from gna_interp.errors import HeadError, InputError
+from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.interventions.masking import mask_pattern
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.store import read_json, write_json
+from gna_interp.options import options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import chance_margin
-from gna_interp.tasks.kv import KVRetrieval
+from gna_interp.tasks.options import TaskOptions
 from gna_interp.tasks.scoring import (CandidateScores, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
                                      read_logprobs)
 from gna_interp.tasks.segments import Segments
@@ -97,7 +98,7 @@ _LABELS = {"intact": "intact", "ga_masked": "G&A heads\nsee nothing", "ga_patter
            "ga_pattern_unshifted": "G&A pattern at\nliteral summaries", "random_masked": "random heads\nsee nothing",
            "random_pattern": "random heads keep\nonly G&A pattern"}
 
-__all__ = ["CONDITIONS", "COLUMNS", "LEAN_AGGREGATE", "OFFSET_TOLERANCE", "MaskResult", "MaskedHead",
+__all__ = ["CONDITIONS", "COLUMNS", "LEAN_AGGREGATE", "OFFSET_TOLERANCE", "MaskConfig", "MaskResult", "MaskedHead",
            "checkpoint_files", "conv_width", "ga_mask", "head_scores", "mask_experiment", "mask_figure", "reach", "shifted_items"]
 
 
@@ -467,18 +468,47 @@ def _random_heads(model: Model, ga: Sequence[MaskedHead], pool: Sequence[HeadRef
     return out
 
 
-def _settings_key(settings: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in settings.items() if k not in ("progress", "png")}
+@options
+class MaskConfig(TaskOptions):
+    """How :func:`mask_experiment` runs: the KV knobs of :class:`~gna_interp.tasks.options.TaskOptions`
+    (``pairs``, ``max_value`` and ``template`` default to the circuit's KV task's, else 10, 9 and
+    ``official``; the evaluation prompts use seed ``seed + 1``, prompts the circuit was not found on) and
+
+    Attributes:
+        top_k: best-ranked circuit heads considered; seeds: random draws.
+        offset: ``"auto"`` or the SSM summary offset; renormalize: attention rows rescaled to sum to 1 after
+            masking.
+        role_samples: samples the role scores are measured on (the circuit's task, or the discovery task).
+        scan_samples: discovery prompts when neither a circuit nor heads are given.
+        batch_size: sequences a forward.
+        allow_chance: run even when the intact model is near chance on the task (refused otherwise).
+        resume: continue from ``out``'s checkpoint (a checkpoint is never reused or thrown away silently);
+            fresh: delete it and start over.
+        progress: show a progress bar; png: export the figure as PNG.
+    """
+
+    pairs: int | None = None
+    samples: int = 48
+    max_value: int | None = None
+    template: str | None = None
+    top_k: int = 16
+    seeds: int = 3
+    offset: int | str = "auto"
+    renormalize: bool = False
+    role_samples: int = 8
+    scan_samples: int = 24
+    batch_size: int = 16
+    allow_chance: bool = False
+    resume: bool = False
+    fresh: bool = False
+    progress: bool = True
+    png: bool = True
 
 
 def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | None = None,
-                    heads: Mapping[Any, str] | Sequence[Any] | str | None = None, *,
-                    out: str | os.PathLike | None = None, pairs: int | None = None, samples: int = 48,
-                    max_value: int | None = None, template: str | None = None, seed: int = 0, top_k: int = 16,
-                    seeds: int = 3,
-                    offset: int | str = "auto", renormalize: bool = False, role_samples: int = 8,
-                    scan_samples: int = 24, batch_size: int = 16, allow_chance: bool = False, resume: bool = False,
-                    fresh: bool = False, progress: bool = True, png: bool = True) -> MaskResult:
+                    heads: Mapping[Any, str] | Sequence[Any] | str | None = None,
+                    out: str | os.PathLike | None = None, config: MaskConfig | None = None,
+                    **overrides: Any) -> MaskResult:
     """Score KV retrieval with the G&A heads masked fully, masked down to their G&A pattern, and the same
     for random heads (see the module doc for masks, roles and offsets).
 
@@ -491,18 +521,14 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
             ``"L0H3=gather,L1H3=aggregate"``.
         out: folder for ``mask.csv``, ``mask.json``, ``report.html``, ``figures/``; conditions are
             checkpointed in ``out/mask.ckpt.json`` as they finish.
-        pairs: dictionary lines of the evaluation task, ``KVRetrieval(pairs, samples, seed + 1,
-            max_value=max_value, template=template)`` -- prompts the circuit was not found on. ``pairs``,
-            ``max_value`` and ``template`` default to the circuit's KV task's, else 10, 9 and ``official``.
-        max_value: values of the evaluation task are ``0..max_value``.
-        samples: prompts of the evaluation task.
-        top_k: best-ranked circuit heads considered; seeds: random draws; offset: ``"auto"`` or the SSM
-            summary offset; renormalize: attention rows rescaled to sum to 1 after masking.
-        role_samples: samples the role scores are measured on (the circuit's task, or the discovery task).
-        allow_chance: run even when the intact model is near chance on the task (refused otherwise).
-        resume: continue from ``out``'s checkpoint (a checkpoint is never reused or thrown away silently).
-        fresh: delete ``out``'s checkpoint and start over.
+        config: a :class:`MaskConfig`; keyword ``overrides`` of its fields (``samples=32``, ``seeds=2``, ...).
     """
+    cfg = MaskConfig.build(config, **overrides)
+    pairs, samples, max_value, template, seed = cfg.pairs, cfg.samples, cfg.max_value, cfg.template, cfg.seed
+    top_k, seeds, offset, renormalize, role_samples = cfg.top_k, cfg.seeds, cfg.offset, cfg.renormalize, \
+        cfg.role_samples
+    scan_samples, batch_size, allow_chance, progress = cfg.scan_samples, cfg.batch_size, cfg.allow_chance, cfg.progress
+    resume, fresh, png = cfg.resume, cfg.fresh, cfg.png
     from gna_interp.models import load_model
 
     if isinstance(model, str):
@@ -519,10 +545,8 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
     ckpt = folder / CHECKPOINT if folder is not None else None
     if resume and fresh:
         raise InputError("resume and fresh exclude each other")
-    stale = [f for f in checkpoint_files(folder) if f.exists()] if folder is not None else []
-    if stale and not (resume or fresh):
-        raise InputError(f"{folder} holds the checkpoint of an unfinished mask run ({stale[0].relative_to(folder)}); "
-                         f"--resume continues it, --fresh deletes it and starts over, or pick another --out")
+    stale = stale_files(folder, CHECKPOINT, resume, fresh, also=checkpoint_files(folder)[1:]) \
+        if folder is not None else []
     notes: list[str] = []
     source: str | None = None
     given = _parse_heads(model, heads) if heads is not None else None
@@ -540,13 +564,14 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
         for f in stale:
             f.unlink()
     words = model.kv_words
+    kv = cfg.replace(pairs=pairs, max_value=max_value, template=template)
     if given is None and circuit is None:
         saved = folder / CIRCUIT_DIR if folder is not None else None
         if saved is not None and resume and (saved / "circuit.json").exists():
             circuit = Circuit.load(saved)
             notes.append(f"circuit from the earlier discovery in {saved}")
         else:
-            scan_task = KVRetrieval(pairs, scan_samples, seed=seed, max_value=max_value, template=template, words=words)
+            scan_task = kv.kv(words, samples=scan_samples)
             if progress:
                 print(f"no circuit given: discovering on {scan_task.name} ({scan_samples} samples, seed {seed}) ...",
                       flush=True)
@@ -562,7 +587,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
             notes.append(f"the circuit was found on {circuit.model}; this run uses {model.name}")
         role_task = circuit.load_task()
         if not all(s.spans.items for s in role_task.samples[:role_samples]):
-            role_task = KVRetrieval(pairs, role_samples, seed=seed, max_value=max_value, template=template, words=words)
+            role_task = kv.kv(words, samples=role_samples)
         elif circuit.task.get("kind") != "kv":
             notes.append(f"heads and roles come from a circuit found on {role_task.name} (roles measured there); the "
                          f"masks are evaluated on KV retrieval")
@@ -574,7 +599,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
                              f"(drop > 0); nothing to mask")
     else:
         assert given is not None
-        role_task = KVRetrieval(pairs, role_samples, seed=seed, max_value=max_value, template=template, words=words)
+        role_task = kv.kv(words, samples=role_samples)
         candidates, pool, rule = given, model.default_heads(), RoleRule()
     ga, scores, role_notes = _assign(model, role_task, candidates, offset, rule, role_samples, batch_size)
     notes += role_notes
@@ -583,7 +608,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
                          f"aggregate), labelled or measured; name heads with roles, e.g. heads='L0H3=gather,"
                          f"L1H3=aggregate' (gna mask --heads)")
     random_heads = {s: _random_heads(model, ga, pool, s) for s in range(seeds)}
-    task = KVRetrieval(pairs, samples, seed=seed + 1, max_value=max_value, template=template, words=words)
+    task = kv.kv(words, seed=seed + 1)
     plan = plan_scoring(model, task.samples)
     segs = [s.segments(model.tokenizer) for s in task.samples]
     for i, (sg, ids) in enumerate(zip(segs, plan.prompt_ids)):
@@ -599,13 +624,8 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
         conditions.append(("ga_pattern_unshifted", -1, ga, "unshifted"))
     for s, hs in random_heads.items():
         conditions += [("random_masked", s, hs, "zero"), ("random_pattern", s, hs, "pattern")]
-    rows: dict[str, dict[str, Any]] = {}
-    if ckpt is not None and resume and ckpt.exists():
-        state = read_json(ckpt, "mask")
-        if state.get("settings") != _settings_key(settings):
-            raise InputError(f"{ckpt} belongs to a run with other settings (model, heads, task or masks differ); "
-                             f"--fresh starts over, or pick another --out")
-        rows = {r["key"]: r["row"] for r in state.get("rows", [])}
+    log = Checkpoint(ckpt, "mask", fingerprint(model, settings))
+    rows: dict[str, dict[str, Any]] = log.points
     started = time.perf_counter()
     bar = tqdm(conditions, desc="mask conditions", unit="condition", disable=not progress)
     for name, s, hs, mode in bar:
@@ -616,9 +636,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
         rows[key] = _row(name, s, hs, _score(model, plan, segs, hs, mode, batch_size, renormalize))
         if key == "intact:-1":
             _check_chance(rows[key], task, allow_chance, notes)
-        if ckpt is not None:
-            write_json(ckpt, "mask", {"partial": True, "settings": _settings_key(settings),
-                                      "rows": [{"key": k, "row": r} for k, r in rows.items()]})
+        log.save()
     bar.close()
     if "intact:-1" in rows and not any("intact model" in n for n in notes):
         _check_chance(rows["intact:-1"], task, allow_chance, notes)
@@ -628,8 +646,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
     result = MaskResult(model.name, task.to_dict(), ga, random_heads, frame, scores, settings, notes, source)
     if folder is not None:
         result.save(folder, png=png)
-        if ckpt is not None and ckpt.exists():
-            ckpt.unlink()
+        log.finish()
     return result
 
 

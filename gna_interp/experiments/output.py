@@ -30,7 +30,7 @@ from gna_interp.viz.html import figure_div, page
 REPORT_FILE = "report.html"
 FIGURES_DIR = "figures"
 
-__all__ = ["FIGURES_DIR", "REPORT_FILE", "ResultFolder", "records", "table_html"]
+__all__ = ["FIGURES_DIR", "REPORT_FILE", "ResultFolder", "table_html"]
 
 
 def table_html(df: pd.DataFrame, digits: int = 3, max_rows: int = 200) -> str:

@@ -43,15 +43,15 @@ from tqdm.auto import tqdm
 
 from gna_interp.circuits.prune import COLUMNS as CURVE_COLUMNS
 from gna_interp.errors import HeadError, InputError
+from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.interventions.ablation import ablate
 from gna_interp.interventions.layers import check_layers, skip_layers
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.store import read_json, write_json
+from gna_interp.options import options
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.kv import KVRetrieval
-from gna_interp.tasks.mmlu import MultipleChoice, questions_from
+from gna_interp.tasks.options import TaskOptions
 from gna_interp.tasks.scoring import ScoringPlan, plan_scoring, run_plan
 
 TASKS: tuple[str, ...] = ("kv", "mc", "cloze")
@@ -63,35 +63,35 @@ CHECKPOINT = "prune.ckpt.json"
 _METRICS = ("accuracy", "logit_diff", "gold_prob", "chance", "n_samples")
 _PALETTE = ("#2c7fb8", "#c0392b", "#27ae60", "#8e44ad", "#e67e22", "#16a085")
 
-__all__ = ["COLUMNS", "KEEP_COLUMNS", "MODES", "TASKS", "PruneResult", "build_tasks", "keep_rows", "parse_keep_layers",
+__all__ = ["COLUMNS", "KEEP_COLUMNS", "MODES", "TASKS", "PruneConfig", "PruneResult", "build_tasks", "keep_rows", "parse_keep_layers",
            "prune", "prune_figure"]
 
 
 # ---- tasks -------------------------------------------------------------------------------------------
 
-def build_tasks(model: Model, tasks: Sequence[str] = TASKS, pairs: int = 10, samples: int = 32, max_value: int = 9,
-                seed: int = 0, questions: str = "categories", shots: int = 3,
-                mc_form: str = "letters") -> tuple[dict[str, tuple[Task, str]], list[str]]:
-    """``{name: (task, kind)}`` (kind ``retrieval`` or ``knowledge``) for the requested ``tasks``, and
-    notes on those that cannot be built or tokenized for ``model`` (left out)."""
+def build_tasks(model: Model, tasks: Sequence[str] = TASKS,
+                options: TaskOptions | None = None) -> tuple[dict[str, tuple[Task, str]], list[str]]:
+    """``{name: (task, kind)}`` (kind ``retrieval`` or ``knowledge``) for the requested ``tasks``, built from
+    ``options`` (default :class:`~gna_interp.tasks.options.TaskOptions`), and notes on those that cannot be
+    built or tokenized for ``model`` (left out)."""
+    opts = options if options is not None else TaskOptions()
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks:
         raise InputError(f"unknown task(s) {unknown or list(tasks)}; choose from {', '.join(TASKS)}")
-    if mc_form not in ("letters", "stated"):
-        raise InputError(f"mc_form must be 'letters' or 'stated', got {mc_form!r}")
+    if opts.mc_form not in ("letters", "stated"):
+        raise InputError(f"mc_form must be 'letters' or 'stated', got {opts.mc_form!r}")
     out: dict[str, tuple[Task, str]] = {}
     notes: list[str] = []
     if "kv" in tasks:
-        t = KVRetrieval(pairs, samples, seed=seed, max_value=max_value, words=model.kv_words)
+        t = opts.kv(model.kv_words)
         out[t.name] = (t, "retrieval")
     if "mc" in tasks or "cloze" in tasks:
-        qs, sh = questions_from(questions, samples, seed, shots)
-        name = Path(questions).stem if Path(questions).is_file() else questions.replace(":", "-")
-        for which, fmt, kind in (("mc", mc_form, "retrieval"), ("cloze", "cloze", "knowledge")):
+        pool = opts.question_pool()
+        for which, fmt, kind in (("mc", opts.mc_form, "retrieval"), ("cloze", "cloze", "knowledge")):
             if which not in tasks:
                 continue
             try:
-                t = MultipleChoice(qs, format=fmt, name=name, shots=sh)  # type: ignore[arg-type]
+                t = opts.multiple_choice(pool, fmt)
             except InputError as e:
                 notes.append(f"{which} ({fmt}) left out: {e}")
                 continue
@@ -406,33 +406,55 @@ def _names(v: Any, what: str) -> list[str]:
     return out
 
 
-def prune(model: Model | str, out: str | os.PathLike | None = None, *, tasks: Sequence[str] | str = TASKS,
-          pairs: int = 10, samples: int = 32, max_value: int = 9, seed: int = 0, questions: str = "categories",
-          shots: int = 3, mc_form: str = "letters", modes: Sequence[str] | str = MODES,
-          ks: Sequence[int] | None = None, layers: Sequence[int] | None = None,
-          keep_layers: int | str | Sequence[int] | None = None, keep_heads: Sequence[HeadRef | str] | str | None = None,
-          keep_seeds: int = 3, allow_chance: bool = False, batch_size: int = 16, resume: bool = False,
-          fresh: bool = False, progress: bool = True, png: bool = True) -> PruneResult:
+@options
+class PruneConfig(TaskOptions):
+    """How :func:`prune` runs: the task knobs of :class:`~gna_interp.tasks.options.TaskOptions` (``pairs``,
+    ``samples``, ``max_value``, ``seed``, ``questions``, ``shots``, ``mc_form``) and
+
+    Attributes:
+        tasks: any of ``kv``, ``mc``, ``cloze`` (list or comma-separated).
+        modes: ``from_end`` and/or ``single``; ks: the ``from_end`` points (default ``0..n_layers``);
+            layers: the ``single`` blocks (default all).
+        keep_layers: the head-keeping table's fully kept layers (``"0-15"``); no table when neither it nor
+            ``keep_heads`` is given.
+        keep_heads: the only heads kept after them (``"L16H0,L17H2"``); keep_seeds: random draws of the table.
+        allow_chance: keep tasks the intact model does not solve (left out otherwise).
+        batch_size: sequences a forward.
+        resume: continue from ``out``'s checkpoint; fresh: delete it and start over.
+        progress: show a progress bar; png: export the figures as PNG.
+    """
+
+    tasks: Sequence[str] | str = TASKS
+    modes: Sequence[str] | str = MODES
+    ks: Sequence[int] | None = None
+    layers: Sequence[int] | None = None
+    keep_layers: int | str | Sequence[int] | None = None
+    keep_heads: Sequence[HeadRef | str] | str | None = None
+    keep_seeds: int = 3
+    allow_chance: bool = False
+    batch_size: int = 16
+    resume: bool = False
+    fresh: bool = False
+    progress: bool = True
+    png: bool = True
+
+
+def prune(model: Model | str, out: str | os.PathLike | None = None, config: PruneConfig | None = None,
+          **overrides: Any) -> PruneResult:
     """Layer pruning curves and head-keeping tables of ``model`` on retrieval and knowledge tasks (module doc).
 
     Args:
         model: a loaded :class:`Model` or a model spec.
         out: folder for ``prune.csv``, ``keep.csv``, ``prune.json``, ``report.html``, ``figures/``; points
             are checkpointed in ``out/prune.ckpt.json`` as they finish.
-        tasks: any of ``kv``, ``mc``, ``cloze`` (list or comma-separated).
-        pairs: dictionary lines of the KV task (``samples`` prompts, seed ``seed``).
-        max_value: KV values are ``0..max_value``; ``questions``, ``shots``, ``mc_form``: the
-            multiple-choice tasks (as ``gna scan``'s options).
-        modes: ``from_end`` and/or ``single``; ks: the ``from_end`` points (default ``0..n_layers``);
-            layers: the ``single`` blocks (default all).
-        keep_layers: the head-keeping table's fully kept layers (``"0-15"``); no table when neither it nor
-            ``keep_heads`` is given.
-        keep_heads: the only heads kept after them (``"L16H0,L17H2"``).
-        keep_seeds: random draws of the table.
-        allow_chance: keep tasks the intact model does not solve (left out otherwise).
-        resume: continue from ``out``'s checkpoint.
-        fresh: delete ``out``'s checkpoint and start over.
+        config: a :class:`PruneConfig`; keyword ``overrides`` of its fields (``tasks="kv"``, ``pairs=20``, ...).
     """
+    cfg = PruneConfig.build(config, **overrides)
+    tasks, pairs, samples, max_value, seed = cfg.tasks, cfg.pairs, cfg.samples, cfg.max_value, cfg.seed
+    questions, shots, mc_form, modes, ks, layers = cfg.questions, cfg.shots, cfg.mc_form, cfg.modes, cfg.ks, cfg.layers
+    keep_layers, keep_heads, keep_seeds, allow_chance = cfg.keep_layers, cfg.keep_heads, cfg.keep_seeds, \
+        cfg.allow_chance
+    batch_size, resume, fresh, progress, png = cfg.batch_size, cfg.resume, cfg.fresh, cfg.progress, cfg.png
     from gna_interp.models import load_model
 
     if isinstance(model, str):
@@ -463,15 +485,14 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, *, tasks: Se
     keeps = keep_rows(model, keep_layers, keep_heads, keep_seeds)
     folder = Path(out) if out is not None else None
     ckpt = folder / CHECKPOINT if folder is not None else None
-    if resume and fresh:
-        raise InputError("resume and fresh exclude each other")
-    if ckpt is not None and ckpt.exists():
+    if folder is not None:
+        stale = stale_files(folder, CHECKPOINT, resume, fresh)
         if fresh:
-            ckpt.unlink()
-        elif not resume:
-            raise InputError(f"{folder} holds the checkpoint of an unfinished prune run ({CHECKPOINT}); --resume "
-                             f"continues it, --fresh deletes it and starts over, or pick another --out")
-    built, notes = build_tasks(model, tasks, pairs, samples, max_value, seed, questions, shots, mc_form)
+            for f in stale:
+                f.unlink()
+    elif resume and fresh:
+        raise InputError("resume and fresh exclude each other")
+    built, notes = build_tasks(model, tasks, cfg.task_options())
     plans: dict[str, ScoringPlan] = {}
     for name, (t, _) in built.items():
         try:
@@ -483,17 +504,11 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, *, tasks: Se
     settings = {"model": model.name, "tasks": {k: built[k][0].to_dict() for k in plans}, "modes": modes,
                 "from_end": from_end, "single": single, "allow_chance": allow_chance, "batch_size": batch_size,
                 "keep": [[r["row"], r["kept_heads"], r["skipped"], len(r["ablated"])] for r in keeps]}
-    done: dict[str, dict[str, dict[str, float]]] = {}
-    if ckpt is not None and resume and ckpt.exists():
-        state = read_json(ckpt, "prune")
-        if state.get("settings") != settings:
-            raise InputError(f"{ckpt} belongs to a run with other settings (model, tasks, modes or kept heads differ); "
-                             f"--fresh starts over, or pick another --out")
-        done = dict(state.get("points") or {})
+    log = Checkpoint(ckpt, "prune", fingerprint(model, settings))
+    done: dict[str, dict[str, dict[str, float]]] = log.points
 
     def save_state() -> None:
-        if ckpt is not None:
-            write_json(ckpt, "prune", {"partial": True, "settings": settings, "points": done})
+        log.save()
 
     started = time.perf_counter()
     if "intact" not in done:
@@ -564,6 +579,5 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, *, tasks: Se
                          settings_out, notes)
     if folder is not None:
         result.save(folder, png=png)
-        if ckpt is not None and ckpt.exists():
-            ckpt.unlink()
+        log.finish()
     return result

@@ -35,9 +35,7 @@ deletes it and the discovered circuit); a checkpoint is never overwritten silent
 
 from __future__ import annotations
 
-import hashlib
 import html
-import json
 import math
 import os
 import re
@@ -54,16 +52,17 @@ from gna_interp.circuits.curve import curve_k, random_orders
 from gna_interp.circuits.discover import discover
 from gna_interp.circuits.replay import SetAblation
 from gna_interp.errors import InputError
+from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.models import load_model
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.store import read_json, write_json
+from gna_interp.options import options
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.kv import PAPER_SIZES, TEMPLATES
+from gna_interp.tasks.options import TaskOptions
 
-__all__ = ["COLUMNS", "CONDITIONS", "DISCOVERY", "PointLog", "Sweep", "check_out", "discovery_task", "resolve_circuit",
-           "sweep"]
+__all__ = ["COLUMNS", "CONDITIONS", "DISCOVERY", "Sweep", "SweepConfig", "discovery_task", "resolve_circuit", "sweep"]
 
 COLUMNS = ["pairs", "condition", "seed", "k", "accuracy", "logit_diff", "gold_prob", "chance", "n_samples", "heads"]
 CONDITIONS: tuple[str, ...] = ("intact", "top1", "topk", "random")
@@ -128,83 +127,10 @@ def resolve_circuit(model: Model, circuit: Circuit | str | os.PathLike | None, s
     return circuit, src
 
 
-def fingerprint(model: Model, settings: dict[str, Any]) -> str:
-    """A hash of the model (name, dtype, a weight checksum) and ``settings``: a checkpoint is resumed only
-    by the run it belongs to."""
-    first = next(model.hf_model.parameters())
-    payload = {"model": model.name, "arch": model.architecture, "dtype": str(first.dtype),
-               "weights": float(first.detach().double().sum()), **settings}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def check_out(out: str | os.PathLike, ckpt: str, resume: bool, fresh: bool, also: Iterable[Path] = ()) -> list[Path]:
-    """Refuse an output folder that cannot be one, or that holds a checkpoint when neither ``resume``
-    nor ``fresh`` says what to do with it (``gna scan``'s rule); returns the checkpoint files found
-    (``ckpt`` in ``out`` and any of ``also`` that exist)."""
-    if resume and fresh:
-        raise InputError("resume and fresh exclude each other: resume continues the saved points, fresh deletes them")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {str(out)!r} is an existing file, not a folder; pick a folder path")
-    parent = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"--out {str(out)!r}: cannot write into {str(parent)!r}; pick a folder you can write to")
-    stale = [p for p in [out / ckpt, *also] if p.exists()]
-    if stale and not (resume or fresh):
-        raise InputError(f"{out} holds the saved points of an earlier run ({', '.join(_rel(p, out) for p in stale)}); "
-                         f"--resume continues it (or rebuilds the outputs), --fresh deletes it and starts over, or "
-                         f"pick another --out")
-    return stale
-
-
-def _rel(path: Path, root: Path) -> str:
-    try:
-        return str(path.relative_to(root))
-    except ValueError:
-        return str(path)
-
-
 def clear_circuit(folder: Path) -> None:
     """Delete what :func:`resolve_circuit` saved in ``folder`` (the circuit files and the scan's checkpoints)."""
     for name in (*CIRCUIT_FILES, "scan.ckpt.json", "scan.ckpt.control.json", "report.html"):
         (folder / name).unlink(missing_ok=True)
-
-
-class PointLog:
-    """Finished points of one run, mirrored to a checkpoint file (format ``fmt``, ``partial: true``) as
-    each one finishes; reading it back refuses a checkpoint of another run (other fingerprint)."""
-
-    def __init__(self, path: Path | None, fmt: str, fp: str) -> None:
-        self.path, self.fmt, self.fp = path, fmt, fp
-        self.points: dict[str, Any] = {}
-        self.extra: dict[str, Any] = {}
-        if path is not None and path.exists():
-            try:
-                doc = read_json(path, fmt)
-            except InputError as e:
-                raise InputError(f"checkpoint {str(path)!r} cannot be read: {e}; use --fresh to start over") from e
-            if doc.get("fingerprint") != fp:
-                raise InputError(f"checkpoint {str(path)!r} belongs to a different run (model, heads or settings "
-                                 f"differ); --fresh deletes it and starts over, or pick another --out")
-            self.points = dict(doc.get("points") or {})
-            self.extra = dict(doc.get("extra") or {})
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.points
-
-    def __getitem__(self, key: str) -> Any:
-        return self.points[key]
-
-    def put(self, key: str, value: Any) -> None:
-        """Record a finished point and rewrite the checkpoint (atomically)."""
-        self.points[key] = value
-        self.save()
-
-    def save(self) -> None:
-        """Write the checkpoint (nothing without a path)."""
-        if self.path is not None:
-            write_json(self.path, self.fmt, {"partial": True, "fingerprint": self.fp, "points": self.points,
-                                             "extra": self.extra}, indent=None)
 
 
 def slug(name: str) -> str:
@@ -423,20 +349,50 @@ class Sweep:
 
 
 # ---- the experiment --------------------------------------------------------------------------------------
-def sweep(model: Model | str, pairs: int | str | Iterable[int] = PAPER_SIZES,
-          circuit: Circuit | str | os.PathLike | None = None, *, k: int = 5, seeds: int = 5, samples: int = 48,
-          max_value: int = 99, seed: int = 0, template: str = "official", batch_size: int = 16,
-          out: str | os.PathLike | None = None, resume: bool = False, fresh: bool = False, progress: bool = True,
-          device: str | None = None, dtype: str = "float32", png: bool = True,
-          on_point: Callable[[dict[str, Any]], None] | None = None) -> Sweep:
+@options
+class SweepConfig(TaskOptions):
+    """How :func:`sweep` runs (the task knobs of :class:`~gna_interp.tasks.options.TaskOptions`; ``pairs``
+    here are the dictionary sizes, comma-separated text or a list).
+
+    Attributes:
+        k: heads removed together; seeds: random ``k``-head draws; batch_size: sequences a forward.
+        resume, fresh: continue from / delete the checkpoint in ``out`` (as in ``gna scan``).
+        progress: show progress bars; png: export the figure as PNG.
+        device, dtype: used only when the model is a spec.
+        on_point: called with each finished row.
+    """
+
+    pairs: Any = PAPER_SIZES
+    samples: int = 48
+    max_value: Any = 99
+    k: int = 5
+    seeds: int = 5
+    batch_size: int = 16
+    resume: bool = False
+    fresh: bool = False
+    progress: bool = True
+    device: str | None = None
+    dtype: str = "float32"
+    png: bool = True
+    on_point: Callable[[dict[str, Any]], None] | None = None
+
+
+def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
+          circuit: Circuit | str | os.PathLike | None = None, out: str | os.PathLike | None = None,
+          config: SweepConfig | None = None, **overrides: Any) -> Sweep:
     """KV accuracy at each dictionary size of ``pairs`` (default the paper's 10, 15, ..., 50): intact, with
     the circuit's top-1 and top-``k`` heads removed, and with ``k`` random heads removed (``seeds`` draws).
 
     ``model`` is a :class:`Model` or a spec (loaded with ``device``, ``dtype``); ``circuit`` a
     :class:`Circuit` or a ``gna scan`` folder (None: discovered first, see the module docstring). With
     ``out`` the folder is written (and points are checkpointed as they finish; ``resume``/``fresh`` as in
-    ``gna scan``). Same options as ``gna sweep``. ``on_point`` is called with each finished row.
+    ``gna scan``). ``config`` (:class:`SweepConfig`) and keyword ``overrides`` of its fields: the same
+    options as ``gna sweep``.
     """
+    cfg = SweepConfig.build(config, **overrides, **({} if pairs is None else {"pairs": pairs}))
+    k, seeds, samples, batch_size, max_value = cfg.k, cfg.seeds, cfg.samples, cfg.batch_size, cfg.max_value
+    seed, template, resume, fresh, progress = cfg.seed, cfg.template, cfg.resume, cfg.fresh, cfg.progress
+    pairs, on_point = cfg.pairs, cfg.on_point
     sizes = parse_pairs(pairs)
     for name, v, lo in (("k", k, 1), ("seeds", seeds, 1), ("samples", samples, 1), ("batch_size", batch_size, 1),
                         ("max_value", max_value, 1)):
@@ -450,13 +406,13 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] = PAPER_SIZES,
     folder = Path(out) if out is not None else None
     cfolder = folder / CIRCUIT_DIR if folder is not None else None
     if folder is not None:
-        stale = check_out(folder, CKPT, resume, fresh, also=[cfolder / "scan.ckpt.json", cfolder / "circuit.json"])
+        stale = stale_files(folder, CKPT, resume, fresh, also=[cfolder / "scan.ckpt.json", cfolder / "circuit.json"])
         if fresh:
             for p in stale:
                 p.unlink(missing_ok=True)
             clear_circuit(cfolder)
-    m = model_of(model, device, dtype)
-    tasks = {n: KVRetrieval(n, samples, seed=seed, template=template, max_value=max_value, words=m.kv_words)
+    m = model_of(model, cfg.device, cfg.dtype)
+    tasks = {n: cfg.replace(pairs=n).kv(m.kv_words)
              for n in sizes}  # built before any work: a size the word list cannot fill fails here
     circ, source = resolve_circuit(m, circuit, seed, cfolder, k=k, batch_size=batch_size, progress=progress)
     kk = min(curve_k(len(circ.scan.heads), k), len(circ.heads))
@@ -470,7 +426,7 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] = PAPER_SIZES,
                 "k_requested": k, "seeds": seeds, "batch_size": batch_size, "method": "zero"}
     fp = fingerprint(m, {**settings, "pairs": sizes, "heads": [h.name for h in top],
                          "random": [[h.name for h in d] for d in draws]})
-    log = PointLog(folder / CKPT if folder is not None else None, NAME, fp)
+    log = Checkpoint(folder / CKPT if folder is not None else None, NAME, fp)
     log.save()
     conditions: list[tuple[str, int, list[HeadRef]]] = [("intact", 0, []), ("top1", 0, top[:1]), ("topk", 0, top)]
     conditions += [("random", s, d) for s, d in enumerate(draws)]
@@ -496,5 +452,5 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] = PAPER_SIZES,
     result = Sweep(m.name, sizes, top, draws, pd.DataFrame(rows, columns=COLUMNS), settings, source, notes,
                    time.perf_counter() - start)
     if folder is not None:
-        result.save(folder, png=png)
+        result.save(folder, png=cfg.png)
     return result

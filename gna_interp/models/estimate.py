@@ -47,12 +47,13 @@ import torch
 
 from gna_interp.errors import InputError, OptionError
 from gna_interp.models.hf import unwrap
+from gna_interp.options import Options, options
 
 if TYPE_CHECKING:
     from gna_interp.models.heads import HeadRef
     from gna_interp.models.model import Model
 
-__all__ = ["CPU_REPLAY_ROWS", "DEVICES", "Device", "HookCheck", "STACK_MEMORY_SHARE", "ScanEstimate", "Throughput",
+__all__ = ["CPU_REPLAY_ROWS", "DEVICES", "Device", "EstimateOptions", "HookCheck", "STACK_MEMORY_SHARE", "ScanEstimate", "Throughput",
            "check_hooks", "estimate_scan", "forward_flops", "get_device", "measure_row_bytes", "measure_throughput",
            "replay_row_bytes", "replay_stack"]
 
@@ -490,18 +491,39 @@ def _duration(s: float) -> str:
     return f"{s / 86400:.1f} d"
 
 
+@options
+class EstimateOptions(Options):
+    """The scan settings :func:`estimate_scan` counts with (besides samples, tokens and the device).
+
+    Attributes:
+        dtype: weights and activations (None: the model's).
+        batch_size: samples a forward (the scan's default 16).
+        heads: the heads scanned (None: every head, as the scan does).
+        rows_per_replay, max_prefix_bytes: the scan's defaults (64 rows a stacked replay, 2 GiB of kept
+            prefixes).
+        utilization: overrides the device's (GPUs: an assumed 0.35).
+    """
+
+    dtype: str | torch.dtype | None = None
+    batch_size: int = 16
+    heads: Sequence["HeadRef | str"] | None = None
+    rows_per_replay: int = 64
+    max_prefix_bytes: int = 2 << 30
+    utilization: float | None = None
+
+
 def estimate_scan(model: "Model", samples: int = 32, tokens: int = 64, *, device: str | Device = "H100-80GB",
-                  dtype: str | torch.dtype | None = None, batch_size: int = 16,
-                  heads: Sequence["HeadRef | str"] | None = None, rows_per_replay: int = 64,
-                  max_prefix_bytes: int = 2 << 30, utilization: float | None = None) -> ScanEstimate:
+                  config: EstimateOptions | None = None, **overrides: Any) -> ScanEstimate:
     """Estimate the memory and time of ``gna scan`` of ``model`` (meta or real) on ``device``.
 
-    ``samples`` prompts of ``tokens`` tokens each (prompt + answer), ``batch_size`` per forward (the scan's
-    default 16), heads ``heads`` (default: every head, as the scan does); ``dtype`` defaults to the model's.
-    ``rows_per_replay`` and ``max_prefix_bytes`` mirror the scan's defaults (64 rows a stacked replay,
-    2 GiB of kept prefixes). ``utilization`` overrides the device's (GPUs: an assumed 0.35).
+    ``samples`` prompts of ``tokens`` tokens each (prompt + answer); ``config`` (:class:`EstimateOptions`)
+    and keyword ``overrides`` of its fields: ``dtype``, ``batch_size``, ``heads``, ``rows_per_replay``,
+    ``max_prefix_bytes``, ``utilization``.
     What is counted and what is assumed: see :mod:`gna_interp.models.estimate`.
     """
+    cfg = EstimateOptions.build(config, **overrides)
+    dtype, batch_size, heads, rows_per_replay = cfg.dtype, cfg.batch_size, cfg.heads, cfg.rows_per_replay
+    max_prefix_bytes, utilization = cfg.max_prefix_bytes, cfg.utilization
     for name, value, low in (("samples", samples, 1), ("tokens", tokens, 1), ("batch_size", batch_size, 1),
                              ("rows_per_replay", rows_per_replay, 1), ("max_prefix_bytes", max_prefix_bytes, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:

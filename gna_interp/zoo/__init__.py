@@ -13,6 +13,7 @@ from gna_interp.zoo.training import (
     DEFAULT_EVAL_SIZES,
     RECIPES,
     Recipe,
+    TrainingRun,
     TrainResult,
     build_model,
     evaluate_checkpoint,
@@ -24,6 +25,6 @@ from gna_interp.zoo.training import (
     write_card,
 )
 
-__all__ = ["DEFAULT_EVAL_SIZES", "HybridConfig", "RECIPES", "Recipe", "TrainResult", "build_hybrid", "build_model",
+__all__ = ["DEFAULT_EVAL_SIZES", "HybridConfig", "RECIPES", "Recipe", "TrainResult", "TrainingRun", "build_hybrid", "build_model",
            "build_tokenizer", "evaluate_checkpoint", "read_card", "recipe", "render_card", "train", "training_batch",
            "vocabulary", "write_card", "zoo_dir", "zoo_names"]

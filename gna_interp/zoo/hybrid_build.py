@@ -74,6 +74,7 @@ from gna_interp.options import Options, check_choice, check_int, options
 from gna_interp.zoo.training import (
     DEFAULT_EVAL_SIZES,
     Recipe,
+    TrainingRun,
     TrainResult,
     build_model,
     card_for,
@@ -383,21 +384,27 @@ and a scan gives them no effect; not kept heads): {unused}."""}
 
 
 def build_hybrid(teacher: "Model | str | os.PathLike", keep: Sequence[HeadRef | str], out: str | os.PathLike, *,
-                 steps: int | None = None, seed: int = 0, config: HybridConfig | None = None, name: str | None = None,
-                 chosen_by: str = "given", eval_sizes: Sequence[int] = DEFAULT_EVAL_SIZES, eval_samples: int = 200,
-                 threads: int = 1, log: Callable[[str], None] | None = print, log_every: int = 100,
-                 **overrides: Any) -> TrainResult:
+                 seed: int = 0, config: HybridConfig | None = None, name: str | None = None,
+                 chosen_by: str = "given", run: TrainingRun | None = None, **overrides: Any) -> TrainResult:
     """Distil ``teacher`` (a Llama zoo model) into a Falcon-H1 student that keeps the attention heads ``keep``
     (``[]``: none) and has Mamba-2 heads everywhere; save it to ``out`` as a zoo checkpoint and evaluate it.
 
-    ``steps`` and keyword ``overrides`` adjust ``config`` (:class:`HybridConfig`); ``seed`` seeds the
-    student's initialisation and the training data stream; ``chosen_by`` says in the card how ``keep``
-    was chosen. Returns the :class:`~gna_interp.zoo.training.TrainResult` (``out``, ``card``, losses).
+    Keyword ``overrides`` adjust ``config`` (:class:`HybridConfig`: ``steps``, ``loss``, ...) and ``run``
+    (:class:`~gna_interp.zoo.training.TrainingRun`: ``eval_sizes``, ``eval_samples``, ``threads``, ``log``,
+    ``log_every``), each by its field names; ``seed`` seeds the student's initialisation and the training
+    data stream; ``chosen_by`` says in the card how ``keep`` was chosen. Returns the
+    :class:`~gna_interp.zoo.training.TrainResult` (``out``, ``card``, losses).
     """
+    run_names = TrainingRun.field_names()
+    opts = TrainingRun.build(run, **{k: v for k, v in overrides.items() if k in run_names})
+    overrides = {k: v for k, v in overrides.items() if k not in run_names}
+    eval_sizes, eval_samples, log = opts.eval_sizes, opts.eval_samples, opts.log
+    threads = 1 if opts.threads is None else opts.threads
+    log_every = 100 if opts.log_every is None else opts.log_every
     from gna_interp.models.loading import quiet_transformers
     from gna_interp.zoo.tokenizer import build_tokenizer
 
-    cfg = HybridConfig.build(config, **({"steps": steps} if steps is not None else {}), **overrides)
+    cfg = HybridConfig.build(config, **overrides)
     check_int("seed", seed, 0)
     model = _teacher_model(teacher)
     lay = layout(model, keep)

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from gna_interp.errors import InputError, UnknownModelError
 from gna_interp.models.card import CARD_JSON, read_card
+from gna_interp.options import Options, options
 
 DEFAULT_EVAL_SIZES: tuple[int, ...] = (5, 8, 10, 20, 40)
 CARD_MD = "MODEL_CARD.md"
@@ -291,16 +292,38 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
 
 
+@options
+class TrainingRun(Options):
+    """How a zoo training run (:func:`train`, :func:`~gna_interp.zoo.hybrid_build.build_hybrid`) reports and
+    evaluates, apart from what it trains.
+
+    Attributes:
+        eval_sizes: dictionary sizes of the card's evaluation; eval_samples: prompts per size.
+        threads: torch CPU threads (None: the recipe's for :func:`train`, 1 for ``build_hybrid``).
+        log: where progress lines go (None: nowhere); log_every: steps between loss lines (None: the
+            function's default, 50 for :func:`train`, 100 for ``build_hybrid``).
+    """
+
+    eval_sizes: Sequence[int] = DEFAULT_EVAL_SIZES
+    eval_samples: int = 200
+    threads: int | None = None
+    log: Callable[[str], None] | None = print
+    log_every: int | None = None
+
+
 def train(name: str, out: str | os.PathLike, steps: int | None = None, seed: int | None = None,
-          eval_sizes: Sequence[int] = DEFAULT_EVAL_SIZES, eval_samples: int = 200, threads: int | None = None,
-          log: Callable[[str], None] | None = print, log_every: int = 50) -> TrainResult:
+          run: TrainingRun | None = None, **overrides: Any) -> TrainResult:
     """Train zoo model ``name`` from scratch on CPU, save it to ``out`` and evaluate it there.
 
     ``out`` receives ``model.safetensors`` (fp32), ``config.json``, the tokenizer files, ``card.json``
     and ``MODEL_CARD.md``. Accuracy per dictionary size in ``eval_sizes`` is measured with
     :func:`gna_interp.tasks.evaluate` on ``KVRetrieval(n, eval_samples, seed=0)`` after loading the
-    saved directory through :func:`gna_interp.load_model`. ``steps``/``seed``/``threads`` override the recipe.
+    saved directory through :func:`gna_interp.load_model`. ``steps``/``seed``/``threads`` override the recipe;
+    ``run`` (:class:`TrainingRun`) and keyword ``overrides`` of its fields set the evaluation and the log.
     """
+    opts = TrainingRun.build(run, **overrides)
+    eval_sizes, eval_samples, threads, log = opts.eval_sizes, opts.eval_samples, opts.threads, opts.log
+    log_every = 50 if opts.log_every is None else opts.log_every
     from gna_interp.models.loading import quiet_transformers
     from gna_interp.zoo.tokenizer import build_tokenizer
 
