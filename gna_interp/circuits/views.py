@@ -177,7 +177,7 @@ class CardViews:
         pair: the (gather, aggregate) heads drawn on the cards, or None; ``why`` says how they were chosen.
         view: the best-ranked heads shown in the pattern view.
         all_heads: every scanned head's pattern on sample ``all_heads.sample``, compressed (the report's click
-            view), or None (views saved before it existed, or made with ``all_heads=False``).
+            view), or None (views saved before it existed, or made with ``budget=0``).
     """
 
     patterns: PatternSet
@@ -258,13 +258,13 @@ def card_heads(heads: pd.DataFrame, pair: tuple[HeadRef, HeadRef] | None = None
 
 
 def card_views(model: Model, task: Task, ranked: Sequence[HeadRef], frame: pd.DataFrame,
-               pair: tuple[HeadRef, HeadRef] | None, n_cards: int = 2, form: str = "exact", all_heads: bool = True,
+               pair: tuple[HeadRef, HeadRef] | None, n_cards: int = 2, form: str = "exact",
                budget: int = ALL_HEADS_BUDGET) -> CardViews:
     """One forward over the first ``n_cards`` samples of ``task`` for the patterns of the card heads
     (:func:`card_heads` of ``frame`` and ``pair``) and the :data:`N_VIEW` best of ``ranked``, plus one
     scoring pass over the same samples for the predicted answers. SSM heads are read in ``form``.
-    With ``all_heads``, one more forward on the first sample keeps every head of ``frame`` (in its order:
-    a circuit frame is ranked) within ``budget`` bytes (:func:`head_patterns`)."""
+    With a ``budget`` (bytes; 0: none), one more forward on the first sample keeps every head of ``frame`` (in
+    its order: a circuit frame is ranked) within it (:func:`head_patterns`)."""
     chosen, why = card_heads(frame, pair)
     samples = list(task.samples[:max(1, n_cards)])
     view = list(ranked[:N_VIEW])
@@ -272,6 +272,6 @@ def card_views(model: Model, task: Task, ranked: Sequence[HeadRef], frame: pd.Da
     ps = patterns(model, [s.prompt for s in samples], heads=wanted, options=PatternOptions(form=form))  # type: ignore[arg-type]
     preds = score_candidates(model, samples).pred.tolist()
     every = head_patterns(model, samples[0].prompt, [HeadRef.parse(n) for n in frame["name"]], 0, budget, form) \
-        if all_heads and "name" in frame else None
+        if budget and "name" in frame else None
     return CardViews(ps, [s.segments(model.tokenizer) for s in samples], [s.gold for s in samples], preds,
                      [tuple(s.candidates) for s in samples], chosen, why, view, every)

@@ -137,9 +137,22 @@ def neutral_reference() -> list[str]:
 
 @options
 class HarnessConfig(Options):
-    """The intervention and the limits of a :class:`GnaLM` run (its Args, less ``model``/``pretrained``).
+    """The intervention and the limits of a :class:`GnaLM` run.
 
-    ``max_batch_size`` is accepted because lm-eval passes it (unused: batches are ``batch_size``).
+    Attributes:
+        heads: heads ablated in every forward (names, ``"L16H0,L18H6"`` or HeadRefs).
+        circuit: instead of ``heads``, a ``gna scan`` folder (or a loaded Circuit) whose ``top_k`` best-ranked
+            heads are ablated.
+        method: ``zero`` (the paper's ablation) or ``mean`` (the head's mean output over ``reference``,
+            default the shipped neutral prose).
+        mask: ``TokenBatch -> {head: mask}`` applied with :func:`mask_pattern` in every forward (see
+            :class:`FullMask`), or head names whose whole pattern is masked; ``mask_options`` how.
+        batch_size: sequences a forward (contexts a forward where continuations are packed).
+        max_length: context limit in tokens (default: the model's, else 2048); ``max_gen_toks``: default
+            limit of new tokens when a task gives none.
+        device, dtype: used only when the model is a spec.
+        progress: show progress bars.
+        max_batch_size: accepted because lm-eval passes it (unused: batches are ``batch_size``).
     """
 
     heads: str | Sequence[str | HeadRef] | None = None
@@ -165,18 +178,10 @@ class GnaLM(TemplateLM):
     Args:
         model: a loaded :class:`Model`, or a spec for :func:`~gna_interp.models.load_model` (alias,
             ``zoo:NAME``, a folder, a ``.gguf`` file, a hub id); ``pretrained`` is accepted as its alias.
-        heads: heads ablated in every forward (names, ``"L16H0,L18H6"`` or HeadRefs).
-        circuit: instead of ``heads``, a ``gna scan`` folder (or a loaded Circuit) whose ``top_k`` best-ranked
-            heads are ablated.
-        method: ``zero`` (the paper's ablation) or ``mean`` (the head's mean output over ``reference``,
-            default the shipped neutral prose).
-        mask: ``TokenBatch -> {head: mask}`` applied with :func:`mask_pattern` in every forward (see
-            :class:`FullMask`), or head names whose whole pattern is masked.
-        batch_size: sequences a forward (contexts a forward where continuations are packed).
-        max_length: context limit in tokens (default: the model's, else 2048); ``max_gen_toks``: default
-            limit of new tokens when a task gives none.
-        device: used only when ``model`` is a spec.
-        dtype: used only when ``model`` is a spec.
+        config: the intervention and limits (:class:`HarnessConfig`); keyword ``overrides`` may name its fields
+            (``heads=``, ``circuit=``, ``top_k=``, ``method=``, ``mask=``, ``batch_size=``, ...), which is how
+            lm-eval's ``--model_args key=value,...`` reach it.
+        pretrained: the alias lm-eval uses for ``model``.
     """
 
     def __init__(self, model: Model | str | None = None, config: HarnessConfig | None = None,

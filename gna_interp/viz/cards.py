@@ -23,7 +23,7 @@ def _show(token: str) -> str:
 
 def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | str, segments: Segments,
             sample: int = 0, gold: int | None = None, pred: int | None = None,
-            candidates: Sequence[str] | None = None, title: str | None = None) -> Any:
+            candidates: Sequence[str] | None = None) -> Any:
     """Plotly figure of one sample seen by a Gather head and an Aggregate head.
 
     Left: for every segment (one row per dictionary line / option), the ``gather`` head's weights
@@ -87,7 +87,7 @@ def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | st
     fig.update_xaxes(title_text="token within segment", tickvals=list(range(width)), row=1, col=1)
     fig.update_xaxes(title_text=f"weight from final token {_show(tokens[final])!r}",
                      range=[0, max(0.05, max(total)) * 1.25], row=1, col=2)
-    fig.update_layout(title=dict(text=title or _answer_title(g, a, gold, pred, candidates)), barmode="stack",
+    fig.update_layout(title=dict(text=_answer_title(g, a, gold, pred, candidates)), barmode="stack",
                       height=int(200 + 26 * len(labels)), template="plotly_white", margin=dict(l=190, r=90, t=110, b=60),
                       legend=dict(orientation="h", yanchor="top", y=-0.2 - 6 / (len(labels) + 6), x=0.6))
     return fig
