@@ -44,10 +44,8 @@ from gna_interp.options import Options, check_choice, check_int, options
 class HeadLike(Protocol):
     """A head as an adapter reads it (:class:`~gna_interp.models.heads.HeadRef`)."""
 
-    layer: int
     head: int
     width: int
-    kind: str
 
     @property
     def name(self) -> str: ...
@@ -56,13 +54,8 @@ class HeadLike(Protocol):
 class LayerLike(Protocol):
     """A layer's mixer as an adapter reads it (:class:`~gna_interp.models.arch.LayerSpec`)."""
 
-    layer: int
-    kind: str
     n_heads: int
-    n_groups: int
     head_dim: int
-    state_size: int
-    bridge_path: str
     hf_class: str
     shared_by: tuple[int, ...]
 
@@ -72,11 +65,7 @@ class ModelLike(Protocol):
 
     name: str
 
-    def component(self, path: str) -> torch.nn.Module: ...
-
     def hf_module(self, path: str) -> torch.nn.Module: ...
-
-    def has_hook(self, name: str) -> bool: ...
 
 
 class BatchLike(Protocol):
