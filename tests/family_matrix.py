@@ -486,9 +486,9 @@ EXTRA: tuple[Family, ...] = (
                 intermediate_size=128, lru_width=64, attention_window_size=16, head_dim=16,
                 block_types=["recurrent", "recurrent", "attention"]),
            {"attn": ("model.layers.{l}.temporal_block.o_proj",)}, attention_at(2), unsupported=(0, 1),
-           checks=("load", "logits", "heads", "patterns", "ablation", "kv"), limits=(("scan", "Sizes of tensors"),),
-           note="RG-LRU recurrent blocks have no adapter: listed `unsupported`; local attention analysed; the "
-                "exact scan's replay fails on its recurrent cache (use `strategy='naive'`)"),
+           checks=("load", "logits", "heads", "patterns", "ablation", "scan", "kv"),
+           note="RG-LRU recurrent blocks have no adapter: listed `unsupported`; local attention analysed (the "
+                "exact scan's replay leaves the recurrent cache out of the recorded block inputs)"),
     Family("hrm_text", "HRM text", "HrmTextForCausalLM", dict(_GQA), {}, none, checks=(),
            raises="exposes no blocks",
            note="TransformerLens's bridge for it has no `blocks`: refused at load"),
