@@ -242,7 +242,7 @@ def test_mc_scan_measures_its_cloze_twin_and_compare_circuits_removes_each_on_th
 def test_to_dict_and_from_dict_are_symmetric(circuit):
     """from_dict(to_dict()) with the parts kept in files of their own gives back the same circuit (its document and
     its table), and the stages ran in order with their timings."""
-    from gna_interp.circuits.discover import STAGES
+    from gna_interp.circuits.discovery import STAGES
 
     again = Circuit.from_dict(circuit.to_dict(), circuit.scan, views=circuit.views, control=circuit.control,
                               delegation=circuit.delegation, formats=circuit.formats,

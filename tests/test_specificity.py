@@ -11,7 +11,7 @@ import torch
 
 import gna_interp as gna
 from gna_interp.circuits.curve import curve_k
-from gna_interp.circuits.discover import check_solvable
+from gna_interp.circuits.discovery import check_solvable
 from gna_interp.circuits.specificity import control_task, specificity_frame
 from gna_interp.errors import InputError
 from gna_interp.tasks import plan_scoring, run_plan

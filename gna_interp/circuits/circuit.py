@@ -1,4 +1,4 @@
-"""`Circuit`: what :func:`~gna_interp.circuits.discover.discover` found, and its folder.
+"""`Circuit`: what :func:`~gna_interp.circuits.discovery.discover` found, and its folder.
 
 A circuit saves into a folder and loads back (:meth:`Circuit.save`, :meth:`Circuit.load`): ``scan.csv`` (the
 ranked table with role columns), ``scan.json`` (every per-sample result), ``circuit.json`` (model, the task
@@ -43,7 +43,7 @@ __all__ = ["FILES", "Circuit"]
 
 @dataclass
 class Circuit:
-    """Result of :func:`~gna_interp.circuits.discover.discover`.
+    """Result of :func:`~gna_interp.circuits.discovery.discover`.
 
     Attributes:
         model: the model's name (its spec when loaded by spec; ``<in-memory ARCH>`` for a model wrapped from memory,
@@ -62,7 +62,7 @@ class Circuit:
         twin: the task's knowledge twin (e.g. the cloze form of multiple-choice letters) with the curve's
             top k and random k heads removed: ``{"task", "k", "intact", "top", "random", "random_median"}``
             accuracies (None when the task has no twin).
-        timings: wall seconds of each stage of :func:`~gna_interp.circuits.discover.discover` (check, scan, roles, control, curve, twin,
+        timings: wall seconds of each stage of :func:`~gna_interp.circuits.discovery.discover` (check, scan, roles, control, curve, twin,
             delegation, views), in the order they ran.
         delegation: on a hybrid, the roles per head kind and the cost of removing each kind's aggregate
             heads (:class:`~gna_interp.circuits.delegation.Delegation`); None otherwise.
@@ -172,7 +172,7 @@ class Circuit:
 
     def decisive(self) -> list[tuple[HeadRef, float]]:
         """Heads whose removal alone brings the task's accuracy to chance (within the margin of
-        :func:`~gna_interp.circuits.discover.check_solvable`), with that accuracy, best-ranked first: the paper's "one head: 66% -> 25%"."""
+        :func:`~gna_interp.circuits.discovery.check_solvable`), with that accuracy, best-ranked first: the paper's "one head: 66% -> 25%"."""
         chance, n = self.baseline.get("chance"), len(next(iter(self.scan.baseline.values()), []))
         if chance is None or not n:
             return []

@@ -379,7 +379,7 @@ def run_scan(args: argparse.Namespace) -> int:
 
     from gna_interp.circuits import DiscoverConfig, discover, scan_heads
     from gna_interp.circuits.circuit import FILES
-    from gna_interp.circuits.discover import check_solvable
+    from gna_interp.circuits.discovery import check_solvable
     from gna_interp.circuits.distributed import active, leave, local_device, rank_files
     from gna_interp.report import build_report, circuit_summary
 

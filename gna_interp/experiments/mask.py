@@ -68,7 +68,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.discover import discover
+from gna_interp.circuits.discovery import discover
 from gna_interp.circuits.offsets import OFFSET_TOLERANCE, conv_width, pick_offset, reach, shifted_items
 from gna_interp.circuits.roles import RoleRule, offset_scores
 from gna_interp.errors import HeadError, InputError

@@ -49,7 +49,7 @@ import pandas as pd
 from gna_interp.circuits.circuit import FILES as CIRCUIT_FILES
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import curve_k, random_orders
-from gna_interp.circuits.discover import discover
+from gna_interp.circuits.discovery import discover
 from gna_interp.circuits.replay import SetAblation
 from gna_interp.errors import InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
