@@ -29,8 +29,11 @@ Output (``out=DIR``, :class:`~gna_interp.experiments.output.ResultFolder` ``eval
                          ``random_stderr`` (mean of the seeds' standard errors), ``random_seeds``
 ``eval.json``            settings, heads, both tables (format ``eval``)
 ``report.html``          the bar chart and the table; ``figures/eval.png`` where export works
-``conditions/*.json``    each finished condition's lm-eval metrics: a rerun with ``resume=True``
-                         skips the conditions whose file was made with the same settings
+``conditions/*.json``    each finished condition's lm-eval metrics, a
+                         :class:`~gna_interp.experiments.checkpoint.Checkpoint` fingerprinted by the model
+                         and what the condition depends on (its heads, tasks, limit, few-shot, method, ...);
+                         kept after the run: a rerun with ``resume=True`` skips the conditions made with
+                         the same settings and refuses one made with others, ``fresh=True`` deletes them
 ``circuit/``             the circuit discovered when neither heads nor a circuit were given
 =======================  ========================================================================
 """
@@ -50,14 +53,15 @@ from tqdm.auto import tqdm
 
 from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError
+from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.options import RunOptions
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.experiments.options import RunOptions
 from gna_interp.options import options
-from gna_interp.store import atomic_write, read_json, write_json
+from gna_interp.store import atomic_write
 
-__all__ = ["CONDITIONS", "SUMMARY_COLUMNS", "TABLE_COLUMNS", "EvalConfig", "EvalResult", "eval_figure", "eval_heads",
-           "metric_rows", "resolve_tasks", "summarize"]
+__all__ = ["CONDITIONS", "SUMMARY_COLUMNS", "TABLE_COLUMNS", "EvalConfig", "EvalResult", "condition_files", "eval_figure",
+           "eval_heads", "metric_rows", "resolve_tasks", "summarize"]
 
 CONDITIONS: tuple[str, ...] = ("intact", "removed", "random")
 TABLE_COLUMNS = ["condition", "seed", "task", "metric", "filter", "value", "stderr", "n_samples", "higher_is_better",
@@ -67,6 +71,7 @@ SUMMARY_COLUMNS = ["task", "metric", "filter", "intact", "intact_stderr", "remov
 SUMMARY_FILE = "eval_summary.csv"
 CONDITIONS_DIR = "conditions"
 CIRCUIT_DIR = "circuit"
+SCAN_CKPT = f"{CIRCUIT_DIR}/scan.ckpt.json"  # the discovery's checkpoint, when neither heads nor a circuit are given
 
 
 @dataclass
@@ -440,20 +445,25 @@ def eval_heads(model: Model | str, tasks: str | Sequence[str], heads: str | Sequ
     if cfg.limit is not None and (cfg.limit <= 0 or (cfg.limit >= 1 and float(cfg.limit) != int(cfg.limit))):
         raise InputError(f"limit must be a whole number of documents >= 1 or a fraction in (0, 1), got {cfg.limit}")
     names, manager = resolve_tasks(tasks, cfg.include_path)
+    out_path = Path(out) if out is not None else None
+    if out_path is not None:
+        stale = stale_files(out_path, SCAN_CKPT, cfg.resume, cfg.fresh, also=condition_files(out_path))
+        if cfg.fresh:
+            for f in stale:
+                f.unlink()
     if isinstance(model, str):
         from gna_interp.models import load_model
 
         model = load_model(model)
     model.check_runnable()
-    out_path = Path(out) if out is not None else None
     removed, pool, notes = _choose_heads(model, heads, circuit, cfg.top_k, out_path, cfg.resume, cfg.batch_size,
                                          cfg.progress)
     rk = len(removed) if cfg.random_k is None else cfg.random_k
     draws = _random_draws(pool, removed, rk, cfg.seeds) if rk and cfg.seeds else []
     limit = int(cfg.limit) if cfg.limit is not None and cfg.limit >= 1 else cfg.limit
     settings = {"model": model.name, "tasks": names, "limit": limit, "num_fewshot": cfg.num_fewshot,
-                "method": cfg.method, "max_gen_toks": cfg.max_gen_toks, "bootstrap_iters": cfg.bootstrap_iters, "lm_eval": LM_EVAL_VERSION,
-                "dtype": str(model.dtype).replace("torch.", ""), "batch_size": cfg.batch_size,
+                "method": cfg.method, "max_gen_toks": cfg.max_gen_toks, "bootstrap_iters": cfg.bootstrap_iters,
+                "lm_eval": LM_EVAL_VERSION, "dtype": str(model.dtype).replace("torch.", ""), "batch_size": cfg.batch_size,
                 "include_path": [str(p) for p in ([cfg.include_path] if isinstance(cfg.include_path, (str, Path))
                                                   else cfg.include_path or [])]}
     settings["task_yaml"] = _task_yaml_hashes(manager, names)
@@ -467,20 +477,18 @@ def eval_heads(model: Model | str, tasks: str | Sequence[str], heads: str | Sequ
         bar.set_postfix_str(label)
         names_h = [h.name for h in hs]
         key = {k: v for k, v in settings.items() if k not in ("batch_size", "include_path")} | {"heads": names_h}
-        saved = out_path / CONDITIONS_DIR / f"{label}.json" if out_path is not None else None
-        got = _read_condition(saved, key) if saved is not None and cfg.resume else None
-        start = time.perf_counter()
-        if got is None:
+        done = Checkpoint(out_path / CONDITIONS_DIR / f"{label}.json" if out_path is not None else None, "eval",
+                          fingerprint(model, key))
+        seconds[label] = 0.0
+        if "rows" not in done:
+            start = time.perf_counter()
             lm = GnaLM(model, heads=hs or None, method=cfg.method, batch_size=cfg.batch_size,
                        max_gen_toks=cfg.max_gen_toks, progress=cfg.progress)
             got = metric_rows(_simple_evaluate(lm, names, manager, limit, cfg.num_fewshot, cfg.bootstrap_iters))
-            if saved is not None:
-                write_json(saved, "eval", {"part": "condition", "condition": label, "key": key, "rows": got,
-                                           "seconds": time.perf_counter() - start})
             seconds[label] = time.perf_counter() - start
-        else:
-            seconds[label] = 0.0
-        for r in got:
+            done.extra.update(condition=label, seconds=seconds[label])
+            done.put("rows", got)
+        for r in done["rows"]:
             rows.append({"condition": cond, "seed": seed, **r, "n_heads": len(hs), "heads": ",".join(names_h)})
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     result = EvalResult(model.name, names, table, [h.name for h in removed], [[h.name for h in d] for d in draws],
@@ -517,14 +525,8 @@ def _task_yaml_hashes(manager: Any, names: Sequence[str]) -> dict[str, str | Non
     return out
 
 
-def _read_condition(path: Path, key: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The metric rows of a finished condition, or None when it has not run; an error when it ran with
-    other settings."""
-    if not path.is_file():
-        return None
-    doc = read_json(path, "eval")
-    if doc.get("key") != key:
-        diff = sorted(k for k in set(key) | set(doc.get("key") or {}) if (doc.get("key") or {}).get(k) != key.get(k))
-        raise InputError(f"{path} was made with other settings ({', '.join(diff)} differ); rerun with --fresh to "
-                         f"start over, or write elsewhere (another --out)")
-    return list(doc.get("rows") or [])
+def condition_files(out: Path) -> list[Path]:
+    """The finished conditions an eval run left in ``out`` (``conditions/*.json``, the checkpoints a rerun with
+    ``resume`` reuses)."""
+    folder = out / CONDITIONS_DIR
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []

@@ -68,6 +68,7 @@ from gna_interp.circuits.replay import SetAblation
 from gna_interp.circuits.offsets import intact_at, pick_offset
 from gna_interp.circuits.roles import decision_inputs, item_masses
 from gna_interp.errors import InputError
+from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.store import records
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, settings_fingerprint, stale_files
@@ -76,7 +77,6 @@ from gna_interp.mixing import PatternOptions, patterns
 from gna_interp.mixing.sharpness import row_distribution, sharpness
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.experiments.options import RunOptions
 from gna_interp.options import options
 from gna_interp.store import atomic_write
 from gna_interp.tasks import KVRetrieval

@@ -48,13 +48,13 @@ import pandas as pd
 
 from gna_interp.circuits.hybrid import load_ranking
 from gna_interp.errors import InputError
+from gna_interp.experiments.options import FolderOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.sweep import clear_circuit, model_of, resolve_circuit
 from gna_interp.interventions import ablate
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.experiments.options import FolderOptions
 from gna_interp.options import options
 from gna_interp.tasks import KVRetrieval, evaluate
 from gna_interp.zoo.hybrid_build import HybridConfig, build_hybrid, is_attention, random_heads

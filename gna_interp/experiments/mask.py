@@ -73,11 +73,11 @@ from gna_interp.circuits.offsets import OFFSET_TOLERANCE, conv_width, pick_offse
 from gna_interp.circuits.roles import RoleRule, offset_scores
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.interventions.masking import mask_pattern
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.experiments.options import RunOptions
 from gna_interp.options import options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import chance_margin

@@ -44,12 +44,12 @@ from tqdm.auto import tqdm
 from gna_interp.circuits.prune import COLUMNS as CURVE_COLUMNS
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.interventions.ablation import ablate
 from gna_interp.interventions.layers import check_layers, skip_layers
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.experiments.options import RunOptions
 from gna_interp.options import options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.options import TaskOptions

@@ -53,11 +53,11 @@ from gna_interp.circuits.discover import discover
 from gna_interp.circuits.replay import SetAblation
 from gna_interp.errors import InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.models import load_model
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.experiments.options import RunOptions
 from gna_interp.options import options
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.kv import PAPER_SIZES, TEMPLATES
