@@ -291,6 +291,13 @@ def test_eval_heads_table_and_resume(tiny_models, manager, task_dir, tmp_path):
     with pytest.raises(InputError, match="other settings"):
         eval_heads(model, ["t_mc", "t_gen"], heads=HEADS, random_k=1, seeds=2, out=out, include_path=task_dir,
                    limit=2, progress=False, png=False, resume=True)
+    with pytest.raises(InputError, match="--resume continues it"):  # neither resume nor fresh: refused up front
+        eval_heads(model, ["t_mc", "t_gen"], heads=HEADS, random_k=1, seeds=2, out=out, include_path=task_dir,
+                   limit=2, progress=False, png=False)
+    redone = eval_heads(model, ["t_mc", "t_gen"], heads=HEADS, random_k=1, seeds=2, out=out, include_path=task_dir,
+                        limit=2, progress=False, png=False, fresh=True)
+    assert redone.settings["limit"] == 2 and min(redone.seconds.values()) > 0  # every condition ran again
+    assert (out / "conditions/random-1.json").is_file()
 
 
 def test_eval_heads_takes_a_circuits_top_k(tiny_models, task_dir, tmp_path):
@@ -433,3 +440,29 @@ def test_lm_evals_own_cli_finds_the_gna_model(tiny_dirs, monkeypatch, capsys):
     assert sys.argv[0] != "lm-eval"  # put back
     assert main(["lm-eval", "--model", "gna"]) == 2
     assert main(["lm-eval"]) == 2 and "needs one of lm-eval's subcommands" in capsys.readouterr().err
+
+
+def test_model_args_string_builds_gnalm_on_the_zoo_model():
+    """lm-eval's own route from ``--model_args``: the registry's ``gna`` class built from an argument string
+    carries the options in its config, and a loglikelihood request through it equals the plain path (GnaLM built
+    directly, and the scoring engine with the head ablated)."""
+    from lm_eval.api.registry import get_model
+
+    from gna_interp.models import load_model
+
+    lm = get_model("gna").create_from_arg_string("pretrained=zoo:transformer-kv,heads=L1H3,batch_size=4,progress=false")
+    assert isinstance(lm, GnaLM)
+    assert (lm.config.heads, lm.config.batch_size, lm.config.progress) == ("L1H3", 4, False)
+    assert [h.name for h in lm.heads] == ["L1H3"] and lm.batch_size == 4 and lm.model.name == "zoo:transformer-kv"
+    model = load_model("zoo:transformer-kv")
+    sample = KVRetrieval(n_pairs=6, n_samples=1, max_value=9, seed=11, words=model.kv_words).samples[0]
+    requests = [Instance(request_type="loglikelihood", doc={}, arguments=(sample.prompt, c), idx=i)
+                for i, c in enumerate(sample.candidates)]
+    got = torch.tensor([ll for ll, _greedy in lm.loglikelihood(requests, disable_tqdm=True)], dtype=torch.float64)
+    plain = GnaLM(model, heads="L1H3", batch_size=4, progress=False)
+    assert got.tolist() == [ll for ll, _ in plain.loglikelihood(requests, disable_tqdm=True)]
+    with ablate(model, ["L1H3"]):
+        want = score_candidates(model, [sample], batch_size=4).scores[0].double()
+    assert (got - want).abs().max().item() < 1e-5
+    intact = torch.tensor([ll for ll, _ in GnaLM(model, progress=False).loglikelihood(requests, disable_tqdm=True)])
+    assert (intact.double() - got).abs().max().item() > 1e-4  # the head's removal shows in the numbers

@@ -83,6 +83,29 @@ def spec_text(text: str) -> str:
     return text
 
 
+MODEL_HELP = "model spec (default: smollm2-135m when installed, else a zoo model)"
+
+
+def model_arg(p: argparse.ArgumentParser, help: str = MODEL_HELP, default: str | None = None,
+              required: bool = False) -> None:
+    """``--model SPEC``: one model spec (checked by :func:`spec_text`), ``default`` when not given."""
+    p.add_argument("--model", type=spec_text, default=default, required=required, help=help)
+
+
+def word_or(word: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type``: ``word`` itself, or what the ``type`` ``parse`` accepts (its message then names
+    ``word`` as the other choice)."""
+    def either(text: str) -> Any:
+        if text == word:
+            return text
+        try:
+            return parse(text)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e} (or {word!r})") from None
+    either.__name__ = f"{word!r} or {parse.__name__}"
+    return either
+
+
 def default_model_specs() -> list[str]:
     """The models ``gna`` uses when none is named: SmolLM2 when its GGUF is installed, then zoo models
     (the zoo transformer first)."""
@@ -225,7 +248,7 @@ def _table(rows: list[dict[str, str]]) -> str:
 
 @command("patterns", "write a standalone HTML page with the patterns of chosen heads on one prompt")
 def _patterns_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=spec_text, default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
+    model_arg(p)
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--heads", default=None, help="comma-separated heads, e.g. L3H1,L5H2 or L1S0 (default: heads of the first two layers; Mamba-1 layers as 16 channel groups)")
     p.add_argument("--out", default="patterns.html", help="output HTML file")
@@ -315,7 +338,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 @command("scan", "find the G&A heads of a model on KV retrieval or multiple choice; writes scan.csv, scan.json, circuit.json, views.pt, summary.md, report.html")
 def _scan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=spec_text, default=None, help="model spec (default: smollm2-135m when installed, else a zoo model)")
+    model_arg(p)
     p.add_argument("--task", default="kv", choices=["kv", "mc", "cloze"],
                    help="kv: KV retrieval; mc: multiple choice scored on the letters (its cloze form is measured as "
                         "the knowledge twin); cloze: multiple choice scored on the option texts")
@@ -477,7 +500,7 @@ def say_interrupted(args: argparse.Namespace, *saved: Path, what: str = "work", 
 def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", help="a `gna scan` output folder")
     p.add_argument("b", help="another `gna scan` output folder, same model")
-    p.add_argument("--model", type=spec_text, default=None, help="model spec (default: the spec the circuits were found with)")
+    model_arg(p, "model spec (default: the spec the circuits were found with)")
     p.add_argument("--top-k", type=at_least(1), default=5, help="circuit heads compared and removed (default 5)")
     p.add_argument("--seeds", type=seeds_arg(1), default=6, help="random k-head draws (default 6; their median is reported)")
     p.add_argument("--batch-size", type=at_least(1), default=16)
@@ -603,14 +626,44 @@ def task_options(args: argparse.Namespace, **given: Any) -> Any:
     return TaskOptions(**{**{n: getattr(args, n) for n in TaskOptions.field_names() if hasattr(args, n)}, **given})
 
 
-def output_args(p: argparse.ArgumentParser, default: str, what: str) -> None:
-    """``--no-png``, ``--out`` (default ``./default``) and ``--resume`` / ``--fresh`` of a command whose
-    ``what`` (``sweep``, ``build``, ...) is checkpointed point by point."""
-    p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
+def folder_args(p: argparse.ArgumentParser, default: str, resume: str, fresh: str, allow_chance: str | None = None,
+                figures: str = "figure") -> None:
+    """The options of a command that writes a run folder: ``--out`` (default ``./default``), ``--resume`` /
+    ``--fresh`` (with their help texts), ``--allow-chance`` when its help is given, and ``--no-png`` (the
+    ``figures`` not exported)."""
     p.add_argument("--out", default=default, help=f"output folder (default ./{default})")
-    _resume_args(p, f"continue an interrupted {what} from its saved points (or rebuild the outputs of a finished one)",
-                 "delete the saved points (and a circuit discovered by an earlier run) in DIR and start over; refused "
-                 "without --resume or --fresh when DIR holds them")
+    _resume_args(p, resume, fresh)
+    if allow_chance is not None:
+        p.add_argument("--allow-chance", action="store_true", help=allow_chance)
+    p.add_argument("--no-png", action="store_true", help=f"do not export the {figures} as PNG")
+
+
+def output_args(p: argparse.ArgumentParser, default: str, what: str) -> None:
+    """:func:`folder_args` of a command whose ``what`` (``sweep``, ``build``, ...) is checkpointed point by
+    point."""
+    folder_args(p, default, f"continue an interrupted {what} from its saved points (or rebuild the outputs of a "
+                            f"finished one)",
+                "delete the saved points (and a circuit discovered by an earlier run) in DIR and start over; refused "
+                "without --resume or --fresh when DIR holds them")
+
+
+def run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields of :class:`~gna_interp.experiments.options.RunOptions` that ``args`` holds (``--batch-size``,
+    ``--resume``, ``--fresh``, ``--no-png``), to build an experiment's config with."""
+    given = {"resume": args.resume, "fresh": args.fresh, "png": not args.no_png}
+    return {**given, "batch_size": args.batch_size} if hasattr(args, "batch_size") else given
+
+
+def run_held(args: argparse.Namespace, folder: RunFolder, work: Callable[[], Any], *saved: Path,
+             what: str = "work") -> Any:
+    """``work()`` while holding ``folder`` (``--fresh`` first clears another command's results); on Ctrl-C, say
+    where the finished ``what`` is saved (:func:`say_interrupted`, the files of ``saved``) and stop."""
+    with folder.hold(args.fresh):
+        try:
+            return work()
+        except KeyboardInterrupt:
+            say_interrupted(args, *saved, what=what)
+            raise
 
 
 def claim_out(args: argparse.Namespace, command: str, checkpoints: Sequence[Path] = ()) -> RunFolder:
@@ -619,6 +672,17 @@ def claim_out(args: argparse.Namespace, command: str, checkpoints: Sequence[Path
     folder = RunFolder(args.out, command)
     folder.check(fresh=bool(getattr(args, "fresh", False)), resume=bool(getattr(args, "resume", False)),
                  checkpoints=checkpoints)
+    return folder
+
+
+def claim_run(args: argparse.Namespace, command: str, ckpt: str, also: Sequence[Path] = ()) -> RunFolder:
+    """:func:`claim_out`, then the up-front rule of ``--resume`` / ``--fresh`` on the command's checkpoints
+    (``ckpt`` in ``--out`` and the files of ``also``; :func:`~gna_interp.experiments.checkpoint.stale_files`):
+    a folder holding an earlier run's is refused, before any model loads, unless one of them says what to do."""
+    from gna_interp.experiments.checkpoint import stale_files
+
+    folder = claim_out(args, command)
+    stale_files(folder.path, ckpt, args.resume, args.fresh, also=also)
     return folder
 
 
@@ -643,15 +707,20 @@ def _check_device(device: str | None) -> None:
         raise InputError(f"--device {device!r}: MPS is not available here; use --device cpu")
 
 
+def _set_threads(args: argparse.Namespace) -> None:
+    """Give torch ``--threads`` CPU threads (when the command has the option and it is set)."""
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 def _load_for(args: argparse.Namespace, spec: str | None = None) -> Any:
     """Set ``--threads``, then load ``spec`` (default ``--model`` or the default model) on ``--device`` in
     ``--dtype`` and refuse a model that cannot run (a meta-device config)."""
-    import torch
-
     from gna_interp.models import load_model
 
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
+    _set_threads(args)
     spec = spec or args.model or _first_default()
     print(f"loading {spec} ({args.dtype}) ...", flush=True)
     model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)

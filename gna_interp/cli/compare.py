@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import (_compute_args, at_least, claim_out, command, output_args, say_interrupted, seeds_arg,
-                            task_args, task_options)
+from gna_interp.cli import (_check_pairs, _compute_args, _set_threads, at_least, claim_run, command, output_args,
+                            run_held, run_options, seeds_arg, task_args, task_options)
 from gna_interp.errors import InputError
 
 
@@ -59,41 +59,29 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_compare_families(args: argparse.Namespace) -> int:
-    import torch
-
     from gna_interp.circuits import Circuit
-    from gna_interp.experiments.checkpoint import stale_files
     from gna_interp.experiments.families import CIRCUITS_DIR, CKPT, CompareConfig, compare
     from gna_interp.experiments.sweep import slug
 
     out = Path(args.out)
-    folder = claim_out(args, "compare")
-    if args.pairs > args.max_value + 1:
-        raise InputError(f"--pairs {args.pairs} needs {args.pairs} distinct values, but --max-value {args.max_value} "
-                         f"gives {args.max_value + 1}; raise --max-value or lower --pairs")
+    cdirs = [out / CIRCUITS_DIR / slug(s) for s in args.model]
+    folder = claim_run(args, "compare", CKPT,
+                       also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")])
+    _check_pairs(args.pairs, args.max_value)
     circuits = args.circuit if args.circuit is not None else [None] * len(args.model)
     if len(circuits) != len(args.model):
         raise InputError(f"--circuit lists {len(circuits)} folders for {len(args.model)} models; give one per model, "
                          f"in the same order (an empty entry, as in DIR1,,DIR3, discovers that model's heads)")
-    cdirs = [out / CIRCUITS_DIR / slug(s) for s in args.model]
-    stale_files(out, CKPT, args.resume, args.fresh,
-              also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")])
     for c in circuits:  # a bad folder fails before any model is loaded
         if c:
             Circuit.load(c)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads(args)
     print(f"comparing {', '.join(args.model)} ({args.dtype}) ...", flush=True)
-    with folder.hold(args.fresh):
-        try:
-            config = CompareConfig(**vars(task_options(args)), k=args.top_k, seeds=args.seeds,
-                                   sharp_samples=args.sharp_samples, pool=args.pool, batch_size=args.batch_size,
-                                   resume=args.resume, fresh=args.fresh, device=getattr(args, "device", None),
-                                   dtype=args.dtype, png=not args.no_png)
-            result = compare(args.model, circuits, out, config)
-        except KeyboardInterrupt:
-            say_interrupted(args, out / CKPT, *(c / "scan.ckpt.json" for c in cdirs))
-            raise
+    config = CompareConfig(**vars(task_options(args)), **run_options(args), k=args.top_k, seeds=args.seeds,
+                           sharp_samples=args.sharp_samples, pool=args.pool, device=getattr(args, "device", None),
+                           dtype=args.dtype)
+    result = run_held(args, folder, lambda: compare(args.model, circuits, out, config), out / CKPT,
+                      *(c / "scan.ckpt.json" for c in cdirs))
     print(result.summary())
     print(f"wrote {out / 'families.csv'}, {out / 'families.json'}, {out / 'report.html'} ({result.seconds:.0f}s)")
     return 0

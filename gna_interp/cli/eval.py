@@ -8,8 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (_compute_args, _load_for, _resume_args, at_least, claim_out, command, say_interrupted,
-                            seeds_arg, spec_text)
+from gna_interp.cli import (_compute_args, _load_for, at_least, claim_run, command, folder_args, model_arg, run_held,
+                            run_options, seeds_arg)
 from gna_interp.errors import InputError
 
 
@@ -27,9 +27,8 @@ def _limit(text: str) -> float:
 @command("eval", "run lm-evaluation-harness benchmarks intact, with G&A heads removed and with random heads removed; "
                  "writes eval.csv, eval_summary.csv, eval.json, report.html")
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=spec_text, default=None,
-                   help="model spec (default: the circuit's model with --circuit, else smollm2-135m when installed, "
-                        "else a zoo model)")
+    model_arg(p, "model spec (default: the circuit's model with --circuit, else smollm2-135m when installed, else a "
+                 "zoo model)")
     p.add_argument("--tasks", required=True,
                    help="comma-separated lm-eval tasks, groups or tags (mmlu, gsm8k, lambada_openai, bbh, ...) or "
                         "local YAML tasks found under --include-path")
@@ -54,26 +53,21 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap-iters", type=at_least(0), default=100000,
                    help="lm-eval's bootstrap iterations for standard errors of non-mean metrics (default 100000)")
     _compute_args(p, "sequences per forward (default 16)")
-    p.add_argument("--out", default="gna_eval", help="output folder (default ./gna_eval)")
-    _resume_args(p, "reuse the conditions an earlier run into --out finished (DIR/conditions/*.json)",
-                 "delete the finished conditions an earlier run left in --out and start over")
-    p.add_argument("--no-png", action="store_true", help="do not export the figure as PNG")
+    folder_args(p, "gna_eval", "reuse the conditions an earlier run into --out finished (DIR/conditions/*.json)",
+                "delete the finished conditions an earlier run left in --out and start over")
     p.set_defaults(run=run_eval)
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from gna_interp.experiments.eval import CIRCUIT_DIR, CONDITIONS_DIR, EvalConfig, eval_heads, resolve_tasks
+    from gna_interp.experiments.eval import (CONDITIONS_DIR, SCAN_CKPT, EvalConfig, condition_files, eval_heads,
+                                             resolve_tasks)
     from gna_interp.experiments.harness import require_lm_eval
 
     require_lm_eval()
     if not args.debug:  # lm-eval logs every task's set-up at WARNING; --debug shows it
         logging.getLogger("lm_eval").setLevel(logging.ERROR)
     out = Path(args.out)
-    folder = claim_out(args, "eval")
-    done = sorted((out / CONDITIONS_DIR).glob("*.json")) if (out / CONDITIONS_DIR).is_dir() else []
-    if done and not (args.resume or args.fresh):
-        raise InputError(f"{out} holds {len(done)} finished condition(s) of an earlier gna eval ({out / CONDITIONS_DIR}); "
-                         f"--resume reuses them, --fresh deletes them and starts over, or pick another --out")
+    folder = claim_run(args, "eval", SCAN_CKPT, also=condition_files(out))
     circuit_doc = None
     if args.circuit is not None:
         d = Path(args.circuit)
@@ -89,21 +83,12 @@ def run_eval(args: argparse.Namespace) -> int:
     model = _load_for(args, args.model or (circuit_doc.model if circuit_doc is not None else None))
     if args.ablate is not None:
         model.check_heads(args.ablate)  # heads out of range fail before any benchmark runs
-    with folder.hold(args.fresh):
-        if args.fresh:
-            for f in done:
-                f.unlink()
-            stale = out / CIRCUIT_DIR / "scan.ckpt.json"
-            stale.unlink(missing_ok=True)
-        try:
-            config = EvalConfig(top_k=args.top_k, random_k=args.random_k, seeds=args.seeds, limit=args.limit,
-                                method=args.method, include_path=args.include_path, num_fewshot=args.num_fewshot,
-                                batch_size=args.batch_size, max_gen_toks=args.max_gen_toks,
-                                bootstrap_iters=args.bootstrap_iters, resume=args.resume, png=not args.no_png)
-            result = eval_heads(model, names, args.ablate, args.circuit, out, config)
-        except KeyboardInterrupt:
-            say_interrupted(args, out / CONDITIONS_DIR, what="conditions")
-            raise
+    config = EvalConfig(**run_options(args), top_k=args.top_k, random_k=args.random_k, seeds=args.seeds,
+                        limit=args.limit, method=args.method, include_path=args.include_path,
+                        num_fewshot=args.num_fewshot, max_gen_toks=args.max_gen_toks,
+                        bootstrap_iters=args.bootstrap_iters)
+    result = run_held(args, folder, lambda: eval_heads(model, names, args.ablate, args.circuit, out, config),
+                      out / CONDITIONS_DIR, what="conditions")
     print()
     print(result.format_table())
     print(f"wrote {out / 'eval.csv'}, {out / 'eval_summary.csv'}, {out / 'eval.json'}, {out / 'report.html'}")

@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 from typing import Callable
 
-from gna_interp.cli import claim_out, COUNT_CAP, at_least, command, spec_text
+from gna_interp.cli import COUNT_CAP, at_least, claim_out, command, model_arg
 from gna_interp.errors import InputError
 
 SUBCOMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -63,8 +63,8 @@ def int_list(minimum: int, at_most: int = COUNT_CAP) -> Callable[[str], list[int
 def _plan_args(p: argparse.ArgumentParser) -> None:
     from gna_interp.circuits.hybrid import DEFAULT_D_CONV, DEFAULT_D_STATE, DEFAULT_KS, DEFAULT_LENGTHS
 
-    p.add_argument("--model", type=spec_text, required=True,
-                   help="model spec (a Transformer; its config is enough: config:llama-3.2-1b, a folder, zoo:NAME, ...)")
+    model_arg(p, "model spec (a Transformer; its config is enough: config:llama-3.2-1b, a folder, zoo:NAME, ...)",
+              required=True)
     p.add_argument("--scan", default=None, metavar="DIR",
                    help="a `gna scan` output folder (or its scan.json) of this model: heads are kept in its ranking "
                         "order (retrieval-guided). Required unless --order random")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import at_least, choice_list, claim_out, output_args, samples_arg, say_interrupted, seeds_arg, spec_text
+from gna_interp.cli import (at_least, choice_list, claim_run, model_arg, output_args, run_held, run_options,
+                            samples_arg, seeds_arg)
 from gna_interp.cli.hybrid import int_list, subcommand
 
 
@@ -20,8 +21,7 @@ def _build_args(p: argparse.ArgumentParser) -> None:
     from gna_interp.zoo.training import DEFAULT_EVAL_SIZES
 
     d = HybridConfig()
-    p.add_argument("--model", type=spec_text, default="zoo:transformer-kv",
-                   help="the teacher: a Llama zoo model (default zoo:transformer-kv)")
+    model_arg(p, "the teacher: a Llama zoo model (default zoo:transformer-kv)", default="zoo:transformer-kv")
     p.add_argument("--keep", type=choice_list(CONDITIONS), default=list(CONDITIONS),
                    help="conditions, comma-separated: top (the scan's top k heads kept), random (k random heads), "
                         "none (Mamba-2 only); default all three")
@@ -45,24 +45,20 @@ def _build_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from gna_interp.experiments.hybrid_build import CKPT, STUDENTS, HybridBuildConfig, hybrid_build
+    from gna_interp.experiments.hybrid_build import CIRCUIT_DIR, CKPT, STUDENTS, HybridBuildConfig, hybrid_build
 
     out = Path(args.out)
-    folder = claim_out(args, "hybrid build")
+    folder = claim_run(args, "hybrid build", CKPT,
+                       also=[out / STUDENTS, out / CIRCUIT_DIR / "circuit.json", out / CIRCUIT_DIR / "scan.ckpt.json"])
     if args.scan is not None and not Path(args.scan).exists():  # before any loading
         from gna_interp.errors import InputError
 
         raise InputError(f"--scan {args.scan!r} does not exist: pass the folder `gna scan --out DIR` wrote")
-    with folder.hold(args.fresh):
-        try:
-            run = HybridBuildConfig(conditions=args.keep, seeds=args.seeds, pairs=args.pairs, samples=args.samples,
-                                    scan=args.scan, resume=args.resume, fresh=args.fresh, threads=args.threads,
-                                    png=not args.no_png)
-            result = hybrid_build(args.model, args.k, out=out, run=run, steps=args.steps, loss=args.loss,
-                                  train_teacher_parts=args.train_teacher_parts)
-        except KeyboardInterrupt:
-            say_interrupted(args, out / CKPT, out / STUDENTS)
-            raise
+    run = HybridBuildConfig(**run_options(args), conditions=args.keep, seeds=args.seeds, pairs=args.pairs,
+                            samples=args.samples, scan=args.scan, threads=args.threads)
+    result = run_held(args, folder, lambda: hybrid_build(args.model, args.k, out=out, run=run, steps=args.steps,
+                                                         loss=args.loss, train_teacher_parts=args.train_teacher_parts),
+                      out / CKPT, out / STUDENTS)
     print(result.summary())
     print(f"wrote {out / 'hybrid_build.csv'}, {out / 'hybrid_build.json'}, {out / 'report.html'} and the students in "
           f"{out / STUDENTS} ({result.seconds:.0f}s)")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import (_check_pairs, _compute_args, _load_for, _resume_args, at_least, choice_list, claim_out,
-                            command, say_interrupted, spec_text, task_args, task_options)
-from gna_interp.errors import InputError
+from gna_interp.cli import (_check_pairs, _compute_args, _load_for, at_least, choice_list, claim_run, command,
+                            folder_args, model_arg, run_held, run_options, task_args, task_options)
 
 
 @command("prune", "layer pruning: retrieval (KV, MC letters) and knowledge (MC cloze) accuracy as the last blocks are "
@@ -16,8 +15,7 @@ from gna_interp.errors import InputError
 def _prune_args(p: argparse.ArgumentParser) -> None:
     from gna_interp.experiments.prune import MODES, TASKS
 
-    p.add_argument("--model", type=spec_text, default=None,
-                   help="model spec (default: smollm2-135m when installed, else a zoo model)")
+    model_arg(p)
     p.add_argument("--tasks", type=choice_list(TASKS), default=list(TASKS),
                    help="kv (KV retrieval), mc (multiple choice scored on the letters: retrieval), cloze (the same "
                         "questions scored on the option texts: knowledge); default kv,mc,cloze. A task the model "
@@ -41,12 +39,9 @@ def _prune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-seeds", type=at_least(0), default=3,
                    help="random draws in the head-keeping table (default 3)")
     _compute_args(p)
-    p.add_argument("--out", default="gna_prune", help="output folder (default ./gna_prune)")
-    _resume_args(p, "continue an interrupted run from OUT/prune.ckpt.json",
-                 "delete the checkpoint an earlier run left in OUT and start over")
-    p.add_argument("--allow-chance", action="store_true",
-                   help="keep tasks the intact model does not solve (left out by default)")
-    p.add_argument("--no-png", action="store_true", help="do not export the figures as PNG")
+    folder_args(p, "gna_prune", "continue an interrupted run from OUT/prune.ckpt.json",
+                "delete the checkpoint an earlier run left in OUT and start over",
+                allow_chance="keep tasks the intact model does not solve (left out by default)", figures="figures")
     p.set_defaults(run=run_prune)
 
 
@@ -54,24 +49,15 @@ def run_prune(args: argparse.Namespace) -> int:
     from gna_interp.experiments.prune import CHECKPOINT, PruneConfig, parse_keep_layers, prune
 
     out = Path(args.out)
-    folder = claim_out(args, "prune")
+    folder = claim_run(args, "prune", CHECKPOINT)
     if "kv" in args.tasks:
         _check_pairs(args.pairs, args.max_value)
     parse_keep_layers(args.keep_layers)  # a malformed range fails before any loading
-    if (out / CHECKPOINT).exists() and not (args.resume or args.fresh):
-        raise InputError(f"{out} holds the checkpoint of an unfinished prune run ({CHECKPOINT}); --resume continues "
-                         f"it, --fresh deletes it and starts over, or pick another --out")
     model = _load_for(args)
-    with folder.hold(args.fresh):
-        try:
-            config = PruneConfig(**vars(task_options(args)), tasks=args.tasks, modes=args.modes,
-                                 keep_layers=args.keep_layers, keep_heads=args.keep_heads, keep_seeds=args.keep_seeds,
-                                 allow_chance=args.allow_chance, batch_size=args.batch_size, resume=args.resume,
-                                 fresh=args.fresh, png=not args.no_png)
-            result = prune(model, out, config)
-        except KeyboardInterrupt:
-            say_interrupted(args, out / CHECKPOINT)
-            raise
+    config = PruneConfig(**vars(task_options(args)), **run_options(args), tasks=args.tasks, modes=args.modes,
+                         keep_layers=args.keep_layers, keep_heads=args.keep_heads, keep_seeds=args.keep_seeds,
+                         allow_chance=args.allow_chance)
+    result = run_held(args, folder, lambda: prune(model, out, config), out / CHECKPOINT)
     print(result.summary())
     written = [out / f for f in ("prune.csv", "keep.csv", "prune.json", "report.html") if (out / f).exists()]
     print(f"wrote {', '.join(map(str, written))}")

@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import (_compute_args, _first_default, at_least, claim_out, command, output_args, say_interrupted,
-                            seeds_arg, spec_text, task_args, task_options)
-from gna_interp.errors import InputError
+from gna_interp.cli import (_check_pairs, _compute_args, _first_default, _set_threads, at_least, claim_run, command,
+                            model_arg, output_args, run_held, run_options, seeds_arg, task_args, task_options)
 
 PAPER_PAIRS = "10,15,20,25,30,35,40,45,50"
 
@@ -36,8 +35,7 @@ def pairs_list(text: str) -> list[int]:
 @command("sweep", "KV accuracy vs dictionary size: intact, top-1 / top-k G&A heads removed, k random heads removed "
                   "(the paper's constant drop); writes sweep.csv, sweep.json, report.html")
 def _sweep_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=spec_text, default=None,
-                   help="model spec (default: smollm2-135m when installed, else a zoo model)")
+    model_arg(p)
     p.add_argument("--pairs", type=pairs_list, default=pairs_list(PAPER_PAIRS),
                    help=f"dictionary sizes (default {PAPER_PAIRS}, the paper's)")
     p.add_argument("--circuit", default=None, help="a `gna scan` folder whose heads are removed (default: discover "
@@ -55,36 +53,23 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    import torch
-
     from gna_interp.circuits import Circuit
-    from gna_interp.experiments.checkpoint import stale_files
     from gna_interp.experiments.sweep import CIRCUIT_DIR, CKPT, SweepConfig, sweep
 
     out = Path(args.out)
-    folder = claim_out(args, "sweep")
-    if max(args.pairs) > args.max_value + 1:
-        raise InputError(f"--pairs up to {max(args.pairs)} need {max(args.pairs)} distinct values, but --max-value "
-                         f"{args.max_value} gives {args.max_value + 1}; raise --max-value (99 is the paper's range) or "
-                         f"drop the larger sizes")
-    stale_files(out, CKPT, args.resume, args.fresh,
-              also=[out / CIRCUIT_DIR / "scan.ckpt.json", out / CIRCUIT_DIR / "circuit.json"])
+    folder = claim_run(args, "sweep", CKPT,
+                       also=[out / CIRCUIT_DIR / "scan.ckpt.json", out / CIRCUIT_DIR / "circuit.json"])
+    _check_pairs(max(args.pairs), args.max_value)
     circuit = Circuit.load(args.circuit) if args.circuit else None  # a bad folder fails before loading the model
     found = circuit.kv_args if circuit is not None else {}
     template = args.template or str(found.get("template", "official"))
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads(args)
     spec = args.model or _first_default()
     print(f"loading {spec} ({args.dtype}) ...", flush=True)
-    with folder.hold(args.fresh):
-        try:
-            config = SweepConfig(**vars(task_options(args, pairs=args.pairs, template=template)), k=args.top_k,
-                                 seeds=args.seeds, batch_size=args.batch_size, resume=args.resume, fresh=args.fresh,
-                                 device=getattr(args, "device", None), dtype=args.dtype, png=not args.no_png)
-            result = sweep(spec, circuit=circuit, out=out, config=config)
-        except KeyboardInterrupt:
-            say_interrupted(args, out / CKPT, out / CIRCUIT_DIR / "scan.ckpt.json")
-            raise
+    config = SweepConfig(**vars(task_options(args, pairs=args.pairs, template=template)), **run_options(args),
+                         k=args.top_k, seeds=args.seeds, device=getattr(args, "device", None), dtype=args.dtype)
+    result = run_held(args, folder, lambda: sweep(spec, circuit=circuit, out=out, config=config), out / CKPT,
+                      out / CIRCUIT_DIR / "scan.ckpt.json")
     print(result.summary())
     print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'report.html'} ({result.seconds:.0f}s)")
     return 0

@@ -29,8 +29,11 @@ Output (``out=DIR``, :class:`~gna_interp.experiments.output.ResultFolder` ``eval
                          ``random_stderr`` (mean of the seeds' standard errors), ``random_seeds``
 ``eval.json``            settings, heads, both tables (format ``eval``)
 ``report.html``          the bar chart and the table; ``figures/eval.png`` where export works
-``conditions/*.json``    each finished condition's lm-eval metrics: a rerun with ``resume=True``
-                         skips the conditions whose file was made with the same settings
+``conditions/*.json``    each finished condition's lm-eval metrics, a
+                         :class:`~gna_interp.experiments.checkpoint.Checkpoint` fingerprinted by the model
+                         and what the condition depends on (its heads, tasks, limit, few-shot, method, ...);
+                         kept after the run: a rerun with ``resume=True`` skips the conditions made with
+                         the same settings and refuses one made with others, ``fresh=True`` deletes them
 ``circuit/``             the circuit discovered when neither heads nor a circuit were given
 =======================  ========================================================================
 """
@@ -50,13 +53,15 @@ from tqdm.auto import tqdm
 
 from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError
+from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.options import RunOptions
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.options import Options, options
-from gna_interp.store import atomic_write, read_json, write_json
+from gna_interp.options import options
+from gna_interp.store import atomic_write
 
-__all__ = ["CONDITIONS", "SUMMARY_COLUMNS", "TABLE_COLUMNS", "EvalConfig", "EvalResult", "eval_figure", "eval_heads",
-           "metric_rows", "resolve_tasks", "summarize"]
+__all__ = ["CONDITIONS", "SUMMARY_COLUMNS", "TABLE_COLUMNS", "EvalConfig", "EvalResult", "condition_files", "eval_figure",
+           "eval_heads", "metric_rows", "resolve_tasks", "summarize"]
 
 CONDITIONS: tuple[str, ...] = ("intact", "removed", "random")
 TABLE_COLUMNS = ["condition", "seed", "task", "metric", "filter", "value", "stderr", "n_samples", "higher_is_better",
@@ -66,6 +71,7 @@ SUMMARY_COLUMNS = ["task", "metric", "filter", "intact", "intact_stderr", "remov
 SUMMARY_FILE = "eval_summary.csv"
 CONDITIONS_DIR = "conditions"
 CIRCUIT_DIR = "circuit"
+SCAN_CKPT = f"{CIRCUIT_DIR}/scan.ckpt.json"  # the discovery's checkpoint, when neither heads nor a circuit are given
 
 
 @dataclass
@@ -390,7 +396,7 @@ def _choose_heads(model: Model, heads: Any, circuit: Any, top_k: int, out: Path 
 
 
 @options
-class EvalConfig(Options):
+class EvalConfig(RunOptions):
     """How :func:`eval_heads` runs.
 
     Attributes:
@@ -399,10 +405,12 @@ class EvalConfig(Options):
         limit: documents a task (or a fraction below 1), as lm-eval's ``--limit``.
         method: ``zero`` or ``mean`` ablation.
         include_path: folder(s) of local task YAML files; num_fewshot: few-shot examples (None: the task's).
-        batch_size: sequences a forward; max_gen_toks: new tokens of a generation when the task sets none;
+        max_gen_toks: new tokens of a generation when the task sets none.
         bootstrap_iters: lm-eval's bootstrap iterations for standard errors.
-        resume: reuse the finished conditions of an earlier run with the same settings.
-        progress: show progress bars; png: export the figure as PNG.
+
+    and the run options of :class:`~gna_interp.experiments.options.RunOptions` (``batch_size``, ``progress``,
+    ``png``; ``resume`` reuses the finished conditions of an earlier run with the same settings, ``fresh``
+    deletes them).
     """
 
     top_k: int = 5
@@ -412,12 +420,8 @@ class EvalConfig(Options):
     method: str = "zero"
     include_path: str | Path | Sequence[str | Path] | None = None
     num_fewshot: int | None = None
-    batch_size: int = 16
     max_gen_toks: int = 256
     bootstrap_iters: int = 100000
-    resume: bool = False
-    progress: bool = True
-    png: bool = True
 
 
 def eval_heads(model: Model | str, tasks: str | Sequence[str], heads: str | Sequence[str | HeadRef] | None = None,
@@ -432,65 +436,65 @@ def eval_heads(model: Model | str, tasks: str | Sequence[str], heads: str | Sequ
     ``method``, ``include_path``, ... (as ``gna eval``'s options).
     """
     cfg = EvalConfig.build(config, **overrides)
-    top_k, random_k, seeds, limit, method = cfg.top_k, cfg.random_k, cfg.seeds, cfg.limit, cfg.method
-    include_path, num_fewshot, batch_size, max_gen_toks = cfg.include_path, cfg.num_fewshot, cfg.batch_size, \
-        cfg.max_gen_toks
-    bootstrap_iters, resume, progress, png = cfg.bootstrap_iters, cfg.resume, cfg.progress, cfg.png
     from gna_interp.experiments.harness import ABLATION_METHODS, LM_EVAL_VERSION, GnaLM
 
-    if method not in ABLATION_METHODS:
-        raise InputError(f"unknown ablation method {method!r}; choose one of {ABLATION_METHODS}")
-    if seeds < 0 or (random_k is not None and random_k < 0):
-        raise InputError(f"seeds and random_k must be >= 0, got seeds={seeds}, random_k={random_k}")
-    if limit is not None and (limit <= 0 or (limit >= 1 and float(limit) != int(limit))):
-        raise InputError(f"limit must be a whole number of documents >= 1 or a fraction in (0, 1), got {limit}")
-    names, manager = resolve_tasks(tasks, include_path)
+    if cfg.method not in ABLATION_METHODS:
+        raise InputError(f"unknown ablation method {cfg.method!r}; choose one of {ABLATION_METHODS}")
+    if cfg.seeds < 0 or (cfg.random_k is not None and cfg.random_k < 0):
+        raise InputError(f"seeds and random_k must be >= 0, got seeds={cfg.seeds}, random_k={cfg.random_k}")
+    if cfg.limit is not None and (cfg.limit <= 0 or (cfg.limit >= 1 and float(cfg.limit) != int(cfg.limit))):
+        raise InputError(f"limit must be a whole number of documents >= 1 or a fraction in (0, 1), got {cfg.limit}")
+    names, manager = resolve_tasks(tasks, cfg.include_path)
+    out_path = Path(out) if out is not None else None
+    if out_path is not None:
+        stale = stale_files(out_path, SCAN_CKPT, cfg.resume, cfg.fresh, also=condition_files(out_path))
+        if cfg.fresh:
+            for f in stale:
+                f.unlink()
     if isinstance(model, str):
         from gna_interp.models import load_model
 
         model = load_model(model)
     model.check_runnable()
-    out_path = Path(out) if out is not None else None
-    removed, pool, notes = _choose_heads(model, heads, circuit, top_k, out_path, resume, batch_size, progress)
-    rk = len(removed) if random_k is None else random_k
-    draws = _random_draws(pool, removed, rk, seeds) if rk and seeds else []
-    limit = int(limit) if limit is not None and limit >= 1 else limit
-    settings = {"model": model.name, "tasks": names, "limit": limit, "num_fewshot": num_fewshot, "method": method,
-                "max_gen_toks": max_gen_toks, "bootstrap_iters": bootstrap_iters, "lm_eval": LM_EVAL_VERSION,
-                "dtype": str(model.dtype).replace("torch.", ""), "batch_size": batch_size,
-                "include_path": [str(p) for p in ([include_path] if isinstance(include_path, (str, Path))
-                                                  else include_path or [])]}
+    removed, pool, notes = _choose_heads(model, heads, circuit, cfg.top_k, out_path, cfg.resume, cfg.batch_size,
+                                         cfg.progress)
+    rk = len(removed) if cfg.random_k is None else cfg.random_k
+    draws = _random_draws(pool, removed, rk, cfg.seeds) if rk and cfg.seeds else []
+    limit = int(cfg.limit) if cfg.limit is not None and cfg.limit >= 1 else cfg.limit
+    settings = {"model": model.name, "tasks": names, "limit": limit, "num_fewshot": cfg.num_fewshot,
+                "method": cfg.method, "max_gen_toks": cfg.max_gen_toks, "bootstrap_iters": cfg.bootstrap_iters,
+                "lm_eval": LM_EVAL_VERSION, "dtype": str(model.dtype).replace("torch.", ""), "batch_size": cfg.batch_size,
+                "include_path": [str(p) for p in ([cfg.include_path] if isinstance(cfg.include_path, (str, Path))
+                                                  else cfg.include_path or [])]}
     settings["task_yaml"] = _task_yaml_hashes(manager, names)
     plan: list[tuple[str, str, int | None, list[HeadRef]]] = [("intact", "intact", None, []),
                                                                ("removed", "removed", None, removed)]
     plan += [(f"random-{s}", "random", s, d) for s, d in enumerate(draws)]
     rows: list[dict[str, Any]] = []
     seconds: dict[str, float] = {}
-    bar = tqdm(plan, desc="gna eval conditions", unit="condition", disable=not progress)
+    bar = tqdm(plan, desc="gna eval conditions", unit="condition", disable=not cfg.progress)
     for label, cond, seed, hs in bar:
         bar.set_postfix_str(label)
         names_h = [h.name for h in hs]
         key = {k: v for k, v in settings.items() if k not in ("batch_size", "include_path")} | {"heads": names_h}
-        saved = out_path / CONDITIONS_DIR / f"{label}.json" if out_path is not None else None
-        got = _read_condition(saved, key) if saved is not None and resume else None
-        start = time.perf_counter()
-        if got is None:
-            lm = GnaLM(model, heads=hs or None, method=method, batch_size=batch_size, max_gen_toks=max_gen_toks,
-                       progress=progress)
-            got = metric_rows(_simple_evaluate(lm, names, manager, limit, num_fewshot, bootstrap_iters))
-            if saved is not None:
-                write_json(saved, "eval", {"part": "condition", "condition": label, "key": key, "rows": got,
-                                           "seconds": time.perf_counter() - start})
+        done = Checkpoint(out_path / CONDITIONS_DIR / f"{label}.json" if out_path is not None else None, "eval",
+                          fingerprint(model, key))
+        seconds[label] = 0.0
+        if "rows" not in done:
+            start = time.perf_counter()
+            lm = GnaLM(model, heads=hs or None, method=cfg.method, batch_size=cfg.batch_size,
+                       max_gen_toks=cfg.max_gen_toks, progress=cfg.progress)
+            got = metric_rows(_simple_evaluate(lm, names, manager, limit, cfg.num_fewshot, cfg.bootstrap_iters))
             seconds[label] = time.perf_counter() - start
-        else:
-            seconds[label] = 0.0
-        for r in got:
+            done.extra.update(condition=label, seconds=seconds[label])
+            done.put("rows", got)
+        for r in done["rows"]:
             rows.append({"condition": cond, "seed": seed, **r, "n_heads": len(hs), "heads": ",".join(names_h)})
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     result = EvalResult(model.name, names, table, [h.name for h in removed], [[h.name for h in d] for d in draws],
                         settings, notes, seconds)
     if out_path is not None:
-        result.save(out_path, png=png)
+        result.save(out_path, png=cfg.png)
     return result
 
 
@@ -521,14 +525,8 @@ def _task_yaml_hashes(manager: Any, names: Sequence[str]) -> dict[str, str | Non
     return out
 
 
-def _read_condition(path: Path, key: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The metric rows of a finished condition, or None when it has not run; an error when it ran with
-    other settings."""
-    if not path.is_file():
-        return None
-    doc = read_json(path, "eval")
-    if doc.get("key") != key:
-        diff = sorted(k for k in set(key) | set(doc.get("key") or {}) if (doc.get("key") or {}).get(k) != key.get(k))
-        raise InputError(f"{path} was made with other settings ({', '.join(diff)} differ); rerun with --fresh to "
-                         f"start over, or write elsewhere (another --out)")
-    return list(doc.get("rows") or [])
+def condition_files(out: Path) -> list[Path]:
+    """The finished conditions an eval run left in ``out`` (``conditions/*.json``, the checkpoints a rerun with
+    ``resume`` reuses)."""
+    folder = out / CONDITIONS_DIR
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []

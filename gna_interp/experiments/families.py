@@ -68,6 +68,7 @@ from gna_interp.circuits.replay import SetAblation
 from gna_interp.circuits.offsets import intact_at, pick_offset
 from gna_interp.circuits.roles import decision_inputs, item_masses
 from gna_interp.errors import InputError
+from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.store import records
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, settings_fingerprint, stale_files
@@ -436,16 +437,17 @@ def _split_specs(models: str | Sequence[Model | str]) -> list[Model | str]:
 
 
 @options
-class CompareConfig(TaskOptions):
+class CompareConfig(TaskOptions, RunOptions):
     """How :func:`compare` runs (the measured KV task's knobs of :class:`~gna_interp.tasks.options.TaskOptions`).
 
     Attributes:
         k: most heads removed; seeds: random head orders; sharp_samples: prompts the aggregation scores
             are read on; pool: best-ranked heads of each model whose aggregation is scored; shifts: the
-            summary offsets tried; batch_size: sequences a forward.
-        resume, fresh: continue from / delete the checkpoint in ``out`` (as in ``gna scan``).
-        progress: show progress bars; png: export the figure as PNG.
+            summary offsets tried.
         device, dtype: used only for the models given as specs.
+
+    and the run options of :class:`~gna_interp.experiments.options.RunOptions` (``batch_size``, ``resume``,
+    ``fresh``, ``progress``, ``png``).
     """
 
     samples: int = 24
@@ -454,13 +456,8 @@ class CompareConfig(TaskOptions):
     sharp_samples: int = 8
     pool: int = 64
     shifts: Sequence[int] = (0, 1, 2, 3)
-    batch_size: int = 16
-    resume: bool = False
-    fresh: bool = False
-    progress: bool = True
     device: str | None = None
     dtype: str = "float32"
-    png: bool = True
 
 
 def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | str | os.PathLike | None] | None = None,
@@ -476,39 +473,34 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
     of its fields: the same options as ``gna compare``.
     """
     cfg = CompareConfig.build(config, **overrides)
-    k, seeds, pairs, samples, max_value, seed = cfg.k, cfg.seeds, cfg.pairs, cfg.samples, cfg.max_value, cfg.seed
-    template, sharp_samples, pool, shifts, batch_size = cfg.template, cfg.sharp_samples, cfg.pool, cfg.shifts, \
-        cfg.batch_size
-    resume, fresh, progress = cfg.resume, cfg.fresh, cfg.progress
     specs = _split_specs(models)
     circuits = list(circuits) if circuits is not None else [None] * len(specs)
     if len(circuits) != len(specs):
         raise InputError(f"{len(circuits)} circuits for {len(specs)} models; give one per model (None / an empty "
                          f"entry to discover that model's)")
-    for name, v, lo in (("k", k, 1), ("seeds", seeds, 1), ("pairs", pairs, 2), ("samples", samples, 1),
-                        ("sharp_samples", sharp_samples, 1), ("pool", pool, 1), ("batch_size", batch_size, 1),
-                        ("max_value", max_value, 1)):
+    for name, v, lo in (("k", cfg.k, 1), ("seeds", cfg.seeds, 1), ("pairs", cfg.pairs, 2),
+                        ("samples", cfg.samples, 1), ("sharp_samples", cfg.sharp_samples, 1), ("pool", cfg.pool, 1),
+                        ("batch_size", cfg.batch_size, 1), ("max_value", cfg.max_value, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
-    if pairs > max_value + 1:
-        raise InputError(f"pairs {pairs} needs {pairs} distinct values, but max_value {max_value} gives "
-                         f"{max_value + 1}; raise max_value or lower pairs")
-    shifts = tuple(shifts)
+    if cfg.pairs > cfg.max_value + 1:
+        raise InputError(f"pairs {cfg.pairs} needs {cfg.pairs} distinct values, but max_value {cfg.max_value} gives "
+                         f"{cfg.max_value + 1}; raise max_value or lower pairs")
+    shifts = tuple(cfg.shifts)
     folder = Path(out) if out is not None else None
     names = [s if isinstance(s, str) else s.name for s in specs]
     if folder is not None:
         cdirs = [folder / CIRCUITS_DIR / slug(n) for n in names]
-        stale = stale_files(folder, CKPT, resume, fresh,
+        stale = stale_files(folder, CKPT, cfg.resume, cfg.fresh,
                           also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")])
-        if fresh:
+        if cfg.fresh:
             for p in stale:
                 p.unlink(missing_ok=True)
             for c in cdirs:
                 clear_circuit(c)
-    settings = {"pairs": pairs, "samples": samples, "max_value": max_value, "template": template, "seed": seed, "k": k,
-                "seeds": seeds,
-                "sharp_samples": sharp_samples, "pool": pool, "shifts": list(shifts), "batch_size": batch_size,
-                "method": "zero"}
+    settings = {"pairs": cfg.pairs, "samples": cfg.samples, "max_value": cfg.max_value, "template": cfg.template,
+                "seed": cfg.seed, "k": cfg.k, "seeds": cfg.seeds, "sharp_samples": cfg.sharp_samples, "pool": cfg.pool,
+                "shifts": list(shifts), "batch_size": cfg.batch_size, "method": "zero"}
     log = Checkpoint(folder / CKPT if folder is not None else None, NAME, settings_fingerprint(settings))
     log.save()
     start = time.perf_counter()
@@ -517,22 +509,24 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
         m = model_of(spec, cfg.device, cfg.dtype)
         task = cfg.kv(m.kv_words)
         cdir = folder / CIRCUITS_DIR / slug(name) if folder is not None else None
-        found_on = cfg.kv(m.kv_words, seed=seed + 1)
+        found_on = cfg.kv(m.kv_words, seed=cfg.seed + 1)
         try:
-            circ, sources[name] = resolve_circuit(m, given, seed, cdir, k=k, batch_size=batch_size, progress=progress,
-                                                  task=found_on)
+            circ, sources[name] = resolve_circuit(m, given, cfg.seed, cdir, k=cfg.k, batch_size=cfg.batch_size,
+                                                  progress=cfg.progress, task=found_on)
         except InputError as e:
             kept = (f"; the models measured so far are kept in {folder / CKPT}: leave {name} out and rerun with "
                     f"--resume" if folder is not None and rows else "")
             raise InputError(f"{'' if name in str(e) else name + ': '}{e}{kept}") from e
-        key = f"{slug(name)}:{fingerprint(m, {'heads': [h.name for h in circ.heads[:max(k, pool)]], **settings})[:16]}"
-        kk = min(curve_k(len(circ.scan.heads), k), len(circ.heads))
-        total = (kk + 1) + seeds * kk + 1
+        best = [h.name for h in circ.heads[:max(cfg.k, cfg.pool)]]
+        key = f"{slug(name)}:{fingerprint(m, {'heads': best, **settings})[:16]}"
+        kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
+        total = (kk + 1) + cfg.seeds * kk + 1
         done = sum(1 for p in log.points if p.startswith(key + "/"))
-        with _bar(total, min(done, total), f"compare {name}", progress) as bar:
-            got = _one_model(m, circ, log, key, task, k, seeds, pool, sharp_samples, shifts, batch_size, bar)
-        if kk < k:
-            notes.append(f"{name}: removes up to k = {kk} heads, not {k} ({len(circ.scan.heads)} scanned heads; k "
+        with _bar(total, min(done, total), f"compare {name}", cfg.progress) as bar:
+            got = _one_model(m, circ, log, key, task, cfg.k, cfg.seeds, cfg.pool, cfg.sharp_samples, shifts,
+                             cfg.batch_size, bar)
+        if kk < cfg.k:
+            notes.append(f"{name}: removes up to k = {kk} heads, not {cfg.k} ({len(circ.scan.heads)} scanned heads; k "
                          f"random heads must stay at most a quarter of them)")
         curve = pd.DataFrame(got["curve"]).assign(model=name)[CURVE_COLUMNS]
         curves.append(curve)

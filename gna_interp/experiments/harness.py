@@ -173,7 +173,8 @@ class HarnessConfig(Options):
 
 @register_model("gna")
 class GnaLM(TemplateLM):
-    """lm-eval's ``LM`` over a gna_interp :class:`Model`, with an intervention for the whole run.
+    """lm-eval's ``LM`` over a gna_interp :class:`Model`, with an intervention for the whole run (``config``: the
+    :class:`HarnessConfig` it was built with).
 
     Args:
         model: a loaded :class:`Model`, or a spec for :func:`~gna_interp.models.load_model` (alias,
@@ -193,6 +194,7 @@ class GnaLM(TemplateLM):
         mask, mask_options, batch_size, max_length = cfg.mask, cfg.mask_options, cfg.batch_size, cfg.max_length
         max_gen_toks, device, dtype, progress = cfg.max_gen_toks, cfg.device, cfg.dtype, cfg.progress
         super().__init__()
+        self.config = cfg  # the options as given (lm-eval's --model_args included)
         if model is not None and pretrained is not None:
             raise InputError("pass the model once: model= or pretrained=, not both")
         model = model if model is not None else pretrained

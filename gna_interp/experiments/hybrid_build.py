@@ -48,13 +48,14 @@ import pandas as pd
 
 from gna_interp.circuits.hybrid import load_ranking
 from gna_interp.errors import InputError
+from gna_interp.experiments.options import FolderOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.sweep import clear_circuit, model_of, resolve_circuit
 from gna_interp.interventions import ablate
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.options import Options, options
+from gna_interp.options import options
 from gna_interp.tasks import KVRetrieval, evaluate
 from gna_interp.zoo.hybrid_build import HybridConfig, build_hybrid, is_attention, random_heads
 from gna_interp.zoo.training import DEFAULT_EVAL_SIZES, TrainingRun
@@ -280,7 +281,7 @@ def _reference(m: Model, top: list[HeadRef], pairs: list[int], samples: int) -> 
 
 
 @options
-class HybridBuildConfig(Options):
+class HybridBuildConfig(FolderOptions):
     """How :func:`hybrid_build` runs (the students' own build is a
     :class:`~gna_interp.zoo.hybrid_build.HybridConfig`).
 
@@ -288,8 +289,10 @@ class HybridBuildConfig(Options):
         conditions: ``top``, ``random`` and/or ``none``; seeds: students per condition (seeds ``0..N-1``).
         pairs: dictionary sizes measured; samples: prompts per size.
         scan: a ``gna scan`` folder or ``scan.json`` whose ranking gives the top heads (None: discovered).
-        resume, fresh: skip the finished students / delete them and start over.
-        threads: torch CPU threads; png: export the figure as PNG; log: where progress lines go.
+        threads: torch CPU threads; log: where progress lines go.
+
+    and the folder options of :class:`~gna_interp.experiments.options.FolderOptions` (``resume`` skips the
+    finished students, ``fresh`` deletes them and starts over; ``png``).
     """
 
     conditions: Sequence[str] = CONDITIONS
@@ -297,10 +300,7 @@ class HybridBuildConfig(Options):
     pairs: Sequence[int] = DEFAULT_EVAL_SIZES
     samples: int = 200
     scan: Any = None
-    resume: bool = False
-    fresh: bool = False
     threads: int = 1
-    png: bool = True
     log: Callable[[str], None] | None = print
 
 
@@ -318,29 +318,28 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
     run_names = HybridBuildConfig.field_names()
     opts = HybridBuildConfig.build(run, **{n: v for n, v in overrides.items() if n in run_names})
     overrides = {n: v for n, v in overrides.items() if n not in run_names}
-    conditions, seeds, pairs, samples, scan = opts.conditions, opts.seeds, opts.pairs, opts.samples, opts.scan
-    resume, fresh, threads, png, log = opts.resume, opts.fresh, opts.threads, opts.png, opts.log
-    conds = list(dict.fromkeys(conditions))
+    conds = list(dict.fromkeys(opts.conditions))
     bad = [c for c in conds if c not in CONDITIONS]
     if bad or not conds:
         raise InputError(f"conditions {bad or 'none'}: choose from {', '.join(CONDITIONS)}")
-    for name, v, lo in (("k", k, 0), ("seeds", seeds, 1), ("samples", samples, 1), ("threads", threads, 1)):
+    for name, v, lo in (("k", k, 0), ("seeds", opts.seeds, 1), ("samples", opts.samples, 1),
+                        ("threads", opts.threads, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
-    sizes = sorted(dict.fromkeys(int(n) for n in pairs))
+    sizes = sorted(dict.fromkeys(int(n) for n in opts.pairs))
     if not sizes or min(sizes) < 2:
-        raise InputError(f"pairs must be dictionary sizes >= 2, got {list(pairs)}")
+        raise InputError(f"pairs must be dictionary sizes >= 2, got {list(opts.pairs)}")
     cfg = HybridConfig.build(config, **overrides)
-    say = log or (lambda _msg: None)
+    say = opts.log or (lambda _msg: None)
     folder = Path(out)
     cfolder = folder / CIRCUIT_DIR
-    stale = stale_files(folder, CKPT, resume, fresh, also=[folder / STUDENTS, cfolder / "circuit.json",
-                                                           cfolder / "scan.ckpt.json"])
-    if fresh:
+    stale = stale_files(folder, CKPT, opts.resume, opts.fresh, also=[folder / STUDENTS, cfolder / "circuit.json",
+                                                                     cfolder / "scan.ckpt.json"])
+    if opts.fresh:
         (folder / CKPT).unlink(missing_ok=True)
         if (folder / STUDENTS).is_dir():
             shutil.rmtree(folder / STUDENTS)
-        if scan is None and cfolder.is_dir():
+        if opts.scan is None and cfolder.is_dir():
             clear_circuit(cfolder)
     del stale
     m = model_of(teacher)
@@ -349,23 +348,23 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
     for n in sizes:
         KVRetrieval(n, 1, seed=0, words=m.kv_words)  # a size the key set cannot fill fails before any training
     start = time.perf_counter()
-    if scan is None:
+    if opts.scan is None:
         circ, _ = resolve_circuit(m, None, 0, cfolder, k=max(k, 1), progress=False)
         ranking, source, _ = load_ranking(circ)
         source = f"gna scan's default discovery on the teacher, saved in {cfolder}: {source}"
     else:
-        ranking, source, _ = load_ranking(scan)
+        ranking, source, _ = load_ranking(opts.scan)
     ranking = m.check_heads(ranking)
     top = kept_heads("top", k, 0, ranking, m)
-    plan = [(c, s, kept_heads(c, k, s, ranking, m)) for c in conds for s in range(seeds)]
-    settings = {"k": k, "conditions": conds, "seeds": seeds, "samples": samples, "pairs": sizes,
-                "config": cfg.to_dict(), "threads": threads}
+    plan = [(c, s, kept_heads(c, k, s, ranking, m)) for c in conds for s in range(opts.seeds)]
+    settings = {"k": k, "conditions": conds, "seeds": opts.seeds, "samples": opts.samples, "pairs": sizes,
+                "config": cfg.to_dict(), "threads": opts.threads}
     # what a student's numbers depend on (not how many seeds or which conditions: more of them resume)
-    fp = fingerprint(m, {"k": k, "samples": samples, "pairs": sizes, "config": cfg.to_dict(),
+    fp = fingerprint(m, {"k": k, "samples": opts.samples, "pairs": sizes, "config": cfg.to_dict(),
                          "top": [h.name for h in top]})
     points = Checkpoint(folder / CKPT, NAME, fp)
     if "reference" not in points.extra:
-        points.extra["reference"] = _reference(m, top, sizes, samples)
+        points.extra["reference"] = _reference(m, top, sizes, opts.samples)
     points.save()
     students: dict[str, str] = {}
     rows: list[dict[str, Any]] = []
@@ -379,7 +378,8 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
             say(f"[{i + 1}/{len(plan)}] {c} seed {s}: keeps {', '.join(h.name for h in heads) or 'no heads'}")
             res = build_hybrid(m, heads, where, seed=s, config=cfg, name=f"hybrid-{c}-s{s}",
                                chosen_by=_chosen_by(c, k, s, source),
-                               run=TrainingRun(eval_sizes=sizes, eval_samples=samples, threads=threads, log=log))
+                               run=TrainingRun(eval_sizes=sizes, eval_samples=opts.samples, threads=opts.threads,
+                                               log=opts.log))
             card = res.card
             points.put(key, {"kept": [h.name for h in heads], "by_pairs": card["evaluation"]["by_pairs"],
                              "final_loss": card["training"]["final_loss"],
@@ -389,14 +389,14 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
             e = p["by_pairs"][str(n)]
             rows.append({"condition": c, "seed": s, "k": len(p["kept"]), "kept": ",".join(p["kept"]), "pairs": n,
                          "accuracy": e["accuracy"], "logit_diff": e["logit_diff"], "gold_prob": e["gold_prob"],
-                         "chance": e["chance"], "n_samples": samples, "final_loss": p["final_loss"],
+                         "chance": e["chance"], "n_samples": opts.samples, "final_loss": p["final_loss"],
                          "train_seconds": p["train_seconds"]})
     notes = []
     if k == 0 and len(conds) > 1:
         notes.append("k = 0: every condition keeps no heads (the conditions differ only in name)")
     result = HybridBuild(m.name, k, sizes, pd.DataFrame(rows, columns=COLUMNS), pd.DataFrame(points.extra["reference"]),
                          [h.name for h in ranking], source, settings, students, notes, time.perf_counter() - start)
-    result.save(folder, png=png)
+    result.save(folder, png=opts.png)
     return result
 
 

@@ -73,6 +73,7 @@ from gna_interp.circuits.offsets import OFFSET_TOLERANCE, conv_width, pick_offse
 from gna_interp.circuits.roles import RoleRule, offset_scores
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.interventions.masking import mask_pattern
 from gna_interp.models.heads import HeadRef
@@ -469,7 +470,7 @@ def _random_heads(model: Model, ga: Sequence[MaskedHead], pool: Sequence[HeadRef
 
 
 @options
-class MaskConfig(TaskOptions):
+class MaskConfig(TaskOptions, RunOptions):
     """How :func:`mask_experiment` runs: the KV knobs of :class:`~gna_interp.tasks.options.TaskOptions`
     (``pairs``, ``max_value`` and ``template`` default to the circuit's KV task's, else 10, 9 and
     ``official``; the evaluation prompts use seed ``seed + 1``, prompts the circuit was not found on) and
@@ -480,11 +481,10 @@ class MaskConfig(TaskOptions):
             masking.
         role_samples: samples the role scores are measured on (the circuit's task, or the discovery task).
         scan_samples: discovery prompts when neither a circuit nor heads are given.
-        batch_size: sequences a forward.
         allow_chance: run even when the intact model is near chance on the task (refused otherwise).
-        resume: continue from ``out``'s checkpoint (a checkpoint is never reused or thrown away silently);
-            fresh: delete it and start over.
-        progress: show a progress bar; png: export the figure as PNG.
+
+    and the run options of :class:`~gna_interp.experiments.options.RunOptions` (``batch_size``, ``resume``,
+    ``fresh``, ``progress``, ``png``).
     """
 
     pairs: int | None = None
@@ -497,12 +497,7 @@ class MaskConfig(TaskOptions):
     renormalize: bool = False
     role_samples: int = 8
     scan_samples: int = 24
-    batch_size: int = 16
     allow_chance: bool = False
-    resume: bool = False
-    fresh: bool = False
-    progress: bool = True
-    png: bool = True
 
 
 def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | None = None,
@@ -524,28 +519,23 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
         config: a :class:`MaskConfig`; keyword ``overrides`` of its fields (``samples=32``, ``seeds=2``, ...).
     """
     cfg = MaskConfig.build(config, **overrides)
-    pairs, samples, max_value, template, seed = cfg.pairs, cfg.samples, cfg.max_value, cfg.template, cfg.seed
-    top_k, seeds, offset, renormalize, role_samples = cfg.top_k, cfg.seeds, cfg.offset, cfg.renormalize, \
-        cfg.role_samples
-    scan_samples, batch_size, allow_chance, progress = cfg.scan_samples, cfg.batch_size, cfg.allow_chance, cfg.progress
-    resume, fresh, png = cfg.resume, cfg.fresh, cfg.png
     from gna_interp.models import load_model
 
     if isinstance(model, str):
         model = load_model(model)
     model.check_runnable()
-    for name, v, lo in (("samples", samples, 1), ("top_k", top_k, 1), ("seeds", seeds, 0),
-                        ("role_samples", role_samples, 1), ("scan_samples", scan_samples, 1),
-                        ("batch_size", batch_size, 1)):
+    for name, v, lo in (("samples", cfg.samples, 1), ("top_k", cfg.top_k, 1), ("seeds", cfg.seeds, 0),
+                        ("role_samples", cfg.role_samples, 1), ("scan_samples", cfg.scan_samples, 1),
+                        ("batch_size", cfg.batch_size, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
     if circuit is not None and heads is not None:
         raise InputError("give a circuit or heads, not both")
     folder = Path(out) if out is not None else None
     ckpt = folder / CHECKPOINT if folder is not None else None
-    if resume and fresh:
+    if cfg.resume and cfg.fresh:
         raise InputError("resume and fresh exclude each other")
-    stale = stale_files(folder, CHECKPOINT, resume, fresh, also=checkpoint_files(folder)[1:]) \
+    stale = stale_files(folder, CHECKPOINT, cfg.resume, cfg.fresh, also=checkpoint_files(folder)[1:]) \
         if folder is not None else []
     notes: list[str] = []
     source: str | None = None
@@ -554,61 +544,62 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
         source = str(circuit)
         circuit = Circuit.load(circuit)
     kv_args = circuit.kv_args if circuit is not None else {}
-    pairs = pairs if pairs is not None else int(kv_args.get("n_pairs", 10))
-    max_value = max_value if max_value is not None else int(kv_args.get("max_value", 9))
-    template = template if template is not None else str(kv_args.get("template", "official"))
+    pairs = cfg.pairs if cfg.pairs is not None else int(kv_args.get("n_pairs", 10))
+    max_value = cfg.max_value if cfg.max_value is not None else int(kv_args.get("max_value", 9))
+    template = cfg.template if cfg.template is not None else str(kv_args.get("template", "official"))
     if max_value + 1 < pairs:
         raise InputError(f"max_value {max_value} gives {max_value + 1} distinct values, fewer than pairs {pairs}: "
                          f"every line needs its own value; raise max_value or lower pairs")
-    if fresh:
+    if cfg.fresh:
         for f in stale:
             f.unlink()
     words = model.kv_words
     kv = cfg.replace(pairs=pairs, max_value=max_value, template=template)
     if given is None and circuit is None:
         saved = folder / CIRCUIT_DIR if folder is not None else None
-        if saved is not None and resume and (saved / "circuit.json").exists():
+        if saved is not None and cfg.resume and (saved / "circuit.json").exists():
             circuit = Circuit.load(saved)
             notes.append(f"circuit from the earlier discovery in {saved}")
         else:
-            scan_task = kv.kv(words, samples=scan_samples)
-            if progress:
-                print(f"no circuit given: discovering on {scan_task.name} ({scan_samples} samples, seed {seed}) ...",
-                      flush=True)
+            scan_task = kv.kv(words, samples=cfg.scan_samples)
+            if cfg.progress:
+                print(f"no circuit given: discovering on {scan_task.name} ({cfg.scan_samples} samples, seed "
+                      f"{cfg.seed}) ...", flush=True)
             circuit = discover(model, scan_task, checkpoint=saved / "scan.ckpt.json" if saved else None,
-                               progress=progress, allow_chance=allow_chance, batch_size=batch_size)
+                               progress=cfg.progress, allow_chance=cfg.allow_chance, batch_size=cfg.batch_size)
             if saved is not None:
                 circuit.save(saved)
-            notes.append(f"circuit discovered here on {scan_task.name} ({scan_samples} samples, seed {seed})"
+            notes.append(f"circuit discovered here on {scan_task.name} ({cfg.scan_samples} samples, seed {cfg.seed})"
                          + (f", saved in {saved}" if saved is not None else ""))
         source = str(saved) if saved is not None else None
     if circuit is not None:
         if circuit.model != model.name:
             notes.append(f"the circuit was found on {circuit.model}; this run uses {model.name}")
         role_task = circuit.load_task()
-        if not all(s.spans.items for s in role_task.samples[:role_samples]):
-            role_task = kv.kv(words, samples=role_samples)
+        if not all(s.spans.items for s in role_task.samples[:cfg.role_samples]):
+            role_task = kv.kv(words, samples=cfg.role_samples)
         elif circuit.task.get("kind") != "kv":
             notes.append(f"heads and roles come from a circuit found on {role_task.name} (roles measured there); the "
                          f"masks are evaluated on KV retrieval")
-        candidates = _from_circuit(circuit, top_k)
+        candidates = _from_circuit(circuit, cfg.top_k)
         pool = list(circuit.scan.heads)
         rule = circuit.rule
         if not candidates:
-            raise InputError(f"the circuit has no head among its top {top_k} whose removal hurts the task "
+            raise InputError(f"the circuit has no head among its top {cfg.top_k} whose removal hurts the task "
                              f"(drop > 0); nothing to mask")
     else:
         assert given is not None
-        role_task = kv.kv(words, samples=role_samples)
+        role_task = kv.kv(words, samples=cfg.role_samples)
         candidates, pool, rule = given, model.default_heads(), RoleRule()
-    ga, scores, role_notes = _assign(model, role_task, candidates, offset, rule, role_samples, batch_size)
+    ga, scores, role_notes = _assign(model, role_task, candidates, cfg.offset, rule, cfg.role_samples,
+                                     cfg.batch_size)
     notes += role_notes
     if not ga:
         raise InputError(f"none of the heads {[h.name for h, _, _ in candidates]} has a G&A role (gather or "
                          f"aggregate), labelled or measured; name heads with roles, e.g. heads='L0H3=gather,"
                          f"L1H3=aggregate' (gna mask --heads)")
-    random_heads = {s: _random_heads(model, ga, pool, s) for s in range(seeds)}
-    task = kv.kv(words, seed=seed + 1)
+    random_heads = {s: _random_heads(model, ga, pool, s) for s in range(cfg.seeds)}
+    task = kv.kv(words, seed=cfg.seed + 1)
     plan = plan_scoring(model, task.samples)
     segs = [s.segments(model.tokenizer) for s in task.samples]
     for i, (sg, ids) in enumerate(zip(segs, plan.prompt_ids)):
@@ -617,7 +608,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
                              f"to {len(ids)}; cannot place the masks")
     settings = {"model": model.name, "task": task.to_dict(), "heads": [h.to_dict() for h in ga],
                 "random": {str(s): [h.to_dict() for h in hs] for s, hs in random_heads.items()},
-                "renormalize": renormalize, "batch_size": batch_size, "circuit": source}
+                "renormalize": cfg.renormalize, "batch_size": cfg.batch_size, "circuit": source}
     conditions: list[tuple[str, int, list[MaskedHead], str]] = [
         ("intact", -1, [], "none"), ("ga_masked", -1, ga, "zero"), ("ga_pattern", -1, ga, "pattern")]
     if any(h.offset for h in ga):
@@ -627,25 +618,26 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
     log = Checkpoint(ckpt, "mask", fingerprint(model, settings))
     rows: dict[str, dict[str, Any]] = log.points
     started = time.perf_counter()
-    bar = tqdm(conditions, desc="mask conditions", unit="condition", disable=not progress)
+    bar = tqdm(conditions, desc="mask conditions", unit="condition", disable=not cfg.progress)
     for name, s, hs, mode in bar:
         key = f"{name}:{s}"
         if key in rows:
             continue
         bar.set_postfix_str(name + (f" seed {s}" if s >= 0 else ""))
-        rows[key] = _row(name, s, hs, _score(model, plan, segs, hs, mode, batch_size, renormalize))
+        rows[key] = _row(name, s, hs, _score(model, plan, segs, hs, mode, cfg.batch_size, cfg.renormalize))
         if key == "intact:-1":
-            _check_chance(rows[key], task, allow_chance, notes)
+            _check_chance(rows[key], task, cfg.allow_chance, notes)
         log.save()
     bar.close()
     if "intact:-1" in rows and not any("intact model" in n for n in notes):
-        _check_chance(rows["intact:-1"], task, allow_chance, notes)
+        _check_chance(rows["intact:-1"], task, cfg.allow_chance, notes)
     frame = pd.DataFrame([rows[f"{n}:{s}"] for n, s, _, _ in conditions], columns=COLUMNS)
-    settings.update(samples=samples, pairs=pairs, max_value=max_value, template=template, seed=seed, top_k=top_k, seeds=seeds,
-                    offset=offset, role_samples=role_samples, seconds=round(time.perf_counter() - started, 2))
+    settings.update(samples=cfg.samples, pairs=pairs, max_value=max_value, template=template, seed=cfg.seed,
+                    top_k=cfg.top_k, seeds=cfg.seeds, offset=cfg.offset, role_samples=cfg.role_samples,
+                    seconds=round(time.perf_counter() - started, 2))
     result = MaskResult(model.name, task.to_dict(), ga, random_heads, frame, scores, settings, notes, source)
     if folder is not None:
-        result.save(folder, png=png)
+        result.save(folder, png=cfg.png)
         log.finish()
     return result
 

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from gna_interp.circuits.prune import COLUMNS as CURVE_COLUMNS
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.interventions.ablation import ablate
 from gna_interp.interventions.layers import check_layers, skip_layers
@@ -407,7 +408,7 @@ def _names(v: Any, what: str) -> list[str]:
 
 
 @options
-class PruneConfig(TaskOptions):
+class PruneConfig(TaskOptions, RunOptions):
     """How :func:`prune` runs: the task knobs of :class:`~gna_interp.tasks.options.TaskOptions` (``pairs``,
     ``samples``, ``max_value``, ``seed``, ``questions``, ``shots``, ``mc_form``) and
 
@@ -419,9 +420,9 @@ class PruneConfig(TaskOptions):
             ``keep_heads`` is given.
         keep_heads: the only heads kept after them (``"L16H0,L17H2"``); keep_seeds: random draws of the table.
         allow_chance: keep tasks the intact model does not solve (left out otherwise).
-        batch_size: sequences a forward.
-        resume: continue from ``out``'s checkpoint; fresh: delete it and start over.
-        progress: show a progress bar; png: export the figures as PNG.
+
+    and the run options of :class:`~gna_interp.experiments.options.RunOptions` (``batch_size``, ``resume``,
+    ``fresh``, ``progress``, ``png``).
     """
 
     tasks: Sequence[str] | str = TASKS
@@ -432,11 +433,6 @@ class PruneConfig(TaskOptions):
     keep_heads: Sequence[HeadRef | str] | str | None = None
     keep_seeds: int = 3
     allow_chance: bool = False
-    batch_size: int = 16
-    resume: bool = False
-    fresh: bool = False
-    progress: bool = True
-    png: bool = True
 
 
 def prune(model: Model | str, out: str | os.PathLike | None = None, config: PruneConfig | None = None,
@@ -450,47 +446,42 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
         config: a :class:`PruneConfig`; keyword ``overrides`` of its fields (``tasks="kv"``, ``pairs=20``, ...).
     """
     cfg = PruneConfig.build(config, **overrides)
-    tasks, pairs, samples, max_value, seed = cfg.tasks, cfg.pairs, cfg.samples, cfg.max_value, cfg.seed
-    questions, shots, mc_form, modes, ks, layers = cfg.questions, cfg.shots, cfg.mc_form, cfg.modes, cfg.ks, cfg.layers
-    keep_layers, keep_heads, keep_seeds, allow_chance = cfg.keep_layers, cfg.keep_heads, cfg.keep_seeds, \
-        cfg.allow_chance
-    batch_size, resume, fresh, progress, png = cfg.batch_size, cfg.resume, cfg.fresh, cfg.progress, cfg.png
     from gna_interp.models import load_model
 
     if isinstance(model, str):
         model = load_model(model)
     model.check_runnable()
-    for name, v, lo in (("samples", samples, 1), ("pairs", pairs, 2), ("keep_seeds", keep_seeds, 0),
-                        ("batch_size", batch_size, 1), ("shots", shots, 0)):
+    for name, v, lo in (("samples", cfg.samples, 1), ("pairs", cfg.pairs, 2), ("keep_seeds", cfg.keep_seeds, 0),
+                        ("batch_size", cfg.batch_size, 1), ("shots", cfg.shots, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
-    tasks = _names(tasks, "tasks")
-    modes = _names(modes, "modes")
+    tasks = _names(cfg.tasks, "tasks")
+    modes = _names(cfg.modes, "modes")
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise InputError(f"unknown prune mode(s) {bad}; choose from {', '.join(MODES)}")
-    if max_value + 1 < pairs and "kv" in tasks:
-        raise InputError(f"max_value {max_value} gives {max_value + 1} distinct values, fewer than pairs {pairs}: "
-                         f"every line needs its own value; raise max_value or lower pairs")
+    if cfg.max_value + 1 < cfg.pairs and "kv" in tasks:
+        raise InputError(f"max_value {cfg.max_value} gives {cfg.max_value + 1} distinct values, fewer than pairs "
+                         f"{cfg.pairs}: every line needs its own value; raise max_value or lower pairs")
     n = model.n_layers
-    if ks is not None and "from_end" not in modes:
+    if cfg.ks is not None and "from_end" not in modes:
         raise InputError("ks are points of the from_end mode, which is not among the modes")
-    if layers is not None and "single" not in modes:
+    if cfg.layers is not None and "single" not in modes:
         raise InputError("layers are points of the single mode, which is not among the modes")
-    from_end = sorted(set(range(n + 1) if ks is None else ks) - {0}) if "from_end" in modes else []
+    from_end = sorted(set(range(n + 1) if cfg.ks is None else cfg.ks) - {0}) if "from_end" in modes else []
     bad_k = [k for k in from_end if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n]
     if bad_k:
         raise InputError(f"ks must be integers in 0..{n} (blocks of {model.name}), got {bad_k}")
-    single = (list(range(n)) if layers is None else check_layers(model, layers)) if "single" in modes else []
-    keeps = keep_rows(model, keep_layers, keep_heads, keep_seeds)
+    single = (list(range(n)) if cfg.layers is None else check_layers(model, cfg.layers)) if "single" in modes else []
+    keeps = keep_rows(model, cfg.keep_layers, cfg.keep_heads, cfg.keep_seeds)
     folder = Path(out) if out is not None else None
     ckpt = folder / CHECKPOINT if folder is not None else None
     if folder is not None:
-        stale = stale_files(folder, CHECKPOINT, resume, fresh)
-        if fresh:
+        stale = stale_files(folder, CHECKPOINT, cfg.resume, cfg.fresh)
+        if cfg.fresh:
             for f in stale:
                 f.unlink()
-    elif resume and fresh:
+    elif cfg.resume and cfg.fresh:
         raise InputError("resume and fresh exclude each other")
     built, notes = build_tasks(model, tasks, cfg.task_options())
     plans: dict[str, ScoringPlan] = {}
@@ -502,7 +493,7 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
     if not plans:
         raise InputError(f"no task can be scored on {model.name}: " + "; ".join(notes))
     settings = {"model": model.name, "tasks": {k: built[k][0].to_dict() for k in plans}, "modes": modes,
-                "from_end": from_end, "single": single, "allow_chance": allow_chance, "batch_size": batch_size,
+                "from_end": from_end, "single": single, "allow_chance": cfg.allow_chance, "batch_size": cfg.batch_size,
                 "keep": [[r["row"], r["kept_heads"], r["skipped"], len(r["ablated"])] for r in keeps]}
     log = Checkpoint(ckpt, "prune", fingerprint(model, settings))
     done: dict[str, dict[str, dict[str, float]]] = log.points
@@ -512,13 +503,13 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
 
     started = time.perf_counter()
     if "intact" not in done:
-        done["intact"] = _evaluate(model, plans, [], [], batch_size)
+        done["intact"] = _evaluate(model, plans, [], [], cfg.batch_size)
         save_state()
     info: dict[str, dict[str, Any]] = {}
     for name in list(plans):
         m = done["intact"][name]
         near, line = _chance_line(name, m["accuracy"], m["chance"], int(m["n_samples"]))
-        if near and not allow_chance:
+        if near and not cfg.allow_chance:
             notes.append(line + ": left out (the intact model does not solve it; allow_chance keeps it)")
             del plans[name]
             continue
@@ -532,12 +523,12 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
     points = [(f"from_end:{k}", list(range(n - k, n)), []) for k in from_end]
     points += [(f"single:{layer}", [layer], []) for layer in single]
     points += [(f"keep:{i}", r["skipped"], r["ablated"]) for i, r in enumerate(keeps) if i > 0]
-    bar = tqdm(points, desc="prune", unit="point", disable=not progress)
+    bar = tqdm(points, desc="prune", unit="point", disable=not cfg.progress)
     for key, skipped, ablated in bar:
         if key in done and all(nm in done[key] for nm in plans):
             continue
         bar.set_postfix_str(key)
-        done[key] = _evaluate(model, plans, skipped, ablated, batch_size)
+        done[key] = _evaluate(model, plans, skipped, ablated, cfg.batch_size)
         save_state()
     bar.close()
     kinds = model.layer_kinds()
@@ -570,14 +561,15 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
                                  "n_ablated": len(r["ablated"]), "task": name, "task_kind": info[name]["kind"],
                                  "accuracy": m["accuracy"], "logit_diff": m["logit_diff"], "chance": m["chance"],
                                  "n_samples": m["n_samples"]})
-    settings_out = {**{k: v for k, v in settings.items() if k not in ("tasks", "keep")}, "pairs": pairs,
-                    "samples": samples, "max_value": max_value, "seed": seed, "questions": questions, "shots": shots,
-                    "mc_form": mc_form, "keep_layers": parse_keep_layers(keep_layers),
-                    "keep_heads": [h.name for h in model.check_heads(keep_heads)] if keep_heads else [],
-                    "keep_seeds": keep_seeds, "seconds": round(time.perf_counter() - started, 2)}
+    settings_out = {**{k: v for k, v in settings.items() if k not in ("tasks", "keep")}, "pairs": cfg.pairs,
+                    "samples": cfg.samples, "max_value": cfg.max_value, "seed": cfg.seed, "questions": cfg.questions,
+                    "shots": cfg.shots,
+                    "mc_form": cfg.mc_form, "keep_layers": parse_keep_layers(cfg.keep_layers),
+                    "keep_heads": [h.name for h in model.check_heads(cfg.keep_heads)] if cfg.keep_heads else [],
+                    "keep_seeds": cfg.keep_seeds, "seconds": round(time.perf_counter() - started, 2)}
     result = PruneResult(model.name, frame[COLUMNS], pd.DataFrame(keep_records, columns=KEEP_COLUMNS), info, n,
                          settings_out, notes)
     if folder is not None:
-        result.save(folder, png=png)
+        result.save(folder, png=cfg.png)
         log.finish()
     return result

@@ -53,6 +53,7 @@ from gna_interp.circuits.discovery import discover
 from gna_interp.circuits.replay import SetAblation
 from gna_interp.errors import InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.models import load_model
 from gna_interp.models.heads import HeadRef
@@ -350,16 +351,17 @@ class Sweep:
 
 # ---- the experiment --------------------------------------------------------------------------------------
 @options
-class SweepConfig(TaskOptions):
+class SweepConfig(TaskOptions, RunOptions):
     """How :func:`sweep` runs (the task knobs of :class:`~gna_interp.tasks.options.TaskOptions`; ``pairs``
     here are the dictionary sizes, comma-separated text or a list).
 
     Attributes:
-        k: heads removed together; seeds: random ``k``-head draws; batch_size: sequences a forward.
-        resume, fresh: continue from / delete the checkpoint in ``out`` (as in ``gna scan``).
-        progress: show progress bars; png: export the figure as PNG.
+        k: heads removed together; seeds: random ``k``-head draws.
         device, dtype: used only when the model is a spec.
         on_point: called with each finished row.
+
+    and the run options of :class:`~gna_interp.experiments.options.RunOptions` (``batch_size``, ``resume``,
+    ``fresh``, ``progress``, ``png``).
     """
 
     pairs: Any = PAPER_SIZES
@@ -367,13 +369,8 @@ class SweepConfig(TaskOptions):
     max_value: Any = 99
     k: int = 5
     seeds: int = 5
-    batch_size: int = 16
-    resume: bool = False
-    fresh: bool = False
-    progress: bool = True
     device: str | None = None
     dtype: str = "float32"
-    png: bool = True
     on_point: Callable[[dict[str, Any]], None] | None = None
 
 
@@ -390,40 +387,39 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
     options as ``gna sweep``.
     """
     cfg = SweepConfig.build(config, **overrides, **({} if pairs is None else {"pairs": pairs}))
-    k, seeds, samples, batch_size, max_value = cfg.k, cfg.seeds, cfg.samples, cfg.batch_size, cfg.max_value
-    seed, template, resume, fresh, progress = cfg.seed, cfg.template, cfg.resume, cfg.fresh, cfg.progress
-    pairs, on_point = cfg.pairs, cfg.on_point
-    sizes = parse_pairs(pairs)
-    for name, v, lo in (("k", k, 1), ("seeds", seeds, 1), ("samples", samples, 1), ("batch_size", batch_size, 1),
-                        ("max_value", max_value, 1)):
+    sizes = parse_pairs(cfg.pairs)
+    for name, v, lo in (("k", cfg.k, 1), ("seeds", cfg.seeds, 1), ("samples", cfg.samples, 1),
+                        ("batch_size", cfg.batch_size, 1), ("max_value", cfg.max_value, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
-    if template not in TEMPLATES:
-        raise InputError(f"unknown template {template!r}; choose one of {TEMPLATES}")
-    if max(sizes) > max_value + 1:
-        raise InputError(f"pairs up to {max(sizes)} need {max(sizes)} distinct values, but max_value {max_value} gives "
-                         f"{max_value + 1}; raise max_value (99 is the paper's range) or drop the larger sizes")
+    if cfg.template not in TEMPLATES:
+        raise InputError(f"unknown template {cfg.template!r}; choose one of {TEMPLATES}")
+    if max(sizes) > cfg.max_value + 1:
+        raise InputError(f"pairs up to {max(sizes)} need {max(sizes)} distinct values, but max_value {cfg.max_value} "
+                         f"gives {cfg.max_value + 1}; raise max_value (99 is the paper's range) or drop the larger sizes")
     folder = Path(out) if out is not None else None
     cfolder = folder / CIRCUIT_DIR if folder is not None else None
     if folder is not None:
-        stale = stale_files(folder, CKPT, resume, fresh, also=[cfolder / "scan.ckpt.json", cfolder / "circuit.json"])
-        if fresh:
+        stale = stale_files(folder, CKPT, cfg.resume, cfg.fresh,
+                            also=[cfolder / "scan.ckpt.json", cfolder / "circuit.json"])
+        if cfg.fresh:
             for p in stale:
                 p.unlink(missing_ok=True)
             clear_circuit(cfolder)
     m = model_of(model, cfg.device, cfg.dtype)
     tasks = {n: cfg.replace(pairs=n).kv(m.kv_words)
              for n in sizes}  # built before any work: a size the word list cannot fill fails here
-    circ, source = resolve_circuit(m, circuit, seed, cfolder, k=k, batch_size=batch_size, progress=progress)
-    kk = min(curve_k(len(circ.scan.heads), k), len(circ.heads))
+    circ, source = resolve_circuit(m, circuit, cfg.seed, cfolder, k=cfg.k, batch_size=cfg.batch_size,
+                                   progress=cfg.progress)
+    kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
     notes = []
-    if kk < k:
-        notes.append(f"removes k = {kk} heads, not {k}: {len(circ.scan.heads)} scanned heads ({len(circ.heads)} in the "
-                     f"circuit), and k random heads must stay a small draw (at most a quarter of them)")
+    if kk < cfg.k:
+        notes.append(f"removes k = {kk} heads, not {cfg.k}: {len(circ.scan.heads)} scanned heads ({len(circ.heads)} in "
+                     f"the circuit), and k random heads must stay a small draw (at most a quarter of them)")
     top = circ.heads[:kk]
-    draws = random_draws(circ.scan.heads, top, kk, seeds, "gna-sweep-random")
-    settings = {"samples": samples, "seed": seed, "max_value": max_value, "template": template, "k": kk,
-                "k_requested": k, "seeds": seeds, "batch_size": batch_size, "method": "zero"}
+    draws = random_draws(circ.scan.heads, top, kk, cfg.seeds, "gna-sweep-random")
+    settings = {"samples": cfg.samples, "seed": cfg.seed, "max_value": cfg.max_value, "template": cfg.template, "k": kk,
+                "k_requested": cfg.k, "seeds": cfg.seeds, "batch_size": cfg.batch_size, "method": "zero"}
     fp = fingerprint(m, {**settings, "pairs": sizes, "heads": [h.name for h in top],
                          "random": [[h.name for h in d] for d in draws]})
     log = Checkpoint(folder / CKPT if folder is not None else None, NAME, fp)
@@ -433,21 +429,21 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     done = sum(f"{n}/{c}/{s}" in log for n in sizes for c, s, _ in conditions)
-    with _bar(len(sizes) * len(conditions), done, f"sweep {m.name}", progress) as bar:
+    with _bar(len(sizes) * len(conditions), done, f"sweep {m.name}", cfg.progress) as bar:
         for n in sizes:
             runner = None
             for cond, s, heads in conditions:
                 key = f"{n}/{cond}/{s}"
                 if key not in log:
-                    runner = runner or SetAblation(m, tasks[n], batch_size=batch_size)
+                    runner = runner or SetAblation(m, tasks[n], batch_size=cfg.batch_size)
                     met = runner.run(heads).metrics
                     log.put(key, {"pairs": n, "condition": cond, "seed": s, "k": len(heads),
                                   "accuracy": met["accuracy"], "logit_diff": met["logit_diff"],
                                   "gold_prob": met["gold_prob"], "chance": met["chance"],
                                   "n_samples": met["n_samples"], "heads": ",".join(h.name for h in heads)})
                     bar.update(1)
-                    if on_point is not None:
-                        on_point(log[key])
+                    if cfg.on_point is not None:
+                        cfg.on_point(log[key])
                 rows.append(log[key])
     result = Sweep(m.name, sizes, top, draws, pd.DataFrame(rows, columns=COLUMNS), settings, source, notes,
                    time.perf_counter() - start)
