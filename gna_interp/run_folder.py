@@ -30,7 +30,7 @@ from typing import Iterable, Iterator
 
 from gna_interp.errors import InputError
 
-__all__ = ["LOCK_FILE", "RESULTS", "Lock", "RunFolder", "check_out_file", "owner_of"]
+__all__ = ["LOCK_FILE", "RESULTS", "Lock", "RunFolder", "check_no_links", "check_out_file", "check_targets", "owner_of"]
 
 LOCK_FILE = ".gna.lock"
 
@@ -105,6 +105,21 @@ def check_no_links(folder: Path, what: str = "--out") -> None:
                          f"remove the link or pick another folder")
 
 
+def check_targets(folder: Path, files: Iterable[str] = (), dirs: Iterable[str] = (), what: str = "--out") -> None:
+    """Refuse, before anything is written, a folder whose output ``files`` are folders, or whose output ``dirs`` are
+    files or symbolic links (a dangling one included): writing there would fail half-way or land elsewhere."""
+    for name in files:
+        if (folder / name).is_dir() and not (folder / name).is_symlink():
+            raise InputError(f"{what} {str(folder)!r}: {name!r} is a folder where gna writes a file; move it away")
+    for name in dirs:
+        p = folder / name
+        if p.is_symlink():
+            raise InputError(f"{what} {str(folder)!r}: {name!r} is a symbolic link (to {os.readlink(p)!r}); gna writes "
+                             f"only inside the folder and never through a link: remove the link")
+        if p.exists() and not p.is_dir():
+            raise InputError(f"{what} {str(folder)!r}: {name!r} is a file where gna writes a folder; move it away")
+
+
 class Lock:
     """``DIR/.gna.lock`` held while a command writes into ``DIR``: a second command into the same folder is
     refused (a lock left by a process that no longer runs is taken over)."""
@@ -175,12 +190,15 @@ class RunFolder:
             raise ValueError(f"unknown command {command!r}")
         self.path, self.command = Path(out), command
 
-    def check(self, *, fresh: bool = False, resume: bool = False, checkpoints: Iterable[Path] = ()) -> None:
+    def check(self, *, fresh: bool = False, resume: bool = False, checkpoints: Iterable[Path] = (),
+              inputs: Iterable[str | os.PathLike] = ()) -> None:
         """Refuse (:class:`InputError`, naming the folder and the way out) an ``--out`` that cannot take this
         command's results; touches nothing. ``checkpoints``: the command's own checkpoint files (a finished
-        ``gna scan`` without them is refused unless ``fresh``)."""
+        ``gna scan`` without them is refused unless ``fresh``); ``inputs``: the folders or files the command reads
+        (``--out`` may be none of them, hold one, or lie inside one: ``--fresh`` would delete what it reads)."""
         out = self.path
         _check_name(out, "--out")
+        _not_an_input(out, inputs)
         if out.exists() and not out.is_dir():
             raise InputError(f"--out {str(out)!r} is an existing file, not a folder; pick a folder path")
         if out.is_symlink() and not out.exists():
@@ -190,6 +208,7 @@ class RunFolder:
         if not out.is_dir():
             return
         check_no_links(out)
+        check_targets(out, (*RESULTS[self.command], *_SHARED[:1], "summary.md"), _SHARED[1:])
         Lock(out).check()
         owner = owner_of(out)
         if owner is None or fresh:
@@ -231,6 +250,17 @@ class RunFolder:
             if fresh:
                 self.clear_foreign()
             yield self
+
+
+def _not_an_input(out: Path, inputs: Iterable[str | os.PathLike]) -> None:
+    mine = out.resolve()
+    for given in inputs:
+        src = Path(given).resolve()
+        src = src.parent if src.is_file() else src
+        if mine == src or src.is_relative_to(mine) or mine.is_relative_to(src):
+            how = "is" if mine == src else "holds" if src.is_relative_to(mine) else "lies inside"
+            raise InputError(f"--out {str(out)!r} {how} the input {str(given)!r} this command reads; writing there "
+                             f"(or --fresh) would replace what it reads: pick another --out")
 
 
 def check_out_file(out: str | os.PathLike, what: str = "--out") -> Path:

@@ -56,7 +56,9 @@ PER_SAMPLE = obj(optional={"logit_diff": arr(NUM_NULL), "correct": arr(BOOL), "g
                            "n_gold": arr(NAT)}, closed=True)
 HEAD_VALUES = {"type": "object", "propertyNames": {"pattern": HEAD_NAME}, "additionalProperties": NUM_NULL}
 HEAD_SAMPLES = {"type": "object", "propertyNames": {"pattern": HEAD_NAME}, "additionalProperties": PER_SAMPLE}
-TASK = obj({"name": STR}, {"n_samples": NAT, "args": {"type": "object"}, "kind": STR})
+TASK = obj({"name": {"type": "string", "maxLength": 400}},
+           {"n_samples": NAT, "args": {"type": "object"}, "kind": {"enum": ["kv", "mc", "samples"]}})
+HEAD_ROW = obj(optional={"layer": NAT, "head": NAT, "name": HEAD, "rank": NAT})  # a ranked table's row
 ROLE_RULE = obj(optional={k: NUM for k in ("aggregate_min", "selectivity_min", "gather_min", "spread_min",
                                            "smooth_selectivity_min")}, closed=True)
 
@@ -71,10 +73,13 @@ CALIBRATION = obj({"rows": arr(obj({"form": {"type": "object"}, "task": STR, "ac
                   {"named": {"type": "object"}, "saturated": NUM, "seconds": SECONDS,
                    "skipped": arr({"type": "object"})})
 
-CIRCUIT = obj({"model": STR, "task": TASK, "baseline": NUMBERS, "rule": ROLE_RULE, "scan_rows": NAT, "run_id": RUN},
-              {"heads": RECORDS, "roles": RECORDS, "curve": RECORDS, "seconds": SECONDS,
+CIRCUIT = obj({"model": {"type": "string", "maxLength": 4096}, "task": TASK, "baseline": NUMBERS, "rule": ROLE_RULE,
+               "scan_rows": NAT, "run_id": RUN},
+              {"heads": arr(HEAD_ROW), "roles": arr(HEAD_ROW), "n_samples": nullable(NAT),
+               "seed": nullable({"type": "integer"}), "curve": RECORDS, "seconds": SECONDS,
                "timings": {"type": "object", "additionalProperties": SECONDS},
-               "views": nullable(STR), "control": nullable(STR), "delegation": nullable(STR),
+               "views": {"enum": [None, "views.pt"]}, "control": {"enum": [None, "control.json"]},
+               "delegation": {"enum": [None, "delegation.json"]},
                "generic_fraction": {"type": "number", "minimum": 0, "maximum": 1}, "keep_generic": BOOL,
                "model_in_memory": BOOL, "notes": arr(STR), "circuit": arr(HEAD), "generic": arr(HEAD), "twin": nullable({"type": "object"}),
                "calibration": nullable(CALIBRATION),

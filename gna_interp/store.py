@@ -114,11 +114,10 @@ def write_json(path: str | os.PathLike, fmt: str, body: dict[str, Any], indent: 
 def read_json(path: str | os.PathLike, fmt: str, run_id: str | None = None) -> dict[str, Any]:
     """Read a ``fmt`` document written by :func:`write_json`; a clear error when missing, truncated, of another
     kind or version, off its schema, or (given ``run_id``) written by another run."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{str(path)!r} does not exist")
+    path = _regular_file(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant, parse_float=_finite)
+        doc = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant, parse_float=_finite,
+                         object_pairs_hook=_unique_keys)
     except RecursionError:
         raise InputError(f"{str(path)!r} nests its JSON too deeply to be a gna_interp {fmt} file") from None
     except (OSError, ValueError) as e:
@@ -135,6 +134,28 @@ def _same_run(doc: dict[str, Any], run_id: str | None, path: Path) -> dict[str, 
                          f"folder's circuit.json has {run_id}): the folder mixes two runs; rerun the command that made "
                          f"it or put the file's own folder back together")
     return doc
+
+
+def _regular_file(path: str | os.PathLike) -> Path:
+    """``path`` when it is a regular file (a link to one included); a clear error for a missing path, a folder, or a
+    FIFO or device (which would block or never end: never opened)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        raise InputError(f"{str(path)!r} is a folder, not a file")
+    if path.exists() or path.is_symlink() and os.path.exists(os.path.realpath(path)):
+        raise InputError(f"{str(path)!r} is not a regular file (a FIFO, socket or device); a result file is a file")
+    raise InputError(f"{str(path)!r} does not exist")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise ValueError(f"the key {k[:60]!r} appears twice in one object")
+        seen.add(k)
+    return dict(pairs)
 
 
 def _no_constant(name: str) -> float:
@@ -174,12 +195,11 @@ def read_tensors(path: str | os.PathLike, fmt: str, run_id: str | None = None) -
     """Read a bundle written by :func:`write_tensors` (no code is unpickled); checked as :func:`read_json`."""
     import torch
 
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{str(path)!r} does not exist")
+    path = _regular_file(path)
     try:
         doc = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several types for a bad file
-        raise InputError(f"{str(path)!r} cannot be read as a tensor bundle ({type(e).__name__}: {e}); "
-                         f"it may be truncated: rewrite it") from e
+    except Exception as e:  # torch raises several types for a bad file; its messages run over many lines
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise InputError(f"{str(path)!r} cannot be read as a tensor bundle ({type(e).__name__}: {first}); it may be "
+                         f"truncated, or not a gna_interp file (no code in it was run): rewrite it") from None
     return _same_run(_validated(_check(doc, fmt, path), fmt, path), run_id, path)

@@ -396,3 +396,163 @@ def test_an_offline_hub_id_in_the_local_cache_loads(tiny_dirs, tmp_path, monkeyp
     assert torch.equal(model.forward(ids), ref.forward(ids))
     with pytest.raises(ModelUnavailableError, match="not in the local Hugging Face cache"):
         load_model("someone/not-downloaded", device="cpu")
+
+
+# ---- second review (issue 26): cases a reviewer found beyond the first list ------------------------------------
+
+def _copy(scan_folder: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "run"
+    shutil.copytree(scan_folder, folder)
+    return folder
+
+
+REVIEW_CIRCUIT_CASES = [
+    ("a negative layer in a table row", lambda d: d["heads"][0].update(layer=-1), "field 'heads/0/layer'"),
+    ("a row's layer contradicts its name", lambda d: d["heads"][0].update(layer=d["heads"][0]["layer"] + 1),
+     "do not agree"),
+    ("the circuit names a head never scanned", lambda d: d["circuit"].insert(0, "L9H9"), "not among the"),
+    ("an unknown task kind", lambda d: d["task"].update(kind="evil"), "field 'task/kind'"),
+    ("a boolean count", _set("n_samples", True), "field 'n_samples'"),
+    ("views named by an empty string", _set("views", ""), "field 'views'"),
+    ("a task that cannot be rebuilt", lambda d: d["task"]["args"].update(max_value=10 ** 30), "field 'task'"),
+    ("a model name of a million characters", _set("model", "m" * 1_000_000), "field 'model'"),
+]
+
+
+@pytest.mark.parametrize("change, needle", [c[1:] for c in REVIEW_CIRCUIT_CASES], ids=[c[0] for c in REVIEW_CIRCUIT_CASES])
+def test_circuit_json_contradictions_are_refused(change, needle, scan_folder, tmp_path, capsys):
+    folder = _copy(scan_folder, tmp_path)
+    _edit_json(folder / "circuit.json", change)
+    _report_refused(folder, capsys, needle)
+
+
+def test_a_key_written_twice_is_refused(scan_folder, tmp_path, capsys):
+    folder = _copy(scan_folder, tmp_path)
+    text = (folder / "circuit.json").read_text()
+    (folder / "circuit.json").write_text(text.replace('{', '{"model": "zoo:mamba2-kv", ', 1))
+    _report_refused(folder, capsys, "appears twice")
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_result_file_that_is_no_regular_file_is_named_so(kind, scan_folder, tmp_path, capsys):
+    folder = _copy(scan_folder, tmp_path)
+    (folder / "scan.json").unlink()
+    if kind == "folder":
+        (folder / "scan.json").mkdir()
+    else:
+        os.mkfifo(folder / "scan.json")
+    _report_refused(folder, capsys, "is a folder" if kind == "folder" else "not a regular file")
+
+
+def test_a_file_linked_from_another_run_is_refused_before_it_is_opened(scan_folder, second_run, tmp_path, capsys):
+    folder = _copy(scan_folder, tmp_path)
+    (folder / "scan.json").unlink()
+    (folder / "scan.json").symlink_to(second_run / "scan.json")
+    _report_refused(folder, capsys, "is a symbolic link")
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda d: d["patterns"].__setitem__("patterns", d["patterns"]["patterns"][..., :-1]), "not ["),
+    (lambda d: d["patterns"]["patterns"].__setitem__((0, 0, 0, 0), float("nan")), "NaN or infinite"),
+    (lambda d: d.__setitem__("gold", [99] * len(d["gold"])), "not among its"),
+    (lambda d: d.__setitem__("view", ["L2H0"] + d["view"][1:]) if "L2H0" not in d["patterns"]["heads"] else
+     d.__setitem__("view", ["L9H9"]), "holds no pattern"),
+], ids=["shape", "nan", "answer", "view head"])
+def test_views_that_contradict_themselves_are_refused(damage, needle, scan_folder, tmp_path, capsys):
+    import torch
+
+    folder = _copy(scan_folder, tmp_path)
+    doc = torch.load(folder / "views.pt", weights_only=True)
+    damage(doc)
+    torch.save(doc, folder / "views.pt")
+    line = _report_refused(folder, capsys, needle)
+    assert "views.pt" in line
+
+
+def test_a_pickle_payload_is_refused_in_one_line(scan_folder, tmp_path, capsys):
+    import pickle
+
+    folder = _copy(scan_folder, tmp_path)
+    marker = tmp_path / "PWNED"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (folder / "views.pt").write_bytes(pickle.dumps(Payload()))
+    _report_refused(folder, capsys, "cannot be read as a tensor bundle")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("where", ["figures is a file", "figures is a dangling link", "report.html is a folder"])
+def test_report_targets_that_cannot_take_its_files_are_refused_before_writing(where, scan_folder, tmp_path, capsys):
+    folder = _copy(scan_folder, tmp_path)
+    shutil.rmtree(folder / "figures", ignore_errors=True)
+    if where == "figures is a file":
+        (folder / "figures").write_text("not a folder")
+    elif where == "figures is a dangling link":
+        (folder / "figures").symlink_to(tmp_path / "nowhere")
+    else:
+        (folder / "report.html").unlink()
+        (folder / "report.html").mkdir()
+    _report_refused(folder, capsys, "figures" if "figures" in where else "report.html")
+
+
+def test_report_waits_for_a_live_writer(scan_folder, tmp_path, capsys):
+    import subprocess as sp
+
+    folder = _copy(scan_folder, tmp_path)
+    writer = sp.Popen(["sleep", "30"])
+    try:
+        (folder / ".gna.lock").write_text(str(writer.pid))
+        _report_refused(folder, capsys, "in use by another gna process")
+    finally:
+        writer.kill()
+
+
+def test_a_png_that_is_a_link_is_replaced_not_written_through(scan_folder, tmp_path):
+    from gna_interp.report import build_report
+    from gna_interp.viz.export import png_export_problem
+
+    if png_export_problem():
+        pytest.skip(png_export_problem())
+    folder = _copy(scan_folder, tmp_path)
+    victim = tmp_path / "victim.png"
+    victim.write_bytes(b"a colleague's figure")
+    (folder / "figures").mkdir(exist_ok=True)
+    (folder / "figures" / "heatmap.png").unlink(missing_ok=True)
+    (folder / "figures" / "heatmap.png").symlink_to(victim)
+    build_report(folder)
+    assert victim.read_bytes() == b"a colleague's figure"
+    png = folder / "figures" / "heatmap.png"
+    assert not png.is_symlink() and png.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_compare_circuits_out_may_not_be_one_of_its_inputs(fresh, scan_folder, second_run, tmp_path, capsys):
+    folder = _copy(scan_folder, tmp_path)
+    argv = ["compare-circuits", str(folder), str(second_run), "--out", str(folder)] + (["--fresh"] if fresh else [])
+    _refused(argv, capsys, "is the input", tmp_path)
+
+
+def test_sweep_runs_on_the_circuits_own_model(scan_folder, monkeypatch, tmp_path, capsys):
+    """Without --model, `gna sweep --circuit DIR` removes the heads from the model the circuit was found on."""
+    import gna_interp.experiments.sweep as sweep_mod
+    from gna_interp.circuits import Circuit
+    from gna_interp.errors import InputError
+
+    def fake(spec, **kwargs):
+        raise InputError(f"sweep would run on {spec}")
+
+    monkeypatch.setattr(sweep_mod, "sweep", fake)
+    main(["sweep", "--circuit", str(scan_folder), "--out", str(tmp_path / "sw"), "--pairs", "4", "--max-value", "20"])
+    assert f"sweep would run on {Circuit.load(scan_folder).model}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("names", ["L0H3,", "L0H3,,L1H3", ","])
+def test_an_empty_head_name_between_commas_is_refused(names):
+    from gna_interp.errors import HeadError
+    from gna_interp.models.heads import parse_heads
+
+    with pytest.raises(HeadError):
+        parse_heads(names)

@@ -245,12 +245,15 @@ class Circuit:
         """Read a circuit saved by :meth:`save` (a folder, or its ``circuit.json``); no model needed."""
         d = Path(path)
         d = d.parent if d.name == "circuit.json" else d
+        _own_files(d, ["circuit.json", "scan.json", "views.pt", "control.json", "delegation.json"] +
+                   [p.name for p in d.glob("format*.json")])
         doc = read_json(d / "circuit.json", "circuit")  # checked against its schema (gna_interp.schemas)
         run = doc["run_id"]
         scan = HeadScan.load(d / "scan.json", run)
         if len(scan.heads) != doc["scan_rows"]:
             raise InputError(f"{d / 'scan.json'} holds {len(scan.heads)} heads but circuit.json records "
                              f"{doc['scan_rows']}; the folder mixes two runs: rerun `gna scan`")
+        _check_heads(d, doc, scan)
         views = CardViews.load(d / _member(d, doc, "views", "views.pt"), run) if doc.get("views") else None
         control = HeadScan.load(d / _member(d, doc, "control", "control.json"), run) if doc.get("control") else None
         deleg = (Delegation.load(d / _member(d, doc, "delegation", "delegation.json"), run) if doc.get("delegation")
@@ -283,6 +286,41 @@ class Circuit:
     def __repr__(self) -> str:
         return (f"Circuit({self.model!r}, {self.task.get('name')!r}, {len(self.scan.heads)} heads, "
                 f"top {[h.name for h in self.heads[:5]]}, baseline accuracy {self.baseline.get('accuracy', math.nan):.3f})")
+
+
+def _own_files(d: Path, names: list[str]) -> None:
+    """Refuse a circuit folder whose files are symbolic links (to another run's files, to ``/etc/passwd``): a folder
+    keeps its own files; nothing is opened before this check."""
+    for name in names:
+        p = d / name
+        if p.is_symlink():
+            raise InputError(f"{str(p)!r} is a symbolic link (to {os.readlink(p)[:80]!r}); a circuit folder keeps its "
+                             f"own files: copy the file in, or rerun `gna scan`")
+
+
+def _check_heads(d: Path, doc: dict[str, Any], scan: HeadScan) -> None:
+    """What the schema cannot say of circuit.json: the heads it names are the scan's, each table row's layer and
+    head agree with its name, and its task rebuilds."""
+    scanned = {h.name for h in scan.heads}
+    for key in ("circuit", "generic"):
+        stray = [n for n in doc.get(key) or [] if n not in scanned]
+        if stray:
+            raise InputError(f"{d / 'circuit.json'}: field {key!r} names {stray[0]!r}, which is not among the "
+                             f"{len(scanned)} scanned heads of scan.json; the file was edited: rerun `gna scan`")
+    for key in ("heads", "roles"):
+        for i, row in enumerate(doc.get(key) or []):
+            if "name" not in row:
+                continue
+            h = HeadRef.parse(row["name"])
+            if (row.get("layer", h.layer), row.get("head", h.head)) != (h.layer, h.head) or row["name"] not in scanned:
+                raise InputError(f"{d / 'circuit.json'}: field '{key}/{i}' is {row['name']!r} at layer "
+                                 f"{row.get('layer')}, head {row.get('head')}, which do not agree (or it was not "
+                                 f"scanned); the file was edited: rerun `gna scan`")
+    try:
+        task_from_dict(doc["task"])
+    except (InputError, OverflowError, ValueError, TypeError, KeyError) as e:
+        raise InputError(f"{d / 'circuit.json'}: field 'task' does not rebuild its task ({str(e)[:160]}); "
+                         f"the file was edited: rerun `gna scan`") from None
 
 
 def _member(d: Path, doc: dict[str, Any], key: str, name: str) -> str:

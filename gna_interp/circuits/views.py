@@ -228,11 +228,36 @@ class CardViews:
         """Read views written by :meth:`save` (given ``run_id``, the bundle must carry that id)."""
         d = read_tensors(path, "views", run_id)
         pair = d["pair"]
-        return cls(PatternSet.from_state(d["patterns"]), [Segments.from_dict(s) for s in d["segments"]],
+        try:
+            ps = PatternSet.from_state(d["patterns"])
+            _check_views(d, ps)
+        except InputError as e:
+            raise InputError(f"{str(path)!r}: {e}") from None
+        return cls(ps, [Segments.from_dict(s) for s in d["segments"]],
                    list(d["gold"]), list(d["pred"]), [tuple(c) for c in d["candidates"]],
                    (HeadRef.parse(pair[0]), HeadRef.parse(pair[1])) if pair else None, d["why"],
                    [HeadRef.parse(n) for n in d["view"]],
                    HeadPatterns.from_state(d["all_heads"]) if d.get("all_heads") is not None else None)
+
+
+def _check_views(d: dict[str, Any], ps: PatternSet) -> None:
+    """What the schema cannot say of a views bundle: one segment list, answer and candidate list per sample,
+    answers inside their candidates, segments inside the sequence, and card and view heads among the patterns."""
+    b, t = ps.batch.ids.shape
+    if not len(d["segments"]) == len(d["gold"]) == len(d["pred"]) == len(d["candidates"]) == b:
+        raise InputError(f"it has {b} sequences but {len(d['segments'])} segment lists, {len(d['gold'])} answers, "
+                         f"{len(d['pred'])} predictions and {len(d['candidates'])} candidate lists")
+    for i, (g, p, c, seg) in enumerate(zip(d["gold"], d["pred"], d["candidates"], d["segments"])):
+        if g >= len(c) or p >= len(c):
+            raise InputError(f"sample {i}'s answer {g} or prediction {p} is not among its {len(c)} candidates")
+        spans = [*seg["items"], *([seg["query"]] if seg.get("query") else [])]
+        if seg["final"] >= t or seg["n_tokens"] > t or any(a > e or e > t for a, e in spans):
+            raise InputError(f"sample {i}'s segments reach beyond its {t} positions")
+    have = {h.name for h in ps.heads}
+    named = [*(d["pair"] or []), *d["view"]]
+    stray = [n for n in named if n not in have]
+    if stray:
+        raise InputError(f"it names {stray[0]} as a card or view head but holds no pattern of it")
 
 
 def card_heads(heads: pd.DataFrame, pair: tuple[HeadRef, HeadRef] | None = None

@@ -86,6 +86,10 @@ def spec_text(text: str) -> str:
 MODEL_HELP = "model spec (default: smollm2-135m when installed, else a zoo model)"
 
 
+CIRCUIT_MODEL_HELP = ("model spec (default: the --circuit's model, else smollm2-135m when installed, else a zoo "
+                      "model)")
+
+
 def model_arg(p: argparse.ArgumentParser, help: str = MODEL_HELP, default: str | None = None,
               required: bool = False) -> None:
     """``--model SPEC``: one model spec (checked by :func:`spec_text`), ``default`` when not given."""
@@ -330,8 +334,13 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     from gna_interp.report import build_report
+    from gna_interp.run_folder import Lock
 
-    out = build_report(args.dir, png=not args.no_png)
+    folder = Path(args.dir)
+    if not folder.is_dir():
+        raise InputError(f"{args.dir!r} is not a folder: pass the folder `gna scan --out DIR` wrote")
+    with Lock(folder):  # refused while another gna process writes there
+        out = build_report(folder, png=not args.no_png)
     print(f"wrote {out}")
     return 0
 
@@ -671,8 +680,19 @@ def claim_out(args: argparse.Namespace, command: str, checkpoints: Sequence[Path
     may write, no folder links inside, no live lock, no other command's results unless ``--fresh``)."""
     folder = RunFolder(args.out, command)
     folder.check(fresh=bool(getattr(args, "fresh", False)), resume=bool(getattr(args, "resume", False)),
-                 checkpoints=checkpoints)
+                 checkpoints=checkpoints, inputs=_input_paths(args))
     return folder
+
+
+def _input_paths(args: argparse.Namespace) -> list[str]:
+    """The result folders and files a command reads (``--circuit``, ``--scan``, compare-circuits' ``A B``)."""
+    found: list[str] = []
+    for name in ("circuit", "scan", "a", "b"):
+        value = getattr(args, name, None)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, (str, os.PathLike)) and str(v) and Path(v).exists():
+                found.append(str(v))
+    return found
 
 
 def claim_run(args: argparse.Namespace, command: str, ckpt: str, also: Sequence[Path] = ()) -> RunFolder:

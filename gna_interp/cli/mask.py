@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import (_check_pairs, _compute_args, _load_for, at_least, claim_run, command, folder_args,
+from gna_interp.cli import (CIRCUIT_MODEL_HELP, _check_pairs, _compute_args, _load_for, at_least, claim_run, command, folder_args,
                             model_arg, run_held, run_options, seeds_arg, task_args, task_options, word_or)
 from gna_interp.errors import InputError
 
@@ -14,7 +14,7 @@ from gna_interp.errors import InputError
                  "(gather: own line; aggregate: the summary tokens), and the same for random heads; writes mask.csv, "
                  "mask.json, report.html")
 def _mask_args(p: argparse.ArgumentParser) -> None:
-    model_arg(p)
+    model_arg(p, CIRCUIT_MODEL_HELP)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--circuit", default=None, help="a `gna scan` output folder whose heads and roles to mask "
                                                      "(default: discover them here, saved in OUT/circuit)")
@@ -52,7 +52,10 @@ def run_mask(args: argparse.Namespace) -> int:
         raise InputError(f"--circuit {args.circuit!r} is not a `gna scan` folder (no circuit.json in it)")
     if args.pairs is not None and args.max_value is not None:
         _check_pairs(args.pairs, args.max_value)
-    model = _load_for(args)
+    from gna_interp.circuits import Circuit
+
+    found = Circuit.load(args.circuit) if args.circuit is not None else None  # a bad folder fails before the model
+    model = _load_for(args, args.model or (found.model if found is not None else None))  # the circuit's model
     config = MaskConfig(**vars(task_options(args)), **run_options(args), top_k=args.top_k, seeds=args.seeds,
                         offset=args.offset, renormalize=args.renormalize, role_samples=args.role_samples,
                         scan_samples=args.scan_samples, allow_chance=args.allow_chance)

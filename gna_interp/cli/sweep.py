@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import (_check_pairs, _compute_args, _first_default, _set_threads, at_least, claim_run, command,
+from gna_interp.cli import (CIRCUIT_MODEL_HELP, _check_pairs, _compute_args, _first_default, _set_threads, at_least, claim_run, command,
                             model_arg, output_args, run_held, run_options, seeds_arg, task_args, task_options)
 
 PAPER_PAIRS = "10,15,20,25,30,35,40,45,50"
@@ -35,7 +35,7 @@ def pairs_list(text: str) -> list[int]:
 @command("sweep", "KV accuracy vs dictionary size: intact, top-1 / top-k G&A heads removed, k random heads removed "
                   "(the paper's constant drop); writes sweep.csv, sweep.json, report.html")
 def _sweep_args(p: argparse.ArgumentParser) -> None:
-    model_arg(p)
+    model_arg(p, CIRCUIT_MODEL_HELP)
     p.add_argument("--pairs", type=pairs_list, default=pairs_list(PAPER_PAIRS),
                    help=f"dictionary sizes (default {PAPER_PAIRS}, the paper's)")
     p.add_argument("--circuit", default=None, help="a `gna scan` folder whose heads are removed (default: discover "
@@ -64,7 +64,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     found = circuit.kv_args if circuit is not None else {}
     template = args.template or str(found.get("template", "official"))
     _set_threads(args)
-    spec = args.model or _first_default()
+    spec = args.model or (circuit.model if circuit is not None else None) or _first_default()  # the circuit's model
     print(f"loading {spec} ({args.dtype}) ...", flush=True)
     config = SweepConfig(**vars(task_options(args, pairs=args.pairs, template=template)), **run_options(args),
                          k=args.top_k, seeds=args.seeds, device=getattr(args, "device", None), dtype=args.dtype)

@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.errors import HeadError
+from gna_interp.errors import HeadError, InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import PatternOptions
 from gna_interp.models.model import Model, TokenBatch
@@ -82,8 +82,9 @@ class PatternSet:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "PatternSet":
-        """The pattern set :meth:`to_state` described."""
+        """The pattern set :meth:`to_state` described (its tensors' shapes must agree, its patterns be finite)."""
         heads = [HeadRef.parse(n) for n in state["heads"]]
+        _check_shapes(state, heads)
         by_layer: dict[tuple[int, str], tuple[list[HeadRef], Tensor]] = {}
         for key in dict.fromkeys((h.layer, h.kind) for h in heads):
             idx = [i for i, h in enumerate(heads) if (h.layer, h.kind) == key]
@@ -99,6 +100,19 @@ class PatternSet:
     def load(cls, path: str | Path) -> "PatternSet":
         """Read a pattern set written by :meth:`save` (no model needed)."""
         return cls.from_state(read_tensors(path, "patterns"))
+
+
+def _check_shapes(state: dict[str, Any], heads: list[HeadRef]) -> None:
+    ids, mask, pat = state["ids"], state["attention_mask"], state["patterns"]
+    if ids.dim() != 2 or tuple(mask.shape) != tuple(ids.shape) or len(state["str_tokens"]) != ids.shape[0]:
+        raise InputError(f"a pattern set's ids {tuple(ids.shape)}, attention mask {tuple(mask.shape)} and "
+                         f"{len(state['str_tokens'])} token lists do not agree; the file was edited or is damaged")
+    b, t = ids.shape
+    if heads and (pat.dim() != 4 or tuple(pat.shape) != (b, len(heads), t, t)):
+        raise InputError(f"a pattern set's patterns have shape {tuple(pat.shape)}, not [{b}, {len(heads)}, {t}, {t}] "
+                         f"({b} sequences, {len(heads)} heads, {t} positions); the file was edited or is damaged")
+    if heads and not bool(torch.isfinite(pat).all()):
+        raise InputError("a pattern set's patterns hold NaN or infinite values; the file was edited or is damaged")
 
 
 def patterns(model: Model, inputs: str | Sequence[str] | Tensor | TokenBatch,

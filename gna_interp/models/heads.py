@@ -92,6 +92,8 @@ def parse_heads(spec: "str | HeadRef | list[str | HeadRef] | tuple[str | HeadRef
         items: list[str | HeadRef] = [s for s in spec.split(",") if s.strip()]
         if not items:
             raise HeadError(f"no head names in {spec!r}: pass names like 'L3H1,L5S2'")
+        if len(items) != len(spec.split(",")):
+            raise HeadError(f"an empty name between commas in {spec[:80]!r}: pass names like 'L3H1,L5S2'")
     elif isinstance(spec, HeadRef):
         items = [spec]
     elif isinstance(spec, Sequence):

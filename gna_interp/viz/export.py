@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from gna_interp.store import atomic_write
+
 EXPORT_WIDTH = 1100
 PNG_TIMEOUT_S = 120.0  # plus PNG_TIMEOUT_PER_FIGURE_S a figure; a browser start takes about 3 s here
 PNG_TIMEOUT_PER_FIGURE_S = 10.0
@@ -57,7 +59,8 @@ def write_pngs(figures: Mapping[str, Any], out_dir: str | Path, timeout: float |
     limit = PNG_TIMEOUT_S + PNG_TIMEOUT_PER_FIGURE_S * len(figs) if timeout is None else timeout
     with tempfile.TemporaryDirectory(prefix="gna-png-") as tmp:
         job = Path(tmp) / "job.json"
-        job.write_text(json.dumps({"figures": [f.to_json() for f in figs], "paths": [str(p) for p in paths],
+        drafts = [Path(tmp) / f"{i}.png" for i in range(len(figs))]  # moved into place atomically: never through a link
+        job.write_text(json.dumps({"figures": [f.to_json() for f in figs], "paths": [str(p) for p in drafts],
                                    "width": EXPORT_WIDTH, "heights": [int(f.layout.height or 500) for f in figs]}))
         with open(Path(tmp) / "stderr.txt", "w+") as err:
             proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(job)], stdout=subprocess.DEVNULL, stderr=err,
@@ -73,6 +76,9 @@ def write_pngs(figures: Mapping[str, Any], out_dir: str | Path, timeout: float |
             _kill_group(proc)  # a browser the child left behind
             err.seek(0)
             lines = [ln for ln in err.read().splitlines() if ln.strip()]
+        if rc == 0:
+            for draft, path in zip(drafts, paths):
+                atomic_write(path, draft.read_bytes())
     if rc != 0:
         raise RuntimeError(f"PNG export failed: {lines[-1] if lines else f'exit status {rc}'}")
     return paths
