@@ -57,7 +57,12 @@ _RANK_FILE = re.compile(r"\.rank(\d+)-of-(\d+)$")
 
 @dataclass(frozen=True)
 class Shard:
-    """This process's place in a distributed job: ``rank`` of ``world`` ranks (``world >= 2``)."""
+    """This process's place in a distributed job, and the collectives the scan uses.
+
+    Attributes:
+        rank: this process's index, ``0 .. world - 1`` (torchrun's ``RANK``); rank 0 leads.
+        world: how many processes share the job (torchrun's ``WORLD_SIZE``, at least 2).
+    """
 
     rank: int
     world: int
