@@ -256,9 +256,12 @@ def _not_an_input(out: Path, inputs: Iterable[str | os.PathLike]) -> None:
     mine = out.resolve()
     for given in inputs:
         src = Path(given).resolve()
-        src = src.parent if src.is_file() else src
-        if mine == src or src.is_relative_to(mine) or mine.is_relative_to(src):
-            how = "is" if mine == src else "holds" if src.is_relative_to(mine) else "lies inside"
+        if src.is_file():  # a file: --out may not be its folder or hold it (a sibling or a subfolder is fine)
+            clash = mine == src.parent or src.is_relative_to(mine)
+        else:  # a folder: nor may --out lie inside it (its figures/, its circuit/)
+            clash = mine == src or src.is_relative_to(mine) or mine.is_relative_to(src)
+        if clash:
+            how = "is" if mine in (src, src.parent) else "holds" if src.is_relative_to(mine) else "lies inside"
             raise InputError(f"--out {str(out)!r} {how} the input {str(given)!r} this command reads; writing there "
                              f"(or --fresh) would replace what it reads: pick another --out")
 

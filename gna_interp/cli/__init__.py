@@ -413,7 +413,7 @@ def run_scan(args: argparse.Namespace) -> int:
     from gna_interp.circuits.circuit import FILES
     from gna_interp.circuits.discovery import check_solvable
     from gna_interp.circuits.distributed import active, leave, local_device, rank_files
-    from gna_interp.report import build_report, circuit_summary
+    from gna_interp.report import SUMMARY_FILE, build_report, circuit_summary
 
     shard = active()  # under torchrun: joins the job; None in one process
     lead = shard is None or shard.lead
@@ -479,7 +479,7 @@ def run_scan(args: argparse.Namespace) -> int:
         circuit.save(out)
     print(circuit_summary(circuit, top=10))
     print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
-    print(f"wrote {build_report(out)}")
+    print(f"wrote {build_report(out)} and {out / SUMMARY_FILE}")
     return 0
 
 
