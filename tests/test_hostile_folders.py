@@ -556,3 +556,8 @@ def test_an_empty_head_name_between_commas_is_refused(names):
 
     with pytest.raises(HeadError):
         parse_heads(names)
+
+
+def test_a_device_as_model_is_named_so(capsys, tmp_path):
+    _refused(["patterns", "--model", "/dev/null", "--prompt", "a:1", "--out", str(tmp_path / "p.html")], capsys,
+             "neither a file nor a folder", tmp_path)

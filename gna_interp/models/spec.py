@@ -100,6 +100,9 @@ def resolve_spec(spec: str | os.PathLike) -> ResolvedSpec:
             if path.suffix != ".gguf":
                 raise ModelPathError(f"{s!r} is a file but not a .gguf file; pass a GGUF file or a Hugging Face model directory.")
             return ResolvedSpec(s, "gguf", str(path.resolve()))
+        if not path.is_dir():
+            raise ModelPathError(f"{s!r} is neither a file nor a folder (a device, FIFO or socket); pass a .gguf file "
+                                 f"or a Hugging Face model directory.")
         if not (path / "config.json").is_file():
             raise ModelPathError(
                 f"{s!r} is a directory without config.json, so it is not a Hugging Face model directory; "
