@@ -30,7 +30,7 @@ from typing import Iterable, Iterator
 
 from gna_interp.errors import InputError
 
-__all__ = ["LOCK_FILE", "RESULTS", "Lock", "RunFolder", "check_no_links", "check_out_file", "check_targets", "owner_of"]
+__all__ = ["LOCK_FILE", "RESULTS", "Lock", "RunFolder", "check_out_dir", "check_out_file", "check_writable", "owner_of"]
 
 LOCK_FILE = ".gna.lock"
 
@@ -85,6 +85,20 @@ def _check_path(out: Path, what: str) -> Path:
     return parent
 
 
+def check_out_dir(out: str | os.PathLike, what: str = "--out") -> Path:
+    """Refuse an output folder path that cannot be one: a name too long, an existing file, a dangling link, a parent
+    that cannot be written. Reads only; returns ``out`` as a path."""
+    out = Path(out)
+    _check_name(out, what)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{what} {str(out)!r} is an existing file, not a folder; pick a folder path")
+    if out.is_symlink() and not out.exists():
+        raise InputError(f"{what} {str(out)!r} is a symbolic link to {os.readlink(out)!r}, which does not exist; "
+                         f"remove the link or pick another folder")
+    _check_path(out, what)
+    return out
+
+
 def _links_inside(folder: Path) -> list[Path]:
     """Folders inside ``folder`` (at any depth, links not followed) that are symbolic links."""
     found = []
@@ -94,7 +108,7 @@ def _links_inside(folder: Path) -> list[Path]:
     return found
 
 
-def check_no_links(folder: Path, what: str = "--out") -> None:
+def _check_no_links(folder: Path, what: str) -> None:
     """Refuse a folder that holds a folder link: whatever a command wrote there would land in the link's
     target, outside ``folder``."""
     links = _links_inside(folder) if folder.is_dir() else []
@@ -105,9 +119,11 @@ def check_no_links(folder: Path, what: str = "--out") -> None:
                          f"remove the link or pick another folder")
 
 
-def check_targets(folder: Path, files: Iterable[str] = (), dirs: Iterable[str] = (), what: str = "--out") -> None:
-    """Refuse, before anything is written, a folder whose output ``files`` are folders, or whose output ``dirs`` are
-    files or symbolic links (a dangling one included): writing there would fail half-way or land elsewhere."""
+def check_writable(folder: Path, files: Iterable[str] = (), dirs: Iterable[str] = (), what: str = "--out") -> None:
+    """Refuse, before anything is written, an existing folder that holds a folder link (at any depth), whose output
+    ``files`` are folders, or whose output ``dirs`` are files or symbolic links (a dangling one included): writing
+    there would fail half-way or land outside ``folder``."""
+    _check_no_links(folder, what)
     for name in files:
         if (folder / name).is_dir() and not (folder / name).is_symlink():
             raise InputError(f"{what} {str(folder)!r}: {name!r} is a folder where gna writes a file; move it away")
@@ -199,16 +215,10 @@ class RunFolder:
         out = self.path
         _check_name(out, "--out")
         _not_an_input(out, inputs)
-        if out.exists() and not out.is_dir():
-            raise InputError(f"--out {str(out)!r} is an existing file, not a folder; pick a folder path")
-        if out.is_symlink() and not out.exists():
-            raise InputError(f"--out {str(out)!r} is a symbolic link to {os.readlink(out)!r}, which does not exist; "
-                             f"remove the link or pick another folder")
-        _check_path(out, "--out")
+        check_out_dir(out)
         if not out.is_dir():
             return
-        check_no_links(out)
-        check_targets(out, (*RESULTS[self.command], *_SHARED[:1], "summary.md"), _SHARED[1:])
+        check_writable(out, (*RESULTS[self.command], *_SHARED[:1], "summary.md"), _SHARED[1:])
         Lock(out).check()
         owner = owner_of(out)
         if owner is None or fresh:

@@ -14,6 +14,7 @@ A document that breaks its schema is refused with one line naming the file, the 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 __all__ = ["HEAD_NAME", "RUN_ID", "SCHEMAS", "schema_error"]
@@ -117,7 +118,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
-def _validator(schema: dict[str, Any]) -> Any:
+@functools.lru_cache(maxsize=None)
+def _validator(fmt: str) -> Any:
+    """The (cached) validator of ``fmt``'s schema, with the extra type ``tensor``."""
     import jsonschema
 
     base = jsonschema.Draft202012Validator
@@ -131,18 +134,17 @@ def _validator(schema: dict[str, Any]) -> Any:
         return isinstance(value, (list, tuple))
 
     checker = base.TYPE_CHECKER.redefine_many({"tensor": is_tensor, "array": is_array})
-    return jsonschema.validators.extend(base, type_checker=checker)(schema)
+    return jsonschema.validators.extend(base, type_checker=checker)(SCHEMAS[fmt])
 
 
 def schema_error(doc: Any, fmt: str) -> str | None:
     """What is wrong with ``doc`` as a ``fmt`` document (``"field 'heads/3': 'x' does not match ..."``), or None
     when it fits :data:`SCHEMAS` (formats without a schema always fit)."""
-    schema = SCHEMAS.get(fmt)
-    if schema is None:
+    if fmt not in SCHEMAS:
         return None
     import jsonschema
 
-    error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(doc))
+    error = jsonschema.exceptions.best_match(_validator(fmt).iter_errors(doc))
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path)

@@ -144,7 +144,7 @@ def _regular_file(path: str | os.PathLike) -> Path:
         return path
     if path.is_dir():
         raise InputError(f"{str(path)!r} is a folder, not a file")
-    if path.exists() or path.is_symlink() and os.path.exists(os.path.realpath(path)):
+    if path.exists():
         raise InputError(f"{str(path)!r} is not a regular file (a FIFO, socket or device); a result file is a file")
     raise InputError(f"{str(path)!r} does not exist")
 

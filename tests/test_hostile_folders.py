@@ -60,6 +60,13 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture, needle: str, *watch
     return lines[0]
 
 
+def _copy(scan_folder: Path, tmp_path: Path) -> Path:
+    """A copy of ``scan_folder`` to damage."""
+    folder = tmp_path / "run"
+    shutil.copytree(scan_folder, folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def scan_folder(tiny_models, tmp_path_factory) -> Path:
     """A finished `gna scan` folder (made-up drops, real files), with its report."""
@@ -92,8 +99,7 @@ def test_every_out_that_is_a_file_is_refused_before_the_model(command, tmp_path,
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c != "scan"])
 def test_a_scan_folder_is_not_another_commands_out(command, scan_folder, tmp_path, capsys):
     """Any other command into a finished scan's folder would replace its report.html: refused, naming the scan."""
-    folder = tmp_path / "run"
-    shutil.copytree(scan_folder, folder)
+    folder = _copy(scan_folder, tmp_path)
     line = _refused([*COMMANDS[command], "--out", str(folder)], capsys, "holds the results of `gna scan`", folder)
     assert "--fresh" in line
 
@@ -107,8 +113,7 @@ def test_a_scan_is_not_written_into_a_hybrid_plan_folder(plan_folder, tmp_path, 
 
 def test_fresh_replaces_another_commands_results_and_only_them(scan_folder, tmp_path, capsys):
     """--fresh deletes the scan's files (report and figures included) and keeps anything else in the folder."""
-    folder = tmp_path / "run"
-    shutil.copytree(scan_folder, folder)
+    folder = _copy(scan_folder, tmp_path)
     (folder / "my-notes.txt").write_text("mine\n")
     assert main([*COMMANDS["hybrid plan"], "--out", str(folder), "--fresh"]) == 0
     names = {p.name for p in folder.iterdir()}
@@ -118,8 +123,7 @@ def test_fresh_replaces_another_commands_results_and_only_them(scan_folder, tmp_
 
 
 def test_a_finished_scan_without_its_checkpoint_is_not_overwritten(scan_folder, tmp_path, capsys):
-    folder = tmp_path / "run"
-    shutil.copytree(scan_folder, folder)
+    folder = _copy(scan_folder, tmp_path)
     assert not (folder / "scan.ckpt.json").exists()
     line = _refused([*COMMANDS["scan"], "--out", str(folder)], capsys, "holds a finished gna scan", folder)
     assert "--fresh" in line
@@ -142,8 +146,7 @@ def test_report_refuses_a_figures_link_and_leaves_its_target(scan_folder, tmp_pa
     other = tmp_path / "other"
     other.mkdir()
     (other / "heatmap.png").write_bytes(b"\x89PNG colleague's figure")
-    folder = tmp_path / "run"
-    shutil.copytree(scan_folder, folder)
+    folder = _copy(scan_folder, tmp_path)
     shutil.rmtree(folder / "figures", ignore_errors=True)
     (folder / "figures").symlink_to(other, target_is_directory=True)
     _refused(["report", str(folder)], capsys, "'figures' is a symbolic link", tmp_path)
@@ -222,6 +225,13 @@ def _report_refused(folder: Path, capsys, needle: str) -> str:
     return _refused(["report", str(folder), "--no-png"], capsys, needle, folder)
 
 
+def _damaged_json_refused(scan_folder: Path, tmp_path: Path, capsys, name: str, change, needle: str) -> None:
+    """A copy of the scan folder whose ``name`` was edited by ``change``: `gna report` refuses it, naming the file."""
+    folder = _copy(scan_folder, tmp_path)
+    _edit_json(folder / name, change)
+    assert name in _report_refused(folder, capsys, needle)
+
+
 @pytest.fixture(scope="module")
 def second_run(tiny_models, tmp_path_factory) -> Path:
     """Another saved circuit of the same model and heads (its own run id)."""
@@ -234,8 +244,7 @@ def second_run(tiny_models, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("name", ["scan.json", "views.pt"])
 def test_a_file_from_another_run_is_refused(name, scan_folder, second_run, tmp_path, capsys):
     """Same model, same heads, same head count: only the run id tells the copied file apart."""
-    folder = tmp_path / "run"
-    shutil.copytree(scan_folder, folder)
+    folder = _copy(scan_folder, tmp_path)
     shutil.copy(second_run / name, folder / name)
     line = _report_refused(folder, capsys, "comes from another run")
     assert name in line and "mixes two runs" in line
@@ -266,18 +275,13 @@ CIRCUIT_CASES = [
 
 @pytest.mark.parametrize("change, needle", [c[1:] for c in CIRCUIT_CASES], ids=[c[0] for c in CIRCUIT_CASES])
 def test_circuit_json_fields_are_checked(change, needle, scan_folder, tmp_path, capsys):
-    folder = tmp_path / "run"
-    shutil.copytree(scan_folder, folder)
-    _edit_json(folder / "circuit.json", change)
-    line = _report_refused(folder, capsys, needle)
-    assert "circuit.json" in line
+    _damaged_json_refused(scan_folder, tmp_path, capsys, "circuit.json", change, needle)
 
 
 @pytest.mark.parametrize("literal, needle", [("NaN", "NaN is not a JSON number"), ("Infinity", "Infinity"),
                                              ("1e999", "overflows a float"), ("-1e400", "overflows a float")])
 def test_non_finite_numbers_are_refused(literal, needle, scan_folder, tmp_path, capsys):
-    folder = tmp_path / "run"
-    shutil.copytree(scan_folder, folder)
+    folder = _copy(scan_folder, tmp_path)
     text = (folder / "circuit.json").read_text()
     doc = json.loads(text)
     doc["baseline"]["accuracy"] = "@@"
@@ -286,8 +290,7 @@ def test_non_finite_numbers_are_refused(literal, needle, scan_folder, tmp_path, 
 
 
 def test_json_nested_too_deeply_is_refused(scan_folder, tmp_path, capsys):
-    folder = tmp_path / "run"
-    shutil.copytree(scan_folder, folder)
+    folder = _copy(scan_folder, tmp_path)
     _edit_json(folder / "circuit.json", _set("twin", "@@"))
     text = (folder / "circuit.json").read_text().replace('"@@"', "[" * 100000 + "]" * 100000)
     (folder / "circuit.json").write_text(text)
@@ -312,11 +315,7 @@ SCAN_CASES = [
 
 @pytest.mark.parametrize("change, needle", [c[1:] for c in SCAN_CASES], ids=[c[0] for c in SCAN_CASES])
 def test_scan_json_fields_are_checked(change, needle, scan_folder, tmp_path, capsys):
-    folder = tmp_path / "run"
-    shutil.copytree(scan_folder, folder)
-    _edit_json(folder / "scan.json", change)
-    line = _report_refused(folder, capsys, needle)
-    assert "scan.json" in line
+    _damaged_json_refused(scan_folder, tmp_path, capsys, "scan.json", change, needle)
 
 
 VIEWS_CASES = [
@@ -333,8 +332,7 @@ VIEWS_CASES = [
 def test_views_fields_are_checked(change, needle, scan_folder, tmp_path, capsys):
     import torch
 
-    folder = tmp_path / "run"
-    shutil.copytree(scan_folder, folder)
+    folder = _copy(scan_folder, tmp_path)
     doc = torch.load(folder / "views.pt", weights_only=True)
     change(doc)
     torch.save(doc, folder / "views.pt")
@@ -400,12 +398,6 @@ def test_an_offline_hub_id_in_the_local_cache_loads(tiny_dirs, tmp_path, monkeyp
 
 # ---- second review (issue 26): cases a reviewer found beyond the first list ------------------------------------
 
-def _copy(scan_folder: Path, tmp_path: Path) -> Path:
-    folder = tmp_path / "run"
-    shutil.copytree(scan_folder, folder)
-    return folder
-
-
 REVIEW_CIRCUIT_CASES = [
     ("a negative layer in a table row", lambda d: d["heads"][0].update(layer=-1), "field 'heads/0/layer'"),
     ("a row's layer contradicts its name", lambda d: d["heads"][0].update(layer=d["heads"][0]["layer"] + 1),
@@ -421,9 +413,7 @@ REVIEW_CIRCUIT_CASES = [
 
 @pytest.mark.parametrize("change, needle", [c[1:] for c in REVIEW_CIRCUIT_CASES], ids=[c[0] for c in REVIEW_CIRCUIT_CASES])
 def test_circuit_json_contradictions_are_refused(change, needle, scan_folder, tmp_path, capsys):
-    folder = _copy(scan_folder, tmp_path)
-    _edit_json(folder / "circuit.json", change)
-    _report_refused(folder, capsys, needle)
+    _damaged_json_refused(scan_folder, tmp_path, capsys, "circuit.json", change, needle)
 
 
 def test_a_key_written_twice_is_refused(scan_folder, tmp_path, capsys):

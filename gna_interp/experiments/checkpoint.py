@@ -21,6 +21,7 @@ from typing import Any, Iterable
 
 from gna_interp.errors import InputError
 from gna_interp.models.model import Model
+from gna_interp.run_folder import check_out_dir
 from gna_interp.store import read_json, write_json
 
 __all__ = ["FORMAT", "Checkpoint", "fingerprint", "settings_fingerprint", "stale_files"]
@@ -46,12 +47,7 @@ def stale_files(out: str | os.PathLike, ckpt: str, resume: bool, fresh: bool, al
     (``ckpt`` in ``out`` and any of ``also`` that exist)."""
     if resume and fresh:
         raise InputError("resume and fresh exclude each other: resume continues the saved points, fresh deletes them")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {str(out)!r} is an existing file, not a folder; pick a folder path")
-    parent = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"--out {str(out)!r}: cannot write into {str(parent)!r}; pick a folder you can write to")
+    out = check_out_dir(out)
     stale = [p for p in [out / ckpt, *also] if p.exists()]
     if stale and not (resume or fresh):
         raise InputError(f"{out} holds the saved points of an earlier run ({', '.join(_rel(p, out) for p in stale)}); "

@@ -13,7 +13,7 @@ import pandas as pd
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.views import CardViews
 from gna_interp.errors import InputError
-from gna_interp.run_folder import check_no_links, check_targets
+from gna_interp.run_folder import check_writable
 from gna_interp.report.summary import circuit_summary, format_lines
 from gna_interp.store import atomic_write
 from gna_interp.tasks.calibration import Calibration
@@ -53,8 +53,7 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
     folder = Path(out_dir)
     if not (folder / SCAN_FILE).is_file():
         raise InputError(f"{folder} has no {SCAN_FILE}: run `gna scan --out {folder}` first (the report reads its output)")
-    check_no_links(folder, "the report folder")  # report.html and figures/ are written there
-    check_targets(folder, (REPORT_FILE, SUMMARY_FILE), (FIGURES_DIR,), "the report folder")
+    check_writable(folder, (REPORT_FILE, SUMMARY_FILE), (FIGURES_DIR,), "the report folder")
     circuit = Circuit.load(folder)
     heads = circuit.to_frame()
     label = circuit.model
