@@ -115,17 +115,20 @@ def _repeat(value: Any, batch: int, times: int) -> Any:
     return value
 
 
-def replay(model: Model, prefix: Prefix, start: int, copies: int = 1) -> Float[Tensor, "copies_batch pos d_model"]:
-    """Run blocks ``start..N-1`` from the clean input of block ``start``, on ``copies`` stacked copies of
-    the batch (rows ``c*B..(c+1)*B-1`` are copy ``c``); returns the last block's output.
+def replay(model: Model, prefix: Prefix, start: int, copies: int = 1,
+           hidden: Float[Tensor, "copies_batch pos d_model"] | None = None,
+           stop: int | None = None) -> Float[Tensor, "copies_batch pos d_model"]:
+    """Run blocks ``start..stop-1`` (default: to the last block) from the clean input of block ``start`` (or from
+    ``hidden``, already stacked), on ``copies`` stacked copies of the batch (rows ``c*B..(c+1)*B-1`` are copy
+    ``c``); returns the output of block ``stop - 1``.
 
     Hooks the caller has attached (e.g. an ablation on some copies' rows) fire as in a full forward.
     Gradients flow when the caller enables them.
     """
     b = prefix.batch_size
     blocks = model.blocks()
-    x = _repeat(prefix.hidden(start), b, copies)
-    for i in range(start, len(prefix.inputs)):
+    x = _repeat(prefix.hidden(start), b, copies) if hidden is None else hidden
+    for i in range(start, len(prefix.inputs) if stop is None else stop):
         args, kwargs = prefix.inputs[i]
         kwargs = {k: _repeat(v, b, copies) for k, v in kwargs.items()}
         if args:

@@ -26,11 +26,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.errors import GnaError
+from gna_interp.errors import GnaError, UnsupportedArchitectureError
 from gna_interp.models.arch import LayerSpec
 from gna_interp.models.hf import bind_args, unwrap
 from gna_interp.models.mixer import Hook, MaskOptions, MixerAdapter, PatternOptions, prepare_mask, shared_note
-from gna_interp.models.mixer import ReachPlan
+from gna_interp.models.mixer import InputSite, ReachPlan
 from gna_interp.models.reach import can_hook_pattern, reached_kind
 
 from gna_interp.models.heads import HeadRef
@@ -171,6 +171,21 @@ class AttentionAdapter(MixerAdapter):
 
     def pattern_hooks(self, spec: LayerSpec) -> list[str]:
         return [f"{spec.bridge_path}.hook_pattern"]
+
+    def receiver_inputs(self, model: "Model", spec: LayerSpec, head: "HeadRef") -> dict[str, list[InputSite]]:
+        """``q``: the query head's channels of ``q.hook_out``; ``k``/``v``: its KV group's channels of
+        ``k.hook_out``/``v.hook_out`` (the projections' outputs, before rotary embeddings)."""
+        d, group = spec.head_dim, spec.n_heads // max(spec.n_groups, 1)
+        g = head.head // group
+        out = {"q": [InputSite(f"{spec.bridge_path}.q.hook_out", head.head * d, (head.head + 1) * d)],
+               "k": [InputSite(f"{spec.bridge_path}.k.hook_out", g * d, (g + 1) * d)],
+               "v": [InputSite(f"{spec.bridge_path}.v.hook_out", g * d, (g + 1) * d)], "other": []}
+        missing = [s.hook for sites in out.values() for s in sites if not model.has_hook(s.hook)]
+        if missing:
+            raise UnsupportedArchitectureError(
+                f"{head.name} of {model.name} cannot receive path patches: the bridge has no hook {missing[0]!r} on its "
+                f"query/key/value projections ({spec.hf_class})")
+        return out
 
     def pattern(self, model: "Model", spec: LayerSpec, cache: Any, heads: list["HeadRef"], batch: "TokenBatch",
                 options: PatternOptions) -> Float[Tensor, "batch n q k"]:

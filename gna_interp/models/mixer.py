@@ -96,11 +96,14 @@ class ReachPlan:
     required: tuple[str, ...] = ()
 
 Hook = tuple[str, Callable[..., Any]]
+# What a receiver head reads, for path patching: query-, key- and value-like inputs, and the rest of what it
+# reads from the residual stream (an SSM head's gate and step size; nothing for attention).
+INPUTS: tuple[str, ...] = ("q", "k", "v", "other")
 FORMS: tuple[str, ...] = ("exact", "attention")
 GROUP_REDUCTIONS: tuple[str, ...] = ("mean", "abs_mean")
 DEFAULT_BLOCK_ELEMS = 1 << 22
 
-__all__ = ["DEFAULT_BLOCK_ELEMS", "FORMS", "BatchLike", "HeadLike", "HeadSite", "LayerLike", "MaskOptions",
+__all__ = ["DEFAULT_BLOCK_ELEMS", "FORMS", "INPUTS", "BatchLike", "HeadLike", "HeadSite", "InputSite", "LayerLike", "MaskOptions",
            "MixerAdapter", "ModelLike", "PatternOptions", "ReachPlan"]
 
 
@@ -158,6 +161,20 @@ class HeadSite:
     start: int
     stop: int
     width: int
+
+    @property
+    def columns(self) -> slice:
+        return slice(self.start, self.stop)
+
+
+@dataclass(frozen=True)
+class InputSite:
+    """Where a head reads one of its inputs (:data:`INPUTS`): a hook on the output of an input projection and the
+    flat channels ``start:stop`` of it that feed the head (for grouped-query attention, the group's K/V channels)."""
+
+    hook: str
+    start: int
+    stop: int
 
     @property
     def columns(self) -> slice:
@@ -250,6 +267,21 @@ class MixerAdapter:
         if not isinstance(weight, Tensor) or weight.dim() != 2:
             raise UnsupportedArchitectureError(f"the output projection {path!r} of {model.name} has no 2-D weight")
         return weight.detach()
+
+    # ---- inputs (path patching) -----------------------------------------------------------
+    def receiver_inputs(self, model: ModelLike, spec: LayerLike, head: HeadLike) -> dict[str, list[InputSite]]:
+        """For each of :data:`INPUTS`, where ``head`` reads it: hooks on input-projection outputs and channels.
+
+        Path patching recomputes a receiver's output with some of these channels computed from another residual
+        stream (:mod:`gna_interp.circuits.paths`). Default: the kind cannot be a receiver."""
+        raise UnsupportedArchitectureError(f"heads of kind {self.kind!r} cannot receive path patches "
+                                           f"(their inputs are not separable per head)")
+
+    def receiver_isolation(self, model: ModelLike, spec: LayerLike, head: HeadLike) -> InputSite | None:
+        """A hook where the other heads of the layer are put back to their clean values when only ``head``'s
+        inputs change (the heads meet again after it, e.g. in a Mamba-2 gated norm); None when heads stay
+        separate up to :meth:`site`."""
+        return None
 
     # ---- patterns -------------------------------------------------------------------------
     def pattern_hooks(self, spec: LayerLike) -> list[str]:

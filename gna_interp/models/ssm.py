@@ -32,7 +32,7 @@ from gna_interp.errors import GnaError, UnsupportedArchitectureError
 from gna_interp.models.arch import LayerSpec
 from gna_interp.models.hf import bind_args, unwrap
 from gna_interp.models.mixer import Hook, MaskOptions, MixerAdapter, PatternOptions, prepare_mask, shared_note
-from gna_interp.models.mixer import ReachPlan
+from gna_interp.models.mixer import InputSite, ReachPlan
 from gna_interp.models.ssm_kernel import SSMTerms, implicit_attention, is_ssm1, is_ssm2, mix, ssm_terms
 
 from gna_interp.models.heads import HeadRef
@@ -168,6 +168,37 @@ class Mamba2Adapter(SSMAdapter):
 
     def scan_target(self, oc: Any) -> tuple[str, bool]:
         return (self.scan_hook, False) if _gated_norm(oc) else ("out_proj.hook_in", True)
+
+    def receiver_inputs(self, model: "Model", spec: LayerSpec, head: "HeadRef") -> dict[str, list[InputSite]]:
+        """Channels of ``in_proj.hook_out`` (laid out ``[gate | x | B | C | Δ]`` behind any extra MLP part):
+        ``v`` the head's ``x`` channels (value-like), ``k`` its group's ``B`` (key-like), ``q`` its group's ``C``
+        (query-like), ``other`` its gate ``z`` channels and its ``Δ``. The causal convolution runs after
+        ``in_proj``, so a change at one position reaches the next ``conv_kernel - 1`` positions of that input."""
+        hook = f"{spec.bridge_path}.in_proj.hook_out"
+        if not model.has_hook(hook):
+            raise UnsupportedArchitectureError(f"{head.name} of {model.name} cannot receive path patches: the bridge "
+                                               f"has no hook {hook!r}")
+        nh, hd, ng, ds = spec.n_heads, spec.head_dim, spec.n_groups, spec.state_size
+        inner = nh * hd
+        width = int(unwrap(model.hf_module(spec.bridge_path).in_proj).out_features)
+        off = width - (2 * inner + 2 * ng * ds + nh)  # Mamba-2's optional MLP part (2 * d_mlp) comes first
+        h, g = head.head, head.head // (nh // ng)
+        x0, b0 = off + inner, off + 2 * inner
+        c0, dt0 = b0 + ng * ds, b0 + 2 * ng * ds
+
+        def at(a: int, n: int) -> InputSite:
+            return InputSite(hook, a, a + n)
+
+        return {"q": [at(c0 + g * ds, ds)], "k": [at(b0 + g * ds, ds)], "v": [at(x0 + h * hd, hd)],
+                "other": [at(off + h * hd, hd), at(dt0 + h, 1)]}
+
+    def receiver_isolation(self, model: "Model", spec: LayerSpec, head: "HeadRef") -> InputSite | None:
+        """The gated norm normalises the heads' scan outputs together: ``inner_norm.hook_in`` (before it) keeps
+        only this head's channels changed."""
+        if not _gated_norm(model.hf_module(spec.bridge_path)):
+            return None
+        d = spec.head_dim
+        return InputSite(f"{spec.bridge_path}.{self.scan_hook}", head.head * d, (head.head + 1) * d)
 
     def describe(self, spec: LayerSpec) -> str:
         return (f"Mamba-2 heads: {spec.n_heads} per layer, head_dim {spec.head_dim}, groups {spec.n_groups}, "

@@ -1,0 +1,500 @@
+"""Path patching: how much of a task's metric flows from one head (the *sender*) along one path -- into one input
+of a later head (the *receiver*) or straight to the answer logits.
+
+**Definition** (zero ablation; ``mean`` / ``resample`` replace the sender's output by that value instead). The
+sender ``S`` writes ``o_S = z_S W_O[:, S]ᵀ`` into the residual stream (``z_S`` its channels at
+:meth:`~gna_interp.models.model.Model.head_site`, ``W_O`` its layer's output projection). Removing ``S`` along an
+edge changes what *one consumer* reads and nothing else:
+
+- **head edge** ``S -> R.input @ positions``: the receiver ``R`` (a later layer) computes its ``input`` (``q``,
+  ``k``, ``v`` or ``other``: where it reads it is its kind's :meth:`~gna_interp.models.mixer.MixerAdapter.receiver_inputs`)
+  from ``x_r - m ⊙ o_S`` instead of its block's clean input ``x_r``, where ``m`` selects the ``positions``
+  (``summary``: the segments' summary tokens; ``decision``: the last prompt token and every answer token after it;
+  ``all``). Its other inputs, every other head of its layer and everything else reading the stream see ``x_r``.
+  ``R``'s output recomputed that way replaces its output in the forward, and its change flows on through the
+  later layers as usual. For grouped-query attention the receiver's K/V group is recomputed but only the one query
+  head's output is used; for a Mamba-2 head the group's ``B``/``C`` change and the other heads' scan outputs are put
+  back before the gated norm (:meth:`~gna_interp.models.mixer.MixerAdapter.receiver_isolation`).
+- **direct edge** ``S -> logits``: the final norm and unembedding read ``h_N - m ⊙ o_S`` at the scored positions.
+
+Several edges removed together are one *set*; ``S`` removed from every input of every later head of a model
+whose MLPs write nothing, plus the direct edge, is the plain ablation of ``S`` (tested).
+
+How it runs (every number through the one scoring engine, :mod:`gna_interp.tasks.scoring`): the clean prefix of
+each batch (:mod:`gna_interp.circuits.replay`), one clean replay from the earliest layer involved that records
+the senders' outputs, the receivers' input projections and the final residual stream; per receiver layer two
+single-block runs (the receivers' inputs from their patched streams, then their outputs assembled from them); and
+one stacked replay of the later blocks for all sets. The effect of an edge is ``metric(intact) - metric(patched)``
+with a paired bootstrap interval over samples (:class:`PathEffects`).
+
+A sender's write must reach the stream as ``o_S``: a model that normalises or scales a mixer's output before
+adding it (Gemma-2's post-attention norm, Falcon-H1's multipliers) is refused with the layer named.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES, Prefix, Prefixes, ReplayMismatch, replay
+from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
+from gna_interp.interventions.ablation import AblationMethod, Replacement, flat_channels, replacements
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.mixer import INPUTS, InputSite
+from gna_interp.models.model import Model
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.metrics import Results, get_metric, results
+from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_chunks, plan_scoring, read_logprobs
+
+POSITIONS: tuple[str, ...] = ("summary", "decision", "all")
+LOGITS = "logits"
+N_BOOTSTRAP = 2000
+
+__all__ = ["LOGITS", "POSITIONS", "Edge", "PathEffects", "PathPatcher", "path_effects"]
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One path from ``sender``: into ``receiver``'s ``input`` (``q``/``k``/``v``/``other``) at ``positions``, or,
+    with ``receiver=None`` and ``input="logits"``, straight to the answer logits."""
+
+    sender: HeadRef
+    receiver: HeadRef | None = None
+    input: str = LOGITS
+    positions: str = "all"
+
+    @property
+    def direct(self) -> bool:
+        return self.receiver is None
+
+    @property
+    def name(self) -> str:
+        """``L16H2 -> L18H6.k@summary`` or ``L18H6 -> logits``."""
+        if self.receiver is None:
+            return f"{self.sender.name} -> logits" + ("" if self.positions == "all" else f"@{self.positions}")
+        return f"{self.sender.name} -> {self.receiver.name}.{self.input}@{self.positions}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sender": self.sender.name, "receiver": self.receiver.name if self.receiver else None,
+                "input": self.input, "positions": self.positions}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Edge":
+        rec = d.get("receiver")
+        return cls(HeadRef.parse(d["sender"]), HeadRef.parse(rec) if rec else None, str(d["input"]),
+                   str(d["positions"]))
+
+
+def check_edge(model: Model, edge: Edge) -> Edge:
+    """``edge`` with its heads validated against ``model``; :class:`InputError` / :class:`HeadError` saying what
+    is wrong otherwise."""
+    if not isinstance(edge, Edge):
+        raise InputError(f"an edge must be an Edge(sender, receiver, input, positions), got {type(edge).__name__}")
+    sender = model.check_head(edge.sender)
+    if edge.positions not in POSITIONS:
+        raise InputError(f"unknown positions {edge.positions!r} in {edge.name}; choose one of {POSITIONS}")
+    if edge.receiver is None:
+        if edge.input != LOGITS:
+            raise InputError(f"a direct edge (no receiver) reads the logits: input must be {LOGITS!r}, got {edge.input!r}")
+        return Edge(sender, None, LOGITS, edge.positions)
+    receiver = model.check_head(edge.receiver)
+    if edge.input not in INPUTS:
+        raise InputError(f"unknown receiver input {edge.input!r} in {edge.name}; choose one of {INPUTS}")
+    if receiver.layer <= sender.layer:
+        raise HeadError(f"{edge.name}: the receiver must sit in a later layer than the sender ({receiver.name} is in "
+                        f"layer {receiver.layer}, {sender.name} in layer {sender.layer})")
+    if receiver.width != 1:
+        raise HeadError(f"{edge.name}: a receiver must be a single head, not a channel group")
+    return Edge(sender, receiver, edge.input, edge.positions)
+
+
+def _flat(x: Tensor) -> Tensor:
+    """A hook value ``[b, p, h, d]`` or ``[b, p, w]`` as ``[b, p, w]`` (a view when possible)."""
+    return x.flatten(2) if x.dim() == 4 else x
+
+
+@dataclass
+class _Clean:
+    """What one clean replay of a chunk recorded: hook values (flat ``[b, p, w]``) and the final residual stream."""
+
+    values: dict[str, Tensor]
+    final: Tensor
+
+
+class PathPatcher:
+    """Scores of a task with sets of edges removed (:func:`path_effects` reads effects off them).
+
+    ``method`` / ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s: what replaces a sender's
+    output along its edges. ``stack`` sets are replayed together (memory: ``stack * batch_size`` rows).
+    """
+
+    def __init__(self, model: Model, task: Task, method: AblationMethod = "zero", reference: Any = None,
+                 batch_size: int = 16, stack: int = 8, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES) -> None:
+        if not isinstance(task, Task):
+            raise InputError(f"path patching needs a Task (with segments for 'summary' positions), got "
+                             f"{type(task).__name__}")
+        if method == "resample":
+            raise InputError("path patching takes method 'zero' or 'mean' (a resampled sender output is aligned per "
+                             "forward, which a replay of stacked copies does not keep)")
+        if isinstance(stack, bool) or not isinstance(stack, int) or stack < 1:
+            raise InputError(f"stack must be an integer >= 1, got {stack!r}")
+        model.check_runnable()
+        self.model, self.task, self.method, self.reference = model, task, method, reference
+        replacements(model, [], method, reference)  # validates method / reference before any forward
+        self.plan = plan_scoring(model, task.samples)
+        self.chunks = layout_chunks(model, self.plan, batch_size)
+        self.prefixes = Prefixes(model, self.chunks, max_prefix_bytes)
+        try:
+            self.prefixes.verify()
+        except ReplayMismatch as e:
+            raise UnsupportedArchitectureError(f"path patching replays blocks from recorded inputs: {e}") from e
+        self.stack = stack
+        self._summaries = self._summary_positions()
+        self._repl: dict[HeadRef, Replacement] = {}
+        self._linear: set[int] = set()
+        self._clean: CandidateScores | None = None
+
+    # ---- positions ------------------------------------------------------------------------
+    def _summary_positions(self) -> list[list[int]]:
+        out = []
+        for i, s in enumerate(self.plan.samples):
+            seg = s.segments(self.model.tokenizer)
+            n = len(self.plan.prompt_ids[i])
+            if seg.n_tokens != n:
+                raise InputError(f"sample {i}: its segments cover {seg.n_tokens} tokens but the scored prompt has {n}; "
+                                 f"summary positions cannot be placed")
+            out.append(seg.summaries)
+        return out
+
+    def masks(self, chunk: Chunk) -> dict[str, Bool[Tensor, "batch pos"]]:
+        """Position masks of ``chunk``'s rows: ``summary`` (every item's summary token), ``decision`` (the last
+        prompt token and the answer tokens fed after it) and ``all`` (every real token)."""
+        b, width = chunk.batch.ids.shape
+        sample_of = [-1] * b
+        for r, t in zip(chunk.read_row.tolist(), chunk.read_target.tolist()):
+            sample_of[r] = self.plan.targets[t].sample
+        summary = torch.zeros(b, width, dtype=torch.bool)
+        decision = torch.zeros(b, width, dtype=torch.bool)
+        pads = chunk.pad.tolist()
+        for k, i in enumerate(sample_of):
+            if i < 0:
+                continue
+            n = len(self.plan.prompt_ids[i])
+            summary[k, [pads[k] + p for p in self._summaries[i]]] = True
+            decision[k, pads[k] + n - 1:] = True
+        dev = self.model.device
+        return {"summary": summary.to(dev), "decision": decision.to(dev),
+                "all": chunk.batch.attention_mask.bool().to(dev)}
+
+    # ---- pieces ---------------------------------------------------------------------------
+    def _replacement(self, head: HeadRef) -> Replacement:
+        if head not in self._repl:
+            self._repl[head] = replacements(self.model, [head], self.method, self.reference)[0]
+        return self._repl[head]
+
+    def _write(self, head: HeadRef, z: Float[Tensor, "b p w"]) -> Float[Tensor, "b p d_model"]:
+        """What removing ``head`` takes out of the residual stream: ``(z_S - replacement) W_O[:, S]ᵀ``."""
+        r = self._replacement(head)
+        value = r.value(z.shape[0], z.shape[1])
+        delta = z - (value.to(z.device, z.dtype) if isinstance(value, Tensor) else value)
+        w = self.model.output_projection(head)[:, r.site.columns]
+        return delta.to(w.dtype) @ w.T
+
+    def _check_linear(self, layer: int, kind: str, values: dict[str, Tensor]) -> None:
+        """Check once per layer that the mixer's output projection is what block ``layer`` adds to the stream."""
+        if layer in self._linear:
+            return
+        out = values[f"{self.model.layer_spec(layer, kind).bridge_path}.__write"]
+        added = values[f"blocks.{layer}.__added"]
+        scale = max(1.0, float(added.abs().max()))
+        if not torch.allclose(out.float(), added.float(), atol=1e-4 * scale, rtol=1e-3):
+            raise UnsupportedArchitectureError(
+                f"path patching needs each head's write o_S = z_S W_O^T to reach the residual stream as is, but block "
+                f"{layer} of {self.model.name} adds something else than its mixer's output projection (max deviation "
+                f"{float((out.float() - added.float()).abs().max()):.3g}): a norm or multiplier sits between them")
+        self._linear.add(layer)
+
+    def _clean_pass(self, chunk_index: int, prefix: Prefix, senders: set[HeadRef], receivers: set[HeadRef],
+                    start: int) -> _Clean:
+        """One clean replay from ``start``: senders' outputs, receivers' input projections, isolation hooks, the
+        final stream, and what each sender layer adds to the stream (for :meth:`_check_linear`)."""
+        model, values = self.model, {}
+        hooks: dict[str, Any] = {}
+
+        def keep(name: str, key: str | None = None) -> None:
+            def hook(x: Tensor, hook: Any = None) -> Tensor:
+                values[key or name] = _flat(x).detach().clone()
+                return x
+            hooks.setdefault(name, []).append((key or name, hook))
+
+        for s in senders:
+            keep(model.head_site(s).hook)
+        for r in receivers:
+            spec = model.layer_spec(r.layer, r.kind)
+            for sites in spec.adapter.receiver_inputs(model, spec, r).values():
+                for site in sites:
+                    keep(site.hook)
+            iso = spec.adapter.receiver_isolation(model, spec, r)
+            if iso is not None:
+                keep(iso.hook)
+        unchecked = {(s.layer, s.kind) for s in senders if s.layer not in self._linear}
+        for layer, kind in unchecked:
+            spec = model.layer_spec(layer, kind)
+            out_hook = model.head_site(HeadRef(layer, 0, kind)).hook.rsplit(".", 1)[0] + ".hook_out"
+            if not model.has_hook(out_hook):
+                raise UnsupportedArchitectureError(f"path patching needs {out_hook!r} to check what block {layer} "
+                                                   f"writes; {model.name}'s bridge has no such hook")
+            keep(out_hook, f"{spec.bridge_path}.__write")
+            for name in (f"blocks.{layer}.hook_in", f"blocks.{layer}.hook_out", f"blocks.{layer}.mlp.hook_out"):
+                if model.has_hook(name):
+                    keep(name)
+        fns = [(name, fn) for name, fs in hooks.items() for _, fn in fs]
+        with model.hooks(fns):
+            final = replay(model, prefix, start)
+        missing = [name for name, fs in hooks.items() for key, _ in fs if key not in values]
+        if missing:
+            raise UnsupportedArchitectureError(f"path patching: the hook {missing[0]!r} of {model.name} never fired "
+                                               f"in a forward, so it cannot be read or patched")
+        for layer, kind in unchecked:
+            added = values[f"blocks.{layer}.hook_out"] - values[f"blocks.{layer}.hook_in"]
+            if f"blocks.{layer}.mlp.hook_out" in values:
+                added = added - values[f"blocks.{layer}.mlp.hook_out"]
+            values[f"blocks.{layer}.__added"] = added
+            self._check_linear(layer, kind, values)
+        return _Clean(values, final)
+
+    def _receiver_outputs(self, prefix: Prefix, layer: int, clean: _Clean, writes: dict[HeadRef, Tensor],
+                          masks: dict[str, Tensor], items: list[tuple[int, HeadRef, dict[str, list[Edge]]]]
+                          ) -> dict[tuple[int, HeadRef], Tensor]:
+        """Outputs ``z'`` of the receivers of ``layer``, one per ``(set, receiver, {input: edges})`` item.
+
+        Run 1 computes every patched input's projection from its own stream ``x_r - Σ m ⊙ o_S``; run 2 feeds the
+        clean stream, overwrites each receiver's input channels with those, puts the other heads back at the
+        isolation hook and reads the receiver's output channels."""
+        model, b = self.model, prefix.batch_size
+        x = prefix.hidden(layer)
+        streams, where = [], []  # where[j] = (item index, input name)
+        for n, (_, r, by_input) in enumerate(items):
+            for inp, edges in by_input.items():
+                s = x.clone()
+                for e in edges:
+                    s = s - masks[e.positions][..., None].to(s.dtype) * writes[e.sender].to(s.dtype)
+                streams.append(s)
+                where.append((n, inp))
+        specs = {r: model.layer_spec(r.layer, r.kind) for _, r, _ in items}
+        inputs = {r: specs[r].adapter.receiver_inputs(model, specs[r], r) for r in specs}
+        need = sorted({site.hook for (n, inp) in where for site in inputs[items[n][1]][inp]})
+        got: dict[str, Tensor] = {}
+
+        def grab(name: str) -> Any:
+            def hook(v: Tensor, hook: Any = None) -> Tensor:
+                got[name] = _flat(v).detach().clone()
+                return v
+            return hook
+
+        with model.hooks([(name, grab(name)) for name in need]):
+            replay(model, prefix, layer, len(streams), hidden=torch.cat(streams), stop=layer + 1)
+        patched: dict[int, list[tuple[InputSite, Tensor]]] = {}
+        for j, (n, inp) in enumerate(where):
+            r = items[n][1]
+            for site in inputs[r][inp]:
+                patched.setdefault(n, []).append((site, got[site.hook][j * b:(j + 1) * b, :, site.columns]))
+        by_hook: dict[str, list[tuple[int, InputSite, Tensor]]] = {}
+        for n, entries in patched.items():
+            for site, value in entries:
+                by_hook.setdefault(site.hook, []).append((n, site, value))
+
+        def overwrite(entries: list[tuple[int, InputSite, Tensor]]) -> Any:
+            def hook(v: Tensor, hook: Any = None) -> Tensor:
+                out = v.clone(memory_format=torch.contiguous_format)
+                flat = _flat(out)
+                for n, site, value in entries:
+                    flat[n * b:(n + 1) * b, :, site.columns] = value.to(flat.dtype)
+                return out
+            return hook
+
+        isolate: dict[str, list[tuple[int, InputSite]]] = {}
+        for n, (_, r, _) in enumerate(items):
+            iso = specs[r].adapter.receiver_isolation(model, specs[r], r)
+            if iso is not None:
+                isolate.setdefault(iso.hook, []).append((n, iso))
+
+        def restore(entries: list[tuple[int, InputSite]], name: str) -> Any:
+            def hook(v: Tensor, hook: Any = None) -> Tensor:
+                out = v.clone(memory_format=torch.contiguous_format)
+                flat = _flat(out)
+                base = clean.values[name]
+                for n, iso in entries:
+                    keep = flat[n * b:(n + 1) * b, :, iso.columns].clone()
+                    flat[n * b:(n + 1) * b] = base.to(flat.dtype)
+                    flat[n * b:(n + 1) * b, :, iso.columns] = keep
+                return out
+            return hook
+
+        outs: dict[str, Tensor] = {}
+        sites = {r: model.head_site(r) for r in specs}
+        hooks = [(name, overwrite(entries)) for name, entries in by_hook.items()]
+        hooks += [(name, restore(entries, name)) for name, entries in isolate.items()]
+        hooks += [(name, grab(name)) for name in sorted({s.hook for s in sites.values()})]
+        got.clear()
+        with model.hooks(hooks):
+            replay(model, prefix, layer, len(items), stop=layer + 1)
+        result = {}
+        for n, (g, r, _) in enumerate(items):
+            site = sites[r]
+            result[(g, r)] = flat_channels(got[site.hook], site)[n * b:(n + 1) * b, :, site.columns]
+        return result
+
+    def _run_chunk(self, index: int, sets: list[list[Edge]]) -> list[Tensor]:
+        """Read log-probs of chunk ``index`` under each set."""
+        model, chunk = self.model, self.chunks[index]
+        prefix = self.prefixes.get(index)
+        b = prefix.batch_size
+        senders = {e.sender for es in sets for e in es}
+        receivers = {e.receiver for es in sets for e in es if e.receiver is not None}
+        start = min(h.layer for h in senders | receivers)
+        clean = self._clean_pass(index, prefix, senders, receivers, start)
+        masks = self.masks(chunk)
+        writes = {s: self._write(s, flat_channels(clean.values[model.head_site(s).hook], model.head_site(s))
+                                 [..., model.head_site(s).columns]) for s in senders}
+        by_layer: dict[int, list[tuple[int, HeadRef, dict[str, list[Edge]]]]] = {}
+        for g, es in enumerate(sets):
+            per: dict[HeadRef, dict[str, list[Edge]]] = {}
+            for e in es:
+                if e.receiver is not None:
+                    per.setdefault(e.receiver, {}).setdefault(e.input, []).append(e)
+            for r, by_input in per.items():
+                by_layer.setdefault(r.layer, []).append((g, r, by_input))
+        z_new: dict[tuple[int, HeadRef], Tensor] = {}
+        for layer, items in sorted(by_layer.items()):
+            z_new.update(self._receiver_outputs(prefix, layer, clean, writes, masks, items))
+        n = len(sets)
+        if z_new:
+            by_hook: dict[str, list[tuple[int, Any, Tensor]]] = {}
+            for (g, r), z in z_new.items():
+                site = model.head_site(r)
+                by_hook.setdefault(site.hook, []).append((g, site, z))
+
+            def put(entries: list[tuple[int, Any, Tensor]]) -> Any:
+                def hook(v: Tensor, hook: Any = None) -> Tensor:
+                    out = v.clone(memory_format=torch.contiguous_format)
+                    flat = flat_channels(out, entries[0][1])
+                    for g, site, z in entries:
+                        flat[g * b:(g + 1) * b, :, site.columns] = z.to(flat.dtype)
+                    return out
+                return hook
+
+            with model.hooks([(name, put(entries)) for name, entries in by_hook.items()]):
+                final = replay(model, prefix, min(by_layer), n)
+        else:
+            final = clean.final.repeat(n, 1, 1)
+        rows, pos = chunk.read_row.to(final.device), chunk.read_pos.to(final.device)
+        out = []
+        for g, es in enumerate(sets):
+            sel = final[rows + g * b, pos]
+            for e in es:
+                if e.receiver is None:
+                    m = masks[e.positions][rows, pos][:, None].to(sel.dtype)
+                    sel = sel - m * writes[e.sender][rows, pos].to(sel.dtype)
+            out.append(read_logprobs(model.unembed(sel[None])[0], chunk.read_tok))
+        return out
+
+    # ---- public ---------------------------------------------------------------------------
+    def clean(self) -> CandidateScores:
+        """Scores of the intact model."""
+        if self._clean is None:
+            self._clean = self.prefixes.clean(self.plan)
+        return self._clean
+
+    @torch.no_grad()
+    def run(self, sets: Sequence[Edge | Sequence[Edge]]) -> list[CandidateScores]:
+        """Scores of the task with each element of ``sets`` (an edge, or edges removed together) removed."""
+        groups = [[check_edge(self.model, e) for e in ([s] if isinstance(s, Edge) else list(s))] for s in sets]
+        tables = [ScoreTable(self.plan) for _ in groups]
+        todo = [g for g, es in enumerate(groups) if es]
+        for k in range(0, len(todo), self.stack):
+            part = todo[k:k + self.stack]
+            for i, chunk in enumerate(self.chunks):
+                for g, logp in zip(part, self._run_chunk(i, [groups[g] for g in part])):
+                    tables[g].add(chunk, logp)
+        clean = self.clean() if len(todo) < len(groups) else None
+        return [tables[g].result() if groups[g] else clean for g in range(len(groups))]  # type: ignore[misc]
+
+
+@dataclass
+class PathEffects:
+    """Effects of edges (or sets of edges) on a task's metric: ``effect = metric(intact) - metric(patched)``, with
+    a paired bootstrap interval over samples.
+
+    Attributes:
+        metric: the metric's name (``logit_diff``, ``accuracy``, ``logprob``).
+        baseline: per-sample results of the intact model; ``patched[i]`` those with ``sets[i]`` removed.
+        sets: the edge sets, in the order measured.
+    """
+
+    metric: str
+    baseline: Results
+    sets: list[list[Edge]]
+    patched: list[Results]
+    level: float = 0.95
+    _ci: list[tuple[float, float]] = field(default_factory=list, repr=False)
+
+    def effects(self) -> list[float]:
+        """``metric(intact) - metric(patched)`` of each set."""
+        m = get_metric(self.metric)
+        return [m.value(self.baseline) - m.value(p) for p in self.patched]
+
+    def intervals(self, n_boot: int = N_BOOTSTRAP) -> list[tuple[float, float]]:
+        """Paired bootstrap interval (fixed seed) of each set's effect at :attr:`level`."""
+        if self._ci:
+            return self._ci
+        m = get_metric(self.metric)
+        n = len(next(iter(self.baseline.values())))
+        idx = torch.randint(0, n, (n_boot, n), generator=torch.Generator().manual_seed(0))
+        base = m.resampled(self.baseline, idx).double()
+        q = torch.tensor([(1 - self.level) / 2, (1 + self.level) / 2], dtype=torch.float64)
+        self._ci = [tuple(torch.quantile(base - m.resampled(p, idx).double(), q).tolist()) for p in self.patched]
+        return self._ci
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per set: ``edge`` (names joined by ``" + "``), ``sender``, ``receiver`` (``logits`` for a direct
+        edge), ``input``, ``positions`` (those of the set's first edge), ``effect``, ``low``, ``high``."""
+        rows = []
+        for es, eff, (lo, hi) in zip(self.sets, self.effects(), self.intervals()):
+            e = es[0] if es else None
+            rows.append({"edge": " + ".join(x.name for x in es),
+                         "sender": e.sender.name if e else "",
+                         "receiver": (e.receiver.name if e.receiver else LOGITS) if e else "",
+                         "input": e.input if e else "", "positions": e.positions if e else "",
+                         "effect": eff, "low": lo, "high": hi})
+        return pd.DataFrame(rows, columns=["edge", "sender", "receiver", "input", "positions", "effect", "low", "high"])
+
+    def records(self) -> list[dict[str, Any]]:
+        """:meth:`to_frame` as JSON-able rows (with each set's edges)."""
+        out = []
+        for es, row in zip(self.sets, self.to_frame().to_dict("records")):
+            out.append({**row, "edges": [e.to_dict() for e in es],
+                        **{k: (None if isinstance(row[k], float) and not math.isfinite(row[k]) else float(row[k]))
+                           for k in ("effect", "low", "high")}})
+        return out
+
+
+def path_effects(model: Model, task: Task, sets: Sequence[Edge | Sequence[Edge]], metric: str = "logit_diff",
+                 method: AblationMethod = "zero", reference: Any = None, batch_size: int = 16,
+                 patcher: PathPatcher | None = None) -> PathEffects:
+    """Effect on ``metric`` of removing each element of ``sets`` (an :class:`Edge` or edges together).
+
+    Example: ``path_effects(m, task, [Edge(HeadRef.parse("L16H2"), HeadRef.parse("L18H6"), "k", "summary")])``.
+    Pass ``patcher`` to reuse one :class:`PathPatcher`'s clean prefixes across calls."""
+    get_metric(metric)
+    pp = patcher or PathPatcher(model, task, method, reference, batch_size)
+    groups = [[s] if isinstance(s, Edge) else list(s) for s in sets]
+    scored = pp.run(groups)
+    return PathEffects(str(metric), results(pp.clean()), [[check_edge(model, e) for e in es] for es in groups],
+                       [results(s) for s in scored])

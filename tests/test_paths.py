@@ -1,0 +1,375 @@
+"""Path patching: every path effect equals a brute-force recomputation of the receiver's output, by hand from the
+residual stream minus the sender's write, run through the plain Hugging Face model (no bridge, no replay)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gna_interp import HeadRef, load_model
+from gna_interp.circuits.paths import Edge, PathPatcher, path_effects
+from gna_interp.errors import HeadError, InputError
+from gna_interp.interventions import ablate
+from gna_interp.models.hf import unwrap
+from gna_interp.tasks import KVRetrieval
+from gna_interp.tasks.scoring import read_logprobs
+
+H = HeadRef.parse
+
+
+def _task():
+    return KVRetrieval(3, 3, seed=1, max_value=9)
+
+
+def _masks(pp, chunk):
+    return {k: v[0] for k, v in pp.masks(chunk).items()}
+
+
+def _hf_layer(model, layer):
+    hf = model.hf_model
+    base = getattr(hf, "model", None) or getattr(hf, "backbone", None) or hf.transformer
+    layers = getattr(base, "layers", None) or base.h
+    return base, layers[layer]
+
+
+def _residual_in(model, ids, kwargs, layer):
+    """The residual stream entering HF decoder layer ``layer`` (a forward pre-hook on the plain HF layer)."""
+    _, mod = _hf_layer(model, layer)
+    got = {}
+
+    def pre(m, args, kw):
+        got["x"] = (args[0] if args else kw["hidden_states"]).detach().clone()
+
+    h = mod.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model.hf_model(ids, **kwargs)
+    finally:
+        h.remove()
+    return got["x"]
+
+
+def _out_in(model, ids, kwargs, head):
+    """The input of ``head``'s output projection in a plain HF forward."""
+    spec = model.layer_spec(head.layer, head.kind)
+    mixer = model.hf_module(spec.bridge_path)
+    proj = unwrap(next(getattr(mixer, n) for n in ("o_proj", "out_proj", "c_proj") if hasattr(mixer, n)))
+    got = {}
+    h = proj.register_forward_pre_hook(lambda m, a: got.__setitem__("z", a[0].detach().clone()))
+    try:
+        with torch.no_grad():
+            model.hf_model(ids, **kwargs)
+    finally:
+        h.remove()
+    return got["z"], proj
+
+
+def _write(model, ids, kwargs, sender):
+    """``o_S = z_S W_O[:, S]^T`` from a plain HF forward."""
+    z, proj = _out_in(model, ids, kwargs, sender)
+    site = model.head_site(sender)
+    return z[..., site.columns] @ proj.weight[:, site.columns].T
+
+
+def _attn_by_hand(model, layer_mod, x_by_input, head, ids, kwargs):
+    """Attention head ``head``'s output computed by hand (Llama / Bamba attention: RoPE, GQA), each of its inputs
+    q, k, v from its own residual stream ``x_by_input[name]``."""
+    spec = model.layer_spec(head.layer, head.kind)
+    attn = model.hf_module(spec.bridge_path)
+    norm = layer_mod.input_layernorm
+    d, nh, nkv = spec.head_dim, spec.n_heads, spec.n_groups
+    g = head.head // (nh // nkv)
+    base, _ = _hf_layer(model, 0)
+    T = ids.shape[1]
+    pos = kwargs.get("position_ids", torch.arange(T)[None])
+    x0 = x_by_input["q"]
+    cos, sin = base.rotary_emb(x0, pos)
+    mod = __import__(type(attn).__module__, fromlist=["apply_rotary_pos_emb"])
+    q = unwrap(attn.q_proj)(norm(x_by_input["q"])).view(1, T, nh, d).transpose(1, 2)
+    k = unwrap(attn.k_proj)(norm(x_by_input["k"])).view(1, T, nkv, d).transpose(1, 2)
+    v = unwrap(attn.v_proj)(norm(x_by_input["v"])).view(1, T, nkv, d).transpose(1, 2)
+    q, _ = mod.apply_rotary_pos_emb(q, q, cos, sin)
+    _, k = mod.apply_rotary_pos_emb(k, k, cos, sin)
+    scores = q[0, head.head] @ k[0, g].T * d ** -0.5
+    if "attention_mask" in kwargs:
+        scores = scores + kwargs["attention_mask"][0, 0]
+    else:
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return (scores.softmax(-1) @ v[0, g])[None]
+
+
+def _ssm2_by_hand(model, layer_mod, x_by_input, x_clean, head):
+    """A Mamba-2 head's output (after the gated norm) by a sequential scan, its x / B / C / gate+Δ channels from
+    their own streams and every other head from ``x_clean``."""
+    spec = model.layer_spec(head.layer, head.kind)
+    mix = model.hf_module(spec.bridge_path)
+    norm = getattr(layer_mod, "input_layernorm", None) or layer_mod.norm
+    nh, hd, ng, ds = spec.n_heads, spec.head_dim, spec.n_groups, spec.state_size
+    I = nh * hd
+    proj = {k: unwrap(mix.in_proj)(norm(x))[0] for k, x in {**x_by_input, "clean": x_clean}.items()}
+    p = proj["clean"].clone()
+    h, g = head.head, head.head // (nh // ng)
+    cols = {"v": [range(I + h * hd, I + (h + 1) * hd)], "k": [range(2 * I + g * ds, 2 * I + (g + 1) * ds)],
+            "q": [range(2 * I + ng * ds + g * ds, 2 * I + ng * ds + (g + 1) * ds)],
+            "other": [range(h * hd, (h + 1) * hd), range(2 * I + 2 * ng * ds + h, 2 * I + 2 * ng * ds + h + 1)]}
+    for name, rs in cols.items():
+        for r in rs:
+            p[:, list(r)] = proj[name][:, list(r)]
+
+    def scan(pp, heads):
+        T = pp.shape[0]
+        gate, xbc, dt = pp[:, :I], pp[:, I:2 * I + 2 * ng * ds], pp[:, 2 * I + 2 * ng * ds:]
+        conv = unwrap(mix.conv1d)
+        xbc = F.silu(F.conv1d(F.pad(xbc.T[None], (conv.kernel_size[0] - 1, 0)), conv.weight, conv.bias,
+                              groups=xbc.shape[1])[0].T)
+        x, B, C = xbc[:, :I], xbc[:, I:I + ng * ds], xbc[:, I + ng * ds:]
+        dt = F.softplus(dt + mix.dt_bias)
+        A = -torch.exp(mix.A_log.float())
+        y = torch.zeros(T, I)
+        for hh in heads:
+            gg = hh // (nh // ng)
+            state = torch.zeros(hd, ds)
+            for t in range(T):
+                xt = x[t, hh * hd:(hh + 1) * hd]
+                state = torch.exp(dt[t, hh] * A[hh]) * state + dt[t, hh] * xt[:, None] * B[t, gg * ds:(gg + 1) * ds]
+                y[t, hh * hd:(hh + 1) * hd] = state @ C[t, gg * ds:(gg + 1) * ds] + mix.D[hh] * xt
+        return y, gate
+
+    y, _ = scan(proj["clean"], range(nh))
+    y_r, gate = scan(p, [h])
+    y[:, h * hd:(h + 1) * hd] = y_r[:, h * hd:(h + 1) * hd]
+    n = mix.norm
+    z = y * F.silu(gate)
+    zg = z.view(z.shape[0], -1, n.group_size)
+    z = (zg * torch.rsqrt(zg.pow(2).mean(-1, keepdim=True) + n.variance_epsilon)).view_as(z) * n.weight
+    return z[None, :, h * hd:(h + 1) * hd]
+
+
+def _brute(model, pp, chunk, edges):
+    """Read log-probs of ``chunk`` (one unpadded row) with ``edges`` removed, by hand: the receivers' outputs
+    recomputed from the residual minus the senders' writes and put into a plain HF forward."""
+    ids = chunk.batch.ids
+    kwargs = model._forward_kwargs(chunk.batch)
+    masks = _masks(pp, chunk)
+    replace = {}
+    for r in {e.receiver for e in edges if e.receiver is not None}:
+        x = _residual_in(model, ids, kwargs, r.layer)
+        streams = {name: x.clone() for name in ("q", "k", "v", "other")}
+        for e in edges:
+            if e.receiver == r:
+                streams[e.input] -= masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender)
+        _, layer_mod = _hf_layer(model, r.layer)
+        if r.kind == "attn":
+            replace[r] = _attn_by_hand(model, layer_mod, streams, r, ids, kwargs)
+        else:
+            replace[r] = _ssm2_by_hand(model, layer_mod, streams, x, r)
+    handles = []
+    for r, z in replace.items():
+        z_all, proj = _out_in(model, ids, kwargs, r)
+        site = model.head_site(r)
+
+        def pre(m, a, z=z, site=site):
+            out = a[0].clone()
+            out[..., site.columns] = z.reshape(out.shape[0], out.shape[1], -1)
+            return (out,) + a[1:]
+
+        handles.append(proj.register_forward_pre_hook(pre))
+    final = {}
+    norm = model.hf_model.get_output_embeddings()
+    handles.append(norm.register_forward_pre_hook(lambda m, a: final.__setitem__("h", a[0])))
+    try:
+        with torch.no_grad():
+            model.hf_model(ids, **kwargs, output_hidden_states=True)
+            out = model.hf_model(ids, **kwargs, output_hidden_states=True)
+    finally:
+        for h in handles:
+            h.remove()
+    h_final = out.hidden_states[-1][0]  # after the final norm
+    base, _ = _hf_layer(model, 0)
+    rows, pos = chunk.read_row, chunk.read_pos
+    direct = [e for e in edges if e.receiver is None]
+    if direct:  # undo the final norm's input: recompute it from the last layer's output minus the writes
+        x_last = _residual_out_last(model, ids, kwargs, replace)
+        for e in direct:
+            x_last = x_last - masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender)
+        final_norm = getattr(base, "norm", None) or getattr(base, "norm_f", None) or getattr(base, "final_layernorm")
+        h_final = final_norm(x_last)[0]
+    logits = model.hf_model.get_output_embeddings()(h_final[pos])
+    return read_logprobs(logits, chunk.read_tok)
+
+
+def _residual_out_last(model, ids, kwargs, replace):
+    """Output of the last HF decoder layer (the final norm's input) with ``replace`` in force (it already is)."""
+    _, last = _hf_layer(model, model.n_layers - 1)
+    got = {}
+    h = last.register_forward_hook(lambda m, a, o: got.__setitem__("x", (o[0] if isinstance(o, tuple) else o).clone()))
+    try:
+        handles = []
+        for r, z in replace.items():
+            _, proj = _out_in(model, ids, kwargs, r)
+            site = model.head_site(r)
+
+            def pre(m, a, z=z, site=site):
+                out = a[0].clone()
+                out[..., site.columns] = z.reshape(out.shape[0], out.shape[1], -1)
+                return (out,) + a[1:]
+
+            handles.append(proj.register_forward_pre_hook(pre))
+        with torch.no_grad():
+            model.hf_model(ids, **kwargs)
+    finally:
+        h.remove()
+        for x in handles:
+            x.remove()
+    return got["x"]
+
+
+CASES = {
+    "llama": [("L0H1", "L2H2"), ("L1H0", "L2H3")],  # GQA: 4 query heads, 2 KV heads
+    "mamba2": [("L0S1", "L1S2"), ("L0S0", "L1S3")],
+    "bamba": [("L0S1", "L1H2"), ("L1H0", "L2S3")],  # hybrid: SSM -> attention, attention -> SSM
+}
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_path_effects_equal_brute_force(models, family):
+    model = models(family)
+    pp = PathPatcher(model, _task(), batch_size=1)
+    sets = []
+    for s, r in CASES[family]:
+        sets += [[Edge(H(s), H(r), "k", "summary")], [Edge(H(s), H(r), "v", "all")],
+                 [Edge(H(s), H(r), "q", "decision")], [Edge(H(s), H(r), "other", "all")] if family != "llama" else [],
+                 [Edge(H(r), None, "logits", "all")],
+                 [Edge(H(s), H(r), "k", "summary"), Edge(H(s), H(r), "q", "all"), Edge(H(r), None)]]
+    sets = [s for s in sets if s]
+    worst = 0.0
+    for i, chunk in enumerate(pp.chunks[:2]):
+        got = pp._run_chunk(i, sets)
+        for es, g in zip(sets, got):
+            want = _brute(model, pp, chunk, es)
+            worst = max(worst, float((g - want).abs().max().detach()))
+    assert worst <= 1e-5, worst
+    # the edges matter (the test could not pass with path patching doing nothing)
+    effects = path_effects(model, _task(), sets, patcher=pp)
+    assert any(abs(e) > 1e-4 for e in effects.effects())
+
+
+def test_gpt2_path_effects_equal_brute_force(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from gna_interp.models.tiny import byte_tokenizer
+
+    tok = byte_tokenizer()
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=3, n_head=4, n_positions=256,
+                                    initializer_range=0.2)).eval()
+    hf.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model = load_model(str(tmp_path), device="cpu")
+    pp = PathPatcher(model, _task(), batch_size=1)
+    sets = [[Edge(H("L0H1"), H("L2H2"), "k", "summary")], [Edge(H("L1H3"), H("L2H0"), "v", "all")],
+            [Edge(H("L0H0"), H("L1H1"), "q", "decision")], [Edge(H("L1H2"), None)]]
+    for i, chunk in enumerate(pp.chunks[:2]):
+        for es, got in zip(sets, pp._run_chunk(i, sets)):
+            want = _gpt2_brute(model, pp, chunk, es)
+            assert float((got - want).abs().max().detach()) <= 1e-5
+
+
+def _gpt2_brute(model, pp, chunk, edges):
+    ids = chunk.batch.ids
+    kwargs = model._forward_kwargs(chunk.batch)
+    masks = _masks(pp, chunk)
+    tr = model.hf_model.transformer
+    T = ids.shape[1]
+    handles = []
+    for r in {e.receiver for e in edges if e.receiver is not None}:
+        x = _residual_in(model, ids, kwargs, r.layer)
+        streams = {n: x.clone() for n in "qkv"}
+        for e in edges:
+            if e.receiver == r:
+                streams[e.input] -= masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender)
+        blk = tr.h[r.layer]
+        d = 16
+        parts = {n: blk.attn.c_attn(blk.ln_1(streams[n]))[0].split(64, -1) for n in "qkv"}
+        q = parts["q"][0][:, r.head * d:(r.head + 1) * d]
+        k = parts["k"][1][:, r.head * d:(r.head + 1) * d]
+        v = parts["v"][2][:, r.head * d:(r.head + 1) * d]
+        s = (q @ k.T / d ** 0.5).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        z = s.softmax(-1) @ v
+        site = model.head_site(r)
+
+        def pre(m, a, z=z, site=site):
+            out = a[0].clone()
+            out[..., site.columns] = z
+            return (out,) + a[1:]
+
+        handles.append(blk.attn.c_proj.register_forward_pre_hook(pre))
+    try:
+        with torch.no_grad():
+            out = model.hf_model(ids, output_hidden_states=True)
+            x_last = {}
+            hk = tr.ln_f.register_forward_pre_hook(lambda m, a: x_last.__setitem__("x", a[0]))
+            model.hf_model(ids)
+            hk.remove()
+    finally:
+        for h in handles:
+            h.remove()
+    x = x_last["x"]
+    for e in edges:
+        if e.receiver is None:
+            x = x - masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender)
+    logits = model.hf_model.lm_head(tr.ln_f(x))[0]
+    return read_logprobs(logits[chunk.read_pos], chunk.read_tok)
+
+
+@pytest.mark.parametrize("family,index", [("llama", 2), ("mamba2", 3)])
+def test_every_path_removed_is_the_plain_ablation(tiny_dirs, family, index):
+    """With the MLPs writing nothing, a sender of the last layer but one removed from every input of every head of
+    the last layer (all positions) and from the logits is the plain ablation of that head."""
+    model = load_model(tiny_dirs[family], device="cpu")
+    sender = [h for h in model.heads() if h.layer == model.n_layers - 2][index].name
+    with torch.no_grad():
+        for p_name, p in model.hf_model.named_parameters():
+            if "mlp" in p_name and ("down_proj" in p_name or "c_proj" in p_name):
+                p.zero_()
+    s = H(sender)
+    later = [h for h in model.heads() if h.layer > s.layer]
+    inputs = ("q", "k", "v", "other")
+    every = [Edge(s, r, i, "all") for r in later for i in inputs] + [Edge(s, None)]
+    task = _task()
+    pe = path_effects(model, task, [every, [Edge(s, None)]])
+    from gna_interp.tasks.scoring import run_plan, plan_scoring
+    with ablate(model, [s]):
+        ablated = run_plan(model, plan_scoring(model, task.samples))
+    from gna_interp.tasks.metrics import results
+    want = results(ablated)["logit_diff"]
+    got = pe.patched[0]["logit_diff"]
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert not torch.allclose(pe.patched[1]["logit_diff"], want, atol=1e-3)  # the direct path alone is not all
+
+
+def test_bad_edges_are_refused(tiny_models):
+    model = tiny_models["llama"]
+    pp = PathPatcher(model, _task())
+    with pytest.raises(HeadError, match="later layer"):
+        pp.run([Edge(H("L2H0"), H("L1H0"), "k")])
+    with pytest.raises(InputError, match="unknown receiver input"):
+        pp.run([Edge(H("L0H0"), H("L1H0"), "key")])
+    with pytest.raises(InputError, match="unknown positions"):
+        pp.run([Edge(H("L0H0"), H("L1H0"), "k", "everywhere")])
+    with pytest.raises(HeadError, match="out of range"):
+        pp.run([Edge(H("L0H9"), None)])
+    with pytest.raises(InputError, match="resample"):
+        PathPatcher(model, _task(), method="resample", reference=_task())
+
+
+def test_patching_leaves_no_hook_behind(tiny_models):
+    model = tiny_models["llama"]
+    before = model.forward("abc")
+    pp = PathPatcher(model, _task())
+    pp.run([Edge(H("L0H0"), H("L2H1"), "v", "all")])
+    points = {id(hp): hp for hp in model.bridge.hook_dict.values()}.values()
+    assert sum(len(hp._forward_hooks) for hp in points) == 0
+    assert torch.equal(model.forward("abc"), before)
