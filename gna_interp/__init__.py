@@ -18,12 +18,15 @@ if TYPE_CHECKING:  # the names below, for type checkers and the API docs
         Circuit,
         CircuitComparison,
         DiscoverConfig,
+        Edge,
         HeadScan,
+        PathEffects,
         RoleRule,
         ScanConfig,
         ablation_curve,
         compare_circuits,
         discover,
+        path_effects,
         prune_curve,
         reference_scan,
         role_scores,
@@ -36,10 +39,10 @@ if TYPE_CHECKING:  # the names below, for type checkers and the API docs
     from gna_interp.tasks import Evaluation, KVRetrieval, MultipleChoice, Sample, Task, evaluate, task_from_dict
 
 __version__ = "0.1.0"
-__all__ = ["Circuit", "CircuitComparison", "DiscoverConfig", "Evaluation", "GnaError", "HeadRef", "HeadScan", "KVRetrieval", "MaskOptions",
-           "MixerAdapter", "Model", "MultipleChoice", "PatternOptions", "PatternSet", "RoleRule", "Sample",
+__all__ = ["Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "Evaluation", "GnaError", "HeadRef", "HeadScan", "KVRetrieval", "MaskOptions",
+           "MixerAdapter", "Model", "MultipleChoice", "PathEffects", "PatternOptions", "PatternSet", "RoleRule", "Sample",
            "ScanConfig", "Task", "ablate", "ablation_curve", "compare_circuits", "discover", "evaluate", "load_model", "mask_pattern",
-           "patterns", "prune_curve", "reference_scan", "register_kind", "role_scores", "scan_heads", "skip_layers",
+           "path_effects", "patterns", "prune_curve", "reference_scan", "register_kind", "role_scores", "scan_heads", "skip_layers",
            "task_from_dict"]
 
 # Imported on first use (PEP 562): `gna` and `python -m gna_interp` import this package before any of our code
@@ -48,7 +51,10 @@ _EXPORTS = {
     "Circuit": "gna_interp.circuits",
     "CircuitComparison": "gna_interp.circuits",
     "DiscoverConfig": "gna_interp.circuits",
+    "Edge": "gna_interp.circuits",
     "HeadScan": "gna_interp.circuits",
+    "PathEffects": "gna_interp.circuits",
+    "path_effects": "gna_interp.circuits",
     "RoleRule": "gna_interp.circuits",
     "ScanConfig": "gna_interp.circuits",
     "ablation_curve": "gna_interp.circuits",

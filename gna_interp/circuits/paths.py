@@ -17,7 +17,10 @@ edge changes what *one consumer* reads and nothing else:
   back before the gated norm (:meth:`~gna_interp.models.mixer.MixerAdapter.receiver_isolation`).
 - **direct edge** ``S -> logits``: the final norm and unembedding read ``h_N - m ⊙ o_S`` at the scored positions.
 
-Several edges removed together are one *set*; ``S`` removed from every input of every later head of a model
+Several edges removed together are one *set*: its receivers each read their inputs from ``x_r`` (their block's
+clean input) minus their own edges' writes, and the receivers of one layer are recomputed together (one gated
+norm for a Mamba-2 layer), unless two of them read a shared channel (a KV group, a ``B``/``C`` group) from
+different streams. ``S`` removed from every input of every later head of a model
 whose MLPs write nothing, plus the direct edge, is the plain ablation of ``S`` (tested).
 
 How it runs (every number through the one scoring engine, :mod:`gna_interp.tasks.scoring`): the clean prefix of
@@ -269,27 +272,52 @@ class PathPatcher:
             self._check_linear(layer, kind, values)
         return _Clean(values, final)
 
+    def _copies(self, items: list[tuple[int, HeadRef, dict[str, list[Edge]]]]
+                ) -> list[tuple[int, dict[HeadRef, dict[str, list[Edge]]]]]:
+        """The receivers of one layer grouped into assembly copies: the receivers of one set share a copy unless
+        two of them read a shared channel (a GQA group's K/V, a Mamba-2 group's B/C) from different streams."""
+        model = self.model
+        copies: list[tuple[int, dict[HeadRef, dict[str, list[Edge]]], dict[tuple[str, int], frozenset]]] = []
+        for g, r, by_input in items:
+            spec = model.layer_spec(r.layer, r.kind)
+            reads = {}
+            for inp, sites in spec.adapter.receiver_inputs(model, spec, r).items():
+                stream = frozenset((e.sender, e.positions) for e in by_input.get(inp, ()))
+                for site in sites:
+                    for c in range(site.start, site.stop):
+                        reads[(site.hook, c)] = stream
+            for cg, members, used in copies:
+                if cg == g and all(used.get(k, v) == v for k, v in reads.items()):
+                    members[r] = by_input
+                    used.update(reads)
+                    break
+            else:
+                copies.append((g, {r: by_input}, dict(reads)))
+        return [(g, members) for g, members, _ in copies]
+
     def _receiver_outputs(self, prefix: Prefix, layer: int, clean: _Clean, writes: dict[HeadRef, Tensor],
                           masks: dict[str, Tensor], items: list[tuple[int, HeadRef, dict[str, list[Edge]]]]
                           ) -> dict[tuple[int, HeadRef], Tensor]:
         """Outputs ``z'`` of the receivers of ``layer``, one per ``(set, receiver, {input: edges})`` item.
 
         Run 1 computes every patched input's projection from its own stream ``x_r - Σ m ⊙ o_S``; run 2 feeds the
-        clean stream, overwrites each receiver's input channels with those, puts the other heads back at the
-        isolation hook and reads the receiver's output channels."""
+        clean stream, overwrites the receivers' input channels with those (one copy per group of :meth:`_copies`),
+        puts the other heads back at the isolation hook and reads the receivers' output channels."""
         model, b = self.model, prefix.batch_size
         x = prefix.hidden(layer)
-        streams, where = [], []  # where[j] = (item index, input name)
-        for n, (_, r, by_input) in enumerate(items):
-            for inp, edges in by_input.items():
-                s = x.clone()
-                for e in edges:
-                    s = s - masks[e.positions][..., None].to(s.dtype) * writes[e.sender].to(s.dtype)
-                streams.append(s)
-                where.append((n, inp))
+        copies = self._copies(items)
         specs = {r: model.layer_spec(r.layer, r.kind) for _, r, _ in items}
         inputs = {r: specs[r].adapter.receiver_inputs(model, specs[r], r) for r in specs}
-        need = sorted({site.hook for (n, inp) in where for site in inputs[items[n][1]][inp]})
+        streams, where = [], []  # where[j] = (copy, receiver, input)
+        for n, (_, members) in enumerate(copies):
+            for r, by_input in members.items():
+                for inp, edges in by_input.items():
+                    s = x.clone()
+                    for e in edges:
+                        s = s - masks[e.positions][..., None].to(s.dtype) * writes[e.sender].to(s.dtype)
+                    streams.append(s)
+                    where.append((n, r, inp))
+        need = sorted({site.hook for (_, r, inp) in where for site in inputs[r][inp]})
         got: dict[str, Tensor] = {}
 
         def grab(name: str) -> Any:
@@ -300,15 +328,10 @@ class PathPatcher:
 
         with model.hooks([(name, grab(name)) for name in need]):
             replay(model, prefix, layer, len(streams), hidden=torch.cat(streams), stop=layer + 1)
-        patched: dict[int, list[tuple[InputSite, Tensor]]] = {}
-        for j, (n, inp) in enumerate(where):
-            r = items[n][1]
-            for site in inputs[r][inp]:
-                patched.setdefault(n, []).append((site, got[site.hook][j * b:(j + 1) * b, :, site.columns]))
         by_hook: dict[str, list[tuple[int, InputSite, Tensor]]] = {}
-        for n, entries in patched.items():
-            for site, value in entries:
-                by_hook.setdefault(site.hook, []).append((n, site, value))
+        for j, (n, r, inp) in enumerate(where):
+            for site in inputs[r][inp]:
+                by_hook.setdefault(site.hook, []).append((n, site, got[site.hook][j * b:(j + 1) * b, :, site.columns]))
 
         def overwrite(entries: list[tuple[int, InputSite, Tensor]]) -> Any:
             def hook(v: Tensor, hook: Any = None) -> Tensor:
@@ -319,36 +342,39 @@ class PathPatcher:
                 return out
             return hook
 
-        isolate: dict[str, list[tuple[int, InputSite]]] = {}
-        for n, (_, r, _) in enumerate(items):
-            iso = specs[r].adapter.receiver_isolation(model, specs[r], r)
-            if iso is not None:
-                isolate.setdefault(iso.hook, []).append((n, iso))
+        isolate: dict[str, dict[int, list[InputSite]]] = {}
+        for n, (_, members) in enumerate(copies):
+            for r in members:
+                iso = specs[r].adapter.receiver_isolation(model, specs[r], r)
+                if iso is not None:
+                    isolate.setdefault(iso.hook, {}).setdefault(n, []).append(iso)
 
-        def restore(entries: list[tuple[int, InputSite]], name: str) -> Any:
+        def restore(entries: dict[int, list[InputSite]], name: str) -> Any:
             def hook(v: Tensor, hook: Any = None) -> Tensor:
                 out = v.clone(memory_format=torch.contiguous_format)
                 flat = _flat(out)
-                base = clean.values[name]
-                for n, iso in entries:
-                    keep = flat[n * b:(n + 1) * b, :, iso.columns].clone()
-                    flat[n * b:(n + 1) * b] = base.to(flat.dtype)
-                    flat[n * b:(n + 1) * b, :, iso.columns] = keep
+                base = clean.values[name].to(flat.dtype)
+                for n, isos in entries.items():
+                    rows = flat[n * b:(n + 1) * b]
+                    keep = torch.zeros(rows.shape[-1], dtype=torch.bool, device=rows.device)
+                    for iso in isos:
+                        keep[iso.columns] = True
+                    rows.copy_(torch.where(keep, rows, base))
                 return out
             return hook
 
-        outs: dict[str, Tensor] = {}
         sites = {r: model.head_site(r) for r in specs}
         hooks = [(name, overwrite(entries)) for name, entries in by_hook.items()]
         hooks += [(name, restore(entries, name)) for name, entries in isolate.items()]
         hooks += [(name, grab(name)) for name in sorted({s.hook for s in sites.values()})]
         got.clear()
         with model.hooks(hooks):
-            replay(model, prefix, layer, len(items), stop=layer + 1)
+            replay(model, prefix, layer, len(copies), stop=layer + 1)
         result = {}
-        for n, (g, r, _) in enumerate(items):
-            site = sites[r]
-            result[(g, r)] = flat_channels(got[site.hook], site)[n * b:(n + 1) * b, :, site.columns]
+        for n, (g, members) in enumerate(copies):
+            for r in members:
+                site = sites[r]
+                result[(g, r)] = flat_channels(got[site.hook], site)[n * b:(n + 1) * b, :, site.columns]
         return result
 
     def _run_chunk(self, index: int, sets: list[list[Edge]]) -> list[Tensor]:
