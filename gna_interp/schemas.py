@@ -58,7 +58,7 @@ PER_SAMPLE = obj(optional={"logit_diff": arr(NUM_NULL), "correct": arr(BOOL), "g
 HEAD_VALUES = {"type": "object", "propertyNames": {"pattern": HEAD_NAME}, "additionalProperties": NUM_NULL}
 HEAD_SAMPLES = {"type": "object", "propertyNames": {"pattern": HEAD_NAME}, "additionalProperties": PER_SAMPLE}
 TASK = obj({"name": {"type": "string", "maxLength": 400}},
-           {"n_samples": NAT, "args": {"type": "object"}, "kind": {"enum": ["kv", "mc", "samples"]}})
+           {"n_samples": NAT, "args": {"type": "object"}, "kind": {"enum": ["kv", "mc", "knowledge", "samples"]}})
 HEAD_ROW = obj(optional={"layer": NAT, "head": NAT, "name": HEAD, "rank": NAT})  # a ranked table's row
 ROLE_RULE = obj(optional={k: NUM for k in ("aggregate_min", "selectivity_min", "gather_min", "spread_min",
                                            "smooth_selectivity_min")}, closed=True)
@@ -84,6 +84,12 @@ CIRCUIT = obj({"model": {"type": "string", "maxLength": 4096}, "task": TASK, "ba
                "generic_fraction": {"type": "number", "minimum": 0, "maximum": 1}, "keep_generic": BOOL,
                "model_in_memory": BOOL, "notes": arr(STR), "circuit": arr(HEAD), "generic": arr(HEAD), "twin": nullable({"type": "object"}),
                "calibration": nullable(CALIBRATION),
+               "edges": nullable(arr(obj({"edge": STR, "sender": HEAD, "receiver": {"type": "string", "pattern":
+                                                                                   f"^(?:{HEAD_NAME[1:-1]}|logits)$"},
+                                          "input": {"enum": ["q", "k", "v", "other", "logits"]},
+                                          "positions": {"enum": ["summary", "decision", "all"]},
+                                          "effect": NUM, "low": NUM, "high": NUM}))),
+               "pair_from": {"enum": [None, "edges", "patterns"]}, "path": nullable({"type": "object"}),
                "formats": arr(obj({"name": STR, "scan": STR}, {"task": nullable({"type": "object"})}))})
 
 SEGMENTS = obj({"items": arr(arr(NAT, minItems=2, maxItems=2)), "final": NAT, "n_tokens": NAT, "aligned": BOOL},

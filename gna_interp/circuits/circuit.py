@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from gna_interp.circuits.causal import EDGE_COLUMNS, causal_roles, strongest_path
 from gna_interp.circuits.curve import CURVE_COLUMNS
 from gna_interp.circuits.delegation import Delegation
 from gna_interp.circuits.formats import consistency_order, format_frame
@@ -70,6 +71,10 @@ class Circuit:
             (:class:`~gna_interp.tasks.calibration.Calibration`; None when the task was given as is).
         formats, format_tasks: the scans of the other retrieval formats and their tasks (``to_dict``), by
             format name; when present, ``circuit_rank`` follows the consistent effect.
+        edges: the edge table among the top heads (columns
+            :data:`~gna_interp.circuits.causal.EDGE_COLUMNS`, effects with 95 % intervals), measured by path
+            patching; the frame's ``causal_role`` / ``causal_reason`` / ``direct_*`` columns and :meth:`pair` come
+            from it (None: not measured).
     """
 
     model: str
@@ -91,6 +96,7 @@ class Circuit:
     calibration: Calibration | None = None
     formats: dict[str, HeadScan] = field(default_factory=dict)
     format_tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    edges: pd.DataFrame | None = None
 
     @property
     def heads(self) -> list[HeadRef]:
@@ -147,6 +153,9 @@ class Circuit:
         if self.formats:
             df = df.merge(format_frame({self.task.get("name", "task"): self.scan, **self.formats}), on="name",
                           how="left")
+        if self.edges is not None and len(self.edges):
+            drops = dict(zip(df["name"], df["drop"].astype(float)))
+            df = df.merge(causal_roles(self.edges, drops), on="name", how="left")
         if self.control is not None or self.formats:
             member = ~df["generic"].fillna(False).astype(bool) | self.keep_generic if "generic" in df else \
                 pd.Series(True, index=df.index)
@@ -155,10 +164,23 @@ class Circuit:
             df["circuit_rank"] = df["name"].map({n: i + 1 for i, n in enumerate(names)})
         return df
 
+    def path(self) -> dict[str, Any] | None:
+        """The strongest gather -> aggregate path of the edge table (a row of it: ``edge``, ``sender``,
+        ``receiver``, ``input``, ``effect``, ``low``, ``high``), or None (no edge table, or no key/value edge whose
+        interval lies above 0)."""
+        if self.edges is None or not len(self.edges):
+            return None
+        roles = causal_roles(self.edges, dict(zip(self.scan.to_frame()["name"], self.scan.to_frame()["drop"])))
+        return strongest_path(self.edges, roles)
+
     def pair(self, pool: int = 20) -> tuple[HeadRef, HeadRef] | None:
-        """The top gather/aggregate pair among the ``pool`` best-ranked heads that hurt when ablated: the
-        best-ranked aggregate head, and the best-ranked gather head in an earlier layer (any layer if
-        none is earlier). ``None`` when either role is missing."""
+        """The gather/aggregate pair: the sender and receiver of the strongest measured gather -> aggregate path
+        (:meth:`path`) when the edge table has one; otherwise, from the pattern roles among the ``pool``
+        best-ranked heads that hurt when ablated, the best-ranked aggregate head and the best-ranked gather head
+        in an earlier layer (any layer if none is earlier). ``None`` when neither gives a pair."""
+        p = self.path()
+        if p is not None:
+            return HeadRef.parse(p["sender"]), HeadRef.parse(p["receiver"])
         df = self.to_frame().head(pool)
         df = df[df["drop"] > 0]
         agg = df[df["role"] == "aggregate"]
@@ -206,6 +228,9 @@ class Circuit:
             "heads": records(heads),
             "roles": records(self.roles),
             "pair": {"gather": pair[0].name, "aggregate": pair[1].name} if pair else None,
+            "pair_from": "edges" if self.path() is not None else "patterns" if pair else None,
+            "edges": records(self.edges) if self.edges is not None else None,
+            "path": self.path(),
             "curve": records(self.curve),
             "curve_summary": self.curve_summary(), "seconds": round(self.seconds, 2),
             "timings": {k: round(v, 2) for k, v in self.timings.items()},
@@ -281,7 +306,8 @@ class Circuit:
             keep_generic=bool(doc.get("keep_generic")), notes=list(doc.get("notes") or []), twin=doc.get("twin"),
             timings=dict(doc.get("timings") or {}), delegation=delegation,
             calibration=Calibration.from_dict(doc["calibration"]) if doc.get("calibration") else None,
-            formats=dict(formats or {}), format_tasks=dict(format_tasks or {}))
+            formats=dict(formats or {}), format_tasks=dict(format_tasks or {}),
+            edges=pd.DataFrame(doc["edges"], columns=EDGE_COLUMNS) if doc.get("edges") is not None else None)
 
     def __repr__(self) -> str:
         return (f"Circuit({self.model!r}, {self.task.get('name')!r}, {len(self.scan.heads)} heads, "

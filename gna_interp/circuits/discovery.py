@@ -13,6 +13,7 @@ stage           what it adds
 ``roles``       gather / aggregate scores of the best-ranked heads (:func:`~gna_interp.circuits.roles.role_scores`)
 ``control``     every head's LM-loss rise on neutral prose; generic heads (:mod:`~gna_interp.circuits.specificity`)
 ``curve``       the top k removed together against k random heads (:func:`~gna_interp.circuits.curve.ablation_curve`)
+``paths``       the edge table among the top ``paths`` heads and their causal roles (:mod:`~gna_interp.circuits.causal`)
 ``twin``        the knowledge twin with the curve's heads removed (when given)
 ``delegation``  on a hybrid, which head kind takes which role (:mod:`~gna_interp.circuits.delegation`)
 ``views``       the card heads' and every head's patterns for the report (:func:`~gna_interp.circuits.views.card_views`)
@@ -29,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
+from gna_interp.circuits.causal import measure_edges
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import CURVE_COLUMNS, ablation_curve, curve_k
 from gna_interp.circuits.delegation import delegation, is_hybrid
@@ -39,7 +41,7 @@ from gna_interp.circuits.scan import ScanConfig, scan_heads
 from gna_interp.circuits.scan_result import HeadScan
 from gna_interp.circuits.specificity import DEFAULT_GENERIC_FRACTION, control_task
 from gna_interp.circuits.views import card_views
-from gna_interp.errors import InputError, OptionError
+from gna_interp.errors import InputError, OptionError, UnsupportedArchitectureError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_choice, check_int, check_names, options
@@ -81,6 +83,10 @@ class DiscoverConfig(Options):
             choice), each scanned like the task; the circuit then ranks heads by their consistent effect, the
             smallest relative drop over all formats (:mod:`gna_interp.circuits.formats`). A format the
             intact model does not solve is skipped with a note.
+        paths: the circuit's best-ranked heads whose edges are measured by path patching (every earlier -> later
+            pair along keys and values at the summary tokens and the query at the decision position, and each
+            head's direct path to the logits; :mod:`gna_interp.circuits.causal`); 0: no edge table. The cost grows
+            with the square of it: 4 heads are at most 22 patched runs of the later layers.
     """
 
     scan: ScanConfig = field(default_factory=lambda: ScanConfig(strategy="auto"))
@@ -98,9 +104,11 @@ class DiscoverConfig(Options):
     twin: Any = None
     delegation: bool = True
     formats: tuple = ()
+    paths: int = 4
 
     def validate(self) -> None:
         check_int("k", self.k, 0)
+        check_int("paths", self.paths, 0)
         check_int("seeds", self.seeds, 0)
         check_int("role_samples", self.role_samples, 1)
         check_int("role_heads", self.role_heads, 1)
@@ -213,6 +221,22 @@ def _curve(d: _Discovery) -> bool:
     return True
 
 
+def _paths(d: _Discovery) -> bool:
+    assert d.circuit is not None and d.scan is not None
+    heads = d.members[:d.cfg.paths]
+    if len(heads) < 1:
+        return False
+    sc = d.cfg.scan
+    try:
+        d.circuit.edges = measure_edges(d.model, d.task, heads, d.scan.metric if d.scan.metric != "accuracy" else
+                                        "logit_diff", sc.method if sc.method != "resample" else "mean",
+                                        sc.reference, sc.batch_size)
+    except UnsupportedArchitectureError as e:
+        d.notes.append(f"no edge table: {e}")
+        return False
+    return True
+
+
 def _twin(d: _Discovery) -> bool:
     assert d.circuit is not None
     if d.cfg.twin is None:
@@ -246,7 +270,7 @@ def _views(d: _Discovery) -> bool:
 # The stages in order: each returns whether it ran (its time is then recorded under its name).
 STAGES: tuple[tuple[str, Callable[[_Discovery], bool]], ...] = (
     ("check", _check), ("scan", _scan), ("formats", _formats), ("roles", _roles), ("control", _control),
-    ("curve", _curve), ("twin", _twin), ("delegation", _delegation), ("views", _views))
+    ("curve", _curve), ("paths", _paths), ("twin", _twin), ("delegation", _delegation), ("views", _views))
 
 
 def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,

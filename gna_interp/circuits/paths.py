@@ -377,15 +377,24 @@ class PathPatcher:
                 result[(g, r)] = flat_channels(got[site.hook], site)[n * b:(n + 1) * b, :, site.columns]
         return result
 
-    def _run_chunk(self, index: int, sets: list[list[Edge]]) -> list[Tensor]:
-        """Read log-probs of chunk ``index`` under each set."""
+    def _run_chunk(self, index: int, sets: list[list[Edge]], every: list[list[Edge]] | None = None,
+                   cache: dict[int, _Clean] | None = None) -> list[Tensor]:
+        """Read log-probs of chunk ``index`` under each set (the clean pass covers the heads of ``every`` set and is
+        kept in ``cache``, so stacked groups of one call share it)."""
         model, chunk = self.model, self.chunks[index]
         prefix = self.prefixes.get(index)
         b = prefix.batch_size
+        every = sets if every is None else every
+        if cache is None or index not in cache:
+            senders = {e.sender for es in every for e in es}
+            receivers = {e.receiver for es in every for e in es if e.receiver is not None}
+            start = min(h.layer for h in senders | receivers)
+            clean = self._clean_pass(index, prefix, senders, receivers, start)
+            if cache is not None:
+                cache[index] = clean
+        else:
+            clean = cache[index]
         senders = {e.sender for es in sets for e in es}
-        receivers = {e.receiver for es in sets for e in es if e.receiver is not None}
-        start = min(h.layer for h in senders | receivers)
-        clean = self._clean_pass(index, prefix, senders, receivers, start)
         masks = self.masks(chunk)
         writes = {s: self._write(s, flat_channels(clean.values[model.head_site(s).hook], model.head_site(s))
                                  [..., model.head_site(s).columns]) for s in senders}
@@ -444,10 +453,12 @@ class PathPatcher:
         groups = [[check_edge(self.model, e) for e in ([s] if isinstance(s, Edge) else list(s))] for s in sets]
         tables = [ScoreTable(self.plan) for _ in groups]
         todo = [g for g, es in enumerate(groups) if es]
-        for k in range(0, len(todo), self.stack):
-            part = todo[k:k + self.stack]
-            for i, chunk in enumerate(self.chunks):
-                for g, logp in zip(part, self._run_chunk(i, [groups[g] for g in part])):
+        every = [groups[g] for g in todo]
+        for i, chunk in enumerate(self.chunks):
+            cache: dict[int, _Clean] = {}
+            for k in range(0, len(todo), self.stack):
+                part = todo[k:k + self.stack]
+                for g, logp in zip(part, self._run_chunk(i, [groups[g] for g in part], every, cache)):
                     tables[g].add(chunk, logp)
         clean = self.clean() if len(todo) < len(groups) else None
         return [tables[g].result() if groups[g] else clean for g in range(len(groups))]  # type: ignore[misc]

@@ -10,7 +10,7 @@ from typing import Any
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.formats import one_format_heads
 
-__all__ = ["circuit_summary", "format_lines"]
+__all__ = ["circuit_summary", "edge_lines", "format_lines"]
 
 
 def circuit_summary(circuit: Circuit, top: int = 10) -> str:
@@ -42,11 +42,15 @@ def circuit_summary(circuit: Circuit, top: int = 10) -> str:
                                 for _, r in gen.iterrows()) or "none"))
     if "circuit_rank" in df:
         df = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
-    lines += ["", "| rank | head | drop | source | role | gather | aggregate | selectivity"
-              + (" | LM-loss rise | specificity |" if has_control else " |"),
-              "|---:|---|---:|---|---|---:|---:|---:|" + ("---:|---:|" if has_control else "")]
+    causal = "causal_role" in df
+    lines += ["", "| rank | head | drop | source | role |" + (" causal role | direct path |" if causal else "")
+              + " gather | aggregate | selectivity" + (" | LM-loss rise | specificity |" if has_control else " |"),
+              "|---:|---|---:|---|---|" + ("---|---:|" if causal else "") + "---:|---:|---:|"
+              + ("---:|---:|" if has_control else "")]
     for _, r in df.head(top).iterrows():
-        lines.append(f"| {r['rank']} | {r['name']} | {r['drop']:.3f} | {r['source']} | {r['role']} | "
+        cz = (f" {r['causal_role'] if isinstance(r['causal_role'], str) else ''} | {_f(r.get('direct_effect'), 3)} |"
+              if causal else "")
+        lines.append(f"| {r['rank']} | {r['name']} | {r['drop']:.3f} | {r['source']} | {r['role']} |{cz} "
                      f"{_f(r.get('gather'))} | {_f(r.get('aggregate'))} | {_f(r.get('selectivity'))} |"
                      + (f" {_f(r.get('control_drop'), 3)} | {_f(r.get('specificity'))} |" if has_control else ""))
     pair = circuit.pair()
@@ -59,8 +63,14 @@ def circuit_summary(circuit: Circuit, top: int = 10) -> str:
                      f"(drop_lo, drop_hi in scan.csv)")
     if circuit.formats:
         lines += format_lines(circuit)
-    lines.append(f"- gather/aggregate pair: {pair[0].name} -> {pair[1].name}" if pair else
-                 "- gather/aggregate pair: none (no aggregate or no gather head among the best-ranked heads)")
+    if circuit.edges is not None:
+        lines += edge_lines(circuit)
+    if pair and circuit.path() is None:
+        lines.append(f"- gather/aggregate pair (from pattern roles, not a measured path): {pair[0].name} -> "
+                     f"{pair[1].name}")
+    elif not pair:
+        lines.append("- gather/aggregate pair: none (no measured key/value path holds, and no aggregate or no gather "
+                     "head among the best-ranked heads by pattern)")
     lines += _curve_lines(circuit)
     if circuit.twin:
         t = circuit.twin
@@ -76,6 +86,32 @@ def circuit_summary(circuit: Circuit, top: int = 10) -> str:
     if circuit.calibration is not None:
         lines += ["", "## Task form", ""] + circuit.calibration.lines()
     return "\n".join(lines) + "\n"
+
+def edge_lines(circuit: Circuit) -> list[str]:
+    """The measured paths: the strongest gather -> aggregate path, the strongest edges, and every edge-table head's
+    causal role in words where it differs from its pattern role."""
+    e = circuit.edges
+    assert e is not None
+    heads = sorted(set(e["sender"]))
+    out = [f"- edge table (path patching among {', '.join(heads)}: keys/values at the summary tokens, the query at "
+           f"the decision position, the direct path to the logits; logit-difference drop with 95% interval; "
+           f"circuit.json 'edges'):"]
+    path = circuit.path()
+    out.append(f"  - strongest gather -> aggregate path: {path['edge']} {path['effect']:+.3f} "
+               f"[{path['low']:+.3f}, {path['high']:+.3f}]" if path else
+               "  - strongest gather -> aggregate path: none -- no key/value edge at the summary tokens has an interval "
+               "above 0")
+    strong = e[e["low"] > 0].sort_values("effect", ascending=False).head(5)
+    out.append("  - strongest edges: " + (", ".join(f"{r['edge']} {r['effect']:+.3f} [{r['low']:+.3f}, "
+                                                     f"{r['high']:+.3f}]" for _, r in strong.iterrows()) or "none"))
+    df = circuit.to_frame()
+    for _, r in df[df["causal_role"].notna()].iterrows():
+        pattern = r.get("pattern_role", r["role"])
+        agree = "agrees with" if r["causal_role"] == pattern else "differs from"
+        out.append(f"  - {r['name']}: causal role {r['causal_role']} ({agree} its pattern role {pattern}): "
+                   f"{r['causal_reason']}")
+    return out
+
 
 def format_lines(circuit: Circuit) -> list[str]:
     """The formats scanned, the circuit's consistent effects and the heads that matter in one format only."""

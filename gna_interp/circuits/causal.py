@@ -1,0 +1,150 @@
+"""The circuit's edge table and the roles its heads play *by cause* (measured paths), beside the pattern roles.
+
+:func:`circuit_edges` lists what :func:`~gna_interp.circuits.discovery.discover` measures among the circuit's
+top heads with :mod:`gna_interp.circuits.paths`: every earlier-layer head as sender into every later-layer head as
+receiver, along three inputs --
+
+- ``k@summary`` and ``v@summary``: the sender's write at the summary tokens into the receiver's keys / values (the
+  gather -> aggregate edge of Bick, Xing & Gu);
+- ``q@decision``: its write at the decision position into the receiver's query (what the receiver looks for);
+
+-- and each head's direct path to the answer logits (``-> logits``). :func:`causal_roles` reads roles off the
+table; an edge *holds* when its paired bootstrap interval lies above 0 and its effect is at least
+:data:`MATERIAL` of the sender's own drop:
+
+==============  ===================================================================================================
+causal role     measured
+==============  ===================================================================================================
+``aggregate``   its direct path to the logits holds (at least :data:`MATERIAL` of its own drop) *and* a key/value
+                edge into it at the summary tokens holds
+``gather``      a key/value edge from it into a later head at the summary tokens holds
+``output``      its direct path holds, but no key/value edge into it (it writes the answer from what it reads
+                elsewhere)
+``query``       only a query edge from it holds (it shapes what a later head looks for)
+``none``        no measured path holds: its effect runs through heads or MLPs outside the edge table
+==============  ===================================================================================================
+
+A head that is both gather and aggregate is named by the larger of the two effects, and the reason says both.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import pandas as pd
+
+from gna_interp.circuits.paths import LOGITS, Edge, PathEffects, PathPatcher, path_effects
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.model import Model
+from gna_interp.tasks.base import Task
+
+MATERIAL = 0.1
+EDGE_COLUMNS = ["edge", "sender", "receiver", "input", "positions", "effect", "low", "high"]
+ROLE_COLUMNS = ["name", "causal_role", "causal_reason", "direct_effect", "direct_low", "direct_high"]
+KV = ("k", "v")
+
+__all__ = ["EDGE_COLUMNS", "MATERIAL", "ROLE_COLUMNS", "causal_roles", "circuit_edges", "measure_edges",
+           "strongest_path"]
+
+
+def circuit_edges(heads: Sequence[HeadRef]) -> list[Edge]:
+    """The edges measured among ``heads``: for each earlier -> later pair ``k@summary``, ``v@summary`` and
+    ``q@decision``, and each head's direct path to the logits."""
+    out = []
+    for s in heads:
+        for r in heads:
+            if r.layer > s.layer:
+                out += [Edge(s, r, "k", "summary"), Edge(s, r, "v", "summary"), Edge(s, r, "q", "decision")]
+        out.append(Edge(s, None, LOGITS, "all"))
+    return out
+
+
+def measure_edges(model: Model, task: Task, heads: Sequence[HeadRef], metric: str = "logit_diff",
+                  method: str = "zero", reference: Any = None, batch_size: int = 16) -> pd.DataFrame:
+    """The edge table of ``heads`` on ``task`` (columns :data:`EDGE_COLUMNS`; effect = drop of ``metric`` when
+    the edge alone is removed, with a 95 % paired bootstrap interval)."""
+    edges = circuit_edges(list(heads))
+    if not edges:
+        return pd.DataFrame(columns=EDGE_COLUMNS)
+    pp = PathPatcher(model, task, method, reference, batch_size)  # type: ignore[arg-type]
+    effects: PathEffects = path_effects(model, task, edges, metric=metric, patcher=pp)
+    return effects.to_frame()[EDGE_COLUMNS]
+
+
+def _holds(row: Any, drop: float) -> bool:
+    return bool(row["low"] > 0 and row["effect"] >= MATERIAL * max(drop, 0.0))
+
+
+def _holding(rows: pd.DataFrame, drop_of: Any) -> pd.DataFrame:
+    """The rows of ``rows`` that hold (``drop_of(row)``: the drop the effect is compared with), largest first."""
+    mask = pd.Series([_holds(r, drop_of(r)) for _, r in rows.iterrows()], index=rows.index, dtype=bool)
+    return rows[mask].sort_values("effect", ascending=False)
+
+
+def _fmt(row: Any) -> str:
+    return f"{row['edge']} {row['effect']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]"
+
+
+def causal_roles(edges: pd.DataFrame, drops: dict[str, float]) -> pd.DataFrame:
+    """Each head of the edge table with its causal role and the measurement behind it (columns
+    :data:`ROLE_COLUMNS`); ``drops`` are the heads' own drops (``{name: drop}``)."""
+    rows = []
+    names = list(dict.fromkeys(list(edges["sender"]) + [r for r in edges["receiver"] if r != LOGITS]))
+    for name in names:
+        drop = float(drops.get(name, 0.0))
+        direct = edges[(edges["sender"] == name) & (edges["receiver"] == LOGITS)]
+        d = direct.iloc[0] if len(direct) else None
+        kv_out = _holding(edges[(edges["sender"] == name) & edges["input"].isin(KV)], lambda r: drop)
+        kv_in = _holding(edges[(edges["receiver"] == name) & edges["input"].isin(KV)],
+                         lambda r: float(drops.get(r["sender"], 0.0)))
+        q_out = _holding(edges[(edges["sender"] == name) & (edges["input"] == "q")], lambda r: drop)
+        direct_holds = d is not None and _holds(d, drop)
+        aggregate = direct_holds and len(kv_in) > 0
+        gather = len(kv_out) > 0
+        parts = []
+        if d is not None:
+            parts.append(f"direct path {_fmt(d)}")
+        if len(kv_in):
+            parts.append(f"reads {_fmt(kv_in.iloc[0])}")
+        if gather:
+            parts.append(f"feeds {_fmt(kv_out.iloc[0])}")
+        if aggregate and gather:
+            role = "aggregate" if float(d["effect"]) >= float(kv_out.iloc[0]["effect"]) else "gather"
+        elif aggregate:
+            role = "aggregate"
+        elif gather:
+            role = "gather"
+        elif direct_holds:
+            role = "output"
+            parts.append("no key/value edge from the measured heads into it holds")
+        elif len(q_out):
+            role = "query"
+            parts.append(f"feeds a query: {_fmt(q_out.iloc[0])}")
+        else:
+            role = "none"
+            best = edges[edges["sender"] == name].sort_values("effect", ascending=False)
+            parts.append("no measured path holds (interval above 0 and at least "
+                         f"{MATERIAL:.0%} of its drop {drop:.3f})" +
+                         (f"; its largest: {_fmt(best.iloc[0])}" if len(best) else "") +
+                         ": its effect runs through heads or MLPs outside the edge table")
+        rows.append({"name": name, "causal_role": role, "causal_reason": "; ".join(parts),
+                     "direct_effect": float(d["effect"]) if d is not None else math.nan,
+                     "direct_low": float(d["low"]) if d is not None else math.nan,
+                     "direct_high": float(d["high"]) if d is not None else math.nan})
+    return pd.DataFrame(rows, columns=ROLE_COLUMNS)
+
+
+def strongest_path(edges: pd.DataFrame, roles: pd.DataFrame | None = None) -> dict[str, Any] | None:
+    """The strongest gather -> aggregate path: the key/value edge at the summary tokens with the largest effect
+    whose interval lies above 0, preferring one into a head whose causal role is ``aggregate``; None when no such
+    edge holds."""
+    kv = edges[edges["input"].isin(KV) & (edges["low"] > 0)]
+    if kv.empty:
+        return None
+    if roles is not None and len(roles):
+        agg = set(roles.loc[roles["causal_role"] == "aggregate", "name"])
+        into = kv[kv["receiver"].isin(agg)]
+        kv = into if len(into) else kv
+    row = kv.sort_values("effect", ascending=False).iloc[0]
+    return {k: (float(row[k]) if k in ("effect", "low", "high") else str(row[k])) for k in EDGE_COLUMNS}
