@@ -255,3 +255,21 @@ def test_to_dict_and_from_dict_are_symmetric(circuit):
     order = [name for name, _ in STAGES]
     assert list(circuit.timings) == [n for n in order if n in circuit.timings]
     assert {"check", "scan", "roles", "control", "curve"} <= set(circuit.timings)
+
+
+def test_discover_measures_an_edge_table_that_survives_a_save(circuit, tmp_path):
+    from gna_interp.circuits.causal import EDGE_COLUMNS
+
+    e = circuit.edges
+    assert e is not None and list(e.columns) == EDGE_COLUMNS and len(e)
+    heads = set(e["sender"])
+    assert len(heads) == 4 and heads == {h.name for h in circuit.heads[:4]}
+    assert (e["low"] <= e["effect"]).all() and (e["effect"] <= e["high"]).all()
+    df = circuit.to_frame()
+    scored = df[df["causal_role"].notna()]
+    assert set(scored["name"]) == heads and scored["causal_reason"].str.len().gt(0).all()
+    loaded = Circuit.load(circuit.save(tmp_path / "c"))
+    assert loaded.edges.round(12).equals(e.round(12))
+    assert loaded.pair() == circuit.pair()
+    doc = circuit.to_dict()
+    assert doc["pair_from"] in ("edges", "patterns", None) and len(doc["edges"]) == len(e)

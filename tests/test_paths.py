@@ -373,3 +373,34 @@ def test_patching_leaves_no_hook_behind(tiny_models):
     points = {id(hp): hp for hp in model.bridge.hook_dict.values()}.values()
     assert sum(len(hp._forward_hooks) for hp in points) == 0
     assert torch.equal(model.forward("abc"), before)
+
+
+def _edge_rows(rows):
+    import pandas as pd
+    from gna_interp.circuits.causal import EDGE_COLUMNS
+
+    return pd.DataFrame([dict(zip(EDGE_COLUMNS, r)) for r in rows], columns=EDGE_COLUMNS)
+
+
+def test_causal_roles_follow_the_measured_paths():
+    from gna_interp.circuits.causal import causal_roles, strongest_path
+
+    edges = _edge_rows([
+        ("L1H0 -> L3H2.k@summary", "L1H0", "L3H2", "k", "summary", 0.40, 0.20, 0.60),   # gather -> aggregate
+        ("L1H0 -> L3H2.q@decision", "L1H0", "L3H2", "q", "decision", 0.05, -0.02, 0.10),
+        ("L2H1 -> L3H2.q@decision", "L2H1", "L3H2", "q", "decision", 0.30, 0.10, 0.50),  # query only
+        ("L2H1 -> L3H2.v@summary", "L2H1", "L3H2", "v", "summary", 0.01, -0.01, 0.03),
+        ("L1H0 -> logits", "L1H0", "logits", "logits", "all", 0.0, -0.1, 0.1),
+        ("L2H1 -> logits", "L2H1", "logits", "logits", "all", 0.0, -0.1, 0.1),
+        ("L3H2 -> logits", "L3H2", "logits", "logits", "all", 0.8, 0.5, 1.1),
+        ("L0H3 -> logits", "L0H3", "logits", "logits", "all", 0.01, -0.05, 0.07),
+    ])
+    drops = {"L1H0": 1.0, "L2H1": 0.9, "L3H2": 1.2, "L0H3": 0.5}
+    roles = causal_roles(edges, drops).set_index("name")["causal_role"].to_dict()
+    assert roles == {"L1H0": "gather", "L2H1": "query", "L3H2": "aggregate", "L0H3": "none"}
+    assert strongest_path(edges)["edge"] == "L1H0 -> L3H2.k@summary"
+    # an edge below MATERIAL of its sender's drop does not make a role
+    weak = edges.copy()
+    weak.loc[0, ["effect", "low"]] = [0.05, 0.01]
+    assert causal_roles(weak, drops).set_index("name").loc["L1H0", "causal_role"] == "none"
+    assert causal_roles(weak, drops).set_index("name").loc["L3H2", "causal_role"] == "output"  # no k/v edge into it holds
