@@ -16,3 +16,5 @@ from gna_interp.circuits.views import CardViews, card_heads, card_views
 
 __all__ = ["CardViews", "Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "HeadScan", "PathEffects", "PathPatcher", "HybridPlan", "RoleRule", "ScanConfig", "ablation_curve", "reference_scan",
            "card_heads", "card_views", "compare_circuits", "discover", "path_effects", "plan_hybrid", "prune_curve", "role_scores", "scan_heads"]
+from gna_interp.circuits.interactions import Interactions, head_interactions
+__all__ += ["Interactions", "head_interactions"]

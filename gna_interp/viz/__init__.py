@@ -11,3 +11,5 @@ from gna_interp.viz.stability import stability_plot
 
 __all__ = ["HTMLView", "ablation_curve", "attention_heads", "compare_heads", "figure_div", "ga_card", "page",
            "patterns_page", "score_heatmap", "stability_plot", "write_pngs"]
+from gna_interp.viz.interactions import interaction_heatmap
+__all__ += ["interaction_heatmap"]

@@ -1,0 +1,104 @@
+"""Pairwise head interactions: pair drops equal a full forward under `ablate`, the matrix, intervals, redundancy,
+persistence and the heatmap (on tiny models)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+
+import gna_interp
+from gna_interp.circuits import Interactions, head_interactions
+from gna_interp.circuits.interactions import interactions
+from gna_interp.errors import GnaError, InputError
+from gna_interp.tasks import KVRetrieval, plan_scoring, run_plan
+from gna_interp.tasks.metrics import get_metric, results
+from gna_interp.viz import interaction_heatmap
+
+TASK = KVRetrieval(3, 4, seed=0, max_value=9)
+HEADS = {"llama": ["L0H1", "L1H0", "L2H3"], "mamba2": ["L0S1", "L1S0", "L1S3"], "bamba": ["L1H2", "L0S1", "L2S0"]}
+
+
+@pytest.mark.parametrize("family", sorted(HEADS))
+def test_pair_drops_equal_ablate_and_run_plan(models, family):
+    """Every single and pair drop (logit diff and accuracy) is what `ablate` + `run_plan` give, to 1e-5; the
+    matrix is symmetric with the single drops on its diagonal; the pair table agrees with the matrix."""
+    model = models(family)
+    res = interactions(model, TASK, HEADS[family], batch_size=2)
+    plan = plan_scoring(model, TASK.samples)
+    base = results(run_plan(model, plan, batch_size=2))
+    heads = model.check_heads(HEADS[family])
+    assert res.heads == heads and len(res.pairs) == 3
+
+    def drop(hs, metric="logit_diff"):
+        with gna_interp.ablate(model, hs):
+            per = results(run_plan(model, plan, batch_size=2))
+        m = get_metric(metric)
+        return m.value(base) - m.value(per)
+
+    mat = res.matrix()
+    assert mat.shape == (3, 3) and torch.equal(mat, mat.T)
+    moved = 0.0
+    for i, h in enumerate(heads):
+        want = drop([h])
+        assert abs(res.drop(i) - want) < 1e-5 and abs(float(mat[i, i]) - want) < 1e-5
+    for i, j in itertools.combinations(range(3), 2):
+        want = drop([heads[i], heads[j]])
+        assert abs(res.drop(i, j) - want) < 1e-5
+        assert abs(float(mat[i, j]) - (want - res.drop(i) - res.drop(j))) < 1e-5
+        assert abs(res.drop(i, j, "accuracy") - drop([heads[i], heads[j]], "accuracy")) < 1e-9
+        moved = max(moved, abs(want))
+    assert moved > 1e-3, "no pair changed anything: the comparison would be vacuous"
+
+    df = res.to_frame()
+    assert list(df.columns) == ["head_i", "head_j", "drop_i", "drop_j", "drop_ij", "interaction", "low", "high", "kind"]
+    assert list(zip(df["head_i"], df["head_j"])) == [(heads[i].name, heads[j].name)
+                                                     for i, j in itertools.combinations(range(3), 2)]
+    for _, r in df.iterrows():
+        assert r["low"] <= r["high"]
+        assert r["kind"] == ("super-additive" if r["low"] > 1e-9 else "sub-additive" if r["high"] < -1e-9 else "additive")
+    assert torch.allclose(torch.tensor(df["interaction"].to_numpy()),
+                          torch.tensor([float(mat[i, j]) for i, j in itertools.combinations(range(3), 2)],
+                                       dtype=torch.float64))
+
+
+def test_redundancy_definition_and_round_trip(models):
+    """`redundancy` = 1 - Σ pair drops / Σ (drop_i + drop_j); to_dict survives JSON; the heatmap's shape."""
+    model = models("llama")
+    res = interactions(model, TASK, HEADS["llama"], batch_size=4)
+    d = [res.drop(i) for i in range(3)]
+    pairs = list(itertools.combinations(range(3), 2))
+    want = 1 - sum(res.drop(i, j) for i, j in pairs) / sum(d[i] + d[j] for i, j in pairs)
+    if sum(d) > 0:
+        assert res.redundancy() == pytest.approx(want)
+        assert res.redundancy() == pytest.approx(-sum(float(res.matrix()[i, j]) for i, j in pairs) / (2 * sum(d)))
+    else:
+        assert math.isnan(res.redundancy())
+
+    back = Interactions.from_dict(json.loads(json.dumps(res.to_dict(), allow_nan=False)))
+    assert back.heads == res.heads and torch.allclose(back.matrix(), res.matrix())
+    assert back.to_frame().equals(res.to_frame())
+    assert "redundancy" in res._repr_html_() and set(res.metrics) >= {"redundancy", "super-additive", "sub-additive"}
+
+    fig = interaction_heatmap(res)
+    off, diag = fig.data
+    names = [h.name for h in res.heads]
+    assert list(off.x) == names and list(off.y) == names
+    assert len(off.z) == 3 and all(len(r) == 3 for r in off.z)
+    assert all(math.isnan(off.z[i][i]) and diag.z[i][i] == pytest.approx(d[i]) for i in range(3))
+    assert off.z[0][1] == off.z[1][0] == pytest.approx(float(res.matrix()[0, 1]))
+    assert fig.layout.title.text and off.zmid == 0 and "drop together" in off.customdata[0][1]
+    assert interaction_heatmap(res.to_dict(), metric="accuracy").data[0].colorbar.title.text.endswith("(accuracy)")
+
+
+def test_bad_input(models):
+    model = models("llama")
+    with pytest.raises(InputError, match="at least 2"):
+        interactions(model, TASK, ["L0H1"])
+    with pytest.raises(GnaError, match="twice"):
+        interactions(model, TASK, ["L0H1", "L0H1"])
+    with pytest.raises(InputError, match="format"):
+        Interactions.from_dict({"format": "scan"})
