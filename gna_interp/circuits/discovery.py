@@ -231,7 +231,7 @@ def _paths(d: _Discovery) -> bool:
         d.circuit.edges = measure_edges(d.model, d.task, heads, d.scan.metric if d.scan.metric != "accuracy" else
                                         "logit_diff", sc.method if sc.method != "resample" else "mean",
                                         sc.reference, sc.batch_size)
-    except UnsupportedArchitectureError as e:
+    except (UnsupportedArchitectureError, InputError) as e:  # a family or a task the paths cannot be patched on
         d.notes.append(f"no edge table: {e}")
         return False
     return True
