@@ -25,7 +25,9 @@ Results are :class:`CandidateScores` (accuracy, logit difference gold minus best
 probability, a per-sample DataFrame).
 
 Tasks: :class:`KVRetrieval` (official and completion templates), :class:`MultipleChoice` (MMLU format;
-letters or cloze; hub, local file or synthetic questions; optional chat template).
+letters or cloze; hub, local file or synthetic questions; optional chat template); controls that need no
+in-context retrieval: :class:`Knowledge` (zero-shot completions of well-known facts, scored over answers
+of the same kind) and :class:`NeutralText` (plain-text LM loss).
 
 Saving: ``task.to_dict()`` is strict-JSON data (``format_version``, ``kind`` and the constructor
 arguments, the questions, or the samples); :func:`task_from_dict` rebuilds the same samples in
@@ -35,6 +37,7 @@ another process, e.g. to re-evaluate a saved circuit on its own task.
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.evaluation import Evaluation, evaluate
 from gna_interp.tasks.io import task_from_dict
+from gna_interp.tasks.knowledge import Fact, Knowledge, fact_categories, facts
 from gna_interp.tasks.kv import PAPER_SIZES, KVRetrieval
 from gna_interp.tasks.mmlu import MultipleChoice, Question, file_questions, hub_questions, synthetic_questions
 from gna_interp.tasks.sample import Sample
@@ -53,8 +56,8 @@ from gna_interp.tasks.segments import CharSegments, Segments, Span, TextBuilder,
 from gna_interp.tasks.text import NeutralText, lm_loss
 from gna_interp.tasks.words import word_list
 
-__all__ = ["PAPER_SIZES", "CandidateScores", "CharSegments", "Chunk", "Evaluation", "KVRetrieval",
+__all__ = ["PAPER_SIZES", "CandidateScores", "CharSegments", "Chunk", "Evaluation", "Fact", "KVRetrieval", "Knowledge",
            "MultipleChoice", "NeutralText", "Question", "Sample", "ScoreTable", "ScoringPlan", "Segments", "Span", "Task", "TextBuilder",
-           "annotate", "evaluate", "file_questions", "hub_questions", "layout_chunks", "lm_loss", "plan_scoring", "read_logprobs",
-           "run_plan",
+           "annotate", "evaluate", "fact_categories", "facts", "file_questions", "hub_questions", "layout_chunks",
+           "lm_loss", "plan_scoring", "read_logprobs", "run_plan",
            "score_candidates", "synthetic_questions", "task_from_dict", "word_list"]

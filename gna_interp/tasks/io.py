@@ -5,6 +5,7 @@ Every dict carries ``format_version`` and ``kind``:
 - ``"kv"``: :class:`KVRetrieval` arguments (``args``); the seeded rebuild gives identical samples;
 - ``"mc"``: :class:`MultipleChoice` arguments plus the questions themselves (the hub or file they
   came from need not be at hand), rebuilt through the constructor;
+- ``"knowledge"``: :class:`Knowledge` arguments (``args``); the seeded rebuild gives identical samples;
 - ``"samples"``: any other task (e.g. one wrapped in a chat template), its samples stored whole.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from gna_interp.errors import InputError
 from gna_interp.tasks.base import FORMAT_VERSION, Task
+from gna_interp.tasks.knowledge import Knowledge
 from gna_interp.tasks.kv import KVRetrieval
 from gna_interp.tasks.mmlu import MultipleChoice, Question
 from gna_interp.tasks.sample import JSON_SCALARS, Sample
@@ -116,7 +118,18 @@ def _load_mc(d: Mapping[str, Any]) -> Task:
     return task
 
 
-KINDS: dict[str, Callable[[Mapping[str, Any]], Task]] = {"kv": _load_kv, "mc": _load_mc, "samples": _load_samples}
+KNOWLEDGE_ARGS: dict[str, tuple[type, ...]] = {"n_samples": _INT, "seed": _INT, "n_choices": _INT,
+                                               "categories": (list, tuple, type(None))}
+
+
+def _load_knowledge(d: Mapping[str, Any]) -> Task:
+    task = Knowledge(**_args(d, KNOWLEDGE_ARGS, "knowledge task dict"))
+    task.name = _get(d, "name", _STR, "task dict")
+    return task
+
+
+KINDS: dict[str, Callable[[Mapping[str, Any]], Task]] = {"kv": _load_kv, "mc": _load_mc, "knowledge": _load_knowledge,
+                                                         "samples": _load_samples}
 
 
 def task_from_dict(d: Mapping[str, Any]) -> Task:
