@@ -131,7 +131,9 @@ def test_report_from_a_real_discovery(tiny_models, tmp_path):
     best = circuit.to_frame()["name"].iloc[0]
     assert f"<td>{best}</td>" in html and "gold_share" in html
     pair, why = card_heads(circuit.to_frame(), circuit.pair())
-    assert escape(why) in html and html.count("Plotly.newPlot") == 5  # heatmap, curve, stability, a card per sample
+    # heatmap, curve, stability, a card per sample, the circuit graph and the graph's edge-click call
+    assert escape(why) in html and html.count("Plotly.newPlot") == 7
+    assert 'id="gna-graph"' in html and circuit.edges is not None and len(circuit.edges)
     assert f"gather {pair[0].name}, aggregate {pair[1].name}" in html
 
 

@@ -233,3 +233,85 @@ def test_every_head_shows_with_hostile_tokens_and_reasons_as_text_only(tiny_mode
     assert not errors and pwned is None and not dialogs and injected == 0, (errors, pwned, dialogs)
     assert [s[0] for s in shown] == names and all(s[1].startswith(n) for s, n in zip(shown, names))
     assert any(HOSTILE[0] in s[2] for s in shown)  # a reason shown literally, as text
+
+
+@pytest.fixture(scope="module")
+def graph_report(tiny_models, tmp_path_factory):
+    """A report whose circuit carries a real edge table (path patching among the tiny Llama's top 4 heads)."""
+    from gna_interp.circuits.causal import measure_edges
+    from made_up import made_up_circuit
+
+    model = tiny_models["llama"]
+    circuit = made_up_circuit(model, model.heads())
+    circuit.edges = measure_edges(model, circuit.load_task(), circuit.heads[:4])
+    folder = circuit.save(tmp_path_factory.mktemp("graph") / "run")
+    return build_report(folder, png=False)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
+def test_clicking_an_edge_draws_both_patterns_and_a_node_its_head(graph_report):
+    """Real mouse clicks on the circuit graph: an edge's marker draws the sender's pattern at the card sample's summary
+    tokens (equal to views.pt's, decoded in the browser) beside the receiver's row at the decision position; a node
+    shows that head in the head box."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    circuit = Circuit.load(graph_report.parent)
+    edges = circuit.edges
+    drawn = edges[(edges["receiver"] != "logits") & (edges["effect"] > 0)]  # edges with a positive effect are drawn
+    assert len(drawn), edges
+    target = int(drawn["effect"].idxmax())
+    row = edges.loc[target]
+    every, seg = circuit.views.all_heads, circuit.views.segments[circuit.views.all_heads.sample]
+    want_s = every.decode([row["sender"]])[0][seg.summaries]
+    want_r = every.decode([row["receiver"]])[0][seg.final]
+    errors = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(graph_report.as_uri(), wait_until="load", timeout=120_000)
+            page.wait_for_function("document.querySelector('#gna-graph .scatterlayer') !== null", timeout=120_000)
+            page.evaluate("document.getElementById('gna-graph').scrollIntoView()")
+            where = """([trace, key]) => {
+                const gd = document.getElementById('gna-graph');
+                const t = gd.data.findIndex(d => d.name === trace), d = gd.data[t];
+                const i = d.customdata.indexOf(key), fl = gd._fullLayout, box = gd.getBoundingClientRect();
+                return {x: box.left + fl.xaxis._offset + fl.xaxis.d2p(d.x[i]),
+                        y: box.top + fl.yaxis._offset + fl.yaxis.d2p(d.y[i])}; }"""
+            at = page.evaluate(where, ["edges", target])
+            page.mouse.click(at["x"], at["y"])
+            page.wait_for_function("document.querySelectorAll('#gna-edge-detail .js-plotly-plot').length >= 1",
+                                   timeout=60_000)
+            seen = page.evaluate("""() => {
+                const box = document.getElementById('gna-edge-detail');
+                const s = document.getElementById('gna-edge-sender'), r = document.getElementById('gna-edge-receiver');
+                return {edge: box.dataset.edge, text: box.innerText, s: s.data[0].z, r: r.data ? r.data[0].z : null}; }""")
+            at = page.evaluate(where, ["heads", str(row["receiver"])])
+            page.mouse.click(at["x"], at["y"])
+            page.wait_for_function("document.getElementById('gna-head-detail').dataset.head !== undefined",
+                                   timeout=60_000)
+            head = page.evaluate("document.getElementById('gna-head-detail').dataset.head")
+            page.screenshot(path=str(graph_report.parent / "graph.png"), full_page=True)
+        finally:
+            browser.close()
+    assert not errors, errors
+    assert seen["edge"] == row["edge"] and f"{float(row['effect']):.3f}" in seen["text"]
+    assert torch.allclose(torch.tensor(seen["s"]), want_s, atol=1e-6)
+    assert seen["r"] is not None and torch.allclose(torch.tensor(seen["r"][0]), want_r, atol=1e-6)
+    assert head == row["receiver"]
+
+
+def test_circuit_graph_displays_itself_and_says_when_there_are_no_edges(graph_report):
+    from gna_interp.viz import circuit_graph
+
+    circuit = Circuit.load(graph_report.parent)
+    view = circuit_graph(circuit)
+    page = view.page()
+    assert page.count('id="gna-graph-data"') == 1 and page.count('id="gna-head-data"') == 1
+    assert page.count("* plotly.js v") == 1 and page.count("var CircuitsVis") == 1
+    assert view._repr_html_().startswith("<iframe")
+    start = page.index('id="gna-graph-data">') + len('id="gna-graph-data">')
+    data = json.loads(page[start:page.index("</script>", start)])
+    assert [e["edge"] for e in data["edges"]] == list(circuit.edges["edge"])
+    circuit.edges = None
+    assert "No circuit graph: this circuit has no edge table" in circuit_graph(circuit).page()

@@ -23,6 +23,7 @@ from gna_interp.viz.compare import compare_heads
 from gna_interp.viz.curves import ablation_curve
 from gna_interp.viz.delegation import delegation_figure
 from gna_interp.viz.export import write_pngs
+from gna_interp.viz.graph import graph_section
 from gna_interp.viz.head_view import HEATMAP_ID, head_explorer
 from gna_interp.viz.html import figure_div, page
 from gna_interp.viz.scores import score_heatmap
@@ -67,6 +68,14 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
         "cell for the head's pattern and numbers below."),
         figure_div(figures["heatmap"], div_id=HEATMAP_ID), head_explorer(heads, circuit.views)]
     sections += ["<h2>Top heads and their roles</h2>", _top_table(heads)]
+    graph, figures["circuit_graph"] = graph_section(circuit)
+    sections += ["<h2>How the heads work together</h2>", _note(
+        "Path patching among the top heads: each edge is the drop of the logit difference when only that path is "
+        "removed -- the sender's write into one later head's keys or values at the summary tokens (gather -> "
+        "aggregate), into its query at the decision position, or straight into the answer logits -- with its 95% "
+        "interval; dashed edges' intervals reach 0. Node colour: the causal role; size: the head's drop."), graph]
+    if figures["circuit_graph"] is None:
+        del figures["circuit_graph"]
     if circuit.formats:
         sections += ["<h2>Retrieval formats</h2>", _formats_table(heads, circuit)]
     sections += _delegation_section(circuit, figures)

@@ -5,11 +5,12 @@ from gna_interp.viz.cards import ga_card
 from gna_interp.viz.compare import compare_heads
 from gna_interp.viz.curves import ablation_curve
 from gna_interp.viz.export import write_pngs
+from gna_interp.viz.graph import circuit_graph, graph_figure
 from gna_interp.viz.html import HTMLView, figure_div, page
+from gna_interp.viz.interactions import interaction_heatmap
 from gna_interp.viz.scores import score_heatmap
 from gna_interp.viz.stability import stability_plot
 
-__all__ = ["HTMLView", "ablation_curve", "attention_heads", "compare_heads", "figure_div", "ga_card", "page",
-           "patterns_page", "score_heatmap", "stability_plot", "write_pngs"]
-from gna_interp.viz.interactions import interaction_heatmap
-__all__ += ["interaction_heatmap"]
+__all__ = ["HTMLView", "ablation_curve", "attention_heads", "circuit_graph", "compare_heads", "figure_div", "ga_card",
+           "graph_figure", "interaction_heatmap", "page", "patterns_page", "score_heatmap", "stability_plot",
+           "write_pngs"]

@@ -127,6 +127,7 @@ _SCRIPT = r"""
   }
   if (!attach()) window.addEventListener("load", attach);
   window.gnaShowHead = show;
+  window.gnaHeadPattern = function (name) { return name in index ? pattern(index[name]) : null; };
 })();
 """
 

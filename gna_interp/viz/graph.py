@@ -1,0 +1,211 @@
+"""`circuit_graph(circuit)`: the circuit as a graph you can click -- heads as nodes, measured paths as edges.
+
+Nodes are the heads of the circuit's edge table (:attr:`Circuit.edges <gna_interp.circuits.circuit.Circuit.edges>`)
+placed by layer, sized by their drop and coloured by their causal role; a ``logits`` node stands right of the last
+layer. Each measured path with a positive effect is a line whose width is its effect (dashed where its 95 %
+interval reaches 0), coloured by the input it reaches (``k``, ``v``, ``q`` or the logits directly), with a
+marker at its middle that carries the numbers.
+
+In the report and in the :class:`~gna_interp.viz.html.HTMLView` this module returns, clicking a node shows what a
+heatmap click shows (the head's pattern on the card sample and its numbers, :mod:`gna_interp.viz.head_view`);
+clicking an edge's marker draws the sender's pattern at the card sample's summary tokens next to the receiver's
+pattern at the decision position, both decoded in the browser from the stored all-head patterns. Strings reach
+the page as JSON data and are written with ``textContent`` only.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import pandas as pd
+
+from gna_interp.viz.head_view import head_explorer
+from gna_interp.viz.html import HTMLView, figure_div, script_json
+
+__all__ = ["GRAPH_ID", "circuit_graph", "graph_figure", "graph_section"]
+
+GRAPH_ID = "gna-graph"
+_EDGE_BOX = "gna-edge-detail"
+ROLE_COLOURS = {"aggregate": "#d62728", "gather": "#1f77b4", "output": "#ff7f0e", "query": "#9467bd",
+                "none": "#7f7f7f", "logits": "#2ca02c"}
+INPUT_COLOURS = {"k": "#1f77b4", "v": "#17becf", "q": "#9467bd", "other": "#8c564b", "logits": "#2ca02c"}
+_OFFSET = {"k": -0.12, "v": 0.0, "q": 0.12, "other": 0.06, "logits": 0.0}
+
+
+def _positions(names: list[str], layers: dict[str, int]) -> dict[str, tuple[float, float]]:
+    """``(x, y)`` per head: x its layer, y its place among the heads of that layer (centred)."""
+    by_layer: dict[int, list[str]] = {}
+    for n in names:
+        by_layer.setdefault(layers[n], []).append(n)
+    out = {}
+    for layer, ns in by_layer.items():
+        for i, n in enumerate(ns):
+            out[n] = (float(layer), i - (len(ns) - 1) / 2)
+    return out
+
+
+def graph_figure(frame: pd.DataFrame, edges: pd.DataFrame, title: str | None = None) -> Any:
+    """The plotly figure of the graph: ``frame`` is the circuit frame (``name``, ``layer``, ``drop``, ``causal_role``),
+    ``edges`` the edge table (:data:`~gna_interp.circuits.causal.EDGE_COLUMNS`). The edge markers' trace is named
+    ``edges`` and carries each edge's row index in ``customdata``; the node trace is named ``heads``."""
+    import plotly.graph_objects as go
+
+    rows = frame.set_index("name")
+    names = list(dict.fromkeys(list(edges["sender"]) + [r for r in edges["receiver"] if r != "logits"]))
+    layers = {n: int(rows.loc[n, "layer"]) for n in names}
+    pos = _positions(names, layers)
+    pos["logits"] = (max(layers.values(), default=0) + 1.0, 0.0)
+    fig = go.Figure()
+    top = max([float(e) for e in edges["effect"] if float(e) > 0] or [1.0])
+    mx, my, md, mt = [], [], [], []
+    for i, e in edges.iterrows():
+        eff = float(e["effect"])
+        if not eff > 0:
+            continue
+        (x0, y0), (x1, y1) = pos[e["sender"]], pos[e["receiver"]]
+        off = _OFFSET.get(e["input"], 0.0)
+        xs, ys = [x0, (x0 + x1) / 2, x1], [y0, (y0 + y1) / 2 + off, y1]
+        holds = float(e["low"]) > 0
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
+                                 line={"width": 1 + 9 * eff / top, "color": INPUT_COLOURS.get(e["input"], "#444"),
+                                       "dash": "solid" if holds else "dot", "shape": "spline"}))
+        mx.append(xs[1])
+        my.append(ys[1])
+        md.append(int(i))
+        mt.append(f"{e['edge']}<br>effect {eff:+.3f} [{float(e['low']):+.3f}, {float(e['high']):+.3f}]"
+                  f"<br>{'holds' if holds else 'interval reaches 0'}; click for both patterns")
+    fig.add_trace(go.Scatter(x=mx, y=my, mode="markers", name="edges", customdata=md, hovertext=mt,
+                             hoverinfo="text", marker={"size": 11, "color": "#333", "symbol": "diamond"},
+                             showlegend=False))
+    drops = [max(float(rows.loc[n, "drop"]), 0.0) for n in names]
+    big = max(drops + [1e-9])
+    roles = [str(rows.loc[n, "causal_role"]) if "causal_role" in rows and isinstance(rows.loc[n, "causal_role"], str)
+             else "none" for n in names]
+    fig.add_trace(go.Scatter(
+        x=[pos[n][0] for n in names] + [pos["logits"][0]], y=[pos[n][1] for n in names] + [0.0],
+        mode="markers+text", name="heads", text=names + ["logits"], textposition="top center",
+        customdata=names + [""], hoverinfo="text",
+        hovertext=[f"{n}: drop {d:.3f}, causal role {r}; click for its pattern" for n, d, r in
+                   zip(names, drops, roles)] + ["the answer logits"],
+        marker={"size": [16 + 30 * math.sqrt(d / big) for d in drops] + [22],
+                "color": [ROLE_COLOURS.get(r, "#7f7f7f") for r in roles] + [ROLE_COLOURS["logits"]],
+                "line": {"width": 1, "color": "#222"}}, showlegend=False))
+    for role, colour in ROLE_COLOURS.items():  # legend entries only
+        if role in roles:
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"{role} (causal)",
+                                     marker={"size": 12, "color": colour}))
+    for inp, colour in INPUT_COLOURS.items():
+        if inp in set(edges["input"]):
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"-> {inp}",
+                                     line={"width": 4, "color": colour}))
+    span = sorted({int(p[0]) for p in pos.values()})
+    fig.update_layout(title=title or "Circuit graph: measured paths (width = effect on the logit difference)",
+                      height=420, plot_bgcolor="white", hovermode="closest",
+                      xaxis={"title": "layer", "tickvals": span,
+                             "ticktext": [str(x) if x != span[-1] else "logits" for x in span], "zeroline": False},
+                      yaxis={"visible": False, "range": [min(p[1] for p in pos.values()) - 0.8,
+                                                         max(p[1] for p in pos.values()) + 0.8]})
+    return fig
+
+
+# Reads the JSON beside it; node clicks go to the head explorer (window.gnaShowHead), edge clicks draw two heatmaps.
+_SCRIPT = r"""
+(function () {
+  var G = JSON.parse(document.getElementById("gna-graph-data").textContent);
+  var box = document.getElementById("gna-edge-detail");
+  function el(tag, text, cls) {
+    var e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = text;
+    if (cls) e.className = cls;
+    return e;
+  }
+  function tok(i) { return i + " " + G.tokens[i].replace(/\n/g, "\u23ce").replace(/ /g, "\u00b7"); }
+  function heat(div, z, rows, title) {
+    // colour runs from 0 to the largest weight shown (hover for each weight)
+    window.Plotly.newPlot(div, [{type: "heatmap", z: z, x: G.tokens.map(function (t, i) { return tok(i); }),
+                                 y: rows.map(tok), zmin: 0,
+                                 zmax: Math.max.apply(null, [].concat.apply([1e-6], z)),
+                                 colorscale: [[0, "#ffffff"], [1, "#08306b"]],
+                                 hovertemplate: "query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"}],
+                          {title: {text: title, font: {size: 13}}, height: 170 + 22 * z.length,
+                           margin: {l: 110, r: 10, t: 40, b: 90},
+                           xaxis: {type: "category", tickfont: {size: 8}},
+                           yaxis: {type: "category", autorange: "reversed"}},
+                          {displaylogo: false, responsive: true});
+  }
+  function showEdge(i) {
+    var e = G.edges[i];
+    box.replaceChildren();
+    box.dataset.edge = e.edge;
+    box.appendChild(el("h3", e.edge, "edge-name"));
+    box.appendChild(el("p", "effect on the logit difference " + e.effect.toFixed(3) + " (95% interval " +
+      e.low.toFixed(3) + " to " + e.high.toFixed(3) + "): the drop when only this path is removed", "note"));
+    var get = window.gnaHeadPattern;
+    var s = get ? get(e.sender) : null, r = e.receiver !== "logits" && get ? get(e.receiver) : null;
+    if (!s) { box.appendChild(el("p", "No stored pattern of " + e.sender + " on the card sample.", "note")); return; }
+    var left = el("div", null, "edge-sender"), right = el("div", null, "edge-receiver");
+    left.id = "gna-edge-sender"; right.id = "gna-edge-receiver";
+    var wrap = el("div"); wrap.style.display = "flex"; wrap.style.gap = "12px";
+    left.style.flex = right.style.flex = "1";
+    wrap.appendChild(left); wrap.appendChild(right); box.appendChild(wrap);
+    heat(left, G.summaries.map(function (q) { return s[q]; }), G.summaries, e.sender + " at the summary tokens");
+    if (r) {
+      heat(right, [r[G.final]], [G.final], e.receiver + " at the decision position");
+    } else {
+      right.appendChild(el("p", e.receiver === "logits" ? "The direct path goes to the answer logits." :
+        "No stored pattern of " + e.receiver + ".", "note"));
+    }
+  }
+  function attach() {
+    var gd = document.getElementById(G.graph);
+    if (!gd || !gd.on) return false;
+    gd.on("plotly_click", function (ev) {
+      var p = ev && ev.points && ev.points[0];
+      if (!p || !p.data) return;
+      if (p.data.name === "edges") showEdge(p.customdata);
+      else if (p.data.name === "heads" && p.customdata && window.gnaShowHead) window.gnaShowHead(p.customdata);
+    });
+    return true;
+  }
+  if (!attach()) window.addEventListener("load", attach);
+  window.gnaShowEdge = showEdge;
+})();
+"""
+
+
+def graph_section(circuit: Any, graph_id: str = GRAPH_ID) -> tuple[str, Any]:
+    """The graph's HTML (figure, edge box, data, script) and its figure, for a page that also holds the head
+    explorer (:func:`~gna_interp.viz.head_view.head_explorer`) and the plotly bundle; a note without a figure when
+    the circuit has no edge table."""
+    edges = circuit.edges
+    if edges is None or not len(edges):
+        return ('<p class="note">' + html.escape("No circuit graph: this circuit has no edge table (discover with "
+                                                 "paths >= 2 measures one; rerun `gna scan`).") + "</p>"), None
+    frame = circuit.to_frame()
+    fig = graph_figure(frame, edges)
+    views = circuit.views
+    every = views.all_heads if views is not None else None
+    sample = every.sample if every is not None else 0
+    seg = views.segments[sample] if views is not None else None
+    data = {"graph": graph_id, "edges": [{k: (float(v) if k in ("effect", "low", "high") else str(v))
+                                          for k, v in row.items()} for row in edges.to_dict("records")],
+            "tokens": list(views.patterns.str_tokens[sample]) if views is not None else [],
+            "summaries": list(seg.summaries) if seg is not None else [], "final": int(seg.final) if seg else 0}
+    note = ("Click a head for its pattern and numbers (shown in the head box of this page), or an edge's diamond "
+            "for the sender's pattern at the summary tokens next to the receiver's at the decision position"
+            + (f" (card sample {sample})." if views is not None else "; this circuit has no stored patterns."))
+    return (figure_div(fig, div_id=graph_id) + f'<p class="note">{html.escape(note)}</p>'
+            f'<div id="{_EDGE_BOX}" class="edge-detail"></div>'
+            f'<script type="application/json" id="gna-graph-data">{script_json(data)}</script>'
+            f"<script>{_SCRIPT}</script>"), fig
+
+
+def circuit_graph(circuit: Any) -> HTMLView:
+    """The circuit graph with its click views as a self-contained view: displays itself in Jupyter, ``.save(path)``
+    writes an offline page. Node clicks show the head's pattern and numbers, edge clicks both patterns."""
+    section, _ = graph_section(circuit)
+    explorer = head_explorer(circuit.to_frame(), circuit.views) if circuit.edges is not None else ""
+    return HTMLView(section + explorer, title=f"Circuit graph: {circuit.model}", circuitsvis=True, plotly=True,
+                    frame_height=1100)
