@@ -117,6 +117,9 @@ def test_gna_scan_command(tiny_dirs, tmp_path, capsys):
     for f in ("scan.csv", "circuit.json", "summary.md", "scan.ckpt.json"):
         assert (out / f).is_file(), f
     first = (out / "scan.csv").read_text()
+    doc = json.loads((out / "circuit.json").read_text())
+    assert doc["twin"]["task"].startswith("knowledge") and 0 <= doc["twin"]["intact"] <= 1  # the zero-shot control
+    assert doc["edges"] and "strongest gather -> aggregate path" in (out / "summary.md").read_text()
     assert main(argv + ["--resume"]) == 0  # resumes from the finished checkpoint
     assert (out / "scan.csv").read_text().splitlines()[0] == first.splitlines()[0]
     assert main(["scan", "--model", str(tiny_dirs["mamba2"]), "--pairs", "0", "--out", str(out)]) == 2

@@ -590,8 +590,9 @@ def _scan_task(args: argparse.Namespace, model: Any, seed: int, form: dict[str, 
     kv and cloze); ``samples`` prompts (default ``--samples``)."""
     opts = task_options(args).replace(samples=samples or args.samples, seed=seed)
     if args.task == "kv":
-        return opts.replace(pairs=form["n_pairs"], template=form["template"],
-                            max_value=form["max_value"]).kv(model.kv_words), None
+        task = opts.replace(pairs=form["n_pairs"], template=form["template"],
+                            max_value=form["max_value"]).kv(model.kv_words)
+        return task, (None if samples is not None else _knowledge_twin(model, seed))
     if seed != args.seed and not opts.generated:
         raise InputError(f"--method {args.method} needs a second set of questions, which --questions "
                          f"{args.questions!r} does not generate; use --method zero or --questions categories|synthetic")
@@ -606,6 +607,24 @@ def _scan_task(args: argparse.Namespace, model: Any, seed: int, form: dict[str, 
     except InputError as e:  # e.g. a question repeating an option text, which cloze cannot score
         print(f"note: no knowledge twin (the cloze form of these questions cannot be scored: {e})", flush=True)
         return task, None
+
+
+KNOWLEDGE_SAMPLES = 32
+
+
+def _knowledge_twin(model: Any, seed: int) -> Any:
+    """The zero-shot knowledge control of a KV scan (:class:`~gna_interp.tasks.knowledge.Knowledge`, facts with no
+    shots and no options to copy from), or None with a note when the model's vocabulary cannot write its facts."""
+    from gna_interp.tasks.knowledge import Knowledge
+
+    twin = Knowledge(n_samples=KNOWLEDGE_SAMPLES, seed=seed)
+    try:
+        model.tokenize(twin.prompts)
+    except InputError:
+        print(f"note: no knowledge control ({model.name}'s vocabulary cannot write the facts of the zero-shot "
+              f"knowledge task)", flush=True)
+        return None
+    return twin
 
 
 TASK_FLAGS: dict[str, Callable[[], dict[str, Any]]] = {
