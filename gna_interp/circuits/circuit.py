@@ -156,6 +156,10 @@ class Circuit:
         if self.edges is not None and len(self.edges):
             drops = dict(zip(df["name"], df["drop"].astype(float)))
             df = df.merge(causal_roles(self.edges, drops), on="name", how="left")
+            n = len(set(self.edges["sender"]))
+            df.loc[df["causal_role"].isna(), "causal_reason"] = (
+                f"not measured: the edge table covers the circuit's top {n} heads (DiscoverConfig.paths; "
+                f"gna_interp.circuits.causal.measure_edges measures any heads)")
         if self.control is not None or self.formats:
             member = ~df["generic"].fillna(False).astype(bool) | self.keep_generic if "generic" in df else \
                 pd.Series(True, index=df.index)
