@@ -166,48 +166,24 @@ def _brute(model, pp, chunk, edges):
             replace[r] = _attn_by_hand(model, layer_mod, streams, r, ids, kwargs)
         else:
             replace[r] = _ssm2_by_hand(model, layer_mod, streams, x, r)
-    handles = []
-    for r, z in replace.items():
-        z_all, proj = _out_in(model, ids, kwargs, r)
-        site = model.head_site(r)
-
-        def pre(m, a, z=z, site=site):
-            out = a[0].clone()
-            out[..., site.columns] = z.reshape(out.shape[0], out.shape[1], -1)
-            return (out,) + a[1:]
-
-        handles.append(proj.register_forward_pre_hook(pre))
-    final = {}
-    norm = model.hf_model.get_output_embeddings()
-    handles.append(norm.register_forward_pre_hook(lambda m, a: final.__setitem__("h", a[0])))
-    try:
-        with torch.no_grad():
-            model.hf_model(ids, **kwargs, output_hidden_states=True)
-            out = model.hf_model(ids, **kwargs, output_hidden_states=True)
-    finally:
-        for h in handles:
-            h.remove()
-    h_final = out.hidden_states[-1][0]  # after the final norm
-    base, _ = _hf_layer(model, 0)
-    rows, pos = chunk.read_row, chunk.read_pos
-    direct = [e for e in edges if e.receiver is None]
-    if direct:  # undo the final norm's input: recompute it from the last layer's output minus the writes
-        x_last = _residual_out_last(model, ids, kwargs, replace)
-        for e in direct:
+    x_last = _residual_out_last(model, ids, kwargs, replace)
+    for e in edges:
+        if e.receiver is None:
             x_last = x_last - masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender)
-        final_norm = getattr(base, "norm", None) or getattr(base, "norm_f", None) or getattr(base, "final_layernorm")
-        h_final = final_norm(x_last)[0]
-    logits = model.hf_model.get_output_embeddings()(h_final[pos])
+    base, _ = _hf_layer(model, 0)
+    final_norm = getattr(base, "norm", None) or getattr(base, "norm_f", None) or getattr(base, "final_layernorm")
+    logits = model.hf_model.get_output_embeddings()(final_norm(x_last)[0][chunk.read_pos])
     return read_logprobs(logits, chunk.read_tok)
 
 
 def _residual_out_last(model, ids, kwargs, replace):
-    """Output of the last HF decoder layer (the final norm's input) with ``replace`` in force (it already is)."""
+    """Output of the last HF decoder layer (the final norm's input) in a plain HF forward where each head of
+    ``replace`` outputs the given ``z`` (a pre-hook on its output projection)."""
     _, last = _hf_layer(model, model.n_layers - 1)
     got = {}
-    h = last.register_forward_hook(lambda m, a, o: got.__setitem__("x", (o[0] if isinstance(o, tuple) else o).clone()))
+    handles = [last.register_forward_hook(
+        lambda m, a, o: got.__setitem__("x", (o[0] if isinstance(o, tuple) else o).clone()))]
     try:
-        handles = []
         for r, z in replace.items():
             _, proj = _out_in(model, ids, kwargs, r)
             site = model.head_site(r)
@@ -221,9 +197,8 @@ def _residual_out_last(model, ids, kwargs, replace):
         with torch.no_grad():
             model.hf_model(ids, **kwargs)
     finally:
-        h.remove()
-        for x in handles:
-            x.remove()
+        for h in handles:
+            h.remove()
     return got["x"]
 
 
