@@ -87,7 +87,7 @@ CIRCUIT = obj({"model": {"type": "string", "maxLength": 4096}, "task": TASK, "ba
                "edges": nullable(arr(obj({"edge": STR, "sender": HEAD, "receiver": {"type": "string", "pattern":
                                                                                    f"^(?:{HEAD_NAME[1:-1]}|logits)$"},
                                           "input": {"enum": ["q", "k", "v", "other", "logits"]},
-                                          "positions": {"enum": ["summary", "decision", "all"]},
+                                          "positions": {"enum": ["summary", "items", "decision", "all"]},
                                           "effect": NUM, "low": NUM, "high": NUM}))),
                "pair_from": {"enum": [None, "edges", "patterns"]}, "path": nullable({"type": "object"}),
                "formats": arr(obj({"name": STR, "scan": STR}, {"task": nullable({"type": "object"})}))})

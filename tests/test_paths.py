@@ -215,7 +215,7 @@ def test_path_effects_equal_brute_force(models, family):
     pp = PathPatcher(model, _task(), batch_size=1)
     sets = []
     for s, r in CASES[family]:
-        sets += [[Edge(H(s), H(r), "k", "summary")], [Edge(H(s), H(r), "v", "all")],
+        sets += [[Edge(H(s), H(r), "k", "summary")], [Edge(H(s), H(r), "v", "all")], [Edge(H(s), H(r), "v", "items")],
                  [Edge(H(s), H(r), "q", "decision")], [Edge(H(s), H(r), "other", "all")] if family != "llama" else [],
                  [Edge(H(r), None, "logits", "all")],
                  [Edge(H(s), H(r), "k", "summary"), Edge(H(s), H(r), "q", "all"), Edge(H(r), None)]]

@@ -9,8 +9,8 @@ edge changes what *one consumer* reads and nothing else:
 - **head edge** ``S -> R.input @ positions``: the receiver ``R`` (a later layer) computes its ``input`` (``q``,
   ``k``, ``v`` or ``other``: where it reads it is its kind's :meth:`~gna_interp.models.mixer.MixerAdapter.receiver_inputs`)
   from ``x_r - m ⊙ o_S`` instead of its block's clean input ``x_r``, where ``m`` selects the ``positions``
-  (``summary``: the segments' summary tokens; ``decision``: the last prompt token and every answer token after it;
-  ``all``). Its other inputs, every other head of its layer and everything else reading the stream see ``x_r``.
+  (``summary``: the segments' summary tokens; ``items``: every token of the segments (the dictionary lines or the
+  options); ``decision``: the last prompt token and every answer token after it; ``all``). Its other inputs, every other head of its layer and everything else reading the stream see ``x_r``.
   ``R``'s output recomputed that way replaces its output in the forward, and its change flows on through the
   later layers as usual. For grouped-query attention the receiver's K/V group is recomputed but only the one query
   head's output is used; for a Mamba-2 head the group's ``B``/``C`` change and the other heads' scan outputs are put
@@ -55,7 +55,7 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_chunks, plan_scoring, read_logprobs
 
-POSITIONS: tuple[str, ...] = ("summary", "decision", "all")
+POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "all")
 LOGITS = "logits"
 N_BOOTSTRAP = 2000
 
@@ -164,7 +164,8 @@ class PathPatcher:
         self._clean: CandidateScores | None = None
 
     # ---- positions ------------------------------------------------------------------------
-    def _summary_positions(self) -> list[list[int]]:
+    def _summary_positions(self) -> list[tuple[list[int], list[int]]]:
+        """Per sample: the summary tokens and every token of its segments (prompt positions)."""
         out = []
         for i, s in enumerate(self.plan.samples):
             seg = s.segments(self.model.tokenizer)
@@ -172,27 +173,30 @@ class PathPatcher:
             if seg.n_tokens != n:
                 raise InputError(f"sample {i}: its segments cover {seg.n_tokens} tokens but the scored prompt has {n}; "
                                  f"summary positions cannot be placed")
-            out.append(seg.summaries)
+            out.append((seg.summaries, [p for sp in seg.items for p in range(sp.start, sp.stop)]))
         return out
 
     def masks(self, chunk: Chunk) -> dict[str, Bool[Tensor, "batch pos"]]:
-        """Position masks of ``chunk``'s rows: ``summary`` (every item's summary token), ``decision`` (the last
+        """Position masks of ``chunk``'s rows: ``summary`` (every item's summary token), ``items`` (every token of the
+        items), ``decision`` (the last
         prompt token and the answer tokens fed after it) and ``all`` (every real token)."""
         b, width = chunk.batch.ids.shape
         sample_of = [-1] * b
         for r, t in zip(chunk.read_row.tolist(), chunk.read_target.tolist()):
             sample_of[r] = self.plan.targets[t].sample
         summary = torch.zeros(b, width, dtype=torch.bool)
+        items = torch.zeros(b, width, dtype=torch.bool)
         decision = torch.zeros(b, width, dtype=torch.bool)
         pads = chunk.pad.tolist()
         for k, i in enumerate(sample_of):
             if i < 0:
                 continue
             n = len(self.plan.prompt_ids[i])
-            summary[k, [pads[k] + p for p in self._summaries[i]]] = True
+            summary[k, [pads[k] + p for p in self._summaries[i][0]]] = True
+            items[k, [pads[k] + p for p in self._summaries[i][1]]] = True
             decision[k, pads[k] + n - 1:] = True
         dev = self.model.device
-        return {"summary": summary.to(dev), "decision": decision.to(dev),
+        return {"summary": summary.to(dev), "items": items.to(dev), "decision": decision.to(dev),
                 "all": chunk.batch.attention_mask.bool().to(dev)}
 
     # ---- pieces ---------------------------------------------------------------------------
