@@ -32,8 +32,22 @@ def pairs_list(text: str) -> list[int]:
     return sorted(vals)
 
 
+def single_heads(text: str) -> str:
+    """An argparse ``type``: ``--heads`` parsed now (a malformed name, a repeat or an empty list is refused before
+    any model loads); kept as text, the model checks the heads exist."""
+    from gna_interp.errors import HeadError
+    from gna_interp.experiments.sweep import parse_single
+
+    try:
+        parse_single(text)
+    except HeadError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 @command("sweep", "KV accuracy vs dictionary size: intact, top-1 / top-k G&A heads removed, k random heads removed "
-                  "(the paper's constant drop); writes sweep.csv, sweep.json, report.html")
+                  "(the paper's constant drop), single heads removed (--heads gather,aggregate,L16H0); each "
+                  "condition's drop slope over size; writes sweep.csv, sweep.json, report.html")
 def _sweep_args(p: argparse.ArgumentParser) -> None:
     model_arg(p, CIRCUIT_MODEL_HELP)
     p.add_argument("--pairs", type=pairs_list, default=pairs_list(PAPER_PAIRS),
@@ -43,6 +57,12 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=at_least(1), default=5,
                    help="heads removed together (default 5; at most a quarter of the scanned heads)")
     p.add_argument("--seeds", type=seeds_arg(1), default=5, help="random k-head draws (default 5; median and band)")
+    p.add_argument("--heads", type=single_heads, default=None,
+                   help="single heads, each removed alone as one more condition: head names (L16H0,L18H6) and/or "
+                        "gather, aggregate (the circuit's gather/aggregate pair); head names only and no --circuit: "
+                        "nothing is discovered and only intact and these heads are measured")
+    p.add_argument("--bootstrap", type=at_least(0), default=2000,
+                   help="resamples of the prompts for the drop slopes' 95%% interval (default 2000; 0: none)")
     task_args(p, samples=(48, "prompts per dictionary size (default 48)"),
               max_value=(99, "values are 0..MAX (default 99, the paper's range; must be at least the largest size - 1)"),
               seed=(0, "seed of the prompts (discovery uses seed+1)"),
@@ -67,7 +87,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     spec = args.model or (circuit.model if circuit is not None else None) or _first_default()  # the circuit's model
     print(f"loading {spec} ({args.dtype}) ...", flush=True)
     config = SweepConfig(**vars(task_options(args, pairs=args.pairs, template=template)), **run_options(args),
-                         k=args.top_k, seeds=args.seeds, device=getattr(args, "device", None), dtype=args.dtype)
+                         k=args.top_k, seeds=args.seeds, heads=args.heads, bootstrap=args.bootstrap,
+                         device=getattr(args, "device", None), dtype=args.dtype)
     result = run_held(args, folder, lambda: sweep(spec, circuit=circuit, out=out, config=config), out / CKPT,
                       out / CIRCUIT_DIR / "scan.ckpt.json")
     print(result.summary())

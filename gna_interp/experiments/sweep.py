@@ -19,6 +19,19 @@ under each **condition** (zero ablation, the paper's; the same prompts for every
 ``k`` follows the ablation curve's rule (:func:`~gna_interp.circuits.circuit.curve_k`): at most a
 quarter of the scanned heads, so that ``k`` random heads are a small draw that cannot hold the circuit.
 
+**Single heads** (``heads=``, ``gna sweep --heads``): one more condition per entry, that head removed
+alone: a head name (``L16H0``; the condition is named after the head) or a role word, ``gather`` /
+``aggregate`` (the circuit's :meth:`~gna_interp.circuits.circuit.Circuit.pair`: the strongest measured
+gather -> aggregate path, else the pattern roles). These are the paper's per-head signatures: removing the
+gather head costs about the same at every size, removing the aggregate head costs more as the dictionary
+grows. Named heads alone need no circuit: with ``heads`` of head names only and no ``circuit``, nothing is
+discovered and the conditions are ``intact`` and the named heads.
+
+**Drop slopes** (:meth:`Sweep.slopes`): for every condition, the least-squares slope of its drop from
+intact (of accuracy, and of the mean logit difference) against the dictionary size, per 10 pairs, with a
+percentile bootstrap interval over the prompts (each size's prompts resampled with replacement, the same
+prompts for the intact model and the condition; ``bootstrap`` resamples, default 2000).
+
 **Heads** come from a saved circuit (``circuit=DIR``, a ``gna scan`` folder) or are discovered first with
 ``gna scan``'s defaults (:data:`DISCOVERY`: KV, 10 pairs, 24 prompts, values 0-9, the auto scan), on
 prompts built with ``seed + 1`` so the heads are never scored on the prompts they were found on. With
@@ -27,8 +40,10 @@ DIR/circuit`` draws it).
 
 **Output** (``out=DIR``, :class:`~gna_interp.experiments.output.ResultFolder` ``sweep``): ``sweep.csv``
 (one row per point, columns :data:`COLUMNS`), ``sweep.json`` (settings, heads, random draws, the
-per-size summary), ``report.html`` with the figure (accuracy vs dictionary size, one line per condition,
-random as the median of the draws with their min-max band) and ``figures/sweep.png``. Every point is
+per-size summary, the drop slopes, each point's per-prompt results), ``report.html`` with the figures
+(accuracy vs dictionary size, one line per condition, random as the median of the draws with their min-max
+band; each condition's drop vs dictionary size with its least-squares line) and ``figures/sweep.png``,
+``figures/drops.png``. Every point is
 appended to ``DIR/sweep.ckpt.json`` as it finishes; ``resume=True`` continues from it (``fresh=True``
 deletes it and the discovered circuit); a checkpoint is never overwritten silently.
 """
@@ -44,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
 import pandas as pd
 
 from gna_interp.circuits.circuit import FILES as CIRCUIT_FILES
@@ -51,19 +67,20 @@ from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import curve_k, random_orders
 from gna_interp.circuits.discovery import discover
 from gna_interp.circuits.replay import SetAblation
-from gna_interp.errors import InputError
+from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.models import load_model
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.options import options
+from gna_interp.options import check_int, options
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.kv import PAPER_SIZES, TEMPLATES
 from gna_interp.tasks.options import TaskOptions
 
-__all__ = ["COLUMNS", "CONDITIONS", "DISCOVERY", "Sweep", "SweepConfig", "discovery_task", "resolve_circuit", "sweep"]
+__all__ = ["COLUMNS", "CONDITIONS", "DISCOVERY", "ROLES", "SLOPE_COLUMNS", "Sweep", "SweepConfig", "discovery_task",
+           "parse_single", "resolve_circuit", "sweep"]
 
 COLUMNS = ["pairs", "condition", "seed", "k", "accuracy", "logit_diff", "gold_prob", "chance", "n_samples", "heads"]
 CONDITIONS: tuple[str, ...] = ("intact", "top1", "topk", "random")
@@ -71,7 +88,13 @@ DISCOVERY: dict[str, Any] = {"n_pairs": 10, "n_samples": 24, "max_value": 9, "se
 NAME = "sweep"
 CKPT = "sweep.ckpt.json"
 CIRCUIT_DIR = "circuit"
-_COLOURS = {"intact": "#222222", "top1": "#e67e22", "topk": "#c0392b", "random": "#7f8c8d"}
+_COLOURS = {"intact": "#222222", "top1": "#e67e22", "topk": "#c0392b", "random": "#7f8c8d", "gather": "#2980b9",
+            "aggregate": "#8e44ad"}
+_PALETTE = ["#16a085", "#d35400", "#2c3e50", "#27ae60", "#c71585", "#b7950b", "#5d6d7e", "#a93226"]
+ROLES: tuple[str, ...] = ("gather", "aggregate")
+SLOPE_COLUMNS = ["condition", "heads", "sizes", "drop_mean", "drop_slope_per_10", "drop_slope_lo", "drop_slope_hi",
+                 "ld_drop_mean", "ld_drop_slope_per_10", "ld_drop_slope_lo", "ld_drop_slope_hi", "trend", "ld_trend"]
+LEVEL = 0.95
 
 
 # ---- helpers shared with families.py ------------------------------------------------------------------
@@ -177,6 +200,59 @@ def parse_pairs(pairs: int | str | Iterable[int]) -> list[int]:
     return sorted(vals)
 
 
+def parse_single(heads: Any) -> list[str | HeadRef]:
+    """The single-head conditions of ``heads`` (``"gather,aggregate,L16H0"`` or a list of role words, names and
+    :class:`HeadRef`), in the order given: the role words ``gather`` / ``aggregate`` as strings, heads parsed (a
+    malformed name, a repeat or an empty list raise :class:`~gna_interp.errors.HeadError`); ``None`` gives ``[]``.
+    Whether a head exists in the model is checked when the model is loaded. An empty list is no single heads;
+    an empty string is an error (``--heads ""`` is a slip, not a choice)."""
+    if heads is None or isinstance(heads, (list, tuple)) and not heads:
+        return []
+    if isinstance(heads, (str, HeadRef)):
+        items: list[Any] = [heads] if isinstance(heads, HeadRef) else heads.split(",")
+    elif isinstance(heads, (list, tuple)):
+        items = list(heads)
+    else:
+        raise HeadError(f"heads must be a comma-separated string or a list of head names and role words "
+                        f"({', '.join(ROLES)}), got {type(heads).__name__}")
+    items = [h.strip() if isinstance(h, str) else h for h in items]
+    if not items or any(h == "" for h in items):
+        raise HeadError(f"heads {heads!r}: {'no head' if not items or items == [''] else 'an empty name between commas'}"
+                        f"; pass head names and role words like 'gather,aggregate,L16H0'")
+    try:
+        out: list[str | HeadRef] = [h.lower() if isinstance(h, str) and h.lower() in ROLES else HeadRef.parse(h)
+                                    for h in items]
+    except HeadError as e:
+        raise HeadError(f"heads {heads!r}: {e}; or a role word of the circuit's pair: {', '.join(ROLES)}") from None
+    seen: set[Any] = set()
+    for h in out:
+        if h in seen:
+            raise HeadError(f"{h if isinstance(h, str) else h.name} is named twice in the heads {heads!r}; name each "
+                            f"condition once")
+        seen.add(h)
+    return out
+
+
+def _slope(x: np.ndarray, y: np.ndarray) -> float:
+    """Least-squares slope of ``y`` on ``x`` (``numpy.polyfit`` degree 1), NaN with fewer than two points or any NaN."""
+    if len(x) < 2 or np.isnan(y).any():
+        return math.nan
+    return round(float(np.polyfit(x, y, 1)[0]), 12)  # rounded: a constant drop prints 0, not -1e-17
+
+
+def _trend(lo: float, hi: float) -> str:
+    """``grows`` / ``shrinks`` when the interval lies above / below 0, ``flat`` when it holds 0, ``""`` unknown."""
+    if math.isnan(lo) or math.isnan(hi):
+        return ""
+    return "grows" if lo > 0 else "shrinks" if hi < 0 else "flat"
+
+
+def _per_sample(scores: Any) -> dict[str, list[float]]:
+    """What the bootstrap needs of one point: each prompt's correctness (0/1) and logit difference."""
+    return {"correct": [int(c) for c in scores.correct.tolist()],
+            "logit_diff": [round(float(v), 6) if math.isfinite(v) else None for v in scores.logit_diff.tolist()]}
+
+
 # ---- the result ----------------------------------------------------------------------------------------
 @dataclass
 class Sweep:
@@ -185,13 +261,18 @@ class Sweep:
     Attributes:
         model: the model's name (its spec when loaded by spec).
         pairs: the dictionary sizes, ascending.
-        heads: the circuit's ``k`` best-ranked heads (``heads[:1]`` is the ``top1`` condition).
+        heads: the circuit's ``k`` best-ranked heads (``heads[:1]`` is the ``top1`` condition); empty when only
+            named heads were measured (no circuit).
         random: the random draws, one list of ``k`` heads per seed.
         table: one row per point, columns :data:`COLUMNS`.
-        settings: samples, seed, max_value, template, k, seeds, batch_size.
+        settings: samples, seed, max_value, template, k, seeds, batch_size (and ``heads``, ``bootstrap``).
         source: where the heads came from (a sentence).
         notes: sentences about the run.
         seconds: wall time of the measured points (this run's, not a resumed run's earlier part).
+        single: the single-head conditions, condition -> head removed alone (``gather``, ``aggregate``, or a
+            head's own name), in the order given.
+        per_sample: each point's per-prompt results (``correct``, ``logit_diff``), keyed ``"pairs/condition/seed"``;
+            what the bootstrap intervals of :meth:`slopes` resample (points of an older run may lack them).
     """
 
     model: str
@@ -203,6 +284,8 @@ class Sweep:
     source: str = ""
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    single: dict[str, HeadRef] = field(default_factory=dict)
+    per_sample: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
     @property
     def k(self) -> int:
@@ -213,10 +296,26 @@ class Sweep:
         """The points (columns :data:`COLUMNS`)."""
         return self.table.copy()
 
+    def label(self, cond: str) -> str:
+        """How a condition is named in the summary, the figures and the slope table."""
+        if cond in self.single:
+            h = self.single[cond].name
+            return h if cond == h else f"{cond} {h}"
+        return {"top1": f"top-1 ({self.heads[0].name})" if self.heads else "top-1", "topk": f"top-{self.k}",
+                "random": f"{self.k} random (mean of {len(self.random)} draws)"}.get(cond, cond)
+
+    def conditions(self) -> list[str]:
+        """The conditions measured besides ``intact``, in the order of the table: ``top1``, ``topk`` (when
+        ``k > 1``), ``random`` (with a circuit), then the single heads."""
+        out = []
+        if self.heads:
+            out += ["top1"] + (["topk"] if self.k > 1 else []) + (["random"] if self.random else [])
+        return out + list(self.single)
+
     def by_pairs(self) -> pd.DataFrame:
         """One row per dictionary size: ``pairs, chance, intact, top1, topk, random_median, random_min,
         random_max`` (accuracies) and the drops from intact ``drop_top1, drop_topk, drop_random`` (the last
-        from the random median)."""
+        from the random median); then, per single-head condition ``c``, its accuracy ``c`` and ``drop_c``."""
         t = self.table
         rows = []
         for n in self.pairs:
@@ -229,41 +328,168 @@ class Sweep:
             rnd = at.loc[at["condition"] == "random", "accuracy"]
             med = float(rnd.median()) if len(rnd) else math.nan
             intact = acc("intact")
-            rows.append({"pairs": n, "chance": float(at["chance"].iloc[0]) if len(at) else 1 / n, "intact": intact,
-                         "top1": acc("top1"), "topk": acc("topk"), "random_median": med,
-                         "random_min": float(rnd.min()) if len(rnd) else math.nan,
-                         "random_max": float(rnd.max()) if len(rnd) else math.nan,
-                         "drop_top1": intact - acc("top1"), "drop_topk": intact - acc("topk"),
-                         "drop_random": intact - med})
+            row = {"pairs": n, "chance": float(at["chance"].iloc[0]) if len(at) else 1 / n, "intact": intact,
+                   "top1": acc("top1"), "topk": acc("topk"), "random_median": med,
+                   "random_min": float(rnd.min()) if len(rnd) else math.nan,
+                   "random_max": float(rnd.max()) if len(rnd) else math.nan,
+                   "drop_top1": intact - acc("top1"), "drop_topk": intact - acc("topk"),
+                   "drop_random": intact - med}
+            for cond in self.single:
+                row[cond] = acc(cond)
+            for cond in self.single:
+                row[f"drop_{cond}"] = intact - acc(cond)
+            rows.append(row)
         return pd.DataFrame(rows)
+
+    def drops(self) -> pd.DataFrame:
+        """One row per condition (:meth:`conditions`) and size: ``condition, label, heads, pairs, accuracy,
+        drop, logit_diff, ld_drop`` (drops from intact; ``random`` is the mean over its draws)."""
+        t = self.table
+        rows = []
+        for cond in self.conditions():
+            for n in self.pairs:
+                at = t[t["pairs"] == n]
+                intact, one = at[at["condition"] == "intact"], at[at["condition"] == cond]
+                if intact.empty or one.empty:
+                    continue
+                acc, ld = float(one["accuracy"].mean()), float(one["logit_diff"].mean())
+                heads = one["heads"].iloc[0] if cond != "random" else f"{len(one)} draws of {self.k}"
+                rows.append({"condition": cond, "label": self.label(cond), "heads": heads, "pairs": n,
+                             "accuracy": acc, "drop": float(intact["accuracy"].iloc[0]) - acc, "logit_diff": ld,
+                             "ld_drop": float(intact["logit_diff"].iloc[0]) - ld})
+        return pd.DataFrame(rows, columns=["condition", "label", "heads", "pairs", "accuracy", "drop", "logit_diff",
+                                           "ld_drop"])
+
+    def _differences(self, cond: str, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per prompt at size ``n``: intact minus ``cond`` (random: minus the mean over its draws) of correctness
+        and of the logit difference; None when a point lacks its per-prompt results."""
+        base = self.per_sample.get(f"{n}/intact/0")
+        keys = ([f"{n}/random/{s}" for s in range(len(self.random))] if cond == "random" else [f"{n}/{cond}/0"])
+        got = [self.per_sample.get(k) for k in keys]
+        if base is None or not got or any(g is None for g in got):
+            return None
+
+        def arr(d: dict[str, list[Any]], key: str) -> np.ndarray:
+            return np.array([math.nan if v is None else v for v in d[key]], dtype=float)
+
+        acc = arr(base, "correct") - np.mean([arr(g, "correct") for g in got], axis=0)
+        ld = arr(base, "logit_diff") - np.mean([arr(g, "logit_diff") for g in got], axis=0)
+        return acc, ld
+
+    def slopes(self, resamples: int | None = None, seed: int | None = None, level: float = LEVEL) -> pd.DataFrame:
+        """Each condition's drop from intact against the dictionary size: columns :data:`SLOPE_COLUMNS`.
+
+        ``drop_mean`` is the mean accuracy drop over the sizes and ``drop_slope_per_10`` its least-squares slope
+        (``10 * numpy.polyfit(pairs, drop, 1)[0]``: the drop gained per 10 more pairs; the ``ld_`` columns the
+        same for the mean logit difference). ``*_lo`` / ``*_hi``: the ``level`` percentile bootstrap interval of
+        the slope over the prompts, ``resamples`` draws (default the run's ``bootstrap`` setting, 2000; 0 none):
+        each size's prompts are drawn with replacement, the same ones for the intact model and the condition
+        (the sizes' prompts are independent). ``trend`` / ``ld_trend``: ``grows`` (interval above 0),
+        ``shrinks`` (below) or ``flat`` (holds 0). The interval counts the prompts' sampling noise only.
+        """
+        d = self.drops()
+        b = int(self.settings.get("bootstrap", 2000) if resamples is None else resamples)
+        check_int("resamples", b, 0)
+        rng = np.random.default_rng([int(self.settings.get("seed", 0) or 0), 7919])
+        x = np.array(self.pairs, dtype=float)
+        w = (x - x.mean()) / ((x - x.mean()) ** 2).sum() * 10 if len(x) >= 2 else None
+        draws: dict[int, np.ndarray] = {}
+        if b and w is not None:
+            for n in self.pairs:
+                m = len(self.per_sample.get(f"{n}/intact/0", {}).get("correct", []))
+                draws[n] = rng.integers(0, m, size=(b, m)) if m else np.zeros((b, 0), dtype=int)
+        q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
+        rows = []
+        for cond in self.conditions():
+            one = d[d["condition"] == cond].set_index("pairs").reindex(self.pairs)
+            row: dict[str, Any] = {"condition": cond, "heads": "" if one.empty else str(one["heads"].iloc[0]),
+                                   "sizes": int(one["drop"].notna().sum())}
+            diffs = [self._differences(cond, n) for n in self.pairs] if draws else [None]
+            for pre, col, key in (("", "drop", 0), ("ld_", "ld_drop", 1)):
+                y = one[col].to_numpy(dtype=float)
+                row[f"{pre}drop_mean"] = float(np.nanmean(y)) if np.isfinite(y).any() else math.nan
+                row[f"{pre}drop_slope_per_10"] = _slope(x, y) * 10
+                lo = hi = math.nan
+                if all(v is not None for v in diffs) and all(len(v[key]) == draws[n].shape[1]  # type: ignore[index]
+                                                            for v, n in zip(diffs, self.pairs)):
+                    # drops of each resample of the prompts, one column a size; the slope is linear in them
+                    boot = np.stack([v[key][draws[n]].mean(-1) for v, n in zip(diffs, self.pairs)], axis=1)  # type: ignore[index]
+                    if np.isfinite(boot).all():
+                        lo, hi = (float(v) for v in np.percentile(boot @ w, q))
+                row[f"{pre}drop_slope_lo"], row[f"{pre}drop_slope_hi"] = lo, hi
+            row["trend"] = _trend(row["drop_slope_lo"], row["drop_slope_hi"])
+            row["ld_trend"] = _trend(row["ld_drop_slope_lo"], row["ld_drop_slope_hi"])
+            rows.append(row)
+        return pd.DataFrame(rows, columns=SLOPE_COLUMNS)
 
     @property
     def metrics(self) -> dict[str, Any]:
         """Mean drops over the sizes (``drop_top1``, ``drop_topk``, ``drop_random``), the top-k drop's range
         (``drop_topk_min``, ``drop_topk_max``) and its least-squares slope per 10 pairs
-        (``drop_topk_slope_per_10``: near 0 for the paper's constant drop), ``k``, ``sizes``."""
+        (``drop_topk_slope_per_10``: near 0 for the paper's constant drop), ``k``, ``sizes``; per single-head
+        condition ``c``, ``drop_c`` (mean) and ``drop_c_slope_per_10`` (see :meth:`slopes` for intervals)."""
         b = self.by_pairs()
-        slope = math.nan
-        if len(b) >= 2 and b["drop_topk"].notna().all():
-            x = b["pairs"].astype(float)
-            slope = float(((x - x.mean()) * (b["drop_topk"] - b["drop_topk"].mean())).sum() /
-                          ((x - x.mean()) ** 2).sum()) * 10
-        return {"k": self.k, "sizes": len(self.pairs), "drop_top1": float(b["drop_top1"].mean()),
-                "drop_topk": float(b["drop_topk"].mean()), "drop_random": float(b["drop_random"].mean()),
-                "drop_topk_min": float(b["drop_topk"].min()), "drop_topk_max": float(b["drop_topk"].max()),
-                "drop_topk_slope_per_10": slope}
+        x = b["pairs"].to_numpy(dtype=float)
+        slope = _slope(x, b["drop_topk"].to_numpy(dtype=float)) * 10
+        out = {"k": self.k, "sizes": len(self.pairs), "drop_top1": float(b["drop_top1"].mean()),
+               "drop_topk": float(b["drop_topk"].mean()), "drop_random": float(b["drop_random"].mean()),
+               "drop_topk_min": float(b["drop_topk"].min()), "drop_topk_max": float(b["drop_topk"].max()),
+               "drop_topk_slope_per_10": slope}
+        for cond in self.single:
+            y = b[f"drop_{cond}"].to_numpy(dtype=float)
+            out[f"drop_{cond}"] = float(np.mean(y))
+            out[f"drop_{cond}_slope_per_10"] = _slope(x, y) * 10
+        return out
 
     def summary(self) -> str:
-        """A few lines: the heads, one line per size and the drop statistics."""
-        names = ", ".join(h.name for h in self.heads)
-        lines = [f"dictionary sweep of {self.model}: {self.settings.get('samples')} prompts per size, values "
-                 f"0-{self.settings.get('max_value')}; top {self.k} heads {names} ({self.source})",
-                 "pairs  intact   top1  top-k  random (median, min-max)"]
-        for _, r in self.by_pairs().iterrows():
-            lines.append(f"{int(r['pairs']):5d}  {r['intact']:.3f}  {r['top1']:.3f}  {r['topk']:.3f}  "
-                         f"{r['random_median']:.3f} ({r['random_min']:.3f}-{r['random_max']:.3f})")
-        lines.append(self._drop_line())
+        """A few lines: the heads, one line per size and the drop statistics (with single heads, their accuracy
+        per size and every condition's drop slope with its interval)."""
+        st = self.settings
+        lines = []
+        if self.heads:
+            names = ", ".join(h.name for h in self.heads)
+            lines += [f"dictionary sweep of {self.model}: {st.get('samples')} prompts per size, values "
+                      f"0-{st.get('max_value')}; top {self.k} heads {names} ({self.source})",
+                      "pairs  intact   top1  top-k  random (median, min-max)"]
+            for _, r in self.by_pairs().iterrows():
+                lines.append(f"{int(r['pairs']):5d}  {r['intact']:.3f}  {r['top1']:.3f}  {r['topk']:.3f}  "
+                             f"{r['random_median']:.3f} ({r['random_min']:.3f}-{r['random_max']:.3f})")
+            lines.append(self._drop_line())
+        else:
+            lines.append(f"dictionary sweep of {self.model}: {st.get('samples')} prompts per size, values "
+                         f"0-{st.get('max_value')}; {self.source}")
+        if self.single:
+            labels = [self.label(c) for c in self.single]
+            width = max(14, *(len(lb) for lb in labels))
+            lines.append("single heads removed: accuracy (drop from intact)")
+            lines.append("pairs  intact  " + "  ".join(f"{lb:>{width}}" for lb in labels))
+            for _, r in self.by_pairs().iterrows():
+                cells = [f"{r[c]:.3f} ({r['drop_' + c]:+.3f})" for c in self.single]
+                lines.append(f"{int(r['pairs']):5d}  {r['intact']:6.3f}  " + "  ".join(f"{c:>{width}}" for c in cells))
+        lines += self._slope_lines()
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+    def _slope_lines(self) -> list[str]:
+        sl = self.slopes()
+        if sl.empty or len(self.pairs) < 2:
+            return []
+        b = int(self.settings.get("bootstrap", 2000))
+        ci = (f"{LEVEL:.0%} bootstrap interval over the prompts, {b} resamples" if b else "no bootstrap interval")
+        labels = {c: self.label(c) for c in sl["condition"]}
+        width = max(9, *(len(v) for v in labels.values()))
+        lines = [f"drop slope per 10 pairs (least squares; {ci}):",
+                 f"{'condition':<{width}}  mean drop  accuracy slope [interval]      logit-diff drop  slope [interval]"]
+
+        def cell(r: Any, pre: str) -> str:
+            lo, hi = r[f"{pre}drop_slope_lo"], r[f"{pre}drop_slope_hi"]
+            iv = f"[{lo:+.3f}, {hi:+.3f}]" if not (math.isnan(lo) or math.isnan(hi)) else "[n/a]"
+            trend = r[f"{pre}trend"]
+            return f"{r[pre + 'drop_slope_per_10']:+.3f} {iv}{' ' + trend if trend else ''}"
+
+        for _, r in sl.iterrows():
+            lines.append(f"{labels[r['condition']]:<{width}}  {r['drop_mean']:9.3f}  {cell(r, ''):<29}  "
+                         f"{r['ld_drop_mean']:15.3f}  {cell(r, 'ld_')}")
+        return lines
 
     def _drop_line(self) -> str:
         m = self.metrics
@@ -271,9 +497,15 @@ class Sweep:
                 f"(range {m['drop_topk_min']:.3f}-{m['drop_topk_max']:.3f}, slope {m['drop_topk_slope_per_10']:+.3f} "
                 f"per 10 pairs), {self.k} random {m['drop_random']:.3f} (median of the draws)")
 
+    def _single_colour(self, cond: str) -> str:
+        if cond in _COLOURS:
+            return _COLOURS[cond]
+        named = [c for c in self.single if c not in _COLOURS]
+        return _PALETTE[named.index(cond) % len(_PALETTE)]
+
     def figure(self, title: str | None = None) -> Any:
         """Accuracy vs dictionary size: intact, top-1 removed, top-k removed, and the random draws' median
-        with their min-max band (each seed faint); chance ``1/n`` dotted."""
+        with their min-max band (each seed faint), each single head removed; chance ``1/n`` dotted."""
         import plotly.graph_objects as go
 
         b = self.by_pairs()
@@ -296,12 +528,15 @@ class Sweep:
                                      line=dict(color=_COLOURS["random"], dash="dash"),
                                      name=f"{self.k} random heads removed (median)"))
         top = ", ".join(h.name for h in self.heads)
-        for cond, label in (("intact", "intact"), ("top1", f"top-1 removed ({self.heads[0].name})"),
+        for cond, label in (("intact", "intact"), ("top1", f"top-1 removed ({self.heads[0].name})" if self.heads else ""),
                             ("topk", f"top-{self.k} removed ({top})")):
-            if cond == "topk" and self.k == 1:
+            if cond != "intact" and (self.k == 0 or cond == "topk" and self.k == 1):
                 continue
             fig.add_trace(go.Scatter(x=b["pairs"], y=b[cond], mode="lines+markers", name=label,
                                      line=dict(color=_COLOURS[cond], width=3 if cond != "top1" else 2)))
+        for cond in self.single:
+            fig.add_trace(go.Scatter(x=b["pairs"], y=b[cond], mode="lines+markers", name=f"{self.label(cond)} removed",
+                                     line=dict(color=self._single_colour(cond), width=2, dash="dot")))
         fig.add_trace(go.Scatter(x=b["pairs"], y=b["chance"], mode="lines", name="chance (1/n)",
                                  line=dict(color="#aaaaaa", dash="dot", width=1)))
         fig.update_layout(title=title or f"KV retrieval vs dictionary size: {self.model}", template="plotly_white",
@@ -310,43 +545,106 @@ class Sweep:
         fig.update_xaxes(tickvals=self.pairs)
         return fig
 
+    def drop_figure(self, title: str | None = None) -> Any:
+        """Each condition's drop from intact against the dictionary size -- accuracy (left) and mean logit
+        difference (right) -- with its least-squares line; the legend gives the slope per 10 pairs and its
+        bootstrap interval (:meth:`slopes`)."""
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        d, sl = self.drops(), self.slopes().set_index("condition")
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy drop from intact",
+                                                            "logit-difference drop from intact"))
+        x = np.array(self.pairs, dtype=float)
+        for cond in self.conditions():
+            one = d[d["condition"] == cond].sort_values("pairs")
+            if one.empty:
+                continue
+            colour = self._single_colour(cond) if cond in self.single else _COLOURS[cond]
+            r = sl.loc[cond]
+
+            def slope(pre: str) -> str:
+                lo, hi = r[f"{pre}drop_slope_lo"], r[f"{pre}drop_slope_hi"]
+                iv = f" [{lo:+.3f}, {hi:+.3f}]" if not (math.isnan(lo) or math.isnan(hi)) else ""
+                return f"{r[pre + 'drop_slope_per_10']:+.3f}{iv}"
+
+            name = f"{self.label(cond)}: accuracy {slope('')}, logit diff {slope('ld_')} per 10 pairs"
+            for col, ycol in enumerate(("drop", "ld_drop"), start=1):
+                fig.add_trace(go.Scatter(x=one["pairs"], y=one[ycol], mode="markers", marker=dict(color=colour, size=8),
+                                         name=name, legendgroup=cond, showlegend=col == 1), row=1, col=col)
+                y = one[ycol].to_numpy(dtype=float)
+                if len(one) >= 2 and np.isfinite(y).all():
+                    a, c0 = np.polyfit(one["pairs"].to_numpy(dtype=float), y, 1)
+                    fig.add_trace(go.Scatter(x=x, y=a * x + c0, mode="lines", line=dict(color=colour, dash="dash"),
+                                             legendgroup=cond, showlegend=False, hoverinfo="skip"), row=1, col=col)
+        fig.update_layout(title=title or f"Drop from intact vs dictionary size: {self.model}", template="plotly_white",
+                          height=520, legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))
+        fig.update_xaxes(title_text="dictionary size (key:value lines)", tickvals=self.pairs)
+        fig.update_yaxes(title_text="accuracy drop", row=1, col=1)
+        fig.update_yaxes(title_text="logit-difference drop", row=1, col=2)
+        return fig
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON document's body (without the table, which :meth:`save` adds)."""
         return {"model": self.model, "pairs": self.pairs, "heads": [h.name for h in self.heads],
                 "random": [[h.name for h in d] for d in self.random], "settings": self.settings,
                 "source": self.source, "notes": self.notes, "seconds": round(self.seconds, 2),
-                "metrics": self.metrics, "by_pairs": self.by_pairs().to_dict(orient="records")}
+                "metrics": self.metrics, "by_pairs": self.by_pairs().to_dict(orient="records"),
+                "single": {c: h.name for c, h in self.single.items()},
+                "slopes": self.slopes().to_dict(orient="records"), "per_sample": self.per_sample}
 
     def save(self, out: str | os.PathLike, png: bool = True) -> Path:
-        """Write ``sweep.csv``, ``sweep.json``, ``report.html`` and ``figures/sweep.png`` into ``out``."""
+        """Write ``sweep.csv``, ``sweep.json``, ``report.html`` and ``figures/sweep.png``, ``figures/drops.png``
+        into ``out``."""
         b = self.by_pairs()
         st, top = self.settings, ", ".join(h.name for h in self.heads)
-        notes = [f"Heads: {self.source}.", f"Conditions: intact; top-1 ({self.heads[0].name}) removed; top-{self.k} "
-                 f"({top}) removed; {self.k} random heads removed ({len(self.random)} draws, the same heads at every "
-                 f"size). Zero ablation; {st.get('samples')} prompts per size, values 0-{st.get('max_value')}, seed "
-                 f"{st.get('seed')}.",
-                 self._drop_line()] + self.notes
-        section = ["<h2>Accuracy by dictionary size</h2>", table_html(b)]
+        single = "; ".join(f"{self.label(c)} removed alone" for c in self.single)
+        if self.heads:
+            conds = (f"Conditions: intact; top-1 ({self.heads[0].name}) removed; top-{self.k} ({top}) removed; "
+                     f"{self.k} random heads removed ({len(self.random)} draws, the same heads at every size)"
+                     f"{'; ' + single if single else ''}.")
+        else:
+            conds = f"Conditions: intact; {single}."
+        notes = [f"Heads: {self.source}.", f"{conds} Zero ablation; {st.get('samples')} prompts per size, values "
+                 f"0-{st.get('max_value')}, seed {st.get('seed')}."]
+        notes += ([self._drop_line()] if self.heads else []) + self.notes
+        bs = int(st.get("bootstrap", 2000))
+        section = ["<h2>Accuracy by dictionary size</h2>", table_html(b),
+                   "<h2>Drop slope over dictionary size</h2>",
+                   f'<p class="note">Least-squares slope of each condition\'s drop from intact against the number of '
+                   f'pairs, per 10 pairs (accuracy; ld_: mean logit difference); lo-hi: '
+                   + (f"{LEVEL:.0%} percentile bootstrap interval over the prompts ({bs} resamples)" if bs else
+                      "no bootstrap (bootstrap=0)") + "; trend: grows / shrinks when the interval excludes 0.</p>",
+                   table_html(self.slopes())]
         return ResultFolder(out, NAME).write(self.table, self.to_dict(), title=f"Dictionary sweep: {self.model}",
-                                             figures={"sweep": self.figure()}, notes=notes, sections=section, png=png)
+                                             figures={"sweep": self.figure(), "drops": self.drop_figure()},
+                                             notes=notes, sections=section, png=png)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Sweep":
         """Read a sweep written by :meth:`save` (the folder or its ``sweep.json``)."""
         doc = ResultFolder(path, NAME).load()
         table = doc["frame"].reindex(columns=COLUMNS)
+        if len(table):
+            table["heads"] = table["heads"].fillna("")
         return cls(doc["model"], [int(n) for n in doc["pairs"]], [HeadRef.parse(h) for h in doc["heads"]],
                    [[HeadRef.parse(h) for h in d] for d in doc["random"]], table, dict(doc["settings"]),
-                   doc.get("source", ""), list(doc.get("notes") or []), float(doc.get("seconds") or 0.0))
+                   doc.get("source", ""), list(doc.get("notes") or []), float(doc.get("seconds") or 0.0),
+                   {c: HeadRef.parse(h) for c, h in (doc.get("single") or {}).items()},
+                   dict(doc.get("per_sample") or {}))
 
     def _repr_html_(self) -> str:
-        return (f"<p><b>Dictionary sweep of {html.escape(self.model)}</b>: top {self.k} heads "
-                f"{html.escape(', '.join(h.name for h in self.heads))}</p>" + table_html(self.by_pairs()))
+        what = (f"top {self.k} heads {html.escape(', '.join(h.name for h in self.heads))}" if self.heads else
+                f"single heads {html.escape(', '.join(self.label(c) for c in self.single))}")
+        return f"<p><b>Dictionary sweep of {html.escape(self.model)}</b>: {what}</p>" + table_html(self.by_pairs())
 
     def __repr__(self) -> str:
         m = self.metrics
+        single = f"single {[self.label(c) for c in self.single]}" if self.single else ""
+        if not self.heads:
+            return f"Sweep({self.model!r}, pairs {self.pairs}, {single})"
         return (f"Sweep({self.model!r}, pairs {self.pairs}, top {self.k} {[h.name for h in self.heads]}, "
-                f"mean drop top-k {m['drop_topk']:.3f} vs random {m['drop_random']:.3f})")
+                f"mean drop top-k {m['drop_topk']:.3f} vs random {m['drop_random']:.3f}{', ' + single if single else ''})")
 
 
 # ---- the experiment --------------------------------------------------------------------------------------
@@ -357,6 +655,10 @@ class SweepConfig(TaskOptions, RunOptions):
 
     Attributes:
         k: heads removed together; seeds: random ``k``-head draws.
+        heads: single heads, each removed alone as one more condition: head names and the role words
+            ``gather`` / ``aggregate`` (the circuit's pair), comma-separated text or a list (:func:`parse_single`);
+            head names only and no circuit: nothing is discovered, only these heads are measured.
+        bootstrap: resamples of the drop slopes' bootstrap interval (0: no interval).
         device, dtype: used only when the model is a spec.
         on_point: called with each finished row.
 
@@ -369,22 +671,31 @@ class SweepConfig(TaskOptions, RunOptions):
     max_value: Any = 99
     k: int = 5
     seeds: int = 5
+    heads: Any = None
+    bootstrap: int = 2000
     device: str | None = None
     dtype: str = "float32"
     on_point: Callable[[dict[str, Any]], None] | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        parse_single(self.heads)  # a malformed name, a repeat or an empty list fail here, before any model loads
+        check_int("bootstrap", self.bootstrap, 0)
 
 
 def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
           circuit: Circuit | str | os.PathLike | None = None, out: str | os.PathLike | None = None,
           config: SweepConfig | None = None, **overrides: Any) -> Sweep:
     """KV accuracy at each dictionary size of ``pairs`` (default the paper's 10, 15, ..., 50): intact, with
-    the circuit's top-1 and top-``k`` heads removed, and with ``k`` random heads removed (``seeds`` draws).
+    the circuit's top-1 and top-``k`` heads removed, with ``k`` random heads removed (``seeds`` draws), and
+    with each of ``heads`` removed alone (``gather``, ``aggregate``: the circuit's pair; head names).
 
     ``model`` is a :class:`Model` or a spec (loaded with ``device``, ``dtype``); ``circuit`` a
     :class:`Circuit` or a ``gna scan`` folder (None: discovered first, see the module docstring). With
     ``out`` the folder is written (and points are checkpointed as they finish; ``resume``/``fresh`` as in
     ``gna scan``). ``config`` (:class:`SweepConfig`) and keyword ``overrides`` of its fields: the same
-    options as ``gna sweep``.
+    options as ``gna sweep``. With ``heads`` naming heads only and no ``circuit``, no circuit is used (none
+    discovered): the conditions are ``intact`` and the named heads.
     """
     cfg = SweepConfig.build(config, **overrides, **({} if pairs is None else {"pairs": pairs}))
     sizes = parse_pairs(cfg.pairs)
@@ -406,47 +717,92 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
             for p in stale:
                 p.unlink(missing_ok=True)
             clear_circuit(cfolder)
+    wanted = parse_single(cfg.heads)
     m = model_of(model, cfg.device, cfg.dtype)
+    named = [h for h in wanted if isinstance(h, HeadRef)]
+    if named:
+        try:
+            m.check_heads(named)  # out of range, a kind the model lacks: before any work
+        except HeadError as e:
+            raise HeadError(f"heads {cfg.heads!r}: {e}") from None
     tasks = {n: cfg.replace(pairs=n).kv(m.kv_words)
              for n in sizes}  # built before any work: a size the word list cannot fill fails here
-    circ, source = resolve_circuit(m, circuit, cfg.seed, cfolder, k=cfg.k, batch_size=cfg.batch_size,
-                                   progress=cfg.progress)
-    kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
     notes = []
-    if kk < cfg.k:
-        notes.append(f"removes k = {kk} heads, not {cfg.k}: {len(circ.scan.heads)} scanned heads ({len(circ.heads)} in "
-                     f"the circuit), and k random heads must stay a small draw (at most a quarter of them)")
-    top = circ.heads[:kk]
-    draws = random_draws(circ.scan.heads, top, kk, cfg.seeds, "gna-sweep-random")
+    top: list[HeadRef] = []
+    draws: list[list[HeadRef]] = []
+    kk = 0
+    roles: dict[str, HeadRef] = {}
+    if circuit is None and wanted and all(isinstance(h, HeadRef) for h in wanted):
+        source = ("single heads named by the caller, no circuit (give a circuit for the top-1, top-k, random, "
+                  "gather and aggregate conditions)")
+    else:
+        circ, source = resolve_circuit(m, circuit, cfg.seed, cfolder, k=cfg.k, batch_size=cfg.batch_size,
+                                       progress=cfg.progress)
+        kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
+        if kk < cfg.k:
+            notes.append(f"removes k = {kk} heads, not {cfg.k}: {len(circ.scan.heads)} scanned heads ({len(circ.heads)} "
+                         f"in the circuit), and k random heads must stay a small draw (at most a quarter of them)")
+        top = circ.heads[:kk]
+        draws = random_draws(circ.scan.heads, top, kk, cfg.seeds, "gna-sweep-random")
+        if any(h in ROLES for h in wanted):
+            pair = circ.pair()
+            if pair is None:
+                raise InputError(f"heads {cfg.heads!r} asks for the circuit's gather/aggregate pair, but {source} has "
+                                 f"none (no measured gather -> aggregate path and no aggregate head among its best-ranked "
+                                 f"heads that hurt when removed); name the heads instead, e.g. heads='L16H0,L18H6'")
+            m.check_heads(list(pair))
+            roles = {"gather": pair[0], "aggregate": pair[1]}
+            source += (f"; gather {pair[0].name} and aggregate {pair[1].name} from its "
+                       f"{'measured gather -> aggregate path' if circ.path() is not None else 'pattern roles'}")
+    single = {(h if isinstance(h, str) else h.name): (roles[h] if isinstance(h, str) else h) for h in wanted}
     settings = {"samples": cfg.samples, "seed": cfg.seed, "max_value": cfg.max_value, "template": cfg.template, "k": kk,
                 "k_requested": cfg.k, "seeds": cfg.seeds, "batch_size": cfg.batch_size, "method": "zero"}
-    fp = fingerprint(m, {**settings, "pairs": sizes, "heads": [h.name for h in top],
-                         "random": [[h.name for h in d] for d in draws]})
-    log = Checkpoint(folder / CKPT if folder is not None else None, NAME, fp)
+    key_settings = {**settings, "pairs": sizes, "heads": [h.name for h in top],
+                    "random": [[h.name for h in d] for d in draws]}
+    if single:  # only then, so that a run without single heads keeps its fingerprint (and older checkpoints)
+        key_settings["single"] = {c: h.name for c, h in single.items()}
+        settings["heads"] = list(single)
+    settings["bootstrap"] = cfg.bootstrap
+    log = Checkpoint(folder / CKPT if folder is not None else None, NAME, fingerprint(m, key_settings))
     log.save()
-    conditions: list[tuple[str, int, list[HeadRef]]] = [("intact", 0, []), ("top1", 0, top[:1]), ("topk", 0, top)]
-    conditions += [("random", s, d) for s, d in enumerate(draws)]
+    conditions: list[tuple[str, int, list[HeadRef]]] = [("intact", 0, [])]
+    if top:
+        conditions += [("top1", 0, top[:1]), ("topk", 0, top)] + [("random", s, d) for s, d in enumerate(draws)]
+    conditions += [(c, 0, [h]) for c, h in single.items()]
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
+    per_sample: dict[str, dict[str, list[Any]]] = {}
     done = sum(f"{n}/{c}/{s}" in log for n in sizes for c, s, _ in conditions)
     with _bar(len(sizes) * len(conditions), done, f"sweep {m.name}", cfg.progress) as bar:
         for n in sizes:
             runner = None
+            measured: dict[tuple[HeadRef, ...], dict[str, Any]] = {}  # a head set named twice is measured once
             for cond, s, heads in conditions:
                 key = f"{n}/{cond}/{s}"
                 if key not in log:
-                    runner = runner or SetAblation(m, tasks[n], batch_size=cfg.batch_size)
-                    met = runner.run(heads).metrics
+                    got = measured.get(tuple(heads))
+                    if got is None:
+                        runner = runner or SetAblation(m, tasks[n], batch_size=cfg.batch_size)
+                        scores = runner.run(heads)
+                        met = scores.metrics
+                        got = measured[tuple(heads)] = {
+                            "accuracy": met["accuracy"], "logit_diff": met["logit_diff"],
+                            "gold_prob": met["gold_prob"], "chance": met["chance"], "n_samples": met["n_samples"],
+                            "per_sample": _per_sample(scores)}
                     log.put(key, {"pairs": n, "condition": cond, "seed": s, "k": len(heads),
-                                  "accuracy": met["accuracy"], "logit_diff": met["logit_diff"],
-                                  "gold_prob": met["gold_prob"], "chance": met["chance"],
-                                  "n_samples": met["n_samples"], "heads": ",".join(h.name for h in heads)})
+                                  **{c: got[c] for c in ("accuracy", "logit_diff", "gold_prob", "chance", "n_samples")},
+                                  "heads": ",".join(h.name for h in heads), "per_sample": got["per_sample"]})
                     bar.update(1)
                     if cfg.on_point is not None:
                         cfg.on_point(log[key])
                 rows.append(log[key])
+                if log[key].get("per_sample") is not None:
+                    per_sample[key] = log[key]["per_sample"]
+    if len(per_sample) < len(rows) and cfg.bootstrap:
+        notes.append(f"{len(rows) - len(per_sample)} points (resumed from an older checkpoint) lack their per-prompt "
+                     f"results: the drop slopes have no bootstrap interval")
     result = Sweep(m.name, sizes, top, draws, pd.DataFrame(rows, columns=COLUMNS), settings, source, notes,
-                   time.perf_counter() - start)
+                   time.perf_counter() - start, single, per_sample)
     if folder is not None:
         result.save(folder, png=cfg.png)
     return result
