@@ -250,8 +250,8 @@ def graph_report(tiny_models, tmp_path_factory):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
 def test_clicking_an_edge_draws_both_patterns_and_a_node_its_head(graph_report):
-    """Real mouse clicks on the circuit graph: an edge's marker draws the sender's pattern at the card sample's summary
-    tokens (equal to views.pt's, decoded in the browser) beside the receiver's row at the decision position; a node
+    """Real mouse clicks on the circuit graph: an edge's marker draws the sender's pattern at the edge's positions on
+    the card sample (equal to views.pt's, decoded in the browser) beside the receiver's row at the decision position; a node
     shows that head in the head box."""
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
     circuit = Circuit.load(graph_report.parent)
@@ -261,7 +261,9 @@ def test_clicking_an_edge_draws_both_patterns_and_a_node_its_head(graph_report):
     target = int(drawn["effect"].idxmax())
     row = edges.loc[target]
     every, seg = circuit.views.all_heads, circuit.views.segments[circuit.views.all_heads.sample]
-    want_s = every.decode([row["sender"]])[0][seg.summaries]
+    rows = {"summary": seg.summaries, "items": [q for sp in seg.items for q in range(sp.start, sp.stop)],
+            "decision": list(range(seg.final, seg.n_tokens))}[row["positions"]]
+    want_s = every.decode([row["sender"]])[0][rows]
     want_r = every.decode([row["receiver"]])[0][seg.final]
     errors = []
     with sync_playwright() as p:

@@ -4,8 +4,12 @@
 top heads with :mod:`gna_interp.circuits.paths`: every earlier-layer head as sender into every later-layer head as
 receiver, along three inputs --
 
-- ``k@summary`` and ``v@summary``: the sender's write at the summary tokens into the receiver's keys / values (the
-  gather -> aggregate edge of Bick, Xing & Gu);
+- ``k@items`` and ``v@items``: the sender's write at the lines' (or options') tokens into the receiver's keys /
+  values -- the gather -> aggregate edge of Bick, Xing & Gu. The paper places it at each line's summary (last)
+  token; the edge is measured at every token of the lines, the summary token included, because a receiver may read
+  a line at another of its tokens: on SmolLM2, L16H0 -> L18H6 along the keys costs +1.00 at the lines' tokens and
+  nothing measurable at the newlines alone (docs/discovery.md §10). ``Edge(..., "k", "summary")`` measures the
+  summary tokens alone;
 - ``q@decision``: its write at the decision position into the receiver's query (what the receiver looks for);
 
 -- and each head's direct path to the answer logits (``-> logits``). :func:`causal_roles` reads roles off the
@@ -16,8 +20,8 @@ table; an edge *holds* when its paired bootstrap interval lies above 0 and its e
 causal role     measured
 ==============  ===================================================================================================
 ``aggregate``   its direct path to the logits holds (at least :data:`MATERIAL` of its own drop) *and* a key/value
-                edge into it at the summary tokens holds
-``gather``      a key/value edge from it into a later head at the summary tokens holds
+                edge into it at the lines' tokens holds
+``gather``      a key/value edge from it into a later head at the lines' tokens holds
 ``output``      its direct path holds, but no key/value edge into it (it writes the answer from what it reads
                 elsewhere)
 ``query``       only a query edge from it holds (it shapes what a later head looks for)
@@ -43,19 +47,20 @@ MATERIAL = 0.1
 EDGE_COLUMNS = ["edge", "sender", "receiver", "input", "positions", "effect", "low", "high"]
 ROLE_COLUMNS = ["name", "causal_role", "causal_reason", "direct_effect", "direct_low", "direct_high"]
 KV = ("k", "v")
+KV_AT = "items"  # where the key/value edges are measured: every token of the lines, the summary token included
 
 __all__ = ["EDGE_COLUMNS", "MATERIAL", "ROLE_COLUMNS", "causal_roles", "circuit_edges", "measure_edges",
            "strongest_path"]
 
 
 def circuit_edges(heads: Sequence[HeadRef]) -> list[Edge]:
-    """The edges measured among ``heads``: for each earlier -> later pair ``k@summary``, ``v@summary`` and
+    """The edges measured among ``heads``: for each earlier -> later pair ``k@items``, ``v@items`` and
     ``q@decision``, and each head's direct path to the logits."""
     out = []
     for s in heads:
         for r in heads:
             if r.layer > s.layer:
-                out += [Edge(s, r, "k", "summary"), Edge(s, r, "v", "summary"), Edge(s, r, "q", "decision")]
+                out += [Edge(s, r, "k", KV_AT), Edge(s, r, "v", KV_AT), Edge(s, r, "q", "decision")]
         out.append(Edge(s, None, LOGITS, "all"))
     return out
 
@@ -136,7 +141,7 @@ def causal_roles(edges: pd.DataFrame, drops: dict[str, float]) -> pd.DataFrame:
 
 
 def strongest_path(edges: pd.DataFrame, roles: pd.DataFrame | None = None) -> dict[str, Any] | None:
-    """The strongest gather -> aggregate path: the key/value edge at the summary tokens with the largest effect
+    """The strongest gather -> aggregate path: the key/value edge (at the lines' tokens) with the largest effect
     whose interval lies above 0, preferring one into a head whose causal role is ``aggregate``; None when no such
     edge holds."""
     kv = edges[edges["input"].isin(KV) & (edges["low"] > 0)]

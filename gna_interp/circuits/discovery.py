@@ -84,7 +84,7 @@ class DiscoverConfig(Options):
             smallest relative drop over all formats (:mod:`gna_interp.circuits.formats`). A format the
             intact model does not solve is skipped with a note.
         paths: the circuit's best-ranked heads whose edges are measured by path patching (every earlier -> later
-            pair along keys and values at the summary tokens and the query at the decision position, and each
+            pair along keys and values at the lines' tokens and the query at the decision position, and each
             head's direct path to the logits; :mod:`gna_interp.circuits.causal`); 0: no edge table. The cost grows
             with the square of it: 4 heads are at most 22 patched runs of the later layers.
     """

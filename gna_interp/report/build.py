@@ -71,7 +71,7 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
     graph, figures["circuit_graph"] = graph_section(circuit)
     sections += ["<h2>How the heads work together</h2>", _note(
         "Path patching among the top heads: each edge is the drop of the logit difference when only that path is "
-        "removed -- the sender's write into one later head's keys or values at the summary tokens (gather -> "
+        "removed -- the sender's write into one later head's keys or values at the lines' tokens (gather -> "
         "aggregate), into its query at the decision position, or straight into the answer logits -- with its 95% "
         "interval; dashed edges' intervals reach 0. Node colour: the causal role; size: the head's drop."), graph]
     if figures["circuit_graph"] is None:

@@ -93,14 +93,13 @@ def edge_lines(circuit: Circuit) -> list[str]:
     e = circuit.edges
     assert e is not None
     heads = sorted(set(e["sender"]))
-    out = [f"- edge table (path patching among {', '.join(heads)}: keys/values at the summary tokens, the query at "
+    out = [f"- edge table (path patching among {', '.join(heads)}: keys/values at the lines' tokens, the query at "
            f"the decision position, the direct path to the logits; logit-difference drop with 95% interval; "
            f"circuit.json 'edges'):"]
     path = circuit.path()
     out.append(f"  - strongest gather -> aggregate path: {path['edge']} {path['effect']:+.3f} "
                f"[{path['low']:+.3f}, {path['high']:+.3f}]" if path else
-               "  - strongest gather -> aggregate path: none -- no key/value edge at the summary tokens has an interval "
-               "above 0")
+               "  - strongest gather -> aggregate path: none -- no key/value edge has an interval above 0")
     strong = e[e["low"] > 0].sort_values("effect", ascending=False).head(5)
     out.append("  - strongest edges: " + (", ".join(f"{r['edge']} {r['effect']:+.3f} [{r['low']:+.3f}, "
                                                      f"{r['high']:+.3f}]" for _, r in strong.iterrows()) or "none"))

@@ -8,8 +8,9 @@ marker at its middle that carries the numbers.
 
 In the report and in the :class:`~gna_interp.viz.html.HTMLView` this module returns, clicking a node shows what a
 heatmap click shows (the head's pattern on the card sample and its numbers, :mod:`gna_interp.viz.head_view`);
-clicking an edge's marker draws the sender's pattern at the card sample's summary tokens next to the receiver's
-pattern at the decision position, both decoded in the browser from the stored all-head patterns. Strings reach
+clicking an edge's marker draws the sender's pattern at the positions the edge removes it from (the lines' tokens of
+a key/value edge, the decision position of a query edge) on the card sample, next to the receiver's row at the
+decision position, both decoded in the browser from the stored all-head patterns. Strings reach
 the page as JSON data and are written with ``textContent`` only.
 """
 
@@ -129,7 +130,7 @@ _SCRIPT = r"""
                                  zmax: Math.max.apply(null, [].concat.apply([1e-6], z)),
                                  colorscale: [[0, "#ffffff"], [1, "#08306b"]],
                                  hovertemplate: "query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"}],
-                          {title: {text: title, font: {size: 13}}, height: 170 + 22 * z.length,
+                          {title: {text: title, font: {size: 13}}, height: 170 + Math.min(22 * z.length, 640),
                            margin: {l: 110, r: 10, t: 40, b: 90},
                            xaxis: {type: "category", tickfont: {size: 8}},
                            yaxis: {type: "category", autorange: "reversed"}},
@@ -150,7 +151,8 @@ _SCRIPT = r"""
     var wrap = el("div"); wrap.style.display = "flex"; wrap.style.gap = "12px";
     left.style.flex = right.style.flex = "1";
     wrap.appendChild(left); wrap.appendChild(right); box.appendChild(wrap);
-    heat(left, G.summaries.map(function (q) { return s[q]; }), G.summaries, e.sender + " at the summary tokens");
+    var rows = G.rows[e.positions] || G.rows.all;
+    heat(left, rows.map(function (q) { return s[q]; }), rows, e.sender + " at its edge's positions (" + e.positions + ")");
     if (r) {
       heat(right, [r[G.final]], [G.final], e.receiver + " at the decision position");
     } else {
@@ -175,6 +177,15 @@ _SCRIPT = r"""
 """
 
 
+def _rows(seg: Any) -> dict[str, list[int]]:
+    """The card sample's pattern rows of each position set of :mod:`gna_interp.circuits.paths`."""
+    if seg is None:
+        return {}
+    decision = list(range(int(seg.final), int(seg.n_tokens)))
+    return {"summary": list(seg.summaries), "items": [p for sp in seg.items for p in range(sp.start, sp.stop)],
+            "decision": decision, "all": list(range(int(seg.n_tokens)))}
+
+
 def graph_section(circuit: Any, graph_id: str = GRAPH_ID) -> tuple[str, Any]:
     """The graph's HTML (figure, edge box, data, script) and its figure, for a page that also holds the head
     explorer (:func:`~gna_interp.viz.head_view.head_explorer`) and the plotly bundle; a note without a figure when
@@ -192,9 +203,10 @@ def graph_section(circuit: Any, graph_id: str = GRAPH_ID) -> tuple[str, Any]:
     data = {"graph": graph_id, "edges": [{k: (float(v) if k in ("effect", "low", "high") else str(v))
                                           for k, v in row.items()} for row in edges.to_dict("records")],
             "tokens": list(views.patterns.str_tokens[sample]) if views is not None else [],
-            "summaries": list(seg.summaries) if seg is not None else [], "final": int(seg.final) if seg else 0}
+            "rows": _rows(seg), "final": int(seg.final) if seg else 0}
     note = ("Click a head for its pattern and numbers (shown in the head box of this page), or an edge's diamond "
-            "for the sender's pattern at the summary tokens next to the receiver's at the decision position"
+            "for the sender's pattern where the edge removes it (the lines' tokens for keys and values, the decision "
+            "position for a query) next to the receiver's row at the decision position"
             + (f" (card sample {sample})." if views is not None else "; this circuit has no stored patterns."))
     return (figure_div(fig, div_id=graph_id) + f'<p class="note">{html.escape(note)}</p>'
             f'<div id="{_EDGE_BOX}" class="edge-detail"></div>'
