@@ -37,11 +37,12 @@ if TYPE_CHECKING:  # the names below, for type checkers and the API docs
     from gna_interp.mixing import PatternOptions, PatternSet, patterns
     from gna_interp.models import HeadRef, MaskOptions, MixerAdapter, Model, load_model, register_kind
     from gna_interp.tasks import Evaluation, KVRetrieval, MultipleChoice, Sample, Task, evaluate, task_from_dict
+    from gna_interp.tasks.choice import ChosenTask, TaskChoice, calibrate, choose_task
 
 __version__ = "0.1.0"
-__all__ = ["Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "Evaluation", "GnaError", "HeadRef", "HeadScan", "KVRetrieval", "MaskOptions",
+__all__ = ["ChosenTask", "Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "Evaluation", "GnaError", "HeadRef", "HeadScan", "KVRetrieval", "MaskOptions",
            "MixerAdapter", "Model", "MultipleChoice", "PathEffects", "PatternOptions", "PatternSet", "RoleRule", "Sample",
-           "ScanConfig", "Task", "ablate", "ablation_curve", "compare_circuits", "discover", "evaluate", "load_model", "mask_pattern",
+           "ScanConfig", "Task", "TaskChoice", "ablate", "ablation_curve", "calibrate", "choose_task", "compare_circuits", "discover", "evaluate", "load_model", "mask_pattern",
            "path_effects", "patterns", "prune_curve", "reference_scan", "register_kind", "role_scores", "scan_heads", "skip_layers",
            "task_from_dict"]
 
@@ -52,6 +53,10 @@ _EXPORTS = {
     "CircuitComparison": "gna_interp.circuits",
     "DiscoverConfig": "gna_interp.circuits",
     "Edge": "gna_interp.circuits",
+    "ChosenTask": "gna_interp.tasks.choice",
+    "TaskChoice": "gna_interp.tasks.choice",
+    "calibrate": "gna_interp.tasks.choice",
+    "choose_task": "gna_interp.tasks.choice",
     "HeadScan": "gna_interp.circuits",
     "PathEffects": "gna_interp.circuits",
     "path_effects": "gna_interp.circuits",

@@ -47,6 +47,7 @@ from gna_interp.models.model import Model
 from gna_interp.options import Options, check_choice, check_int, check_names, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import chance_margin
+from gna_interp.tasks.choice import ChosenTask, TaskChoice, choose_task
 from gna_interp.tasks.evaluation import evaluate
 from gna_interp.tasks.text import lm_loss
 
@@ -273,20 +274,37 @@ STAGES: tuple[tuple[str, Callable[[_Discovery], bool]], ...] = (
     ("curve", _curve), ("paths", _paths), ("twin", _twin), ("delegation", _delegation), ("views", _views))
 
 
-def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,
-             config: DiscoverConfig | None = None, **overrides: Any) -> Circuit:
+def discover(model: Model, task: Task | TaskChoice | ChosenTask | None = None,
+             heads: Sequence[HeadRef | str] | str | None = None, config: DiscoverConfig | None = None,
+             **overrides: Any) -> Circuit:
     """Find the G&A circuit of ``model`` on ``task`` by running :data:`STAGES` in order: check that the model
     solves the task, scan every head (:func:`scan_heads`), score the roles of the best-ranked ``role_heads``
     heads on ``role_samples`` samples (:func:`role_scores`), measure every head's control effect, the ablation
-    curve of the top ``k`` heads against ``seeds`` random draws of ``k`` heads, the twin and delegation where
-    they apply, and keep the patterns the report draws.
+    curve of the top ``k`` heads against ``seeds`` random draws of ``k`` heads, the edge table of the top
+    ``paths`` heads, the twin and delegation where they apply, and keep the patterns the report draws.
 
-    ``config`` is a :class:`DiscoverConfig`; keyword overrides may name its fields or the scan's
-    (``strategy``, ``method``, ``checkpoint``, ...); an unknown keyword raises naming the closest one.
+    ``task`` is a :class:`~gna_interp.tasks.base.Task`, or -- as ``gna scan`` does -- None (the task form the model
+    solves, chosen by :func:`~gna_interp.tasks.choice.choose_task` with its defaults), a
+    :class:`~gna_interp.tasks.choice.TaskChoice` (how to choose it) or a :class:`~gna_interp.tasks.choice.ChosenTask`;
+    a chosen task brings its knowledge twin, its other formats and its calibration (kept in the circuit) unless
+    ``twin`` / ``formats`` are given. ``config`` is a :class:`DiscoverConfig`; keyword overrides may name its
+    fields or the scan's (``strategy``, ``method``, ``checkpoint``, ...); an unknown keyword raises naming the
+    closest one.
     """
     cfg = DiscoverConfig.build(config, **overrides)
-    if not isinstance(task, Task):
-        raise InputError(f"discover needs a Task (e.g. KVRetrieval(...)), got {type(task).__name__}")
+    chosen: ChosenTask | None = None
+    if task is None or isinstance(task, TaskChoice):
+        chosen = choose_task(model, task if task is not None else TaskChoice(batch_size=cfg.scan.batch_size))
+    elif isinstance(task, ChosenTask):
+        chosen = task
+    elif not isinstance(task, Task):
+        raise InputError(f"discover needs a Task (e.g. KVRetrieval(...)), a TaskChoice or None (the form the model "
+                         f"solves, as gna scan chooses it), got {type(task).__name__}")
+    if chosen is not None:
+        task = chosen.task
+        cfg = cfg.replace(twin=cfg.twin if cfg.twin is not None else chosen.twin,
+                          formats=tuple(cfg.formats) or chosen.formats)
+    assert isinstance(task, Task)
     start = time.perf_counter()
     sc = cfg.scan
     d = _Discovery(model, task, heads, cfg, SetAblation(model, task, sc.method, sc.reference, sc.batch_size))
@@ -298,6 +316,12 @@ def discover(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | No
             clock = now
     assert d.circuit is not None
     d.circuit.seconds = time.perf_counter() - start
+    if chosen is not None:
+        d.circuit.notes.extend(chosen.notes)
+        if chosen.calibration is not None:
+            d.circuit.calibration = chosen.calibration
+            d.circuit.timings = {"calibrate": chosen.calibration.seconds, **d.circuit.timings}
+            d.circuit.seconds += chosen.calibration.seconds
     return d.circuit
 
 

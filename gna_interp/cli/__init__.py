@@ -414,6 +414,7 @@ def run_scan(args: argparse.Namespace) -> int:
     from gna_interp.circuits.discovery import check_solvable
     from gna_interp.circuits.distributed import active, leave, local_device, rank_files
     from gna_interp.report import SUMMARY_FILE, build_report, circuit_summary
+    from gna_interp.tasks.choice import TaskChoice, choose_task
 
     shard = active()  # under torchrun: joins the job; None in one process
     lead = shard is None or shard.lead
@@ -431,15 +432,18 @@ def run_scan(args: argparse.Namespace) -> int:
     if shard is not None:
         args.device = local_device(getattr(args, "device", None))  # one GPU per rank where there are GPUs
     model = _load_for(args)
-    calibration, form = _scan_form(args, model)
-    task, twin = _scan_task(args, model, args.seed, form)
-    formats = _format_tasks(args, model, form)
-    reference = _scan_task(args, model, args.seed + 1, form)[0] if args.method != "zero" else None
+    chosen = choose_task(model, task_options(args, kind=args.task, calibrate=args.calibrate,
+                                             formats=tuple(args.formats), batch_size=args.batch_size,
+                                             cls=TaskChoice), progress=lambda line: print(line, flush=True))
+    for note in chosen.notes:
+        print(f"note: {note}", flush=True)
+    task = chosen.task
+    reference = chosen.reference(model) if args.method != "zero" else None
     cfg = DiscoverConfig.build(strategy=args.strategy, method=args.method, metric=args.metric, reference=reference,
                                k=args.top_k, seeds=args.seeds, batch_size=args.batch_size, checkpoint=ckpt,
                                verify=args.verify, certify=args.certify, max_exact=args.max_exact,
                                keep_generic=args.keep_generic, control=not args.no_control,
-                               allow_chance=args.allow_chance, twin=twin, formats=formats)
+                               allow_chance=args.allow_chance, twin=chosen.twin, formats=chosen.formats)
     if shard is not None:
         shard.barrier()  # every rank has checked the folder before rank 0 locks it
     with folder.hold(args.fresh) if lead else contextlib.nullcontext():
@@ -462,11 +466,7 @@ def run_scan(args: argparse.Namespace) -> int:
                 if not lead:
                     print(f"rank {shard.rank}: head scan done; rank 0 writes the outputs", flush=True)
                     return 0
-            circuit = discover(model, task, config=cfg)
-            if calibration is not None:
-                circuit.calibration = calibration
-                circuit.timings = {"calibrate": calibration.seconds, **circuit.timings}
-                circuit.seconds += calibration.seconds
+            circuit = discover(model, chosen, config=cfg)
             if shard is not None:  # discover's scan only read the sharded scan back: count the sharded one's time
                 circuit.scan.seconds = sharded.seconds
                 circuit.timings = {"sharded scan": sharded_s, **circuit.timings}
@@ -533,98 +533,7 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-FORMATS = ("official", "completion", "stated", "letters")
-KV_UNCALIBRATED = {"template": "completion", "max_value": 99, "n_pairs": 10}  # SmolLM2's calibrated choice
-
-
-def _scan_form(args: argparse.Namespace, model: Any) -> tuple[Any, dict[str, Any]]:
-    """The calibration of ``gna scan``'s task form (None when every knob was named, or ``--calibrate 0``)
-    and the form to scan: the named knobs as given, the others chosen by measurement
-    (:mod:`gna_interp.tasks.calibration`)."""
-    from gna_interp.tasks.calibration import calibrate, kv_forms
-
-    if args.task == "cloze":
-        return None, {}
-    if args.task == "kv":
-        named = {"template": args.template, "max_value": args.max_value, "n_pairs": args.pairs}
-        forms = kv_forms(named)
-        fallback = {k: named[k] if named[k] is not None else v for k, v in KV_UNCALIBRATED.items()}
-    else:
-        named = {"mc_form": args.mc_form}
-        forms = [{"mc_form": f} for f in ((args.mc_form,) if args.mc_form else ("letters", "stated"))]
-        fallback = {"mc_form": args.mc_form or "stated"}
-    if len(forms) == 1 or args.calibrate == 0:
-        return None, forms[0] if len(forms) == 1 else fallback
-    n = min(args.calibrate, args.samples)
-    print(f"calibrating the task form: {len(forms)} forms on {n} prompts each", flush=True)
-    cal = calibrate(model, forms, lambda f: _scan_task(args, model, args.seed, f, n)[0], named,
-                    batch_size=args.batch_size, progress=lambda line: print(line, flush=True),
-                    stage=lambda f: f.get("n_pairs", 0))
-    print(f"  chosen: {cal.rows[cal.chosen].task} ({', '.join(f'{k}={v}' for k, v in cal.form.items())})", flush=True)
-    return cal, cal.form
-
-
-def _format_tasks(args: argparse.Namespace, model: Any, form: dict[str, Any]) -> tuple[Any, ...]:
-    """The tasks of ``--formats`` (a format equal to the scanned task's own is dropped with a note)."""
-    out = []
-    kv = {k: form.get(k, v) for k, v in KV_UNCALIBRATED.items()}
-    for f in args.formats:
-        if f in ("official", "completion"):
-            if args.task == "kv" and f == form.get("template"):
-                print(f"note: --formats {f} is the task's own template; not scanned twice", flush=True)
-                continue
-            out.append(_scan_task(argparse.Namespace(**{**vars(args), "task": "kv"}), model, args.seed,
-                                  {**kv, "template": f})[0])
-        else:
-            if args.task == "mc" and f == form.get("mc_form"):
-                print(f"note: --formats {f} is the task's own form; not scanned twice", flush=True)
-                continue
-            out.append(_scan_task(argparse.Namespace(**{**vars(args), "task": "mc"}), model, args.seed,
-                                  {"mc_form": f}, args.samples)[0])
-    return tuple(out)
-
-
-def _scan_task(args: argparse.Namespace, model: Any, seed: int, form: dict[str, Any],
-               samples: int | None = None) -> tuple[Any, Any]:
-    """The task ``gna scan`` discovers on, in ``form`` (:func:`_scan_form`), and its knowledge twin (None for
-    kv and cloze); ``samples`` prompts (default ``--samples``)."""
-    opts = task_options(args).replace(samples=samples or args.samples, seed=seed)
-    if args.task == "kv":
-        task = opts.replace(pairs=form["n_pairs"], template=form["template"],
-                            max_value=form["max_value"]).kv(model.kv_words)
-        return task, (None if samples is not None else _knowledge_twin(model, seed))
-    if seed != args.seed and not opts.generated:
-        raise InputError(f"--method {args.method} needs a second set of questions, which --questions "
-                         f"{args.questions!r} does not generate; use --method zero or --questions categories|synthetic")
-    pool = opts.question_pool()
-    if args.task == "cloze":
-        return opts.multiple_choice(pool, "cloze"), None
-    task = opts.multiple_choice(pool, form["mc_form"])
-    if samples is not None:  # a calibration task: no twin
-        return task, None
-    try:
-        return task, opts.multiple_choice(pool, "cloze")
-    except InputError as e:  # e.g. a question repeating an option text, which cloze cannot score
-        print(f"note: no knowledge twin (the cloze form of these questions cannot be scored: {e})", flush=True)
-        return task, None
-
-
-KNOWLEDGE_SAMPLES = 32
-
-
-def _knowledge_twin(model: Any, seed: int) -> Any:
-    """The zero-shot knowledge control of a KV scan (:class:`~gna_interp.tasks.knowledge.Knowledge`, facts with no
-    shots and no options to copy from), or None with a note when the model's vocabulary cannot write its facts."""
-    from gna_interp.tasks.knowledge import Knowledge
-
-    twin = Knowledge(n_samples=KNOWLEDGE_SAMPLES, seed=seed)
-    try:
-        model.tokenize(twin.prompts)
-    except InputError:
-        print(f"note: no knowledge control ({model.name}'s vocabulary cannot write the facts of the zero-shot "
-              f"knowledge task)", flush=True)
-        return None
-    return twin
+FORMATS = ("official", "completion", "stated", "letters")  # tasks.choice.FORMATS (not imported: keeps start-up light)
 
 
 TASK_FLAGS: dict[str, Callable[[], dict[str, Any]]] = {
@@ -646,12 +555,14 @@ def task_args(p: argparse.ArgumentParser, **flags: tuple[Any, str]) -> None:
         p.add_argument("--" + name.replace("_", "-"), default=default, help=help, **TASK_FLAGS[name]())
 
 
-def task_options(args: argparse.Namespace, **given: Any) -> Any:
-    """The :class:`~gna_interp.tasks.options.TaskOptions` of the task knobs ``args`` holds (the others at
-    their defaults), with ``given`` on top."""
+def task_options(args: argparse.Namespace, cls: Any = None, **given: Any) -> Any:
+    """The :class:`~gna_interp.tasks.options.TaskOptions` (or its subclass ``cls``, e.g.
+    :class:`~gna_interp.tasks.choice.TaskChoice`) of the task knobs ``args`` holds (the others at their
+    defaults), with ``given`` on top."""
     from gna_interp.tasks.options import TaskOptions
 
-    return TaskOptions(**{**{n: getattr(args, n) for n in TaskOptions.field_names() if hasattr(args, n)}, **given})
+    cls = cls or TaskOptions
+    return cls(**{**{n: getattr(args, n) for n in TaskOptions.field_names() if hasattr(args, n)}, **given})
 
 
 def folder_args(p: argparse.ArgumentParser, default: str, resume: str, fresh: str, allow_chance: str | None = None,

@@ -32,9 +32,10 @@ intact (of accuracy, and of the mean logit difference) against the dictionary si
 percentile bootstrap interval over the prompts (each size's prompts resampled with replacement, the same
 prompts for the intact model and the condition; ``bootstrap`` resamples, default 2000).
 
-**Heads** come from a saved circuit (``circuit=DIR``, a ``gna scan`` folder) or are discovered first with
-``gna scan``'s defaults (:data:`DISCOVERY`: KV, 10 pairs, 24 prompts, values 0-9, the auto scan), on
-prompts built with ``seed + 1`` so the heads are never scored on the prompts they were found on. With
+**Heads** come from a saved circuit (``circuit=DIR``, a ``gna scan`` folder) or are discovered first as
+``gna scan`` discovers them (the task form the model solves, chosen by
+:func:`~gna_interp.tasks.choice.choose_task`; 24 prompts; the auto scan), on prompts built with ``seed + 1`` so
+the heads are never scored on the prompts they were found on. With
 ``out=DIR`` the discovered circuit is saved in ``DIR/circuit`` (a ``gna scan`` folder: ``gna report
 DIR/circuit`` draws it).
 
@@ -76,15 +77,15 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_int, options
 from gna_interp.tasks import KVRetrieval
+from gna_interp.tasks.choice import TaskChoice
 from gna_interp.tasks.kv import PAPER_SIZES, TEMPLATES
 from gna_interp.tasks.options import TaskOptions
 
-__all__ = ["COLUMNS", "CONDITIONS", "DISCOVERY", "ROLES", "SLOPE_COLUMNS", "Sweep", "SweepConfig", "discovery_task",
+__all__ = ["COLUMNS", "CONDITIONS", "ROLES", "SLOPE_COLUMNS", "Sweep", "SweepConfig",
            "parse_single", "resolve_circuit", "sweep"]
 
 COLUMNS = ["pairs", "condition", "seed", "k", "accuracy", "logit_diff", "gold_prob", "chance", "n_samples", "heads"]
 CONDITIONS: tuple[str, ...] = ("intact", "top1", "topk", "random")
-DISCOVERY: dict[str, Any] = {"n_pairs": 10, "n_samples": 24, "max_value": 9, "seed_offset": 1}
 NAME = "sweep"
 CKPT = "sweep.ckpt.json"
 CIRCUIT_DIR = "circuit"
@@ -107,21 +108,14 @@ def model_of(model: Model | str, device: str | None = None, dtype: str = "float3
     return m
 
 
-def discovery_task(model: Model, seed: int) -> KVRetrieval:
-    """The task heads are discovered on when no circuit is given: ``gna scan``'s default (:data:`DISCOVERY`),
-    built with ``seed + 1`` (held out from the measured prompts)."""
-    return KVRetrieval(DISCOVERY["n_pairs"], DISCOVERY["n_samples"], seed=seed + DISCOVERY["seed_offset"],
-                       max_value=DISCOVERY["max_value"], words=model.kv_words)
-
-
 def resolve_circuit(model: Model, circuit: Circuit | str | os.PathLike | None, seed: int, folder: Path | None = None,
                     k: int = 5, batch_size: int = 16, progress: bool = True, task: KVRetrieval | None = None
                     ) -> tuple[Circuit, str]:
     """The circuit whose heads an experiment removes, and where it came from (a sentence).
 
     ``circuit`` is a :class:`Circuit`, a ``gna scan`` folder, or None: then the circuit is discovered on
-    ``task`` (default :func:`discovery_task`, ``gna scan``'s defaults) with ``gna scan``'s default
-    discovery and, with ``folder``, saved there; a circuit already saved in ``folder`` (an earlier,
+    ``task`` (default: the form ``gna scan`` chooses, :func:`~gna_interp.tasks.choice.choose_task`, with seed
+    ``seed + 1``) with ``gna scan``'s default discovery and, with ``folder``, saved there; a circuit already saved in ``folder`` (an earlier,
     interrupted run) is loaded instead, and an interrupted discovery resumes from ``folder/scan.ckpt.json``.
     """
     if isinstance(circuit, Circuit):
@@ -134,14 +128,17 @@ def resolve_circuit(model: Model, circuit: Circuit | str | os.PathLike | None, s
         circuit = Circuit.load(folder)
         src = f"the circuit discovered earlier in {folder} (task {circuit.task.get('name')})"
     else:
-        task = task if task is not None else discovery_task(model, seed)
         ckpt = folder / "scan.ckpt.json" if folder is not None else None
-        circuit = discover(model, task, k=k, batch_size=batch_size, checkpoint=ckpt, progress=progress)
+        how = task if task is not None else TaskChoice(seed=seed + 1, batch_size=batch_size)
+        circuit = discover(model, how, k=k, batch_size=batch_size, checkpoint=ckpt, progress=progress)
         if folder is not None:
             circuit.save(folder)
         where = f", saved in {folder}" if folder is not None else ""
-        src = (f"discovered on {task.name} ({len(task)} prompts, values 0-{task.max_value}, seed {task.seed}; "
-               f"gna scan's default discovery){where}")
+        args = circuit.kv_args
+        src = (f"discovered on {circuit.task.get('name')} ({circuit.task.get('n_samples')} prompts, values "
+               f"0-{args.get('max_value')}, seed {args.get('seed')}; "
+               + ("the form chosen as gna scan chooses it" if task is None else "the given task")
+               + f", gna scan's default discovery){where}")
     if not circuit.heads:
         raise InputError(f"{src} has no circuit heads (every scanned head is generic); rerun gna scan with "
                          f"--keep-generic or pick another circuit")

@@ -1,0 +1,208 @@
+"""`choose_task(model)`: the task a discovery runs on, chosen once for every entry point.
+
+``gna scan``, ``gna.discover(model)`` with no task, and the experiments that discover a circuit of their own all
+call this, so a notebook gets the task form the command line gets. What it does, in order:
+
+1. **the form**: the knobs named in :class:`TaskChoice` are kept as given; the others are chosen by measuring the
+   intact model on ``calibrate`` prompts of each form of a small grid (:mod:`gna_interp.tasks.calibration`; KV:
+   template official / completion, values 0-9 / 0-99, 10 pairs, 20 pairs only when no 10-pair form is solved
+   below saturation; multiple choice: letters / stated). ``calibrate=0`` takes completion / 99 / 10 pairs / stated.
+2. **the task** in that form, ``samples`` prompts, seed ``seed``;
+3. **its knowledge twin**, a task needing knowledge but no retrieval, measured with the circuit removed: for KV the
+   zero-shot :class:`~gna_interp.tasks.knowledge.Knowledge` facts (when the model's vocabulary can write them), for
+   letter / stated multiple choice the cloze form of the same questions;
+4. **the other formats** named in ``formats`` (KV templates with the task's values and pairs, multiple-choice
+   forms on the same questions); a format equal to the task's own is dropped with a note.
+
+:meth:`ChosenTask.reference` builds the second task of the same form (seed + 1) that mean / resample ablation reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gna_interp.errors import InputError, OptionError
+from gna_interp.options import check_choice, check_int, options
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.calibration import Calibration, kv_forms
+from gna_interp.tasks.calibration import calibrate as measure_forms
+from gna_interp.tasks.options import TaskOptions
+
+KINDS: tuple[str, ...] = ("kv", "mc", "cloze")
+FORMATS: tuple[str, ...] = ("official", "completion", "stated", "letters")
+KV_UNCALIBRATED: dict[str, Any] = {"template": "completion", "max_value": 99, "n_pairs": 10}  # SmolLM2's choice
+KNOWLEDGE_SAMPLES = 32
+
+__all__ = ["FORMATS", "KINDS", "KNOWLEDGE_SAMPLES", "KV_UNCALIBRATED", "ChosenTask", "TaskChoice", "build_task",
+           "calibrate", "choose_task"]
+
+
+@options
+class TaskChoice(TaskOptions):
+    """How :func:`choose_task` chooses (the task knobs of :class:`~gna_interp.tasks.options.TaskOptions` plus these).
+
+    Attributes:
+        kind: ``kv`` (KV retrieval), ``mc`` (multiple choice scored on the letters) or ``cloze`` (on the texts).
+        pairs, max_value, template: KV knobs; None: chosen by calibration.
+        mc_form: multiple-choice form (``letters`` / ``stated``); None: chosen by calibration.
+        samples: prompts of the task (24, as ``gna scan``).
+        calibrate: prompts per form when calibrating; 0: no calibration (unnamed knobs take completion / 99 /
+            10 pairs / stated).
+        formats: other retrieval formats to build beside the task (:data:`FORMATS`).
+        knowledge: build the task's knowledge twin.
+        batch_size: sequences per forward while calibrating.
+    """
+
+    kind: str = "kv"
+    pairs: Any = None
+    samples: int = 24
+    max_value: Any = None
+    template: Any = None
+    mc_form: Any = None
+    calibrate: int = 16
+    formats: tuple = ()
+    knowledge: bool = True
+    batch_size: int = 16
+
+    def validate(self) -> None:
+        check_choice("kind", self.kind, KINDS)
+        check_int("samples", self.samples, 1)
+        check_int("calibrate", self.calibrate, 0)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("pairs", self.pairs, 2, allow_none=True)
+        check_int("max_value", self.max_value, 1, allow_none=True)
+        if self.template is not None:
+            check_choice("template", self.template, ("official", "completion"))
+        if self.mc_form is not None:
+            check_choice("mc_form", self.mc_form, ("letters", "stated"))
+        bad = [f for f in self.formats if f not in FORMATS]
+        if isinstance(self.formats, str) or bad:
+            raise OptionError(f"formats must be a tuple of {FORMATS}, got {self.formats!r}")
+        if self.pairs is not None and self.max_value is not None and self.max_value + 1 < self.pairs:
+            raise OptionError(f"{self.pairs} pairs need {self.pairs} distinct values but values run 0..{self.max_value}: "
+                              f"raise max_value to at least {self.pairs - 1} or lower pairs")
+
+
+@dataclass
+class ChosenTask:
+    """What :func:`choose_task` chose: the task, its knowledge twin (None when there is none), the other formats,
+    the calibration (None when every knob was named or ``calibrate=0``), the form and the choice it came from, and
+    notes (formats dropped, a twin that could not be built)."""
+
+    task: Task
+    twin: Task | None
+    formats: tuple[Task, ...]
+    calibration: Calibration | None
+    form: dict[str, Any]
+    choice: TaskChoice
+    notes: list[str] = field(default_factory=list)
+
+    def reference(self, model: Any) -> Task:
+        """The same form with seed + 1: the prompts whose activations mean / resample ablation reads."""
+        return build_task(model, self.choice, self.form, seed=self.choice.seed + 1)
+
+
+def build_task(model: Any, choice: TaskChoice, form: dict[str, Any], seed: int | None = None,
+               samples: int | None = None) -> Task:
+    """The task of ``choice`` in ``form`` (``{"template", "max_value", "n_pairs"}`` or ``{"mc_form"}``), with
+    ``samples`` prompts and seed ``seed`` (default: the choice's)."""
+    seed = choice.seed if seed is None else seed
+    opts = choice.task_options().replace(samples=samples or choice.samples, seed=seed)
+    if choice.kind == "kv":
+        return opts.replace(pairs=form["n_pairs"], template=form["template"],
+                            max_value=form["max_value"]).kv(getattr(model, "kv_words", None))
+    if seed != choice.seed and not opts.generated:
+        raise InputError(f"a second set of questions (seed {seed}) is needed, which questions={choice.questions!r} "
+                         f"does not generate; use zero ablation or questions='categories' / 'synthetic'")
+    return opts.multiple_choice(opts.question_pool(), "cloze" if choice.kind == "cloze" else form["mc_form"])
+
+
+def _forms(choice: TaskChoice) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """``(named knobs, forms to measure, the form taken without calibration)``."""
+    if choice.kind == "kv":
+        named = {"template": choice.template, "max_value": choice.max_value, "n_pairs": choice.pairs}
+        fallback = {k: named[k] if named[k] is not None else v for k, v in KV_UNCALIBRATED.items()}
+        return named, kv_forms(named), fallback
+    named = {"mc_form": choice.mc_form}
+    forms = [{"mc_form": f} for f in ((choice.mc_form,) if choice.mc_form else ("letters", "stated"))]
+    return named, forms, {"mc_form": choice.mc_form or "stated"}
+
+
+def _calibrate_form(model: Any, choice: TaskChoice, progress: Callable[[str], None] | None
+                    ) -> tuple[Calibration | None, dict[str, Any]]:
+    """The calibration of the task form (None when every knob was named, ``calibrate=0`` or the task is cloze) and
+    the form chosen."""
+    if choice.kind == "cloze":
+        return None, {}
+    named, forms, fallback = _forms(choice)
+    if len(forms) == 1 or choice.calibrate == 0:
+        return None, forms[0] if len(forms) == 1 else fallback
+    n = min(choice.calibrate, choice.samples)
+    say = progress or (lambda line: None)
+    say(f"calibrating the task form: {len(forms)} forms on {n} prompts each")
+    cal = measure_forms(model, forms, lambda f: build_task(model, choice, f, samples=n), named,
+                        batch_size=choice.batch_size, progress=say, stage=lambda f: f.get("n_pairs", 0))
+    say(f"  chosen: {cal.rows[cal.chosen].task} ({', '.join(f'{k}={v}' for k, v in cal.form.items())})")
+    return cal, cal.form
+
+
+def calibrate(model: Any, choice: TaskChoice | None = None, progress: Callable[[str], None] | None = None,
+              **overrides: Any) -> Calibration | None:
+    """Measure the intact model on the grid of task forms :func:`choose_task` would choose from (``choice`` or
+    keyword overrides of :class:`TaskChoice`: the knobs named are kept) and return the grid with the form chosen
+    (``.form``, ``.rows``); None when nothing is left to choose (every knob named, ``calibrate=0``, cloze).
+    ``progress`` receives a line per step."""
+    return _calibrate_form(model, TaskChoice.build(choice, **overrides), progress)[0]
+
+
+def _twin(model: Any, choice: TaskChoice, notes: list[str]) -> Task | None:
+    """The knowledge twin of the task (see the module docstring), or None with a note."""
+    if not choice.knowledge or choice.kind == "cloze":
+        return None
+    if choice.kind == "kv":
+        from gna_interp.tasks.knowledge import Knowledge
+
+        twin = Knowledge(n_samples=KNOWLEDGE_SAMPLES, seed=choice.seed)
+        try:
+            model.tokenize(twin.prompts)
+        except InputError:
+            notes.append(f"no knowledge control: {model.name}'s vocabulary cannot write the facts of the zero-shot "
+                         f"knowledge task")
+            return None
+        return twin
+    try:
+        return build_task(model, choice.replace(kind="cloze"), {})
+    except InputError as e:  # e.g. a question repeating an option text, which cloze cannot score
+        notes.append(f"no knowledge twin (the cloze form of these questions cannot be scored: {e})")
+        return None
+
+
+def _format_tasks(model: Any, choice: TaskChoice, form: dict[str, Any], notes: list[str]) -> tuple[Task, ...]:
+    out = []
+    kv = {k: form.get(k, v) for k, v in KV_UNCALIBRATED.items()}
+    for f in choice.formats:
+        if f in ("official", "completion"):
+            if choice.kind == "kv" and f == form.get("template"):
+                notes.append(f"formats: {f} is the task's own template; not scanned twice")
+                continue
+            out.append(build_task(model, choice.replace(kind="kv"), {**kv, "template": f}))
+        else:
+            if choice.kind == "mc" and f == form.get("mc_form"):
+                notes.append(f"formats: {f} is the task's own form; not scanned twice")
+                continue
+            out.append(build_task(model, choice.replace(kind="mc"), {"mc_form": f}))
+    return tuple(out)
+
+
+def choose_task(model: Any, choice: TaskChoice | None = None, progress: Callable[[str], None] | None = None,
+                **overrides: Any) -> ChosenTask:
+    """Choose the form (calibrating it where knobs are not named), then build the task, its knowledge twin and the
+    other formats (the module docstring says how). ``choice`` is a :class:`TaskChoice`, or keyword overrides of
+    its fields (``kind="mc"``, ``pairs=20``, ``formats=("official",)``, ...)."""
+    choice = TaskChoice.build(choice, **overrides)
+    cal, form = _calibrate_form(model, choice, progress)
+    notes: list[str] = []
+    task = build_task(model, choice, form)
+    return ChosenTask(task, _twin(model, choice, notes), _format_tasks(model, choice, form, notes), cal, form,
+                      choice, notes)
