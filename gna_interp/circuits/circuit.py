@@ -314,8 +314,99 @@ class Circuit:
             edges=pd.DataFrame(doc["edges"], columns=EDGE_COLUMNS) if doc.get("edges") is not None else None)
 
     def __repr__(self) -> str:
+        pair = self.pair()
         return (f"Circuit({self.model!r}, {self.task.get('name')!r}, {len(self.scan.heads)} heads, "
-                f"top {[h.name for h in self.heads[:5]]}, baseline accuracy {self.baseline.get('accuracy', math.nan):.3f})")
+                f"top {[h.name for h in self.heads[:5]]}, baseline accuracy "
+                f"{self.baseline.get('accuracy', math.nan):.3f}"
+                + (f", pair {pair[0].name} -> {pair[1].name}" if pair else "") + ")")
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: baseline, the circuit's top heads with their pattern and causal roles, the gather ->
+        aggregate pair (the measured path when the edge table has one), the ablation curve and the drop heatmap."""
+        from gna_interp import _html
+        from gna_interp.circuits.scan_result import _TOP, _heatmap, _interval
+
+        df = self.to_frame()
+        facts: list[tuple[str, Any]] = [("task", self.task.get("name", "?")),
+                                        ("scan", f"{len(self.scan.heads)} heads, {self.scan.strategy}, "
+                                                 f"{self.scan.method} ablation, metric {self.scan.metric}"),
+                                        ("baseline", ", ".join(f"{k} {_html.fmt(self.baseline[k])}" for k in
+                                                               ("accuracy", "chance", "logit_diff", "gold_prob")
+                                                               if k in self.baseline))]
+        if "circuit_rank" in df:  # the circuit's heads in order (what .heads gives), from the one frame
+            top = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
+        else:
+            top = df
+        generic = list(df.loc[df["role"] == "generic", "name"]) if "generic" in df else []
+        facts.append(("circuit", ", ".join(top["name"].head(5)) or "–"))
+        if generic:
+            facts.append(("generic, left out", ", ".join(generic[:8]) + (f" (+{len(generic) - 8})"
+                                                                         if len(generic) > 8 else "")))
+        path = self.path()
+        pair = (HeadRef.parse(path["sender"]), HeadRef.parse(path["receiver"])) if path is not None else self.pair()
+        if path is not None:
+            facts.append(("gather -> aggregate", f"{path['sender']} -> {path['receiver']}: measured path "
+                                                 f"{path['input']}@{path['positions']}, effect "
+                                                 f"{_html.fmt(path['effect'])} {_interval(path['low'], path['high'])}"))
+        elif pair is not None:
+            facts.append(("gather -> aggregate", f"{pair[0].name} -> {pair[1].name} (from pattern roles"
+                                                 + ("; no edge holds above 0)" if self.edges is not None else
+                                                    "; edges not measured)")))
+        else:
+            facts.append(("gather -> aggregate", "none found"))
+        cs = self.curve_summary()
+        if cs:
+            facts.append(("ablation curve", f"top {cs['k']} removed: {cs['metric']} {_html.fmt(cs['top'])}; "
+                                            f"{cs['k']} random removed: median {_html.fmt(cs['random_median'])} "
+                                            f"({_html.fmt(cs['random_min'])}-{_html.fmt(cs['random_max'])} over "
+                                            f"{cs['seeds']} draws); intact {_html.fmt(cs['baseline'])}"))
+        decisive = self.decisive()
+        if decisive:
+            facts.append(("alone to chance", ", ".join(f"{h.name} ({_html.fmt(a)})" for h, a in decisive[:5])))
+        if self.calibration is not None:
+            c = self.calibration.rows[self.calibration.chosen]
+            facts.append(("task form", f"{c.task} ({', '.join(f'{k}={v}' for k, v in c.form.items())}), chosen of "
+                                       f"{len(self.calibration.rows)} by calibration"))
+        if self.formats:
+            facts.append(("formats", ", ".join(self.formats)))
+        facts.append(("seconds", _html.fmt(self.seconds, 1)))
+        top = top.head(_TOP)
+        pattern = top["pattern_role"] if "pattern_role" in top else top["role"]
+        causal = top["causal_role"] if "causal_role" in top else pd.Series(None, index=top.index, dtype=object)
+        header = ["rank", "head", "drop", "95% interval", "pattern role", "causal role"]
+        rows = [[i + 1, r["name"], _html.fmt(r["drop"]), _interval(r["drop_lo"], r["drop_hi"]),
+                 _html.fmt(p), _html.fmt(c)] for i, ((_, r), p, c) in enumerate(zip(top.iterrows(), pattern, causal))]
+        if "control_drop" in top:
+            header.append("LM loss rise")
+            for row, v in zip(rows, top["control_drop"]):
+                row.append(_html.fmt(v))
+        parts = [_html.title(f"Circuit on {self.model}", self.task.get("name", "")), _html.facts(facts),
+                 _html.title(f"top {len(rows)} heads of the circuit", "drop: " + self.scan.metric + " of the intact "
+                             "model minus with the head removed"), _html.table(header, rows)]
+        if not self.curve.empty:
+            parts.append(_html.Raw(_curve_table(self.curve, cs.get("metric", "accuracy"))))
+        parts.append(_html.Raw(_heatmap(df, self.scan.metric)))
+        if self.notes:
+            parts.append("<ul style='font-size:12px;margin:4px 0'>" +
+                         "".join(f"<li>{_html.esc(n)}</li>" for n in self.notes) + "</ul>")
+        return "<div>" + "".join(parts) + "</div>"
+
+
+def _curve_table(curve: pd.DataFrame, metric: str) -> str:
+    """The ablation curve as a table: for each k, ``metric`` with the top k heads removed and with k random heads
+    removed (median, min and max over the draws)."""
+    from gna_interp import _html
+
+    rows = []
+    for k in sorted(curve["k"].unique()):
+        at = curve[curve["k"] == k]
+        top = at.loc[at["series"] == "top", metric]
+        rnd = at.loc[at["series"] == "random", metric].astype(float)
+        rows.append([int(k), _html.fmt(float(top.iloc[0]) if len(top) else math.nan),
+                     _html.fmt(float(rnd.median()) if len(rnd) else math.nan),
+                     f"{_html.fmt(float(rnd.min()))}-{_html.fmt(float(rnd.max()))}" if len(rnd) else "–"])
+    return (_html.title("ablation curve", f"{metric} with k heads removed")
+            + _html.table(["k", "top k", "random k (median)", "random k (range)"], rows))
 
 
 def _own_files(d: Path, names: list[str]) -> None:

@@ -249,6 +249,81 @@ class HeadScan:
                 f"{self.method} ablation, baseline {self.metric}={self.baseline_value:.3f}, "
                 f"{len(self.exact)} exact, {self.seconds:.1f}s)")
 
+    def _repr_html_(self) -> str:
+        """Jupyter's display: what was scanned, the top heads with their drops and 95 % intervals, and the drops
+        as a layer x head heatmap (red: the metric falls when the head is removed; left out when a layer holds
+        more heads than fit)."""
+        from gna_interp import _html
+
+        df = self.to_frame() if self.heads else pd.DataFrame(columns=COLUMNS)
+        base = self.baseline_value if self.baseline else math.nan
+        facts = [("model", self.model), ("task", self.task),
+                 ("scan", f"{self.strategy}, {self.method} ablation, metric {self.metric}"),
+                 ("baseline", f"{self.metric} = {_html.fmt(base)} (intact model)"),
+                 ("heads", f"{len(self.heads)} scanned, {len(self.exact)} run exactly"
+                           + (f", {len(self.screened)} screened" if self.screened else "")
+                           + (f", {self.unsettled} unsettled" if self.unsettled else "")),
+                 ("seconds", _html.fmt(self.seconds, 1))]
+        parts = [_html.title(f"HeadScan of {self.model} on {self.task}", f"{len(self.heads)} heads"),
+                 _html.facts(facts), _html.Raw(_top_table(df, _TOP, self.metric)), _html.Raw(_heatmap(df, self.metric))]
+        return "<div>" + "".join(parts) + "</div>"
+
+
+_TOP = 10  # heads a scan or a circuit lists in Jupyter
+_GRID_MAX = 64  # most heads in one heatmap row (a layer's heads of one kind) drawn as cells
+
+
+def _interval(lo: Any, hi: Any) -> str:
+    from gna_interp import _html
+
+    return "–" if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) else f"[{_html.fmt(lo)}, {_html.fmt(hi)}]"
+
+
+def _top_table(df: pd.DataFrame, top: int, metric: str) -> str:
+    """The ``top`` best-ranked rows of a scan frame: rank, head, drop, its 95 % interval, ablated value, source."""
+    from gna_interp import _html
+
+    rows = [[int(r["rank"]), r["name"], _html.fmt(r["drop"]), _interval(r["drop_lo"], r["drop_hi"]),
+             _html.fmt(r["ablated"]), r["source"]] for _, r in df.head(top).iterrows()]
+    return (_html.title(f"top {len(rows)} heads", f"drop = {metric} of the intact model minus with the head removed")
+            + _html.table(["rank", "head", "drop", "95% interval", "ablated", "source"], rows))
+
+
+def _heatmap(df: pd.DataFrame, metric: str) -> str:
+    """The drops as coloured cells: a grid per head kind, one row per layer, one column per head index (a kind
+    with more than :data:`_GRID_MAX` heads in a layer is named, not drawn); empty when there is nothing to draw."""
+    from gna_interp import _html
+
+    if df.empty:
+        return ""
+    rows: dict[tuple[int, str], dict[int, tuple[str, float]]] = {}
+    for name, layer, head, kind, drop in zip(df["name"], df["layer"], df["head"], df["kind"], df["drop"]):
+        rows.setdefault((int(layer), str(kind)), {})[int(head)] = (str(name), float(drop))
+    columns: dict[str, list[int]] = {}  # the head indices of each kind, shared by its rows so that columns align
+    for (_, kind), cells in rows.items():
+        columns[kind] = sorted(set(columns.get(kind, [])) | set(cells))
+    drops = [d for v in rows.values() for _, d in v.values() if not math.isnan(d)]
+    scale = max((abs(d) for d in drops), default=0.0)
+    grids = []
+    for kind, heads in columns.items():  # one grid per head kind, its columns the head indices
+        if len(heads) > _GRID_MAX:
+            grids.append(_html.title(f"{HeadRef(0, 0, kind).adapter.title}: not drawn",
+                                     f"{len(heads)} per layer, more than the {_GRID_MAX} drawn here "
+                                     f"(gna_interp.viz draws every head)"))
+            continue
+        lines = []
+        for (layer, k), cells in sorted(rows.items()):
+            if k != kind:
+                continue
+            letter = HeadRef(0, 0, kind).adapter.letter
+            lines.append((f"L{layer}{letter}", [(f"{cells[i][0]}: drop {_html.fmt(cells[i][1])}", cells[i][1])
+                                                if i in cells else (f"L{layer}{letter}{i}: not scanned", math.nan)
+                                                for i in heads]))
+        grids.append(_html.grid(lines, scale, columns=heads))
+    return (_html.title("drop by head", f"red: {metric} falls when the head is removed, blue: it rises; "
+                                        f"full colour at |drop| = {_html.fmt(scale)}; hover a cell for its head")
+            + "".join(grids))
+
 
 # ---- per-sample results as JSON -----------------------------------------------------------------
 

@@ -70,6 +70,36 @@ class PatternSet:
         return {"n_heads": len(self.heads), "n_samples": len(self.str_tokens),
                 "max_tokens": int(self.batch.ids.shape[1]), **self.options.to_dict()}
 
+    def __repr__(self) -> str:
+        names = [h.name for h in self.heads[:_NAMED]]
+        more = f", +{len(self.heads) - _NAMED}" if len(self.heads) > _NAMED else ""
+        return (f"PatternSet({len(self.heads)} heads [{', '.join(names)}{more}], {len(self.str_tokens)} samples, "
+                f"{int(self.batch.ids.shape[1])} positions, form={self.options.form!r})")
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: a shape summary (heads by layer, samples, tokens, options), never the tensors."""
+        from gna_interp import _html
+
+        lengths = [len(t) for t in self.str_tokens]
+        facts = [("heads", f"{len(self.heads)}: " + ", ".join(h.name for h in self.heads[:_NAMED])
+                  + (f" (+{len(self.heads) - _NAMED})" if len(self.heads) > _NAMED else "")),
+                 ("samples", len(self.str_tokens)),
+                 ("tokens per sample", f"{min(lengths)}-{max(lengths)} (padded to {int(self.batch.ids.shape[1])})"
+                  if lengths else "–"),
+                 ("options", ", ".join(f"{k}={v}" for k, v in self.options.to_dict().items()))]
+        rows = [[layer, heads[0].adapter.title, len(heads), ", ".join(h.name for h in heads[:_NAMED])
+                 + (f" (+{len(heads) - _NAMED})" if len(heads) > _NAMED else ""), str(list(pat.shape)), str(pat.dtype)
+                 .removeprefix("torch."), str(pat.device)] for (layer, _), (heads, pat) in self.by_layer.items()]
+        parts = [_html.title("PatternSet", f"{len(self.heads)} heads on {len(self.str_tokens)} samples"),
+                 _html.facts(facts),
+                 _html.table(["layer", "heads are", "n", "heads", "tensor [batch, n, q, k]", "dtype", "device"], rows)]
+        if self.str_tokens:
+            first = self.str_tokens[0]
+            shown = " | ".join(repr(t) for t in first[:_TOKENS]) + (f" ... (+{len(first) - _TOKENS})"
+                                                                     if len(first) > _TOKENS else "")
+            parts.append(_html.facts([("sample 0 tokens", shown)]))
+        return "<div>" + "".join(parts) + "</div>"
+
     def to_frame(self) -> pd.DataFrame:
         """One row per head: ``name, layer, head, kind``."""
         return pd.DataFrame([{"name": h.name, "layer": h.layer, "head": h.head, "kind": h.kind} for h in self.heads])
@@ -100,6 +130,10 @@ class PatternSet:
     def load(cls, path: str | Path) -> "PatternSet":
         """Read a pattern set written by :meth:`save` (no model needed)."""
         return cls.from_state(read_tensors(path, "patterns"))
+
+
+_NAMED = 6  # heads a pattern set names in its repr
+_TOKENS = 16  # tokens of the first sample its HTML shows
 
 
 def _check_shapes(state: dict[str, Any], heads: list[HeadRef]) -> None:

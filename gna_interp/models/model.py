@@ -131,9 +131,52 @@ class Model:
     def architecture(self) -> str:
         return type(self.hf_model).__name__
 
+    @property
+    def family(self) -> str:
+        """The Hugging Face ``model_type`` of the config (``llama``, ``mamba2``, ``jamba``, ...; ``""`` if none)."""
+        return str(getattr(getattr(self.hf_model, "config", None), "model_type", "") or "")
+
+    def head_counts(self) -> dict[str, int]:
+        """Heads of each kind over all supported mixers (``{"attn": 16, "ssm2": 8}``), counted from the layer
+        specs (every Mamba-1 channel one head, as :meth:`heads` lists them)."""
+        out: dict[str, int] = {}
+        for s in self.layers:
+            if s.supported:
+                out[s.kind] = out.get(s.kind, 0) + s.n_heads
+        return out
+
     def __repr__(self) -> str:
-        counts = Counter(s.kind for s in self.layers)
-        return f"Model({self.name!r}, {self.architecture}, layers={self.n_layers}, mixers={dict(counts)})"
+        return (f"Model({self.name!r}, {self.architecture}, layers={self.n_layers}, heads={self.head_counts()}, "
+                f"{str(self.dtype).removeprefix('torch.')}, {self.device})")
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: name, family and architecture, blocks, head kinds with their counts, dtype, device."""
+        from gna_interp import _html
+
+        blocks = ", ".join(f"{n}x {k}" for k, n in Counter(self.layer_kinds()).items())
+        facts = [("family", self.family or "?"), ("architecture", self.architecture),
+                 ("layers", f"{self.n_layers} ({blocks})" if blocks else self.n_layers),
+                 ("dtype", str(self.dtype).removeprefix("torch.")), ("device", str(self.device))]
+        if self.n_ctx:
+            facts.append(("context", f"{self.n_ctx} tokens"))
+        if self.source is not None and not self.in_memory:
+            facts.append(("loaded from", f"{self.source.source}: {self.source.location}"))
+        rows, seen = [], {}
+        for s in self.layers:
+            if s.supported:
+                seen.setdefault(s.kind, []).append(s)
+        for kind, specs in seen.items():
+            a = specs[0].adapter
+            per = sorted({s.n_heads for s in specs})
+            rows.append([kind, a.title, f"L{specs[0].layer}{a.letter}0",
+                         len(specs), "/".join(map(str, per)), sum(s.n_heads for s in specs), a.describe(specs[0])])
+        parts = [_html.title(f"Model {self.name}", f"{self.architecture}, {self.n_layers} layers"), _html.facts(facts),
+                 _html.table(["kind", "heads are", "e.g.", "layers", "per layer", "total", "layout"], rows)]
+        bad = self.unsupported()
+        if bad:
+            parts.append(_html.title(f"{len(bad)} mixer(s) not supported (no heads listed)",
+                                     ", ".join(sorted({s.hf_class for s in bad}))))
+        return "<div>" + "".join(parts) + "</div>"
 
     # ---- heads ----------------------------------------------------------------------------
     def layer_kinds(self) -> list[str]:
@@ -302,9 +345,28 @@ class Model:
                 f"shorten the prompt (fewer dictionary pairs / samples) or pick a longer-context model"
             )
 
-    def to_str_tokens(self, ids: Int[Tensor, "pos"] | Sequence[int]) -> list[str]:
-        """Token strings of one sequence, as the tokenizer decodes each id on its own."""
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+    def to_str_tokens(self, tokens: str | Int[Tensor, "pos"] | Sequence[int]) -> list[str]:
+        """Token strings of one sequence, as the tokenizer decodes each id on its own.
+
+        ``tokens`` is text (tokenised as :meth:`tokenize` does, so ``to_str_tokens(text) ==
+        to_str_tokens(tokenize(text).ids[0])``: the positions :meth:`run_with_cache` sees, with a BOS token only
+        where the tokenizer adds one), ids of one sequence (``[pos]`` or ``[1, pos]``) or a list of ints."""
+        if isinstance(tokens, str):
+            ids = list(self.tokenizer(tokens)["input_ids"])
+        elif isinstance(tokens, Tensor):
+            if tokens.dim() == 2 and tokens.shape[0] == 1:
+                tokens = tokens[0]
+            if tokens.dim() != 1 or tokens.is_floating_point():
+                raise InputError(f"to_str_tokens takes text or the integer ids of one sequence ([pos] or [1, pos]), "
+                                 f"got a {tokens.dtype} tensor of shape {tuple(tokens.shape)}")
+            ids = tokens.tolist()
+        else:
+            bad = [i for i in tokens if isinstance(i, bool) or not isinstance(i, (int, Tensor))
+                   or isinstance(i, Tensor) and (i.dim() != 0 or i.is_floating_point())]
+            if bad:
+                raise InputError(f"to_str_tokens takes text or the integer ids of one sequence, got a "
+                                 f"{type(tokens).__name__} holding {type(bad[0]).__name__}")
+            ids = [int(i) for i in tokens]
         return [self.tokenizer.decode([i]) for i in ids]
 
     def as_batch(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
@@ -365,7 +427,16 @@ class Model:
                        names_filter: Callable[[str], bool] | Sequence[str] | str | None = None,
                        **kwargs: Any) -> tuple[Float[Tensor, "batch pos vocab"], Any]:
         """Bridge ``run_with_cache`` with the padding mask applied; returns ``(logits, cache)``, the cache
-        indexed by hook name."""
+        indexed by hook name.
+
+        **BOS convention.** Text is tokenised by :meth:`tokenize`, which follows the Hugging Face tokenizer's own
+        special-token policy: a BOS token is there only where the tokenizer adds one (Llama-3 does; SmolLM2,
+        GPT-2-style and the zoo tokenizers do not). TransformerLens's ``bridge.run_with_cache(text)`` prepends
+        BOS whatever the tokenizer does, so for SmolLM2 it caches one more position (19 where this gives 18) and
+        every index is shifted by one. gna_interp keeps the Hugging Face convention so that its logits equal the
+        plain Hugging Face model's on the same text and the positions of tasks' segments (summary tokens, the
+        final token) are the tokenizer's. ``to_str_tokens(text)`` lists exactly these positions; to get
+        TransformerLens's, pass ids: ``run_with_cache(bridge.to_tokens(text))``."""
         self.check_runnable()
         batch = self.as_batch(inputs)
         with torch.no_grad():

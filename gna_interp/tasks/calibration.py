@@ -132,6 +132,32 @@ class Calibration:
                        + "; ".join(", ".join(f"{k}={v}" for k, v in f.items()) for f in self.skipped))
         return out
 
+    def __repr__(self) -> str:
+        c = self.rows[self.chosen] if 0 <= self.chosen < len(self.rows) else None
+        if c is None:
+            return f"Calibration({len(self.rows)} forms, none chosen)"
+        return (f"Calibration({len(self.rows)} forms, chosen {c.task!r} ("
+                f"{', '.join(f'{k}={v}' for k, v in c.form.items())}): accuracy {c.accuracy:.3f}, chance "
+                f"{c.chance:.3f}, {c.n_samples} prompts each"
+                + (f", {len(self.skipped)} harder forms not measured" if self.skipped else "") + ")")
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: the grid, one row a form, the chosen one marked; the rule and what was skipped."""
+        from gna_interp import _html
+
+        keys = list(dict.fromkeys(k for r in self.rows for k in r.form))
+        rows = [[("▶ " if i == self.chosen else "") + str(i)] + [r.form.get(k, "") for k in keys]
+                + [r.task, _html.fmt(r.accuracy), _html.fmt(r.chance), _html.fmt(r.tokens, 0), r.n_samples,
+                   r.verdict or ("chosen" if i == self.chosen else "")] for i, r in enumerate(self.rows)]
+        styles = ["font-weight:bold;background:#e8f4e8" if i == self.chosen else "" for i in range(len(self.rows))]
+        parts = [_html.title("Calibration", f"{len(self.rows)} task forms measured, form {self.chosen} chosen"),
+                 _html.table(["form", *keys, "task", "accuracy", "chance", "prompt tokens", "prompts", "verdict"],
+                             rows, styles)]
+        if 0 <= self.chosen < len(self.rows):
+            parts.append("<ul style='font-size:12px;margin:4px 0'>" +
+                         "".join(f"<li>{_html.esc(t)}</li>" for t in self.sentences()) + "</ul>")
+        return "<div>" + "".join(parts) + "</div>"
+
 
 def choose(rows: Sequence[FormResult], saturated: float = SATURATED) -> int:
     """The index of the form to discover on (the rule of the module docstring)."""

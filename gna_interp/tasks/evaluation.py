@@ -54,6 +54,32 @@ class Evaluation:
                 f"{m['n_forwards']} forwards, {m['seconds']:.1f}s)")
 
 
+    def _repr_html_(self) -> str:
+        """Jupyter's display: the metrics table and the first few samples (``to_frame()`` has them all)."""
+        from gna_interp import _html
+
+        m = self.metrics
+        rows = [["accuracy", _html.fmt(m["accuracy"]), f"chance {_html.fmt(m['chance'])}"],
+                ["logit_diff", _html.fmt(m["logit_diff"]), "gold score minus the best other candidate's, mean"],
+                ["gold_prob", _html.fmt(m["gold_prob"]), "probability of the gold continuation, mean"],
+                ["n_samples", m["n_samples"], ""], ["n_forwards", m["n_forwards"], ""],
+                ["seconds", _html.fmt(m["seconds"], 1), ""]]
+        parts = [_html.title(f"Evaluation on {self.task}",
+                             f"accuracy {_html.fmt(m['accuracy'])} (chance {_html.fmt(m['chance'])})"),
+                 _html.table(["metric", "value", ""], rows)]
+        n = int(m["n_samples"])
+        if n:
+            df = self.scores.to_frame().head(_SHOWN)
+            parts.append(_html.title(f"first {len(df)} of {n} samples", ".to_frame() has every one"))
+            parts.append(_html.table(["sample", "answer", "predicted", "correct", "logit_diff", "gold_prob"],
+                                     [[r.sample, repr(r.answer), repr(r.predicted), "✓" if r.correct else "✗",
+                                       _html.fmt(r.logit_diff), _html.fmt(r.gold_prob)] for r in df.itertuples()]))
+        return "<div>" + "".join(parts) + "</div>"
+
+
+_SHOWN = 5  # samples an Evaluation shows in Jupyter
+
+
 def evaluate(model: Model, task: Task | ScoringPlan, batch_size: int = 16, method: Method = "auto",
              fwd_hooks: Hooks = (), progress: bool = True, share_prefix: bool | None = None) -> Evaluation:
     """Score every sample of ``task`` on ``model`` (CPU or GPU, wherever the model lives).
