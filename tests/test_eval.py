@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import sys
 from pathlib import Path
 
@@ -26,11 +25,12 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 from gna_interp.cli import main  # noqa: E402
 from gna_interp.errors import InputError  # noqa: E402
 from gna_interp.experiments.eval import SUMMARY_COLUMNS, TABLE_COLUMNS, EvalResult, eval_heads  # noqa: E402
+from gna_interp.experiments.eval_tasks import TASKS_DIR, task_paths, write_jsonl, write_task_folder  # noqa: E402
 from gna_interp.experiments.harness import FullMask, GnaLM  # noqa: E402
 from gna_interp.interventions import ablate, mask_pattern  # noqa: E402
 from gna_interp.tasks import KVRetrieval, Sample, evaluate, score_candidates  # noqa: E402
 
-SHIPPED = Path(__file__).parent / "data" / "eval_tasks"
+SHIPPED = TASKS_DIR  # gna_interp/data/eval_tasks: package data of the wheel
 # multi-digit values: " 4" is a prefix of " 42" on the byte tokenizer, so rows are shared and deduplicated
 MC = KVRetrieval(n_pairs=4, n_samples=6, max_value=60, seed=5)
 GEN = KVRetrieval(n_pairs=4, n_samples=5, max_value=60, seed=6)
@@ -329,19 +329,26 @@ def test_unknown_task_lists_close_names(task_dir):
     assert resolve_tasks("t_mc, t_gen", task_dir)[0] == ["t_mc", "t_gen"]
 
 
-def test_shipped_example_tasks(tiny_models, tmp_path):
-    """tests/data/eval_tasks: the MC and generation tasks load from any working directory (custom loader),
-    their documents are gna_interp KV samples, and the MC task scores as evaluate does."""
+def test_shipped_example_tasks(tiny_models, tmp_path, monkeypatch):
+    """gna_interp/data/eval_tasks: the MC and generation tasks are found with no include path, load from any
+    working directory (custom loader), their documents are gna_interp KV samples, and the MC task scores as
+    evaluate does."""
+    from gna_interp.experiments.eval import resolve_tasks
     from gna_interp.tasks.kv import KVRetrieval as KV
 
-    copy = tmp_path / "tasks"
-    shutil.copytree(SHIPPED, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    rows = [json.loads(x) for x in (copy / "gna_kv_mc.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (SHIPPED / "gna_kv_mc.jsonl").read_text().splitlines()]
     want = KV(10, 50, seed=101, max_value=9)
     assert [r["prompt"] for r in rows] == want.prompts and [r["answer"] for r in rows] == [s.gold for s in want]
+    rebuilt = tmp_path / "rebuilt"  # the generator writes the shipped files byte for byte
+    rebuilt.mkdir()
+    write_jsonl(rebuilt)
+    for f in ("gna_kv_mc.jsonl", "gna_kv_gen.jsonl"):
+        assert (rebuilt / f).read_bytes() == (SHIPPED / f).read_bytes(), f
+    names, manager = resolve_tasks("gna_kv_mc,gna_kv_gen")  # no include path; only the shipped folder indexed
+    assert names == ["gna_kv_mc", "gna_kv_gen"] and set(manager.all_tasks) == {"gna_kv_mc", "gna_kv_gen"}
+    monkeypatch.chdir(tmp_path)
     model = tiny_models["llama"]
-    res = eval_heads(model, "gna_kv_mc,gna_kv_gen", heads=HEADS, random_k=0, limit=3, include_path=copy,
-                     progress=False)
+    res = eval_heads(model, "gna_kv_mc,gna_kv_gen", heads=HEADS, random_k=0, limit=3, progress=False)
     t = res.table
     assert set(t["condition"]) == {"intact", "removed"} and res.random_heads == []
     assert set(zip(t["task"], t["metric"], t["filter"])) == {("gna_kv_mc", "acc", "none"),
@@ -349,6 +356,26 @@ def test_shipped_example_tasks(tiny_models, tmp_path):
     three = [Sample(r["prompt"], tuple(r["choices"]), r["answer"]) for r in rows[:3]]
     acc = score_candidates(model, three).correct.float().mean().item()
     assert t[(t["task"] == "gna_kv_mc") & (t["condition"] == "intact")]["value"].iloc[0] == pytest.approx(acc)
+
+
+def test_the_shipped_tasks_need_no_include_path(task_dir, tmp_path):
+    """task_paths: the shipped folder first, then the user's; a folder that redefines a shipped task replaces the
+    shipped folder. gna lm-eval adds it to lm-eval's --include_path (or its --config file's include_path)."""
+    import argparse
+
+    from gna_interp.cli.eval import _with_shipped_tasks
+
+    assert task_paths() == [str(TASKS_DIR)]
+    assert task_paths(task_dir) == [str(TASKS_DIR), str(task_dir)]
+    copy = write_task_folder(tmp_path / "copy")
+    assert task_paths([task_dir, copy]) == [str(task_dir), str(copy)]
+    assert _with_shipped_tasks(argparse.Namespace(include_path=None)) == [str(TASKS_DIR)]
+    assert _with_shipped_tasks(argparse.Namespace(include_path=str(task_dir), config=None)) == \
+        [str(TASKS_DIR), str(task_dir)]
+    config = tmp_path / "run.yaml"
+    config.write_text(f"include_path: {task_dir}\n")
+    assert _with_shipped_tasks(argparse.Namespace(include_path=None, config=str(config))) == \
+        [str(TASKS_DIR), str(task_dir)]
 
 
 def test_cli_writes_its_folder(tiny_dirs, task_dir, tmp_path, capsys):
@@ -391,23 +418,18 @@ def test_cli_says_how_to_install_lm_eval(tiny_dirs, tmp_path, capsys, monkeypatc
 
 
 def test_zoo_transformer_loses_retrieval_with_its_ga_heads(tmp_path):
-    """The shipped tasks rebuilt with the zoo Transformer's key words (make_data.py): intact it solves both;
+    """The shipped tasks rebuilt with the zoo Transformer's key words (eval_tasks.write_task_folder): intact it solves both;
     its two G&A heads removed, both fall near chance (0.1) while two random heads cost little -- the paper's
     table on a model small enough for CI. The generation score is the model's own greedy answers."""
-    import importlib.util
     import re
 
     from gna_interp.models import load_model, zoo_names
 
     if "transformer-kv" not in zoo_names():
         pytest.skip("the zoo Transformer is not installed")
-    spec = importlib.util.spec_from_file_location("make_data", SHIPPED / "make_data.py")
-    make_data = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_data)
     model = load_model("zoo:transformer-kv")
-    tasks = tmp_path / "tasks"
-    shutil.copytree(SHIPPED, tasks, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl"))
-    make_data.write(tasks, list(model.kv_words))
+    tasks = write_task_folder(tmp_path / "tasks", list(model.kv_words))
+    assert task_paths(tasks) == [str(tasks)]  # a folder redefining the shipped tasks replaces them
     res = eval_heads(model, "gna_kv_mc,gna_kv_gen", heads="L0H3,L1H3", random_k=2, seeds=2, limit=20,
                      include_path=tasks, progress=False)
     s = res.summary.set_index("task")

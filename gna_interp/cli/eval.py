@@ -30,8 +30,9 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     model_arg(p, "model spec (default: the circuit's model with --circuit, else smollm2-135m when installed, else a "
                  "zoo model)")
     p.add_argument("--tasks", required=True,
-                   help="comma-separated lm-eval tasks, groups or tags (mmlu, gsm8k, lambada_openai, bbh, ...) or "
-                        "local YAML tasks found under --include-path")
+                   help="comma-separated lm-eval tasks, groups or tags (mmlu, gsm8k, lambada_openai, bbh, ...), "
+                        "the shipped offline tasks gna_kv_mc and gna_kv_gen, or local YAML tasks found under "
+                        "--include-path")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--ablate", default=None, metavar="HEADS", help="heads to remove, e.g. L16H0,L18H6")
     which.add_argument("--circuit", default=None, metavar="DIR",
@@ -47,7 +48,9 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
                    help="documents per task (or a fraction < 1), as lm-eval's --limit; for quick runs")
     p.add_argument("--num-fewshot", type=at_least(0), default=None, help="few-shot examples (default: the task's)")
     p.add_argument("--include-path", action="append", default=None, metavar="DIR",
-                   help="folder of local lm-eval task YAML files (repeatable); e.g. tests/data/eval_tasks")
+                   help="folder of local lm-eval task YAML files (repeatable; the shipped gna_kv_mc and gna_kv_gen "
+                        "need none: a folder defining tasks of those names replaces them, e.g. one written by "
+                        "python -m gna_interp.experiments.eval_tasks --model zoo:transformer-kv --out DIR)")
     p.add_argument("--max-gen-toks", type=at_least(1), default=256,
                    help="new tokens of a generation when the task sets none (default 256)")
     p.add_argument("--bootstrap-iters", type=at_least(0), default=100000,
@@ -100,8 +103,26 @@ def run_eval(args: argparse.Namespace) -> int:
                     "find plug-in model classes by itself)")
 def _lm_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("harness_args", nargs=argparse.REMAINDER, metavar="run|ls|validate ...",
-                   help="lm-eval's subcommand and its arguments, passed on unchanged (see gna lm-eval run -h)")
+                   help="lm-eval's subcommand and its arguments, passed on unchanged (see gna lm-eval run -h), except "
+                        "that the shipped offline tasks gna_kv_mc and gna_kv_gen are found with no --include_path")
     p.set_defaults(run=run_lm_eval)
+
+
+def _with_shipped_tasks(ns: argparse.Namespace) -> list[str]:
+    """lm-eval's ``--include_path`` (or the ``include_path`` of its ``--config`` YAML file) with the shipped task
+    folder added (:func:`gna_interp.experiments.eval_tasks.task_paths`)."""
+    from gna_interp.experiments.eval_tasks import task_paths
+
+    given = ns.include_path
+    config = getattr(ns, "config", None)
+    if not given and config:  # lm-eval lets the command line override its YAML config: keep the YAML's folder
+        import yaml
+
+        try:
+            given = (yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}).get("include_path")
+        except (OSError, yaml.YAMLError, AttributeError):
+            given = None  # lm-eval reports a bad config file itself
+    return task_paths(given)
 
 
 def run_lm_eval(args: argparse.Namespace) -> int:
@@ -113,7 +134,7 @@ def run_lm_eval(args: argparse.Namespace) -> int:
     if not rest or rest[0] not in ("run", "ls", "validate"):
         raise InputError(f"gna lm-eval needs one of lm-eval's subcommands first (run, ls, validate), got "
                          f"{' '.join(rest) or 'nothing'}; e.g. gna lm-eval run --model gna --model_args "
-                         f"model=zoo:transformer-kv heads=L0H3 --tasks gna_kv_mc --include_path tests/data/eval_tasks")
+                         f"model=zoo:transformer-kv heads=L0H3 --tasks gna_kv_mc --limit 8")
     import torch
 
     import gna_interp.experiments.harness  # noqa: F401 -- registers the "gna" model class
@@ -127,7 +148,10 @@ def run_lm_eval(args: argparse.Namespace) -> int:
     saved = sys.argv
     sys.argv = ["lm-eval", *rest]  # lm-eval's parser reads sys.argv (it rewrites it for its legacy form)
     try:
-        cli.execute(cli.parse_args())
+        ns = cli.parse_args()
+        if hasattr(ns, "include_path"):  # run, ls, validate: the shipped tasks are found with no --include_path
+            ns.include_path = _with_shipped_tasks(ns)
+        cli.execute(ns)
     except SystemExit as e:  # lm-eval's own --help or argument error (already printed)
         return e.code if isinstance(e.code, int) else 2
     finally:

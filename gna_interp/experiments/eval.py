@@ -3,7 +3,8 @@
 The paper's evidence that G&A heads are a retrieval bottleneck and not generic machinery: remove a
 handful of them and MMLU (letter answers: retrieval of the right option) falls to chance while knowledge
 benchmarks barely move; remove as many random heads and nothing happens. :func:`eval_heads` runs that
-comparison on any benchmark lm-eval knows (``mmlu``, ``gsm8k``, ``lambada_openai``, ``bbh``, a local YAML
+comparison on any benchmark lm-eval knows (``mmlu``, ``gsm8k``, ``lambada_openai``, ``bbh``, the shipped
+offline tasks ``gna_kv_mc`` and ``gna_kv_gen`` of :mod:`~gna_interp.experiments.eval_tasks`, a local YAML
 task), one lm-eval run per *condition*, each through :class:`~gna_interp.experiments.harness.GnaLM`:
 
 =============  =====================================================================================
@@ -187,9 +188,11 @@ class EvalResult:
 
 def resolve_tasks(tasks: str | Sequence[str], include_path: str | Path | Sequence[str | Path] | None = None) -> tuple[list[str], Any]:
     """Task names (``"mmlu,gsm8k"`` or a list) checked against lm-eval's index, and the ``TaskManager``
-    that knows them. Local YAML tasks under ``include_path`` are looked up first (without indexing
-    lm-eval's ~15,000 built-in tasks when they are all local); an unknown name raises
+    that knows them. Local YAML tasks -- the shipped example tasks (``gna_kv_mc``, ``gna_kv_gen``:
+    :mod:`gna_interp.experiments.eval_tasks`) and those under ``include_path`` -- are looked up first
+    (without indexing lm-eval's ~15,000 built-in tasks when they are all local); an unknown name raises
     :class:`InputError` listing the closest names."""
+    from gna_interp.experiments.eval_tasks import task_paths
     from gna_interp.experiments.harness import require_lm_eval
 
     require_lm_eval()
@@ -202,18 +205,19 @@ def resolve_tasks(tasks: str | Sequence[str], include_path: str | Path | Sequenc
     for p in paths:
         if not Path(p).is_dir():
             raise InputError(f"--include-path {str(p)!r} is not a folder; point it at a folder of lm-eval task YAML files")
-    if paths:
-        local = TaskManager(include_path=[str(p) for p in paths], include_defaults=False)
-        if all(n in local.all_tasks for n in names):
-            return names, local
-    manager = _full_manager(tuple(str(p) for p in paths))
+    search = task_paths(paths)
+    local = TaskManager(include_path=search, include_defaults=False)
+    if all(n in local.all_tasks for n in names):
+        return names, local
+    manager = _full_manager(tuple(search))
     known = set(manager.all_tasks)
     for n in names:
         if n not in known:
             close = difflib.get_close_matches(n, manager.all_tasks, n=6, cutoff=0.6)
             hint = f"; close: {', '.join(close)}" if close else ""
             where = f" or under --include-path {', '.join(map(str, paths))}" if paths else \
-                " (local YAML tasks: pass their folder with --include-path)"
+                " nor among the shipped example tasks (gna_kv_mc, gna_kv_gen); local YAML tasks: pass their " \
+                "folder with --include-path"
             raise InputError(f"unknown task {n!r}: lm-eval has no task, group or tag of that name{where}{hint}")
     return names, manager
 
@@ -363,16 +367,17 @@ def _choose_heads(model: Model, heads: Any, circuit: Any, top_k: int, out: Path 
             note = f"circuit discovered by an earlier run of this evaluation ({saved})"
         else:
             from gna_interp.circuits import discover
-            from gna_interp.tasks import KVRetrieval
+            from gna_interp.tasks.choice import TaskChoice
 
-            task = KVRetrieval(10, 24, seed=0, max_value=9, words=model.kv_words)
-            print(f"no heads or circuit given: discovering the circuit on {task.name} ({len(task)} samples; "
-                  f"gna scan's defaults) ...", flush=True)
+            print("no heads or circuit given: discovering the circuit as gna scan does (the KV form the model "
+                  "solves, by calibration) ...", flush=True)
             ckpt = saved / "scan.ckpt.json" if saved is not None else None
-            c = discover(model, task, k=top_k, batch_size=batch_size, checkpoint=ckpt, progress=progress)
+            c = discover(model, TaskChoice(batch_size=batch_size), k=top_k, batch_size=batch_size, checkpoint=ckpt,
+                         progress=progress)
             if saved is not None:
                 c.save(saved)
-            note = f"circuit discovered on {task.name} ({len(task)} samples)" + (f", saved in {saved}" if saved else "")
+            note = (f"circuit discovered on {c.task.get('name')} ({c.task.get('n_samples')} samples)"
+                    + (f", saved in {saved}" if saved else ""))
     else:
         if isinstance(circuit, Circuit):
             c, note = circuit, "circuit given"
@@ -404,7 +409,8 @@ class EvalConfig(RunOptions):
             many as removed; 0: no random condition); seeds: random draws.
         limit: documents a task (or a fraction below 1), as lm-eval's ``--limit``.
         method: ``zero`` or ``mean`` ablation.
-        include_path: folder(s) of local task YAML files; num_fewshot: few-shot examples (None: the task's).
+        include_path: folder(s) of local task YAML files (the shipped example tasks are always found);
+            num_fewshot: few-shot examples (None: the task's).
         max_gen_toks: new tokens of a generation when the task sets none.
         bootstrap_iters: lm-eval's bootstrap iterations for standard errors.
 
