@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
+from gna_interp import __version__
 from gna_interp.errors import GnaError, InputError
 from gna_interp.run_folder import RunFolder, check_out_file
 
@@ -717,6 +718,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="gna", description="Find and inspect Gather-and-Aggregate heads.", allow_abbrev=False)
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    parser.add_argument("--version", action="version", version=f"gna {__version__}", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _load_command_modules()
     chosen = next((a for a in argv if a in _COMMANDS), None) if argv is not None else None
