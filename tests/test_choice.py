@@ -72,7 +72,3 @@ def test_the_command_line_holds_no_task_building_code():
     for name in ("_scan_task", "_scan_form", "_format_tasks", "_knowledge_twin", "KV_UNCALIBRATED"):
         assert not hasattr(cli, name), name
 
-
-def test_gna_version(capsys):
-    assert main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"gna {gna.__version__}"

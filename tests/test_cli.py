@@ -35,3 +35,10 @@ def test_patterns_bad_head_exits_with_message(tiny_dirs, tmp_path, capsys):
                  "--out", str(tmp_path / "x.html")])
     assert code == 2
     assert "L0H9 is out of range" in capsys.readouterr().err
+
+
+def test_gna_version(capsys):
+    import gna_interp
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"gna {gna_interp.__version__}"
