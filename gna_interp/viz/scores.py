@@ -37,6 +37,11 @@ def as_frame(scan: Any) -> pd.DataFrame:
     return df
 
 
+# what the hover box shows (a few lines: it must not hide the heatmap); the report's click view shows the rest
+HOVER = ("rank", "role", "causal_role", "drop", "drop_lo", "drop_hi", "control_drop", "gather", "aggregate",
+         "selectivity")
+
+
 def _hover(row: pd.Series, columns: list[str]) -> str:
     lines = [f"<b>{html.escape(str(row['name']), quote=False)}</b>"]
     for c in columns:
@@ -71,7 +76,8 @@ def score_heatmap(scan: Any, roles: pd.DataFrame | None = None, value: str = "dr
     channel-group start on the x axis, so hybrids show their attention and SSM layers apart.
     Colour is centred at 0 (red = ablating hurts). Cells are marked ``G`` / ``A`` for heads whose
     ``role`` is gather / aggregate, and the ``mark_top`` best-ranked heads carry their rank.
-    Hover shows the name, the role and every other column of the frame; each trace's ``meta.names[y][x]`` is
+    Hover shows a few lines (:data:`HOVER`: rank, roles, drop with its interval, control effect, role scores; the
+    report's click view shows every column); each trace's ``meta.names[y][x]`` is
     the head name of cell ``(x, y)`` (``""`` where no head was scanned), for scripts that react to a click.
     ``roles`` (a frame with ``name`` and e.g. ``role``, gather/aggregate scores) is merged in on ``name``.
     """
@@ -88,7 +94,8 @@ def score_heatmap(scan: Any, roles: pd.DataFrame | None = None, value: str = "dr
         raise InputError("the scan frame is empty: nothing to draw")
     if "rank" not in df:
         df["rank"] = df[value].rank(ascending=False, method="first").astype(int)
-    hover_cols = (["role"] if "role" in df else []) + [c for c in df.columns if c not in _HIDDEN | {"role"}]
+    hover_cols = [c for c in HOVER if c in df.columns and c not in _HIDDEN] + \
+        ([value] if value not in HOVER and value not in _HIDDEN else [])
     present = list(dict.fromkeys(df["kind"]))
     order = [k for k in kinds() if k in present] + [k for k in present if k not in kinds()]
     info = {k: _kind_info(k) for k in order}
