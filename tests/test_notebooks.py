@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,10 @@ import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 300  # a cell; 03_paper_claims runs SmolLM2 cells when it is installed
+PLOTLY_JSON = "application/vnd.plotly.v1+json"
+CHROMIUM = os.environ.get("GNA_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-quic", "--no-first-run"]
 
 
 def _load(path: Path):
@@ -29,6 +34,28 @@ def test_notebook_is_stored_without_outputs(path: Path):
     assert code, f"{path.name} has no code cells"
     dirty = [i for i, c in enumerate(code) if c.outputs or c.execution_count is not None]
     assert not dirty, f"{path.name}: code cells {dirty} carry outputs; strip them before committing"
+
+
+def test_notebook_mode_gives_every_plotly_figure_an_offline_html_form():
+    """After ``notebook_mode()`` a figure's bundle is the plotly JSON (JupyterLab) plus text/html that needs the
+    page's plotly.js only: no CDN, no MathJax script; the bundle it displays once is plotly.js itself, inline."""
+    pio = pytest.importorskip("plotly.io")
+    import plotly.graph_objects as go
+
+    from gna_interp.viz import notebook_mode
+    from gna_interp.viz.notebook import plotly_bundle_html
+
+    before = pio.renderers.default
+    try:
+        notebook_mode(show=False)
+        bundle = pio.renderers._build_mime_bundle(go.Figure(go.Bar(y=[1, 3, 2])).to_dict())
+    finally:
+        pio.renderers.default = before
+    assert set(bundle) == {PLOTLY_JSON, "text/html"}
+    html = bundle["text/html"]
+    assert "Plotly.newPlot" in html and "<script src" not in html and "https://" not in html
+    js = plotly_bundle_html()
+    assert len(js) > 1_000_000 and "<script src" not in js
 
 
 @pytest.mark.slow
@@ -55,10 +82,14 @@ def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path):
     print(f"{path.name}: {seconds:.1f}s on {os.cpu_count()} cores, python {sys.version.split()[0]}")
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
+    streams = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
+                         if o.output_type == "stream")
+    assert "TqdmWarning" not in streams and "IProgress not found" not in streams, streams
     if path.stem == "01_quickstart":
         _check_figures_display_themselves(nb)
     if path.stem == "03_paper_claims":
         _check_claims_are_measured(nb)
+    _check_export_shows_every_figure(nb, tmp_path / f"{path.stem}.html")  # last: it skips without Chromium
 
 
 def _check_figures_display_themselves(nb) -> None:
@@ -74,7 +105,7 @@ def _check_figures_display_themselves(nb) -> None:
     assert html.startswith("<iframe") and "CircuitsVis.render" in html and "var CircuitsVis" in html
     for marker in ("score_heatmap(", "ablation_curve(", "ga_card("):
         figs = results(marker)
-        assert figs and "application/vnd.plotly.v1+json" in figs[0], (marker, list(figs[0]) if figs else None)
+        assert figs and PLOTLY_JSON in figs[0] and "text/html" in figs[0], (marker, list(figs[0]) if figs else None)
 
 
 def _check_claims_are_measured(nb) -> None:
@@ -88,4 +119,56 @@ def _check_claims_are_measured(nb) -> None:
     assert len(figs) == 2
     for c in figs:
         data = [o.get("data", {}) for o in c.outputs if o.output_type in ("execute_result", "display_data")]
-        assert data and "application/vnd.plotly.v1+json" in data[0], c.source
+        assert data and PLOTLY_JSON in data[0] and "text/html" in data[0], c.source
+
+
+def _figure_outputs(nb) -> tuple[int, int]:
+    """(plotly figures, gna HTML views) among the executed notebook's displayed outputs."""
+    data = [o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs
+            if o.output_type in ("execute_result", "display_data")]
+    figures = [d for d in data if PLOTLY_JSON in d]
+    blank = [i for i, d in enumerate(figures) if "text/html" not in d]
+    assert not blank, f"figures {blank} carry no text/html form: call gna_interp.viz.notebook_mode() first"
+    views = sum(1 for d in data if str(d.get("text/html", "")).startswith('<iframe class="gna-view"'))
+    return len(figures), views
+
+
+def _check_export_shows_every_figure(nb, out: Path) -> None:
+    """nbconvert's HTML of the executed notebook, opened in headless Chromium with every request off this machine
+    refused (no network, no kernel), draws each plotly figure the notebook showed and fills each gna view frame."""
+    nbconvert = pytest.importorskip("nbconvert")
+    n_figures, n_views = _figure_outputs(nb)
+    assert n_figures + n_views > 0, "the notebook shows no figure"
+    body, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
+    out.write_text(body, encoding="utf-8")
+    if CHROMIUM is None:
+        pytest.skip("needs Debian's chromium (apt-get install chromium) to check the exported HTML: .ci/run has it")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    errors: list[str] = []
+    shot = out.with_suffix(".png")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            local = ("file:", "data:", "blob:", "about:")
+            page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(local) else r.abort())
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(out.as_uri(), wait_until="load", timeout=120_000)
+            page.wait_for_function(
+                """([nf, nv]) => [...document.querySelectorAll('.js-plotly-plot')].filter(
+                       gd => gd._fullLayout && gd.querySelector('svg.main-svg')).length >= nf
+                     && [...document.querySelectorAll('iframe.gna-view')].filter(f => f.contentDocument
+                          && f.contentDocument.querySelector('.cv-widget > *, .js-plotly-plot')).length >= nv""",
+                arg=[n_figures, n_views], timeout=60_000)
+            seen = page.evaluate("""() => ({
+                plots: document.querySelectorAll('.js-plotly-plot').length,
+                drawn: [...document.querySelectorAll('.js-plotly-plot')].filter(
+                    gd => gd.querySelector('svg.main-svg') && gd._fullData && gd._fullData.length > 0
+                          && gd.getBoundingClientRect().height > 100).length,
+                views: document.querySelectorAll('iframe.gna-view').length})""")
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    print(f"{out.name}: {seen}; screenshot {shot}")
+    assert seen == {"plots": n_figures, "drawn": n_figures, "views": n_views}, (seen, n_figures, n_views)
+    assert not [e for e in errors if "Plotly" in e or "CircuitsVis" in e], errors

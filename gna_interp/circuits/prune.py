@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterable, Literal, Mapping, Sequence
 
 import pandas as pd
-from tqdm.auto import tqdm
+from gna_interp.progress import tqdm
 
 from gna_interp.errors import InputError
 from gna_interp.interventions.layers import check_layers, skip_layers

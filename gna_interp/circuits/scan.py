@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from gna_interp.progress import tqdm
 
 from gna_interp.circuits.attribution import attribution_estimates
 from gna_interp.circuits.distributed import active, check_world

@@ -318,7 +318,7 @@ def run_zoo(args: argparse.Namespace) -> int:
         print(f"recipes: {', '.join(sorted(RECIPES))} (gna zoo train NAME)")
         return 0
     recipe(args.name)  # clear error for an unknown name before any work
-    args.out = zoo_dir() / args.name if args.install else Path(args.out or Path("zoo") / args.name)
+    args.out = zoo_dir() / args.name if args.install else (args.out if args.out is not None else Path("zoo") / args.name)
     folder = claim_out(args, "zoo train")
     with folder.hold(args.fresh):
         train(args.name, folder.path, steps=args.steps, seed=args.seed, threads=args.threads,
@@ -523,7 +523,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from gna_interp.circuits import Circuit, compare_circuits
     from gna_interp.models import load_model
 
-    folder = claim_out(args, "compare-circuits") if args.out else None  # before the model loads
+    folder = claim_out(args, "compare-circuits") if args.out is not None else None  # before the model loads
     a, b = Circuit.load(args.a), Circuit.load(args.b)
     model = load_model(args.model or a.model, device=getattr(args, "device", None))
     result = compare_circuits(model, a, b, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size)
@@ -718,6 +718,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="gna", description="Find and inspect Gather-and-Aggregate heads.", allow_abbrev=False)
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bars or progress lines (as the environment variable TQDM_DISABLE=1)")
     parser.add_argument("--version", action="version", version=f"gna {__version__}", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _load_command_modules()
@@ -743,6 +745,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help (0) or a bad argument (2, already printed)
         return e.code if isinstance(e.code, int) else 2
     args.argv = argv
+    from gna_interp.progress import set_quiet
+
+    was_quiet = set_quiet(True) if args.quiet else None
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() \
         else None
     try:
@@ -764,6 +769,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     finally:
+        if was_quiet is not None:
+            set_quiet(was_quiet)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
-from tqdm.auto import tqdm
+from gna_interp.progress import tqdm
 
 from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError

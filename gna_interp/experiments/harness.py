@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
+from gna_interp.progress import tqdm
 
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod, ablation_hooks, replacements

@@ -65,7 +65,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
+from gna_interp.progress import tqdm
 
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.discovery import discover

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
-from tqdm.auto import tqdm
+from gna_interp.progress import tqdm
 
 from gna_interp.circuits.prune import COLUMNS as CURVE_COLUMNS
 from gna_interp.errors import HeadError, InputError

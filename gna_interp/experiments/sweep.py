@@ -170,7 +170,7 @@ def random_draws(pool: Sequence[HeadRef], exclude: Sequence[HeadRef], k: int, se
 
 
 def _bar(total: int, initial: int, desc: str, progress: bool) -> Any:
-    from tqdm.auto import tqdm
+    from gna_interp.progress import tqdm
 
     return tqdm(total=total, initial=initial, desc=desc, unit="point", disable=not progress)
 

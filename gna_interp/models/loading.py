@@ -17,6 +17,7 @@ Zamba2-7B). A meta model cannot run: any forward says so.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -191,6 +192,29 @@ def quiet_transformers() -> Iterator[None]:
             transformers.utils.logging.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def gguf_bars_quiet_unless_terminal() -> Iterator[None]:
+    """transformers' "Converting and de-quantizing GGUF tensors" bar (its own ``tqdm.auto``, which neither
+    :func:`quiet_transformers` nor ``disable_progress_bar`` reaches) off inside the block, unless bars are on and
+    stderr is a terminal (:func:`gna_interp.progress.terminal_bars`): no bars in notebooks, logs, ``--quiet``."""
+    from gna_interp.progress import terminal_bars
+
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # a transformers without the GGUF loader: nothing to silence
+        yield
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None or terminal_bars():
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+
+
 def _gguf_cache_key(path: Path) -> str:
     st = path.stat()
     raw = f"{_CACHE_FORMAT}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
@@ -237,7 +261,7 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        with quiet_transformers():
+        with quiet_transformers(), gguf_bars_quiet_unless_terminal():
             model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
             tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:  # transformers raises many types for a bad file

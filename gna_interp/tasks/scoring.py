@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
+from gna_interp.progress import tqdm
 
 from gna_interp.errors import InputError
 from gna_interp.models.model import Model, TokenBatch

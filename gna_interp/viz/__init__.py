@@ -8,9 +8,10 @@ from gna_interp.viz.export import write_pngs
 from gna_interp.viz.graph import circuit_graph, graph_figure
 from gna_interp.viz.html import HTMLView, figure_div, page
 from gna_interp.viz.interactions import interaction_heatmap
+from gna_interp.viz.notebook import notebook_mode
 from gna_interp.viz.scores import score_heatmap
 from gna_interp.viz.stability import stability_plot
 
 __all__ = ["HTMLView", "ablation_curve", "attention_heads", "circuit_graph", "compare_heads", "figure_div", "ga_card",
-           "graph_figure", "interaction_heatmap", "page", "patterns_page", "score_heatmap", "stability_plot",
-           "write_pngs"]
+           "graph_figure", "interaction_heatmap", "notebook_mode", "page", "patterns_page", "score_heatmap",
+           "stability_plot", "write_pngs"]
