@@ -85,9 +85,17 @@ def _check_path(out: Path, what: str) -> Path:
     return parent
 
 
+def _check_not_empty(out: str | os.PathLike, what: str) -> None:
+    """Refuse an empty path (``Path("")`` is the current directory: the results would land there unasked)."""
+    if not str(out).strip():
+        raise InputError(f"{what} is empty: name an output folder (e.g. {what} runs/scan); an empty path would "
+                         f"write the results into the current directory")
+
+
 def check_out_dir(out: str | os.PathLike, what: str = "--out") -> Path:
     """Refuse an output folder path that cannot be one: a name too long, an existing file, a dangling link, a parent
     that cannot be written. Reads only; returns ``out`` as a path."""
+    _check_not_empty(out, what)
     out = Path(out)
     _check_name(out, what)
     if out.exists() and not out.is_dir():
@@ -204,6 +212,7 @@ class RunFolder:
     def __init__(self, out: str | os.PathLike, command: str) -> None:
         if command not in RESULTS:
             raise ValueError(f"unknown command {command!r}")
+        _check_not_empty(out, "--out")
         self.path, self.command = Path(out), command
 
     def check(self, *, fresh: bool = False, resume: bool = False, checkpoints: Iterable[Path] = (),

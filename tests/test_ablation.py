@@ -156,3 +156,21 @@ def test_comma_separated_names_and_empty_lists(tiny_models):
     with ablate(model, []) as hs:
         assert hs == []
         torch.testing.assert_close(model.forward(PROMPTS), clean)
+
+
+def test_an_ablation_is_a_value_entered_again_after_its_block_but_not_inside_it(tiny_models):
+    model = tiny_models["llama"]
+    clean = model.forward(PROMPTS[0])
+    cut = ablate(model, ["L1H2"])
+    with cut as heads:
+        first = model.forward(PROMPTS[0])
+        with pytest.raises(InputError, match="already active"):
+            with cut:
+                pass
+        assert torch.equal(model.forward(PROMPTS[0]), first)  # the refused re-entry added no second hook
+    assert heads == [HeadRef.parse("L1H2")] and torch.equal(model.forward(PROMPTS[0]), clean)
+    with cut:
+        assert torch.equal(model.forward(PROMPTS[0]), first)
+    assert _hook_count(model) == 0 and "inactive" in repr(cut)
+    with pytest.raises(HeadError):  # validated when made, not when entered
+        ablate(model, ["L9H0"])

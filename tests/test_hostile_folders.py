@@ -96,6 +96,13 @@ def test_every_out_that_is_a_file_is_refused_before_the_model(command, tmp_path,
     _refused([*COMMANDS[command], "--out", str(f)], capsys, "is an existing file", tmp_path)
 
 
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_an_empty_out_is_refused_before_the_model(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _refused([*COMMANDS[command], "--out", ""], capsys, "is empty", tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing written into the working directory
+
+
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c != "scan"])
 def test_a_scan_folder_is_not_another_commands_out(command, scan_folder, tmp_path, capsys):
     """Any other command into a finished scan's folder would replace its report.html: refused, naming the scan."""

@@ -91,3 +91,18 @@ def test_bad_arguments():
 # Computed once with this code and word list; a change here means prompts changed for every user.
 GOLDEN_KV10_SEED0 = "ce7ec66dc85c0e8266ed5dbc395deb12da61d75d0e999c990fde4bc01547dfed"
 GOLDEN_RNG = [83, 34, 12, 69, 17]
+
+
+def test_a_task_too_large_to_build_is_refused_at_once():
+    import time
+
+    from gna_interp.errors import InputError
+    from gna_interp.tasks import KVRetrieval
+
+    start = time.perf_counter()
+    for kw in (dict(n_pairs=5, n_samples=10**9), dict(n_pairs=10**6, n_samples=1, max_value=10**7)):
+        with pytest.raises(InputError, match="too large"):
+            KVRetrieval(**kw)
+    with pytest.raises(InputError, match="max_value must be an integer"):
+        KVRetrieval(5, 8, max_value=float("nan"))
+    assert time.perf_counter() - start < 1

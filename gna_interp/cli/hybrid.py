@@ -95,7 +95,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from gna_interp.experiments.output import ResultFolder
     from gna_interp.models import load_model
 
-    out = Path(args.out) if args.out else None
+    out = Path(args.out) if args.out is not None else None
     if out is not None:
         folder = claim_out(args, "hybrid plan")
     if args.order == "random" and args.scan is not None:

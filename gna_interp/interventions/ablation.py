@@ -27,9 +27,8 @@ Hooks live only inside the ``with`` block; they are removed on exit, exceptions 
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 from jaxtyping import Float
@@ -43,7 +42,7 @@ from gna_interp.models.model import Model, TokenBatch
 AblationMethod = Literal["zero", "mean", "resample"]
 METHODS: tuple[str, ...] = ("zero", "mean", "resample")
 
-__all__ = ["METHODS", "AblationMethod", "Replacement", "ablate", "ablation_hooks", "flat_channels", "replacements"]
+__all__ = ["METHODS", "Ablation", "AblationMethod", "Replacement", "ablate", "ablation_hooks", "flat_channels", "replacements"]
 
 
 def flat_channels(x: Tensor, site: HeadSite) -> Tensor:
@@ -143,15 +142,42 @@ def ablation_hooks(replaced: Sequence[Replacement], rows: slice | None = None) -
     return [(name, make(entries)) for name, entries in by_hook.items()]
 
 
-@contextmanager
+class Ablation:
+    """What :func:`ablate` returns: heads removed while inside ``with``, a value you can name, pass around and enter
+    again once the block is left. The heads are validated (and mean / resample values computed) when it is made."""
+
+    def __init__(self, model: Model, heads: str | HeadRef | Sequence[str | HeadRef], method: AblationMethod = "zero",
+                 reference: Any = None) -> None:
+        self.model = model
+        self.replaced = replacements(model, heads, method, reference)
+        self.heads = [r.site.head for r in self.replaced]
+        self._active: Any = None
+
+    def __enter__(self) -> list[HeadRef]:
+        if self._active is not None:
+            raise InputError(f"this ablation of {', '.join(h.name for h in self.heads) or 'no heads'} is already "
+                             f"active: leave its `with` block before entering it again (or make a second ablate(...))")
+        active = self.model.hooks(ablation_hooks(self.replaced))
+        active.__enter__()
+        self._active = active
+        return list(self.heads)
+
+    def __exit__(self, *exc: Any) -> Any:
+        active, self._active = self._active, None
+        return active.__exit__(*exc) if active is not None else None
+
+    def __repr__(self) -> str:
+        return f"Ablation({', '.join(h.name for h in self.heads)}; {'active' if self._active else 'inactive'})"
+
+
 def ablate(model: Model, heads: str | HeadRef | Sequence[str | HeadRef], method: AblationMethod = "zero",
-           reference: Any = None) -> Iterator[list[HeadRef]]:
-    """Inside the block, ``heads`` of ``model`` are ablated in every forward; yields the parsed heads.
+           reference: Any = None) -> Ablation:
+    """Inside the block, ``heads`` of ``model`` are ablated in every forward; ``with`` gives the parsed heads.
 
     ``heads`` are HeadRefs or names (``"L3H1,L5S2"``); ``method`` is ``zero``, ``mean`` or
     ``resample``; ``reference`` (prompts, ids, a TokenBatch or a Task) supplies the activations for
-    ``mean``/``resample``. Zero ablation equals zeroing the heads' output-projection columns.
+    ``mean``/``resample``. Zero ablation equals zeroing the heads' output-projection columns. The
+    :class:`Ablation` returned can be entered again after its block, not inside it; hooks are removed on exit,
+    exceptions included.
     """
-    replaced = replacements(model, heads, method, reference)
-    with model.hooks(ablation_hooks(replaced)):
-        yield [r.site.head for r in replaced]
+    return Ablation(model, heads, method, reference)

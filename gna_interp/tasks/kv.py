@@ -36,6 +36,10 @@ PAPER_SIZES: tuple[int, ...] = (10, 15, 20, 25, 30, 35, 40, 45, 50)
 DEFAULT_VALUE_SUFFIX = {"official": "", "completion": "\n"}
 
 
+MAX_SAMPLES = 100_000  # prompts of one task: far beyond what a scan runs, far below what hangs a machine
+MAX_PAIRS = 10_000  # lines of one dictionary (the paper's largest is 50; past this no context holds a prompt)
+
+
 class KVRetrieval(Task):
     """``n_samples`` dictionaries of ``n_pairs`` ``key:value`` lines with one key queried.
 
@@ -53,6 +57,12 @@ class KVRetrieval(Task):
         if not isinstance(n_pairs, Integral) or not isinstance(n_samples, Integral) or n_pairs < 2 or n_samples < 1:
             raise InputError(f"n_pairs must be an integer >= 2 (a dictionary needs two lines to choose between) and "
                              f"n_samples >= 1, got n_pairs={n_pairs!r}, n_samples={n_samples!r}")
+        if n_samples > MAX_SAMPLES or n_pairs > MAX_PAIRS:
+            raise InputError(f"KVRetrieval({n_pairs}, {n_samples}) is too large: at most {MAX_SAMPLES:,} prompts of "
+                             f"{MAX_PAIRS:,} lines (a prompt's tokens grow with the lines; an ablation scan reruns every "
+                             f"prompt once per head); build several smaller tasks instead")
+        if isinstance(max_value, bool) or not isinstance(max_value, Integral):
+            raise InputError(f"max_value must be an integer, got {max_value!r}")
         if max_value < 0:
             raise InputError(f"max_value must be >= 0, got {max_value}")
         if n_pairs > max_value + 1:
