@@ -93,7 +93,7 @@ def test_meta_that_is_not_strict_json_is_refused():
 
 def test_unknown_kind_is_refused():
     d = {**KVRetrieval(3, 2).to_dict(), "kind": "sudoku"}
-    with pytest.raises(InputError, match=r"unknown task kind 'sudoku'.*\['kv', 'mc', 'samples'\]"):
+    with pytest.raises(InputError, match=r"unknown task kind 'sudoku'.*\['knowledge', 'kv', 'mc', 'samples'\]"):
         task_from_dict(d)
 
 
