@@ -267,3 +267,20 @@ def test_smollm2_one_forward_equals_official_scorer(smollm2):
     torch.testing.assert_close(packed_scores(smollm2, samples, 2), ref, rtol=0, atol=2e-3)
     mc = plan_scoring(smollm2, samples[1:])
     assert len(mc.rows) == 1 and mc.rows[0].n_fed == 0  # " A".." D" are single tokens: first-token scoring
+
+
+def test_reads_at_one_position_share_one_normaliser():
+    """distinct_reads + read_logprobs(..., inverse) equal the per-read log-probs, with the unembedding paid once per
+    distinct (row, position)."""
+    import torch
+
+    from gna_interp.tasks.scoring import distinct_reads, read_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 50, generator=g)
+    rows = torch.tensor([0, 0, 0, 2, 2, 1, 0])
+    pos = torch.tensor([6, 6, 5, 3, 3, 6, 6])
+    tok = torch.randint(0, 50, (7,), generator=g)
+    r, p, inv = distinct_reads(rows, pos)
+    assert len(r) == 4 and torch.equal(r[inv], rows) and torch.equal(p[inv], pos)
+    assert torch.allclose(read_logprobs(logits[r, p], tok, inv), read_logprobs(logits[rows, pos], tok))

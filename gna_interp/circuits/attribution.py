@@ -35,7 +35,8 @@ from gna_interp.circuits.replay import final_logits
 from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
 from gna_interp.tasks.metrics import LOGIT_DIFF
-from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, ScoringPlan, read_logprobs, whole_samples
+from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, read_logprobs,
+                                      whole_samples)
 
 __all__ = ["Attribution", "attribution_estimates"]
 
@@ -154,7 +155,8 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
         with _inputs_only_grad(model), torch.enable_grad(), model.hooks(rec.hooks()):
             model.run(chunk.batch, grad=True, return_type=None)
             rec.check()
-            logp = read_logprobs(final_logits(model, rec.final, chunk.read_row, chunk.read_pos), chunk.read_tok)
+            rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
+            logp = read_logprobs(final_logits(model, rec.final, rows, pos), chunk.read_tok, inverse)
             clean.add(chunk, logp.detach())
             w = weights if weights is not None else LOGIT_DIFF.target_weights(plan, clean.result())
             objective = (logp * w[chunk.read_target].to(logp.device)).sum()

@@ -53,7 +53,8 @@ from gna_interp.models.mixer import INPUTS, InputSite
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
-from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_chunks, plan_scoring, read_logprobs
+from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, distinct_reads, layout_chunks, plan_scoring,
+                                      read_logprobs)
 
 POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "all")
 LOGITS = "logits"
@@ -435,7 +436,8 @@ class PathPatcher:
                 final = replay(model, prefix, min(by_layer), n)
         else:
             final = clean.final.repeat(n, 1, 1)
-        rows, pos = chunk.read_row.to(final.device), chunk.read_pos.to(final.device)
+        rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
+        rows, pos = rows.to(final.device), pos.to(final.device)
         out = []
         for g, es in enumerate(sets):
             sel = final[rows + g * b, pos]
@@ -443,7 +445,7 @@ class PathPatcher:
                 if e.receiver is None:
                     m = masks[e.positions][rows, pos][:, None].to(sel.dtype)
                     sel = sel - m * writes[e.sender][rows, pos].to(sel.dtype)
-            out.append(read_logprobs(model.unembed(sel[None])[0], chunk.read_tok))
+            out.append(read_logprobs(model.unembed(sel[None])[0], chunk.read_tok, inverse))
         return out
 
     # ---- public ---------------------------------------------------------------------------

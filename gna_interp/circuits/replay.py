@@ -33,8 +33,8 @@ from gna_interp.interventions.ablation import AblationMethod, Replacement, ablat
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
-                                      read_logprobs, run_plan)
+from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, layout_chunks,
+                                      plan_scoring, read_logprobs, run_plan)
 
 __all__ = ["Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "final_logits", "replay", "replay_atol",
            "replay_scores", "verify_replay"]
@@ -49,11 +49,13 @@ class ReplayMismatch(RuntimeError):
 @dataclass
 class Prefix:
     """Clean per-block inputs of one batch: ``inputs[i] = (args, kwargs)`` of block ``i``; ``logits``
-    are the bridge's clean logits, ``[batch, pos, vocab]`` or, when captured with reads, ``[n_reads, vocab]``."""
+    are the bridge's clean logits, ``[batch, pos, vocab]`` or, when captured with reads, those at the reads' distinct
+    positions (:func:`~gna_interp.tasks.scoring.distinct_reads`; read ``i`` is at ``logits[inverse[i]]``)."""
 
     batch_size: int
     inputs: list[tuple[tuple[Any, ...], dict[str, Any]]]
-    logits: Float[Tensor, "batch pos vocab"] | Float[Tensor, "n_reads vocab"]
+    logits: Float[Tensor, "batch pos vocab"] | Float[Tensor, "n_distinct vocab"]
+    inverse: Int[Tensor, " n_reads"] | None = None  # with reads: read i's row of ``logits``
 
     def hidden(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
         """The residual stream entering block ``layer``."""
@@ -95,9 +97,11 @@ def capture(model: Model, batch: TokenBatch,
             h.remove()
     if len(inputs) != model.n_layers:
         raise RuntimeError(f"only {len(inputs)} of {model.n_layers} blocks of {model.name} ran in the forward pass")
+    inverse = None
     if reads is not None:
-        logits = logits[reads[0].to(logits.device), reads[1].to(logits.device)]
-    return Prefix(int(batch.ids.shape[0]), [inputs[i] for i in range(model.n_layers)], logits)
+        rows, pos, inverse = distinct_reads(*reads)
+        logits = logits[rows.to(logits.device), pos.to(logits.device)]
+    return Prefix(int(batch.ids.shape[0]), [inputs[i] for i in range(model.n_layers)], logits, inverse)
 
 
 def _repeat(value: Any, batch: int, times: int) -> Any:
@@ -171,8 +175,9 @@ def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos:
     if atol is None:
         atol = replay_atol(model.dtype, want.abs().max().item())
     worst = 0.0
+    d_rows, d_pos, _ = distinct_reads(rows, pos)
     for c in range(2):
-        got = final_logits(model, hidden, rows + c * b, pos).float()
+        got = final_logits(model, hidden, d_rows + c * b, d_pos).float()
         worst = max(worst, (got - want).abs().max().item())
     if not worst <= atol:
         raise ReplayMismatch(
@@ -222,7 +227,8 @@ class Prefixes:
         """The intact model's scores of ``plan`` (whose chunks these are), from the prefixes' logits."""
         table = ScoreTable(plan)
         for i, chunk in enumerate(self.chunks):
-            table.add(chunk, read_logprobs(self.get(i).logits, chunk.read_tok))
+            prefix = self.get(i)
+            table.add(chunk, read_logprobs(prefix.logits, chunk.read_tok, prefix.inverse))
         return table.result()
 
 
@@ -243,8 +249,8 @@ def replay_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Seq
         hooks = [hk for g, group in enumerate(sets) for hk in ablation_hooks(list(group), rows=slice(g * b, (g + 1) * b))]
         with model.hooks(hooks):
             hidden = replay(model, prefix, start, copies=n)
-        rows = torch.cat([chunk.read_row + g * b for g in range(n)])
-        logp = read_logprobs(final_logits(model, hidden, rows, chunk.read_pos.repeat(n)), chunk.read_tok.repeat(n))
+        rows, pos, inverse = distinct_reads(torch.cat([chunk.read_row + g * b for g in range(n)]), chunk.read_pos.repeat(n))
+        logp = read_logprobs(final_logits(model, hidden, rows, pos), chunk.read_tok.repeat(n), inverse)
         per = logp.shape[0] // n
         for g, t in enumerate(tables):
             t.add(chunk, logp[g * per:(g + 1) * per])

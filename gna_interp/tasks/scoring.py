@@ -141,7 +141,7 @@ class Chunk:
 Hooks = Sequence[tuple[Any, Callable]] | Callable[[Chunk], Sequence[tuple[Any, Callable]]]
 
 __all__ = ["METHODS", "CandidateScores", "Chunk", "Method", "Row", "ScoreTable", "ScoringPlan", "Target",
-           "layout_chunks", "packable", "plan_scoring", "read_logprobs", "row_chunks", "run_plan", "score_candidates", "whole_samples"]
+           "distinct_reads", "layout_chunks", "packable", "plan_scoring", "read_logprobs", "row_chunks", "run_plan", "score_candidates", "whole_samples"]
 
 
 def _candidate_tokens(tokenizer: Any, prompt_ids: list[int], prompt: str, cands: Sequence[str],
@@ -398,10 +398,26 @@ def whole_samples(chunks: Sequence[Chunk]) -> bool:
     return True
 
 
-def read_logprobs(logits: Float[Tensor, "n_reads vocab"], tokens: Int[Tensor, " n_reads"]) -> Float[Tensor, " n_reads"]:
-    """Log-probability of each read's token (e.g. ``chunk.read_tok``) from the logits at the reads."""
+def distinct_reads(rows: Int[Tensor, " n_reads"], pos: Int[Tensor, " n_reads"]
+                   ) -> tuple[Int[Tensor, " n_distinct"], Int[Tensor, " n_distinct"], Int[Tensor, " n_reads"]]:
+    """The distinct ``(row, position)`` pairs among the reads and, per read, the index of its pair: candidates that
+    share a prefix are read at one position (the prompt's last token reads every candidate's first token), so the
+    unembedding and the log-normaliser are paid once per distinct position, not once per read."""
+    key = torch.stack([rows.long(), pos.long()], 1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    return uniq[:, 0], uniq[:, 1], inverse
+
+
+def read_logprobs(logits: Float[Tensor, "n vocab"], tokens: Int[Tensor, " n_reads"],
+                  inverse: Int[Tensor, " n_reads"] | None = None) -> Float[Tensor, " n_reads"]:
+    """Log-probability of each read's token (e.g. ``chunk.read_tok``) from the logits at the reads, or -- with
+    ``inverse`` from :func:`distinct_reads` -- from the logits at the distinct read positions (read ``i`` is at
+    ``logits[inverse[i]]``)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.gather(-1, tokens.to(logp.device)[:, None])[:, 0]
+    tok = tokens.to(logp.device)
+    if inverse is None:
+        return logp.gather(-1, tok[:, None])[:, 0]
+    return logp[inverse.to(logp.device), tok]
 
 
 class ScoreTable:
@@ -452,7 +468,8 @@ def _run_rows(model: Model, plan: ScoringPlan, table: ScoreTable, batch_size: in
         keep = {} if plan.method == "per_candidate" else {"logits_to_keep": width - int(chunk.read_pos.min())}
         logits = model.run_with_hooks(chunk.batch, hooks, **keep)
         offset = width - logits.shape[1]
-        table.add(chunk, read_logprobs(logits[chunk.read_row, chunk.read_pos - offset], chunk.read_tok))
+        rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos - offset)
+        table.add(chunk, read_logprobs(logits[rows.to(logits.device), pos.to(logits.device)], chunk.read_tok, inverse))
         bar.update()
 
 
