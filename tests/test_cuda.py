@@ -279,7 +279,8 @@ def test_verify_replay_accepts_rounding_and_refuses_a_real_mismatch(zoo, monkeyp
 
     model = zoo("transformer-kv", "cpu", dtype)
     chunk = layout_chunks(model, plan_scoring(model, _task(model, 2).samples), 2)[0]
-    assert replay_mod.verify_replay(model, chunk.batch, chunk.read_row, chunk.read_pos) == 0.0
+    # the replay reads each distinct position once: a matmul of another shape than the forward's, equal to float noise
+    assert replay_mod.verify_replay(model, chunk.batch, chunk.read_row, chunk.read_pos) <= 1e-4
     true_final = replay_mod.final_logits
     monkeypatch.setattr(replay_mod, "final_logits", lambda *a: true_final(*a) + shift)
     if ok:
