@@ -69,6 +69,11 @@ def test_discover_without_a_task_finds_what_gna_scan_finds(tmp_path, monkeypatch
 
 
 def test_the_command_line_holds_no_task_building_code():
+    from pathlib import Path
+
     for name in ("_scan_task", "_scan_form", "_format_tasks", "_knowledge_twin", "KV_UNCALIBRATED"):
         assert not hasattr(cli, name), name
+    for f in Path(cli.__file__).parent.glob("*.py"):
+        text = f.read_text()
+        assert "KVRetrieval(" not in text and "multiple_choice(" not in text and ".kv(" not in text, f.name
 

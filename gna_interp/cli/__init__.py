@@ -228,16 +228,15 @@ def _estimate_rows(model: Any, args: argparse.Namespace) -> list[dict[str, str]]
 
 
 def _task_tokens(model: Any, samples: int) -> tuple[int, str]:
-    """Tokens a sample of the default KV task (10 pairs, values 0-9) with the model's tokenizer, or the assumed
-    number when the model has no tokenizer."""
+    """Tokens a prompt of gna scan's KV task takes with the model's tokenizer
+    (:func:`~gna_interp.tasks.choice.prompt_tokens`), or the assumed number when the model has no tokenizer."""
     from gna_interp.models.loading import MissingTokenizer
-    from gna_interp.tasks import KVRetrieval
+    from gna_interp.tasks.choice import prompt_tokens
 
     if isinstance(model.tokenizer, MissingTokenizer):
         return _ASSUMED_TOKENS, "assumed: no tokenizer"
-    task = KVRetrieval(10, samples, seed=0, max_value=9, words=model.kv_words)
-    lens = [len(model.tokenizer(s.prompt)["input_ids"]) for s in task.samples]
-    return -(-sum(lens) // len(lens)), "the default KV task counted with the model's tokenizer"
+    return prompt_tokens(model, samples=samples, calibrate=0), \
+        "gna scan's KV task (completion, values 0-99, 10 pairs) counted with the model's tokenizer"
 
 
 def _table(rows: list[dict[str, str]]) -> str:

@@ -35,7 +35,7 @@ KV_UNCALIBRATED: dict[str, Any] = {"template": "completion", "max_value": 99, "n
 KNOWLEDGE_SAMPLES = 32
 
 __all__ = ["FORMATS", "KINDS", "KNOWLEDGE_SAMPLES", "KV_UNCALIBRATED", "ChosenTask", "TaskChoice", "build_task",
-           "calibrate", "choose_task"]
+           "calibrate", "choose_task", "prompt_tokens"]
 
 
 @options
@@ -206,3 +206,12 @@ def choose_task(model: Any, choice: TaskChoice | None = None, progress: Callable
     task = build_task(model, choice, form)
     return ChosenTask(task, _twin(model, choice, notes), _format_tasks(model, choice, form, notes), cal, form,
                       choice, notes)
+
+
+def prompt_tokens(model: Any, choice: TaskChoice | None = None, **overrides: Any) -> int:
+    """Mean tokens per prompt of the task :func:`choose_task` builds without calibrating (unnamed knobs: completion,
+    values 0-99, 10 pairs), counted with ``model``'s tokenizer: what a cost estimate assumes a prompt costs."""
+    choice = TaskChoice.build(choice, **overrides)
+    task = build_task(model, choice, _forms(choice)[2])
+    lens = [len(model.tokenizer(s.prompt)["input_ids"]) for s in task.samples]
+    return -(-sum(lens) // len(lens))
