@@ -154,8 +154,7 @@ class Circuit:
             df = df.merge(format_frame({self.task.get("name", "task"): self.scan, **self.formats}), on="name",
                           how="left")
         if self.edges is not None and len(self.edges):
-            drops = dict(zip(df["name"], df["drop"].astype(float)))
-            df = df.merge(causal_roles(self.edges, drops), on="name", how="left")
+            df = df.merge(self._causal_roles(), on="name", how="left")
             n = len(set(self.edges["sender"]))
             df.loc[df["causal_role"].isna(), "causal_reason"] = (
                 f"not measured: the edge table covers the circuit's top {n} heads (DiscoverConfig.paths; "
@@ -174,8 +173,12 @@ class Circuit:
         interval lies above 0)."""
         if self.edges is None or not len(self.edges):
             return None
-        roles = causal_roles(self.edges, dict(zip(self.scan.to_frame()["name"], self.scan.to_frame()["drop"])))
-        return strongest_path(self.edges, roles)
+        return strongest_path(self.edges, self._causal_roles())
+
+    def _causal_roles(self) -> pd.DataFrame:
+        """:func:`~gna_interp.circuits.causal.causal_roles` of the edge table, each head's drop from the scan."""
+        assert self.edges is not None
+        return causal_roles(self.edges, {h.name: d for h, d in self.scan.drops().items()})
 
     def pair(self, pool: int = 20) -> tuple[HeadRef, HeadRef] | None:
         """The gather/aggregate pair: the sender and receiver of the strongest measured gather -> aggregate path
@@ -223,7 +226,7 @@ class Circuit:
         """The JSON-able circuit (``circuit.json``): the ``top`` best-ranked heads with their roles, every
         role score, the curve and what rebuilds the task."""
         heads = self.to_frame().head(top)
-        pair = self.pair()
+        pair, path = self.pair(), self.path()
         return {
             "model": self.model, "model_in_memory": self.model_in_memory, "task": self.task, "n_samples": self.task.get("n_samples"),
             "seed": (self.task.get("args") or {}).get("seed"), "method": self.scan.method, "metric": self.scan.metric,
@@ -232,9 +235,9 @@ class Circuit:
             "heads": records(heads),
             "roles": records(self.roles),
             "pair": {"gather": pair[0].name, "aggregate": pair[1].name} if pair else None,
-            "pair_from": "edges" if self.path() is not None else "patterns" if pair else None,
+            "pair_from": "edges" if path is not None else "patterns" if pair else None,
             "edges": records(self.edges) if self.edges is not None else None,
-            "path": self.path(),
+            "path": path,
             "curve": records(self.curve),
             "curve_summary": self.curve_summary(), "seconds": round(self.seconds, 2),
             "timings": {k: round(v, 2) for k, v in self.timings.items()},

@@ -125,10 +125,13 @@ def _flat(x: Tensor) -> Tensor:
 
 @dataclass
 class _Clean:
-    """What one clean replay of a chunk recorded: hook values (flat ``[b, p, w]``) and the final residual stream."""
+    """What one clean replay of a chunk recorded: hook values (flat ``[b, p, w]``) and the final residual stream; and,
+    filled in once per chunk, the chunk's position masks and every sender's write."""
 
     values: dict[str, Tensor]
     final: Tensor
+    masks: dict[str, Tensor] = field(default_factory=dict)
+    writes: dict[HeadRef, Tensor] = field(default_factory=dict)
 
 
 class PathPatcher:
@@ -230,8 +233,7 @@ class PathPatcher:
                 f"{float((out.float() - added.float()).abs().max()):.3g}): a norm or multiplier sits between them")
         self._linear.add(layer)
 
-    def _clean_pass(self, chunk_index: int, prefix: Prefix, senders: set[HeadRef], receivers: set[HeadRef],
-                    start: int) -> _Clean:
+    def _clean_pass(self, prefix: Prefix, senders: set[HeadRef], receivers: set[HeadRef], start: int) -> _Clean:
         """One clean replay from ``start``: senders' outputs, receivers' input projections, isolation hooks, the
         final stream, and what each sender layer adds to the stream (for :meth:`_check_linear`)."""
         model, values = self.model, {}
@@ -392,19 +394,19 @@ class PathPatcher:
         prefix = self.prefixes.get(index)
         b = prefix.batch_size
         every = sets if every is None else every
-        if cache is None or index not in cache:
+        clean = cache.get(index) if cache is not None else None
+        if clean is None:
             senders = {e.sender for es in every for e in es}
             receivers = {e.receiver for es in every for e in es if e.receiver is not None}
             start = min(h.layer for h in senders | receivers)
-            clean = self._clean_pass(index, prefix, senders, receivers, start)
+            clean = self._clean_pass(prefix, senders, receivers, start)
+            clean.masks = self.masks(chunk)
+            for s in senders:
+                site = model.head_site(s)
+                clean.writes[s] = self._write(s, flat_channels(clean.values[site.hook], site)[..., site.columns])
             if cache is not None:
                 cache[index] = clean
-        else:
-            clean = cache[index]
-        senders = {e.sender for es in sets for e in es}
-        masks = self.masks(chunk)
-        writes = {s: self._write(s, flat_channels(clean.values[model.head_site(s).hook], model.head_site(s))
-                                 [..., model.head_site(s).columns]) for s in senders}
+        masks, writes = clean.masks, clean.writes
         by_layer: dict[int, list[tuple[int, HeadRef, dict[str, list[Edge]]]]] = {}
         for g, es in enumerate(sets):
             per: dict[HeadRef, dict[str, list[Edge]]] = {}
