@@ -276,3 +276,14 @@ def test_discover_measures_an_edge_table_that_survives_a_save(circuit, tmp_path)
     assert loaded.pair() == circuit.pair()
     doc = circuit.to_dict()
     assert doc["pair_from"] in ("edges", "patterns", None) and len(doc["edges"]) == len(e)
+
+
+@pytest.mark.parametrize("bad", [{"receiver": "<script>"}, {"effect": "x"}, {"effect": None}, {"input": "z"},
+                                 {"positions": "everywhere"}, {"sender": "../etc"}])
+def test_a_hostile_edge_row_is_refused_on_load(circuit, tmp_path, bad):
+    folder = circuit.save(tmp_path / "c")
+    doc = json.loads((folder / "circuit.json").read_text())
+    doc["edges"][0].update(bad)
+    (folder / "circuit.json").write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="edges/0"):
+        Circuit.load(folder)
