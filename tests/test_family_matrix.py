@@ -131,6 +131,11 @@ def test_load_and_logits_equal_hugging_face(fam, built):
     assert got.shape == ref.shape
     err = (got - ref).abs().max().item()
     assert err <= 1e-5 * max(1.0, ref.abs().max().item()), (fam.key, err)
+    # the scorer's forward skips the unembedding and unembeds the read positions alone: the same logits there
+    rows, pos = torch.tensor([0, 0, 0]), torch.tensor([0, ref.shape[1] // 2, ref.shape[1] - 1])
+    read = b.model.read_logits(b.batch, rows, pos)
+    err = (read - ref[rows, pos]).abs().max().item()
+    assert err <= 1e-5 * max(1.0, ref.abs().max().item()), (fam.key, "read_logits", err)
 
 
 @pytest.mark.parametrize("fam", _for("heads"))

@@ -298,15 +298,14 @@ def _torch_hooks(model) -> int:
             + sum(len(b._forward_pre_hooks) for b in blocks))
 
 
-@pytest.mark.parametrize("where,strategy", [("replay", "exact"), ("final_logits", "attribution")])
+@pytest.mark.parametrize("where,strategy", [("replay", "exact"), ("final norm", "attribution")])
 def test_no_hook_or_gradient_flag_survives_an_exception(tiny_models, monkeypatch, where, strategy):
     from gna_interp.circuits import attribution as attr_mod
 
     model = tiny_models["bamba"]
     before = _torch_hooks(model)
     flags = [p.requires_grad for p in model.hf_model.parameters()]
-    module = replay_mod if where == "replay" else attr_mod
-    real = getattr(module, where)
+    real = replay_mod.replay if where == "replay" else attr_mod._Recorder.hooks
 
     def boom(*args, **kwargs):
         if where == "replay" and _torch_hooks(model) == before:  # the clean check of replays: let it run
@@ -314,7 +313,11 @@ def test_no_hook_or_gradient_flag_survives_an_exception(tiny_models, monkeypatch
         assert _torch_hooks(model) > before  # raised while the scan's hooks are attached
         raise KeyboardInterrupt("interrupted mid-scan")
 
-    monkeypatch.setattr(module, where, boom)
+    if where == "replay":
+        monkeypatch.setattr(replay_mod, "replay", boom)
+    else:  # raised inside the attribution forward, at the final norm, with gradients on
+        monkeypatch.setattr(attr_mod._Recorder, "hooks",
+                            lambda self: real(self) + [(model.FINAL_NORM_INPUT, boom)])
     with pytest.raises(KeyboardInterrupt):
         scan_heads(model, TASK, heads=["L0S1", "L1H2"], strategy=strategy, batch_size=4, progress=False)
     assert _torch_hooks(model) == before

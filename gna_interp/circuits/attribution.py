@@ -31,7 +31,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.replay import final_logits
 from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
 from gna_interp.tasks.metrics import LOGIT_DIFF
@@ -66,14 +65,12 @@ def _inputs_only_grad(model: Model) -> Iterator[None]:
 
 class _Recorder:
     """The hooks of one attribution forward and what they keep: the residual stream entering each scanned
-    layer (block 0's input made a leaf that needs gradients), the heads' output-projection inputs and
-    the final norm's input."""
+    layer (block 0's input made a leaf that needs gradients) and the heads' output-projection inputs."""
 
     def __init__(self, model: Model, hooks_at: Sequence[str], layers: Sequence[int]) -> None:
         self.model, self.hooks_at, self.layers = model, list(hooks_at), list(layers)
         self.acts: dict[str, Tensor] = {}
         self.resid: dict[int, Tensor] = {}
-        self._final: list[Tensor] = []
 
     def hooks(self) -> list[tuple[str, Callable[..., Tensor]]]:
         def start(x: Tensor, hook: Any = None) -> Tensor:
@@ -91,22 +88,14 @@ class _Recorder:
             self.acts[hook.name] = x
             return x
 
-        def keep_final(x: Tensor, hook: Any = None) -> Tensor:
-            self._final.append(x)
-            return x
-
         m = self.model
         return ([(m.block_input_hook(0), start)] + [(m.block_input_hook(i), keep_resid(i)) for i in self.layers if i > 0]
-                + [(h, keep) for h in self.hooks_at] + [(m.FINAL_NORM_INPUT, keep_final)])
+                + [(h, keep) for h in self.hooks_at])
 
     def check(self) -> None:
-        missing = [h for h in self.hooks_at if h not in self.acts] or ([] if self._final else [self.model.FINAL_NORM_INPUT])
+        missing = [h for h in self.hooks_at if h not in self.acts]
         if missing:
             raise RuntimeError(f"attribution: hooks {missing} did not fire on {self.model.name}")
-
-    @property
-    def final(self) -> Tensor:
-        return self._final[-1]
 
 
 def _head_terms(r: Replacement, rec: _Recorder, grad: Tensor | None, proj: Tensor, mask: Tensor
@@ -152,11 +141,11 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
     clean = ScoreTable(plan)
     for chunk in chunks:
         rec = _Recorder(model, hooks_at, layers)
-        with _inputs_only_grad(model), torch.enable_grad(), model.hooks(rec.hooks()):
-            model.run(chunk.batch, grad=True, return_type=None)
-            rec.check()
+        with _inputs_only_grad(model), torch.enable_grad():
             rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
-            logp = read_logprobs(final_logits(model, rec.final, rows, pos), chunk.read_tok, inverse)
+            logits = model.read_logits(chunk.batch, rows, pos, rec.hooks(), grad=True)  # the backward starts at the reads
+            rec.check()
+            logp = read_logprobs(logits, chunk.read_tok, inverse)
             clean.add(chunk, logp.detach())
             w = weights if weights is not None else LOGIT_DIFF.target_weights(plan, clean.result())
             objective = (logp * w[chunk.read_target].to(logp.device)).sum()

@@ -91,16 +91,17 @@ def capture(model: Model, batch: TokenBatch,
                 inputs[i] = _strip_caches(tuple(args), kwargs)
 
             handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-        logits = model.forward(batch)
+        inverse = None
+        if reads is None:
+            logits = model.forward(batch)
+        else:
+            rows, pos, inverse = distinct_reads(*reads)
+            logits = model.read_logits(batch, rows, pos)
     finally:
         for h in handles:
             h.remove()
     if len(inputs) != model.n_layers:
         raise RuntimeError(f"only {len(inputs)} of {model.n_layers} blocks of {model.name} ran in the forward pass")
-    inverse = None
-    if reads is not None:
-        rows, pos, inverse = distinct_reads(*reads)
-        logits = logits[rows.to(logits.device), pos.to(logits.device)]
     return Prefix(int(batch.ids.shape[0]), [inputs[i] for i in range(model.n_layers)], logits, inverse)
 
 

@@ -423,6 +423,24 @@ class Model:
         """Logits of the bridge for text, ids or a TokenBatch (padding handled through the mask)."""
         return self.run(inputs, return_type="logits")
 
+    def read_logits(self, inputs: str | Sequence[str] | Tensor | TokenBatch, rows: Int[Tensor, " n"],
+                    pos: Int[Tensor, " n"], fwd_hooks: Hooks = (), *, grad: bool = False) -> Float[Tensor, "n vocab"]:
+        """The logits at ``(rows[i], pos[i])`` only, from one forward with ``fwd_hooks``: the model's own head is
+        applied to those positions alone (a boolean ``logits_to_keep``), so the vocabulary is paid once per read,
+        not once per position of the batch."""
+        batch = self.as_batch(inputs)
+        keep = torch.zeros(batch.ids.shape, dtype=torch.bool, device=self.device)
+        rows, pos = rows.to(self.device), pos.to(self.device)
+        keep[rows, pos] = True
+        out = self.run(batch, fwd_hooks, grad=grad, logits_to_keep=keep)
+        out = out.reshape(-1, out.shape[-1])
+        linear = rows * keep.shape[1] + pos
+        kept = torch.unique(linear)  # sorted: the head's output lists the kept positions in row-major order
+        if out.shape[0] != kept.numel():
+            raise RuntimeError(f"{self.name}: the forward kept {out.shape[0]} positions' logits, not the "
+                               f"{kept.numel()} asked for (a causal-LM head that ignores a boolean logits_to_keep)")
+        return out[torch.searchsorted(kept, linear)]
+
     def run_with_cache(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
                        names_filter: Callable[[str], bool] | Sequence[str] | str | None = None,
                        **kwargs: Any) -> tuple[Float[Tensor, "batch pos vocab"], Any]:

@@ -13,7 +13,8 @@ ones are teacher-forced behind the shared prompt, the rows of many samples batch
   (the prompt's cost is paid once, not once per candidate; :func:`layout_chunks`), or, with
   ``share_prefix=True``, run each prompt once and continue every row from its KV cache;
 - SSMs and hybrids (whose caches cannot be split and continued) run full rows, left-padded,
-  with logits only at the last few positions (``logits_to_keep``).
+  with logits only at the positions that are read (:meth:`Model.read_logits
+  <gna_interp.models.model.Model.read_logits>`: the vocabulary is paid once per distinct read).
 
 Methods:
 
@@ -458,18 +459,14 @@ class ScoreTable:
 def _run_rows(model: Model, plan: ScoringPlan, table: ScoreTable, batch_size: int, fwd_hooks: Hooks,
               bar: Any, pack: bool = False) -> None:
     """Every row in full (prompt + fed tokens), ``batch_size`` rows per forward (one row per forward
-    for ``per_candidate``), logits only for the last positions where the reads are; with ``pack``, each
+    for ``per_candidate``), logits only at the distinct read positions; with ``pack``, each
     sample's rows as one tree-masked sequence (:func:`layout_chunks`), ``batch_size`` samples per forward."""
     chunks = layout_chunks(model, plan, 1 if plan.method == "per_candidate" else batch_size, pack=pack)
     bar.reset(total=len(chunks))
     for chunk in chunks:
         hooks = fwd_hooks(chunk) if callable(fwd_hooks) else fwd_hooks
-        width = chunk.batch.ids.shape[1]
-        keep = {} if plan.method == "per_candidate" else {"logits_to_keep": width - int(chunk.read_pos.min())}
-        logits = model.run_with_hooks(chunk.batch, hooks, **keep)
-        offset = width - logits.shape[1]
-        rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos - offset)
-        table.add(chunk, read_logprobs(logits[rows.to(logits.device), pos.to(logits.device)], chunk.read_tok, inverse))
+        rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
+        table.add(chunk, read_logprobs(model.read_logits(chunk.batch, rows, pos, hooks), chunk.read_tok, inverse))
         bar.update()
 
 

@@ -1,0 +1,125 @@
+"""What the vocabulary costs: one random Llama-shaped architecture at several vocabulary sizes, in one run.
+
+    python benchmarks/vocab.py                                   # vocabularies 1,024 .. 262,144
+    python benchmarks/vocab.py --vocabs 1024,262144 --json out/vocab.json
+
+For each vocabulary the same random architecture (``--d-model`` 640, ``--layers`` 4, 4 query heads, 1 KV head;
+weights seeded alike, only the embedding and unembedding rows differ) reads the same byte-level prompts (the
+tokenizer of :func:`gna_interp.models.tiny.byte_tokenizer`, whose ids are all below 257, so every model sees the
+same token ids and the extra rows are paid only by the unembedding). Two KV tasks (10 pairs, ``--samples``
+prompts): single-token values (0-9) and two-token values (0-99, one byte per digit).
+
+Printed per vocabulary, in CPU seconds (``time.process_time``):
+
+- ``eval1`` / ``eval2``: one intact :func:`~gna_interp.tasks.evaluate` of the single- / two-token task;
+- ``exact/head``: the exact scan of every head (:func:`~gna_interp.circuits.scan_heads`, ``strategy="exact"``)
+  per head, over ``eval1``;
+- ``attribution``: the attribution pass over all heads, over ``eval1``.
+
+Then the two ratios of the issue: each of the two cost ratios at the largest vocabulary over the same ratio at the
+smallest, and ``eval2`` at the largest vocabulary over ``eval2`` at 49,152 (when both are in the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from transformers import AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gna_interp import KVRetrieval, evaluate, load_model  # noqa: E402
+from gna_interp.circuits import scan_heads  # noqa: E402
+from gna_interp.models.tiny import byte_tokenizer  # noqa: E402
+
+VOCABS = (1024, 32_768, 49_152, 131_072, 262_144)
+
+
+def random_llama(vocab: int, d_model: int, layers: int, seed: int = 0) -> Any:
+    """A random ``LlamaForCausalLM`` (4 query heads, 1 KV head) with ``vocab`` rows; the same block weights for
+    every ``vocab`` (the blocks are initialised from ``seed`` before the embeddings)."""
+    import transformers as T
+
+    cfg = T.LlamaConfig(vocab_size=vocab, hidden_size=d_model, intermediate_size=4 * d_model, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=2048,
+                        tie_word_embeddings=False, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(seed)
+    return T.LlamaForCausalLM(cfg).eval()
+
+
+def cpu_seconds(fn: Callable[[], Any], repeat: int = 1) -> float:
+    """The least CPU time of ``repeat`` calls of ``fn``."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best
+
+
+def measure(vocab: int, args: argparse.Namespace) -> dict[str, float]:
+    """The costs of one vocabulary (see the module docstring)."""
+    model = load_model(random_llama(vocab, args.d_model, args.layers), args.tokenizer)
+    one = KVRetrieval(n_pairs=10, n_samples=args.samples, max_value=9, template="completion", seed=0)
+    two = KVRetrieval(n_pairs=10, n_samples=args.samples, max_value=99, template="completion", seed=0)
+    bs = args.batch_size
+    evaluate(model, one, batch_size=bs, progress=False)  # warm-up
+    eval1 = cpu_seconds(lambda: evaluate(model, one, batch_size=bs, progress=False), args.repeat)
+    eval2 = cpu_seconds(lambda: evaluate(model, two, batch_size=bs, progress=False), args.repeat)
+    n = len(model.heads())
+    exact = cpu_seconds(lambda: scan_heads(model, one, strategy="exact", batch_size=bs, progress=False))
+    attr = cpu_seconds(lambda: scan_heads(model, one, strategy="attribution", batch_size=bs, progress=False),
+                       args.repeat)
+    row = {"vocab": vocab, "eval1": eval1, "eval2": eval2, "exact_per_head": exact / n, "attribution": attr,
+           "exact_ratio": exact / n / eval1, "attribution_ratio": attr / eval1}
+    print(f"{vocab:>9,} {eval1:8.2f} {eval2:8.2f} {exact / n:11.2f} {attr:12.2f} {row['exact_ratio']:12.2f}x "
+          f"{row['attribution_ratio']:12.2f}x", flush=True)
+    del model
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--vocabs", default=",".join(map(str, VOCABS)), help="comma-separated vocabulary sizes")
+    ap.add_argument("--d-model", type=int, default=640)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=2, help="timings keep the least of this many runs")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    tmp = tempfile.mkdtemp(prefix="gna-vocab-")  # a tokenizer read from a folder, as a user's would be
+    byte_tokenizer().save_pretrained(tmp)
+    args.tokenizer = AutoTokenizer.from_pretrained(tmp)
+    vocabs = [int(v) for v in args.vocabs.split(",")]
+    print(f"random Llama d_model {args.d_model}, {args.layers} layers, 4 query heads / 1 KV head; KV completion, "
+          f"10 pairs, {args.samples} prompts; CPU seconds, threads {args.threads}")
+    print(f"{'vocab':>9} {'eval1':>8} {'eval2':>8} {'exact/head':>11} {'attribution':>12} {'exact/eval1':>13} "
+          f"{'attr/eval1':>13}")
+    rows = [measure(v, args) for v in vocabs]
+    lo, hi = rows[0], rows[-1]
+    out: dict[str, Any] = {"rows": rows, "exact_growth": hi["exact_ratio"] / lo["exact_ratio"],
+                           "attribution_growth": hi["attribution_ratio"] / lo["attribution_ratio"]}
+    print(f"\nfrom {lo['vocab']:,} to {hi['vocab']:,} tokens: exact per head / eval grows {out['exact_growth']:.2f}x, "
+          f"attribution / eval {out['attribution_growth']:.2f}x (target: at most 1.5x each)")
+    at49 = [r for r in rows if r["vocab"] == 49_152]
+    if at49 and hi["vocab"] > 49_152:
+        out["eval2_growth_vs_49k"] = hi["eval2"] / at49[0]["eval2"]
+        print(f"two-token evaluation at {hi['vocab']:,} over 49,152: {out['eval2_growth_vs_49k']:.2f}x (target: at most 2x)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
