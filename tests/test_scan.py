@@ -422,3 +422,63 @@ def test_set_ablation_falls_back_to_full_forwards(tiny_models, monkeypatch):
     torch.testing.assert_close(slow.run(["L1H1"]).logit_diff, want.logit_diff, atol=1e-5, rtol=0)
     with pytest.raises(InputError, match="reference"):
         SetAblation(model, TASK, "mean")
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba2", "bamba"])
+def test_nested_sets_equal_each_set_replayed_alone(tiny_models, family):
+    """run_nested starts each set's replay at the heads it adds, from the residual stream the previous sets left:
+    its scores equal each set replayed on its own from its earliest layer (orders that go down and up in layer,
+    a repeated set, the empty set), and it refuses sets that are not nested."""
+    model = tiny_models[family]
+    runner = SetAblation(model, TASK, batch_size=2)
+    heads = model.heads()
+    order = [heads[-1], heads[0], heads[len(heads) // 2], heads[1], heads[-2]]
+    sets = [[]] + [order[:j] for j in (1, 2, 2, 3, 5)]
+    calls = []
+    real = replay_mod.replay
+
+    def counted(model, prefix, start, copies=1, hidden=None, stop=None):
+        calls.append((start, model.n_layers if stop is None else stop))
+        return real(model, prefix, start, copies, hidden, stop)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(replay_mod, "replay", counted)
+        got = runner.run_nested(sets)
+        nested_blocks = sum(b - a for a, b in calls)
+        calls.clear()
+        want = [runner.run(s) for s in sets]
+        alone_blocks = sum(b - a for a, b in calls)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.scores, w.scores, atol=1e-5, rtol=0)
+    assert not torch.equal(want[-1].scores, want[0].scores)  # the sets change the scores
+    assert nested_blocks < alone_blocks  # and the chain ran fewer blocks
+    with pytest.raises(InputError, match="contain the one before"):
+        runner.run_nested([order[:2], order[1:3]])
+
+
+def test_stages_share_one_clean_pass_per_task(tiny_models, monkeypatch):
+    """Inside shared_prefixes, a scan, a SetAblation and a path patcher of the same task capture its clean
+    prefixes once; outside, each captures its own; another batch layout is another capture."""
+    from gna_interp.circuits.paths import PathPatcher
+    from gna_interp.circuits.replay import shared_prefixes
+
+    model = tiny_models["llama"]
+    captured = []
+    real = replay_mod.capture
+    monkeypatch.setattr(replay_mod, "capture", lambda *a, **k: captured.append(1) or real(*a, **k))
+
+    def stages(batch_size: int = 2) -> None:
+        SetAblation(model, TASK, batch_size=2).clean()
+        scan_heads(model, TASK, heads=["L1H2"], strategy="exact", batch_size=2, progress=False)
+        PathPatcher(model, TASK, batch_size=batch_size).clean()
+
+    stages()
+    alone = len(captured)
+    captured.clear()
+    with shared_prefixes():
+        stages()
+    shared = len(captured)
+    captured.clear()
+    with shared_prefixes():
+        stages(batch_size=3)
+    assert shared < alone and len(captured) > shared

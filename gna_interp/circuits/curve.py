@@ -87,24 +87,24 @@ def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Se
         SetAblation(model, control, method, reference, batch_size)
     rows = []
 
-    def point(series: str, seed: int, j: int, heads: Sequence[HeadRef]) -> None:
-        m = runner.run(heads).metrics
-        measured = j in (0, k) or series == "generic"  # the generic point sits at min(k, len(generic))
-        loss = lm_loss(ctl.run(heads)) if ctl is not None and measured else math.nan
-        rows.append({"k": j, "series": series, "seed": seed, "accuracy": m["accuracy"], "logit_diff": m["logit_diff"],
-                     "gold_prob": m["gold_prob"], "lm_loss": loss, "heads": ",".join(h.name for h in heads)})
+    def points(series: str, seed: int, js: Sequence[int], order: Sequence[HeadRef]) -> None:
+        """The points ``j in js`` of one series: ``order[:j]`` removed (nested sets share their replays)."""
+        for j, scores in zip(js, runner.run_nested([order[:j] for j in js])):
+            m = scores.metrics
+            measured = j in (0, k) or series == "generic"  # the generic point sits at min(k, len(generic))
+            loss = lm_loss(ctl.run(order[:j])) if ctl is not None and measured else math.nan
+            rows.append({"k": j, "series": series, "seed": seed, "accuracy": m["accuracy"],
+                         "logit_diff": m["logit_diff"], "gold_prob": m["gold_prob"], "lm_loss": loss,
+                         "heads": ",".join(h.name for h in order[:j])})
 
-    point("top", 0, 0, [])
+    points("top", 0, range(k + 1), ranked)
     base = dict(rows[0])
-    for j in range(1, k + 1):
-        point("top", 0, j, ranked[:j])
     for s, order in enumerate(random_orders(others, seeds)):
         rows.append({**base, "series": "random", "seed": s})
-        for j in range(1 if band is None or s < band else k, k + 1):
-            point("random", s, j, order[:j])
+        points("random", s, range(1 if band is None or s < band else k, k + 1), order)
     if generic and k:
         rows.append({**base, "series": "generic", "seed": 0})
-        point("generic", 0, min(k, len(generic)), generic[:k])
+        points("generic", 0, [min(k, len(generic))], generic)
     return pd.DataFrame(rows, columns=CURVE_COLUMNS)
 
 

@@ -35,7 +35,7 @@ from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import CURVE_COLUMNS, ablation_curve, curve_k
 from gna_interp.circuits.delegation import delegation, is_hybrid
 from gna_interp.circuits.formats import cross_format
-from gna_interp.circuits.replay import SetAblation
+from gna_interp.circuits.replay import SetAblation, shared_prefixes
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import ScanConfig, scan_heads
 from gna_interp.circuits.scan_result import HeadScan
@@ -152,6 +152,7 @@ class _Discovery:
     roles: pd.DataFrame | None = None
     circuit: Circuit | None = None
     control_task: Task | None = None
+    control_runner: SetAblation | None = None  # the control's clean pass: its base loss and the curve's points
     members: list[HeadRef] = field(default_factory=list)  # the circuit as ranked before the control is settled
 
     @property
@@ -197,7 +198,9 @@ def _control(d: _Discovery) -> bool:
         d.control_task, note = control_task(d.model)
         d.notes.append(note)
         if d.control_task is not None:
-            d.circuit.control = _control_scan(d.model, d.control_task, d.scan, d.cfg)
+            sc = d.cfg.scan
+            d.control_runner = SetAblation(d.model, d.control_task, sc.method, sc.reference, sc.batch_size)
+            d.circuit.control = _control_scan(d.model, d.control_task, d.control_runner, d.scan, d.cfg)
     d.members = d.circuit.heads
     if d.circuit.control is not None:
         _settle_control(d.model, d.control_task, d.circuit, d.members[:d.kk], d.cfg)
@@ -211,7 +214,7 @@ def _curve(d: _Discovery) -> bool:
         d.notes.append(f"the curve removes k = {kk} heads, not {cfg.k}: {len(d.scan.heads)} heads in all, and k "
                        f"random heads must stay a small draw (at most a quarter) that cannot contain the circuit")
     members = d.members
-    d.circuit.curve = ablation_curve(d.model, d.task, members, d.scan.heads, control=d.control_task,
+    d.circuit.curve = ablation_curve(d.model, d.task, members, d.scan.heads, control=d.control_runner,
                                      generic=d.circuit.generic, runner=d.runner, k=min(kk, len(members)),
                                      seeds=cfg.seeds, method=sc.method, reference=sc.reference,
                                      batch_size=sc.batch_size)
@@ -307,13 +310,14 @@ def discover(model: Model, task: Task | TaskChoice | ChosenTask | None = None,
     assert isinstance(task, Task)
     start = time.perf_counter()
     sc = cfg.scan
-    d = _Discovery(model, task, heads, cfg, SetAblation(model, task, sc.method, sc.reference, sc.batch_size))
-    clock = start
-    for name, stage in STAGES:
-        if stage(d):
-            now = time.perf_counter()
-            d.timings[name] = d.timings.get(name, 0.0) + now - clock
-            clock = now
+    with shared_prefixes():  # one clean pass per task, whichever stages replay it
+        d = _Discovery(model, task, heads, cfg, SetAblation(model, task, sc.method, sc.reference, sc.batch_size))
+        clock = start
+        for name, stage in STAGES:
+            if stage(d):
+                now = time.perf_counter()
+                d.timings[name] = d.timings.get(name, 0.0) + now - clock
+                clock = now
     assert d.circuit is not None
     d.circuit.seconds = time.perf_counter() - start
     if chosen is not None:
@@ -387,16 +391,21 @@ def check_solvable(model: Model, task: Task, batch_size: int = 16, allow_chance:
     return line
 
 
-def _control_scan(model: Model, ctask: Task, scan: HeadScan, cfg: DiscoverConfig) -> HeadScan:
+def _control_batch(sc: ScanConfig) -> int:
+    """Sequences per forward of the control text (its paragraphs are long)."""
+    return min(sc.batch_size, 8)
+
+
+def _control_scan(model: Model, ctask: Task, runner: SetAblation, scan: HeadScan, cfg: DiscoverConfig) -> HeadScan:
     """The LM-loss control of every scanned head: attribution estimates for all of them, and exact runs for
     the heads that can enter the circuit (the scan's best-ranked ``2 * max(certify, k)``) whose rise could
-    reach the generic threshold."""
+    reach the generic threshold. ``runner`` holds ``ctask``'s clean pass (the base loss is read from it)."""
     sc = cfg.scan
-    base_loss = lm_loss(evaluate(model, ctask, batch_size=sc.batch_size, progress=False).scores)
+    base_loss = lm_loss(runner.clean())
     ckpt = Path(sc.checkpoint).with_suffix(".control.json") if sc.checkpoint is not None else None
     focus = scan.top(min(len(scan.heads), 2 * max(sc.certify, cfg.k)))
     return scan_heads(model, ctask, heads=scan.heads, strategy="auto", metric="logprob", method=sc.method,
-                      reference=sc.reference, batch_size=min(sc.batch_size, 8), checkpoint=ckpt, certify=0,
+                      reference=sc.reference, batch_size=_control_batch(sc), checkpoint=ckpt, certify=0,
                       verify=CONTROL_VERIFY, focus=focus, settle_above=cfg.generic_fraction * base_loss,
                       progress=sc.progress)
 
@@ -409,5 +418,5 @@ def _settle_control(model: Model, ctask: Task, circuit: Circuit, heads: Sequence
     if missing:
         sc = cfg.scan
         extra = scan_heads(model, ctask, heads=missing, strategy="exact", metric="logprob", method=sc.method,
-                           reference=sc.reference, batch_size=min(sc.batch_size, 8), progress=False)
+                           reference=sc.reference, batch_size=_control_batch(sc), progress=False)
         control.exact.update(extra.exact)

@@ -45,7 +45,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES, Prefix, Prefixes, ReplayMismatch, replay
+from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES, Prefix, ReplayMismatch, prefixes_for, replay
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, Replacement, flat_channels, replacements
 from gna_interp.models.heads import HeadRef
@@ -156,7 +156,7 @@ class PathPatcher:
         replacements(model, [], method, reference)  # validates method / reference before any forward
         self.plan = plan_scoring(model, task.samples)
         self.chunks = layout_chunks(model, self.plan, batch_size)
-        self.prefixes = Prefixes(model, self.chunks, max_prefix_bytes)
+        self.prefixes = prefixes_for(model, self.chunks, max_prefix_bytes)
         try:
             self.prefixes.verify()
         except ReplayMismatch as e:
@@ -462,7 +462,10 @@ class PathPatcher:
         """Scores of the task with each element of ``sets`` (an edge, or edges removed together) removed."""
         groups = [[check_edge(self.model, e) for e in ([s] if isinstance(s, Edge) else list(s))] for s in sets]
         tables = [ScoreTable(self.plan) for _ in groups]
-        todo = [g for g, es in enumerate(groups) if es]
+        # stacked by the layer their replay starts at, so that no copy replays blocks before its own receivers
+        todo = sorted((g for g, es in enumerate(groups) if es),
+                      key=lambda g: min(e.receiver.layer if e.receiver is not None else self.model.n_layers
+                                        for e in groups[g]))
         every = [groups[g] for g in todo]
         for i, chunk in enumerate(self.chunks):
             cache: dict[int, _Clean] = {}

@@ -16,13 +16,17 @@ On top of it: :class:`Prefixes` keeps the clean prefix of every batch of a scori
 :func:`replay_scores` scores several head sets (each removed together) in one stacked replay that
 starts at their earliest layer, and :class:`SetAblation` is what the ablation curve, the knowledge
 twin and the control use: a task's scores with any set of heads removed, the clean prefix captured
-once (a full forward per set where replays do not reproduce the model).
+once (a full forward per set where replays do not reproduce the model). Inside :func:`shared_prefixes` (as
+during :func:`~gna_interp.circuits.discover`), every stage that asks :func:`prefixes_for` the prefixes of the same
+model and the same chunks gets one :class:`Prefixes`: a task's clean pass is paid once per run, not once per stage.
 """
 
 from __future__ import annotations
 
+import hashlib
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -36,8 +40,8 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, layout_chunks,
                                       plan_scoring, read_logprobs, run_plan)
 
-__all__ = ["Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "final_logits", "replay", "replay_atol",
-           "replay_scores", "verify_replay"]
+__all__ = ["Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "final_logits", "nested_scores", "prefixes_for", "replay",
+           "replay_atol", "replay_scores", "shared_prefixes", "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
 
@@ -233,6 +237,42 @@ class Prefixes:
         return table.result()
 
 
+_SHARED: list[dict[tuple[int, int, str], Prefixes]] = []
+
+
+@contextmanager
+def shared_prefixes() -> Iterator[None]:
+    """Inside the block, :func:`prefixes_for` hands out one :class:`Prefixes` per model and chunk layout (released
+    on exit), so the stages of one run share their clean passes."""
+    _SHARED.append({})
+    try:
+        yield
+    finally:
+        _SHARED.pop()
+
+
+def _layout_key(chunks: Sequence[Chunk]) -> str:
+    """A digest of everything a prefix and a read depend on: tokens, masks, positions and the reads."""
+    h = hashlib.sha256()
+    for c in chunks:
+        b = c.batch
+        for t in (b.ids, b.attention_mask, b.tree, b.positions, c.read_row, c.read_pos, c.read_tok, c.read_target):
+            h.update(b"-" if t is None else f"{tuple(t.shape)}{t.dtype}".encode() + t.detach().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def prefixes_for(model: Model, chunks: list[Chunk], max_bytes: int = DEFAULT_PREFIX_BYTES) -> Prefixes:
+    """The clean prefixes of ``chunks``: new ones, or inside :func:`shared_prefixes` the ones already handed out for
+    the same model and an identical layout (their chunks are equal to ``chunks``)."""
+    if not _SHARED:
+        return Prefixes(model, chunks, max_bytes)
+    key = (id(model), max_bytes, _layout_key(chunks))
+    cache = _SHARED[-1]
+    if key not in cache:
+        cache[key] = Prefixes(model, chunks, max_bytes)
+    return cache[key]
+
+
 @torch.no_grad()
 def replay_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Sequence[Sequence[Replacement]]
                   ) -> list[CandidateScores]:
@@ -255,6 +295,44 @@ def replay_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Seq
         per = logp.shape[0] // n
         for g, t in enumerate(tables):
             t.add(chunk, logp[g * per:(g + 1) * per])
+    return [t.result() for t in tables]
+
+
+@torch.no_grad()
+def nested_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Sequence[Sequence[Replacement]]
+                  ) -> list[CandidateScores]:
+    """Scores of ``plan`` with each of ``sets`` removed, where each set contains the one before it (e.g. the first
+    ``j`` heads of one order, ``j = 1, 2, ...``). Each set's replay starts at the earliest layer of the heads it
+    adds, from the residual stream the previous sets' replays left there (the blocks before that layer see the
+    same heads removed), so a chain pays the blocks from each added head on, not from the set's earliest head.
+    Numbers equal :func:`replay_scores` of each set alone."""
+    n_layers = model.n_layers
+    steps: list[tuple[list[Replacement], int]] = []
+    for k, group in enumerate(sets):
+        before = {r.site.head for r in sets[k - 1]} if k else set()
+        heads = {r.site.head for r in group}
+        if not before <= heads:
+            raise InputError(f"nested_scores needs each set to contain the one before it; set {k} drops "
+                             f"{sorted(h.name for h in before - heads)}")
+        added = [r.site.head.layer for r in group if r.site.head not in before]
+        steps.append((list(group), min(added) if added else n_layers))
+    tables = [ScoreTable(plan) for _ in sets]
+    for i, chunk in enumerate(prefixes.chunks):
+        prefix = prefixes.get(i)
+        rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
+        logp = read_logprobs(prefix.logits, chunk.read_tok, prefix.inverse)  # the intact model's
+        state: dict[int, Tensor] = {}  # residual entering a layer a later step starts at, under the latest set
+        for k, (group, start) in enumerate(steps):
+            if start < n_layers:  # (else the set adds nothing: the previous scores)
+                x = state[start] if start in state else prefix.hidden(start)
+                keep = sorted({s for _, s in steps[k + 1:] if start < s < n_layers})
+                with model.hooks(ablation_hooks(group)):
+                    for a, b in zip([start] + keep, keep + [n_layers]):
+                        x = replay(model, prefix, a, hidden=x, stop=b)
+                        if b < n_layers:
+                            state[b] = x
+                logp = read_logprobs(final_logits(model, x, rows, pos), chunk.read_tok, inverse)
+            tables[k].add(chunk, logp)
     return [t.result() for t in tables]
 
 
@@ -281,7 +359,7 @@ class SetAblation:
         self._repl: dict[HeadRef, Replacement] = {}
         self.prefixes: Prefixes | None = None
         if method != "resample":
-            prefixes = Prefixes(model, layout_chunks(model, task, batch_size), max_prefix_bytes)
+            prefixes = prefixes_for(model, layout_chunks(model, task, batch_size), max_prefix_bytes)
             try:
                 prefixes.verify()
                 self.prefixes = prefixes
@@ -306,6 +384,14 @@ class SetAblation:
         if self._clean is None:
             self._clean = self.run([])
         return self._clean
+
+    def run_nested(self, sets: Sequence[Sequence[HeadRef | str]]) -> list[CandidateScores]:
+        """Scores with each of ``sets`` removed, each set containing the one before it (e.g. the first ``j`` heads
+        of a ranking): the same numbers as :meth:`run` of each, for less (:func:`nested_scores`)."""
+        replaced = [self._replaced(s) for s in sets]
+        if self.prefixes is not None:
+            return nested_scores(self.model, self.plan, self.prefixes, replaced)
+        return [self.run(s) for s in sets]
 
     def run(self, heads: Sequence[HeadRef | str]) -> CandidateScores:
         """Scores with ``heads`` removed together (none: the intact model)."""

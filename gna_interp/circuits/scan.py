@@ -79,7 +79,7 @@ from gna_interp.progress import tqdm
 
 from gna_interp.circuits.attribution import attribution_estimates
 from gna_interp.circuits.distributed import active, check_world
-from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES, Prefixes, replay_scores
+from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES, Prefixes, prefixes_for, replay_scores
 from gna_interp.circuits.scan_executor import Executor, Unit
 from gna_interp.circuits.scan_policy import DEFAULT_CERTIFY, default_verify, initial_exact, next_to_verify
 from gna_interp.circuits.scan_result import COLUMNS, HeadScan
@@ -257,7 +257,7 @@ def _plan(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str]
     if state is not None:
         scan.restore(state)
     focus = set(model.check_heads(list(cfg.focus))) if cfg.focus is not None else None
-    return _Run(model, cfg, plan, chunks, Prefixes(model, chunks, cfg.max_prefix_bytes),
+    return _Run(model, cfg, plan, chunks, prefixes_for(model, chunks, cfg.max_prefix_bytes),
                 {r.site.head: r for r in replaced}, stack, scan, store, executor, focus)
 
 
@@ -345,7 +345,7 @@ class _Screen:
             return None
         scan.screen_index = scan.screen_index or [int(i) for i in torch.linspace(0, n - 1, m).round().long()]
         sub = plan_scoring(model, [plan.samples[i] for i in scan.screen_index], plan.method)  # type: ignore[arg-type]
-        prefixes = Prefixes(model, layout_chunks(model, sub, cfg.batch_size), cfg.max_prefix_bytes)
+        prefixes = prefixes_for(model, layout_chunks(model, sub, cfg.batch_size), cfg.max_prefix_bytes)
         if run.executor.replay_problem(prefixes) is not None:  # no fast replay: screening costs what exact runs do
             return None
         return cls(sub, prefixes)
