@@ -45,6 +45,23 @@ def check_int(name: str, value: Any, minimum: int | None = None, allow_none: boo
         raise OptionError(f"{name} must be >= {minimum}, got {value}")
 
 
+def check_counts(owner: Any, minimums: dict[str, int]) -> None:
+    """Raise :class:`OptionError` naming the first field of ``owner`` in ``minimums`` that is not an int (not a
+    bool) at least its minimum: ``NAME must be an integer >= MIN, got VALUE``."""
+    for name, lo in minimums.items():
+        v = getattr(owner, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise OptionError(f"{name} must be an integer >= {lo}, got {v!r}")
+
+
+def check_pairs_fit(pairs: int, max_value: int, pairs_name: str = "pairs", max_name: str = "max_value") -> None:
+    """Refuse ``max_value + 1 < pairs`` (:class:`OptionError`): every line of a KV dictionary needs its own value
+    in ``0..max_value``. The message names the options as ``pairs_name`` and ``max_name`` (``--pairs``, ...)."""
+    if max_value + 1 < pairs:
+        raise OptionError(f"{max_name} {max_value} gives {max_value + 1} distinct values, fewer than {pairs_name} "
+                          f"{pairs}: every line needs its own value; raise {max_name} or lower {pairs_name}")
+
+
 def options(cls: type[T]) -> type[T]:
     """Class decorator: a frozen dataclass whose constructor names the closest field for a typo."""
     cls = dataclasses.dataclass(frozen=True)(cls)

@@ -198,7 +198,7 @@ def test_discover_finds_the_zoo_transformers_circuit() -> None:
 
 def test_default_model_without_smollm2_is_the_zoo_transformer(monkeypatch: pytest.MonkeyPatch) -> None:
     import gna_interp.models as models
-    from gna_interp.cli import default_model_specs
+    from gna_interp.cli.args import default_model_specs
 
     monkeypatch.setattr(models, "smollm2_gguf_path", lambda: None)
     assert default_model_specs()[0] == "zoo:transformer-kv"

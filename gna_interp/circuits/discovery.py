@@ -339,9 +339,12 @@ def _format_scans(model: Model, task: Task, scan: HeadScan, cfg: DiscoverConfig,
     scans, tasks = {task.name: scan}, {task.name: task}
     for i, t in enumerate(cfg.formats):
         name = t.name if t.name not in tasks else f"{t.name}-{i + 2}"
-        line = check_solvable(model, t, sc.batch_size, allow_chance=True)
-        if "NEAR CHANCE" in line:
-            notes.append(f"format {name} not scanned: {line.split(' -- ')[0]} (at chance)")
+        from gna_interp.tasks.calibration import ChanceVerdict
+
+        verdict = ChanceVerdict.measure(model, t, sc.batch_size)
+        line = verdict.line()
+        if verdict.near_chance:
+            notes.append(f"format {name} not scanned: {line} (at chance)")
             continue
         ckpt = Path(sc.checkpoint).with_suffix(f".format{i}.json") if sc.checkpoint is not None else None
         scans[name] = scan_heads(model, t, heads=scan.heads, config=sc.replace(checkpoint=ckpt))
@@ -373,22 +376,18 @@ def twin_check(model: Model, twin: Task, curve: pd.DataFrame, batch_size: int = 
 def check_solvable(model: Model, task: Task, batch_size: int = 16, allow_chance: bool = False,
                    accuracy: float | None = None) -> str:
     """Evaluate the intact model on ``task`` (or take its ``accuracy`` when already measured) and refuse
-    (:class:`InputError`) when it is within two standard errors (at least 0.05) of chance: a task the
-    model fails cannot reveal a circuit. Returns a sentence with the numbers; ``allow_chance`` turns the
-    refusal into that sentence."""
-    acc = evaluate(model, task, batch_size=batch_size, progress=False).accuracy if accuracy is None else accuracy
-    chance, n = task.chance, len(task)
-    margin = chance_margin(chance, n)
-    line = (f"intact model: accuracy {acc:.3f} on {task.name} ({n} samples), chance {chance:.3f}, "
-            f"margin {margin:.3f}")
-    if acc <= chance + margin:
-        if not allow_chance:
-            raise InputError(f"{model.name} is at chance on {task.name}: {line}. Nothing can be discovered from a "
-                             f"task the model fails; make it easier (KV: fewer pairs, another template; multiple choice: "
-                             f"more shots, or the 'stated' form, gna scan --mc-form stated) or pass allow_chance=True "
-                             f"(gna scan --allow-chance)")
-        return line + " -- NEAR CHANCE: the circuit below is not evidence of retrieval"
-    return line
+    (:class:`InputError`) when it is near chance (:class:`~gna_interp.tasks.calibration.ChanceVerdict`): a task
+    the model fails cannot reveal a circuit. Returns the verdict's sentence; ``allow_chance`` turns the refusal
+    into that sentence, marked NEAR CHANCE."""
+    from gna_interp.tasks.calibration import ChanceVerdict
+
+    verdict = ChanceVerdict.measure(model, task, batch_size) if accuracy is None else ChanceVerdict.of(task, accuracy)
+    if verdict.near_chance and not allow_chance:
+        raise InputError(f"{model.name} is at chance on {task.name}: {verdict.line()}. Nothing can be discovered from "
+                         f"a task the model fails; make it easier (KV: fewer pairs, another template; multiple choice: "
+                         f"more shots, or the 'stated' form, gna scan --mc-form stated) or pass allow_chance=True "
+                         f"(gna scan --allow-chance)")
+    return verdict.line(near="the circuit below is not evidence of retrieval")
 
 
 def _control_batch(sc: ScanConfig) -> int:

@@ -37,18 +37,23 @@ rank when it is unset; compare with a single process run with ``OMP_NUM_THREADS=
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, ContextManager, Sequence, TypeVar
 
 import torch
 
 from gna_interp.errors import GnaError, InputError
 
-__all__ = ["Shard", "active", "assign", "check_world", "leave", "local_device", "rank_files", "rank_path"]
+__all__ = ["Shard", "active", "assign", "check_world", "leave", "local_device", "rank_files", "rank_path", "run_job"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 TIMEOUT_ENV = "GNA_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 4 * 3600  # a rank waits this long for the others at a gather (the slowest share of a phase)
@@ -153,6 +158,31 @@ def leave() -> None:
         torch.distributed.destroy_process_group()
     _STATE["owned"] = False
     _STATE["left"] = True
+
+
+def run_job(shard: Shard | None, lock: Callable[[], ContextManager[Any]], prepare: Callable[[], None],
+            sharded: Callable[[], T], lead: Callable[[T | None, float], R]) -> R | None:
+    """Run a command whose first part is sharded over the ranks of ``shard``'s job (alone when ``shard`` is None).
+
+    Every rank waits until all have checked their inputs; the lead rank (alone: this process) takes ``lock()``
+    (e.g. the output folder's) and holds it to the end; every rank runs ``prepare()`` (e.g. deleting stale
+    checkpoints) and waits for the others, so that no rank reads what another is deleting. Under torchrun every
+    rank then runs ``sharded()`` and leaves the job (:func:`leave`); the other ranks return None, the lead returns
+    ``lead(what sharded() returned, its seconds)``. Alone: ``lead(None, 0.0)``.
+    """
+    leads = shard is None or shard.lead
+    if shard is not None:
+        shard.barrier()  # every rank has checked its inputs before the lead locks the output
+    with lock() if leads else contextlib.nullcontext():
+        prepare()
+        if shard is None:
+            return lead(None, 0.0)
+        shard.barrier()  # what prepare() deletes is gone before any rank reads it
+        started = time.perf_counter()
+        first = sharded()
+        seconds = time.perf_counter() - started
+        leave()
+        return lead(first, seconds) if leads else None
 
 
 def local_device(device: str | None) -> str | None:

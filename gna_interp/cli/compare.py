@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import (_check_pairs, _compute_args, _set_threads, at_least, claim_run, command, output_args,
-                            run_held, run_options, seeds_arg, task_args, task_options)
+from gna_interp.cli import command
+from gna_interp.cli.args import (at_least, check_pairs, claim_run, compute_args, output_args, run_options, seeds_arg,
+                                 set_threads, task_args, task_options)
+from gna_interp.cli.signals import run_held
 from gna_interp.errors import InputError
 
 
@@ -53,7 +55,7 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
                    help="prompts the aggregation scores (sharpness) are read on (default 8)")
     p.add_argument("--pool", type=at_least(1), default=64,
                    help="best-ranked heads of each model whose aggregation is scored (default 64)")
-    _compute_args(p)
+    compute_args(p)
     output_args(p, "gna_compare", "comparison")
     p.set_defaults(run=run_compare_families)
 
@@ -61,13 +63,13 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
 def run_compare_families(args: argparse.Namespace) -> int:
     from gna_interp.circuits import Circuit
     from gna_interp.experiments.families import CIRCUITS_DIR, CKPT, CompareConfig, compare
-    from gna_interp.experiments.sweep import slug
+    from gna_interp.experiments.run import slug
 
     out = Path(args.out)
     cdirs = [out / CIRCUITS_DIR / slug(s) for s in args.model]
     folder = claim_run(args, "compare", CKPT,
                        also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")])
-    _check_pairs(args.pairs, args.max_value)
+    check_pairs(args.pairs, args.max_value)
     circuits = args.circuit if args.circuit is not None else [None] * len(args.model)
     if len(circuits) != len(args.model):
         raise InputError(f"--circuit lists {len(circuits)} folders for {len(args.model)} models; give one per model, "
@@ -75,7 +77,7 @@ def run_compare_families(args: argparse.Namespace) -> int:
     for c in circuits:  # a bad folder fails before any model is loaded
         if c:
             Circuit.load(c)
-    _set_threads(args)
+    set_threads(args)
     print(f"comparing {', '.join(args.model)} ({args.dtype}) ...", flush=True)
     config = CompareConfig(**vars(task_options(args)), **run_options(args), k=args.top_k, seeds=args.seeds,
                            sharp_samples=args.sharp_samples, pool=args.pool, device=getattr(args, "device", None),

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 
-from gna_interp.cli import (_compute_args, _load_for, at_least, claim_run, command, folder_args, model_arg, run_held,
-                            run_options, seeds_arg)
+from gna_interp.cli import command
+from gna_interp.cli.args import (at_least, claim_run, compute_args, folder_args, load_for, model_arg, run_options,
+                                 seeds_arg)
+from gna_interp.cli.signals import run_held
 from gna_interp.errors import InputError
 
 
@@ -19,6 +22,8 @@ def _limit(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a whole number of documents >= 1 or a fraction in (0, 1), got {text}")
     if value <= 0 or (value >= 1 and value != int(value)):
         raise argparse.ArgumentTypeError(f"must be a whole number of documents >= 1 or a fraction in (0, 1), got {text}")
     return int(value) if value >= 1 else value
@@ -55,7 +60,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
                    help="new tokens of a generation when the task sets none (default 256)")
     p.add_argument("--bootstrap-iters", type=at_least(0), default=100000,
                    help="lm-eval's bootstrap iterations for standard errors of non-mean metrics (default 100000)")
-    _compute_args(p, "sequences per forward (default 16)")
+    compute_args(p, "sequences per forward (default 16)")
     folder_args(p, "gna_eval", "reuse the conditions an earlier run into --out finished (DIR/conditions/*.json)",
                 "delete the finished conditions an earlier run left in --out and start over")
     p.set_defaults(run=run_eval)
@@ -82,14 +87,14 @@ def run_eval(args: argparse.Namespace) -> int:
         from gna_interp.circuits import Circuit
 
         circuit_doc = Circuit.load(d)
-    names, _ = resolve_tasks(args.tasks, args.include_path)  # an unknown task fails before the model loads
-    model = _load_for(args, args.model or (circuit_doc.model if circuit_doc is not None else None))
-    if args.ablate is not None:
-        model.check_heads(args.ablate)  # heads out of range fail before any benchmark runs
     config = EvalConfig(**run_options(args), top_k=args.top_k, random_k=args.random_k, seeds=args.seeds,
                         limit=args.limit, method=args.method, include_path=args.include_path,
                         num_fewshot=args.num_fewshot, max_gen_toks=args.max_gen_toks,
-                        bootstrap_iters=args.bootstrap_iters)
+                        bootstrap_iters=args.bootstrap_iters)  # checked before the model loads
+    names, _ = resolve_tasks(args.tasks, args.include_path)  # an unknown task fails before the model loads
+    model = load_for(args, args.model or (circuit_doc.model if circuit_doc is not None else None))
+    if args.ablate is not None:
+        model.check_heads(args.ablate)  # heads out of range fail before any benchmark runs
     result = run_held(args, folder, lambda: eval_heads(model, names, args.ablate, args.circuit, out, config),
                       out / CONDITIONS_DIR, what="conditions")
     print()

@@ -23,7 +23,8 @@ import argparse
 from pathlib import Path
 from typing import Callable
 
-from gna_interp.cli import COUNT_CAP, at_least, claim_out, command, model_arg
+from gna_interp.cli import command
+from gna_interp.cli.args import COUNT_CAP, at_least, claim_out, model_arg
 from gna_interp.errors import InputError
 
 SUBCOMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], str]] = {}

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import (at_least, choice_list, claim_run, model_arg, output_args, run_held, run_options,
-                            samples_arg, seeds_arg)
+from gna_interp.cli.args import (at_least, choice_list, claim_run, model_arg, output_args, run_options, samples_arg,
+                                 seeds_arg)
+from gna_interp.cli.signals import run_held
 from gna_interp.cli.hybrid import int_list, subcommand
 
 

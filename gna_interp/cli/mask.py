@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import (CIRCUIT_MODEL_HELP, _check_pairs, _compute_args, _load_for, at_least, claim_run, command, folder_args,
-                            model_arg, run_held, run_options, seeds_arg, task_args, task_options, word_or)
+from gna_interp.cli import command
+from gna_interp.cli.args import (CIRCUIT_MODEL_HELP, at_least, check_pairs, claim_run, compute_args, folder_args,
+                                 load_for, model_arg, run_options, seeds_arg, task_args, task_options, word_or)
+from gna_interp.cli.signals import run_held
 from gna_interp.errors import InputError
 
 
@@ -35,7 +37,7 @@ def _mask_args(p: argparse.ArgumentParser) -> None:
                    help="rescale masked attention rows to sum to 1 (default: keep the pattern's own weights)")
     p.add_argument("--role-samples", type=at_least(1), default=8, help="samples the role scores are measured on")
     p.add_argument("--scan-samples", type=at_least(1), default=24, help="discovery prompts when no circuit is given")
-    _compute_args(p)
+    compute_args(p)
     folder_args(p, "gna_mask", "continue an interrupted run from OUT/mask.ckpt.json",
                 "delete the checkpoint an earlier run left in OUT and start over",
                 allow_chance="run even when the intact model is near chance on the task (refused by default)")
@@ -51,14 +53,15 @@ def run_mask(args: argparse.Namespace) -> int:
             and not str(args.circuit).endswith("circuit.json"):
         raise InputError(f"--circuit {args.circuit!r} is not a `gna scan` folder (no circuit.json in it)")
     if args.pairs is not None and args.max_value is not None:
-        _check_pairs(args.pairs, args.max_value)
+        check_pairs(args.pairs, args.max_value)
+    config = MaskConfig(**vars(task_options(args)), **run_options(args), top_k=args.top_k, seeds=args.seeds,
+                        offset=args.offset, renormalize=args.renormalize, role_samples=args.role_samples,
+                        scan_samples=args.scan_samples, allow_chance=args.allow_chance)  # checked before the load
     from gna_interp.circuits import Circuit
 
     found = Circuit.load(args.circuit) if args.circuit is not None else None  # a bad folder fails before the model
-    model = _load_for(args, args.model or (found.model if found is not None else None))  # the circuit's model
-    config = MaskConfig(**vars(task_options(args)), **run_options(args), top_k=args.top_k, seeds=args.seeds,
-                        offset=args.offset, renormalize=args.renormalize, role_samples=args.role_samples,
-                        scan_samples=args.scan_samples, allow_chance=args.allow_chance)
+    config.resolve(found.kv_args if found is not None else {})  # the KV knobs taken must fit, before the load
+    model = load_for(args, args.model or (found.model if found is not None else None))  # the circuit's model
     result = run_held(args, folder, lambda: mask_experiment(model, args.circuit, args.heads, out, config),
                       *checkpoint_files(out))
     print(result.summary())

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import (_check_pairs, _compute_args, _load_for, at_least, choice_list, claim_run, command,
-                            folder_args, model_arg, run_held, run_options, task_args, task_options)
+from gna_interp.cli import command
+from gna_interp.cli.args import (at_least, check_pairs, check_questions_reachable, choice_list, claim_run, compute_args,
+                                 folder_args, load_for, model_arg, run_options, task_args, task_options)
+from gna_interp.cli.signals import run_held
 
 
 @command("prune", "layer pruning: retrieval (KV, MC letters) and knowledge (MC cloze) accuracy as the last blocks are "
@@ -38,7 +40,7 @@ def _prune_args(p: argparse.ArgumentParser) -> None:
                         "The table adds each one removed in turn and random heads kept instead")
     p.add_argument("--keep-seeds", type=at_least(0), default=3,
                    help="random draws in the head-keeping table (default 3)")
-    _compute_args(p)
+    compute_args(p)
     folder_args(p, "gna_prune", "continue an interrupted run from OUT/prune.ckpt.json",
                 "delete the checkpoint an earlier run left in OUT and start over",
                 allow_chance="keep tasks the intact model does not solve (left out by default)", figures="figures")
@@ -46,17 +48,18 @@ def _prune_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    from gna_interp.experiments.prune import CHECKPOINT, PruneConfig, parse_keep_layers, prune
+    from gna_interp.experiments.prune import CHECKPOINT, PruneConfig, prune
 
     out = Path(args.out)
     folder = claim_run(args, "prune", CHECKPOINT)
     if "kv" in args.tasks:
-        _check_pairs(args.pairs, args.max_value)
-    parse_keep_layers(args.keep_layers)  # a malformed range fails before any loading
-    model = _load_for(args)
+        check_pairs(args.pairs, args.max_value)
     config = PruneConfig(**vars(task_options(args)), **run_options(args), tasks=args.tasks, modes=args.modes,
                          keep_layers=args.keep_layers, keep_heads=args.keep_heads, keep_seeds=args.keep_seeds,
-                         allow_chance=args.allow_chance)
+                         allow_chance=args.allow_chance)  # a malformed range, a missing --questions file: refused here
+    if "mc" in args.tasks or "cloze" in args.tasks:
+        check_questions_reachable(args.questions)
+    model = load_for(args)
     result = run_held(args, folder, lambda: prune(model, out, config), out / CHECKPOINT)
     print(result.summary())
     written = [out / f for f in ("prune.csv", "keep.csv", "prune.json", "report.html") if (out / f).exists()]

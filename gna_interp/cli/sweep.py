@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.cli import (CIRCUIT_MODEL_HELP, _check_pairs, _compute_args, _first_default, _set_threads, at_least, claim_run, command,
-                            model_arg, output_args, run_held, run_options, seeds_arg, task_args, task_options)
+from gna_interp.cli import command
+from gna_interp.cli.args import (CIRCUIT_MODEL_HELP, at_least, check_pairs, claim_run, compute_args, first_default,
+                                 model_arg, output_args, run_options, seeds_arg, set_threads, task_args, task_options)
+from gna_interp.cli.signals import run_held
 
 PAPER_PAIRS = "10,15,20,25,30,35,40,45,50"
 
@@ -67,7 +69,7 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
               max_value=(99, "values are 0..MAX (default 99, the paper's range; must be at least the largest size - 1)"),
               seed=(0, "seed of the prompts (discovery uses seed+1)"),
               template=(None, "KV template (default: the --circuit's KV task's, else official)"))
-    _compute_args(p)
+    compute_args(p)
     output_args(p, "gna_sweep", "sweep")
     p.set_defaults(run=run_sweep)
 
@@ -79,12 +81,12 @@ def run_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out)
     folder = claim_run(args, "sweep", CKPT,
                        also=[out / CIRCUIT_DIR / "scan.ckpt.json", out / CIRCUIT_DIR / "circuit.json"])
-    _check_pairs(max(args.pairs), args.max_value)
+    check_pairs(max(args.pairs), args.max_value)
     circuit = Circuit.load(args.circuit) if args.circuit else None  # a bad folder fails before loading the model
     found = circuit.kv_args if circuit is not None else {}
     template = args.template or str(found.get("template", "official"))
-    _set_threads(args)
-    spec = args.model or (circuit.model if circuit is not None else None) or _first_default()  # the circuit's model
+    set_threads(args)
+    spec = args.model or (circuit.model if circuit is not None else None) or first_default()  # the circuit's model
     print(f"loading {spec} ({args.dtype}) ...", flush=True)
     config = SweepConfig(**vars(task_options(args, pairs=args.pairs, template=template)), **run_options(args),
                          k=args.top_k, seeds=args.seeds, heads=args.heads, bootstrap=args.bootstrap,

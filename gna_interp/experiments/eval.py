@@ -429,6 +429,18 @@ class EvalConfig(RunOptions):
     max_gen_toks: int = 256
     bootstrap_iters: int = 100000
 
+    def validate(self) -> None:
+        from gna_interp.experiments.harness import ABLATION_METHODS
+
+        if self.method not in ABLATION_METHODS:
+            raise InputError(f"unknown ablation method {self.method!r}; choose one of {ABLATION_METHODS}")
+        if self.seeds < 0 or (self.random_k is not None and self.random_k < 0):
+            raise InputError(f"seeds and random_k must be >= 0, got seeds={self.seeds}, random_k={self.random_k}")
+        limit = self.limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                                  or not math.isfinite(limit) or limit <= 0 or (limit >= 1 and limit != int(limit))):
+            raise InputError(f"limit must be a whole number of documents >= 1 or a fraction in (0, 1), got {limit}")
+
 
 def eval_heads(model: Model | str, tasks: str | Sequence[str], heads: str | Sequence[str | HeadRef] | None = None,
                circuit: Any = None, out: str | Path | None = None, config: EvalConfig | None = None,
@@ -442,14 +454,8 @@ def eval_heads(model: Model | str, tasks: str | Sequence[str], heads: str | Sequ
     ``method``, ``include_path``, ... (as ``gna eval``'s options).
     """
     cfg = EvalConfig.build(config, **overrides)
-    from gna_interp.experiments.harness import ABLATION_METHODS, LM_EVAL_VERSION, GnaLM
+    from gna_interp.experiments.harness import LM_EVAL_VERSION, GnaLM
 
-    if cfg.method not in ABLATION_METHODS:
-        raise InputError(f"unknown ablation method {cfg.method!r}; choose one of {ABLATION_METHODS}")
-    if cfg.seeds < 0 or (cfg.random_k is not None and cfg.random_k < 0):
-        raise InputError(f"seeds and random_k must be >= 0, got seeds={cfg.seeds}, random_k={cfg.random_k}")
-    if cfg.limit is not None and (cfg.limit <= 0 or (cfg.limit >= 1 and float(cfg.limit) != int(cfg.limit))):
-        raise InputError(f"limit must be a whole number of documents >= 1 or a fraction in (0, 1), got {cfg.limit}")
     names, manager = resolve_tasks(tasks, cfg.include_path)
     out_path = Path(out) if out is not None else None
     if out_path is not None:

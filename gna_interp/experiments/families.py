@@ -10,7 +10,7 @@ kind of mixer aggregates (the paper's third claim: hybrids delegate aggregation 
 1. its circuit: ``circuits[i]`` (a :class:`~gna_interp.circuits.Circuit` or ``gna scan`` folder) or
    discovered with ``gna scan``'s default discovery on a task of the measured shape (``pairs`` lines,
    ``samples`` prompts, values ``0..max_value``) seeded ``seed + 1``, so heads are not scored on the
-   prompts they were found on (:func:`~gna_interp.experiments.sweep.resolve_circuit`; saved in
+   prompts they were found on (:func:`~gna_interp.experiments.run.resolve_circuit`; saved in
    ``DIR/circuits/MODEL``). A model at chance on that task cannot be compared (an error names it; the
    models measured before it stay in the checkpoint);
 2. the **removal cost**: on the measured task (``pairs`` lines, ``samples`` prompts, values
@@ -71,16 +71,18 @@ from gna_interp.errors import InputError
 from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.store import records
-from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, settings_fingerprint, stale_files
-from gna_interp.experiments.sweep import _bar, clear_circuit, model_of, random_draws, resolve_circuit, slug
+from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, settings_fingerprint
+from gna_interp.experiments.run import (Discovery, model_of, open_folder, progress_bar, random_draws, resolve_circuit,
+                                        slug)
 from gna_interp.mixing import PatternOptions, patterns
 from gna_interp.mixing.sharpness import row_distribution, sharpness
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.options import options
+from gna_interp.options import check_counts, check_pairs_fit, options
 from gna_interp.store import atomic_write
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.base import Task
+from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
 from gna_interp.tasks.segments import Segments
 
@@ -358,19 +360,19 @@ def _mixers(model: Model) -> str:
 
 
 # ---- the experiment ---------------------------------------------------------------------------------------------
-def _one_model(m: Model, circ: Circuit, log: Checkpoint, key: str, task: KVRetrieval, k: int, seeds: int,
-               pool: int, sharp_samples: int, shifts: Sequence[int], batch_size: int, bar: Any) -> dict[str, Any]:
+def _one_model(m: Model, circ: Circuit, log: Checkpoint, key: str, task: KVRetrieval, cfg: "CompareConfig",
+               bar: Any) -> dict[str, Any]:
     """Every measurement of one model (points from ``log`` when already there)."""
-    kk = min(curve_k(len(circ.scan.heads), k), len(circ.heads))
+    kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
     top = circ.heads[:kk]
-    draws = random_draws(circ.scan.heads, top, kk, seeds, "gna-families-random")
+    draws = random_draws(circ.scan.heads, top, kk, cfg.seeds, "gna-families-random")
     runner: SetAblation | None = None
 
     def point(pkey: str, heads: Sequence[HeadRef]) -> float:
         nonlocal runner
         full = f"{key}/{pkey}"
         if full not in log:
-            runner = runner or SetAblation(m, task, batch_size=batch_size)
+            runner = runner or SetAblation(m, task, batch_size=cfg.batch_size)
             log.put(full, runner.run(heads).metrics["accuracy"])
             bar.update(1)
         return float(log[full])
@@ -388,10 +390,10 @@ def _one_model(m: Model, circ: Circuit, log: Checkpoint, key: str, task: KVRetri
                           "heads": ",".join(h.name for h in d[:j])})
     agg_key = f"{key}/aggregation"
     frame = circ.scan.to_frame()
-    pool_heads = [HeadRef.parse(n) for n in frame["name"].head(pool)]
+    pool_heads = [HeadRef.parse(n) for n in frame["name"].head(cfg.pool)]
     if agg_key not in log:
-        agg = aggregation_scores(m, task, pool_heads, n_samples=sharp_samples, shifts=shifts,
-                                 batch_size=min(batch_size, 8))
+        agg = aggregation_scores(m, task, pool_heads, n_samples=cfg.sharp_samples, shifts=tuple(cfg.shifts),
+                                 batch_size=min(cfg.batch_size, 8))
         log.put(agg_key, {"per_head": records(agg.per_head), "per_sample": records(agg.per_sample)})
         bar.update(1)
     saved = log[agg_key]
@@ -459,6 +461,12 @@ class CompareConfig(TaskOptions, RunOptions):
     device: str | None = None
     dtype: str = "float32"
 
+    def validate(self) -> None:
+        check_counts(self, {"k": 1, "seeds": 1, "pairs": 2, "samples": 1, "sharp_samples": 1, "pool": 1,
+                            "batch_size": 1, "max_value": 1})
+        check_pairs_fit(self.pairs, self.max_value)
+        check_knobs(self)
+
 
 def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | str | os.PathLike | None] | None = None,
             out: str | os.PathLike | None = None, config: CompareConfig | None = None,
@@ -478,84 +486,88 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
     if len(circuits) != len(specs):
         raise InputError(f"{len(circuits)} circuits for {len(specs)} models; give one per model (None / an empty "
                          f"entry to discover that model's)")
-    for name, v, lo in (("k", cfg.k, 1), ("seeds", cfg.seeds, 1), ("pairs", cfg.pairs, 2),
-                        ("samples", cfg.samples, 1), ("sharp_samples", cfg.sharp_samples, 1), ("pool", cfg.pool, 1),
-                        ("batch_size", cfg.batch_size, 1), ("max_value", cfg.max_value, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
-    if cfg.pairs > cfg.max_value + 1:
-        raise InputError(f"pairs {cfg.pairs} needs {cfg.pairs} distinct values, but max_value {cfg.max_value} gives "
-                         f"{cfg.max_value + 1}; raise max_value or lower pairs")
-    shifts = tuple(cfg.shifts)
     folder = Path(out) if out is not None else None
     names = [s if isinstance(s, str) else s.name for s in specs]
+    cdirs = [folder / CIRCUITS_DIR / slug(n) for n in names] if folder is not None else []
     if folder is not None:
-        cdirs = [folder / CIRCUITS_DIR / slug(n) for n in names]
-        stale = stale_files(folder, CKPT, cfg.resume, cfg.fresh,
-                          also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")])
-        if cfg.fresh:
-            for p in stale:
-                p.unlink(missing_ok=True)
-            for c in cdirs:
-                clear_circuit(c)
+        open_folder(folder, CKPT, cfg, also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")],
+                    circuits=cdirs)
     settings = {"pairs": cfg.pairs, "samples": cfg.samples, "max_value": cfg.max_value, "template": cfg.template,
                 "seed": cfg.seed, "k": cfg.k, "seeds": cfg.seeds, "sharp_samples": cfg.sharp_samples, "pool": cfg.pool,
-                "shifts": list(shifts), "batch_size": cfg.batch_size, "method": "zero"}
+                "shifts": list(cfg.shifts), "batch_size": cfg.batch_size, "method": "zero"}
     log = Checkpoint(folder / CKPT if folder is not None else None, NAME, settings_fingerprint(settings))
     log.save()
     start = time.perf_counter()
-    rows, curves, heads, samp, kinds, sources, notes = [], [], [], [], [], {}, []
+    parts = _Parts()
     for spec, given, name in zip(specs, circuits, names):
-        m = model_of(spec, cfg.device, cfg.dtype)
-        task = cfg.kv(m.kv_words)
-        cdir = folder / CIRCUITS_DIR / slug(name) if folder is not None else None
-        found_on = cfg.kv(m.kv_words, seed=cfg.seed + 1)
-        try:
-            circ, sources[name] = resolve_circuit(m, given, cfg.seed, cdir, k=cfg.k, batch_size=cfg.batch_size,
-                                                  progress=cfg.progress, task=found_on)
-        except InputError as e:
-            kept = (f"; the models measured so far are kept in {folder / CKPT}: leave {name} out and rerun with "
-                    f"--resume" if folder is not None and rows else "")
-            raise InputError(f"{'' if name in str(e) else name + ': '}{e}{kept}") from e
-        best = [h.name for h in circ.heads[:max(cfg.k, cfg.pool)]]
-        key = f"{slug(name)}:{fingerprint(m, {'heads': best, **settings})[:16]}"
-        kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
-        total = (kk + 1) + cfg.seeds * kk + 1
-        done = sum(1 for p in log.points if p.startswith(key + "/"))
-        with _bar(total, min(done, total), f"compare {name}", cfg.progress) as bar:
-            got = _one_model(m, circ, log, key, task, cfg.k, cfg.seeds, cfg.pool, cfg.sharp_samples, shifts,
-                             cfg.batch_size, bar)
-        if kk < cfg.k:
-            notes.append(f"{name}: removes up to k = {kk} heads, not {cfg.k} ({len(circ.scan.heads)} scanned heads; k "
-                         f"random heads must stay at most a quarter of them)")
-        curve = pd.DataFrame(got["curve"]).assign(model=name)[CURVE_COLUMNS]
-        curves.append(curve)
-        ph = got["per_head"]
-        frame = circ.scan.to_frame()[["name", "rank", "drop"]]
-        ph = frame.merge(ph, on="name", how="inner").sort_values("rank")
-        heads.append(ph.assign(model=name))
-        hurt = ph[ph["drop"] > 0]
-        agg = hurt.sort_values("aggregate", ascending=False).iloc[0] if len(hurt) else None
-        if agg is not None:
-            ps = got["per_sample"]
-            samp.append(ps[ps["name"] == agg["name"]].assign(model=name))
-        kinds += _kinds_rows(name, circ, ph)
-        rows.append(_table_row(m, name, circ, got, curve, agg, task.chance))
-        del m
-    table = pd.DataFrame(rows)
-    cost_cols = sorted([c for c in table.columns if c.startswith("cost_") and c[5:].isdigit()],
-                       key=lambda c: int(c[5:]))
-    table = table[[c for c in TABLE_COLUMNS if c in table] + [c for c in cost_cols if c not in TABLE_COLUMNS]]
-    heads_df = pd.concat(heads, ignore_index=True)
-    heads_df = heads_df[["model"] + [c for c in heads_df.columns if c != "model"]]
-    samples_df = (pd.concat(samp, ignore_index=True) if samp
-                  else pd.DataFrame(columns=AGGREGATION_COLUMNS + ["sample", "model"]))
-    result = FamilyComparison(names, table, pd.concat(curves, ignore_index=True), heads_df, samples_df,
-                              pd.DataFrame(kinds), {**settings, "drop_metric": "logit_diff"}, sources, notes,
-                              time.perf_counter() - start)
+        _measure_model(spec, given, name, log, folder, cfg, settings, parts)
+    result = parts.assemble(names, {**settings, "drop_metric": "logit_diff"}, time.perf_counter() - start)
     if folder is not None:
         result.save(folder, png=cfg.png)
     return result
+
+
+@dataclass
+class _Parts:
+    """What :func:`compare` collects model by model, and the result it makes of them."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    curves: list[pd.DataFrame] = field(default_factory=list)
+    heads: list[pd.DataFrame] = field(default_factory=list)
+    samples: list[pd.DataFrame] = field(default_factory=list)
+    kinds: list[dict[str, Any]] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def assemble(self, names: list[str], settings: dict[str, Any], seconds: float) -> "FamilyComparison":
+        table = pd.DataFrame(self.rows)
+        cost_cols = sorted([c for c in table.columns if c.startswith("cost_") and c[5:].isdigit()],
+                           key=lambda c: int(c[5:]))
+        table = table[[c for c in TABLE_COLUMNS if c in table] + [c for c in cost_cols if c not in TABLE_COLUMNS]]
+        heads_df = pd.concat(self.heads, ignore_index=True)
+        heads_df = heads_df[["model"] + [c for c in heads_df.columns if c != "model"]]
+        samples_df = (pd.concat(self.samples, ignore_index=True) if self.samples
+                      else pd.DataFrame(columns=AGGREGATION_COLUMNS + ["sample", "model"]))
+        return FamilyComparison(names, table, pd.concat(self.curves, ignore_index=True), heads_df, samples_df,
+                                pd.DataFrame(self.kinds), settings, self.sources, self.notes, seconds)
+
+
+def _measure_model(spec: Model | str, given: Any, name: str, log: Checkpoint, folder: Path | None,
+                   cfg: CompareConfig, settings: dict[str, Any], parts: _Parts) -> None:
+    """Load (a spec), resolve the circuit of and measure one model, adding its parts to ``parts``."""
+    m = model_of(spec, cfg.device, cfg.dtype)
+    task = cfg.kv(m.kv_words)
+    cdir = folder / CIRCUITS_DIR / slug(name) if folder is not None else None
+    found_on = cfg.kv(m.kv_words, seed=cfg.seed + 1)
+    try:
+        circ, parts.sources[name] = resolve_circuit(m, given, cdir, Discovery(
+            seed=cfg.seed, task=found_on, k=cfg.k, batch_size=cfg.batch_size, progress=cfg.progress))
+    except InputError as e:
+        kept = (f"; the models measured so far are kept in {folder / CKPT}: leave {name} out and rerun with "
+                f"--resume" if folder is not None and parts.rows else "")
+        raise InputError(f"{'' if name in str(e) else name + ': '}{e}{kept}") from e
+    best = [h.name for h in circ.heads[:max(cfg.k, cfg.pool)]]
+    key = f"{slug(name)}:{fingerprint(m, {'heads': best, **settings})[:16]}"
+    kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
+    total = (kk + 1) + cfg.seeds * kk + 1
+    done = sum(1 for p in log.points if p.startswith(key + "/"))
+    with progress_bar(total, min(done, total), f"compare {name}", cfg.progress) as bar:
+        got = _one_model(m, circ, log, key, task, cfg, bar)
+    if kk < cfg.k:
+        parts.notes.append(f"{name}: removes up to k = {kk} heads, not {cfg.k} ({len(circ.scan.heads)} scanned heads; "
+                           f"k random heads must stay at most a quarter of them)")
+    curve = pd.DataFrame(got["curve"]).assign(model=name)[CURVE_COLUMNS]
+    parts.curves.append(curve)
+    frame = circ.scan.to_frame()[["name", "rank", "drop"]]
+    ph = frame.merge(got["per_head"], on="name", how="inner").sort_values("rank")
+    parts.heads.append(ph.assign(model=name))
+    hurt = ph[ph["drop"] > 0]
+    agg = hurt.sort_values("aggregate", ascending=False).iloc[0] if len(hurt) else None
+    if agg is not None:
+        ps = got["per_sample"]
+        parts.samples.append(ps[ps["name"] == agg["name"]].assign(model=name))
+    parts.kinds += _kinds_rows(name, circ, ph)
+    parts.rows.append(_table_row(m, name, circ, got, curve, agg, task.chance))
 
 
 def _table_row(m: Model, name: str, circ: Circuit, got: dict[str, Any], curve: pd.DataFrame, agg: Any,

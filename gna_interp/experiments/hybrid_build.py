@@ -51,11 +51,11 @@ from gna_interp.errors import InputError
 from gna_interp.experiments.options import FolderOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
-from gna_interp.experiments.sweep import clear_circuit, model_of, resolve_circuit
+from gna_interp.experiments.run import Discovery, clear_circuit, model_of, resolve_circuit
 from gna_interp.interventions import ablate
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.options import options
+from gna_interp.options import check_counts, options
 from gna_interp.tasks import KVRetrieval, evaluate
 from gna_interp.zoo.hybrid_build import HybridConfig, build_hybrid, is_attention, random_heads
 from gna_interp.zoo.training import DEFAULT_EVAL_SIZES, TrainingRun
@@ -303,6 +303,14 @@ class HybridBuildConfig(FolderOptions):
     threads: int = 1
     log: Callable[[str], None] | None = print
 
+    def validate(self) -> None:
+        bad = [c for c in self.conditions if c not in CONDITIONS]
+        if bad or not self.conditions:
+            raise InputError(f"conditions {bad or 'none'}: choose from {', '.join(CONDITIONS)}")
+        check_counts(self, {"seeds": 1, "samples": 1, "threads": 1})
+        if not self.pairs or min(int(n) for n in self.pairs) < 2:
+            raise InputError(f"pairs must be dictionary sizes >= 2, got {list(self.pairs)}")
+
 
 def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out: str | os.PathLike,
                  config: HybridConfig | None = None, run: HybridBuildConfig | None = None,
@@ -319,29 +327,20 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
     opts = HybridBuildConfig.build(run, **{n: v for n, v in overrides.items() if n in run_names})
     overrides = {n: v for n, v in overrides.items() if n not in run_names}
     conds = list(dict.fromkeys(opts.conditions))
-    bad = [c for c in conds if c not in CONDITIONS]
-    if bad or not conds:
-        raise InputError(f"conditions {bad or 'none'}: choose from {', '.join(CONDITIONS)}")
-    for name, v, lo in (("k", k, 0), ("seeds", opts.seeds, 1), ("samples", opts.samples, 1),
-                        ("threads", opts.threads, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise InputError(f"k must be an integer >= 0, got {k!r}")
     sizes = sorted(dict.fromkeys(int(n) for n in opts.pairs))
-    if not sizes or min(sizes) < 2:
-        raise InputError(f"pairs must be dictionary sizes >= 2, got {list(opts.pairs)}")
     cfg = HybridConfig.build(config, **overrides)
-    say = opts.log or (lambda _msg: None)
     folder = Path(out)
     cfolder = folder / CIRCUIT_DIR
-    stale = stale_files(folder, CKPT, opts.resume, opts.fresh, also=[folder / STUDENTS, cfolder / "circuit.json",
-                                                                     cfolder / "scan.ckpt.json"])
+    stale_files(folder, CKPT, opts.resume, opts.fresh, also=[folder / STUDENTS, cfolder / "circuit.json",
+                                                             cfolder / "scan.ckpt.json"])
     if opts.fresh:
         (folder / CKPT).unlink(missing_ok=True)
         if (folder / STUDENTS).is_dir():
             shutil.rmtree(folder / STUDENTS)
         if opts.scan is None and cfolder.is_dir():
             clear_circuit(cfolder)
-    del stale
     m = model_of(teacher)
     if m.kv_words is None:
         raise InputError(f"{m.name} has no zoo keys: hybrid_build distils zoo Transformers (e.g. zoo:transformer-kv)")
@@ -349,7 +348,7 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
         KVRetrieval(n, 1, seed=0, words=m.kv_words)  # a size the key set cannot fill fails before any training
     start = time.perf_counter()
     if opts.scan is None:
-        circ, _ = resolve_circuit(m, None, 0, cfolder, k=max(k, 1), progress=False)
+        circ, _ = resolve_circuit(m, None, cfolder, Discovery(seed=0, k=max(k, 1), progress=False))
         ranking, source, _ = load_ranking(circ)
         source = f"gna scan's default discovery on the teacher, saved in {cfolder}: {source}"
     else:
@@ -366,6 +365,22 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
     if "reference" not in points.extra:
         points.extra["reference"] = _reference(m, top, sizes, opts.samples)
     points.save()
+    students, rows = _students(m, plan, points, folder, opts, cfg, sizes, lambda c, s: _chosen_by(c, k, s, source))
+    notes = []
+    if k == 0 and len(conds) > 1:
+        notes.append("k = 0: every condition keeps no heads (the conditions differ only in name)")
+    result = HybridBuild(m.name, k, sizes, pd.DataFrame(rows, columns=COLUMNS), pd.DataFrame(points.extra["reference"]),
+                         [h.name for h in ranking], source, settings, students, notes, time.perf_counter() - start)
+    result.save(folder, png=opts.png)
+    return result
+
+
+def _students(m: Model, plan: list[tuple[str, int, list[HeadRef]]], points: Checkpoint, folder: Path,
+              opts: HybridBuildConfig, cfg: HybridConfig, sizes: list[int], chosen_by: Callable[[str, int], str]
+              ) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """Build (or find in ``points``) the student of every ``(condition, seed, heads)`` of ``plan``; their folders and
+    the table's rows. ``chosen_by(condition, seed)``: what a student's card says chose its heads."""
+    say = opts.log or (lambda _msg: None)
     students: dict[str, str] = {}
     rows: list[dict[str, Any]] = []
     for i, (c, s, heads) in enumerate(plan):
@@ -377,7 +392,7 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
                 shutil.rmtree(where)  # an interrupted build of this student: start it again
             say(f"[{i + 1}/{len(plan)}] {c} seed {s}: keeps {', '.join(h.name for h in heads) or 'no heads'}")
             res = build_hybrid(m, heads, where, seed=s, config=cfg, name=f"hybrid-{c}-s{s}",
-                               chosen_by=_chosen_by(c, k, s, source),
+                               chosen_by=chosen_by(c, s),
                                run=TrainingRun(eval_sizes=sizes, eval_samples=opts.samples, threads=opts.threads,
                                                log=opts.log))
             card = res.card
@@ -391,13 +406,7 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
                          "accuracy": e["accuracy"], "logit_diff": e["logit_diff"], "gold_prob": e["gold_prob"],
                          "chance": e["chance"], "n_samples": opts.samples, "final_loss": p["final_loss"],
                          "train_seconds": p["train_seconds"]})
-    notes = []
-    if k == 0 and len(conds) > 1:
-        notes.append("k = 0: every condition keeps no heads (the conditions differ only in name)")
-    result = HybridBuild(m.name, k, sizes, pd.DataFrame(rows, columns=COLUMNS), pd.DataFrame(points.extra["reference"]),
-                         [h.name for h in ranking], source, settings, students, notes, time.perf_counter() - start)
-    result.save(folder, png=opts.png)
-    return result
+    return students, rows
 
 
 def _chosen_by(condition: str, k: int, seed: int, source: str) -> str:

@@ -52,6 +52,7 @@ rule is recorded per head (``source``). Heads can also be given explicitly with 
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 import os
@@ -65,22 +66,22 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from gna_interp.progress import tqdm
 
 from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.discovery import discover
 from gna_interp.circuits.offsets import OFFSET_TOLERANCE, conv_width, pick_offset, reach, shifted_items
 from gna_interp.circuits.roles import RoleRule, offset_scores
-from gna_interp.errors import HeadError, InputError
+from gna_interp.errors import HeadError, InputError, OptionError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
+from gna_interp.experiments.run import Discovery, Point, find_circuit, model_of, open_folder, run_points
 from gna_interp.interventions.masking import mask_pattern
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.options import options
+from gna_interp.options import check_counts, check_pairs_fit, options
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.calibration import chance_margin
+from gna_interp.tasks.calibration import ChanceVerdict
+from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
 from gna_interp.tasks.scoring import (CandidateScores, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
                                      read_logprobs)
@@ -499,6 +500,23 @@ class MaskConfig(TaskOptions, RunOptions):
     scan_samples: int = 24
     allow_chance: bool = False
 
+    def validate(self) -> None:
+        check_counts(self, {"samples": 1, "top_k": 1, "seeds": 0, "role_samples": 1, "scan_samples": 1,
+                            "batch_size": 1})
+        check_knobs(self)
+        if self.offset != "auto" and (isinstance(self.offset, bool) or not isinstance(self.offset, int)
+                                      or self.offset < 0):
+            raise OptionError(f"offset must be 'auto' or an integer >= 0, got {self.offset!r}")
+
+    def resolve(self, kv_args: Mapping[str, Any]) -> "MaskConfig":
+        """The config with ``pairs``, ``max_value`` and ``template`` not given taken from a circuit's KV task
+        (``kv_args``), else 10, 9 and ``official``; refused when the values cannot fill the lines."""
+        pairs = self.pairs if self.pairs is not None else int(kv_args.get("n_pairs", 10))
+        max_value = self.max_value if self.max_value is not None else int(kv_args.get("max_value", 9))
+        template = self.template if self.template is not None else str(kv_args.get("template", "official"))
+        check_pairs_fit(pairs, max_value)
+        return self.replace(pairs=pairs, max_value=max_value, template=template)
+
 
 def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | None = None,
                     heads: Mapping[Any, str] | Sequence[Any] | str | None = None,
@@ -519,87 +537,24 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
         config: a :class:`MaskConfig`; keyword ``overrides`` of its fields (``samples=32``, ``seeds=2``, ...).
     """
     cfg = MaskConfig.build(config, **overrides)
-    from gna_interp.models import load_model
-
-    if isinstance(model, str):
-        model = load_model(model)
-    model.check_runnable()
-    for name, v, lo in (("samples", cfg.samples, 1), ("top_k", cfg.top_k, 1), ("seeds", cfg.seeds, 0),
-                        ("role_samples", cfg.role_samples, 1), ("scan_samples", cfg.scan_samples, 1),
-                        ("batch_size", cfg.batch_size, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
+    model = model_of(model)
     if circuit is not None and heads is not None:
         raise InputError("give a circuit or heads, not both")
     folder = Path(out) if out is not None else None
-    ckpt = folder / CHECKPOINT if folder is not None else None
-    if cfg.resume and cfg.fresh:
-        raise InputError("resume and fresh exclude each other")
-    stale = stale_files(folder, CHECKPOINT, cfg.resume, cfg.fresh, also=checkpoint_files(folder)[1:]) \
-        if folder is not None else []
-    notes: list[str] = []
-    source: str | None = None
+    if folder is not None:
+        stale_files(folder, CHECKPOINT, cfg.resume, cfg.fresh, also=checkpoint_files(folder)[1:])  # refused early
     given = _parse_heads(model, heads) if heads is not None else None
+    source = str(circuit) if isinstance(circuit, (str, os.PathLike)) else None
     if isinstance(circuit, (str, os.PathLike)):
-        source = str(circuit)
         circuit = Circuit.load(circuit)
-    kv_args = circuit.kv_args if circuit is not None else {}
-    pairs = cfg.pairs if cfg.pairs is not None else int(kv_args.get("n_pairs", 10))
-    max_value = cfg.max_value if cfg.max_value is not None else int(kv_args.get("max_value", 9))
-    template = cfg.template if cfg.template is not None else str(kv_args.get("template", "official"))
-    if max_value + 1 < pairs:
-        raise InputError(f"max_value {max_value} gives {max_value + 1} distinct values, fewer than pairs {pairs}: "
-                         f"every line needs its own value; raise max_value or lower pairs")
-    if cfg.fresh:
-        for f in stale:
-            f.unlink()
-    words = model.kv_words
-    kv = cfg.replace(pairs=pairs, max_value=max_value, template=template)
+    kv = cfg.resolve(circuit.kv_args if circuit is not None else {})
+    open_folder(folder, CHECKPOINT, cfg, also=checkpoint_files(folder)[1:] if folder is not None else ())
+    notes: list[str] = []
     if given is None and circuit is None:
-        saved = folder / CIRCUIT_DIR if folder is not None else None
-        if saved is not None and cfg.resume and (saved / "circuit.json").exists():
-            circuit = Circuit.load(saved)
-            notes.append(f"circuit from the earlier discovery in {saved}")
-        else:
-            scan_task = kv.kv(words, samples=cfg.scan_samples)
-            if cfg.progress:
-                print(f"no circuit given: discovering on {scan_task.name} ({cfg.scan_samples} samples, seed "
-                      f"{cfg.seed}) ...", flush=True)
-            circuit = discover(model, scan_task, checkpoint=saved / "scan.ckpt.json" if saved else None,
-                               progress=cfg.progress, allow_chance=cfg.allow_chance, batch_size=cfg.batch_size)
-            if saved is not None:
-                circuit.save(saved)
-            notes.append(f"circuit discovered here on {scan_task.name} ({cfg.scan_samples} samples, seed {cfg.seed})"
-                         + (f", saved in {saved}" if saved is not None else ""))
-        source = str(saved) if saved is not None else None
-    if circuit is not None:
-        if circuit.model != model.name:
-            notes.append(f"the circuit was found on {circuit.model}; this run uses {model.name}")
-        role_task = circuit.load_task()
-        if not all(s.spans.items for s in role_task.samples[:cfg.role_samples]):
-            role_task = kv.kv(words, samples=cfg.role_samples)
-        elif circuit.task.get("kind") != "kv":
-            notes.append(f"heads and roles come from a circuit found on {role_task.name} (roles measured there); the "
-                         f"masks are evaluated on KV retrieval")
-        candidates = _from_circuit(circuit, cfg.top_k)
-        pool = list(circuit.scan.heads)
-        rule = circuit.rule
-        if not candidates:
-            raise InputError(f"the circuit has no head among its top {cfg.top_k} whose removal hurts the task "
-                             f"(drop > 0); nothing to mask")
-    else:
-        assert given is not None
-        role_task = kv.kv(words, samples=cfg.role_samples)
-        candidates, pool, rule = given, model.default_heads(), RoleRule()
-    ga, scores, role_notes = _assign(model, role_task, candidates, cfg.offset, rule, cfg.role_samples,
-                                     cfg.batch_size)
-    notes += role_notes
-    if not ga:
-        raise InputError(f"none of the heads {[h.name for h, _, _ in candidates]} has a G&A role (gather or "
-                         f"aggregate), labelled or measured; name heads with roles, e.g. heads='L0H3=gather,"
-                         f"L1H3=aggregate' (gna mask --heads)")
-    random_heads = {s: _random_heads(model, ga, pool, s) for s in range(cfg.seeds)}
-    task = kv.kv(words, seed=cfg.seed + 1)
+        circuit, source = _discover_here(model, kv, folder, notes)
+    ga, scores, candidates_pool = _masked_heads(model, circuit, given, kv, notes)
+    random_heads = {s: _random_heads(model, ga, candidates_pool, s) for s in range(kv.seeds)}
+    task = kv.kv(model.kv_words, seed=kv.seed + 1)
     plan = plan_scoring(model, task.samples)
     segs = [s.segments(model.tokenizer) for s in task.samples]
     for i, (sg, ids) in enumerate(zip(segs, plan.prompt_ids)):
@@ -608,38 +563,83 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
                              f"to {len(ids)}; cannot place the masks")
     settings = {"model": model.name, "task": task.to_dict(), "heads": [h.to_dict() for h in ga],
                 "random": {str(s): [h.to_dict() for h in hs] for s, hs in random_heads.items()},
-                "renormalize": cfg.renormalize, "batch_size": cfg.batch_size, "circuit": source}
+                "renormalize": kv.renormalize, "batch_size": kv.batch_size, "circuit": source}
     conditions: list[tuple[str, int, list[MaskedHead], str]] = [
         ("intact", -1, [], "none"), ("ga_masked", -1, ga, "zero"), ("ga_pattern", -1, ga, "pattern")]
     if any(h.offset for h in ga):
         conditions.append(("ga_pattern_unshifted", -1, ga, "unshifted"))
     for s, hs in random_heads.items():
         conditions += [("random_masked", s, hs, "zero"), ("random_pattern", s, hs, "pattern")]
-    log = Checkpoint(ckpt, "mask", fingerprint(model, settings))
-    rows: dict[str, dict[str, Any]] = log.points
+    log = Checkpoint(folder / CHECKPOINT if folder is not None else None, "mask", fingerprint(model, settings))
     started = time.perf_counter()
-    bar = tqdm(conditions, desc="mask conditions", unit="condition", disable=not cfg.progress)
-    for name, s, hs, mode in bar:
-        key = f"{name}:{s}"
-        if key in rows:
-            continue
-        bar.set_postfix_str(name + (f" seed {s}" if s >= 0 else ""))
-        rows[key] = _row(name, s, hs, _score(model, plan, segs, hs, mode, cfg.batch_size, cfg.renormalize))
-        if key == "intact:-1":
-            _check_chance(rows[key], task, cfg.allow_chance, notes)
-        log.save()
-    bar.close()
-    if "intact:-1" in rows and not any("intact model" in n for n in notes):
-        _check_chance(rows["intact:-1"], task, cfg.allow_chance, notes)
-    frame = pd.DataFrame([rows[f"{n}:{s}"] for n, s, _, _ in conditions], columns=COLUMNS)
-    settings.update(samples=cfg.samples, pairs=pairs, max_value=max_value, template=template, seed=cfg.seed,
-                    top_k=cfg.top_k, seeds=cfg.seeds, offset=cfg.offset, role_samples=cfg.role_samples,
+
+    def measure(name: str, s: int, hs: list[MaskedHead], mode: str) -> dict[str, Any]:
+        row = _row(name, s, hs, _score(model, plan, segs, hs, mode, kv.batch_size, kv.renormalize))
+        if name == "intact":  # refused (not recorded) when the model is at chance
+            _check_chance(row, task, kv.allow_chance, notes)
+        return row
+
+    run_points(log, [Point(f"{n}:{s}", functools.partial(measure, n, s, hs, mode), n + (f" seed {s}" if s >= 0 else ""))
+                     for n, s, hs, mode in conditions], "mask conditions", kv.progress, "condition")
+    if "intact:-1" in log and not any("intact model" in n for n in notes):
+        _check_chance(log["intact:-1"], task, kv.allow_chance, notes)
+    frame = pd.DataFrame([log[f"{n}:{s}"] for n, s, _, _ in conditions], columns=COLUMNS)
+    settings.update(samples=kv.samples, pairs=kv.pairs, max_value=kv.max_value, template=kv.template, seed=kv.seed,
+                    top_k=kv.top_k, seeds=kv.seeds, offset=kv.offset, role_samples=kv.role_samples,
                     seconds=round(time.perf_counter() - started, 2))
     result = MaskResult(model.name, task.to_dict(), ga, random_heads, frame, scores, settings, notes, source)
     if folder is not None:
-        result.save(folder, png=cfg.png)
+        result.save(folder, png=kv.png)
         log.finish()
     return result
+
+
+def _discover_here(model: Model, kv: MaskConfig, folder: Path | None, notes: list[str]) -> tuple[Circuit, str | None]:
+    """The circuit of a run given neither a circuit nor heads: found by an earlier run in ``folder/circuit``
+    (with ``resume``) or discovered here on a KV task of ``scan_samples`` prompts (saved there)."""
+    saved = folder / CIRCUIT_DIR if folder is not None else None
+    scan_task = kv.kv(model.kv_words, samples=kv.scan_samples)
+    say = (f"no circuit given: discovering on {scan_task.name} ({kv.scan_samples} samples, seed {kv.seed}) ..."
+           if kv.progress else None)
+    found, origin = find_circuit(model, None, saved, Discovery(task=scan_task, batch_size=kv.batch_size,
+                                                               progress=kv.progress, allow_chance=kv.allow_chance,
+                                                               reuse=kv.resume, say=say))
+    if origin == "saved":
+        notes.append(f"circuit from the earlier discovery in {saved}")
+    else:
+        notes.append(f"circuit discovered here on {scan_task.name} ({kv.scan_samples} samples, seed {kv.seed})"
+                     + (f", saved in {saved}" if saved is not None else ""))
+    return found, str(saved) if saved is not None else None
+
+
+def _masked_heads(model: Model, circuit: Circuit | None, given: Any, kv: MaskConfig, notes: list[str]
+                  ) -> tuple[list[MaskedHead], pd.DataFrame, list[HeadRef]]:
+    """The G&A heads with their roles and offsets, their role scores, and the pool random heads are drawn from."""
+    words = model.kv_words
+    if circuit is not None:
+        if circuit.model != model.name:
+            notes.append(f"the circuit was found on {circuit.model}; this run uses {model.name}")
+        role_task = circuit.load_task()
+        if not all(s.spans.items for s in role_task.samples[:kv.role_samples]):
+            role_task = kv.kv(words, samples=kv.role_samples)
+        elif circuit.task.get("kind") != "kv":
+            notes.append(f"heads and roles come from a circuit found on {role_task.name} (roles measured there); the "
+                         f"masks are evaluated on KV retrieval")
+        candidates = _from_circuit(circuit, kv.top_k)
+        pool, rule = list(circuit.scan.heads), circuit.rule
+        if not candidates:
+            raise InputError(f"the circuit has no head among its top {kv.top_k} whose removal hurts the task "
+                             f"(drop > 0); nothing to mask")
+    else:
+        role_task = kv.kv(words, samples=kv.role_samples)
+        candidates, pool, rule = given, model.default_heads(), RoleRule()
+    ga, scores, role_notes = _assign(model, role_task, candidates, kv.offset, rule, kv.role_samples, kv.batch_size)
+    notes += role_notes
+    if not ga:
+        raise InputError(f"none of the heads {[h.name for h, _, _ in candidates]} has a G&A role (gather or "
+                         f"aggregate), labelled or measured; name heads with roles, e.g. heads='L0H3=gather,"
+                         f"L1H3=aggregate' (gna mask --heads)")
+    return ga, scores, pool
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -649,15 +649,11 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def _check_chance(row: Mapping[str, Any], task: Task, allow_chance: bool, notes: list[str]) -> None:
-    """Refuse (or note, with ``allow_chance``) an intact model within two standard errors (>= 0.05) of
-    chance: masking cannot show how a model retrieves when it does not (``check_solvable``'s margin)."""
-    acc, chance, n = row["accuracy"], task.chance, len(task)
-    margin = chance_margin(chance, n)
-    line = f"intact model: accuracy {acc:.3f} on {task.name} ({n} samples), chance {chance:.3f}, margin {margin:.3f}"
-    if acc <= chance + margin:
-        if not allow_chance:
-            raise InputError(f"the model is at chance on {task.name}: {line}; masking cannot show how it retrieves. "
-                             f"Use fewer pairs, or allow_chance=True (gna mask --allow-chance)")
-        line += " -- NEAR CHANCE: the conditions below say nothing about retrieval"
-    notes.append(line)
-
+    """Refuse (or note, with ``allow_chance``) an intact model near chance
+    (:class:`~gna_interp.tasks.calibration.ChanceVerdict`): masking cannot show how a model retrieves when it
+    does not."""
+    verdict = ChanceVerdict.of(task, row["accuracy"])
+    if verdict.near_chance and not allow_chance:
+        raise InputError(f"the model is at chance on {task.name}: {verdict.line()}; masking cannot show how it "
+                         f"retrieves. Use fewer pairs, or allow_chance=True (gna mask --allow-chance)")
+    notes.append(verdict.line(near="the conditions below say nothing about retrieval"))

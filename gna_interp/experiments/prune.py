@@ -22,14 +22,14 @@ Tasks (``tasks``): ``kv`` (KV retrieval), ``mc`` (multiple choice scored on the 
 ``stated`` form) and ``cloze`` (the same questions scored on the option texts: the knowledge twin).
 Each is checked on the intact model first: a task the model cannot tokenize is left out, and so is a
 task the intact model does not solve (accuracy within two standard errors, at least 0.05, of chance --
-:func:`~gna_interp.circuits.circuit.check_solvable`'s margin), unless ``allow_chance``; the notes give the
+the :class:`~gna_interp.tasks.calibration.ChanceVerdict` every experiment uses), unless ``allow_chance``; the notes give the
 numbers. With no task left the run is refused.
 """
 
 from __future__ import annotations
 
+import functools
 import html
-import math
 import os
 import random
 import time
@@ -39,19 +39,21 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
-from gna_interp.progress import tqdm
 
 from gna_interp.circuits.prune import COLUMNS as CURVE_COLUMNS
 from gna_interp.errors import HeadError, InputError
-from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
+from gna_interp.experiments.run import Point, model_of, open_folder, run_points
 from gna_interp.interventions.ablation import ablate
 from gna_interp.interventions.layers import check_layers, skip_layers
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.options import options
+from gna_interp.options import check_counts, options
 from gna_interp.tasks.base import Task
+from gna_interp.tasks.calibration import ChanceVerdict
+from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
 from gna_interp.tasks.scoring import ScoringPlan, plan_scoring, run_plan
 
@@ -100,12 +102,12 @@ def build_tasks(model: Model, tasks: Sequence[str] = TASKS,
     return out, notes
 
 
-def _chance_line(name: str, acc: float, chance: float, n: int) -> tuple[bool, str]:
-    """Whether ``acc`` is near chance (``check_solvable``'s margin) and a sentence with the numbers."""
-    margin = max(0.05, 2 * math.sqrt(chance * (1 - chance) / n))
-    near = acc <= chance + margin
-    return near, (f"{name}: intact accuracy {acc:.3f} ({n} samples), chance {chance:.3f}, margin {margin:.3f}"
-                  + (" -- NEAR CHANCE" if near else ""))
+def chance_note(name: str, metrics: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether the intact ``metrics`` of task ``name`` are near chance
+    (:class:`~gna_interp.tasks.calibration.ChanceVerdict`) and a sentence with the numbers."""
+    v = ChanceVerdict(name, metrics["accuracy"], metrics["chance"], int(metrics["n_samples"]))
+    return v.near_chance, (f"{name}: intact accuracy {v.accuracy:.3f} ({v.n} samples), chance {v.chance:.3f}, margin "
+                           f"{v.margin:.3f}" + (" -- NEAR CHANCE" if v.near_chance else ""))
 
 
 # ---- head keeping ------------------------------------------------------------------------------------
@@ -252,8 +254,7 @@ class PruneResult:
             out[f"{name}_intact"] = t["intact"]
             out[f"{name}_chance"] = t["chance"]
             c = self.curve(name) if "from_end" in set(self.frame["mode"]) else pd.Series(dtype=float)
-            margin = max(0.05, 2 * math.sqrt(t["chance"] * (1 - t["chance"]) / max(t["n_samples"], 1)))
-            hit = [int(k) for k, v in c.items() if v <= t["chance"] + margin]
+            hit = [int(k) for k, v in c.items() if ChanceVerdict(name, v, t["chance"], t["n_samples"]).near_chance]
             out[f"{name}_blocks_to_chance"] = min(hit) if hit else None
         return out
 
@@ -434,6 +435,18 @@ class PruneConfig(TaskOptions, RunOptions):
     keep_seeds: int = 3
     allow_chance: bool = False
 
+    def validate(self) -> None:
+        check_counts(self, {"samples": 1, "pairs": 2, "keep_seeds": 0, "batch_size": 1, "shots": 0})
+        tasks = _names(self.tasks, "tasks")
+        unknown = [t for t in tasks if t not in TASKS]
+        if unknown:
+            raise InputError(f"unknown task(s) {unknown}; choose from {', '.join(TASKS)}")
+        bad = [m for m in _names(self.modes, "modes") if m not in MODES]
+        if bad:
+            raise InputError(f"unknown prune mode(s) {bad}; choose from {', '.join(MODES)}")
+        check_knobs(self, kv="kv" in tasks, questions="mc" in tasks or "cloze" in tasks)
+        parse_keep_layers(self.keep_layers)
+
 
 def prune(model: Model | str, out: str | os.PathLike | None = None, config: PruneConfig | None = None,
           **overrides: Any) -> PruneResult:
@@ -446,44 +459,12 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
         config: a :class:`PruneConfig`; keyword ``overrides`` of its fields (``tasks="kv"``, ``pairs=20``, ...).
     """
     cfg = PruneConfig.build(config, **overrides)
-    from gna_interp.models import load_model
-
-    if isinstance(model, str):
-        model = load_model(model)
-    model.check_runnable()
-    for name, v, lo in (("samples", cfg.samples, 1), ("pairs", cfg.pairs, 2), ("keep_seeds", cfg.keep_seeds, 0),
-                        ("batch_size", cfg.batch_size, 1), ("shots", cfg.shots, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
-    tasks = _names(cfg.tasks, "tasks")
+    model = model_of(model)
     modes = _names(cfg.modes, "modes")
-    bad = [m for m in modes if m not in MODES]
-    if bad:
-        raise InputError(f"unknown prune mode(s) {bad}; choose from {', '.join(MODES)}")
-    if cfg.max_value + 1 < cfg.pairs and "kv" in tasks:
-        raise InputError(f"max_value {cfg.max_value} gives {cfg.max_value + 1} distinct values, fewer than pairs "
-                         f"{cfg.pairs}: every line needs its own value; raise max_value or lower pairs")
-    n = model.n_layers
-    if cfg.ks is not None and "from_end" not in modes:
-        raise InputError("ks are points of the from_end mode, which is not among the modes")
-    if cfg.layers is not None and "single" not in modes:
-        raise InputError("layers are points of the single mode, which is not among the modes")
-    from_end = sorted(set(range(n + 1) if cfg.ks is None else cfg.ks) - {0}) if "from_end" in modes else []
-    bad_k = [k for k in from_end if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n]
-    if bad_k:
-        raise InputError(f"ks must be integers in 0..{n} (blocks of {model.name}), got {bad_k}")
-    single = (list(range(n)) if cfg.layers is None else check_layers(model, cfg.layers)) if "single" in modes else []
-    keeps = keep_rows(model, cfg.keep_layers, cfg.keep_heads, cfg.keep_seeds)
+    from_end, single, keeps = _plan(model, cfg, modes)
     folder = Path(out) if out is not None else None
-    ckpt = folder / CHECKPOINT if folder is not None else None
-    if folder is not None:
-        stale = stale_files(folder, CHECKPOINT, cfg.resume, cfg.fresh)
-        if cfg.fresh:
-            for f in stale:
-                f.unlink()
-    elif cfg.resume and cfg.fresh:
-        raise InputError("resume and fresh exclude each other")
-    built, notes = build_tasks(model, tasks, cfg.task_options())
+    open_folder(folder, CHECKPOINT, cfg)
+    built, notes = build_tasks(model, _names(cfg.tasks, "tasks"), cfg.task_options())
     plans: dict[str, ScoringPlan] = {}
     for name, (t, _) in built.items():
         try:
@@ -495,21 +476,61 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
     settings = {"model": model.name, "tasks": {k: built[k][0].to_dict() for k in plans}, "modes": modes,
                 "from_end": from_end, "single": single, "allow_chance": cfg.allow_chance, "batch_size": cfg.batch_size,
                 "keep": [[r["row"], r["kept_heads"], r["skipped"], len(r["ablated"])] for r in keeps]}
-    log = Checkpoint(ckpt, "prune", fingerprint(model, settings))
-    done: dict[str, dict[str, dict[str, float]]] = log.points
-
-    def save_state() -> None:
-        log.save()
-
+    log = Checkpoint(folder / CHECKPOINT if folder is not None else None, "prune", fingerprint(model, settings))
     started = time.perf_counter()
-    if "intact" not in done:
-        done["intact"] = _evaluate(model, plans, [], [], cfg.batch_size)
-        save_state()
+    if "intact" not in log:
+        log.put("intact", _evaluate(model, plans, [], [], cfg.batch_size))
+    info = _solved(model, built, plans, log["intact"], cfg.allow_chance, notes)
+    n = model.n_layers
+    points = [(f"from_end:{k}", list(range(n - k, n)), []) for k in from_end]
+    points += [(f"single:{layer}", [layer], []) for layer in single]
+    points += [(f"keep:{i}", r["skipped"], r["ablated"]) for i, r in enumerate(keeps) if i > 0]
+    run_points(log, [Point(key, functools.partial(_evaluate, model, plans, skipped, ablated, cfg.batch_size))
+                     for key, skipped, ablated in points], "prune", cfg.progress)
+    frame = _curve_frame(model, log, plans, info, modes, from_end, single)
+    keep_records = [{"row": r["row"], "series": r["series"], "seed": r["seed"], "kept_heads": r["kept_heads"],
+                     "skipped": ",".join(map(str, r["skipped"])), "n_ablated": len(r["ablated"]), "task": name,
+                     "task_kind": info[name]["kind"], **{c: log["intact" if i == 0 else f"keep:{i}"][name][c]
+                                                         for c in ("accuracy", "logit_diff", "chance", "n_samples")}}
+                    for i, r in enumerate(keeps) for name in plans]
+    settings_out = {**{k: v for k, v in settings.items() if k not in ("tasks", "keep")}, "pairs": cfg.pairs,
+                    "samples": cfg.samples, "max_value": cfg.max_value, "seed": cfg.seed, "questions": cfg.questions,
+                    "shots": cfg.shots,
+                    "mc_form": cfg.mc_form, "keep_layers": parse_keep_layers(cfg.keep_layers),
+                    "keep_heads": [h.name for h in model.check_heads(cfg.keep_heads)] if cfg.keep_heads else [],
+                    "keep_seeds": cfg.keep_seeds, "seconds": round(time.perf_counter() - started, 2)}
+    result = PruneResult(model.name, frame[COLUMNS], pd.DataFrame(keep_records, columns=KEEP_COLUMNS), info, n,
+                         settings_out, notes)
+    if folder is not None:
+        result.save(folder, png=cfg.png)
+        log.finish()
+    return result
+
+
+def _plan(model: Model, cfg: PruneConfig, modes: list[str]) -> tuple[list[int], list[int], list[dict[str, Any]]]:
+    """The ``from_end`` points, the ``single`` blocks and the head-keeping rows of a run, checked against ``model``."""
+    n = model.n_layers
+    if cfg.ks is not None and "from_end" not in modes:
+        raise InputError("ks are points of the from_end mode, which is not among the modes")
+    if cfg.layers is not None and "single" not in modes:
+        raise InputError("layers are points of the single mode, which is not among the modes")
+    from_end = sorted(set(range(n + 1) if cfg.ks is None else cfg.ks) - {0}) if "from_end" in modes else []
+    bad_k = [k for k in from_end if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n]
+    if bad_k:
+        raise InputError(f"ks must be integers in 0..{n} (blocks of {model.name}), got {bad_k}")
+    single = (list(range(n)) if cfg.layers is None else check_layers(model, cfg.layers)) if "single" in modes else []
+    return from_end, single, keep_rows(model, cfg.keep_layers, cfg.keep_heads, cfg.keep_seeds)
+
+
+def _solved(model: Model, built: Mapping[str, tuple[Task, str]], plans: dict[str, ScoringPlan],
+            intact: Mapping[str, Any], allow_chance: bool, notes: list[str]) -> dict[str, dict[str, Any]]:
+    """The tasks kept (``plans`` loses those the intact model does not solve, unless ``allow_chance``), with their
+    kind, chance, intact accuracy, samples and task document; a note per task."""
     info: dict[str, dict[str, Any]] = {}
     for name in list(plans):
-        m = done["intact"][name]
-        near, line = _chance_line(name, m["accuracy"], m["chance"], int(m["n_samples"]))
-        if near and not cfg.allow_chance:
+        m = intact[name]
+        near, line = chance_note(name, m)
+        if near and not allow_chance:
             notes.append(line + ": left out (the intact model does not solve it; allow_chance keeps it)")
             del plans[name]
             continue
@@ -520,18 +541,13 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
     if not plans:
         raise InputError(f"{model.name} solves none of the tasks, so pruning cannot show what it keeps: "
                          + "; ".join(notes) + ". Use easier tasks (fewer --pairs, --mc-form stated) or --allow-chance")
-    points = [(f"from_end:{k}", list(range(n - k, n)), []) for k in from_end]
-    points += [(f"single:{layer}", [layer], []) for layer in single]
-    points += [(f"keep:{i}", r["skipped"], r["ablated"]) for i, r in enumerate(keeps) if i > 0]
-    bar = tqdm(points, desc="prune", unit="point", disable=not cfg.progress)
-    for key, skipped, ablated in bar:
-        if key in done and all(nm in done[key] for nm in plans):
-            continue
-        bar.set_postfix_str(key)
-        done[key] = _evaluate(model, plans, skipped, ablated, cfg.batch_size)
-        save_state()
-    bar.close()
-    kinds = model.layer_kinds()
+    return info
+
+
+def _curve_frame(model: Model, done: Checkpoint, plans: Mapping[str, ScoringPlan], info: Mapping[str, Any],
+                 modes: list[str], from_end: list[int], single: list[int]) -> pd.DataFrame:
+    """The pruning curves' table (one row per mode, point and task) with the drops from intact."""
+    n, kinds = model.n_layers, model.layer_kinds()
     records = []
     for mode, keys in (("from_end", [0] + from_end), ("single", [-1] + single)):
         if mode not in modes:
@@ -551,25 +567,4 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
     frame["accuracy_drop"] = frame["task"].map({k: v["intact"] for k, v in info.items()}) - frame["accuracy"]
     base_ld = {name: done["intact"][name]["logit_diff"] for name in plans}
     frame["logit_diff_drop"] = frame["task"].map(base_ld) - frame["logit_diff"]
-    keep_records = []
-    for i, r in enumerate(keeps):
-        key = "intact" if i == 0 else f"keep:{i}"
-        for name in plans:
-            m = done[key][name]
-            keep_records.append({"row": r["row"], "series": r["series"], "seed": r["seed"],
-                                 "kept_heads": r["kept_heads"], "skipped": ",".join(map(str, r["skipped"])),
-                                 "n_ablated": len(r["ablated"]), "task": name, "task_kind": info[name]["kind"],
-                                 "accuracy": m["accuracy"], "logit_diff": m["logit_diff"], "chance": m["chance"],
-                                 "n_samples": m["n_samples"]})
-    settings_out = {**{k: v for k, v in settings.items() if k not in ("tasks", "keep")}, "pairs": cfg.pairs,
-                    "samples": cfg.samples, "max_value": cfg.max_value, "seed": cfg.seed, "questions": cfg.questions,
-                    "shots": cfg.shots,
-                    "mc_form": cfg.mc_form, "keep_layers": parse_keep_layers(cfg.keep_layers),
-                    "keep_heads": [h.name for h in model.check_heads(cfg.keep_heads)] if cfg.keep_heads else [],
-                    "keep_seeds": cfg.keep_seeds, "seconds": round(time.perf_counter() - started, 2)}
-    result = PruneResult(model.name, frame[COLUMNS], pd.DataFrame(keep_records, columns=KEEP_COLUMNS), info, n,
-                         settings_out, notes)
-    if folder is not None:
-        result.save(folder, png=cfg.png)
-        log.finish()
-    return result
+    return frame

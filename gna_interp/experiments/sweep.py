@@ -51,38 +51,36 @@ deletes it and the discovered circuit); a checkpoint is never overwritten silent
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
 
-from gna_interp.circuits.circuit import FILES as CIRCUIT_FILES
 from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.curve import curve_k, random_orders
-from gna_interp.circuits.discovery import discover
+from gna_interp.circuits.curve import curve_k
 from gna_interp.circuits.replay import SetAblation
 from gna_interp.errors import HeadError, InputError
-from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
-from gna_interp.models import load_model
+from gna_interp.experiments.run import Discovery, Point, model_of, open_folder, random_draws, resolve_circuit, run_points
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.options import check_int, options
+from gna_interp.options import check_counts, check_int, check_pairs_fit, options
 from gna_interp.tasks import KVRetrieval
-from gna_interp.tasks.choice import TaskChoice
+from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.kv import PAPER_SIZES, TEMPLATES
 from gna_interp.tasks.options import TaskOptions
 
-__all__ = ["COLUMNS", "CONDITIONS", "ROLES", "SLOPE_COLUMNS", "Sweep", "SweepConfig",
-           "parse_single", "resolve_circuit", "sweep"]
+__all__ = ["COLUMNS", "CONDITIONS", "ROLES", "SLOPE_COLUMNS", "Sweep", "SweepConfig", "parse_pairs", "parse_single",
+           "sweep"]
 
 COLUMNS = ["pairs", "condition", "seed", "k", "accuracy", "logit_diff", "gold_prob", "chance", "n_samples", "heads"]
 CONDITIONS: tuple[str, ...] = ("intact", "top1", "topk", "random")
@@ -96,85 +94,10 @@ ROLES: tuple[str, ...] = ("gather", "aggregate")
 SLOPE_COLUMNS = ["condition", "heads", "sizes", "drop_mean", "drop_slope_per_10", "drop_slope_lo", "drop_slope_hi",
                  "ld_drop_mean", "ld_drop_slope_per_10", "ld_drop_slope_lo", "ld_drop_slope_hi", "trend", "ld_trend"]
 LEVEL = 0.95
+_METRICS = ("accuracy", "logit_diff", "gold_prob", "chance", "n_samples")
 
 
-# ---- helpers shared with families.py ------------------------------------------------------------------
-def model_of(model: Model | str, device: str | None = None, dtype: str = "float32") -> Model:
-    """``model`` itself, or the model a spec names (loaded on ``device`` in ``dtype``), checked runnable."""
-    m = load_model(model, device=device, dtype=dtype) if isinstance(model, (str, os.PathLike)) else model
-    if not isinstance(m, Model):
-        raise InputError(f"model must be a Model or a model spec, got {type(model).__name__}")
-    m.check_runnable()
-    return m
-
-
-def resolve_circuit(model: Model, circuit: Circuit | str | os.PathLike | None, seed: int, folder: Path | None = None,
-                    k: int = 5, batch_size: int = 16, progress: bool = True, task: KVRetrieval | None = None
-                    ) -> tuple[Circuit, str]:
-    """The circuit whose heads an experiment removes, and where it came from (a sentence).
-
-    ``circuit`` is a :class:`Circuit`, a ``gna scan`` folder, or None: then the circuit is discovered on
-    ``task`` (default: the form ``gna scan`` chooses, :func:`~gna_interp.tasks.choice.choose_task`, with seed
-    ``seed + 1``) with ``gna scan``'s default discovery and, with ``folder``, saved there; a circuit already saved in ``folder`` (an earlier,
-    interrupted run) is loaded instead, and an interrupted discovery resumes from ``folder/scan.ckpt.json``.
-    """
-    if isinstance(circuit, Circuit):
-        src = f"the given circuit (found on {circuit.model}, task {circuit.task.get('name')})"
-    elif circuit is not None:
-        path = Path(circuit)
-        circuit = Circuit.load(path)
-        src = f"the circuit in {path} (found on {circuit.model}, task {circuit.task.get('name')})"
-    elif folder is not None and (folder / "circuit.json").exists():
-        circuit = Circuit.load(folder)
-        src = f"the circuit discovered earlier in {folder} (task {circuit.task.get('name')})"
-    else:
-        ckpt = folder / "scan.ckpt.json" if folder is not None else None
-        how = task if task is not None else TaskChoice(seed=seed + 1, batch_size=batch_size)
-        circuit = discover(model, how, k=k, batch_size=batch_size, checkpoint=ckpt, progress=progress)
-        if folder is not None:
-            circuit.save(folder)
-        where = f", saved in {folder}" if folder is not None else ""
-        args = circuit.kv_args
-        src = (f"discovered on {circuit.task.get('name')} ({circuit.task.get('n_samples')} prompts, values "
-               f"0-{args.get('max_value')}, seed {args.get('seed')}; "
-               + ("the form chosen as gna scan chooses it" if task is None else "the given task")
-               + f", gna scan's default discovery){where}")
-    if not circuit.heads:
-        raise InputError(f"{src} has no circuit heads (every scanned head is generic); rerun gna scan with "
-                         f"--keep-generic or pick another circuit")
-    model.check_heads([h.name for h in circuit.scan.heads])
-    if circuit.model != model.name:
-        src += f"; applied to {model.name}"
-    return circuit, src
-
-
-def clear_circuit(folder: Path) -> None:
-    """Delete what :func:`resolve_circuit` saved in ``folder`` (the circuit files and the scan's checkpoints)."""
-    for name in (*CIRCUIT_FILES, "scan.ckpt.json", "scan.ckpt.control.json", "report.html"):
-        (folder / name).unlink(missing_ok=True)
-
-
-def slug(name: str) -> str:
-    """A folder name for a model name (``zoo:transformer-kv`` -> ``zoo_transformer-kv``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
-
-
-def random_draws(pool: Sequence[HeadRef], exclude: Sequence[HeadRef], k: int, seeds: int, salt: str
-                 ) -> list[list[HeadRef]]:
-    """``seeds`` random orders of the heads of ``pool`` not in ``exclude`` (seeded by ``salt`` and the seed
-    number, the same on every machine), each cut to its first ``k``."""
-    others = [h for h in pool if h not in set(exclude)]
-    if k > len(others):
-        raise InputError(f"cannot draw {k} random heads: only {len(others)} scanned heads are outside the top {k}")
-    return [order[:k] for order in random_orders(others, seeds, salt)]
-
-
-def _bar(total: int, initial: int, desc: str, progress: bool) -> Any:
-    from gna_interp.progress import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit="point", disable=not progress)
-
-
+# ---- parsing ------------------------------------------------------------------------------------------
 def parse_pairs(pairs: int | str | Iterable[int]) -> list[int]:
     """Dictionary sizes from ``10,15,20`` or a list: integers >= 2, no repeats, returned ascending."""
     if isinstance(pairs, str):
@@ -675,9 +598,90 @@ class SweepConfig(TaskOptions, RunOptions):
     on_point: Callable[[dict[str, Any]], None] | None = None
 
     def validate(self) -> None:
-        super().validate()
+        sizes = parse_pairs(self.pairs)
+        check_counts(self, {"k": 1, "seeds": 1, "samples": 1, "batch_size": 1, "max_value": 1})
+        if self.template not in TEMPLATES:
+            raise InputError(f"unknown template {self.template!r}; choose one of {TEMPLATES}")
+        check_pairs_fit(max(sizes), self.max_value)
+        check_knobs(self._at_size(max(sizes)))
         parse_single(self.heads)  # a malformed name, a repeat or an empty list fail here, before any model loads
         check_int("bootstrap", self.bootstrap, 0)
+
+    def _at_size(self, n: int) -> TaskOptions:
+        """The task knobs of dictionary size ``n`` (not a :class:`SweepConfig`: that would validate again)."""
+        return TaskOptions(**{**{f: getattr(self, f) for f in TaskOptions.field_names()}, "pairs": n})
+
+
+@dataclass
+class _Conditions:
+    """The heads of a sweep: the circuit's top ``k`` and the random draws (empty without a circuit), the single
+    heads by condition name, where they came from and notes."""
+
+    top: list[HeadRef]
+    draws: list[list[HeadRef]]
+    single: dict[str, HeadRef]
+    source: str
+    notes: list[str]
+    k: int = 0
+
+    def rows(self) -> list[tuple[str, int, list[HeadRef]]]:
+        """``(condition, seed, heads)`` in the order they are measured and reported."""
+        out: list[tuple[str, int, list[HeadRef]]] = [("intact", 0, [])]
+        if self.top:
+            out += [("top1", 0, self.top[:1]), ("topk", 0, self.top)] + [("random", s, d)
+                                                                         for s, d in enumerate(self.draws)]
+        return out + [(c, 0, [h]) for c, h in self.single.items()]
+
+
+def _conditions(m: Model, circuit: Circuit | str | os.PathLike | None, wanted: list[str | HeadRef],
+                cfg: SweepConfig, cfolder: Path | None) -> _Conditions:
+    """The heads each condition removes (the module docstring): named heads only and no circuit need none."""
+    if circuit is None and wanted and all(isinstance(h, HeadRef) for h in wanted):
+        return _Conditions([], [], {h.name: h for h in wanted if isinstance(h, HeadRef)},
+                           "single heads named by the caller, no circuit (give a circuit for the top-1, top-k, random, "
+                           "gather and aggregate conditions)", [])
+    circ, source = resolve_circuit(m, circuit, cfolder, Discovery(seed=cfg.seed, k=cfg.k, batch_size=cfg.batch_size,
+                                                                  progress=cfg.progress))
+    kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
+    notes = []
+    if kk < cfg.k:
+        notes.append(f"removes k = {kk} heads, not {cfg.k}: {len(circ.scan.heads)} scanned heads ({len(circ.heads)} "
+                     f"in the circuit), and k random heads must stay a small draw (at most a quarter of them)")
+    top = circ.heads[:kk]
+    roles: dict[str, HeadRef] = {}
+    if any(h in ROLES for h in wanted):
+        pair = circ.pair()
+        if pair is None:
+            raise InputError(f"heads {cfg.heads!r} asks for the circuit's gather/aggregate pair, but {source} has "
+                             f"none (no measured gather -> aggregate path and no aggregate head among its best-ranked "
+                             f"heads that hurt when removed); name the heads instead, e.g. heads='L16H0,L18H6'")
+        m.check_heads(list(pair))
+        roles = {"gather": pair[0], "aggregate": pair[1]}
+        source += (f"; gather {pair[0].name} and aggregate {pair[1].name} from its "
+                   f"{'measured gather -> aggregate path' if circ.path() is not None else 'pattern roles'}")
+    single = {(h if isinstance(h, str) else h.name): (roles[h] if isinstance(h, str) else h) for h in wanted}
+    return _Conditions(top, random_draws(circ.scan.heads, top, kk, cfg.seeds, "gna-sweep-random"), single, source,
+                       notes, kk)
+
+
+def _points(m: Model, tasks: dict[int, KVRetrieval], conditions: list[tuple[str, int, list[HeadRef]]],
+            batch_size: int) -> list[Point]:
+    """One point per size and condition; a head set named twice at one size is measured once."""
+    state: dict[str, Any] = {"pairs": None, "runner": None, "measured": {}}
+
+    def measure(n: int, cond: str, s: int, heads: list[HeadRef]) -> dict[str, Any]:
+        if state["pairs"] != n:  # one runner (and its clean prefixes) per size, released with the size
+            state.update(pairs=n, runner=None, measured={})
+        got = state["measured"].get(tuple(heads))
+        if got is None:
+            state["runner"] = state["runner"] or SetAblation(m, tasks[n], batch_size=batch_size)
+            scores = state["runner"].run(heads)
+            got = state["measured"][tuple(heads)] = {**{c: scores.metrics[c] for c in _METRICS},
+                                                     "per_sample": _per_sample(scores)}
+        return {"pairs": n, "condition": cond, "seed": s, "k": len(heads), **{c: got[c] for c in _METRICS},
+                "heads": ",".join(h.name for h in heads), "per_sample": got["per_sample"]}
+
+    return [Point(f"{n}/{c}/{s}", functools.partial(measure, n, c, s, hs)) for n in tasks for c, s, hs in conditions]
 
 
 def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
@@ -696,24 +700,10 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
     """
     cfg = SweepConfig.build(config, **overrides, **({} if pairs is None else {"pairs": pairs}))
     sizes = parse_pairs(cfg.pairs)
-    for name, v, lo in (("k", cfg.k, 1), ("seeds", cfg.seeds, 1), ("samples", cfg.samples, 1),
-                        ("batch_size", cfg.batch_size, 1), ("max_value", cfg.max_value, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise InputError(f"{name} must be an integer >= {lo}, got {v!r}")
-    if cfg.template not in TEMPLATES:
-        raise InputError(f"unknown template {cfg.template!r}; choose one of {TEMPLATES}")
-    if max(sizes) > cfg.max_value + 1:
-        raise InputError(f"pairs up to {max(sizes)} need {max(sizes)} distinct values, but max_value {cfg.max_value} "
-                         f"gives {cfg.max_value + 1}; raise max_value (99 is the paper's range) or drop the larger sizes")
     folder = Path(out) if out is not None else None
     cfolder = folder / CIRCUIT_DIR if folder is not None else None
-    if folder is not None:
-        stale = stale_files(folder, CKPT, cfg.resume, cfg.fresh,
-                            also=[cfolder / "scan.ckpt.json", cfolder / "circuit.json"])
-        if cfg.fresh:
-            for p in stale:
-                p.unlink(missing_ok=True)
-            clear_circuit(cfolder)
+    if cfolder is not None:
+        open_folder(folder, CKPT, cfg, also=[cfolder / "scan.ckpt.json", cfolder / "circuit.json"], circuits=[cfolder])
     wanted = parse_single(cfg.heads)
     m = model_of(model, cfg.device, cfg.dtype)
     named = [h for h in wanted if isinstance(h, HeadRef)]
@@ -724,82 +714,28 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
             raise HeadError(f"heads {cfg.heads!r}: {e}") from None
     tasks = {n: cfg.replace(pairs=n).kv(m.kv_words)
              for n in sizes}  # built before any work: a size the word list cannot fill fails here
-    notes = []
-    top: list[HeadRef] = []
-    draws: list[list[HeadRef]] = []
-    kk = 0
-    roles: dict[str, HeadRef] = {}
-    if circuit is None and wanted and all(isinstance(h, HeadRef) for h in wanted):
-        source = ("single heads named by the caller, no circuit (give a circuit for the top-1, top-k, random, "
-                  "gather and aggregate conditions)")
-    else:
-        circ, source = resolve_circuit(m, circuit, cfg.seed, cfolder, k=cfg.k, batch_size=cfg.batch_size,
-                                       progress=cfg.progress)
-        kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
-        if kk < cfg.k:
-            notes.append(f"removes k = {kk} heads, not {cfg.k}: {len(circ.scan.heads)} scanned heads ({len(circ.heads)} "
-                         f"in the circuit), and k random heads must stay a small draw (at most a quarter of them)")
-        top = circ.heads[:kk]
-        draws = random_draws(circ.scan.heads, top, kk, cfg.seeds, "gna-sweep-random")
-        if any(h in ROLES for h in wanted):
-            pair = circ.pair()
-            if pair is None:
-                raise InputError(f"heads {cfg.heads!r} asks for the circuit's gather/aggregate pair, but {source} has "
-                                 f"none (no measured gather -> aggregate path and no aggregate head among its best-ranked "
-                                 f"heads that hurt when removed); name the heads instead, e.g. heads='L16H0,L18H6'")
-            m.check_heads(list(pair))
-            roles = {"gather": pair[0], "aggregate": pair[1]}
-            source += (f"; gather {pair[0].name} and aggregate {pair[1].name} from its "
-                       f"{'measured gather -> aggregate path' if circ.path() is not None else 'pattern roles'}")
-    single = {(h if isinstance(h, str) else h.name): (roles[h] if isinstance(h, str) else h) for h in wanted}
-    settings = {"samples": cfg.samples, "seed": cfg.seed, "max_value": cfg.max_value, "template": cfg.template, "k": kk,
-                "k_requested": cfg.k, "seeds": cfg.seeds, "batch_size": cfg.batch_size, "method": "zero"}
-    key_settings = {**settings, "pairs": sizes, "heads": [h.name for h in top],
-                    "random": [[h.name for h in d] for d in draws]}
-    if single:  # only then, so that a run without single heads keeps its fingerprint (and older checkpoints)
-        key_settings["single"] = {c: h.name for c, h in single.items()}
-        settings["heads"] = list(single)
+    cond = _conditions(m, circuit, wanted, cfg, cfolder)
+    settings = {"samples": cfg.samples, "seed": cfg.seed, "max_value": cfg.max_value, "template": cfg.template,
+                "k": cond.k, "k_requested": cfg.k, "seeds": cfg.seeds, "batch_size": cfg.batch_size, "method": "zero"}
+    key_settings = {**settings, "pairs": sizes, "heads": [h.name for h in cond.top],
+                    "random": [[h.name for h in d] for d in cond.draws]}
+    if cond.single:  # only then, so that a run without single heads keeps its fingerprint (and older checkpoints)
+        key_settings["single"] = {c: h.name for c, h in cond.single.items()}
+        settings["heads"] = list(cond.single)
     settings["bootstrap"] = cfg.bootstrap
     log = Checkpoint(folder / CKPT if folder is not None else None, NAME, fingerprint(m, key_settings))
     log.save()
-    conditions: list[tuple[str, int, list[HeadRef]]] = [("intact", 0, [])]
-    if top:
-        conditions += [("top1", 0, top[:1]), ("topk", 0, top)] + [("random", s, d) for s, d in enumerate(draws)]
-    conditions += [(c, 0, [h]) for c, h in single.items()]
     start = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    per_sample: dict[str, dict[str, list[Any]]] = {}
-    done = sum(f"{n}/{c}/{s}" in log for n in sizes for c, s, _ in conditions)
-    with _bar(len(sizes) * len(conditions), done, f"sweep {m.name}", cfg.progress) as bar:
-        for n in sizes:
-            runner = None
-            measured: dict[tuple[HeadRef, ...], dict[str, Any]] = {}  # a head set named twice is measured once
-            for cond, s, heads in conditions:
-                key = f"{n}/{cond}/{s}"
-                if key not in log:
-                    got = measured.get(tuple(heads))
-                    if got is None:
-                        runner = runner or SetAblation(m, tasks[n], batch_size=cfg.batch_size)
-                        scores = runner.run(heads)
-                        met = scores.metrics
-                        got = measured[tuple(heads)] = {
-                            "accuracy": met["accuracy"], "logit_diff": met["logit_diff"],
-                            "gold_prob": met["gold_prob"], "chance": met["chance"], "n_samples": met["n_samples"],
-                            "per_sample": _per_sample(scores)}
-                    log.put(key, {"pairs": n, "condition": cond, "seed": s, "k": len(heads),
-                                  **{c: got[c] for c in ("accuracy", "logit_diff", "gold_prob", "chance", "n_samples")},
-                                  "heads": ",".join(h.name for h in heads), "per_sample": got["per_sample"]})
-                    bar.update(1)
-                    if cfg.on_point is not None:
-                        cfg.on_point(log[key])
-                rows.append(log[key])
-                if log[key].get("per_sample") is not None:
-                    per_sample[key] = log[key]["per_sample"]
+    points = _points(m, tasks, cond.rows(), cfg.batch_size)
+    run_points(log, points, f"sweep {m.name}", cfg.progress,
+               on_point=(lambda key, row: cfg.on_point(row)) if cfg.on_point is not None else None)  # type: ignore[misc]
+    rows = [log[p.key] for p in points]
+    per_sample = {p.key: log[p.key]["per_sample"] for p in points if log[p.key].get("per_sample") is not None}
     if len(per_sample) < len(rows) and cfg.bootstrap:
-        notes.append(f"{len(rows) - len(per_sample)} points (resumed from an older checkpoint) lack their per-prompt "
-                     f"results: the drop slopes have no bootstrap interval")
-    result = Sweep(m.name, sizes, top, draws, pd.DataFrame(rows, columns=COLUMNS), settings, source, notes,
-                   time.perf_counter() - start, single, per_sample)
+        cond.notes.append(f"{len(rows) - len(per_sample)} points (resumed from an older checkpoint) lack their "
+                          f"per-prompt results: the drop slopes have no bootstrap interval")
+    result = Sweep(m.name, sizes, cond.top, cond.draws, pd.DataFrame(rows, columns=COLUMNS), settings, cond.source,
+                   cond.notes, time.perf_counter() - start, cond.single, per_sample)
     if folder is not None:
         result.save(folder, png=cfg.png)
     return result

@@ -33,7 +33,8 @@ from gna_interp.errors import InputError
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.evaluation import evaluate
 
-__all__ = ["Calibration", "FormResult", "KV_GRID", "SATURATED", "calibrate", "chance_margin", "choose", "kv_forms"]
+__all__ = ["Calibration", "ChanceVerdict", "FormResult", "KV_GRID", "SATURATED", "calibrate", "chance_margin", "choose",
+           "kv_forms"]
 
 SATURATED = 0.95
 # The KV grid: template x value range x dictionary size (forms needing more distinct values than the range
@@ -47,6 +48,46 @@ def chance_margin(chance: float, n: int) -> float:
     """How far above ``chance`` an accuracy on ``n`` samples must be to count as solving the task: two
     standard errors of a guesser's accuracy, at least 0.05."""
     return max(0.05, 2 * math.sqrt(chance * (1 - chance) / max(n, 1)))
+
+
+@dataclass(frozen=True)
+class ChanceVerdict:
+    """Whether the intact model's ``accuracy`` on task ``task`` (``n`` samples, guessing accuracy ``chance``) clears
+    chance: :attr:`near_chance` when it is within :attr:`margin` (:func:`chance_margin`) of it. The one chance
+    check of discovery, calibration and every experiment; each decides what a verdict near chance means (refuse,
+    leave the task out, or note it)."""
+
+    task: str
+    accuracy: float
+    chance: float
+    n: int
+
+    @classmethod
+    def of(cls, task: Task, accuracy: float) -> "ChanceVerdict":
+        """The verdict of an ``accuracy`` measured on ``task`` (all of its samples)."""
+        return cls(task.name, float(accuracy), float(task.chance), len(task))
+
+    @classmethod
+    def measure(cls, model: Any, task: Task, batch_size: int = 16) -> "ChanceVerdict":
+        """Evaluate the intact ``model`` on ``task`` and give the verdict."""
+        return cls.of(task, evaluate(model, task, batch_size=batch_size, progress=False).accuracy)
+
+    @property
+    def margin(self) -> float:
+        """How far above chance an accuracy on ``n`` samples must be (:func:`chance_margin`)."""
+        return chance_margin(self.chance, self.n)
+
+    @property
+    def near_chance(self) -> bool:
+        """The accuracy is at most ``chance + margin``: the model does not solve the task."""
+        return self.accuracy <= self.chance + self.margin
+
+    def line(self, near: str | None = None) -> str:
+        """``intact model: accuracy A on TASK (N samples), chance C, margin M``; near chance and given ``near``
+        (what it means for the result), `` -- NEAR CHANCE: near`` appended."""
+        text = (f"intact model: accuracy {self.accuracy:.3f} on {self.task} ({self.n} samples), chance "
+                f"{self.chance:.3f}, margin {self.margin:.3f}")
+        return text + (f" -- NEAR CHANCE: {near}" if near is not None and self.near_chance else "")
 
 
 @dataclass(frozen=True)
@@ -64,7 +105,8 @@ class FormResult:
 
     @property
     def solved(self) -> bool:
-        return self.accuracy > self.chance + chance_margin(self.chance, self.n_samples)
+        """The intact model clears chance on this form (:class:`ChanceVerdict`)."""
+        return not ChanceVerdict(self.task, self.accuracy, self.chance, self.n_samples).near_chance
 
     def to_dict(self) -> dict[str, Any]:
         return {"form": dict(self.form), "task": self.task, "accuracy": self.accuracy, "chance": self.chance,
@@ -105,6 +147,12 @@ class Calibration:
             raise InputError(f"malformed calibration record ({type(e).__name__}: {e}); rerun `gna scan`") from None
         if not 0 <= chosen < len(rows):
             raise InputError(f"calibration record chooses form {chosen} of {len(rows)}; rerun `gna scan`")
+        for i, r in enumerate(rows):
+            for name in ("accuracy", "chance"):
+                value = getattr(r, name)
+                if not 0 <= value <= 1:  # NaN included
+                    raise InputError(f"calibration record: field 'rows/{i}/{name}' is {value!r}, not in [0, 1]; "
+                                     f"rerun `gna scan`")
         return cls(rows, chosen, dict(d.get("named") or {}), float(d.get("saturated", SATURATED)),
                    float(d.get("seconds") or 0.0), [dict(f) for f in d.get("skipped") or []])
 
@@ -190,7 +238,8 @@ def kv_forms(named: Mapping[str, Any] | None = None, grid: Mapping[str, Sequence
     ok = [f for f in forms if f["n_pairs"] <= f["max_value"] + 1]
     if not ok:
         raise InputError(f"no KV form fits the named knobs {named}: every line needs its own value, so n_pairs "
-                         f"must be at most max_value + 1")
+                         f"must be at most max_value + 1 (the knobs not named take max_value up to "
+                         f"{max(grid['max_value'])} and n_pairs from {min(grid['n_pairs'])})")
     return ok
 
 

@@ -20,12 +20,15 @@ call this, so a notebook gets the task form the command line gets. What it does,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from gna_interp.errors import InputError, OptionError
-from gna_interp.options import check_choice, check_int, options
+from gna_interp.options import check_choice, check_int, check_pairs_fit, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import Calibration, kv_forms
+from gna_interp.tasks.kv import MAX_PAIRS, MAX_SAMPLES
+from gna_interp.tasks.mmlu import QUESTION_SOURCES
 from gna_interp.tasks.calibration import calibrate as measure_forms
 from gna_interp.tasks.options import TaskOptions
 
@@ -35,7 +38,31 @@ KV_UNCALIBRATED: dict[str, Any] = {"template": "completion", "max_value": 99, "n
 KNOWLEDGE_SAMPLES = 32
 
 __all__ = ["FORMATS", "KINDS", "KNOWLEDGE_SAMPLES", "KV_UNCALIBRATED", "ChosenTask", "TaskChoice", "build_task",
-           "calibrate", "choose_task", "prompt_tokens"]
+           "calibrate", "check_knobs", "choose_task", "prompt_tokens"]
+
+
+def check_knobs(opts: TaskOptions, kv: bool = True, questions: bool = False) -> None:
+    """Refuse (:class:`OptionError`) task knobs of ``opts`` that no model could be given: ``samples`` outside
+    ``1..MAX_SAMPLES``; with ``kv``, ``pairs`` outside ``2..MAX_PAIRS`` (None passes), ``max_value`` below 1 and
+    fewer distinct values than pairs; with ``questions``, a question source that is neither generated, the hub
+    nor an existing file. Cheap: reads no model and no network."""
+    check_int("samples", opts.samples, 1)
+    if opts.samples > MAX_SAMPLES:
+        raise OptionError(f"samples must be at most {MAX_SAMPLES:,} (every prompt is built and tokenized before the "
+                          f"first forward), got {opts.samples:,}")
+    if kv:
+        check_int("pairs", opts.pairs, 2, allow_none=True)
+        check_int("max_value", opts.max_value, 1, allow_none=True)
+        if opts.pairs is not None and opts.pairs > MAX_PAIRS:
+            raise OptionError(f"pairs must be at most {MAX_PAIRS:,} (lines of one dictionary; the paper's largest is "
+                              f"50), got {opts.pairs:,}")
+        if opts.pairs is not None and opts.max_value is not None:
+            check_pairs_fit(opts.pairs, opts.max_value)
+    source = opts.questions
+    if questions and source not in ("categories", "synthetic") and source != "hub" and not source.startswith("hub:") \
+            and not Path(source).is_file():
+        raise OptionError(f"unknown question source {source!r}: use one of {', '.join(QUESTION_SOURCES)} "
+                          f"(FILE: an existing .jsonl/.json/.csv/.parquet file)")
 
 
 @options
@@ -67,11 +94,8 @@ class TaskChoice(TaskOptions):
 
     def validate(self) -> None:
         check_choice("kind", self.kind, KINDS)
-        check_int("samples", self.samples, 1)
         check_int("calibrate", self.calibrate, 0)
         check_int("batch_size", self.batch_size, 1)
-        check_int("pairs", self.pairs, 2, allow_none=True)
-        check_int("max_value", self.max_value, 1, allow_none=True)
         if self.template is not None:
             check_choice("template", self.template, ("official", "completion"))
         if self.mc_form is not None:
@@ -79,9 +103,12 @@ class TaskChoice(TaskOptions):
         bad = [f for f in self.formats if f not in FORMATS]
         if isinstance(self.formats, str) or bad:
             raise OptionError(f"formats must be a tuple of {FORMATS}, got {self.formats!r}")
-        if self.pairs is not None and self.max_value is not None and self.max_value + 1 < self.pairs:
-            raise OptionError(f"{self.pairs} pairs need {self.pairs} distinct values but values run 0..{self.max_value}: "
-                              f"raise max_value to at least {self.pairs - 1} or lower pairs")
+        check_knobs(self, questions=self.kind != "kv" or any(f in ("stated", "letters") for f in self.formats))
+        if self.kind == "kv":
+            try:  # the knobs left unnamed are chosen from a grid: some form of it must fit the named ones
+                kv_forms({"template": self.template, "max_value": self.max_value, "n_pairs": self.pairs})
+            except InputError as e:
+                raise OptionError(str(e)) from None
 
 
 @dataclass
