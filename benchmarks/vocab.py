@@ -18,6 +18,13 @@ Printed per vocabulary, in CPU seconds (``time.process_time``):
 
 Then the two ratios of the issue: each of the two cost ratios at the largest vocabulary over the same ratio at the
 smallest, and ``eval2`` at the largest vocabulary over ``eval2`` at 49,152 (when both are in the run).
+
+``--stages``: instead, the default ``gna scan`` (wall clock, as a user runs it, one process after the other) on
+SmolLM2-135M (49,152 tokens) and on a random-weight model of a large-vocabulary family at its real width:
+Gemma-3-270M's shape (``Gemma3ForCausalLM``: d_model 640, 18 layers, 4 query heads, 1 KV head, head_dim 256,
+262,144 tokens), saved with SmolLM2's tokenizer (its ids are valid rows; the unembedding still has 262,144),
+run with ``--allow-chance`` (random weights cannot retrieve). Prints each run's stage times from its
+``circuit.json``.
 """
 
 from __future__ import annotations
@@ -85,6 +92,44 @@ def measure(vocab: int, args: argparse.Namespace) -> dict[str, float]:
     return row
 
 
+def gemma3_270m_folder(path: Path, tokenizer: Any, seed: int = 0) -> Path:
+    """A random-weight ``Gemma3ForCausalLM`` of Gemma-3-270M's shape (see the module docstring) saved with
+    ``tokenizer`` to ``path``."""
+    import transformers as T
+
+    from gna_interp.models.tiny import save_tiny
+
+    cfg = T.Gemma3TextConfig(vocab_size=262_144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                             num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                             sliding_window=512, max_position_embeddings=32_768)
+    return save_tiny(cfg, T.Gemma3ForCausalLM, tokenizer, path, seed)
+
+
+def default_runs(threads: int) -> list[dict[str, Any]]:
+    """The default ``gna scan`` on SmolLM2-135M and on a random Gemma-3-270M-shaped model (``--stages``)."""
+    import subprocess
+
+    from gna_interp import load_model as load
+
+    tmp = Path(tempfile.mkdtemp(prefix="gna-stages-"))
+    gemma = gemma3_270m_folder(tmp / "gemma3-270m-random", load("smollm2-135m").tokenizer)
+    runs = [("smollm2-135m", "smollm2-135m", []), ("gemma3-270m-random", str(gemma), ["--allow-chance"])]
+    out = []
+    for name, spec, extra in runs:
+        folder = tmp / f"scan-{name}"
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "gna_interp", "--quiet", "scan", "--model", spec, "--out", str(folder),
+                        "--threads", str(threads), *extra], check=True)
+        wall = time.perf_counter() - t
+        doc = json.loads((folder / "circuit.json").read_text())
+        row = {"model": name, "wall_s": wall, "stages_s": doc.get("timings", {}),
+               "top5": [h for h in doc.get("circuit", doc.get("heads", []))[:5]]}
+        stages = ", ".join(f"{k} {v:.0f}" for k, v in row["stages_s"].items())
+        print(f"{name}: {wall:.0f} s wall ({stages})", flush=True)
+        out.append(row)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vocabs", default=",".join(map(str, VOCABS)), help="comma-separated vocabulary sizes")
@@ -95,8 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="timings keep the least of this many runs")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--stages", action="store_true", help="the default gna scan's stage times instead (see above)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.stages:
+        runs = default_runs(args.threads)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(runs, indent=2))
+        return 0
     tmp = tempfile.mkdtemp(prefix="gna-vocab-")  # a tokenizer read from a folder, as a user's would be
     byte_tokenizer().save_pretrained(tmp)
     args.tokenizer = AutoTokenizer.from_pretrained(tmp)

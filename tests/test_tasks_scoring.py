@@ -284,3 +284,30 @@ def test_reads_at_one_position_share_one_normaliser():
     r, p, inv = distinct_reads(rows, pos)
     assert len(r) == 4 and torch.equal(r[inv], rows) and torch.equal(p[inv], pos)
     assert torch.allclose(read_logprobs(logits[r, p], tok, inv), read_logprobs(logits[rows, pos], tok))
+
+
+@pytest.mark.parametrize("fam", ["llama", "mamba2"])
+def test_the_unembedding_is_paid_once_per_distinct_read(tiny_models, fam):
+    """Evaluation and attribution apply the model's head to the distinct read
+    positions only (not to every position of a batch): the vocabulary's cost does not grow with the prompts."""
+    from gna_interp.circuits import scan_heads
+    from gna_interp.tasks.scoring import distinct_reads
+
+    model = tiny_models[fam]
+    task = KVRetrieval(n_pairs=3, n_samples=5, max_value=20, seed=3)  # two-token values: several reads per sample
+    plan = plan_scoring(model, task.samples)
+    chunks = layout_chunks(model, plan, 2)
+    reads = sum(len(distinct_reads(c.read_row, c.read_pos)[0]) for c in chunks)
+    tokens = sum(int(c.batch.ids.numel()) for c in chunks)
+    assert reads < tokens / 3
+    rows: list[int] = []
+    head = model.hf_model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda mod, inp, out: rows.append(inp[0].numel() // inp[0].shape[-1]))
+    try:
+        evaluate(model, task, batch_size=2, progress=False)
+        assert sum(rows) == reads, (sum(rows), reads)
+        rows.clear()
+        scan_heads(model, task, heads=model.heads()[:2], strategy="attribution", batch_size=2, progress=False)
+        assert sum(rows) == reads, (sum(rows), reads)  # its forward (with gradients) reads the same positions
+    finally:
+        handle.remove()
