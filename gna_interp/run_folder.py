@@ -152,7 +152,12 @@ class Lock:
         self.path = Path(folder) / LOCK_FILE
 
     def check(self) -> None:
-        """Refuse when a live process holds the lock (read only: touches nothing)."""
+        """Refuse when a live process holds the lock, or when something else than a lock file sits at its name (a
+        folder, a link, a FIFO: never read, followed or removed); read only: touches nothing."""
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+            what = "a symbolic link" if self.path.is_symlink() else "a folder" if self.path.is_dir() else "not a file"
+            raise InputError(f"{self.path} is {what}, not gna's lock file: gna neither reads nor removes it; move it "
+                             f"away (or pick another --out)")
         if self.path.exists() and self._held():
             raise InputError(f"{self.path.parent} is in use by another gna process ({self.path} names pid "
                              f"{self._pid() or '?'}); wait for it to finish, pick another --out, or delete the lock "
@@ -178,7 +183,7 @@ class Lock:
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+            except (FileExistsError, IsADirectoryError):
                 self.check()
                 self.path.unlink(missing_ok=True)  # stale: its process is gone
                 continue

@@ -17,19 +17,30 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["HEAD_NAME", "RUN_ID", "SCHEMAS", "schema_error"]
+__all__ = ["HEAD_NAME", "MAX_INT", "MAX_SAMPLES", "RUN_ID", "SCHEMAS", "schema_error"]
 
 HEAD_NAME = r"^L[0-9]{1,9}[A-Z][0-9]{1,9}(\+[0-9]{1,9})?$"
 RUN_ID = r"^[0-9a-f]{32}$"
 
+# Bounds every number read from a result folder is held to (the reader refuses integers past MAX_INT outright)
+MAX_INT = 2**63 - 1  # int64: any integer a result writes fits; a longer one (10**400) would overflow floats later
+MAX_SAMPLES = 100_000  # prompts of one task (tasks.kv builds at most this many): a folder cannot ask for 10**9
+MAX_UNITS = 10_000_000  # heads / channels / curve steps of one model (Mamba-1 7B has 64 x 8,192 channels)
+MAX_TOKENS = 100_000_000  # tokens of one prompt or one task
+
 NUM: dict[str, Any] = {"type": "number"}
 NUM_NULL: dict[str, Any] = {"type": ["number", "null"]}
-NAT: dict[str, Any] = {"type": "integer", "minimum": 0}
+NAT: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_INT}
+INT: dict[str, Any] = {"type": "integer", "minimum": -MAX_INT, "maximum": MAX_INT}
+SAMPLES: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_SAMPLES}
+UNITS: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_UNITS}
+PROB: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": 1}  # an accuracy, a chance level, a fraction
+PROB_NULL: dict[str, Any] = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
 STR: dict[str, Any] = {"type": "string"}
 BOOL: dict[str, Any] = {"type": "boolean"}
 HEAD: dict[str, Any] = {"type": "string", "pattern": HEAD_NAME}
 RUN: dict[str, Any] = {"type": "string", "pattern": RUN_ID}
-SECONDS: dict[str, Any] = {"type": ["number", "null"], "minimum": 0}
+SECONDS: dict[str, Any] = {"type": ["number", "null"], "minimum": 0, "maximum": 1e12}
 
 
 def arr(items: dict[str, Any], **limits: int) -> dict[str, Any]:
@@ -48,18 +59,38 @@ def obj(required: dict[str, Any] | None = None, optional: dict[str, Any] | None 
 
 
 def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` or null (a typed schema gets ``null`` among its types, so an error names the field inside it)."""
+    if isinstance(schema.get("type"), str):
+        return {**schema, "type": [schema["type"], "null"]}
     return {"anyOf": [{"type": "null"}, schema]}
 
 
 RECORDS = arr({"type": "object"})  # a table's rows; columns are checked by the reader that uses them
 NUMBERS = {"type": "object", "additionalProperties": NUM_NULL}
-PER_SAMPLE = obj(optional={"logit_diff": arr(NUM_NULL), "correct": arr(BOOL), "gold_score": arr(NUM_NULL),
-                           "n_gold": arr(NAT)}, closed=True)
+# an Evaluation's metrics (a circuit's baseline): accuracies and chance in [0, 1], counts bounded
+METRICS = {"type": "object", "properties": {"accuracy": PROB_NULL, "chance": PROB_NULL, "gold_prob": PROB_NULL,
+                                            "n_samples": SAMPLES, "n_forwards": NAT, "seconds": SECONDS},
+           "additionalProperties": NUM_NULL}
+PER_SAMPLE = obj(optional={"logit_diff": arr(NUM_NULL, maxItems=MAX_SAMPLES), "correct": arr(BOOL, maxItems=MAX_SAMPLES),
+                           "gold_score": arr(NUM_NULL, maxItems=MAX_SAMPLES), "n_gold": arr(NAT, maxItems=MAX_SAMPLES)},
+                 closed=True)
 HEAD_VALUES = {"type": "object", "propertyNames": {"pattern": HEAD_NAME}, "additionalProperties": NUM_NULL}
 HEAD_SAMPLES = {"type": "object", "propertyNames": {"pattern": HEAD_NAME}, "additionalProperties": PER_SAMPLE}
 TASK = obj({"name": {"type": "string", "maxLength": 400}},
-           {"n_samples": NAT, "args": {"type": "object"}, "kind": {"enum": ["kv", "mc", "knowledge", "samples"]}})
-HEAD_ROW = obj(optional={"layer": NAT, "head": NAT, "name": HEAD, "rank": NAT})  # a ranked table's row
+           {"n_samples": SAMPLES, "args": obj(optional={"n_samples": SAMPLES, "n_pairs": SAMPLES, "seed": nullable(INT)}),
+            "kind": {"enum": ["kv", "mc", "knowledge", "samples"]}})
+LAYER_OR_HEAD = {"type": "integer", "minimum": 0, "maximum": 999_999_999}  # as HEAD_NAME's 9 digits
+HEAD_ROW = obj(optional={"layer": LAYER_OR_HEAD, "head": LAYER_OR_HEAD, "name": HEAD, "rank": UNITS})  # a ranked row
+# a role table's row: its named columns typed; the score columns (gather, aggregate, selectivity, ...) numbers
+ROLE_ROW = {**obj(optional={"layer": LAYER_OR_HEAD, "head": LAYER_OR_HEAD, "name": HEAD, "rank": UNITS, "kind": STR,
+                            "role": STR, "role_reason": STR, "offset": {"type": ["integer", "null"],
+                                                                        "minimum": -MAX_TOKENS, "maximum": MAX_TOKENS},
+                            **{k: NUM_NULL for k in ("gather", "gather_prev", "line_tokens", "aggregate", "to_summaries",
+                                                     "to_items", "gold_share", "selectivity", "sharpness", "spread")}}),
+            "additionalProperties": {"type": ["number", "null", "boolean", "string"]}}
+CURVE_ROW = obj(optional={"k": UNITS, "accuracy": PROB_NULL, "seed": nullable(INT), "series": STR})
+TWIN = obj({"task": STR, "k": UNITS, "intact": PROB_NULL, "top": PROB_NULL, "random_median": PROB_NULL},
+           {"method": STR, "random": arr(PROB_NULL, maxItems=MAX_UNITS)})
 ROLE_RULE = obj(optional={k: NUM for k in ("aggregate_min", "selectivity_min", "gather_min", "spread_min",
                                            "smooth_selectivity_min")}, closed=True)
 
@@ -68,21 +99,31 @@ SCAN = obj({"model": STR, "task": STR, "method": STR, "metric": STR, "strategy":
             "masses": HEAD_VALUES, "seconds": SECONDS, "unsettled": NAT, "screen_index": arr(NAT),
             "screened": HEAD_SAMPLES, "run_id": RUN})
 
-CALIBRATION = obj({"rows": arr(obj({"form": {"type": "object"}, "task": STR, "accuracy": NUM, "chance": NUM,
-                                    "n_samples": NAT, "tokens": NUM}, {"verdict": STR}), minItems=1),
+# what each metric reads from a per-sample record (tasks.metrics): a scan's records must hold it
+METRIC_KEYS = {"logit_diff": ["logit_diff"], "accuracy": ["correct"], "logprob": ["gold_score", "n_gold"]}
+SCAN["allOf"] = [{"if": {"properties": {"metric": {"const": metric}}, "required": ["metric"]},
+                  "then": {"properties": {"baseline": {"type": ["object", "null"], "required": keys},
+                                          **{f: {"additionalProperties": {"required": keys}}
+                                             for f in ("exact", "screened")}}}}
+                 for metric, keys in METRIC_KEYS.items()]
+
+CALIBRATION = obj({"rows": arr(obj({"form": {"type": "object"}, "task": STR, "accuracy": PROB, "chance": PROB,
+                                    "n_samples": SAMPLES, "tokens": {"type": "number", "minimum": 0,
+                                                                     "maximum": MAX_TOKENS}}, {"verdict": STR}),
+                               minItems=1, maxItems=10_000),
                    "chosen": NAT},
-                  {"named": {"type": "object"}, "saturated": NUM, "seconds": SECONDS,
+                  {"named": {"type": "object"}, "saturated": PROB, "seconds": SECONDS,
                    "skipped": arr({"type": "object"})})
 
-CIRCUIT = obj({"model": {"type": "string", "maxLength": 4096}, "task": TASK, "baseline": NUMBERS, "rule": ROLE_RULE,
-               "scan_rows": NAT, "run_id": RUN},
-              {"heads": arr(HEAD_ROW), "roles": arr(HEAD_ROW), "n_samples": nullable(NAT),
-               "seed": nullable({"type": "integer"}), "curve": RECORDS, "seconds": SECONDS,
+CIRCUIT = obj({"model": {"type": "string", "maxLength": 4096}, "task": TASK, "baseline": METRICS, "rule": ROLE_RULE,
+               "scan_rows": UNITS, "run_id": RUN},
+              {"heads": arr(HEAD_ROW), "roles": arr(ROLE_ROW), "n_samples": nullable(SAMPLES), "chance": PROB_NULL,
+               "seed": nullable(INT), "curve": arr(CURVE_ROW), "seconds": SECONDS,
                "timings": {"type": "object", "additionalProperties": SECONDS},
                "views": {"enum": [None, "views.pt"]}, "control": {"enum": [None, "control.json"]},
                "delegation": {"enum": [None, "delegation.json"]},
                "generic_fraction": {"type": "number", "minimum": 0, "maximum": 1}, "keep_generic": BOOL,
-               "model_in_memory": BOOL, "notes": arr(STR), "circuit": arr(HEAD), "generic": arr(HEAD), "twin": nullable({"type": "object"}),
+               "model_in_memory": BOOL, "notes": arr(STR), "circuit": arr(HEAD), "generic": arr(HEAD), "twin": nullable(TWIN),
                "calibration": nullable(CALIBRATION),
                "edges": nullable(arr(obj({"edge": STR, "sender": HEAD, "receiver": {"type": "string", "pattern":
                                                                                    f"^(?:{HEAD_NAME[1:-1]}|logits)$"},
@@ -92,7 +133,8 @@ CIRCUIT = obj({"model": {"type": "string", "maxLength": 4096}, "task": TASK, "ba
                "pair_from": {"enum": [None, "edges", "patterns"]}, "path": nullable({"type": "object"}),
                "formats": arr(obj({"name": STR, "scan": STR}, {"task": nullable({"type": "object"})}))})
 
-SEGMENTS = obj({"items": arr(arr(NAT, minItems=2, maxItems=2)), "final": NAT, "n_tokens": NAT, "aligned": BOOL},
+SEGMENTS = obj({"items": arr(arr(NAT, minItems=2, maxItems=2)), "final": NAT,
+                "n_tokens": {"type": "integer", "minimum": 0, "maximum": MAX_TOKENS}, "aligned": BOOL},
                {"query": nullable(arr(NAT, minItems=2, maxItems=2))})
 PATTERNS = obj({"heads": arr(HEAD), "str_tokens": arr(arr(STR)), "ids": {"type": "tensor"},
                 "attention_mask": {"type": "tensor"}, "patterns": {"type": "tensor"}, "options": {"type": "object"}})
@@ -150,7 +192,11 @@ def schema_error(doc: Any, fmt: str) -> str | None:
         return None
     import jsonschema
 
-    error = jsonschema.exceptions.best_match(_validator(fmt).iter_errors(doc))
+    def key(e: Any) -> tuple:  # jsonschema's relevance without its path (which breaks ties towards the last item)
+        rel = jsonschema.exceptions.relevance(e)
+        return (rel[0], *rel[2:])
+
+    error = jsonschema.exceptions.best_match(_validator(fmt).iter_errors(doc), key=key)
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path)

@@ -46,7 +46,7 @@ FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 2, "vi
                                    "hybrid_plan": 1, "delegation": 1,
                                    "hybrid_build": 1, "run_checkpoint": 1}
 
-__all__ = ["FORMAT_VERSIONS", "atomic_write", "clean_json", "read_json", "read_tensors", "records", "write_json",
+__all__ = ["FORMAT_VERSIONS", "as_path", "atomic_write", "clean_json", "read_json", "read_tensors", "records", "write_json",
            "write_tensors"]
 
 
@@ -116,8 +116,13 @@ def read_json(path: str | os.PathLike, fmt: str, run_id: str | None = None) -> d
     kind or version, off its schema, or (given ``run_id``) written by another run."""
     path = _regular_file(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant, parse_float=_finite,
+        text = path.read_text(encoding="utf-8")
+        doc = json.loads(text, parse_constant=_no_constant, parse_float=_finite, parse_int=_bounded_int,
                          object_pairs_hook=_unique_keys)
+    except _TooLarge as e:
+        raise InputError(f"{str(path)!r} is not a valid {fmt} file: {_where_too_large(text)} holds an integer of "
+                         f"{e.digits} digits, larger than any gna_interp field holds (at most {e.limit:,}); it was "
+                         f"edited or comes from another program: rewrite it (rerun the command that made it)") from None
     except RecursionError:
         raise InputError(f"{str(path)!r} nests its JSON too deeply to be a gna_interp {fmt} file") from None
     except (OSError, ValueError) as e:
@@ -136,10 +141,21 @@ def _same_run(doc: dict[str, Any], run_id: str | None, path: Path) -> dict[str, 
     return doc
 
 
+def as_path(value: Any, what: str = "path") -> Path:
+    """``value`` (a ``str`` or ``os.PathLike``, not empty) as a :class:`~pathlib.Path`; an :class:`InputError` naming
+    ``what`` for anything else (a number, None, bytes, an empty string, a NUL character)."""
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
+        text = os.fspath(value)
+        if isinstance(text, str) and text.strip() and "\0" not in text:
+            return Path(text)
+    raise InputError(f"{what} must be a file or folder path (a str or pathlib.Path, not empty), got "
+                     f"{type(value).__name__} {value!r:.60}")
+
+
 def _regular_file(path: str | os.PathLike) -> Path:
     """``path`` when it is a regular file (a link to one included); a clear error for a missing path, a folder, or a
     FIFO or device (which would block or never end: never opened)."""
-    path = Path(path)
+    path = as_path(path)
     if path.is_file():
         return path
     if path.is_dir():
@@ -160,6 +176,49 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number (gna writes a non-finite value as null)")
+
+
+class _TooLarge(ValueError):
+    def __init__(self, digits: int, limit: int) -> None:
+        super().__init__(f"an integer of {digits} digits")
+        self.digits, self.limit = digits, limit
+
+
+def _bounded_int(text: str) -> int:
+    """An integer literal that fits int64 (every integer gna writes does); a longer one is refused here, before it
+    can overflow a float in a report (``10**400``) or size a loop."""
+    from gna_interp.schemas import MAX_INT
+
+    value = int(text) if len(text) <= 25 else None
+    if value is None or abs(value) > MAX_INT:
+        raise _TooLarge(len(text.lstrip("-")), MAX_INT)
+    return value
+
+
+def _where_too_large(text: str) -> str:
+    """``field 'task' (at 'task/args/max_value')``: where the first too-large integer of a JSON ``text`` is."""
+    from gna_interp.schemas import MAX_INT
+
+    marker = object()
+
+    def find(node: Any, at: tuple[str, ...]) -> tuple[str, ...] | None:
+        if node is marker:
+            return at
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            hit = find(v, (*at, str(k)))
+            if hit is not None:
+                return hit
+        return None
+
+    try:
+        doc = json.loads(text, parse_int=lambda t: marker if len(t) > 25 or abs(int(t)) > MAX_INT else int(t))
+        at = find(doc, ())
+    except (ValueError, RecursionError):
+        at = None
+    if not at:
+        return "a field"
+    return f"field {at[0]!r}" + (f" (at {'/'.join(at)!r})" if len(at) > 1 else "")
 
 
 def _finite(text: str) -> float:

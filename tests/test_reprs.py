@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp._html import fmt
+from gna_interp.html_repr import fmt
 from gna_interp.circuits.causal import EDGE_COLUMNS
 from gna_interp.errors import InputError
 from gna_interp.mixing.pattern_set import PatternSet

@@ -377,3 +377,33 @@ def test_half_precision_ablation_and_scan(precisions, dtype):
         torch.testing.assert_close(ablated.scores, ablated_ref.scores, atol=tol["score"],
                                    rtol=tol.get("score_rtol", 0.0))
         assert next(ms[dtype].hf_model.parameters()).dtype == getattr(torch, dtype)  # ablation left the weights
+
+
+def _llama_config_model(folder: Path, vocab: int):
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": vocab,
+           "max_position_embeddings": 2048, "tie_word_embeddings": False, "rms_norm_eps": 1e-5}
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return gna.load_model(str(folder), device="meta")
+
+
+@pytest.mark.parametrize("reads", [1, 3])
+def test_estimate_pays_the_vocabulary_at_the_reads(tmp_path, reads):
+    """Two configs that differ only in vocab_size: every pass (the capture, each replayed copy, attribution's three
+    forwards) unembeds ``reads`` positions a sample, 2 x reads x d_model x vocab FLOPs each; on a CPU each pass also
+    reads the vocab x d_model float32 weight at least once."""
+    small, large = _llama_config_model(tmp_path / "v1k", 1024), _llama_config_model(tmp_path / "v262k", 262_144)
+    d, dv, samples, n_heads = 256, 262_144 - 1024, 32, 8
+    for device in ("H100-80GB", "cpu-2core"):
+        a, b = (estimate_scan(m, samples=samples, tokens=64, device=device, reads=reads) for m in (small, large))
+        assert a.reads == reads and a.n_heads == n_heads
+        per_pass = 2.0 * reads * d * dv * samples  # extra FLOPs of one pass over the task at the larger vocabulary
+        assert b.exact_flops - a.exact_flops == pytest.approx(per_pass * (1 + n_heads), rel=1e-9)  # capture + a copy per head
+        assert b.attribution_flops - a.attribution_flops == pytest.approx(3 * per_pass, rel=1e-9)
+        assert b.seconds_exact > a.seconds_exact and b.seconds_attribution > a.seconds_attribution
+    cpu = estimate_scan(large, samples=samples, tokens=64, device="cpu-2core", reads=reads)
+    chunks, groups = 2, 4  # 32 samples in batches of 16; 2 layers x 4 heads stacked 4 at a time
+    floor = (1 + groups + 3) * chunks * d * 262_144 * 4 / 16e9  # capture, replays, attribution: one weight pass each
+    assert cpu.seconds_exact + cpu.seconds_attribution >= floor  # seconds_exact includes the capture
+    assert any("GB/s" in n for n in cpu.notes)

@@ -31,7 +31,8 @@ from gna_interp.circuits.views import CardViews
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.spec import IN_MEMORY_PREFIX
-from gna_interp.store import atomic_write, read_json, records, write_json
+from gna_interp.options import Options, options
+from gna_interp.store import as_path, atomic_write, read_json, records, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import Calibration, chance_margin
 from gna_interp.tasks.io import task_from_dict
@@ -39,7 +40,20 @@ from gna_interp.tasks.io import task_from_dict
 FILES = ("scan.csv", "scan.json", "control.json", "circuit.json", "views.pt", "summary.md", "delegation.json",
          "delegation.csv")  # summary.md: written beside them by the report (gna_interp.report)
 
-__all__ = ["FILES", "Circuit"]
+__all__ = ["FILES", "Circuit", "CircuitParts"]
+
+
+@options
+class CircuitParts(Options):
+    """The parts of a :class:`Circuit` that its folder keeps in files of their own, besides the scan (each optional):
+    the card ``views``, the ``control`` scan, the hybrid ``delegation``, the other retrieval ``formats``' scans and
+    their tasks (``format_tasks``)."""
+
+    views: CardViews | None = None
+    control: HeadScan | None = None
+    delegation: Delegation | None = None
+    formats: dict[str, HeadScan] | None = None
+    format_tasks: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass
@@ -275,7 +289,7 @@ class Circuit:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Circuit":
         """Read a circuit saved by :meth:`save` (a folder, or its ``circuit.json``); no model needed."""
-        d = Path(path)
+        d = as_path(path, "Circuit.load's path")
         d = d.parent if d.name == "circuit.json" else d
         _own_files(d, ["circuit.json", "scan.json", "views.pt", "control.json", "delegation.json"] +
                    [p.name for p in d.glob("format*.json")])
@@ -299,12 +313,15 @@ class Circuit:
                              f"rerun `gna scan`") from None
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], scan: HeadScan, *, views: CardViews | None = None,
-                  control: HeadScan | None = None, delegation: Delegation | None = None,
-                  formats: dict[str, HeadScan] | None = None,
-                  format_tasks: dict[str, dict[str, Any]] | None = None) -> "Circuit":
-        """The circuit :meth:`to_dict` described, with the parts it keeps in files of their own (the scan, views,
-        control, delegation and format scans): ``Circuit.from_dict(c.to_dict(), c.scan, ...)`` rebuilds ``c``."""
+    def from_dict(cls, doc: dict[str, Any], scan: HeadScan, parts: CircuitParts | None = None,
+                  **overrides: Any) -> "Circuit":
+        """The circuit :meth:`to_dict` described, with the parts it keeps in files of their own: the ``scan``, and
+        ``parts`` (:class:`CircuitParts`) or keyword ``overrides`` of its fields (``views``, ``control``,
+        ``delegation``, ``formats``, ``format_tasks``): ``Circuit.from_dict(c.to_dict(), c.scan, ...)`` rebuilds
+        ``c``."""
+        own = CircuitParts.build(parts, **overrides)
+        views, control, delegation, formats, format_tasks = (own.views, own.control, own.delegation, own.formats,
+                                                             own.format_tasks)
         return cls(
             model=doc["model"], task=doc["task"], scan=scan, roles=pd.DataFrame(doc.get("roles") or []),
             baseline=dict(doc["baseline"]), curve=pd.DataFrame(doc.get("curve") or [], columns=CURVE_COLUMNS),
@@ -326,14 +343,14 @@ class Circuit:
     def _repr_html_(self) -> str:
         """Jupyter's display: baseline, the circuit's top heads with their pattern and causal roles, the gather ->
         aggregate pair (the measured path when the edge table has one), the ablation curve and the drop heatmap."""
-        from gna_interp import _html
-        from gna_interp.circuits.scan_result import _TOP, _heatmap, _interval
+        from gna_interp import html_repr
+        from gna_interp.circuits.scan_result import TOP_HEADS, drop_heatmap, interval_text
 
         df = self.to_frame()
         facts: list[tuple[str, Any]] = [("task", self.task.get("name", "?")),
                                         ("scan", f"{len(self.scan.heads)} heads, {self.scan.strategy}, "
                                                  f"{self.scan.method} ablation, metric {self.scan.metric}"),
-                                        ("baseline", ", ".join(f"{k} {_html.fmt(self.baseline[k])}" for k in
+                                        ("baseline", ", ".join(f"{k} {html_repr.fmt(self.baseline[k])}" for k in
                                                                ("accuracy", "chance", "logit_diff", "gold_prob")
                                                                if k in self.baseline))]
         if "circuit_rank" in df:  # the circuit's heads in order (what .heads gives), from the one frame
@@ -350,7 +367,7 @@ class Circuit:
         if path is not None:
             facts.append(("gather -> aggregate", f"{path['sender']} -> {path['receiver']}: measured path "
                                                  f"{path['input']}@{path['positions']}, effect "
-                                                 f"{_html.fmt(path['effect'])} {_interval(path['low'], path['high'])}"))
+                                                 f"{html_repr.fmt(path['effect'])} {interval_text(path['low'], path['high'])}"))
         elif pair is not None:
             facts.append(("gather -> aggregate", f"{pair[0].name} -> {pair[1].name} (from pattern roles"
                                                  + ("; no edge holds above 0)" if self.edges is not None else
@@ -359,57 +376,57 @@ class Circuit:
             facts.append(("gather -> aggregate", "none found"))
         cs = self.curve_summary()
         if cs:
-            facts.append(("ablation curve", f"top {cs['k']} removed: {cs['metric']} {_html.fmt(cs['top'])}; "
-                                            f"{cs['k']} random removed: median {_html.fmt(cs['random_median'])} "
-                                            f"({_html.fmt(cs['random_min'])}-{_html.fmt(cs['random_max'])} over "
-                                            f"{cs['seeds']} draws); intact {_html.fmt(cs['baseline'])}"))
+            facts.append(("ablation curve", f"top {cs['k']} removed: {cs['metric']} {html_repr.fmt(cs['top'])}; "
+                                            f"{cs['k']} random removed: median {html_repr.fmt(cs['random_median'])} "
+                                            f"({html_repr.fmt(cs['random_min'])}-{html_repr.fmt(cs['random_max'])} over "
+                                            f"{cs['seeds']} draws); intact {html_repr.fmt(cs['baseline'])}"))
         decisive = self.decisive()
         if decisive:
-            facts.append(("alone to chance", ", ".join(f"{h.name} ({_html.fmt(a)})" for h, a in decisive[:5])))
+            facts.append(("alone to chance", ", ".join(f"{h.name} ({html_repr.fmt(a)})" for h, a in decisive[:5])))
         if self.calibration is not None:
             c = self.calibration.rows[self.calibration.chosen]
             facts.append(("task form", f"{c.task} ({', '.join(f'{k}={v}' for k, v in c.form.items())}), chosen of "
                                        f"{len(self.calibration.rows)} by calibration"))
         if self.formats:
             facts.append(("formats", ", ".join(self.formats)))
-        facts.append(("seconds", _html.fmt(self.seconds, 1)))
-        top = top.head(_TOP)
+        facts.append(("seconds", html_repr.fmt(self.seconds, 1)))
+        top = top.head(TOP_HEADS)
         pattern = top["pattern_role"] if "pattern_role" in top else top["role"]
         causal = top["causal_role"] if "causal_role" in top else pd.Series(None, index=top.index, dtype=object)
         header = ["rank", "head", "drop", "95% interval", "pattern role", "causal role"]
-        rows = [[i + 1, r["name"], _html.fmt(r["drop"]), _interval(r["drop_lo"], r["drop_hi"]),
-                 _html.fmt(p), _html.fmt(c)] for i, ((_, r), p, c) in enumerate(zip(top.iterrows(), pattern, causal))]
+        rows = [[i + 1, r["name"], html_repr.fmt(r["drop"]), interval_text(r["drop_lo"], r["drop_hi"]),
+                 html_repr.fmt(p), html_repr.fmt(c)] for i, ((_, r), p, c) in enumerate(zip(top.iterrows(), pattern, causal))]
         if "control_drop" in top:
             header.append("LM loss rise")
             for row, v in zip(rows, top["control_drop"]):
-                row.append(_html.fmt(v))
-        parts = [_html.title(f"Circuit on {self.model}", self.task.get("name", "")), _html.facts(facts),
-                 _html.title(f"top {len(rows)} heads of the circuit", "drop: " + self.scan.metric + " of the intact "
-                             "model minus with the head removed"), _html.table(header, rows)]
+                row.append(html_repr.fmt(v))
+        parts = [html_repr.title(f"Circuit on {self.model}", self.task.get("name", "")), html_repr.facts(facts),
+                 html_repr.title(f"top {len(rows)} heads of the circuit", "drop: " + self.scan.metric + " of the intact "
+                             "model minus with the head removed"), html_repr.table(header, rows)]
         if not self.curve.empty:
-            parts.append(_html.Raw(_curve_table(self.curve, cs.get("metric", "accuracy"))))
-        parts.append(_html.Raw(_heatmap(df, self.scan.metric)))
+            parts.append(html_repr.Raw(_curve_table(self.curve, cs.get("metric", "accuracy"))))
+        parts.append(html_repr.Raw(drop_heatmap(df, self.scan.metric)))
         if self.notes:
             parts.append("<ul style='font-size:12px;margin:4px 0'>" +
-                         "".join(f"<li>{_html.esc(n)}</li>" for n in self.notes) + "</ul>")
+                         "".join(f"<li>{html_repr.esc(n)}</li>" for n in self.notes) + "</ul>")
         return "<div>" + "".join(parts) + "</div>"
 
 
 def _curve_table(curve: pd.DataFrame, metric: str) -> str:
     """The ablation curve as a table: for each k, ``metric`` with the top k heads removed and with k random heads
     removed (median, min and max over the draws)."""
-    from gna_interp import _html
+    from gna_interp import html_repr
 
     rows = []
     for k in sorted(curve["k"].unique()):
         at = curve[curve["k"] == k]
         top = at.loc[at["series"] == "top", metric]
         rnd = at.loc[at["series"] == "random", metric].astype(float)
-        rows.append([int(k), _html.fmt(float(top.iloc[0]) if len(top) else math.nan),
-                     _html.fmt(float(rnd.median()) if len(rnd) else math.nan),
-                     f"{_html.fmt(float(rnd.min()))}-{_html.fmt(float(rnd.max()))}" if len(rnd) else "–"])
-    return (_html.title("ablation curve", f"{metric} with k heads removed")
-            + _html.table(["k", "top k", "random k (median)", "random k (range)"], rows))
+        rows.append([int(k), html_repr.fmt(float(top.iloc[0]) if len(top) else math.nan),
+                     html_repr.fmt(float(rnd.median()) if len(rnd) else math.nan),
+                     f"{html_repr.fmt(float(rnd.min()))}-{html_repr.fmt(float(rnd.max()))}" if len(rnd) else "–"])
+    return (html_repr.title("ablation curve", f"{metric} with k heads removed")
+            + html_repr.table(["k", "top k", "random k (median)", "random k (range)"], rows))
 
 
 def _own_files(d: Path, names: list[str]) -> None:
@@ -425,6 +442,9 @@ def _own_files(d: Path, names: list[str]) -> None:
 def _check_heads(d: Path, doc: dict[str, Any], scan: HeadScan) -> None:
     """What the schema cannot say of circuit.json: the heads it names are the scan's, each table row's layer and
     head agree with its name, and its task rebuilds."""
+    if not scan.baseline:
+        raise InputError(f"{d / 'scan.json'}: field 'baseline' is empty, but a circuit's scan measures the intact model "
+                         f"first; the file was edited: rerun `gna scan`")
     scanned = {h.name for h in scan.heads}
     for key in ("circuit", "generic"):
         stray = [n for n in doc.get(key) or [] if n not in scanned]

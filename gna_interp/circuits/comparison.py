@@ -26,10 +26,11 @@ import pandas as pd
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError
+from gna_interp.options import check_int
 from gna_interp.interventions.ablation import ablate
 from gna_interp.models.heads import HeadRef
-from gna_interp.models.model import Model
-from gna_interp.store import atomic_write, read_json, write_json
+from gna_interp.models.model import Model, check_model
+from gna_interp.store import as_path, atomic_write, read_json, write_json
 from gna_interp.tasks.evaluation import evaluate
 
 __all__ = ["CircuitComparison", "compare_circuits"]
@@ -84,7 +85,7 @@ class CircuitComparison:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "CircuitComparison":
-        d = Path(path)
+        d = as_path(path)
         doc = read_json(d / "compare.json" if d.is_dir() else d, "comparison")
         return cls(tuple(doc["names"]), int(doc["k"]), dict(doc["metrics"]), list(doc["rows"]))  # type: ignore[arg-type]
 
@@ -98,11 +99,17 @@ def _drops(c: Circuit) -> pd.Series:
     return df["drop"].where(df["source"] == "exact", df["est_drop"])
 
 
-def compare_circuits(model: Model, a: Circuit, b: Circuit, k: int = 5, seeds: int = 6,
-                     batch_size: int = 16) -> CircuitComparison:
+def compare_circuits(model: Model, a: Circuit | str | os.PathLike, b: Circuit | str | os.PathLike, k: int = 5,
+                     seeds: int = 6, batch_size: int = 16) -> CircuitComparison:
     """Compare circuits ``a`` and ``b`` of ``model`` (see the module docstring): overlap of their top
     ``k``, rank correlation of their scans, and each task's accuracy with either circuit's top ``k``
-    or ``k`` random heads removed (zero ablation)."""
+    or ``k`` random heads removed (zero ablation). ``a`` and ``b`` are :class:`Circuit` objects or the folders they
+    were saved to."""
+    check_model(model)
+    a, b = (c if isinstance(c, Circuit) else Circuit.load(as_path(c, f"circuit {name} (a Circuit or its folder)"))
+            for c, name in ((a, "a"), (b, "b")))
+    for name, value in (("k", k), ("seeds", seeds), ("batch_size", batch_size)):
+        check_int(name, value, 1)
     if a.model != b.model:
         raise InputError(f"the circuits come from different models ({a.model!r} and {b.model!r}); compare circuits "
                          f"of one model")

@@ -75,6 +75,8 @@ def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Se
     same method, to reuse its clean prefixes, and ``control`` as such a runner of the control task to reuse
     its). ``config``: a :class:`CurveConfig` (``k``, ``seeds``, ``method``, ``reference``, ``batch_size``,
     ``band``), or keyword overrides of its fields."""
+    from gna_interp.models.model import check_model
+    check_model(model)
     cfg = CurveConfig.build(config, **overrides)
     k, seeds, band = cfg.k, cfg.seeds, cfg.band
     method, reference, batch_size = cfg.method, cfg.reference, cfg.batch_size

@@ -42,9 +42,9 @@ from gna_interp.circuits.specificity import control_task
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
-from gna_interp.models.model import Model
+from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, options
-from gna_interp.store import atomic_write, read_json, records, write_json
+from gna_interp.store import as_path, atomic_write, read_json, records, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores
 from gna_interp.tasks.metrics import ACCURACY, raw
@@ -150,7 +150,7 @@ class Delegation:
     @classmethod
     def load(cls, path: str | os.PathLike, run_id: str | None = None) -> "Delegation":
         """Read a result written by :meth:`save` (the folder or its ``delegation.json``)."""
-        p = Path(path)
+        p = as_path(path)
         p = p / JSON_FILE if p.is_dir() else p
         doc = read_json(p, FORMAT, run_id)
 
@@ -274,10 +274,37 @@ def delegation(model: Model, task: Task | None = None, knowledge: Task | str | N
             its clean prefixes.
         config: a :class:`DelegationConfig`, or keyword overrides of its fields (``seeds=3``, ``rule=...``).
     """
+    check_model(model)
     cfg = DelegationConfig.build(config, **overrides)
-    seeds, n_samples, rule, form = cfg.seeds, cfg.n_samples, cfg.rule, cfg.form
-    method, reference, batch_size = cfg.method, cfg.reference, cfg.batch_size
     start = time.perf_counter()
+    task = _check_inputs(model, task)
+    notes: list[str] = []
+    roles = _roles(model, task, roles, cfg, notes)
+    ktask = _knowledge(model, knowledge, notes)
+    metric = None
+    if ktask is not None:
+        metric = "lm_loss" if all(len(s.candidates) == 1 for s in ktask.samples) else "accuracy"
+    measure = _Removals(runner if runner is not None else SetAblation(model, task, cfg.method, cfg.reference,
+                                                                      cfg.batch_size),
+                        SetAblation(model, ktask, cfg.method, cfg.reference, cfg.batch_size) if ktask is not None
+                        else None, metric)
+    intact = measure("", "intact", -1, [])
+    by_kind: dict[str, list[HeadRef]] = {}  # attention kinds first
+    for h in model.default_heads():
+        by_kind.setdefault(h.kind, []).append(h)
+    table = [_kind_row(model, kind, members, roles, intact, measure, cfg.seeds, notes)
+             for kind, members in sorted(by_kind.items(), key=lambda kv: not kv[1][0].adapter.normalized_rows)]
+    removal = pd.DataFrame(measure.rows, columns=REMOVAL_COLUMNS)
+    settings = {"seeds": cfg.seeds, "method": cfg.method, "n_samples": cfg.n_samples, "form": cfg.form,
+                "rule": cfg.rule.to_dict(), "batch_size": cfg.batch_size}
+    return Delegation(model.name, task.to_dict(), {"name": ktask.name, "metric": metric, "n_samples": len(ktask)}
+                      if ktask is not None else None, task.chance, roles, pd.DataFrame(table, columns=KIND_COLUMNS),
+                      removal, settings, notes, time.perf_counter() - start)
+
+
+def _check_inputs(model: Model, task: Task | None) -> Task:
+    """``task``, after refusing what delegation cannot measure: no loaded model, no retrieval task, a model that is
+    not a hybrid."""
     if not isinstance(model, Model):
         raise InputError(f"delegation needs a loaded Model, got {type(model).__name__}")
     if task is None:
@@ -285,80 +312,83 @@ def delegation(model: Model, task: Task | None = None, knowledge: Task | str | N
                          "circuit.load_task())")
     if not isinstance(task, Task):
         raise InputError(f"delegation needs a Task with segments (e.g. KVRetrieval), got {type(task).__name__}")
-    heads = model.default_heads()
     if not is_hybrid(model):
-        kinds = sorted({h.kind for h in heads})
+        kinds = sorted({h.kind for h in model.default_heads()})
         raise InputError(f"delegation compares the attention and SSM heads of a hybrid; {model.name} has only "
                          f"{'/'.join(kinds)} heads (use role_scores or discover for it)")
-    notes: list[str] = []
+    return task
+
+
+def _roles(model: Model, task: Task, roles: pd.DataFrame | None, cfg: DelegationConfig,
+           notes: list[str]) -> pd.DataFrame:
+    """The role scores to use: ``roles`` when they carry summary offsets, else measured here."""
     if roles is not None and "offset" not in roles:
         notes.append("the given role scores were computed without summary offsets; recomputed here")
         roles = None
     if roles is None:
-        roles = role_scores(model, task, heads=heads, n_samples=n_samples, batch_size=min(batch_size, 8), form=form,
-                            rule=rule)
+        roles = role_scores(model, task, heads=model.default_heads(), n_samples=cfg.n_samples,
+                            batch_size=min(cfg.batch_size, 8), form=cfg.form, rule=cfg.rule)
     missing = [c for c in ROLE_COLUMNS if c not in roles]
     if missing:
         raise InputError(f"role scores lack the columns {missing}; pass the frame role_scores returns")
-    roles = roles[ROLE_COLUMNS].reset_index(drop=True)
-    ktask = _knowledge(model, knowledge, notes)
-    metric = None
-    if ktask is not None:
-        metric = "lm_loss" if all(len(s.candidates) == 1 for s in ktask.samples) else "accuracy"
-    runner = runner if runner is not None else SetAblation(model, task, method, reference, batch_size)
-    kr = SetAblation(model, ktask, method, reference, batch_size) if ktask is not None else None
-    rows: list[dict[str, Any]] = []
+    return roles[ROLE_COLUMNS].reset_index(drop=True)
 
-    def measure(kind: str, series: str, seed: int, hs: Sequence[HeadRef]) -> dict[str, Any]:
-        m = runner.run(hs).metrics
+
+@dataclass
+class _Removals:
+    """Measures a head set removed on the retrieval task (``runner``) and on the knowledge task (``knowledge``,
+    by ``metric``); keeps every measured row."""
+
+    runner: SetAblation
+    knowledge: SetAblation | None
+    metric: str | None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, kind: str, series: str, seed: int, hs: Sequence[HeadRef]) -> dict[str, Any]:
+        m = self.runner.run(hs).metrics
         row = {"kind": kind, "series": series, "seed": seed, "n_heads": len(hs), "heads": ",".join(h.name for h in hs),
                "accuracy": float(m["accuracy"]), "logit_diff": float(m["logit_diff"]),
-               "knowledge": _value(kr.run(hs), metric) if kr is not None and metric else math.nan}
-        rows.append(row)
+               "knowledge": _value(self.knowledge.run(hs), self.metric)
+               if self.knowledge is not None and self.metric else math.nan}
+        self.rows.append(row)
         return row
 
-    intact = measure("", "intact", -1, [])
-    by_kind: dict[str, list[HeadRef]] = {}  # attention kinds first
-    for h in heads:
-        by_kind.setdefault(h.kind, []).append(h)
-    table = []
-    for kind, members in sorted(by_kind.items(), key=lambda kv: not kv[1][0].adapter.normalized_rows):
-        adapter = members[0].adapter
-        mine = roles[roles["kind"] == kind]
-        agg = [HeadRef.parse(n) for n in mine.loc[mine["role"] == "aggregate", "name"]]
-        agg = model.check_heads(agg) if agg else []
-        row: dict[str, Any] = {
-            "kind": kind, "title": adapter.title, "attention": bool(adapter.normalized_rows), "heads": len(members),
-            "scored": len(mine), "gather_heads": int((mine["role"] == "gather").sum()), "aggregate_heads": len(agg),
-            "other_heads": int((~mine["role"].isin(["gather", "aggregate"])).sum()),
-            **{f"{c}_{s}": float(getattr(mine[c], s)()) if len(mine) else math.nan
-               for c in ("gather", "aggregate", "selectivity") for s in ("mean", "max")},
-            "removed": ",".join(h.name for h in agg), "retrieval_intact": intact["accuracy"],
-            "knowledge_intact": intact["knowledge"], "retrieval_removed": math.nan, "knowledge_removed": math.nan,
-            "retrieval_random": math.nan, "knowledge_random": math.nan, "random_draws": 0}
-        if len(mine) < len(members):
-            notes.append(f"{len(members) - len(mine)} of the {len(members)} {adapter.title} have no role scores (not "
-                         f"among the scored heads); they count as non-aggregate")
-        if agg:
-            removed = measure(kind, "aggregate", -1, agg)
-            row["retrieval_removed"], row["knowledge_removed"] = removed["accuracy"], removed["knowledge"]
-            taken = set(agg)
-            draws = _draws([h for h in members if h not in taken], len(agg), seeds, kind)
-            if seeds and not draws:
-                notes.append(f"{adapter.title}: {len(agg)} aggregate heads of {len(members)}, too few others to draw "
-                             f"{len(agg)} random ones from")
-            elif len(draws) < seeds:
-                notes.append(f"{adapter.title}: only {len(draws)} distinct random draw{'s' if len(draws) > 1 else ''} "
-                             f"of {len(agg)} heads exist{'s' if len(draws) == 1 else ''} (asked for {seeds})")
-            got = [measure(kind, "random", s, d) for s, d in enumerate(draws)]
-            if got:
-                row["retrieval_random"] = float(pd.Series([g["accuracy"] for g in got]).median())
-                row["knowledge_random"] = float(pd.Series([g["knowledge"] for g in got]).median())
-            row["random_draws"] = len(got)
-        table.append(row)
-    removal = pd.DataFrame(rows, columns=REMOVAL_COLUMNS)
-    settings = {"seeds": seeds, "method": method, "n_samples": n_samples, "form": form, "rule": rule.to_dict(),
-                "batch_size": batch_size}
-    return Delegation(model.name, task.to_dict(), {"name": ktask.name, "metric": metric, "n_samples": len(ktask)}
-                      if ktask is not None else None, task.chance, roles, pd.DataFrame(table, columns=KIND_COLUMNS),
-                      removal, settings, notes, time.perf_counter() - start)
+
+def _kind_row(model: Model, kind: str, members: list[HeadRef], roles: pd.DataFrame, intact: dict[str, Any],
+              measure: _Removals, seeds: int, notes: list[str]) -> dict[str, Any]:
+    """One head kind's row of :data:`KIND_COLUMNS`: its role counts and scores, and what removing its aggregate
+    heads costs against ``seeds`` random draws of as many other heads of the kind."""
+    adapter = members[0].adapter
+    mine = roles[roles["kind"] == kind]
+    agg = [HeadRef.parse(n) for n in mine.loc[mine["role"] == "aggregate", "name"]]
+    agg = model.check_heads(agg) if agg else []
+    row: dict[str, Any] = {
+        "kind": kind, "title": adapter.title, "attention": bool(adapter.normalized_rows), "heads": len(members),
+        "scored": len(mine), "gather_heads": int((mine["role"] == "gather").sum()), "aggregate_heads": len(agg),
+        "other_heads": int((~mine["role"].isin(["gather", "aggregate"])).sum()),
+        **{f"{c}_{s}": float(getattr(mine[c], s)()) if len(mine) else math.nan
+           for c in ("gather", "aggregate", "selectivity") for s in ("mean", "max")},
+        "removed": ",".join(h.name for h in agg), "retrieval_intact": intact["accuracy"],
+        "knowledge_intact": intact["knowledge"], "retrieval_removed": math.nan, "knowledge_removed": math.nan,
+        "retrieval_random": math.nan, "knowledge_random": math.nan, "random_draws": 0}
+    if len(mine) < len(members):
+        notes.append(f"{len(members) - len(mine)} of the {len(members)} {adapter.title} have no role scores (not "
+                     f"among the scored heads); they count as non-aggregate")
+    if not agg:
+        return row
+    removed = measure(kind, "aggregate", -1, agg)
+    row["retrieval_removed"], row["knowledge_removed"] = removed["accuracy"], removed["knowledge"]
+    taken = set(agg)
+    draws = _draws([h for h in members if h not in taken], len(agg), seeds, kind)
+    if seeds and not draws:
+        notes.append(f"{adapter.title}: {len(agg)} aggregate heads of {len(members)}, too few others to draw "
+                     f"{len(agg)} random ones from")
+    elif len(draws) < seeds:
+        notes.append(f"{adapter.title}: only {len(draws)} distinct random draw{'s' if len(draws) > 1 else ''} "
+                     f"of {len(agg)} heads exist{'s' if len(draws) == 1 else ''} (asked for {seeds})")
+    got = [measure(kind, "random", s, d) for s, d in enumerate(draws)]
+    if got:
+        row["retrieval_random"] = float(pd.Series([g["accuracy"] for g in got]).median())
+        row["knowledge_random"] = float(pd.Series([g["knowledge"] for g in got]).median())
+    row["random_draws"] = len(got)
+    return row

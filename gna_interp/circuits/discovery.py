@@ -294,6 +294,8 @@ def discover(model: Model, task: Task | TaskChoice | ChosenTask | None = None,
     fields or the scan's (``strategy``, ``method``, ``checkpoint``, ...); an unknown keyword raises naming the
     closest one.
     """
+    from gna_interp.models.model import check_model
+    check_model(model)
     cfg = DiscoverConfig.build(config, **overrides)
     chosen: ChosenTask | None = None
     if task is None or isinstance(task, TaskChoice):

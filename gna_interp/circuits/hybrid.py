@@ -75,7 +75,7 @@ from gna_interp.models.loading import dtype_name, parse_dtype
 from gna_interp.models.registry import adapter
 from gna_interp.models.model import Model
 from gna_interp.options import Options, options
-from gna_interp.store import read_json, records, write_json
+from gna_interp.store import as_path, read_json, records, write_json
 
 DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 40)
 DEFAULT_LENGTHS: tuple[int, ...] = (128, 2048, 4096)
@@ -269,7 +269,7 @@ class HybridPlan:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "HybridPlan":
         """Read a plan written by :meth:`save` or `gna hybrid plan` (a file or a folder holding ``hybrid_plan.json``)."""
-        p = Path(path)
+        p = as_path(path)
         doc = read_json(p / f"{FORMAT}.json" if p.is_dir() else p, FORMAT)
         return cls(doc["model"], doc["architecture"], [AttentionLayer(**s) for s in doc["layers"]],
                    [HeadRef.parse(n) for n in doc["ranking"]], list(doc["ks"]), list(doc["lengths"]), doc["dtype"],

@@ -36,11 +36,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.circuits.replay import SetAblation
-from gna_interp.circuits.scan_result import _from_json, _to_json
+from gna_interp.circuits.scan_result import results_from_json, results_to_json
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
-from gna_interp.models.model import Model
+from gna_interp.models.model import Model, check_model
+from gna_interp.options import Options, options
 from gna_interp.store import clean_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
@@ -53,7 +54,7 @@ ZERO_TOL = 1e-9
 KINDS = ("super-additive", "sub-additive", "additive")
 PAIR_COLUMNS = ["head_i", "head_j", "drop_i", "drop_j", "drop_ij", "interaction", "low", "high", "kind"]
 
-__all__ = ["KINDS", "PAIR_COLUMNS", "Interactions", "head_interactions", "interactions"]
+__all__ = ["KINDS", "PAIR_COLUMNS", "InteractionOptions", "Interactions", "head_interactions", "interactions"]
 
 
 @dataclass
@@ -217,8 +218,8 @@ class Interactions:
         return clean_json({"format": FORMAT, "format_version": FORMAT_VERSION, "model": self.model, "task": self.task,
                            "metric": self.metric, "method": self.method, "heads": [h.name for h in self.heads],
                            "level": self.level, "n_boot": self.n_boot, "seconds": self.seconds,
-                           "baseline": _to_json(self.baseline), "singles": [_to_json(s) for s in self.singles],
-                           "pairs": [{"i": i, "j": j, "results": _to_json(r)} for (i, j), r in sorted(self.pairs.items())]})
+                           "baseline": results_to_json(self.baseline), "singles": [results_to_json(s) for s in self.singles],
+                           "pairs": [{"i": i, "j": j, "results": results_to_json(r)} for (i, j), r in sorted(self.pairs.items())]})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Interactions":
@@ -228,11 +229,11 @@ class Interactions:
         if d.get("format_version") != FORMAT_VERSION:
             raise InputError(f"{FORMAT} format version {d.get('format_version')!r}; this gna_interp reads {FORMAT_VERSION}")
         heads = [HeadRef.parse(n) for n in d["heads"]]
-        singles = [_from_json(s) for s in d["singles"]]
-        pairs = {(int(p["i"]), int(p["j"])): _from_json(p["results"]) for p in d["pairs"]}
+        singles = [results_from_json(s) for s in d["singles"]]
+        pairs = {(int(p["i"]), int(p["j"])): results_from_json(p["results"]) for p in d["pairs"]}
         if len(singles) != len(heads) or any(not 0 <= i < j < len(heads) for i, j in pairs):
             raise InputError(f"{FORMAT}: {len(singles)} singles and pairs {sorted(pairs)} do not fit {len(heads)} heads")
-        out = cls(str(d["model"]), str(d["task"]), str(d["metric"]), str(d["method"]), heads, _from_json(d["baseline"]),
+        out = cls(str(d["model"]), str(d["task"]), str(d["metric"]), str(d["method"]), heads, results_from_json(d["baseline"]),
                   singles, pairs, float(d.get("level", 0.95)), int(d.get("n_boot", N_BOOTSTRAP)),
                   float(d.get("seconds") or 0.0))
         n = out.n_samples
@@ -262,19 +263,42 @@ class Interactions:
                 f"redundancy {self.redundancy():.3f})")
 
 
-def interactions(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str] | str, metric: str = "logit_diff",
-                 batch_size: int = 16, *, method: AblationMethod = "zero", reference: Any = None,
-                 runner: SetAblation | None = None, level: float = 0.95, n_boot: int = N_BOOTSTRAP) -> Interactions:
+@options
+class InteractionOptions(Options):
+    """How :func:`interactions` measures.
+
+    Attributes:
+        metric: the metric the drops are read in; batch_size: prompts a forward.
+        method, reference: the ablation's (:func:`~gna_interp.interventions.ablation.ablate`).
+        level, n_boot: the bootstrap intervals' confidence level and resamples.
+    """
+
+    metric: str = "logit_diff"
+    batch_size: int = 16
+    method: AblationMethod = "zero"
+    reference: Any = None
+    level: float = 0.95
+    n_boot: int = N_BOOTSTRAP
+
+
+def interactions(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str] | str,
+                 config: InteractionOptions | None = None, *, runner: SetAblation | None = None,
+                 **overrides: Any) -> Interactions:
     """Remove each of ``heads`` alone and every pair of them together; see the module docstring for the numbers.
 
-    ``k`` heads cost ``1 + k + k(k-1)/2`` set ablations, all through one :class:`SetAblation` (pass ``runner``,
-    one made for ``task`` with ``method``, to reuse its clean prefixes). ``method`` / ``reference``: the
-    ablation's (:func:`~gna_interp.interventions.ablation.ablate`). Example::
+    ``config`` (:class:`InteractionOptions`) or keyword ``overrides`` of its fields: ``metric``, ``batch_size``,
+    ``method``, ``reference``, ``level``, ``n_boot``. ``k`` heads cost ``1 + k + k(k-1)/2`` set ablations, all
+    through one :class:`SetAblation` (pass ``runner``, one made for ``task`` with ``method``, to reuse its clean
+    prefixes). Example::
 
         res = interactions(model, KVRetrieval(10, 24, template="completion", max_value=99),
                            ["L16H0", "L18H6", "L16H2", "L19H8", "L17H8"])
         res.matrix(); res.to_frame(); res.redundancy()
     """
+    check_model(model)
+    cfg = InteractionOptions.build(config, **overrides)
+    metric, batch_size, method, reference, level, n_boot = (cfg.metric, cfg.batch_size, cfg.method, cfg.reference,
+                                                            cfg.level, cfg.n_boot)
     get_metric(metric)
     if not 0 < level < 1:
         raise InputError(f"level must lie strictly between 0 and 1, got {level!r}")

@@ -542,6 +542,8 @@ def path_effects(model: Model, task: Task, sets: Sequence[Edge | Sequence[Edge]]
 
     Example: ``path_effects(m, task, [Edge(HeadRef.parse("L16H2"), HeadRef.parse("L18H6"), "k", "summary")])``.
     Pass ``patcher`` to reuse one :class:`PathPatcher`'s clean prefixes across calls."""
+    from gna_interp.models.model import check_model
+    check_model(model)
     get_metric(metric)
     pp = patcher or PathPatcher(model, task, method, reference, batch_size)
     groups = [[s] if isinstance(s, Edge) else list(s) for s in sets]

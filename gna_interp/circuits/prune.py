@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import pandas as pd
 from gna_interp.progress import tqdm
 
 from gna_interp.errors import InputError
 from gna_interp.interventions.layers import check_layers, skip_layers
-from gna_interp.models.model import Model
+from gna_interp.models.model import Model, check_model
+from gna_interp.options import Options, check_int, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import Method, ScoringPlan, plan_scoring, run_plan
 
@@ -58,17 +59,34 @@ def _settings(model: Model, mode: str, ks: Iterable[int] | None,
     raise InputError(f"unknown prune mode {mode!r}; choose 'from_end' or 'single'")
 
 
+@options
+class PruneScoring(Options):
+    """How :func:`prune_curve` scores each point: ``batch_size`` prompts a forward, the scoring ``method``
+    (:func:`~gna_interp.tasks.scoring.plan_scoring`), a ``progress`` bar."""
+
+    batch_size: int = 16
+    method: Method = "auto"
+    progress: bool = True
+
+    def validate(self) -> None:
+        check_int("batch_size", self.batch_size, 1)
+
+
 def prune_curve(model: Model, tasks: Task | Sequence[Task] | Mapping[str, Task], mode: PruneMode = "from_end",
-                ks: Iterable[int] | None = None, layers: Iterable[int] | None = None, batch_size: int = 16,
-                method: Method = "auto", progress: bool = True) -> pd.DataFrame:
+                ks: Iterable[int] | None = None, layers: Iterable[int] | None = None,
+                config: PruneScoring | None = None, **overrides: Any) -> pd.DataFrame:
     """Scores of ``tasks`` with blocks removed; the model is restored afterwards, whatever happens.
 
     ``mode="from_end"`` drops the last ``k`` blocks for each ``k`` in ``ks`` (default ``0..n_layers``);
     ``mode="single"`` skips each block of ``layers`` (default all) alone. The unpruned model is always
     the first point. Columns: ``mode, k, layer, skipped, skipped_kinds, task, accuracy, logit_diff,
     gold_prob, chance, n_samples, accuracy_drop, logit_diff_drop`` (drops are relative to the
-    unpruned model; ``layer`` is the skipped block in ``single`` mode, else ``-1``).
+    unpruned model; ``layer`` is the skipped block in ``single`` mode, else ``-1``). ``config``
+    (:class:`PruneScoring`) or keyword ``overrides`` of its fields: ``batch_size``, ``method``, ``progress``.
     """
+    check_model(model)
+    cfg = PruneScoring.build(config, **overrides)
+    batch_size, method, progress = cfg.batch_size, cfg.method, cfg.progress
     named = _named_tasks(tasks)
     points = _settings(model, mode, ks, layers)
     plans: dict[str, ScoringPlan] = {name: plan_scoring(model, t.samples, method) for name, t in named.items()}

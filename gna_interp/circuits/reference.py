@@ -15,20 +15,35 @@ from gna_interp.circuits.scan_result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod, ablate
 from gna_interp.models.heads import HeadRef
-from gna_interp.models.model import Model
+from gna_interp.models.model import Model, check_model
+from gna_interp.options import Options, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, results
 from gna_interp.tasks.scoring import score_candidates
 
-__all__ = ["reference_scan"]
+__all__ = ["ReferenceOptions", "reference_scan"]
+
+
+@options
+class ReferenceOptions(Options):
+    """How :func:`reference_scan` removes and scores: the ablation ``method`` (``"zero"``, or ``"mean"`` with
+    ``reference``, the prompts or task whose mean activation replaces the head, as in :func:`ablate`), the scan's
+    ``metric`` and ``batch_size`` prompts a forward."""
+
+    method: AblationMethod = "zero"
+    reference: Any = None
+    metric: str = "logit_diff"
+    batch_size: int = 16
 
 
 def reference_scan(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,
-                   method: AblationMethod = "zero", reference: Any = None, metric: str = "logit_diff",
-                   batch_size: int = 16) -> HeadScan:
+                   config: ReferenceOptions | None = None, **overrides: Any) -> HeadScan:
     """Ablate each of ``heads`` (default: every head) alone and score ``task`` with plain forwards: a
-    :class:`HeadScan` (strategy ``reference``) with every head run exactly. ``method`` ``"zero"``, or ``"mean"``
-    with ``reference`` (the prompts or task whose mean activation replaces the head), as in :func:`ablate`."""
+    :class:`HeadScan` (strategy ``reference``) with every head run exactly. ``config`` (:class:`ReferenceOptions`)
+    or keyword ``overrides`` of its fields: ``method``, ``reference``, ``metric``, ``batch_size``."""
+    check_model(model)
+    cfg = ReferenceOptions.build(config, **overrides)
+    method, reference, metric, batch_size = cfg.method, cfg.reference, cfg.metric, cfg.batch_size
     if not isinstance(task, Task):
         raise InputError(f"reference_scan needs a Task (e.g. KVRetrieval(...)), got {type(task).__name__}")
     if method not in ("zero", "mean"):

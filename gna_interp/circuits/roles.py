@@ -47,7 +47,8 @@ from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.mixing import PatternOptions, patterns
 from gna_interp.mixing.sharpness import row_distribution, sharpness
-from gna_interp.models.model import Model
+from gna_interp.models.model import Model, check_model
+from gna_interp.options import Options, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.scoring import plan_scoring
@@ -59,7 +60,7 @@ SUMMARY_COLUMNS = ["summary_aggregate", "summary_selectivity"]
 ROLE_COLUMNS = ["name", *SCORE_COLUMNS, "offset", "role", "role_reason"]
 ROLES: tuple[str, ...] = ("gather", "aggregate", "other")
 
-__all__ = ["ROLES", "ROLE_COLUMNS", "SCORE_COLUMNS", "SUMMARY_COLUMNS", "RoleRule", "choose_offset", "decision_inputs", "item_masses",
+__all__ = ["ROLES", "ROLE_COLUMNS", "SCORE_COLUMNS", "SUMMARY_COLUMNS", "RoleOptions", "RoleRule", "ScoreOptions", "choose_offset", "decision_inputs", "item_masses",
            "offset_scores", "role_scores"]
 
 
@@ -207,19 +208,46 @@ def _check_inputs(model: Model, task: Task, heads: Sequence[HeadRef | str] | str
     return chosen, samples, segs
 
 
+@options
+class ScoreOptions(Options):
+    """How :func:`offset_scores` reads the heads.
+
+    Attributes:
+        n_samples: the first samples of the task scored (None: all).
+        batch_size: prompts a forward.
+        form: the SSM implicit-attention form (:class:`~gna_interp.mixing.PatternOptions`).
+    """
+
+    n_samples: int | None = 8
+    batch_size: int = 8
+    form: str = "exact"
+
+
+@options
+class RoleOptions(ScoreOptions):
+    """How :func:`role_scores` reads and labels the heads: :class:`ScoreOptions` plus the role ``rule`` (None:
+    ``RoleRule()``) and the summary ``offset`` (``"auto"`` or an integer for every head)."""
+
+    rule: "RoleRule | None" = None
+    offset: int | str = "auto"
+
+
 def offset_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,
-                  offsets: Sequence[int] | None = None, n_samples: int | None = 8, batch_size: int = 8,
-                  form: str = "exact") -> pd.DataFrame:
+                  offsets: Sequence[int] | None = None, config: ScoreOptions | None = None,
+                  **overrides: Any) -> pd.DataFrame:
     """The G&A scores of each head with the lines read at each summary offset (default: ``0..reach(head)``,
     :func:`~gna_interp.circuits.offsets.reach`; given ``offsets``: those, for every head), means over the
     first ``n_samples`` samples of ``task``. An offset that pushes a line past the prompt's end on some
-    sample is not scored on that sample.
+    sample is not scored on that sample. ``config`` (:class:`ScoreOptions`) or keyword ``overrides`` of its
+    fields: ``n_samples``, ``batch_size``, ``form``.
 
     Columns: ``layer, head, kind, name, offset``, :data:`SCORE_COLUMNS` (the module's formulas on the shifted
     lines), ``summary_aggregate`` (mass from the decision position on the gold line's summary token alone),
     ``summary_selectivity`` (``(share - 1/n) / (1 - 1/n)``, ``share`` the gold summary's part of the mass on
     all ``n`` summary tokens) and ``n_scored`` (samples scored at that offset).
     """
+    cfg = ScoreOptions.build(config, **overrides)
+    n_samples, batch_size, form = cfg.n_samples, cfg.batch_size, cfg.form
     chosen, samples, segs = _check_inputs(model, task, heads, n_samples, batch_size)
     if offsets is not None:
         offsets = list(offsets)
@@ -235,10 +263,10 @@ def offset_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str
     width = len(SCORE_COLUMNS) + len(SUMMARY_COLUMNS)
     total = torch.zeros(len(chosen), len(all_d), width, dtype=torch.float64)
     count = torch.zeros(len(all_d), dtype=torch.float64)
-    options = PatternOptions(form=form)  # type: ignore[arg-type]
+    pattern_options = PatternOptions(form=form)  # type: ignore[arg-type]
     fed = decision_inputs(model, samples)
     for b0 in range(0, len(samples), batch_size):
-        ps = patterns(model, model.pad_ids(fed[b0:b0 + batch_size]), heads=chosen, options=options)
+        ps = patterns(model, model.pad_ids(fed[b0:b0 + batch_size]), heads=chosen, options=pattern_options)
         for j, s in enumerate(samples[b0:b0 + batch_size]):
             sg = segs[b0 + j]
             pat = ps.sample(j, chosen)
@@ -288,8 +316,7 @@ def _choose(rows: Sequence[dict[str, Any]], rule: RoleRule, smooth: bool) -> int
 
 
 def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str | None = None,
-                n_samples: int | None = 8, batch_size: int = 8, form: str = "exact",
-                rule: RoleRule | None = None, offset: int | str = "auto") -> pd.DataFrame:
+                config: RoleOptions | None = None, **overrides: Any) -> pd.DataFrame:
     """G&A scores and role of each head (default: every head of kinds that are not grouped by default --
     attention and Mamba-2 heads; Mamba-1 channels only when listed, else as 64-channel groups) over
     the first ``n_samples`` samples of ``task`` (all when ``None``); SSM heads read in ``form``.
@@ -298,12 +325,18 @@ def role_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str |
     :func:`offset_scores`, then :func:`choose_offset`; an integer: that offset for every head). In an
     attention-only model the reach is 0 and every head is read at its lines' literal summary tokens.
 
+    ``config`` (:class:`RoleOptions`) or keyword ``overrides`` of its fields: ``n_samples``, ``batch_size``,
+    ``form``, ``rule``, ``offset``.
+
     Returns one row per head with columns ``layer, head, kind`` + :data:`ROLE_COLUMNS`.
     """
-    rule = rule or RoleRule()
+    check_model(model)
+    cfg = RoleOptions.build(config, **overrides)
+    rule, offset = cfg.rule or RoleRule(), cfg.offset
     if offset != "auto" and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
         raise InputError(f"offset must be 'auto' or an integer >= 0, got {offset!r}")
-    per = offset_scores(model, task, heads, None if offset == "auto" else [offset], n_samples, batch_size, form)
+    per = offset_scores(model, task, heads, None if offset == "auto" else [offset], n_samples=cfg.n_samples,
+                        batch_size=cfg.batch_size, form=cfg.form)
     if per.empty:  # an offset is scored on every head or on none
         raise InputError(f"offset {offset} moves some line past the prompt's end on every sample; use a smaller "
                          f"offset or 'auto'")

@@ -14,27 +14,17 @@ Strategies:
   rows through :func:`gna_interp.tasks.run_plan`, no KV-cached prompt).
 - ``attribution``: attribution patching (:mod:`gna_interp.circuits.attribution`) -- a first-order
   estimate for all heads from one forward and one backward per batch.
-- ``auto``: ``attribution``, then ``exact`` runs until the leading ``certify`` heads are settled. It
-  first runs ``verify`` heads exactly, taken alternately from the largest estimated drops and the
-  largest absolute *masses* (the estimate's per-token terms summed without cancellation: a head whose
-  terms cancel can hide a large effect, see :mod:`gna_interp.circuits.attribution`). It then calibrates
-  how far an estimate can be off: ``c`` = the largest ``(exact drop − estimated drop) / mass`` among the
-  exact heads whose drop is below 1.5 times the ``certify``-th exact drop (the bar; heads far above it are
-  left out of the calibration, as their large, saturating effects are underestimated in proportion to
-  their size, which says nothing about heads near the bar). While some unrun head could still beat the
-  bar -- ``estimated drop + c · mass`` above it -- the most threatening such heads are run exactly and
-  ``c`` is recalibrated. The bound is empirical (``c`` is learnt from the heads run), not a proof;
-  ``benchmarks/scan.py`` checks auto's top 10 against the exact scan's. (Scans restored from a
-  checkpoint without masses use the ablation's relative size instead of the mass.) With 64 samples or
-  more (``ScanConfig.screen``), heads the bound cannot rule out are first *screened*: run exactly on a
-  quarter of the samples, and run on all of them only while their screening bound (mean + 3 bootstrap
-  standard deviations of the drop on those samples) could still reach the leading heads.
-
-  Measured on SmolLM2-135M, KV completion template, values 0-99, 10 pairs, 24 samples (seed 0): the
-  exact top 10 are the estimate's ranks 0-9 except L16H0 (estimated -0.06, rank 214, exact drop 1.61, the
-  largest: its terms cancel; its mass ranks 5th). Calibrated on sizes and on every exact head, the bound
-  ran 249 of 270 heads; on masses, below 1.5 times the bar, 24 (seed 1: 22), with the same top 10 as
-  the exact scan (docs/discovery.md §5).
+- ``auto``: ``attribution``, then ``exact`` runs until the leading ``certify`` heads are settled: first
+  ``verify`` heads exactly (alternately the largest estimated drops and the largest absolute *masses*, the
+  estimate's per-token terms summed without cancellation); then, with ``c`` the largest
+  ``(exact drop − estimated drop) / mass`` among the exact heads below 1.5 times the ``certify``-th exact drop
+  (the bar), every unrun head whose ``estimated drop + c · mass`` could beat the bar is run exactly, the most
+  threatening first, and ``c`` recalibrated. The bound is empirical (learnt from the heads run), not a proof
+  (``benchmarks/scan.py`` checks auto's top 10 against the exact scan's; docs/discovery.md §5 measures it).
+  Scans restored from a checkpoint without masses use the ablation's relative size instead of the mass. With 64
+  samples or more (``ScanConfig.screen``) such heads are first *screened* on a quarter of the samples and run on
+  all of them only while their screening bound (mean + 3 bootstrap standard deviations) could reach the leading
+  heads.
 
 Metrics: ``logit_diff`` (mean over samples of the gold candidate's score minus the best other's;
 scores are summed log-probs, see :mod:`gna_interp.tasks.scoring`) or ``accuracy``. ``drop`` is
@@ -216,6 +206,8 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
     Under ``torchrun`` (``WORLD_SIZE > 1``) the exact ablations are split over the ranks and every rank
     returns the whole scan (:mod:`gna_interp.circuits.distributed`).
     """
+    from gna_interp.models.model import check_model
+    check_model(model)
     cfg = ScanConfig.build(config, **overrides)
     start = time.perf_counter()
     run = _plan(model, task, heads, cfg)

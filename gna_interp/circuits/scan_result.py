@@ -204,13 +204,13 @@ class HeadScan:
         """Everything the scan measured, as JSON-able values (see :meth:`from_state`)."""
         return {"model": self.model, "task": self.task, "method": self.method, "metric": self.metric,
                 "strategy": self.strategy, "heads": [h.name for h in self.heads],
-                "baseline": _to_json(self.baseline) if self.baseline else None,
-                "exact": {h.name: _to_json(v) for h, v in self.exact.items()},
+                "baseline": results_to_json(self.baseline) if self.baseline else None,
+                "exact": {h.name: results_to_json(v) for h, v in self.exact.items()},
                 "estimates": {h.name: v for h, v in self.estimates.items()},
                 "sizes": {h.name: v for h, v in self.sizes.items()},
                 "masses": {h.name: v for h, v in self.masses.items()}, "seconds": self.seconds,
                 "unsettled": self.unsettled, "screen_index": list(self.screen_index),
-                "screened": {h.name: _to_json(v) for h, v in self.screened.items()}}
+                "screened": {h.name: results_to_json(v) for h, v in self.screened.items()}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], where: str = "the scan state") -> "HeadScan":
@@ -226,13 +226,13 @@ class HeadScan:
     def restore(self, state: dict[str, Any]) -> None:
         """Take the per-sample results, estimates and sizes of a saved state (a checkpoint's)."""
         if state.get("baseline"):
-            self.baseline = _from_json(state["baseline"])
-        self.exact = {HeadRef.parse(k): _from_json(v) for k, v in state.get("exact", {}).items()}
+            self.baseline = results_from_json(state["baseline"])
+        self.exact = {HeadRef.parse(k): results_from_json(v) for k, v in state.get("exact", {}).items()}
         self.estimates = {HeadRef.parse(k): float(v) for k, v in state.get("estimates", {}).items()}
         self.sizes = {HeadRef.parse(k): float(v) for k, v in state.get("sizes", {}).items()}
         self.masses = {HeadRef.parse(k): float(v) for k, v in (state.get("masses") or {}).items()}
         self.screen_index = [int(i) for i in state.get("screen_index") or []]
-        self.screened = {HeadRef.parse(k): _from_json(v) for k, v in (state.get("screened") or {}).items()}
+        self.screened = {HeadRef.parse(k): results_from_json(v) for k, v in (state.get("screened") or {}).items()}
 
     def save(self, path: str | os.PathLike, run_id: str | None = None) -> Path:
         """Write the scan (every per-sample result) to ``path`` as a ``scan`` JSON document (``run_id``: the id
@@ -253,46 +253,48 @@ class HeadScan:
         """Jupyter's display: what was scanned, the top heads with their drops and 95 % intervals, and the drops
         as a layer x head heatmap (red: the metric falls when the head is removed; left out when a layer holds
         more heads than fit)."""
-        from gna_interp import _html
+        from gna_interp import html_repr
 
         df = self.to_frame() if self.heads else pd.DataFrame(columns=COLUMNS)
         base = self.baseline_value if self.baseline else math.nan
         facts = [("model", self.model), ("task", self.task),
                  ("scan", f"{self.strategy}, {self.method} ablation, metric {self.metric}"),
-                 ("baseline", f"{self.metric} = {_html.fmt(base)} (intact model)"),
+                 ("baseline", f"{self.metric} = {html_repr.fmt(base)} (intact model)"),
                  ("heads", f"{len(self.heads)} scanned, {len(self.exact)} run exactly"
                            + (f", {len(self.screened)} screened" if self.screened else "")
                            + (f", {self.unsettled} unsettled" if self.unsettled else "")),
-                 ("seconds", _html.fmt(self.seconds, 1))]
-        parts = [_html.title(f"HeadScan of {self.model} on {self.task}", f"{len(self.heads)} heads"),
-                 _html.facts(facts), _html.Raw(_top_table(df, _TOP, self.metric)), _html.Raw(_heatmap(df, self.metric))]
+                 ("seconds", html_repr.fmt(self.seconds, 1))]
+        parts = [html_repr.title(f"HeadScan of {self.model} on {self.task}", f"{len(self.heads)} heads"),
+                 html_repr.facts(facts), html_repr.Raw(_top_table(df, TOP_HEADS, self.metric)), html_repr.Raw(drop_heatmap(df, self.metric))]
         return "<div>" + "".join(parts) + "</div>"
 
 
-_TOP = 10  # heads a scan or a circuit lists in Jupyter
+TOP_HEADS = 10
+"""Heads a scan or a circuit lists in Jupyter."""
 _GRID_MAX = 64  # most heads in one heatmap row (a layer's heads of one kind) drawn as cells
 
 
-def _interval(lo: Any, hi: Any) -> str:
-    from gna_interp import _html
+def interval_text(lo: Any, hi: Any) -> str:
+    """A 95 % interval as ``[lo, hi]`` for the HTML reprs (``–`` when either end is missing)."""
+    from gna_interp import html_repr
 
-    return "–" if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) else f"[{_html.fmt(lo)}, {_html.fmt(hi)}]"
+    return "–" if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) else f"[{html_repr.fmt(lo)}, {html_repr.fmt(hi)}]"
 
 
 def _top_table(df: pd.DataFrame, top: int, metric: str) -> str:
     """The ``top`` best-ranked rows of a scan frame: rank, head, drop, its 95 % interval, ablated value, source."""
-    from gna_interp import _html
+    from gna_interp import html_repr
 
-    rows = [[int(r["rank"]), r["name"], _html.fmt(r["drop"]), _interval(r["drop_lo"], r["drop_hi"]),
-             _html.fmt(r["ablated"]), r["source"]] for _, r in df.head(top).iterrows()]
-    return (_html.title(f"top {len(rows)} heads", f"drop = {metric} of the intact model minus with the head removed")
-            + _html.table(["rank", "head", "drop", "95% interval", "ablated", "source"], rows))
+    rows = [[int(r["rank"]), r["name"], html_repr.fmt(r["drop"]), interval_text(r["drop_lo"], r["drop_hi"]),
+             html_repr.fmt(r["ablated"]), r["source"]] for _, r in df.head(top).iterrows()]
+    return (html_repr.title(f"top {len(rows)} heads", f"drop = {metric} of the intact model minus with the head removed")
+            + html_repr.table(["rank", "head", "drop", "95% interval", "ablated", "source"], rows))
 
 
-def _heatmap(df: pd.DataFrame, metric: str) -> str:
+def drop_heatmap(df: pd.DataFrame, metric: str) -> str:
     """The drops as coloured cells: a grid per head kind, one row per layer, one column per head index (a kind
     with more than :data:`_GRID_MAX` heads in a layer is named, not drawn); empty when there is nothing to draw."""
-    from gna_interp import _html
+    from gna_interp import html_repr
 
     if df.empty:
         return ""
@@ -307,7 +309,7 @@ def _heatmap(df: pd.DataFrame, metric: str) -> str:
     grids = []
     for kind, heads in columns.items():  # one grid per head kind, its columns the head indices
         if len(heads) > _GRID_MAX:
-            grids.append(_html.title(f"{HeadRef(0, 0, kind).adapter.title}: not drawn",
+            grids.append(html_repr.title(f"{HeadRef(0, 0, kind).adapter.title}: not drawn",
                                      f"{len(heads)} per layer, more than the {_GRID_MAX} drawn here "
                                      f"(gna_interp.viz draws every head)"))
             continue
@@ -316,19 +318,20 @@ def _heatmap(df: pd.DataFrame, metric: str) -> str:
             if k != kind:
                 continue
             letter = HeadRef(0, 0, kind).adapter.letter
-            lines.append((f"L{layer}{letter}", [(f"{cells[i][0]}: drop {_html.fmt(cells[i][1])}", cells[i][1])
+            lines.append((f"L{layer}{letter}", [(f"{cells[i][0]}: drop {html_repr.fmt(cells[i][1])}", cells[i][1])
                                                 if i in cells else (f"L{layer}{letter}{i}: not scanned", math.nan)
                                                 for i in heads]))
-        grids.append(_html.grid(lines, scale, columns=heads))
-    return (_html.title("drop by head", f"red: {metric} falls when the head is removed, blue: it rises; "
-                                        f"full colour at |drop| = {_html.fmt(scale)}; hover a cell for its head")
+        grids.append(html_repr.grid(lines, scale, columns=heads))
+    return (html_repr.title("drop by head", f"red: {metric} falls when the head is removed, blue: it rises; "
+                                        f"full colour at |drop| = {html_repr.fmt(scale)}; hover a cell for its head")
             + "".join(grids))
 
 
 # ---- per-sample results as JSON -----------------------------------------------------------------
 
 
-def _to_json(per: Results) -> dict[str, list]:
+def results_to_json(per: Results) -> dict[str, list]:
+    """Per-sample results as JSON lists (read back by :func:`results_from_json`)."""
     return {k: per[k].tolist() for k in RESULT_DTYPES if k in per}
 
 
@@ -355,7 +358,7 @@ def _check_lengths(state: dict[str, Any], where: str) -> None:
         raise InputError(f"{where}: screen_index names a sample beyond the {n} of the baseline")
 
 
-def _from_json(d: dict[str, list]) -> Results:
+def results_from_json(d: dict[str, list]) -> Results:
     """Per-sample tensors from JSON (strict JSON stores a non-finite value, e.g. the infinite logit
     difference of a single-candidate sample, as null: it comes back as NaN)."""
     return {k: torch.tensor([math.nan if v is None else v for v in d[k]], dtype=dtype)

@@ -228,8 +228,9 @@ def check_device(device: str | None, runs_model: bool = False) -> None:
     except (RuntimeError, ValueError):
         raise InputError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
     if dev.type == "meta" and runs_model:
-        raise InputError(f"--device {device!r} holds shapes only, no weights: this command runs the model; use cpu "
-                         f"or cuda (gna models --estimate reads shapes on the meta device)")
+        raise InputError(f"--device {device!r} holds shapes only, no weights, so a model there cannot run a forward, "
+                         f"and this command runs its model; use cpu or cuda (gna models --estimate reads shapes on "
+                         f"the meta device)")
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:

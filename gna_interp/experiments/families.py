@@ -66,7 +66,7 @@ from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import curve_k
 from gna_interp.circuits.replay import SetAblation
 from gna_interp.circuits.offsets import intact_at, pick_offset
-from gna_interp.circuits.roles import decision_inputs, item_masses
+from gna_interp.circuits.roles import ScoreOptions, decision_inputs, item_masses
 from gna_interp.errors import InputError
 from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
@@ -135,15 +135,19 @@ def _sample_rows(p: torch.Tensor, seg: Segments, gold: int, shifts: Sequence[int
 
 
 @torch.no_grad()
-def aggregation_scores(model: Model, task: Task, heads: Sequence[HeadRef | str], n_samples: int = 8,
-                       shifts: Sequence[int] = (0, 1, 2, 3), batch_size: int = 8, form: str = "exact") -> Aggregation:
+def aggregation_scores(model: Model, task: Task, heads: Sequence[HeadRef | str], shifts: Sequence[int] = (0, 1, 2, 3),
+                       config: ScoreOptions | None = None, **overrides: Any) -> Aggregation:
     """How each head's decision row spreads over the dictionary lines of ``task``'s first ``n_samples``
     prompts, at the line shift that suits it best (see the module docstring for every column).
 
     The prompt is fed with the tokens all candidates share, so the last position is the one the answer
     is scored at (:func:`~gna_interp.circuits.roles.decision_inputs`); SSM heads are read as implicit
-    attention in ``form``. Means over prompts ignore prompts where a head puts no mass on the lines.
+    attention in ``form``. Means over prompts ignore prompts where a head puts no mass on the lines. ``config``
+    (:class:`~gna_interp.circuits.roles.ScoreOptions`) or keyword ``overrides`` of its fields: ``n_samples``
+    (default 8), ``batch_size``, ``form``.
     """
+    cfg = ScoreOptions.build(config, **overrides)
+    n_samples, batch_size, form = cfg.n_samples, cfg.batch_size, cfg.form
     chosen = list(dict.fromkeys(model.check_heads(list(heads))))
     if not chosen:
         raise InputError("aggregation_scores needs at least one head")

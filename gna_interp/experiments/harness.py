@@ -59,7 +59,7 @@ from gna_interp.models.mixer import MaskOptions
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.options import Options, options
 from gna_interp.tasks.sample import Sample
-from gna_interp.tasks.scoring import Row, ScoringPlan, Target, layout_chunks, packable, read_logprobs
+from gna_interp.tasks.scoring import Row, ScoringPlan, Target, layout_chunks, packable, read_chunks
 
 LM_EVAL_HINT = 'pip install "gna_interp[eval]"'
 
@@ -329,14 +329,12 @@ class GnaLM(TemplateLM):
                                pack=self.mask is None and packable(self.model, plan))
         total = torch.zeros(len(plan.targets), dtype=torch.float64)
         missed = torch.zeros(len(plan.targets), dtype=torch.long)
+        bar = tqdm(chunks, desc="gna loglikelihood", unit="batch", leave=False, disable=disable_tqdm or not self.progress)
         with torch.no_grad():
-            for chunk in tqdm(chunks, desc="gna loglikelihood", unit="batch", leave=False,
-                              disable=disable_tqdm or not self.progress):
-                width = chunk.batch.ids.shape[1]
-                logits = self.logits(chunk.batch, logits_to_keep=width - int(chunk.read_pos.min()))
-                at = logits[chunk.read_row, chunk.read_pos - (width - logits.shape[1])]
-                total.index_add_(0, chunk.read_target, read_logprobs(at, chunk.read_tok).double().cpu())
-                miss = at.float().argmax(-1).cpu() != chunk.read_tok
+            for read in read_chunks(self.model, bar, self._hooks, lambda chunk: self._masked(chunk.batch)):
+                chunk = read.chunk
+                total.index_add_(0, chunk.read_target, read.logprobs().double().cpu())
+                miss = read.at_reads.float().argmax(-1).cpu() != chunk.read_tok
                 missed.index_add_(0, chunk.read_target, miss.long())
         out = []
         for (key, _, _), pair in zip(requests, prepared):

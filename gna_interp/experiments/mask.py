@@ -60,7 +60,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, ContextManager, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -69,7 +69,7 @@ from torch import Tensor
 
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.offsets import OFFSET_TOLERANCE, conv_width, pick_offset, reach, shifted_items
-from gna_interp.circuits.roles import RoleRule, offset_scores
+from gna_interp.circuits.roles import RoleRule, ScoreOptions, offset_scores
 from gna_interp.errors import HeadError, InputError, OptionError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.options import RunOptions
@@ -83,8 +83,8 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import ChanceVerdict
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
-from gna_interp.tasks.scoring import (CandidateScores, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
-                                     read_logprobs)
+from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
+                                     read_chunks)
 from gna_interp.tasks.segments import Segments
 
 ROLES: tuple[str, ...] = ("gather", "aggregate")
@@ -159,15 +159,16 @@ def ga_mask(seg: Segments, role: str, width: int, pad: int = 0, offset: int = 0)
 # ---- role scores at an offset ----------------------------------------------------------------------
 
 def head_scores(model: Model, task: Task, heads: Sequence[HeadRef | str], offsets: Sequence[int] | None = None,
-                n_samples: int = 8, batch_size: int = 8, form: str = "exact") -> pd.DataFrame:
+                config: ScoreOptions | None = None, **overrides: Any) -> pd.DataFrame:
     """G&A scores of ``heads`` with the lines read at each summary offset (default: ``0..reach(head)``,
     :func:`~gna_interp.circuits.offsets.reach`; given ``offsets``: those, for every head). Rows: ``name,
     kind, offset, gather, aggregate, selectivity`` (means over the first ``n_samples`` samples), the
     :func:`~gna_interp.circuits.roles.offset_scores` columns ``gather``, ``summary_aggregate`` and
     ``summary_selectivity``: the role scores read at the summary tokens (what the aggregate mask keeps)
     rather than over whole lines. An offset that pushes a line past the prompt's end on some sample is not
-    scored on that sample."""
-    per = offset_scores(model, task, list(heads), offsets, n_samples=n_samples, batch_size=batch_size, form=form)
+    scored on that sample. ``config`` (:class:`~gna_interp.circuits.roles.ScoreOptions`) or keyword ``overrides``
+    of its fields: ``n_samples``, ``batch_size``, ``form``."""
+    per = offset_scores(model, task, list(heads), offsets, ScoreOptions.build(config, **overrides))
     per = per.rename(columns={"aggregate": "line_aggregate", "selectivity": "line_selectivity",
                               "summary_aggregate": "aggregate", "summary_selectivity": "selectivity"})
     return per[SCORE_COLUMNS].reset_index(drop=True)
@@ -237,27 +238,36 @@ def _score(model: Model, plan: ScoringPlan, segs: Sequence[Segments], heads: Seq
     """Every candidate's score with ``heads`` masked: ``none`` (no mask), ``zero`` (see nothing),
     ``pattern`` (keep-only-G&A at each head's offset) or ``unshifted`` (the same at offset 0)."""
     table = ScoreTable(plan)
-    for chunk in layout_chunks(model, plan, batch_size, pack=False):
-        b, T = chunk.batch.ids.shape
-        pads = chunk.pad.tolist()
-        masks: dict[HeadRef, Tensor] = {}
-        if mode != "none":
-            cache: dict[tuple[str, int], Tensor] = {}
-            for mh in heads:
-                off = 0 if mode == "unshifted" else mh.offset
-                key = (mh.role, off)
-                if key not in cache:
-                    m = torch.zeros(b, T, T)
-                    if mode != "zero":
-                        for k, row in enumerate(chunk.rows):
-                            m[k] = ga_mask(segs[row.sample], mh.role, T, pads[k], off)
-                    cache[key] = m.to(model.device)
-                masks[mh.head] = cache[key]
-        with mask_pattern(model, masks, renormalize=renormalize):
-            logits = model.run_with_hooks(chunk.batch, (), logits_to_keep=T - int(chunk.read_pos.min()))
-        offset = T - logits.shape[1]
-        table.add(chunk, read_logprobs(logits[chunk.read_row, chunk.read_pos - offset], chunk.read_tok))
+
+    def masked(chunk: Chunk) -> ContextManager[Model]:
+        return mask_pattern(model, _chunk_masks(model, chunk, segs, heads, mode), renormalize=renormalize)
+
+    for read in read_chunks(model, layout_chunks(model, plan, batch_size, pack=False), intervention=masked):
+        table.add(read.chunk, read.logprobs())
     return table.result()
+
+
+def _chunk_masks(model: Model, chunk: Chunk, segs: Sequence[Segments], heads: Sequence[MaskedHead],
+                 mode: str) -> dict[HeadRef, Tensor]:
+    """Each head's ``[batch, T, T]`` mask for one chunk under ``mode`` (none for ``none``); heads that share a
+    role and offset share one tensor."""
+    if mode == "none":
+        return {}
+    b, T = chunk.batch.ids.shape
+    pads = chunk.pad.tolist()
+    cache: dict[tuple[str, int], Tensor] = {}
+    masks: dict[HeadRef, Tensor] = {}
+    for mh in heads:
+        off = 0 if mode == "unshifted" else mh.offset
+        key = (mh.role, off)
+        if key not in cache:
+            m = torch.zeros(b, T, T)
+            if mode != "zero":
+                for k, row in enumerate(chunk.rows):
+                    m[k] = ga_mask(segs[row.sample], mh.role, T, pads[k], off)
+            cache[key] = m.to(model.device)
+        masks[mh.head] = cache[key]
+    return masks
 
 
 def _row(condition: str, seed: int, heads: Sequence[MaskedHead], scores: CandidateScores) -> dict[str, Any]:
@@ -528,7 +538,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
     Args:
         model: a loaded :class:`Model` or a model spec.
         circuit: a :class:`Circuit` or a ``gna scan`` folder whose heads and roles to use; with neither
-            ``circuit`` nor ``heads``, :func:`~gna_interp.circuits.circuit.discover` runs on a KV task of
+            ``circuit`` nor ``heads``, :func:`~gna_interp.circuits.discovery.discover` runs on a KV task of
             ``scan_samples`` prompts (seed ``seed``) and its circuit is saved in ``out/circuit``.
         heads: instead of a circuit: ``{head: role}``, heads without roles (measured), or
             ``"L0H3=gather,L1H3=aggregate"``.

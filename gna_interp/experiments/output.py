@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from gna_interp.errors import InputError
+from gna_interp.options import Options, options
 from gna_interp.store import atomic_write, read_json, records, write_json
 from gna_interp.viz.export import png_export_problem, write_pngs
 from gna_interp.viz.html import figure_div, page
@@ -30,7 +31,7 @@ from gna_interp.viz.html import figure_div, page
 REPORT_FILE = "report.html"
 FIGURES_DIR = "figures"
 
-__all__ = ["FIGURES_DIR", "REPORT_FILE", "ResultFolder", "table_html"]
+__all__ = ["FIGURES_DIR", "PageParts", "REPORT_FILE", "ResultFolder", "table_html"]
 
 
 def table_html(df: pd.DataFrame, digits: int = 3, max_rows: int = 200) -> str:
@@ -48,6 +49,16 @@ def table_html(df: pd.DataFrame, digits: int = 3, max_rows: int = 200) -> str:
         rows.append("<tr>" + "".join(cells) + "</tr>")
     more = f'<p class="note">{len(df) - max_rows} more rows in the CSV</p>' if len(df) > max_rows else ""
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>{more}"
+
+
+@options
+class PageParts(Options):
+    """What a result page shows above its table: ``notes`` (one line each), ``figures`` (name -> plotly figure, also
+    written as PNGs) and ``sections`` (extra HTML fragments placed after the figures)."""
+
+    figures: Mapping[str, Any] | None = None
+    notes: Sequence[str] = ()
+    sections: Sequence[str] = ()
 
 
 class ResultFolder:
@@ -76,11 +87,13 @@ class ResultFolder:
     def report(self) -> Path:
         return self.path / REPORT_FILE
 
-    def write(self, table: pd.DataFrame, doc: Mapping[str, Any], *, title: str,
-              figures: Mapping[str, Any] | None = None, notes: Sequence[str] = (), sections: Sequence[str] = (),
-              png: bool = True) -> Path:
+    def write(self, table: pd.DataFrame, doc: Mapping[str, Any], *, title: str, parts: PageParts | None = None,
+              png: bool = True, **overrides: Any) -> Path:
         """Write the table, the page and the JSON document (``doc`` plus the table's records under
-        ``"table"``); return the folder. ``sections`` are extra HTML fragments placed after the figures."""
+        ``"table"``); return the folder. ``parts`` (:class:`PageParts`) or keyword ``overrides`` of its fields
+        (``figures``, ``notes``, ``sections``) fill the page above the table."""
+        shown = PageParts.build(parts, **overrides)
+        figures, notes, sections = shown.figures, shown.notes, shown.sections
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write(self.csv, table.to_csv(index=False))
         figures = dict(figures or {})

@@ -16,7 +16,7 @@ under each **condition** (zero ablation, the paper's; the same prompts for every
                (``seeds`` of them), the *same* draw at every size, so each seed is one line
 =============  ======================================================================================
 
-``k`` follows the ablation curve's rule (:func:`~gna_interp.circuits.circuit.curve_k`): at most a
+``k`` follows the ablation curve's rule (:func:`~gna_interp.circuits.curve.curve_k`): at most a
 quarter of the scanned heads, so that ``k`` random heads are a small draw that cannot hold the circuit.
 
 **Single heads** (``heads=``, ``gna sweep --heads``): one more condition per entry, that head removed

@@ -37,7 +37,7 @@ from torch import Tensor
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import HeadSite
-from gna_interp.models.model import Model, TokenBatch
+from gna_interp.models.model import Model, TokenBatch, check_model
 
 AblationMethod = Literal["zero", "mean", "resample"]
 METHODS: tuple[str, ...] = ("zero", "mean", "resample")
@@ -180,4 +180,5 @@ def ablate(model: Model, heads: str | HeadRef | Sequence[str | HeadRef], method:
     :class:`Ablation` returned can be entered again after its block, not inside it; hooks are removed on exit,
     exceptions included.
     """
+    check_model(model, runnable=False)
     return Ablation(model, heads, method, reference)

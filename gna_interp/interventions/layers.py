@@ -15,11 +15,15 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.errors import InputError
-from gna_interp.models.model import Model
+from gna_interp.models.model import Model, check_model
 
 
 def check_layers(model: Model, layers: int | Iterable[int]) -> list[int]:
     """Sorted, distinct block indices; negative ones count from the end. Clear error when out of range."""
+    if isinstance(layers, Tensor) and not layers.is_floating_point() and not layers.is_complex():
+        layers = layers.tolist()  # an int for a 0-d tensor
+    if not isinstance(layers, (int, list, tuple, range, set, frozenset)):
+        raise InputError(f"layers must be a layer index or a list of them, got {type(layers).__name__} {layers!r:.40}")
     raw = [layers] if isinstance(layers, int) else list(layers)
     out = set()
     for layer in raw:
@@ -35,6 +39,7 @@ def check_layers(model: Model, layers: int | Iterable[int]) -> list[int]:
 @contextmanager
 def skip_layers(model: Model, layers: int | Iterable[int]) -> Iterator[list[int]]:
     """Inside the block, blocks ``layers`` of ``model`` are the identity; yields the resolved indices."""
+    check_model(model, runnable=False)
     idx = check_layers(model, layers)
     inputs: dict[int, Tensor] = {}
 

@@ -33,7 +33,7 @@ from torch import Tensor
 from gna_interp.errors import HeadError, InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import Hook, MaskOptions
-from gna_interp.models.model import Model
+from gna_interp.models.model import Model, check_model
 
 __all__ = ["MaskOptions", "mask_pattern"]
 
@@ -51,6 +51,7 @@ def mask_pattern(model: Model, masks: Mapping[HeadRef | str, MaskLike], options:
     ``options`` (:class:`~gna_interp.models.mixer.MaskOptions`) or keyword overrides of its fields.
     All hooks are removed on exit, exceptions included.
     """
+    check_model(model, runnable=False)
     opts = MaskOptions.build(options, **overrides)
     if not isinstance(masks, Mapping):
         raise HeadError(f"masks must be a mapping {{head: mask}}, got {type(masks).__name__}")

@@ -19,7 +19,7 @@ from torch import Tensor
 from gna_interp.errors import HeadError, InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import PatternOptions
-from gna_interp.models.model import Model, TokenBatch
+from gna_interp.models.model import Model, TokenBatch, check_model
 from gna_interp.store import read_tensors, write_tensors
 
 
@@ -78,7 +78,7 @@ class PatternSet:
 
     def _repr_html_(self) -> str:
         """Jupyter's display: a shape summary (heads by layer, samples, tokens, options), never the tensors."""
-        from gna_interp import _html
+        from gna_interp import html_repr
 
         lengths = [len(t) for t in self.str_tokens]
         facts = [("heads", f"{len(self.heads)}: " + ", ".join(h.name for h in self.heads[:_NAMED])
@@ -90,14 +90,14 @@ class PatternSet:
         rows = [[layer, heads[0].adapter.title, len(heads), ", ".join(h.name for h in heads[:_NAMED])
                  + (f" (+{len(heads) - _NAMED})" if len(heads) > _NAMED else ""), str(list(pat.shape)), str(pat.dtype)
                  .removeprefix("torch."), str(pat.device)] for (layer, _), (heads, pat) in self.by_layer.items()]
-        parts = [_html.title("PatternSet", f"{len(self.heads)} heads on {len(self.str_tokens)} samples"),
-                 _html.facts(facts),
-                 _html.table(["layer", "heads are", "n", "heads", "tensor [batch, n, q, k]", "dtype", "device"], rows)]
+        parts = [html_repr.title("PatternSet", f"{len(self.heads)} heads on {len(self.str_tokens)} samples"),
+                 html_repr.facts(facts),
+                 html_repr.table(["layer", "heads are", "n", "heads", "tensor [batch, n, q, k]", "dtype", "device"], rows)]
         if self.str_tokens:
             first = self.str_tokens[0]
             shown = " | ".join(repr(t) for t in first[:_TOKENS]) + (f" ... (+{len(first) - _TOKENS})"
                                                                      if len(first) > _TOKENS else "")
-            parts.append(_html.facts([("sample 0 tokens", shown)]))
+            parts.append(html_repr.facts([("sample 0 tokens", shown)]))
         return "<div>" + "".join(parts) + "</div>"
 
     def to_frame(self) -> pd.DataFrame:
@@ -160,6 +160,7 @@ def patterns(model: Model, inputs: str | Sequence[str] | Tensor | TokenBatch,
     (``form="exact"``, ``group_reduce``, ``block_elems``, ``query_block``) say how SSM heads are read;
     an unknown keyword raises an error naming the closest option.
     """
+    check_model(model)
     opts = PatternOptions.build(options, **overrides)
     batch = model.as_batch(inputs)
     wanted = model.default_heads() if heads is None else model.check_heads(heads)

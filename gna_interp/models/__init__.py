@@ -12,7 +12,7 @@ from gna_interp.models.heads import HeadRef, parse_heads
 from gna_interp.models.registry import adapter, kinds, register_kind, unregister_kind
 from gna_interp.models.mixer import HeadSite, MaskOptions, MixerAdapter, PatternOptions
 from gna_interp.models.loading import convert_gguf, hub_reachable, load_model
-from gna_interp.models.model import Model, TokenBatch
+from gna_interp.models.model import Model, TokenBatch, check_model
 from gna_interp.models.spec import ALIASES, ResolvedSpec, cache_dir, resolve_spec, smollm2_gguf_path, zoo_dir, zoo_names
 from gna_interp.models.ssm import Mamba1Adapter, Mamba2Adapter, SSMAdapter
 
@@ -22,6 +22,6 @@ for _adapter in (AttentionAdapter(), Mamba2Adapter(), Mamba1Adapter()):
 
 __all__ = ["ALIASES", "AttentionAdapter", "HeadRef", "HeadSite", "LayerSpec", "Mamba1Adapter", "Mamba2Adapter", "MaskOptions",
            "MixerAdapter", "Model", "PatternOptions", "ResolvedSpec", "SSMAdapter", "TokenBatch", "adapter",
-           "cache_dir", "convert_gguf", "detect_layers", "hub_reachable", "kinds", "load_model", "parse_heads",
+           "cache_dir", "check_model", "convert_gguf", "detect_layers", "hub_reachable", "kinds", "load_model", "parse_heads",
            "read_card", "register_kind", "resolve_spec", "smollm2_gguf_path", "unregister_kind", "zoo_dir",
            "zoo_names"]

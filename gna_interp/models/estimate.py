@@ -14,7 +14,11 @@ calibrated on a measured scan:
   parameter of a block once per token: a shared block counts in every layer that runs it), attention's
   quadratic term ``4 x query heads x d_head x T^2`` per attention layer and sequence (eager attention
   computes the full ``T x T`` scores), the SSM scan's elementwise terms, and the unembedding
-  ``2 x d_model x vocab`` per position whose logits are computed.
+  ``2 x d_model x vocab`` per position whose logits are computed. The scan computes logits only where the metric
+  reads them (``reads`` distinct positions a sample, 1 for single-token candidates): every pass -- the capture,
+  each stacked replay (per copy), attribution's forward and backward -- pays ``2 x reads x vocab x d_model`` a
+  sample and reads the ``vocab x d_model`` weight once, which on a CPU is memory-bound at a few rows
+  (:data:`CPU_UNEMBED_GBS`). ``discover``'s control scores the neutral text at every position (not counted here).
 - An exact scan (``--strategy exact``) captures every batch once (a full forward) and, per head,
   replays blocks ``L..N-1`` from the clean input of the head's layer ``L`` (several heads of a layer stacked
   as copies of the batch, up to ``rows_per_replay`` rows); so its cost is ``heads x samples`` sample-forwards
@@ -53,7 +57,7 @@ if TYPE_CHECKING:
     from gna_interp.models.heads import HeadRef
     from gna_interp.models.model import Model
 
-__all__ = ["CPU_REPLAY_ROWS", "DEVICES", "Device", "EstimateOptions", "HookCheck", "STACK_MEMORY_SHARE", "ScanEstimate", "Throughput",
+__all__ = ["CPU_REPLAY_ROWS", "CPU_UNEMBED_GBS", "DEVICES", "Device", "EstimateOptions", "HookCheck", "STACK_MEMORY_SHARE", "ScanEstimate", "StackBudget", "Throughput",
            "check_hooks", "estimate_scan", "forward_flops", "get_device", "measure_row_bytes", "measure_throughput",
            "replay_row_bytes", "replay_stack"]
 
@@ -182,6 +186,8 @@ def check_hooks(model: "Model", heads: Sequence["HeadRef | str"] | None = None) 
     channels ``start:stop`` must lie inside the output projection's input width (read from the weight's
     shape, so a meta model is checked too). Returns a :class:`HookCheck`; ``ok`` says whether all hold.
     """
+    from gna_interp.models.model import check_model
+    check_model(model, runnable=False)
     hs = model.heads() if heads is None else model.check_heads(list(heads))
     names = set(model.bridge.hook_dict)
     resolved: set[str] = set()
@@ -293,10 +299,30 @@ CPU_REPLAY_ROWS = 64  # off CUDA a stacked replay holds at most this many rows (
 STACK_MEMORY_SHARE = 0.5  # share of the free CUDA memory the stacked replays may plan on (the rest: slack)
 
 
-def replay_stack(model: "Model", rows: int, tokens: int, *, reads: int = 1, reserve_bytes: int = 0,
-                 free_bytes: int | None = None, row_bytes: int | None = None,
-                 share: float = STACK_MEMORY_SHARE) -> int:
-    """Head ablations of one layer to stack in one replay of a batch of ``rows`` sequences of ``tokens``.
+@options
+class StackBudget(Options):
+    """What :func:`replay_stack` sizes a stack with.
+
+    Attributes:
+        reads: positions a row's logits are read at; reserve_bytes: memory kept for other things (e.g. the clean
+            prefixes the scan keeps).
+        free_bytes: the free memory (None: measured on CUDA, the CPU default elsewhere); row_bytes: a forward's
+            peak per row (None: measured on CUDA by :func:`measure_row_bytes`).
+        share: share of the free memory the stacked replays may plan on.
+    """
+
+    reads: int = 1
+    reserve_bytes: int = 0
+    free_bytes: int | None = None
+    row_bytes: int | None = None
+    share: float = STACK_MEMORY_SHARE
+
+
+def replay_stack(model: "Model", rows: int, tokens: int, budget: StackBudget | None = None,
+                 **overrides: Any) -> int:
+    """Head ablations of one layer to stack in one replay of a batch of ``rows`` sequences of ``tokens``;
+    ``budget`` (:class:`StackBudget`) or keyword ``overrides`` of its fields (``reads``, ``reserve_bytes``,
+    ``free_bytes``, ``row_bytes``, ``share``).
 
     Off CUDA (``free_bytes`` None and the model not on a CUDA device): ``max(1, 64 // rows)``, the CPU
     default (a replay of at most :data:`CPU_REPLAY_ROWS` rows). On CUDA, or when ``free_bytes`` is given:
@@ -307,6 +333,8 @@ def replay_stack(model: "Model", rows: int, tokens: int, *, reads: int = 1, rese
     misses Hugging Face's SSM intermediates (on CPU a Mamba-2 row took up to 4.3x the count). At least 1, at
     most the most heads any layer has (a stack only groups heads of one layer).
     """
+    b = StackBudget.build(budget, **overrides)
+    reads, reserve_bytes, free_bytes, row_bytes, share = b.reads, b.reserve_bytes, b.free_bytes, b.row_bytes, b.share
     for name, value, low in (("rows", rows, 1), ("tokens", tokens, 1), ("reads", reads, 0),
                              ("reserve_bytes", reserve_bytes, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -383,7 +411,7 @@ class ScanEstimate:
         params: unique parameters; heads: heads scanned, by kind.
         samples, tokens, batch_size: the task (``tokens`` per sample: prompt and answer).
         weight_bytes: parameters x dtype bytes + buffers.
-        forward_bytes: working set of one forward of ``batch_size`` samples (largest block + logits).
+        forward_bytes: working set of one forward of ``batch_size`` samples (largest block + logits at the reads).
         prefix_bytes: the exact scan's clean-prefix cache of all samples (``prefix_kept``: whether the scan
             keeps it, i.e. its 4-bytes-a-value count is within ``max_prefix_bytes``).
         replay_bytes: working set of one stacked replay (``stack`` copies of a batch).
@@ -398,6 +426,7 @@ class ScanEstimate:
         exact_flops, attribution_flops: FLOPs of the exact scan of every head and of one attribution pass.
         seconds_forward: one forward of all samples; seconds_exact: exact scan of every head;
         seconds_per_head: its mean per head; seconds_attribution: one attribution pass.
+        reads: distinct positions a sample's logits are read at (each pass unembeds them).
         notes: assumptions that matter for this row.
     """
 
@@ -431,6 +460,7 @@ class ScanEstimate:
     seconds_per_head: float
     seconds_attribution: float
     measured_throughput: bool
+    reads: int = 1
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -502,6 +532,9 @@ class EstimateOptions(Options):
         rows_per_replay, max_prefix_bytes: the scan's defaults (64 rows a stacked replay, 2 GiB of kept
             prefixes).
         utilization: overrides the device's (GPUs: an assumed 0.35).
+        reads: distinct positions a sample's logits are read at (1: single-token candidates, the default KV task;
+            candidates of several tokens add one per distinct prefix): each pass unembeds ``reads`` positions a
+            sample.
     """
 
     dtype: str | torch.dtype | None = None
@@ -510,6 +543,164 @@ class EstimateOptions(Options):
     rows_per_replay: int = 64
     max_prefix_bytes: int = 2 << 30
     utilization: float | None = None
+    reads: int = 1
+
+
+# a CPU reads the unembedding at about this rate when few positions are unembedded (a pass is memory-bound): measured
+# here, one row through a 128,256 x 4,096 float32 unembedding, 2 threads, 126 ms (16.6 GB/s, load average ~4)
+CPU_UNEMBED_GBS = 16.0
+
+
+def _check_estimate_args(samples: int, tokens: int, cfg: EstimateOptions) -> None:
+    from gna_interp.schemas import MAX_INT, MAX_SAMPLES, MAX_TOKENS
+
+    for name, value, low, high in (("samples", samples, 1, MAX_SAMPLES), ("tokens", tokens, 1, MAX_TOKENS),
+                                   ("batch_size", cfg.batch_size, 1, MAX_SAMPLES),
+                                   ("rows_per_replay", cfg.rows_per_replay, 1, MAX_SAMPLES),
+                                   ("max_prefix_bytes", cfg.max_prefix_bytes, 0, MAX_INT),
+                                   ("reads", cfg.reads, 1, MAX_TOKENS)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise InputError(f"{name} must be an integer >= {low} and at most {high:,} (the bound keeps the "
+                             f"estimate's arithmetic and its replay-stack search to seconds), got {value!r:.40}")
+    u = cfg.utilization
+    if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1):
+        raise InputError(f"utilization must be in (0, 1], got {u!r}")
+
+
+def _heads_by_layer(model: "Model", heads: Sequence["HeadRef | str"] | None) -> tuple[dict[int, int], dict[str, int]]:
+    """Heads scanned per layer and per kind (every head: counted from the layer specs, Mamba-1 models have
+    ~10^5-10^6 channels)."""
+    by_layer: dict[int, int] = {}
+    kind_counts: dict[str, int] = {}
+    if heads is None:
+        for s in model.layers:
+            if s.supported:
+                by_layer[s.layer] = by_layer.get(s.layer, 0) + s.n_heads
+                kind_counts[s.kind] = kind_counts.get(s.kind, 0) + s.n_heads
+    else:
+        for h in model.check_heads(list(heads)):
+            by_layer[h.layer] = by_layer.get(h.layer, 0) + 1
+            kind_counts[h.kind] = kind_counts.get(h.kind, 0) + 1
+    if not kind_counts:
+        raise InputError(f"{model.name} has no supported heads to scan (unsupported mixers: "
+                         f"{[s.hf_class for s in model.unsupported()]})")
+    return by_layer, kind_counts
+
+
+@dataclass(frozen=True)
+class _Clock:
+    """Seconds of one pass on the device: blocks at ``max(FLOPs / flops_s, weights read / bandwidth)``, and the
+    unembedding at the read positions likewise, its weight (``vocab x d_model``, float32) read once a pass (on a
+    CPU at :data:`CPU_UNEMBED_GBS`)."""
+
+    flops_s: float
+    bandwidth: float | None
+    unembed_bandwidth: float
+    unembed_flops: float  # 2 x d_model x vocab: one position unembedded
+    unembed_bytes: float  # the unembedding's weight, read once a pass
+
+    def blocks(self, flops: float, weights_read: float) -> float:
+        return max(flops / self.flops_s, weights_read / self.bandwidth if self.bandwidth else 0.0)
+
+    def unembed(self, positions: float, passes: float = 1.0) -> float:
+        """``positions`` unembedded in ``passes`` passes over the weight."""
+        return max(positions * self.unembed_flops / self.flops_s, passes * self.unembed_bytes / self.unembed_bandwidth)
+
+
+def _clock(model: "Model", dev: Device, dt: str, nbytes: int, utilization: float | None) -> _Clock:
+    rate = dev.tflops.get(dt)
+    if rate is None:
+        raise OptionError(f"{dev.name} has no throughput figure for {dt}")
+    d, v = _dims(model)
+    bw = dev.bandwidth_gbs * 1e9 if dev.bandwidth_gbs else None
+    return _Clock(rate * 1e12 * (dev.utilization if utilization is None else utilization), bw,
+                  bw or CPU_UNEMBED_GBS * 1e9, 2.0 * d * v, float(d * v * max(nbytes, 4)))
+
+
+@dataclass(frozen=True)
+class _Times:
+    forward: float
+    exact: float
+    attribution: float
+    exact_flops: float
+    attribution_flops: float
+    n_groups: int
+
+
+def _scan_times(blocks: list[_Block], clock: _Clock, by_layer: dict[int, int], rows: list[int], tokens: int,
+                nbytes: int, cfg: EstimateOptions, prefix_kept: bool) -> _Times:
+    """Seconds and FLOPs of the capture (one forward of the task, logits at the reads), the exact scan (groups of
+    <= ``stack`` heads of one layer replay blocks L..N-1 on every chunk, each copy unembedding its reads) and one
+    attribution pass (forward + backward, taken as 3 forwards, logits at the reads)."""
+    per_block = [b.flops(tokens) for b in blocks]
+    suffix = [sum(per_block[i:]) for i in range(len(blocks))] + [0.0]
+    block_weight = [b.params * nbytes for b in blocks]
+    suffix_w = [sum(block_weight[i:]) for i in range(len(blocks))] + [0.0]
+    reads, samples = cfg.reads, sum(rows)
+    stack = max(1, cfg.rows_per_replay // cfg.batch_size)
+    forward = sum(clock.blocks(r * suffix[0], suffix_w[0]) + clock.unembed(r * reads) for r in rows)
+    forward_flops = samples * (suffix[0] + reads * clock.unembed_flops)
+    exact_flops, exact, n_groups = forward_flops, forward, 0
+    for layer, count in by_layer.items():
+        for g in range(0, count, stack):
+            copies = min(stack, count - g)
+            n_groups += 1
+            for r in rows:
+                exact_flops += copies * r * (suffix[layer] + reads * clock.unembed_flops)
+                exact += clock.blocks(copies * r * suffix[layer], suffix_w[layer]) + clock.unembed(copies * r * reads)
+    if not prefix_kept:  # the clean prefixes are recomputed for every group
+        exact += n_groups * forward
+        exact_flops += n_groups * forward_flops
+    attribution = sum(clock.blocks(3 * r * suffix[0], 2 * suffix_w[0]) + 3 * clock.unembed(r * reads) for r in rows)
+    return _Times(forward, exact, attribution, exact_flops, 3.0 * forward_flops, n_groups)
+
+
+@dataclass(frozen=True)
+class _Memory:
+    forward: float
+    prefix: float
+    replay: float
+    attribution: float
+    exact_peak: float
+
+
+def _scan_memory(blocks: list[_Block], d: int, v: int, b0: int, tokens: int, samples: int, nbytes: int,
+                 cfg: EstimateOptions, prefix_kept: bool) -> _Memory:
+    """Working sets: one forward (largest block + float32 logits at the reads), the prefix cache, one stacked
+    replay, the activations one backward keeps (every block's working set)."""
+    n_layers = len(blocks)
+    logits_bytes = b0 * cfg.reads * v * 4  # the output end is float32 in every dtype
+    forward = max(b.working_bytes(b0, tokens, d, nbytes) for b in blocks) + logits_bytes
+    prefix = samples * tokens * d * n_layers * nbytes
+    replay_rows = max(1, cfg.rows_per_replay // cfg.batch_size) * b0
+    replay = max(b.working_bytes(replay_rows, tokens, d, nbytes) for b in blocks) + replay_rows * cfg.reads * v * 4
+    attribution = sum(b.working_bytes(b0, tokens, d, nbytes) for b in blocks) + logits_bytes
+    exact_peak = (prefix if prefix_kept else b0 * tokens * d * n_layers * nbytes) + replay
+    return _Memory(forward, prefix, replay, attribution, exact_peak)
+
+
+def _estimate_notes(model: "Model", dev: Device, dt: str, blocks: list[_Block], cfg: EstimateOptions,
+                    prefix_need: int, n_groups: int) -> tuple[str, ...]:
+    notes = []
+    rate = dev.tflops[dt]
+    if not dev.measured:
+        notes.append(f"time = data-sheet peak ({rate:g} TFLOP/s {dt}) x utilization "
+                     f"{dev.utilization if cfg.utilization is None else cfg.utilization:g} (assumed), or the weight "
+                     f"reads at {dev.bandwidth_gbs:g} GB/s when slower")
+    else:
+        notes.append(f"time from a measured throughput ({rate * 1e3:.1f} GFLOP/s {dt}; {dev.source}); a machine "
+                     f"shared with other work runs slower; the unembedding at the reads is read at "
+                     f"{CPU_UNEMBED_GBS:g} GB/s at best")
+    if any(b.ssm1 or b.ssm2 for b in blocks):
+        notes.append("SSM working sets follow Hugging Face's torch path (no mamba-ssm kernels); with the CUDA kernels "
+                     "they are smaller")
+    if model.unsupported():
+        notes.append(f"{len(model.unsupported())} mixer(s) have no heads in gna_interp yet (not scanned; their FLOPs "
+                     f"are counted)")
+    if prefix_need > cfg.max_prefix_bytes:
+        notes.append(f"clean prefixes ({_gib(prefix_need)} at 4 bytes a value) exceed max_prefix_bytes "
+                     f"{_gib(cfg.max_prefix_bytes)}: recomputed for each of {n_groups:,} head groups")
+    return tuple(notes)
 
 
 def estimate_scan(model: "Model", samples: int = 32, tokens: int = 64, *, device: str | Device = "H100-80GB",
@@ -518,132 +709,47 @@ def estimate_scan(model: "Model", samples: int = 32, tokens: int = 64, *, device
 
     ``samples`` prompts of ``tokens`` tokens each (prompt + answer); ``config`` (:class:`EstimateOptions`)
     and keyword ``overrides`` of its fields: ``dtype``, ``batch_size``, ``heads``, ``rows_per_replay``,
-    ``max_prefix_bytes``, ``utilization``.
+    ``max_prefix_bytes``, ``utilization``, ``reads``.
     What is counted and what is assumed: see :mod:`gna_interp.models.estimate`.
     """
+    from gna_interp.models.model import check_model
+    check_model(model, runnable=False)
     cfg = EstimateOptions.build(config, **overrides)
-    dtype, batch_size, heads, rows_per_replay = cfg.dtype, cfg.batch_size, cfg.heads, cfg.rows_per_replay
-    max_prefix_bytes, utilization = cfg.max_prefix_bytes, cfg.utilization
-    for name, value, low in (("samples", samples, 1), ("tokens", tokens, 1), ("batch_size", batch_size, 1),
-                             ("rows_per_replay", rows_per_replay, 1), ("max_prefix_bytes", max_prefix_bytes, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
-    if utilization is not None and not 0 < utilization <= 1:
-        raise InputError(f"utilization must be in (0, 1], got {utilization!r}")
+    _check_estimate_args(samples, tokens, cfg)
     dev = get_device(device)
-    dt = _dtype_name(model.dtype if dtype is None else dtype)
+    dt = _dtype_name(model.dtype if cfg.dtype is None else cfg.dtype)
     nbytes = torch.empty(0, dtype=getattr(torch, dt)).element_size()
-    if heads is None:  # every head, counted from the layer specs (Mamba-1 models have ~10^5-10^6 channels)
-        by_layer: dict[int, int] = {}
-        kind_counts: dict[str, int] = {}
-        for s in model.layers:
-            if s.supported:
-                by_layer[s.layer] = by_layer.get(s.layer, 0) + s.n_heads
-                kind_counts[s.kind] = kind_counts.get(s.kind, 0) + s.n_heads
-    else:
-        hs = model.check_heads(list(heads))
-        by_layer, kind_counts = {}, {}
-        for h in hs:
-            by_layer[h.layer] = by_layer.get(h.layer, 0) + 1
-            kind_counts[h.kind] = kind_counts.get(h.kind, 0) + 1
+    by_layer, kind_counts = _heads_by_layer(model, cfg.heads)
     n_heads = sum(kind_counts.values())
-    if not n_heads:
-        raise InputError(f"{model.name} has no supported heads to scan (unsupported mixers: "
-                         f"{[s.hf_class for s in model.unsupported()]})")
     if model.n_ctx and tokens > model.n_ctx:
         raise InputError(f"tokens={tokens} exceeds the context of {model.name} ({model.n_ctx})")
     blocks = _blocks(model)
     d, v = _dims(model)
-    n_layers = len(blocks)
     params, weight_bytes = _param_bytes(model, nbytes)
-    rate = dev.tflops.get(dt)
-    if rate is None:
-        raise OptionError(f"{dev.name} has no throughput figure for {dt}")
-    flops_s = rate * 1e12 * (dev.utilization if utilization is None else utilization)
-    bw = dev.bandwidth_gbs * 1e9 if dev.bandwidth_gbs else None
-
-    def seconds(flops: float, weights_read: float) -> float:
-        return max(flops / flops_s, weights_read / bw if bw else 0.0)
-
-    # per-sequence FLOPs of each block and of the suffix from each layer
-    per_block = [b.flops(tokens) for b in blocks]
-    suffix = [sum(per_block[i:]) for i in range(n_layers)] + [0.0]
-    block_weight = [b.params * nbytes for b in blocks]
-    suffix_w = [sum(block_weight[i:]) for i in range(n_layers)] + [0.0]
-    total_blocks = suffix[0]
-    unembed_all = 2.0 * d * v * tokens
-    fwd_seq = total_blocks + unembed_all
-    n_chunks = math.ceil(samples / batch_size)
-    rows = [min(batch_size, samples - k * batch_size) for k in range(n_chunks)]
-    stack = max(1, rows_per_replay // batch_size)
-
-    # one forward of the whole task (the capture of the clean prefixes: full logits)
-    t_forward = sum(seconds(r * fwd_seq, weight_bytes) for r in rows)
-    # exact scan: groups of <= stack heads of one layer replay blocks L..N-1 on every chunk
-    exact_flops = 0.0
-    t_exact = t_forward
-    n_groups = 0
-    unembed_reads = 2.0 * d * v  # one read position per sample and copy (single-row candidates)
-    for layer, count in by_layer.items():
-        for g in range(0, count, stack):
-            copies = min(stack, count - g)
-            n_groups += 1
-            for r in rows:
-                f = copies * r * (suffix[layer] + unembed_reads)
-                exact_flops += f
-                t_exact += seconds(f, suffix_w[layer] + d * v * max(nbytes, 4))
-    prefix_need = samples * tokens * d * n_layers * 4  # the scan's own count
-    prefix_kept = prefix_need <= max_prefix_bytes
-    if not prefix_kept:
-        t_exact += n_groups * t_forward
-        exact_flops += n_groups * samples * fwd_seq
-    exact_flops += samples * fwd_seq
-    replay_fraction = sum(n * suffix[layer] for layer, n in by_layer.items()) / (n_heads * total_blocks)
-    exact_forwards = n_heads * samples * replay_fraction
-    attr_seq = 3.0 * (total_blocks + unembed_reads)  # forward + backward (~2 forwards), logits at the reads
-    attribution_flops = samples * attr_seq
-    t_attr = sum(seconds(r * attr_seq, 2 * weight_bytes) for r in rows)
-
-    # memory
-    b0 = max(rows)
-    logits_bytes = b0 * tokens * v * 4  # the output end is float32 in every dtype
-    forward_bytes = max(b.working_bytes(b0, tokens, d, nbytes) for b in blocks) + logits_bytes
-    prefix_bytes = samples * tokens * d * n_layers * nbytes
-    replay_rows = stack * b0
-    replay_bytes = max(b.working_bytes(replay_rows, tokens, d, nbytes) for b in blocks) + replay_rows * v * 4
-    attribution_bytes = sum(b.working_bytes(b0, tokens, d, nbytes) for b in blocks) + logits_bytes
-    exact_peak = (prefix_bytes if prefix_kept else b0 * tokens * d * n_layers * nbytes) + replay_bytes
-    peak = weight_bytes + max(exact_peak, attribution_bytes, forward_bytes)
-    peak_exact = weight_bytes + max(exact_peak, forward_bytes)
+    clock = _clock(model, dev, dt, nbytes, cfg.utilization)
+    rows = [min(cfg.batch_size, samples - k * cfg.batch_size) for k in range(math.ceil(samples / cfg.batch_size))]
+    prefix_need = samples * tokens * d * len(blocks) * 4  # the scan's own count
+    prefix_kept = prefix_need <= cfg.max_prefix_bytes
+    t = _scan_times(blocks, clock, by_layer, rows, tokens, nbytes, cfg, prefix_kept)
+    mem = _scan_memory(blocks, d, v, max(rows), tokens, samples, nbytes, cfg, prefix_kept)
+    peak = weight_bytes + max(mem.exact_peak, mem.attribution, mem.forward)
+    peak_exact = weight_bytes + max(mem.exact_peak, mem.forward)
     usable = int(dev.memory_gib * GiB * USABLE_MEMORY)
-
-    notes = []
-    if not dev.measured:
-        notes.append(f"time = data-sheet peak ({rate:g} TFLOP/s {dt}) x utilization "
-                     f"{dev.utilization if utilization is None else utilization:g} (assumed), or the weight reads at "
-                     f"{dev.bandwidth_gbs:g} GB/s when slower")
-    else:
-        notes.append(f"time from a measured throughput ({rate * 1e3:.1f} GFLOP/s {dt}; {dev.source}); a machine "
-                     f"shared with other work runs slower")
-    if any(b.ssm1 or b.ssm2 for b in blocks):
-        notes.append("SSM working sets follow Hugging Face's torch path (no mamba-ssm kernels); with the CUDA kernels "
-                     "they are smaller")
-    if model.unsupported():
-        notes.append(f"{len(model.unsupported())} mixer(s) have no heads in gna_interp yet (not scanned; their FLOPs "
-                     f"are counted)")
-    if not prefix_kept:
-        notes.append(f"clean prefixes ({_gib(prefix_need)} at 4 bytes a value) exceed max_prefix_bytes "
-                     f"{_gib(max_prefix_bytes)}: recomputed for each of {n_groups:,} head groups")
+    total_blocks = sum(b.flops(tokens) for b in blocks)
+    suffix = {layer: sum(b.flops(tokens) for b in blocks[layer:]) for layer in by_layer}
+    replay_fraction = sum(n * suffix[layer] for layer, n in by_layer.items()) / (n_heads * total_blocks)
     return ScanEstimate(
-        model=model.name, device=dev.name, dtype=dt, params=int(params),
-        heads=kind_counts,
-        samples=samples, tokens=tokens, batch_size=batch_size, stack=stack, weight_bytes=int(weight_bytes),
-        forward_bytes=int(forward_bytes), prefix_bytes=int(prefix_bytes), prefix_kept=prefix_kept,
-        replay_bytes=int(replay_bytes), attribution_bytes=int(attribution_bytes), peak_bytes=int(peak),
-        exact_peak_bytes=int(peak_exact), memory_bytes=usable, fits=peak <= usable, fits_exact=peak_exact <= usable, flops_per_token=fwd_seq / tokens, replay_fraction=replay_fraction,
-        exact_forwards=exact_forwards, exact_flops=exact_flops, attribution_flops=attribution_flops,
-        seconds_forward=t_forward, seconds_exact=t_exact, seconds_per_head=(t_exact - t_forward) / n_heads,
-        seconds_attribution=t_attr, measured_throughput=dev.measured, notes=tuple(notes))
+        model=model.name, device=dev.name, dtype=dt, params=int(params), heads=kind_counts,
+        samples=samples, tokens=tokens, batch_size=cfg.batch_size, stack=max(1, cfg.rows_per_replay // cfg.batch_size),
+        weight_bytes=int(weight_bytes), forward_bytes=int(mem.forward), prefix_bytes=int(mem.prefix),
+        prefix_kept=prefix_kept, replay_bytes=int(mem.replay), attribution_bytes=int(mem.attribution),
+        peak_bytes=int(peak), exact_peak_bytes=int(peak_exact), memory_bytes=usable, fits=peak <= usable,
+        fits_exact=peak_exact <= usable, flops_per_token=(total_blocks + 2.0 * d * v * tokens) / tokens,
+        replay_fraction=replay_fraction, exact_forwards=n_heads * samples * replay_fraction,
+        exact_flops=t.exact_flops, attribution_flops=t.attribution_flops, seconds_forward=t.forward,
+        seconds_exact=t.exact, seconds_per_head=(t.exact - t.forward) / n_heads, seconds_attribution=t.attribution,
+        measured_throughput=dev.measured, reads=cfg.reads,
+        notes=_estimate_notes(model, dev, dt, blocks, cfg, prefix_need, t.n_groups))
 
 
 # ---- calibration ----------------------------------------------------------------------------------

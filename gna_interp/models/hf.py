@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
 
 from gna_interp.errors import GnaError
 
-__all__ = ["bind_args", "unwrap"]
+__all__ = ["bind_args", "quiet_transformers", "unwrap"]
 
 
 def unwrap(module: Any) -> Any:
@@ -35,3 +36,20 @@ def bind_args(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[Tenso
     if not isinstance(hidden, Tensor):
         raise GnaError(f"could not find the hidden states among the arguments of {type(module).__name__}.forward")
     return hidden, mask if isinstance(mask, Tensor) else None
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' progress bars and warnings inside the block."""
+    import transformers
+
+    was = transformers.utils.logging.is_progress_bar_enabled()
+    level = transformers.logging.get_verbosity()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(level)
+        if was:
+            transformers.utils.logging.enable_progress_bar()

@@ -32,6 +32,7 @@ import torch
 
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.models.hf import unwrap
+from gna_interp.models.model import owned_by_model
 from gna_interp.models.reach import Reached, reached_kind
 from gna_interp.models.spec import IN_MEMORY_PREFIX
 
@@ -138,9 +139,10 @@ def bridge_of(model: Any, tokenizer: Any = None) -> tuple[Any, Any]:
     if _is_bridge(model):
         tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         _check_tokenizer(tokenizer, f"the TransformerBridge of {type(model.original_model).__name__}")
-        if any(isinstance(mod, Reached) or reached_kind(mod) for mod in model.modules()):
-            raise InputError("this TransformerBridge already belongs to a gna_interp Model (it carries gna_interp's hook "
-                             "points): use that Model itself rather than wrapping its bridge again")
+        if owned_by_model(model) or any(isinstance(mod, Reached) or reached_kind(mod) for mod in model.modules()):
+            raise InputError("this TransformerBridge already belongs to a gna_interp Model (it is model.bridge, or "
+                             "carries gna_interp's hook points): use that Model itself rather than wrapping its bridge "
+                             "again; for a second, independent Model load the checkpoint again (load_model(DIR))")
         bridge = shared_copy(model)
         bridge.reset_hooks(including_permanent=True)
         for mod in bridge.modules():  # TL wires these on first forward, closures over *its* modules: wire them anew

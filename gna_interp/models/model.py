@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -15,11 +17,70 @@ from torch import Tensor
 from gna_interp.errors import HeadError, InputError
 from gna_interp.models.arch import LayerSpec, detect_layers
 from gna_interp.models.heads import HeadRef, parse_heads
-from gna_interp.models.hf import unwrap
+from gna_interp.models.hf import quiet_transformers, unwrap
 from gna_interp.models.mixer import HeadSite
 from gna_interp.models.spec import ResolvedSpec
 
 Hooks = Sequence[tuple[Any, Callable[..., Any]]]
+
+# the bridges that gna_interp Models own: load_model(model.bridge) refuses them (use the Model itself)
+_OWNED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def owned_by_model(bridge: Any) -> bool:
+    """Whether ``bridge`` is the bridge of a gna_interp :class:`Model` (``model.bridge``)."""
+    try:
+        return bridge in _OWNED
+    except TypeError:  # not weak-referenceable: not one of ours
+        return False
+
+
+def checkpoint_tokenizer(tokenizer: Any) -> Any:
+    """The BOS rule, the same for every family and every way of loading: text is tokenised as the checkpoint's
+    own tokenizer does by default (``AutoTokenizer.from_pretrained(checkpoint)``), so a BOS token is there only
+    where that tokenizer adds one (Llama-3 and Gemma tokenizers do; SmolLM2, GPT-2, Qwen and the zoo and tiny
+    byte tokenizers do not).
+
+    TransformerLens's boot replaces a tokenizer that adds no BOS by one reloaded with ``add_bos_token=True``: a
+    bridge a user booted carries that tokenizer, and its ids would start with a BOS the checkpoint's tokenizer
+    does not add (other logits than ``load_model(folder)`` or ``load_model(hf_model, tokenizer)`` give). A
+    tokenizer whose ``add_bos_token`` was switched on when it was loaded is therefore reloaded from its
+    ``name_or_path`` with its saved setting; the one returned otherwise is ``tokenizer`` itself. When the files
+    are gone (nothing to reload), the tokenizer is kept and a warning says its BOS policy may differ."""
+    kwargs = dict(getattr(tokenizer, "init_kwargs", None) or {})
+    if kwargs.get("add_bos_token") is not True:
+        return tokenizer
+    source = str(kwargs.pop("name_or_path", "") or getattr(tokenizer, "name_or_path", "") or "")
+    kwargs.pop("add_bos_token", None)
+    if _saved_add_bos(source) is True:  # the checkpoint itself adds BOS (Llama-3, Gemma): nothing to undo
+        return tokenizer
+    try:
+        from transformers import AutoTokenizer
+
+        with quiet_transformers():
+            default = AutoTokenizer.from_pretrained(source, **{**kwargs, "local_files_only": True})
+    except Exception as e:  # transformers raises many types for files that are gone or unreadable
+        warnings.warn(f"the tokenizer of this model was loaded with add_bos_token=True and its checkpoint {source!r} "
+                      f"cannot be read to restore the saved setting ({type(e).__name__}); gna_interp uses it as it is, "
+                      f"so ids may start with a BOS token where load_model(folder) would put none", stacklevel=3)
+        return tokenizer
+    if len(default) != len(tokenizer):  # another tokenizer lives there now: keep the one given
+        return tokenizer
+    default.padding_side = tokenizer.padding_side
+    return default
+
+
+def check_mask(mask: Any, ids: Tensor, what: str = "attention_mask") -> None:
+    """Raise :class:`InputError` unless ``mask`` is a tensor of ``ids``'s shape ``[batch, pos]`` holding only 0 and 1
+    (1 = real token, 0 = padding)."""
+    if not isinstance(mask, Tensor):
+        raise InputError(f"{what} must be a tensor of 0 and 1 shaped like the ids {tuple(ids.shape)}, got "
+                         f"{type(mask).__name__}")
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise InputError(f"{what} has shape {tuple(mask.shape)} but the ids have {tuple(ids.shape)}: pass one 0/1 "
+                         f"entry per token (1 = real token, 0 = padding)")
+    if mask.is_complex() or (mask.numel() and not mask.is_meta and not bool(((mask == 0) | (mask == 1)).all())):
+        raise InputError(f"{what} may hold only 0 (padding) and 1 (real token)")
 
 
 @dataclass
@@ -36,6 +97,17 @@ class TokenBatch:
     attention_mask: Int[Tensor, "batch pos"]
     tree: Bool[Tensor, "batch pos pos"] | None = None
     positions: Int[Tensor, "batch pos"] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ids, Tensor) or self.ids.dim() != 2:
+            raise InputError(f"TokenBatch ids must be a [batch, pos] tensor, got "
+                             f"{tuple(self.ids.shape) if isinstance(self.ids, Tensor) else type(self.ids).__name__}")
+        check_mask(self.attention_mask, self.ids, "TokenBatch attention_mask")
+        shape = tuple(self.ids.shape)
+        for name, value, want in (("tree", self.tree, (*shape, shape[1])), ("positions", self.positions, shape)):
+            if value is not None and (not isinstance(value, Tensor) or tuple(value.shape) != want):
+                got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise InputError(f"TokenBatch {name} must have shape {want} (the ids are {shape}), got {got}")
 
     def select(self, rows: Sequence[int] | Tensor) -> "TokenBatch":
         """The batch restricted to ``rows``."""
@@ -54,20 +126,43 @@ class TokenBatch:
         return (self.attention_mask == 0).sum(1)
 
 
+def _saved_add_bos(source: str) -> Any:
+    """The ``add_bos_token`` saved in ``source``'s ``tokenizer_config.json`` (a folder, or a hub id in the local
+    cache); None when it is not saved or cannot be read."""
+    import json
+    from pathlib import Path
+
+    path: Any = Path(source) / "tokenizer_config.json" if source and Path(source).is_dir() else None
+    if path is None and source:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(source, "tokenizer_config.json")
+        except Exception:  # not a hub id
+            path = None
+    try:
+        saved = json.loads(Path(path).read_text()) if isinstance(path, (str, Path)) else {}
+    except (OSError, ValueError):
+        return None
+    return saved.get("add_bos_token") if isinstance(saved, dict) else None
+
+
 class Model:
     """A loaded model: the TransformerLens bridge, its tokenizer and its head layout.
 
     ``Model`` is the only code that touches the bridge: everything else runs the model through its
     methods (:meth:`forward`, :meth:`run_with_hooks`, :meth:`run_with_cache`, :meth:`hooks`,
     :meth:`blocks`, :meth:`unembed`) and learns about heads from :meth:`heads`, :meth:`layer_spec` and
-    each kind's adapter. Tokenisation follows the Hugging Face tokenizer's own special-token policy,
-    so ids equal what the plain HF model would be fed.
+    each kind's adapter. Tokenisation follows the checkpoint tokenizer's own special-token policy
+    (:func:`checkpoint_tokenizer`, however the model was loaded), so ids equal what the plain HF model would be fed.
     """
 
     def __init__(self, bridge: Any, tokenizer: Any, source: ResolvedSpec | None = None) -> None:
         self.bridge = bridge
+        tokenizer = checkpoint_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.source = source
+        _OWNED.add(bridge)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
         self.layers: list[LayerSpec] = detect_layers(bridge)
@@ -151,7 +246,7 @@ class Model:
 
     def _repr_html_(self) -> str:
         """Jupyter's display: name, family and architecture, blocks, head kinds with their counts, dtype, device."""
-        from gna_interp import _html
+        from gna_interp import html_repr as _html
 
         blocks = ", ".join(f"{n}x {k}" for k, n in Counter(self.layer_kinds()).items())
         facts = [("family", self.family or "?"), ("architecture", self.architecture),
@@ -360,13 +455,19 @@ class Model:
                 raise InputError(f"to_str_tokens takes text or the integer ids of one sequence ([pos] or [1, pos]), "
                                  f"got a {tokens.dtype} tensor of shape {tuple(tokens.shape)}")
             ids = tokens.tolist()
-        else:
+        elif isinstance(tokens, (list, tuple)):
             bad = [i for i in tokens if isinstance(i, bool) or not isinstance(i, (int, Tensor))
                    or isinstance(i, Tensor) and (i.dim() != 0 or i.is_floating_point())]
             if bad:
                 raise InputError(f"to_str_tokens takes text or the integer ids of one sequence, got a "
                                  f"{type(tokens).__name__} holding {type(bad[0]).__name__}")
             ids = [int(i) for i in tokens]
+        else:
+            raise InputError(f"to_str_tokens takes text, a tensor of ids or a list of ints, got {type(tokens).__name__}")
+        vocab = int(getattr(self.cfg, "d_vocab", 0) or len(self.tokenizer))
+        outside = [i for i in ids if not 0 <= i < vocab]
+        if outside:
+            raise InputError(f"token ids {outside[:5]} are outside the vocabulary of {self.name} (0..{vocab - 1})")
         return [self.tokenizer.decode([i]) for i in ids]
 
     def as_batch(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
@@ -378,8 +479,15 @@ class Model:
             ids = inputs if inputs.dim() == 2 else inputs.unsqueeze(0)
             self.check_ids(ids)
             self.check_length(ids.shape[1])
-            mask = torch.ones_like(ids) if attention_mask is None else attention_mask.reshape(ids.shape)
-            return TokenBatch(ids.to(self.device), mask.to(self.device))
+            if attention_mask is None:
+                mask = torch.ones_like(ids)
+            else:
+                mask = attention_mask.unsqueeze(0) if isinstance(attention_mask, Tensor) and attention_mask.dim() == 1 \
+                    and inputs.dim() == 1 else attention_mask
+                check_mask(mask, ids)
+            return TokenBatch(ids.to(self.device), mask.to(device=self.device, dtype=torch.long))
+        if attention_mask is not None:
+            raise InputError("attention_mask goes with token ids (a tensor); text is padded and masked by tokenize")
         return self.tokenize(inputs)
 
     def pad_ids(self, seqs: Sequence[Sequence[int]], check_length: bool = True) -> TokenBatch:
@@ -415,7 +523,7 @@ class Model:
         applied; ``kwargs`` go to the bridge (``return_type``, ``logits_to_keep``, ...). Gradients
         only with ``grad=True``."""
         self.check_runnable()
-        batch = self.as_batch(inputs)
+        batch = self.as_batch(inputs, kwargs.pop("attention_mask", None))
         with torch.set_grad_enabled(grad), self.hooks(fwd_hooks):
             return self.bridge(batch.ids, **self._forward_kwargs(batch), **kwargs)
 
@@ -456,7 +564,7 @@ class Model:
         final token) are the tokenizer's. ``to_str_tokens(text)`` lists exactly these positions; to get
         TransformerLens's, pass ids: ``run_with_cache(bridge.to_tokens(text))``."""
         self.check_runnable()
-        batch = self.as_batch(inputs)
+        batch = self.as_batch(inputs, kwargs.pop("attention_mask", None))
         with torch.no_grad():
             return self.bridge.run_with_cache(batch.ids, names_filter=names_filter,
                                               **self._forward_kwargs(batch), **kwargs)
@@ -541,3 +649,29 @@ class Model:
             if self.tokenizer.eos_token_id is not None and int(nxt) == self.tokenizer.eos_token_id:
                 break
         return self.tokenizer.decode(ids[0, start:])
+
+
+def check_model(model: Any, what: str = "model", *, runnable: bool = True) -> Model:
+    """The one check of a public function's model argument: ``model`` must be a loaded :class:`Model` (and, with
+    ``runnable``, one that can run a forward: not a shapes-only ``device="meta"`` model). Raises
+    :class:`InputError` naming ``what`` and saying how to get one: a spec string is loaded with
+    ``gna.load_model(spec)``, a Hugging Face model or a TransformerBridge is wrapped with
+    ``gna.load_model(obj, tokenizer)``. Returns ``model``."""
+    if isinstance(model, Model):
+        if runnable:
+            model.check_runnable()
+        return model
+    import os
+
+    if isinstance(model, (str, os.PathLike)):
+        hint = f"load it first: {what} = gna.load_model({str(model)!r:.80})"
+    elif model is None:
+        hint = "load one first: model = gna.load_model('zoo:transformer-kv') (or a folder, .gguf file, hub id)"
+    elif isinstance(model, torch.nn.Module):
+        hint = (f"wrap this {type(model).__name__} first: {what} = gna.load_model(obj, tokenizer) (a Hugging Face causal "
+                f"LM with its tokenizer, or a TransformerBridge)")
+    else:
+        hint = "load one with gna.load_model(spec) (a zoo name, a folder, a .gguf file, a hub id)"
+    shown = f"{type(model).__name__} {model!r:.60}" if not isinstance(model, torch.nn.Module) else type(model).__name__
+    raise InputError(f"{what} must be a gna_interp Model, got {shown}: {hint}")
+

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from gna_interp.errors import InputError
+from gna_interp.options import Options, check_int, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.evaluation import evaluate
 
-__all__ = ["Calibration", "ChanceVerdict", "FormResult", "KV_GRID", "SATURATED", "calibrate", "chance_margin", "choose",
+__all__ = ["CalibrateOptions", "Calibration", "ChanceVerdict", "FormResult", "KV_GRID", "SATURATED", "calibrate", "chance_margin", "choose",
            "kv_forms"]
 
 SATURATED = 0.95
@@ -191,19 +192,19 @@ class Calibration:
 
     def _repr_html_(self) -> str:
         """Jupyter's display: the grid, one row a form, the chosen one marked; the rule and what was skipped."""
-        from gna_interp import _html
+        from gna_interp import html_repr
 
         keys = list(dict.fromkeys(k for r in self.rows for k in r.form))
         rows = [[("▶ " if i == self.chosen else "") + str(i)] + [r.form.get(k, "") for k in keys]
-                + [r.task, _html.fmt(r.accuracy), _html.fmt(r.chance), _html.fmt(r.tokens, 0), r.n_samples,
+                + [r.task, html_repr.fmt(r.accuracy), html_repr.fmt(r.chance), html_repr.fmt(r.tokens, 0), r.n_samples,
                    r.verdict or ("chosen" if i == self.chosen else "")] for i, r in enumerate(self.rows)]
         styles = ["font-weight:bold;background:#e8f4e8" if i == self.chosen else "" for i in range(len(self.rows))]
-        parts = [_html.title("Calibration", f"{len(self.rows)} task forms measured, form {self.chosen} chosen"),
-                 _html.table(["form", *keys, "task", "accuracy", "chance", "prompt tokens", "prompts", "verdict"],
+        parts = [html_repr.title("Calibration", f"{len(self.rows)} task forms measured, form {self.chosen} chosen"),
+                 html_repr.table(["form", *keys, "task", "accuracy", "chance", "prompt tokens", "prompts", "verdict"],
                              rows, styles)]
         if 0 <= self.chosen < len(self.rows):
             parts.append("<ul style='font-size:12px;margin:4px 0'>" +
-                         "".join(f"<li>{_html.esc(t)}</li>" for t in self.sentences()) + "</ul>")
+                         "".join(f"<li>{html_repr.esc(t)}</li>" for t in self.sentences()) + "</ul>")
         return "<div>" + "".join(parts) + "</div>"
 
 
@@ -243,16 +244,38 @@ def kv_forms(named: Mapping[str, Any] | None = None, grid: Mapping[str, Sequence
     return ok
 
 
+@options
+class CalibrateOptions(Options):
+    """How :func:`calibrate` measures the forms.
+
+    Attributes:
+        batch_size: prompts a forward.
+        saturated: the accuracy from which a form leaves no headroom (:func:`choose`).
+        progress: receives one line a form (None: nothing).
+        stage: ``form -> key`` ordering the forms from easy to hard (e.g. the dictionary size; None: one stage).
+    """
+
+    batch_size: int = 16
+    saturated: float = SATURATED
+    progress: Callable[[str], None] | None = None
+    stage: Callable[[dict[str, Any]], Any] | None = None
+
+    def validate(self) -> None:
+        check_int("batch_size", self.batch_size, 1)
+
+
 def calibrate(model: Any, forms: Sequence[dict[str, Any]], build: Callable[[dict[str, Any]], Task],
-              named: Mapping[str, Any] | None = None, batch_size: int = 16, saturated: float = SATURATED,
-              progress: Callable[[str], None] | None = None,
-              stage: Callable[[dict[str, Any]], Any] | None = None) -> Calibration:
+              named: Mapping[str, Any] | None = None, config: CalibrateOptions | None = None,
+              **overrides: Any) -> Calibration:
     """Evaluate the intact ``model`` on the task ``build(form)`` of the forms and choose one (:func:`choose`).
 
-    ``build`` makes the (small) task of a form; ``named`` records the knobs the user fixed; ``progress``
-    receives one line a form. ``stage`` (e.g. the dictionary size) orders the forms from easy to hard: the
-    forms of a harder stage are measured only when no form measured so far has headroom (solved and below
-    ``saturated``), since the rule would not choose them (:attr:`Calibration.skipped` lists them)."""
+    ``build`` makes the (small) task of a form; ``named`` records the knobs the user fixed; ``config``
+    (:class:`CalibrateOptions`) or keyword ``overrides`` of its fields: ``batch_size``, ``saturated``,
+    ``progress`` (receives one line a form) and ``stage`` (e.g. the dictionary size), which orders the forms from
+    easy to hard: the forms of a harder stage are measured only when no form measured so far has headroom (solved
+    and below ``saturated``), since the rule would not choose them (:attr:`Calibration.skipped` lists them)."""
+    cfg = CalibrateOptions.build(config, **overrides)
+    batch_size, saturated, progress, stage = cfg.batch_size, cfg.saturated, cfg.progress, cfg.stage
     start = time.perf_counter()
     key = stage or (lambda f: 0)
     stages = sorted({key(f) for f in forms})

@@ -180,6 +180,8 @@ def calibrate(model: Any, choice: TaskChoice | None = None, progress: Callable[[
     keyword overrides of :class:`TaskChoice`: the knobs named are kept) and return the grid with the form chosen
     (``.form``, ``.rows``); None when nothing is left to choose (every knob named, ``calibrate=0``, cloze).
     ``progress`` receives a line per step."""
+    from gna_interp.models.model import check_model
+    check_model(model)
     return _calibrate_form(model, TaskChoice.build(choice, **overrides), progress)[0]
 
 
@@ -227,6 +229,8 @@ def choose_task(model: Any, choice: TaskChoice | None = None, progress: Callable
     """Choose the form (calibrating it where knobs are not named), then build the task, its knowledge twin and the
     other formats (the module docstring says how). ``choice`` is a :class:`TaskChoice`, or keyword overrides of
     its fields (``kind="mc"``, ``pairs=20``, ``formats=("official",)``, ...)."""
+    from gna_interp.models.model import check_model
+    check_model(model)
     choice = TaskChoice.build(choice, **overrides)
     cal, form = _calibrate_form(model, choice, progress)
     notes: list[str] = []

@@ -38,6 +38,8 @@ DEFAULT_VALUE_SUFFIX = {"official": "", "completion": "\n"}
 
 MAX_SAMPLES = 100_000  # prompts of one task: far beyond what a scan runs, far below what hangs a machine
 MAX_PAIRS = 10_000  # lines of one dictionary (the paper's largest is 50; past this no context holds a prompt)
+MAX_VALUE = 10**9  # largest value of a line (a value is a few tokens; past this it is a long number, not a value)
+MAX_LINES = 250_000  # dictionary lines of all prompts together (n_pairs x n_samples): about 3 s to build
 
 
 class KVRetrieval(Task):
@@ -51,20 +53,31 @@ class KVRetrieval(Task):
 
     def __init__(self, n_pairs: int = 10, n_samples: int = 64, seed: int = 0, template: Template = "official",
                  max_value: int = 99, words: Sequence[str] | None = None, value_suffix: str | None = None) -> None:
-        if template not in TEMPLATES:
+        if not isinstance(template, str) or template not in TEMPLATES:
             raise InputError(f"unknown KV template {template!r}; choose one of {TEMPLATES}")
+        if isinstance(seed, bool) or not isinstance(seed, Integral):
+            raise InputError(f"seed must be an integer (the same seed gives the same prompts), got {seed!r:.60}")
+        if value_suffix is not None and not isinstance(value_suffix, str):
+            raise InputError(f"value_suffix must be a string (what follows each value in the candidates) or None, got "
+                             f"{type(value_suffix).__name__}")
         keys = _check_words(words) if words is not None else word_list()
-        if not isinstance(n_pairs, Integral) or not isinstance(n_samples, Integral) or n_pairs < 2 or n_samples < 1:
+        if (any(isinstance(v, bool) or not isinstance(v, Integral) for v in (n_pairs, n_samples)) or n_pairs < 2
+                or n_samples < 1):
             raise InputError(f"n_pairs must be an integer >= 2 (a dictionary needs two lines to choose between) and "
-                             f"n_samples >= 1, got n_pairs={n_pairs!r}, n_samples={n_samples!r}")
+                             f"n_samples >= 1, got n_pairs={n_pairs!r:.40}, n_samples={n_samples!r:.40}")
         if n_samples > MAX_SAMPLES or n_pairs > MAX_PAIRS:
             raise InputError(f"KVRetrieval({n_pairs}, {n_samples}) is too large: at most {MAX_SAMPLES:,} prompts of "
                              f"{MAX_PAIRS:,} lines (a prompt's tokens grow with the lines; an ablation scan reruns every "
                              f"prompt once per head); build several smaller tasks instead")
+        if n_samples * n_pairs > MAX_LINES:
+            raise InputError(f"KVRetrieval({n_pairs}, {n_samples}) asks for {n_samples * n_pairs:,} dictionary lines, more "
+                             f"than {MAX_LINES:,} (n_pairs x n_samples; every prompt is built and tokenized before the "
+                             f"first forward): lower n_samples or n_pairs, or build several smaller tasks")
         if isinstance(max_value, bool) or not isinstance(max_value, Integral):
-            raise InputError(f"max_value must be an integer, got {max_value!r}")
-        if max_value < 0:
-            raise InputError(f"max_value must be >= 0, got {max_value}")
+            raise InputError(f"max_value must be an integer, got {max_value!r:.60}")
+        if not 0 <= max_value <= MAX_VALUE:
+            raise InputError(f"max_value must be in 0..{MAX_VALUE:,} (values are the integers 0..max_value), got "
+                             f"{max_value!r:.40}")
         if n_pairs > max_value + 1:
             raise InputError(
                 f"n_pairs={n_pairs} needs {n_pairs} distinct values but values are the integers 0..{max_value} "

@@ -35,7 +35,8 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Literal, Sequence
 
 import pandas as pd
 import torch
@@ -44,7 +45,8 @@ from torch import Tensor
 from gna_interp.progress import tqdm
 
 from gna_interp.errors import InputError
-from gna_interp.models.model import Model, TokenBatch
+from gna_interp.models.model import Hooks, Model, TokenBatch
+from gna_interp.options import Options, options
 from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.metrics import ACCURACY, LOGIT_DIFF, raw
 
@@ -139,10 +141,16 @@ class Chunk:
         return int(self.batch.ids.numel())
 
 
-Hooks = Sequence[tuple[Any, Callable]] | Callable[[Chunk], Sequence[tuple[Any, Callable]]]
+ChunkHooks = Hooks | Callable[[Chunk], Hooks]
+"""Forward hooks for a plan's chunks: one list ``[(hook name, fn), ...]`` for every chunk (a
+:data:`~gna_interp.models.model.Hooks`), or a callable ``Chunk -> hooks`` for hooks that need to know
+which sample sits where."""
+Intervention = Callable[[Chunk], ContextManager[Any]]
+"""What runs around one chunk's forward (e.g. ``lambda chunk: mask_pattern(model, masks_for(chunk))``)."""
 
-__all__ = ["METHODS", "CandidateScores", "Chunk", "Method", "Row", "ScoreTable", "ScoringPlan", "Target",
-           "distinct_reads", "layout_chunks", "packable", "plan_scoring", "read_logprobs", "row_chunks", "run_plan", "score_candidates", "whole_samples"]
+__all__ = ["METHODS", "CandidateScores", "Chunk", "ChunkHooks", "ChunkReads", "Intervention", "Method", "Row",
+           "ScoreTable", "ScoringPlan", "Target", "distinct_reads", "layout_chunks", "packable", "plan_scoring",
+           "read_chunks", "read_logprobs", "row_chunks", "RunOptions", "run_plan", "score_candidates", "whole_samples"]
 
 
 def _candidate_tokens(tokenizer: Any, prompt_ids: list[int], prompt: str, cands: Sequence[str],
@@ -456,17 +464,47 @@ class ScoreTable:
                                self.plan.method, self.n_forwards)
 
 
-def _run_rows(model: Model, plan: ScoringPlan, table: ScoreTable, batch_size: int, fwd_hooks: Hooks,
+@dataclass(frozen=True)
+class ChunkReads:
+    """One chunk's forward as :func:`read_chunks` yields it: the ``logits`` at the chunk's distinct read positions
+    (:func:`distinct_reads`), read ``i`` at ``logits[inverse[i]]``."""
+
+    chunk: Chunk
+    logits: Float[Tensor, "n_distinct vocab"]
+    inverse: Int[Tensor, " n_reads"]
+
+    @property
+    def at_reads(self) -> Float[Tensor, "n_reads vocab"]:
+        """The logits at every read, in the chunk's read order."""
+        return self.logits[self.inverse.to(self.logits.device)]
+
+    def logprobs(self) -> Float[Tensor, " n_reads"]:
+        """Log-probability of each read's token (``chunk.read_tok``), for :meth:`ScoreTable.add`."""
+        return read_logprobs(self.logits, self.chunk.read_tok, self.inverse)
+
+
+def read_chunks(model: Model, chunks: Iterable[Chunk], hooks: ChunkHooks = (),
+                intervention: Intervention | None = None) -> Iterator[ChunkReads]:
+    """The chunk runner: for each chunk, one forward without gradients with ``hooks`` (a list, or ``Chunk -> list``)
+    inside the chunk's ``intervention`` (a context manager, e.g. a pattern mask), the model's head applied at the
+    distinct read positions only (:meth:`Model.read_logits <gna_interp.models.model.Model.read_logits>`: the
+    vocabulary is paid once per distinct read)."""
+    for chunk in chunks:
+        rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
+        with intervention(chunk) if intervention is not None else nullcontext():
+            logits = model.read_logits(chunk.batch, rows, pos, hooks(chunk) if callable(hooks) else hooks)
+        yield ChunkReads(chunk, logits, inverse)
+
+
+def _run_rows(model: Model, plan: ScoringPlan, table: ScoreTable, batch_size: int, fwd_hooks: ChunkHooks,
               bar: Any, pack: bool = False) -> None:
     """Every row in full (prompt + fed tokens), ``batch_size`` rows per forward (one row per forward
     for ``per_candidate``), logits only at the distinct read positions; with ``pack``, each
     sample's rows as one tree-masked sequence (:func:`layout_chunks`), ``batch_size`` samples per forward."""
     chunks = layout_chunks(model, plan, 1 if plan.method == "per_candidate" else batch_size, pack=pack)
     bar.reset(total=len(chunks))
-    for chunk in chunks:
-        hooks = fwd_hooks(chunk) if callable(fwd_hooks) else fwd_hooks
-        rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
-        table.add(chunk, read_logprobs(model.read_logits(chunk.batch, rows, pos, hooks), chunk.read_tok, inverse))
+    for read in read_chunks(model, chunks, fwd_hooks):
+        table.add(read.chunk, read.logprobs())
         bar.update()
 
 
@@ -514,10 +552,29 @@ def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: ScoreTable, batch_s
         bar.update()
 
 
+@options
+class RunOptions(Options):
+    """How a plan's forwards are run, apart from what they compute.
+
+    Attributes:
+        progress: show a progress bar (None: the function's default -- off for :func:`run_plan` and
+            :func:`score_candidates`, on for :func:`~gna_interp.tasks.evaluate`).
+        desc: the bar's label.
+        share_prefix: how a sample's several rows are run (:func:`run_plan`): None packs them where the model
+            allows it, True continues them from the prompt's KV cache, False runs every row in full.
+    """
+
+    progress: bool | None = None
+    desc: str | None = None
+    share_prefix: bool | None = None
+
+
 @torch.no_grad()
-def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: Hooks = (),
-             progress: bool = False, desc: str | None = None, share_prefix: bool | None = None) -> CandidateScores:
-    """Run the forwards of ``plan`` (``batch_size`` sequences each) and collect every candidate's score.
+def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: ChunkHooks = (),
+             config: RunOptions | None = None, **overrides: Any) -> CandidateScores:
+    """Run the forwards of ``plan`` (``batch_size`` sequences each) and collect every candidate's score;
+    ``config`` (:class:`RunOptions`) or keyword ``overrides`` of its fields: ``progress``, ``desc``,
+    ``share_prefix``.
 
     By default (``share_prefix=None``) a sample with several rows is packed into one tree-masked sequence
     on models that allow it (:func:`packable`: the prompt is run once per sample, in one forward per
@@ -526,6 +583,8 @@ def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: H
     hooks applied to every forward; pass a callable ``Chunk -> hooks`` for hooks that need to know which
     sample sits where (this runs full rows, never packed or from a shared prefix).
     """
+    cfg = RunOptions.build(config, **overrides)
+    progress, desc, share_prefix = bool(cfg.progress), cfg.desc, cfg.share_prefix
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
     if share_prefix and not model.splits_prefix_cache:
@@ -547,8 +606,7 @@ def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: H
 
 
 def score_candidates(model: Model, samples: Sequence[Sample], method: Method = "auto", batch_size: int = 16,
-                     fwd_hooks: Hooks = (), progress: bool = False,
-                     share_prefix: bool | None = None) -> CandidateScores:
-    """Plan and run the scoring of ``samples`` in one go (see :func:`plan_scoring`, :func:`run_plan`)."""
-    return run_plan(model, plan_scoring(model, samples, method), batch_size, fwd_hooks, progress,
-                    share_prefix=share_prefix)
+                     fwd_hooks: ChunkHooks = (), config: RunOptions | None = None, **overrides: Any) -> CandidateScores:
+    """Plan and run the scoring of ``samples`` in one go (see :func:`plan_scoring`, :func:`run_plan`; ``config``
+    and ``overrides`` as there)."""
+    return run_plan(model, plan_scoring(model, samples, method), batch_size, fwd_hooks, config, **overrides)

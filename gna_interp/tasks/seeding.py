@@ -29,14 +29,19 @@ class StableRng:
         return min(int(self._r.random() * n), n - 1)
 
     def sample(self, items: Sequence[T], k: int) -> list[T]:
-        """``k`` distinct items in random order (partial Fisher-Yates)."""
-        if not 0 <= k <= len(items):
-            raise ValueError(f"cannot draw {k} distinct items from {len(items)}")
-        pool = list(items)
+        """``k`` distinct items in random order (partial Fisher-Yates, its swaps kept in a dict: ``items`` is indexed,
+        never copied, so drawing from ``range(10**9)`` costs ``k`` steps, not a billion-item list)."""
+        n = len(items)
+        if not 0 <= k <= n:
+            raise ValueError(f"cannot draw {k} distinct items from {n}")
+        moved: dict[int, int] = {}  # position -> index of the item now there (absent: its own)
+        out = []
         for i in range(k):
-            j = i + self.below(len(pool) - i)
-            pool[i], pool[j] = pool[j], pool[i]
-        return pool[:k]
+            j = i + self.below(n - i)
+            at_i, at_j = moved.get(i, i), moved.get(j, j)
+            moved[i], moved[j] = at_j, at_i
+            out.append(items[at_j])
+        return out
 
     def shuffled(self, items: Sequence[T]) -> list[T]:
         """A random permutation of ``items``."""

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.mixing.pattern_set import PatternSet
+from gna_interp.options import Options, options
 from gna_interp.tasks.segments import Segments
 from gna_interp.viz.attention import display_rows
 
@@ -21,9 +22,18 @@ def _show(token: str) -> str:
     return html.escape(token.replace("\n", "\\n").replace("\t", "\\t"), quote=False) or "\u2205"
 
 
+@options
+class CardAnswer(Options):
+    """The answers a :func:`ga_card` marks, all optional: ``gold`` and ``pred`` item indices and ``candidates`` the
+    answer texts (``candidates[i]`` belongs to item ``i``)."""
+
+    gold: int | None = None
+    pred: int | None = None
+    candidates: Sequence[str] | None = None
+
+
 def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | str, segments: Segments,
-            sample: int = 0, gold: int | None = None, pred: int | None = None,
-            candidates: Sequence[str] | None = None) -> Any:
+            sample: int = 0, answer: CardAnswer | None = None, **overrides: Any) -> Any:
     """Plotly figure of one sample seen by a Gather head and an Aggregate head.
 
     Left: for every segment (one row per dictionary line / option), the ``gather`` head's weights
@@ -33,10 +43,12 @@ def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | st
     token (dark) and the rest of the segment (light); gold green, a wrong prediction red. SSM heads
     are shown as ``|M| / Σ|M|`` per row (as in :func:`~gna_interp.viz.attention.attention_heads`).
 
-    ``segments`` index the sample's own tokens (``sample.segments(tokenizer)``); ``gold`` and
-    ``pred`` are item indices and ``candidates`` the answer texts (``candidates[i]`` belongs to item
-    ``i``), all optional.
+    ``segments`` index the sample's own tokens (``sample.segments(tokenizer)``); ``answer``
+    (:class:`CardAnswer`) or keyword ``overrides`` of its fields: ``gold`` and ``pred`` item indices and
+    ``candidates`` the answer texts (``candidates[i]`` belongs to item ``i``), all optional.
     """
+    ans = CardAnswer.build(answer, **overrides)
+    gold, pred, candidates = ans.gold, ans.pred, ans.candidates
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 

@@ -9,6 +9,7 @@ from typing import Any
 from gna_interp.models.heads import HeadRef
 from gna_interp.mixing.pattern_set import PatternSet
 from gna_interp.mixing.sharpness import sharpness
+from gna_interp.options import Options, options
 from gna_interp.viz.attention import display_rows
 
 _MAX_TICK_TOKENS = 40
@@ -32,16 +33,28 @@ def _stats(pattern: Any, final: int) -> dict[str, float]:
             "final-row top-1 mass": float(s.top1[final]), "final-row support": float(s.support[final])}
 
 
+@options
+class FigureText(Options):
+    """Text of a :func:`compare_heads` figure: the two panels' ``labels`` (default: the heads' names and kinds) and
+    its ``title``."""
+
+    labels: tuple[str, str] | None = None
+    title: str | None = None
+
+
 def compare_heads(left: PatternSet, left_head: HeadRef | str, right: PatternSet, right_head: HeadRef | str,
-                  sample: int = 0, labels: tuple[str, str] | None = None, title: str | None = None) -> Any:
+                  sample: int = 0, text: FigureText | None = None, **overrides: Any) -> Any:
     """Plotly figure: ``left_head`` of ``left`` and ``right_head`` of ``right`` on sample ``sample``,
     as two heatmaps (query row x key column), with a table of their sharpness numbers below.
 
     The two pattern sets may come from two models (a Transformer and an SSM fed the same prompt) or be
     the same set (a hybrid). Sharpness (:func:`gna_interp.mixing.sharpness.sharpness`) treats each row
     as ``|A| / Σ|A|`` over the causal keys -- exactly what is drawn -- and is reported as the mean over
-    query rows (row 0 excluded) and for the final row. ``labels`` default to the heads' names and kinds.
+    query rows (row 0 excluded) and for the final row. ``text`` (:class:`FigureText`) or keyword ``overrides``
+    of its fields: ``labels`` (default: the heads' names and kinds) and ``title``.
     """
+    shown = FigureText.build(text, **overrides)
+    labels, title = shown.labels, shown.title
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 

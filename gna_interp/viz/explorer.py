@@ -20,7 +20,7 @@ from gna_interp.circuits.replay import SetAblation
 from gna_interp.errors import InputError
 from gna_interp.mixing import patterns
 from gna_interp.models.heads import HeadRef
-from gna_interp.models.model import Model
+from gna_interp.models.model import Model, check_model
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores
 from gna_interp.viz.attention import attention_heads
@@ -215,6 +215,7 @@ def explore(model: Model, task: Task, heads: Sequence[HeadRef | str] | None = No
     ``heads`` limits the list (default: every head); ``method`` is ``"zero"`` or ``"mean"``. The returned
     ipywidgets widget carries its :class:`Explorer` as ``.explorer`` (call ``select``/``apply`` from code).
     """
+    check_model(model)
     ex = Explorer(model, task, heads, method, sample)
     widget = ex.widget
     widget.explorer = ex

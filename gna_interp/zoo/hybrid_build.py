@@ -92,7 +92,7 @@ LOSSES = ("kl", "kl_answers", "ce", "kl+ce")
 SSM_INITS = ("zero", "random")
 SUPPORTED_TEACHERS = ("LlamaForCausalLM",)
 
-__all__ = ["HybridConfig", "LOSSES", "Layout", "build_hybrid", "distill_loss", "is_attention", "layout",
+__all__ = ["HybridConfig", "HybridRun", "LOSSES", "Layout", "build_hybrid", "distill_loss", "is_attention", "layout",
            "random_heads", "student_recipe", "transplant", "unused_masks"]
 
 
@@ -383,22 +383,33 @@ Unused attention slots (q/k/v/o zero, kept at zero through training, so their ou
 and a scan gives them no effect; not kept heads): {unused}."""}
 
 
+@options
+class HybridRun(TrainingRun):
+    """A :class:`~gna_interp.zoo.training.TrainingRun` of :func:`build_hybrid`, plus what the student's card says
+    of it: its ``name`` (None: ``out``'s folder name) and ``chosen_by``, how ``keep`` was chosen."""
+
+    name: str | None = None
+    chosen_by: str = "given"
+
+
 def build_hybrid(teacher: "Model | str | os.PathLike", keep: Sequence[HeadRef | str], out: str | os.PathLike, *,
-                 seed: int = 0, config: HybridConfig | None = None, name: str | None = None,
-                 chosen_by: str = "given", run: TrainingRun | None = None, **overrides: Any) -> TrainResult:
+                 seed: int = 0, config: HybridConfig | None = None, run: TrainingRun | None = None,
+                 **overrides: Any) -> TrainResult:
     """Distil ``teacher`` (a Llama zoo model) into a Falcon-H1 student that keeps the attention heads ``keep``
     (``[]``: none) and has Mamba-2 heads everywhere; save it to ``out`` as a zoo checkpoint and evaluate it.
 
     Keyword ``overrides`` adjust ``config`` (:class:`HybridConfig`: ``steps``, ``loss``, ...) and ``run``
-    (:class:`~gna_interp.zoo.training.TrainingRun`: ``eval_sizes``, ``eval_samples``, ``threads``, ``log``,
-    ``log_every``), each by its field names; ``seed`` seeds the student's initialisation and the training
-    data stream; ``chosen_by`` says in the card how ``keep`` was chosen. Returns the
+    (:class:`HybridRun`, or a :class:`~gna_interp.zoo.training.TrainingRun`: ``eval_sizes``, ``eval_samples``,
+    ``threads``, ``log``, ``log_every``, and the card's ``name`` and ``chosen_by``), each by its field names;
+    ``seed`` seeds the student's initialisation and the training data stream. Returns the
     :class:`~gna_interp.zoo.training.TrainResult` (``out``, ``card``, losses).
     """
-    run_names = TrainingRun.field_names()
-    opts = TrainingRun.build(run, **{k: v for k, v in overrides.items() if k in run_names})
+    run_names = HybridRun.field_names()
+    base = run if run is None or isinstance(run, HybridRun) else HybridRun.build(None, **run.to_dict())
+    opts = HybridRun.build(base, **{k: v for k, v in overrides.items() if k in run_names})
     overrides = {k: v for k, v in overrides.items() if k not in run_names}
-    eval_sizes, eval_samples, log = opts.eval_sizes, opts.eval_samples, opts.log
+    name, chosen_by = opts.name, opts.chosen_by
+    log = opts.log
     threads = 1 if opts.threads is None else opts.threads
     log_every = 100 if opts.log_every is None else opts.log_every
     from gna_interp.models.loading import quiet_transformers
@@ -448,8 +459,7 @@ def build_hybrid(teacher: "Model | str | os.PathLike", keep: Sequence[HeadRef | 
                      f"{cfg.mamba_groups} group(s), conv {cfg.mamba_conv})",
             "config": cfg.to_dict(),
         }
-        card = save_evaluated(student, tokenizer, out, card, eval_sizes, eval_samples,
-                              sections=_sections(card))
+        card = save_evaluated(student, tokenizer, out, card, opts, sections=_sections(card))
         say(f"  wrote {out}; accuracy " + ", ".join(f"{k} pairs {v['accuracy']:.3f}"
                                                      for k, v in card["evaluation"]["by_pairs"].items()))
         return TrainResult(Path(out), card, losses)

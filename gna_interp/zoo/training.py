@@ -234,12 +234,16 @@ def answer_loss(model: torch.nn.Module, inputs: Int[Tensor, "batch pos"], positi
 
 
 def fit(model: torch.nn.Module, r: Recipe, tokenizer: Any, loss_fn: LossFn = answer_loss,
-        params: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
-        log: Callable[[str], None] | None = print, log_every: int = 50) -> tuple[list[float], float]:
+        params: Iterable[tuple[str, torch.nn.Parameter]] | None = None, run: "TrainingRun | None" = None,
+        **overrides: Any) -> tuple[list[float], float]:
     """Train ``model`` for ``r.steps`` steps on the zoo's data (:func:`training_batch` of ``r``): the
     optimizer of :func:`make_optimizer` over ``params`` (default: every named parameter), learning rate
     :func:`lr_at`, gradients clipped to norm ``r.grad_clip``; ``loss_fn(model, inputs, positions, values)``
-    gives each step's loss (default :func:`answer_loss`). Returns the loss per step and the wall time (s)."""
+    gives each step's loss (default :func:`answer_loss`). ``run`` (:class:`TrainingRun`) or keyword ``overrides``
+    of its fields: ``log`` (default ``print``) and ``log_every`` (default 50). Returns the loss per step and the
+    wall time (s)."""
+    opts = TrainingRun.build(run, **overrides)
+    log, log_every = opts.log, 50 if opts.log_every is None else opts.log_every
     named = list(model.named_parameters() if params is None else params)
     trained = [p for _, p in named]
     opt = make_optimizer(r, named)
@@ -265,11 +269,14 @@ def fit(model: torch.nn.Module, r: Recipe, tokenizer: Any, loss_fn: LossFn = ans
 
 
 def save_evaluated(model: torch.nn.Module, tokenizer: Any, out: str | os.PathLike, card: dict[str, Any],
-                   eval_sizes: Sequence[int] = DEFAULT_EVAL_SIZES, eval_samples: int = 200,
-                   sections: Mapping[str, str] | None = None) -> dict[str, Any]:
+                   run: "TrainingRun | None" = None, sections: Mapping[str, str] | None = None,
+                   **overrides: Any) -> dict[str, Any]:
     """Save ``model`` (fp32 safetensors) and ``tokenizer`` to ``out``, measure its KV accuracy there
-    (:func:`evaluate_checkpoint`, through ``load_model``) into ``card["evaluation"]`` and write the card
+    (:func:`evaluate_checkpoint`, through ``load_model``, at ``run``'s ``eval_sizes`` and ``eval_samples``:
+    a :class:`TrainingRun` or keyword ``overrides`` of its fields) into ``card["evaluation"]`` and write the card
     (with ``sections``, see :func:`render_card`); returns the card."""
+    opts = TrainingRun.build(run, **overrides)
+    eval_sizes, eval_samples = opts.eval_sizes, opts.eval_samples
     from gna_interp.models.loading import quiet_transformers
 
     out = Path(out)
@@ -341,7 +348,7 @@ def train(name: str, out: str | os.PathLike, steps: int | None = None, seed: int
         say(f"{name}: {r.hf_class}, {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
             f"{r.steps} steps, batch {r.batch_size}, dictionaries {r.pairs[0]}-{r.pairs[1]} pairs, seed {r.seed}")
         losses, wall = fit(model, r, tokenizer, log=log, log_every=log_every)
-        card = save_evaluated(model, tokenizer, out, card_for(r, counts, wall, losses), eval_sizes, eval_samples)
+        card = save_evaluated(model, tokenizer, out, card_for(r, counts, wall, losses), opts)
         say(f"  wrote {out}; accuracy " + ", ".join(f"{k} pairs {v['accuracy']:.3f}"
                                                      for k, v in card["evaluation"]["by_pairs"].items()))
         return TrainResult(Path(out), card, losses)
