@@ -287,3 +287,19 @@ def test_a_hostile_edge_row_is_refused_on_load(circuit, tmp_path, bad):
     (folder / "circuit.json").write_text(json.dumps(doc))
     with pytest.raises(InputError, match="edges/0"):
         Circuit.load(folder)
+
+
+def test_a_circuit_at_chance_names_no_head_that_brings_it_to_chance(circuit):
+    """With allow_chance on a model at chance, every head's ablated accuracy is 'at chance' too: the summary says the
+    intact model is at chance instead of naming heads."""
+    import copy
+
+    from gna_interp.report.summary import circuit_summary
+
+    at = copy.copy(circuit)
+    at.baseline = {**circuit.baseline, "accuracy": circuit.baseline["chance"]}
+    assert at.at_chance() and at.decisive() == []
+    assert "none: the intact model is itself at chance" in circuit_summary(at)
+    above = copy.copy(circuit)
+    above.baseline = {**circuit.baseline, "accuracy": 1.0}
+    assert not above.at_chance()

@@ -213,6 +213,12 @@ class Circuit:
         gat = earlier if not earlier.empty else gat
         return (HeadRef.parse(gat["name"].iloc[0]), a) if not gat.empty else None
 
+    def at_chance(self) -> bool:
+        """Whether the intact model is itself within the chance margin on the task (a run with ``allow_chance``)."""
+        chance, acc = self.baseline.get("chance"), self.baseline.get("accuracy")
+        n = len(next(iter(self.scan.baseline.values()), []))
+        return chance is not None and acc is not None and n > 0 and acc <= chance + chance_margin(chance, n)
+
     def decisive(self) -> list[tuple[HeadRef, float]]:
         """Heads whose removal alone brings the task's accuracy to chance (within the margin of
         :func:`~gna_interp.circuits.discovery.check_solvable`), with that accuracy, best-ranked first: the paper's "one head: 66% -> 25%"."""
@@ -220,6 +226,8 @@ class Circuit:
         if chance is None or not n:
             return []
         margin = chance_margin(chance, n)
+        if self.at_chance():  # nothing to bring there: every head would be named
+            return []
         out = [(h, self.scan.ablated(h, "accuracy")) for h in self.scan.top(len(self.scan.heads)) if h in self.scan.exact]
         return [(h, a) for h, a in out if a <= chance + margin]
 

@@ -304,6 +304,18 @@ class PathPatcher:
                 copies.append((g, {r: by_input}, dict(reads)))
         return [(g, members) for g, members, _ in copies]
 
+    def _isolation(self, copies: list[tuple[int, dict[HeadRef, Any]]], specs: dict[HeadRef, Any]
+                   ) -> dict[str, dict[int, list[InputSite]]]:
+        """Per isolation hook and copy, the receivers' sites whose channels stay patched (the other heads' are put
+        back to their clean values; :meth:`MixerAdapter.receiver_isolation`)."""
+        isolate: dict[str, dict[int, list[InputSite]]] = {}
+        for n, (_, members) in enumerate(copies):
+            for r in members:
+                iso = specs[r].adapter.receiver_isolation(self.model, specs[r], r)
+                if iso is not None:
+                    isolate.setdefault(iso.hook, {}).setdefault(n, []).append(iso)
+        return isolate
+
     def _receiver_outputs(self, prefix: Prefix, layer: int, clean: _Clean, writes: dict[HeadRef, Tensor],
                           masks: dict[str, Tensor], items: list[tuple[int, HeadRef, dict[str, list[Edge]]]]
                           ) -> dict[tuple[int, HeadRef], Tensor]:
@@ -351,12 +363,7 @@ class PathPatcher:
                 return out
             return hook
 
-        isolate: dict[str, dict[int, list[InputSite]]] = {}
-        for n, (_, members) in enumerate(copies):
-            for r in members:
-                iso = specs[r].adapter.receiver_isolation(model, specs[r], r)
-                if iso is not None:
-                    isolate.setdefault(iso.hook, {}).setdefault(n, []).append(iso)
+        isolate = self._isolation(copies, specs)
 
         def restore(entries: dict[int, list[InputSite]], name: str) -> Any:
             def hook(v: Tensor, hook: Any = None) -> Tensor:

@@ -30,7 +30,9 @@ def circuit_summary(circuit: Circuit, top: int = 10) -> str:
     lines += [f"- {n}" for n in circuit.notes]
     decisive = circuit.decisive()
     lines.append("- heads whose removal alone brings accuracy to chance: " + (", ".join(
-        f"{h.name} ({a:.3f})" for h, a in decisive) if decisive else "none (the task survives every single removal)"))
+        f"{h.name} ({a:.3f})" for h, a in decisive) if decisive else
+        "none: the intact model is itself at chance" if circuit.at_chance() else
+        "none (the task survives every single removal)"))
     df = circuit.to_frame()
     has_control = "control_drop" in df
     if has_control:
