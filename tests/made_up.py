@@ -59,7 +59,7 @@ def made_up_circuit(model: Any, heads: list[HeadRef], n_pairs: int = 4, n_cards:
                       curve)
     if n_cards:
         ranked = scan.top(len(heads))
-        circuit.views = card_views(model, task, ranked, circuit.to_frame(), circuit.pair(), n_cards)
+        circuit.views = card_views(model, task, ranked, circuit.to_frame(), circuit.pair(), n_cards=n_cards)
     return circuit
 
 

@@ -6,7 +6,7 @@ from gna_interp.circuits.curve import CurveConfig, ablation_curve
 from gna_interp.circuits.discovery import DiscoverConfig, discover
 from gna_interp.circuits.comparison import CircuitComparison, compare_circuits
 from gna_interp.circuits.hybrid import HybridPlan, plan_hybrid
-from gna_interp.circuits.paths import Edge, PathEffects, PathPatcher, path_effects
+from gna_interp.circuits.paths import Edge, PathEffects, PathOptions, PathPatcher, path_effects
 from gna_interp.circuits.prune import prune_curve
 from gna_interp.circuits.reference import reference_scan
 from gna_interp.circuits.roles import RoleRule, role_scores
@@ -14,7 +14,7 @@ from gna_interp.circuits.scan import ScanConfig, scan_heads
 from gna_interp.circuits.scan_result import HeadScan
 from gna_interp.circuits.views import CardViews, card_heads, card_views
 
-__all__ = ["CardViews", "Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "HeadScan", "PathEffects", "PathPatcher", "HybridPlan", "RoleRule", "ScanConfig", "ablation_curve", "reference_scan",
+__all__ = ["CardViews", "Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "HeadScan", "PathEffects", "PathOptions", "PathPatcher", "HybridPlan", "RoleRule", "ScanConfig", "ablation_curve", "reference_scan",
            "card_heads", "card_views", "compare_circuits", "discover", "path_effects", "plan_hybrid", "prune_curve", "role_scores", "scan_heads"]
 from gna_interp.circuits.interactions import Interactions, head_interactions
 __all__ += ["Interactions", "head_interactions"]

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from gna_interp.circuits.paths import LOGITS, Edge, PathEffects, PathPatcher, path_effects
+from gna_interp.circuits.paths import LOGITS, Edge, PathEffects, PathOptions, PathPatcher, path_effects
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
@@ -65,15 +65,17 @@ def circuit_edges(heads: Sequence[HeadRef]) -> list[Edge]:
     return out
 
 
-def measure_edges(model: Model, task: Task, heads: Sequence[HeadRef], metric: str = "logit_diff",
-                  method: str = "zero", reference: Any = None, batch_size: int = 16) -> pd.DataFrame:
-    """The edge table of ``heads`` on ``task`` (columns :data:`EDGE_COLUMNS`; effect = drop of ``metric`` when
-    the edge alone is removed, with a 95 % paired bootstrap interval)."""
+def measure_edges(model: Model, task: Task, heads: Sequence[HeadRef], config: PathOptions | None = None,
+                  **overrides: Any) -> pd.DataFrame:
+    """The edge table of ``heads`` on ``task`` (columns :data:`EDGE_COLUMNS`; effect = drop of the metric when
+    the edge alone is removed, with a 95 % paired bootstrap interval); ``config``: a :class:`PathOptions` (or keyword
+    overrides of its fields: ``metric``, ``method``, ``reference``, ``batch_size``)."""
+    cfg = PathOptions.build(config, **overrides)
     edges = circuit_edges(list(heads))
     if not edges:
         return pd.DataFrame(columns=EDGE_COLUMNS)
-    pp = PathPatcher(model, task, method, reference, batch_size)  # type: ignore[arg-type]
-    effects: PathEffects = path_effects(model, task, edges, metric=metric, patcher=pp)
+    pp = PathPatcher(model, task, cfg.method, cfg.reference, cfg.batch_size)
+    effects: PathEffects = path_effects(model, task, edges, cfg, patcher=pp)
     return effects.to_frame()[EDGE_COLUMNS]
 
 

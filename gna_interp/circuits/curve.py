@@ -34,6 +34,7 @@ class CurveConfig(Options):
         method, reference: the ablation (and, for ``mean`` / ``resample``, its reference prompts or task).
         batch_size: prompts per forward.
         band: the random orders measured at every ``j`` (the curve's band); None: all of them.
+        generic: heads measured together at ``j = min(k, len(generic))`` (the generic heads of a control).
     """
 
     k: int = 5
@@ -42,6 +43,7 @@ class CurveConfig(Options):
     reference: Any = None
     batch_size: int = 16
     band: int | None = 2
+    generic: Sequence[HeadRef] = ()
 
     def validate(self) -> None:
         if isinstance(self.k, bool) or isinstance(self.seeds, bool) or self.k < 0 or self.seeds < 0:
@@ -59,9 +61,8 @@ def random_orders(heads: Sequence[HeadRef], seeds: int, salt: str = "gna-random-
     return orders
 
 
-def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Sequence[HeadRef], *,
-                   control: Task | SetAblation | None = None, generic: Sequence[HeadRef] = (),
-                   runner: SetAblation | None = None, config: CurveConfig | None = None,
+def ablation_curve(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRef], pool: Sequence[HeadRef], *,
+                   control: Task | SetAblation | None = None, config: CurveConfig | None = None,
                    **overrides: Any) -> pd.DataFrame:
     """Task metrics (and the LM loss on ``control`` when given) after removing ``ranked[:j]``
     (``j = 0..k``), ``j`` random heads of ``pool`` that are not among ``ranked[:k]`` (``seeds`` random
@@ -70,21 +71,22 @@ def ablation_curve(model: Model, task: Task, ranked: Sequence[HeadRef], pool: Se
     The first ``band`` random orders are measured at every ``j`` (the curve's band); the others only at
     ``j = k``, where the top ``k`` are compared with the median of all ``seeds`` draws (``band=None``:
     every order at every ``j``). The generic heads are measured at ``j = k`` only, and the LM loss at
-    ``j = 0`` and ``j = k`` (where the comparison is made). Each point replays only the blocks from its earliest removed head on
-    (:class:`~gna_interp.circuits.replay.SetAblation`; pass ``runner``, one made for ``task`` with the
-    same method, to reuse its clean prefixes, and ``control`` as such a runner of the control task to reuse
-    its). ``config``: a :class:`CurveConfig` (``k``, ``seeds``, ``method``, ``reference``, ``batch_size``,
-    ``band``), or keyword overrides of its fields."""
+    ``j = 0`` and ``j = k`` (where the comparison is made). Each point replays only the blocks from its earliest
+    removed head on, and the points of one series (nested sets) from the heads each adds
+    (:meth:`~gna_interp.circuits.replay.SetAblation.run_nested`); pass ``task`` (and ``control``) as a
+    :class:`~gna_interp.circuits.replay.SetAblation` made with the same method to reuse its clean prefixes.
+    ``config``: a :class:`CurveConfig` (``k``, ``seeds``, ``method``, ``reference``, ``batch_size``, ``band``,
+    ``generic``), or keyword overrides of its fields."""
     from gna_interp.models.model import check_model
     check_model(model)
     cfg = CurveConfig.build(config, **overrides)
-    k, seeds, band = cfg.k, cfg.seeds, cfg.band
+    k, seeds, band, generic = cfg.k, cfg.seeds, cfg.band, list(cfg.generic)
     method, reference, batch_size = cfg.method, cfg.reference, cfg.batch_size
     others = [h for h in pool if h not in set(ranked[:k])]
     if k > len(ranked) or k > len(others):
         raise InputError(f"cannot remove k={k} heads: only {len(ranked)} ranked and {len(others)} other heads "
                          f"in the pool to draw random ones from")
-    runner = runner if runner is not None else SetAblation(model, task, method, reference, batch_size)
+    runner = task if isinstance(task, SetAblation) else SetAblation(model, task, method, reference, batch_size)
     ctl = control if isinstance(control, SetAblation) or control is None else \
         SetAblation(model, control, method, reference, batch_size)
     rows = []

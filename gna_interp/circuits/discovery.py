@@ -214,10 +214,9 @@ def _curve(d: _Discovery) -> bool:
         d.notes.append(f"the curve removes k = {kk} heads, not {cfg.k}: {len(d.scan.heads)} heads in all, and k "
                        f"random heads must stay a small draw (at most a quarter) that cannot contain the circuit")
     members = d.members
-    d.circuit.curve = ablation_curve(d.model, d.task, members, d.scan.heads, control=d.control_runner,
-                                     generic=d.circuit.generic, runner=d.runner, k=min(kk, len(members)),
-                                     seeds=cfg.seeds, method=sc.method, reference=sc.reference,
-                                     batch_size=sc.batch_size)
+    d.circuit.curve = ablation_curve(d.model, d.runner, members, d.scan.heads, control=d.control_runner,
+                                     generic=d.circuit.generic, k=min(kk, len(members)), seeds=cfg.seeds,
+                                     method=sc.method, reference=sc.reference, batch_size=sc.batch_size)
     base_row = d.circuit.curve.iloc[0]
     d.circuit.baseline = {"accuracy": float(base_row["accuracy"]), "logit_diff": float(base_row["logit_diff"]),
                           "gold_prob": float(base_row["gold_prob"]), "chance": d.task.chance, "n_samples": len(d.task),
@@ -232,9 +231,10 @@ def _paths(d: _Discovery) -> bool:
         return False
     sc = d.cfg.scan
     try:
-        d.circuit.edges = measure_edges(d.model, d.task, heads, d.scan.metric if d.scan.metric != "accuracy" else
-                                        "logit_diff", sc.method if sc.method != "resample" else "mean",
-                                        sc.reference, sc.batch_size)
+        d.circuit.edges = measure_edges(d.model, d.task, heads,
+                                        metric=d.scan.metric if d.scan.metric != "accuracy" else "logit_diff",
+                                        method=sc.method if sc.method != "resample" else "mean",
+                                        reference=sc.reference, batch_size=sc.batch_size)
     except (UnsupportedArchitectureError, InputError) as e:  # a family or a task the paths cannot be patched on
         d.notes.append(f"no edge table: {e}")
         return False
@@ -267,7 +267,7 @@ def _views(d: _Discovery) -> bool:
     if not d.cfg.n_cards:
         return False
     d.circuit.views = card_views(d.model, d.task, d.members, d.circuit.to_frame(), d.circuit.pair(),
-                                 d.cfg.n_cards, d.cfg.form)
+                                 n_cards=d.cfg.n_cards, form=d.cfg.form)
     return True
 
 

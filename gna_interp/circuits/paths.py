@@ -51,6 +51,7 @@ from gna_interp.interventions.ablation import AblationMethod, Replacement, flat_
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import INPUTS, InputSite
 from gna_interp.models.model import Model
+from gna_interp.options import Options, check_int, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, distinct_reads, layout_chunks, plan_scoring,
@@ -542,17 +543,38 @@ class PathEffects:
         return out
 
 
-def path_effects(model: Model, task: Task, sets: Sequence[Edge | Sequence[Edge]], metric: str = "logit_diff",
-                 method: AblationMethod = "zero", reference: Any = None, batch_size: int = 16,
-                 patcher: PathPatcher | None = None) -> PathEffects:
-    """Effect on ``metric`` of removing each element of ``sets`` (an :class:`Edge` or edges together).
+@options
+class PathOptions(Options):
+    """How :func:`path_effects` measures.
+
+    Attributes:
+        metric: the metric whose drop is the effect (``logit_diff``, ``accuracy``, ``logprob``).
+        method, reference: the sender's write removed as under ``zero`` or ``mean`` ablation (and the mean's prompts).
+        batch_size: prompts per forward.
+    """
+
+    metric: str = "logit_diff"
+    method: AblationMethod = "zero"
+    reference: Any = None
+    batch_size: int = 16
+
+    def validate(self) -> None:
+        get_metric(self.metric)
+        check_int("batch_size", self.batch_size, 1)
+
+
+def path_effects(model: Model, task: Task, sets: Sequence[Edge | Sequence[Edge]], config: PathOptions | None = None,
+                 *, patcher: PathPatcher | None = None, **overrides: Any) -> PathEffects:
+    """Effect on the metric of removing each element of ``sets`` (an :class:`Edge` or edges together); ``config``: a
+    :class:`PathOptions` or keyword overrides of its fields (``metric``, ``method``, ``reference``, ``batch_size``).
 
     Example: ``path_effects(m, task, [Edge(HeadRef.parse("L16H2"), HeadRef.parse("L18H6"), "k", "summary")])``.
     Pass ``patcher`` to reuse one :class:`PathPatcher`'s clean prefixes across calls."""
     from gna_interp.models.model import check_model
     check_model(model)
-    get_metric(metric)
-    pp = patcher or PathPatcher(model, task, method, reference, batch_size)
+    cfg = PathOptions.build(config, **overrides)
+    metric = cfg.metric
+    pp = patcher or PathPatcher(model, task, cfg.method, cfg.reference, cfg.batch_size)
     groups = [[s] if isinstance(s, Edge) else list(s) for s in sets]
     scored = pp.run(groups)
     return PathEffects(str(metric), results(pp.clean()), [[check_edge(model, e) for e in es] for es in groups],

@@ -25,6 +25,7 @@ from gna_interp.errors import InputError
 from gna_interp.mixing import PatternOptions, PatternSet, patterns
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
+from gna_interp.options import Options, check_int, options
 from gna_interp.store import read_tensors, write_tensors
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import score_candidates
@@ -282,14 +283,35 @@ def card_heads(heads: pd.DataFrame, pair: tuple[HeadRef, HeadRef] | None = None
         f"gather score ({g}) and aggregate score ({a}) as candidates.")
 
 
+@options
+class ViewOptions(Options):
+    """What :func:`card_views` keeps.
+
+    Attributes:
+        n_cards: the samples whose patterns are kept (at least 1 is read).
+        form: how SSM heads are read (``exact``, ...; :class:`~gna_interp.mixing.PatternOptions`).
+        budget: bytes for every head's pattern on the first sample (0: none).
+    """
+
+    n_cards: int = 2
+    form: str = "exact"
+    budget: int = ALL_HEADS_BUDGET
+
+    def validate(self) -> None:
+        check_int("n_cards", self.n_cards, 0)
+        check_int("budget", self.budget, 0)
+
+
 def card_views(model: Model, task: Task, ranked: Sequence[HeadRef], frame: pd.DataFrame,
-               pair: tuple[HeadRef, HeadRef] | None, n_cards: int = 2, form: str = "exact",
-               budget: int = ALL_HEADS_BUDGET) -> CardViews:
+               pair: tuple[HeadRef, HeadRef] | None, config: ViewOptions | None = None, **overrides: Any) -> CardViews:
     """One forward over the first ``n_cards`` samples of ``task`` for the patterns of the card heads
     (:func:`card_heads` of ``frame`` and ``pair``) and the :data:`N_VIEW` best of ``ranked``, plus one
     scoring pass over the same samples for the predicted answers. SSM heads are read in ``form``.
     With a ``budget`` (bytes; 0: none), one more forward on the first sample keeps every head of ``frame`` (in
-    its order: a circuit frame is ranked) within it (:func:`head_patterns`)."""
+    its order: a circuit frame is ranked) within it (:func:`head_patterns`). ``config``: a :class:`ViewOptions`
+    (or keyword overrides of ``n_cards``, ``form``, ``budget``)."""
+    cfg = ViewOptions.build(config, **overrides)
+    n_cards, form, budget = cfg.n_cards, cfg.form, cfg.budget
     chosen, why = card_heads(frame, pair)
     samples = list(task.samples[:max(1, n_cards)])
     view = list(ranked[:N_VIEW])
