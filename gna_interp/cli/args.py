@@ -140,6 +140,13 @@ TASK_FLAGS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
+def removal_args(p: argparse.ArgumentParser, top_k: str, seeds: str) -> None:
+    """``--top-k`` (most heads removed together, default 5) and ``--seeds`` (random head orders, default 5) of the
+    commands that compare removing the top heads with removing random ones, with their help texts."""
+    p.add_argument("--top-k", type=at_least(1), default=5, help=top_k)
+    p.add_argument("--seeds", type=seeds_arg(1), default=5, help=seeds)
+
+
 def task_args(p: argparse.ArgumentParser, **flags: tuple[Any, str]) -> None:
     """Add the task knobs of :class:`~gna_interp.tasks.options.TaskOptions` named in ``flags``
     (``pairs=(default, help)``, ...) as ``--pairs``, ``--max-value``, ... with their shared types."""

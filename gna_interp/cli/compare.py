@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from gna_interp.cli import command
-from gna_interp.cli.args import (at_least, check_pairs, claim_run, compute_args, output_args, run_options, seeds_arg,
+from gna_interp.cli.args import (at_least, check_pairs, claim_run, compute_args, output_args, removal_args, run_options,
                                  set_threads, task_args, task_options)
 from gna_interp.cli.signals import run_held
 from gna_interp.errors import InputError
@@ -43,9 +43,8 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
                    help="`gna scan` folders, one per model in the same order (an empty entry: discover that model's "
                         "heads; default: discover every model's with gna scan's default discovery on a task like the "
                         "measured one, seeded seed+1; saved in DIR/circuits)")
-    p.add_argument("--top-k", type=at_least(1), default=5,
-                   help="most heads removed (default 5; at most a quarter of a model's scanned heads)")
-    p.add_argument("--seeds", type=seeds_arg(1), default=5, help="random head orders (default 5; median and band)")
+    removal_args(p, "most heads removed (default 5; at most a quarter of a model's scanned heads)",
+                 "random head orders (default 5; median and band)")
     task_args(p, pairs=(10, "dictionary lines of the measured task (default 10)"),
               samples=(24, "prompts of the measured task (default 24)"), max_value=(9, "values are 0..MAX (default 9)"),
               template=("official", "KV template of the measured task (default official; SmolLM2 solves completion "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gna_interp.cli import command
 from gna_interp.cli.args import (CIRCUIT_MODEL_HELP, at_least, check_pairs, claim_run, compute_args, first_default,
-                                 model_arg, output_args, run_options, seeds_arg, set_threads, task_args, task_options)
+                                 model_arg, output_args, removal_args, run_options, set_threads, task_args, task_options)
 from gna_interp.cli.signals import run_held
 
 PAPER_PAIRS = "10,15,20,25,30,35,40,45,50"
@@ -56,9 +56,8 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
                    help=f"dictionary sizes (default {PAPER_PAIRS}, the paper's)")
     p.add_argument("--circuit", default=None, help="a `gna scan` folder whose heads are removed (default: discover "
                                                    "them first with gna scan's defaults; saved in DIR/circuit)")
-    p.add_argument("--top-k", type=at_least(1), default=5,
-                   help="heads removed together (default 5; at most a quarter of the scanned heads)")
-    p.add_argument("--seeds", type=seeds_arg(1), default=5, help="random k-head draws (default 5; median and band)")
+    removal_args(p, "heads removed together (default 5; at most a quarter of the scanned heads)",
+                 "random k-head draws (default 5; median and band)")
     p.add_argument("--heads", type=single_heads, default=None,
                    help="single heads, each removed alone as one more condition: head names (L16H0,L18H6) and/or "
                         "gather, aggregate (the circuit's gather/aggregate pair); head names only and no --circuit: "

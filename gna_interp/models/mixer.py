@@ -164,6 +164,7 @@ class HeadSite:
 
     @property
     def columns(self) -> slice:
+        """The head's channels, ``start:stop``."""
         return slice(self.start, self.stop)
 
 
@@ -176,9 +177,7 @@ class InputSite:
     start: int
     stop: int
 
-    @property
-    def columns(self) -> slice:
-        return slice(self.start, self.stop)
+    columns = HeadSite.columns  # the channels that feed the head, ``start:stop``
 
 
 def shared_note(spec: LayerLike) -> str:
