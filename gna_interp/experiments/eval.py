@@ -44,6 +44,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -347,8 +348,9 @@ def _random_draws(pool: Sequence[HeadRef], removed: Sequence[HeadRef], k: int, s
 def _choose_heads(model: Model, heads: Any, circuit: Any, top_k: int, out: Path | None, resume: bool,
                   batch_size: int, progress: bool) -> tuple[list[HeadRef], list[HeadRef], list[str]]:
     """The removed heads, the pool random heads are drawn from, and notes on where they came from."""
-    from gna_interp.circuits import Circuit
     from gna_interp.experiments.harness import parse_heads_arg
+    from gna_interp.experiments.run import Discovery, resolve_circuit
+    from gna_interp.tasks.choice import TaskChoice
 
     if heads is not None and circuit is not None:
         raise InputError("pass heads (--ablate) or a circuit (--circuit), not both")
@@ -360,42 +362,13 @@ def _choose_heads(model: Model, heads: Any, circuit: Any, top_k: int, out: Path 
         return removed, model.default_heads(), [f"removed heads given: {', '.join(h.name for h in removed)}."]
     if top_k < 1:
         raise InputError(f"top_k must be >= 1, got {top_k}")
-    if circuit is None:
-        saved = out / CIRCUIT_DIR if out is not None else None
-        if saved is not None and resume and (saved / "circuit.json").is_file():
-            c = Circuit.load(saved)
-            note = f"circuit discovered by an earlier run of this evaluation ({saved})"
-        else:
-            from gna_interp.circuits import discover
-            from gna_interp.tasks.choice import TaskChoice
-
-            print("no heads or circuit given: discovering the circuit as gna scan does (the KV form the model "
-                  "solves, by calibration) ...", flush=True)
-            ckpt = saved / "scan.ckpt.json" if saved is not None else None
-            c = discover(model, TaskChoice(batch_size=batch_size), k=top_k, batch_size=batch_size, checkpoint=ckpt,
-                         progress=progress)
-            if saved is not None:
-                c.save(saved)
-            note = (f"circuit discovered on {c.task.get('name')} ({c.task.get('n_samples')} samples)"
-                    + (f", saved in {saved}" if saved else ""))
-    else:
-        if isinstance(circuit, Circuit):
-            c, note = circuit, "circuit given"
-        else:
-            d = Path(circuit)
-            if not d.exists():
-                raise InputError(f"--circuit {str(d)!r} does not exist; pass a `gna scan` output folder")
-            if not (d / "circuit.json").is_file() and not (d.name == "circuit.json" and d.is_file()):
-                raise InputError(f"--circuit {str(d)!r} holds no circuit.json; pass a `gna scan` output folder "
-                                 f"(gna scan --model M --out DIR)")
-            c, note = Circuit.load(d), f"circuit from {d}"
-        if c.model != model.name:
-            note += f" (found on {c.model}, evaluated on {model.name})"
-    members = c.heads
-    if not members:
-        raise InputError("the circuit has no heads (every scanned head was left out as generic); rerun gna scan "
-                         "with --keep-generic or pass --ablate")
-    removed = model.check_heads(members[:top_k])
+    if isinstance(circuit, (str, os.PathLike)) and not Path(circuit).exists():
+        raise InputError(f"--circuit {str(circuit)!r} does not exist; pass a `gna scan` output folder")
+    how = Discovery(task=TaskChoice(batch_size=batch_size), k=top_k, batch_size=batch_size, progress=progress,
+                    reuse=resume, say="no heads or circuit given: discovering the circuit as gna scan does (the KV "
+                                      "form the model solves, by calibration) ...")
+    c, note = resolve_circuit(model, circuit, out / CIRCUIT_DIR if out is not None else None, how)
+    removed = model.check_heads(c.heads[:top_k])
     pool = [h for h in model.check_heads(list(c.scan.heads))]
     return removed, pool, [f"{note}: its top {len(removed)} heads removed ({', '.join(h.name for h in removed)})."]
 
