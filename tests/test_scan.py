@@ -15,9 +15,9 @@ import torch
 from gna_interp import HeadRef
 from gna_interp.circuits import scan_heads
 from gna_interp.circuits import scan as scan_mod
-from gna_interp.circuits import scan_policy, scan_result
+from gna_interp.circuits.scan import policy as scan_policy, result as scan_result
 from gna_interp.circuits.attribution import attribution_estimates
-from gna_interp.circuits.scan_policy import next_to_verify as _next_to_verify
+from gna_interp.circuits.scan.policy import next_to_verify as _next_to_verify
 from gna_interp.tasks.metrics import LOGIT_DIFF
 
 metric_weights = LOGIT_DIFF.target_weights  # the logit difference's target weights
@@ -236,7 +236,7 @@ _KILLER = textwrap.dedent("""
     torch.set_num_threads(1)
     from gna_interp import load_model
     from gna_interp.circuits import scan as scan_mod
-    from gna_interp.circuits import scan_store
+    from gna_interp.circuits.scan import store as scan_store
     from gna_interp.tasks import KVRetrieval
 
     model_dir, ckpt, kill_after = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -11,7 +11,7 @@ from gna_interp.circuits.prune import prune_curve
 from gna_interp.circuits.reference import reference_scan
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import ScanConfig, scan_heads
-from gna_interp.circuits.scan_result import HeadScan
+from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.circuits.views import CardViews, card_heads, card_views
 
 __all__ = ["CardViews", "Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "HeadScan", "PathEffects", "PathOptions", "PathPatcher", "HybridPlan", "RoleRule", "ScanConfig", "ablation_curve", "reference_scan",

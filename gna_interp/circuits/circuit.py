@@ -25,7 +25,7 @@ from gna_interp.circuits.curve import CURVE_COLUMNS
 from gna_interp.circuits.delegation import Delegation
 from gna_interp.circuits.formats import consistency_order, format_frame
 from gna_interp.circuits.roles import RoleRule
-from gna_interp.circuits.scan_result import HeadScan
+from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.circuits.specificity import DEFAULT_GENERIC_FRACTION, specificity_frame
 from gna_interp.circuits.views import CardViews
 from gna_interp.errors import InputError
@@ -352,7 +352,7 @@ class Circuit:
         """Jupyter's display: baseline, the circuit's top heads with their pattern and causal roles, the gather ->
         aggregate pair (the measured path when the edge table has one), the ablation curve and the drop heatmap."""
         from gna_interp import html_repr
-        from gna_interp.circuits.scan_result import TOP_HEADS, drop_heatmap, interval_text
+        from gna_interp.circuits.scan.result import TOP_HEADS, drop_heatmap, interval_text
 
         df = self.to_frame()
         facts: list[tuple[str, Any]] = [("task", self.task.get("name", "?")),

@@ -38,7 +38,7 @@ from gna_interp.circuits.formats import cross_format
 from gna_interp.circuits.replay import SetAblation, shared_prefixes
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import ScanConfig, scan_heads
-from gna_interp.circuits.scan_result import HeadScan
+from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.circuits.specificity import DEFAULT_GENERIC_FRACTION, control_task
 from gna_interp.circuits.views import card_views
 from gna_interp.errors import InputError, OptionError, UnsupportedArchitectureError

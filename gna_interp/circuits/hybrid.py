@@ -68,7 +68,7 @@ import pandas as pd
 import torch
 
 from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.scan_result import HeadScan
+from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.loading import dtype_name, parse_dtype

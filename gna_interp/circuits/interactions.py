@@ -36,7 +36,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.circuits.replay import SetAblation
-from gna_interp.circuits.scan_result import results_from_json, results_to_json
+from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gna_interp.circuits.scan_result import HeadScan
+from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod, ablate
 from gna_interp.models.heads import HeadRef

@@ -28,7 +28,7 @@ import math
 
 import pandas as pd
 
-from gna_interp.circuits.scan_result import HeadScan
+from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.models.model import Model
 from gna_interp.tasks.scoring import plan_scoring

@@ -8,7 +8,7 @@ written atomically (:func:`gna_interp.store.write_json`) as each point finishes.
 - :class:`Checkpoint`: the points of one run, read back only by a run with the same fingerprint.
 
 A finished run deletes its checkpoint (:meth:`Checkpoint.finish`); an interrupted one leaves it for
-``--resume``. ``gna scan`` keeps its own per-head store (:mod:`gna_interp.circuits.scan_store`).
+``--resume``. ``gna scan`` keeps its own per-head store (:mod:`gna_interp.circuits.scan.store`).
 """
 
 from __future__ import annotations

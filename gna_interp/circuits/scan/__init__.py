@@ -35,10 +35,10 @@ ranked, after the exact ones, by their estimated logit-difference drop.
 How it reads: :func:`scan_heads` is four stages on one :class:`_Run` -- **plan** (heads, scoring plan, clean
 prefixes, the store and the executor), **attribute** (estimates for every head), **verify** (the first exact
 heads) and **settle** (``auto``: exact runs until the leading heads cannot change). The pieces live beside it:
-the result :class:`~gna_interp.circuits.scan_result.HeadScan` (drops, intervals, the ranked table), the metrics
-(:mod:`gna_interp.tasks.metrics`), the pure ``auto`` policy (:mod:`gna_interp.circuits.scan_policy`), the
-checkpoint (:mod:`gna_interp.circuits.scan_store`), one process or torchrun ranks
-(:mod:`gna_interp.circuits.scan_executor`), and the plain reference loop the fast paths are tested against
+the result :class:`~gna_interp.circuits.scan.result.HeadScan` (drops, intervals, the ranked table), the metrics
+(:mod:`gna_interp.tasks.metrics`), the pure ``auto`` policy (:mod:`gna_interp.circuits.scan.policy`), the
+checkpoint (:mod:`gna_interp.circuits.scan.store`), one process or torchrun ranks
+(:mod:`gna_interp.circuits.scan.executor`), and the plain reference loop the fast paths are tested against
 (:func:`~gna_interp.circuits.reference.reference_scan`).
 
 Checkpoint: with ``checkpoint=PATH`` the per-sample results are written atomically (temporary file
@@ -70,10 +70,10 @@ from gna_interp.progress import tqdm
 from gna_interp.circuits.attribution import attribution_estimates
 from gna_interp.circuits.distributed import active, check_world
 from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES, Prefixes, prefixes_for, replay_scores
-from gna_interp.circuits.scan_executor import Executor, Unit
-from gna_interp.circuits.scan_policy import DEFAULT_CERTIFY, default_verify, initial_exact, next_to_verify
-from gna_interp.circuits.scan_result import COLUMNS, HeadScan
-from gna_interp.circuits.scan_store import ScanStore, fingerprint
+from gna_interp.circuits.scan.executor import Executor, Unit
+from gna_interp.circuits.scan.policy import DEFAULT_CERTIFY, default_verify, initial_exact, next_to_verify
+from gna_interp.circuits.scan.result import COLUMNS, HeadScan
+from gna_interp.circuits.scan.store import ScanStore, fingerprint
 from gna_interp.errors import InputError, OptionError
 from gna_interp.interventions.ablation import METHODS, AblationMethod, Replacement, ablation_hooks, replacements
 from gna_interp.models.estimate import replay_stack

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from gna_interp.circuits.distributed import Shard, assign
 from gna_interp.circuits.replay import Prefixes, ReplayMismatch
-from gna_interp.circuits.scan_result import HeadScan
+from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.interventions.ablation import Replacement
 from gna_interp.models.heads import HeadRef
 from gna_interp.tasks.metrics import Results

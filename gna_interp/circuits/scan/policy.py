@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from gna_interp.circuits.scan_result import HeadScan
+from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.models.heads import HeadRef
 
 DEFAULT_CERTIFY = 10

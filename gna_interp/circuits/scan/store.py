@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from torch import Tensor
 
 from gna_interp.circuits.distributed import Shard, rank_files, rank_path
-from gna_interp.circuits.scan_result import HeadScan
+from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
