@@ -56,7 +56,7 @@ from implicit_attention import enable_cpu_accounting, peak_memory  # noqa: E402
 
 from gna_interp import HeadRef  # noqa: E402
 from gna_interp.tasks.scoring import ScoreTable, layout_chunks, read_logprobs  # noqa: E402
-from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES  # noqa: E402
+from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES  # noqa: E402
 from gna_interp.circuits.scan import _default_stack, scan_heads  # noqa: E402
 from gna_interp.models.estimate import measure_row_bytes, replay_row_bytes  # noqa: E402
 from gna_interp.interventions.ablation import ablation_hooks, replacements  # noqa: E402

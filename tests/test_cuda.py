@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.circuits.replay import replay_atol
+from gna_interp.engine.replay import replay_atol
 from gna_interp.circuits.scan import _default_stack
 from gna_interp.errors import InputError
 from gna_interp.models import zoo_dir, zoo_names
@@ -275,7 +275,7 @@ def test_replay_tolerance_follows_the_dtype():
 def test_verify_replay_accepts_rounding_and_refuses_a_real_mismatch(zoo, monkeypatch, dtype, shift, ok):
     """A replay off by ``shift`` logits: within half-precision rounding it is accepted, beyond it (or in float32)
     the scan is told the replay does not reproduce the model."""
-    from gna_interp.circuits import replay as replay_mod
+    from gna_interp.engine import replay as replay_mod
 
     model = zoo("transformer-kv", "cpu", dtype)
     chunk = layout_chunks(model, plan_scoring(model, _task(model, 2).samples), 2)[0]
@@ -378,7 +378,7 @@ def test_scan_default_stack_reads_cuda_free_memory(zoo, monkeypatch):
 def test_measured_row_bounds_a_real_stacked_replay(zoo, name):
     """On the GPU: the row size the sizing plans on (counted or measured, the larger) is at least what a
     stacked replay of four ablations really allocates per row."""
-    from gna_interp.circuits.replay import Prefixes, replay_scores
+    from gna_interp.engine.replay import Prefixes, replay_scores
     from gna_interp.interventions.ablation import replacements
 
     model = zoo(name, "cuda")

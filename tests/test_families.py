@@ -138,7 +138,7 @@ def test_resume(models, circuits, tmp_path):
     ms = [models["transformer-kv"], models["hybrid-kv"]]
     cs = [circuits["transformer-kv"], circuits["hybrid-kv"]]
     kw = {**KW, "samples": 4, "seeds": 1}
-    from gna_interp.circuits import replay
+    from gna_interp.engine import replay
 
     calls = []
     real = replay.SetAblation.run

@@ -16,14 +16,14 @@ from gna_interp import HeadRef
 from gna_interp.circuits import scan_heads
 from gna_interp.circuits import scan as scan_mod
 from gna_interp.circuits.scan import policy as scan_policy, result as scan_result
-from gna_interp.circuits.attribution import attribution_estimates
+from gna_interp.engine.attribution import attribution_estimates
 from gna_interp.circuits.scan.policy import next_to_verify as _next_to_verify
 from gna_interp.tasks.metrics import LOGIT_DIFF
 
 metric_weights = LOGIT_DIFF.target_weights  # the logit difference's target weights
 from gna_interp.tasks.scoring import layout_chunks
-from gna_interp.circuits import replay as replay_mod
-from gna_interp.circuits.replay import ReplayMismatch, SetAblation
+from gna_interp.engine import replay as replay_mod
+from gna_interp.engine.replay import ReplayMismatch, SetAblation
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import Replacement, ablation_hooks, replacements
 from gna_interp.tasks import KVRetrieval, plan_scoring, run_plan
@@ -300,7 +300,7 @@ def _torch_hooks(model) -> int:
 
 @pytest.mark.parametrize("where,strategy", [("replay", "exact"), ("final norm", "attribution")])
 def test_no_hook_or_gradient_flag_survives_an_exception(tiny_models, monkeypatch, where, strategy):
-    from gna_interp.circuits import attribution as attr_mod
+    from gna_interp.engine import attribution as attr_mod
 
     model = tiny_models["bamba"]
     before = _torch_hooks(model)
@@ -460,7 +460,7 @@ def test_stages_share_one_clean_pass_per_task(tiny_models, monkeypatch):
     """Inside shared_prefixes, a scan, a SetAblation and a path patcher of the same task capture its clean
     prefixes once; outside, each captures its own; another batch layout is another capture."""
     from gna_interp.circuits.paths import PathPatcher
-    from gna_interp.circuits.replay import shared_prefixes
+    from gna_interp.engine.replay import shared_prefixes
 
     model = tiny_models["llama"]
     captured = []

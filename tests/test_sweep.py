@@ -171,7 +171,7 @@ def test_cli(circuit_dir, tmp_path, capsys):
 
 
 def test_cli_interrupt_says_how_to_resume(circuit_dir, tmp_path, capsys, monkeypatch):
-    from gna_interp.circuits import replay
+    from gna_interp.engine import replay
 
     real, calls = replay.SetAblation.run, []
 

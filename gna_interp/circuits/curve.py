@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from gna_interp.circuits.replay import SetAblation
+from gna_interp.engine.replay import SetAblation
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
@@ -73,8 +73,8 @@ def ablation_curve(model: Model, task: Task | SetAblation, ranked: Sequence[Head
     every order at every ``j``). The generic heads are measured at ``j = k`` only, and the LM loss at
     ``j = 0`` and ``j = k`` (where the comparison is made). Each point replays only the blocks from its earliest
     removed head on, and the points of one series (nested sets) from the heads each adds
-    (:meth:`~gna_interp.circuits.replay.SetAblation.run_nested`); pass ``task`` (and ``control``) as a
-    :class:`~gna_interp.circuits.replay.SetAblation` made with the same method to reuse its clean prefixes.
+    (:meth:`~gna_interp.engine.replay.SetAblation.run_nested`); pass ``task`` (and ``control``) as a
+    :class:`~gna_interp.engine.replay.SetAblation` made with the same method to reuse its clean prefixes.
     ``config``: a :class:`CurveConfig` (``k``, ``seeds``, ``method``, ``reference``, ``batch_size``, ``band``,
     ``generic``), or keyword overrides of its fields."""
     from gna_interp.models.model import check_model

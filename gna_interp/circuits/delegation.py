@@ -10,7 +10,7 @@ attention aggregate heads collapses retrieval (MMLU letters, KV) while knowledge
    (attention vs Mamba-2 heads, ...): heads scored, heads labelled gather / aggregate / other, and the mean
    and max of ``gather``, ``aggregate`` and ``selectivity`` over the kind's heads;
 2. **removal** -- for each kind with aggregate heads, all of them removed together (zero ablation unless
-   ``method`` says otherwise; :class:`~gna_interp.circuits.replay.SetAblation`), against the same number of
+   ``method`` says otherwise; :class:`~gna_interp.engine.replay.SetAblation`), against the same number of
    random heads of the same kind that are not aggregate heads (``seeds`` distinct draws, every possible
    draw when there are fewer), scored on the retrieval ``task`` (accuracy, logit difference) and on a
    ``knowledge`` task that needs no in-context retrieval: by default the LM loss on neutral prose of
@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from gna_interp.circuits.replay import SetAblation
+from gna_interp.engine.replay import SetAblation
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.specificity import control_task
 from gna_interp.errors import InputError
@@ -236,7 +236,7 @@ class DelegationConfig(Options):
         n_samples: samples the role scores are measured on (when computed here; also ``rule``, ``form``).
         rule: the role rule.
         form: SSM implicit-attention form of the role scores.
-        method: the ablation (:class:`~gna_interp.circuits.replay.SetAblation`); ``reference``: the mean /
+        method: the ablation (:class:`~gna_interp.engine.replay.SetAblation`); ``reference``: the mean /
             resample ablation's reference task.
         batch_size: prompts per forward.
     """
@@ -270,7 +270,7 @@ def delegation(model: Model, task: Task | None = None, knowledge: Task | str | N
             neutral-prose LM loss when the model can represent it) or None.
         roles: role scores to use (:func:`~gna_interp.circuits.roles.role_scores`' frame, e.g. a circuit's
             ``roles``; recomputed when they lack summary offsets).
-        runner: a :class:`~gna_interp.circuits.replay.SetAblation` made for ``task`` with that method, to reuse
+        runner: a :class:`~gna_interp.engine.replay.SetAblation` made for ``task`` with that method, to reuse
             its clean prefixes.
         config: a :class:`DelegationConfig`, or keyword overrides of its fields (``seeds=3``, ``rule=...``).
     """

@@ -1,7 +1,7 @@
 """`discover(model, task)`: the G&A circuit of a model on a task, found in stages.
 
 Each stage is a small function of one :class:`_Discovery` (the model, the task and its one
-:class:`~gna_interp.circuits.replay.SetAblation` -- one scoring plan and one set of clean prefixes -- the
+:class:`~gna_interp.engine.replay.SetAblation` -- one scoring plan and one set of clean prefixes -- the
 control task and its runner, the circuit so far, the notes and the stage timings), run in this order:
 
 ==============  ========================================================================================
@@ -35,7 +35,7 @@ from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import CURVE_COLUMNS, ablation_curve, curve_k
 from gna_interp.circuits.delegation import delegation, is_hybrid
 from gna_interp.circuits.formats import cross_format
-from gna_interp.circuits.replay import SetAblation, shared_prefixes
+from gna_interp.engine.replay import SetAblation, shared_prefixes
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import ScanConfig, scan_heads
 from gna_interp.circuits.scan.result import HeadScan

@@ -15,7 +15,7 @@ the heads of ``S`` are removed together (``m(∅)``: the intact model)::
   the second adds little), or a metric near its floor (the first removal already took it to chance).
 - a pair is called **additive** when the paired bootstrap interval of its interaction contains 0.
 
-Every number comes from ONE :class:`~gna_interp.circuits.replay.SetAblation` (the clean prefixes captured once,
+Every number comes from ONE :class:`~gna_interp.engine.replay.SetAblation` (the clean prefixes captured once,
 each set replaying only the blocks from its earliest head on), so pair drops equal ``ablate(model, [h_i, h_j])`` +
 :func:`~gna_interp.tasks.scoring.run_plan` to float noise. The per-sample results of every set are kept, so the
 same measurement reads out under any metric (``logit_diff``, ``accuracy``, ``logprob``).
@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.replay import SetAblation
+from gna_interp.engine.replay import SetAblation
 from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod

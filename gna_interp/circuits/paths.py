@@ -24,7 +24,7 @@ different streams. ``S`` removed from every input of every later head of a model
 whose MLPs write nothing, plus the direct edge, is the plain ablation of ``S`` (tested).
 
 How it runs (every number through the one scoring engine, :mod:`gna_interp.tasks.scoring`): the clean prefix of
-each batch (:mod:`gna_interp.circuits.replay`), one clean replay from the earliest layer involved that records
+each batch (:mod:`gna_interp.engine.replay`), one clean replay from the earliest layer involved that records
 the senders' outputs, the receivers' input projections and the final residual stream; per receiver layer two
 single-block runs (the receivers' inputs from their patched streams, then their outputs assembled from them); and
 one stacked replay of the later blocks for all sets. The effect of an edge is ``metric(intact) - metric(patched)``
@@ -45,7 +45,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES, Prefix, ReplayMismatch, prefixes_for, replay
+from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, Prefix, ReplayMismatch, prefixes_for, replay
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, Replacement, flat_channels, replacements
 from gna_interp.models.heads import HeadRef

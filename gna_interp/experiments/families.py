@@ -64,7 +64,7 @@ import torch
 
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import curve_k
-from gna_interp.circuits.replay import SetAblation
+from gna_interp.engine.replay import SetAblation
 from gna_interp.circuits.offsets import intact_at, pick_offset
 from gna_interp.circuits.roles import ScoreOptions, decision_inputs, item_masses
 from gna_interp.errors import InputError

@@ -65,7 +65,7 @@ import pandas as pd
 
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import curve_k
-from gna_interp.circuits.replay import SetAblation
+from gna_interp.engine.replay import SetAblation
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions

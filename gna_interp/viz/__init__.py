@@ -1,5 +1,5 @@
 """Figures and HTML views. They take results and tensors, never load or run models -- except :func:`explore`,
-the live Jupyter explorer, which scores a task with heads removed (through ``circuits.replay``) as you click."""
+the live Jupyter explorer, which scores a task with heads removed (through ``engine.replay``) as you click."""
 
 from gna_interp.viz.attention import attention_heads, patterns_page
 from gna_interp.viz.cards import ga_card

@@ -1,7 +1,7 @@
 """A live explorer for Jupyter: pick heads, remove them, watch the task's numbers and patterns change.
 
 The one figure of :mod:`gna_interp.viz` that runs a model: each "remove" scores the task with the chosen
-heads removed through :class:`~gna_interp.circuits.replay.SetAblation` (the clean prefix is captured once,
+heads removed through :class:`~gna_interp.engine.replay.SetAblation` (the clean prefix is captured once,
 so a removal re-runs only the later blocks) and reads the chosen heads' patterns on one prompt with
 :func:`~gna_interp.mixing.patterns`. The numbers equal ``evaluate`` under ``ablate`` to float noise.
 
@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
-from gna_interp.circuits.replay import SetAblation
+from gna_interp.engine.replay import SetAblation
 from gna_interp.errors import InputError
 from gna_interp.mixing import patterns
 from gna_interp.models.heads import HeadRef

@@ -3,7 +3,7 @@
 Strategies:
 
 - ``exact`` (fast): one clean forward per batch records every block's input
-  (:mod:`gna_interp.circuits.replay`); ablating a head of layer ``L`` then re-runs only blocks
+  (:mod:`gna_interp.engine.replay`); ablating a head of layer ``L`` then re-runs only blocks
   ``L..N-1``, ``stack`` ablations of the same layer share one replay (copies of the batch), and the
   unembedding is applied only where the metric reads. When candidates span several tokens (several
   scoring rows per sample) on an attention-only model, each sample's rows are *packed* into one
@@ -12,7 +12,7 @@ Strategies:
   one does. Its numbers equal ``naive``'s to float noise.
 - ``naive``: one full forward of the task per head with one ablation hook (the reference; full
   rows through :func:`gna_interp.tasks.run_plan`, no KV-cached prompt).
-- ``attribution``: attribution patching (:mod:`gna_interp.circuits.attribution`) -- a first-order
+- ``attribution``: attribution patching (:mod:`gna_interp.engine.attribution`) -- a first-order
   estimate for all heads from one forward and one backward per batch.
 - ``auto``: ``attribution``, then ``exact`` runs until the leading ``certify`` heads are settled: first
   ``verify`` heads exactly (alternately the largest estimated drops and the largest absolute *masses*, the
@@ -67,9 +67,9 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from gna_interp.progress import tqdm
 
-from gna_interp.circuits.attribution import attribution_estimates
+from gna_interp.engine.attribution import attribution_estimates
 from gna_interp.circuits.distributed import active, check_world
-from gna_interp.circuits.replay import DEFAULT_PREFIX_BYTES, Prefixes, prefixes_for, replay_scores
+from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, Prefixes, prefixes_for, replay_scores
 from gna_interp.circuits.scan.executor import Executor, Unit
 from gna_interp.circuits.scan.policy import DEFAULT_CERTIFY, default_verify, initial_exact, next_to_verify
 from gna_interp.circuits.scan.result import COLUMNS, HeadScan

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from gna_interp.circuits.distributed import Shard, assign
-from gna_interp.circuits.replay import Prefixes, ReplayMismatch
+from gna_interp.engine.replay import Prefixes, ReplayMismatch
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.interventions.ablation import Replacement
 from gna_interp.models.heads import HeadRef

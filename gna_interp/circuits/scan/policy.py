@@ -59,7 +59,7 @@ def initial_exact(scan: HeadScan, strategy: str, certify: int, verify: int | Non
     """The heads run exactly first: every unfinished head (``exact``/``naive``), the ``verify`` heads
     (``auto``; among ``focus`` when given) taken alternately from the largest estimated drops and the largest
     absolute masses (a head whose terms cancel can hide a large effect, see
-    :mod:`gna_interp.circuits.attribution`), none (``attribution``)."""
+    :mod:`gna_interp.engine.attribution`), none (``attribution``)."""
     if strategy in ("exact", "naive"):
         return [h for h in scan.heads if h not in scan.exact]
     if strategy != "auto":

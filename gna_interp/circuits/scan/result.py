@@ -39,7 +39,7 @@ class HeadScan:
     that head ablated); ``estimates[head]`` is the attribution estimate of the ablated mean logit
     difference, ``sizes[head]`` the relative size of its ablation and ``masses[head]`` the estimate's
     absolute mass, its per-token terms summed without cancellation (see
-    :mod:`gna_interp.circuits.attribution`).
+    :mod:`gna_interp.engine.attribution`).
     :meth:`to_frame` has one row per head with columns :data:`COLUMNS`.
     """
 

@@ -1,0 +1,10 @@
+"""The plan engine: a task's scoring plan run with heads removed, below the circuit code that decides what to remove.
+
+- :mod:`gna_interp.engine.replay`: clean prefixes captured once per chunk (shared by every stage of a run),
+  stacked replays of the blocks after the earliest removed head, nested sets replayed from the heads they add,
+  and :class:`~gna_interp.engine.replay.SetAblation` (a task's scores with any set of heads removed);
+- :mod:`gna_interp.engine.attribution`: attribution patching, every head's first-order estimate from one forward
+  and one backward per chunk.
+
+The forward of one chunk (logits at its reads only) is :func:`gna_interp.tasks.scoring.read_chunks`.
+"""
