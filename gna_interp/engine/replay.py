@@ -40,8 +40,8 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, layout_chunks,
                                       plan_scoring, read_logprobs, run_plan)
 
-__all__ = ["Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "final_logits", "nested_scores", "prefixes_for", "replay",
-           "replay_atol", "replay_scores", "shared_prefixes", "verify_replay"]
+__all__ = ["Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "final_logits", "nested_scores",
+           "prefixes_for", "replay", "replay_atol", "replay_scores", "shared_prefixes", "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
 
