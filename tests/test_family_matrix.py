@@ -235,6 +235,31 @@ def test_exact_scan_equals_naive_loop(fam, built):
         assert torch.equal(exact.exact[h]["correct"], naive.exact[h]["correct"])
 
 
+@pytest.mark.parametrize("fam", [f for f in _for("scan") if f.values[0].replays])
+def test_suffix_replay_reproduces_the_later_positions_or_is_off(fam, built):
+    """Where a family's blocks take the recorded keys and values (:class:`KeyValues`), a replay of the positions from
+    a column on equals the full replay there, from every block; elsewhere suffix replays are off."""
+    from gna_interp.engine.replay import KeyValues, capture, replay
+    from gna_interp.tasks.scoring import layout_chunks, plan_scoring
+
+    b = built(fam)
+    task = gna.KVRetrieval(n_pairs=3, n_samples=2, seed=1, max_value=9)
+    chunk = layout_chunks(b.model, plan_scoring(b.model, task.samples), 2)[0]  # packed tree rows, left padding
+    with torch.no_grad():
+        prefix = capture(b.model, chunk.batch)
+        ok = KeyValues.supported(b.model, prefix)
+        keys, final = KeyValues.record(b.model, prefix, 0)
+        torch.testing.assert_close(final, replay(b.model, prefix, 0), atol=0, rtol=0)
+        if not ok:
+            assert keys is None
+            return
+        assert keys is not None
+        width = final.shape[1]
+        for column in (1, width // 3, int(chunk.read_pos.min())):
+            got = keys.replay_from(b.model, 0, column, copies=2)
+            torch.testing.assert_close(got, final[:, column:].repeat(2, 1, 1), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("fam", _for("kv"))
 def test_kv_task_evaluates(fam, built):
     b = built(fam)

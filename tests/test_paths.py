@@ -232,6 +232,79 @@ def test_path_effects_equal_brute_force(models, family):
     assert any(abs(e) > 1e-4 for e in effects.effects())
 
 
+def test_suffix_replay_equals_the_full_replay_at_its_positions(models):
+    """Keys and values recorded by one clean replay let a later replay run only the positions from a column on: its
+    stream there equals the full replay's, also stacked and under a hook that changes those positions."""
+    from gna_interp.engine.replay import KeyValues, replay
+
+    model = models("llama")
+    pp = PathPatcher(model, _task(), batch_size=2)
+    prefix = pp.prefixes.get(0)
+    assert KeyValues.supported(model, prefix)
+    keys, final = KeyValues.record(model, prefix, 1)
+    assert keys is not None and torch.equal(final, replay(model, prefix, 1))
+    width, column = final.shape[1], final.shape[1] - 5
+
+    def bump(v, hook=None):
+        out = v.clone()
+        out[prefix.batch_size:, -3:] += 0.5  # the second copy only, at positions after the column
+        return out
+
+    hook = model.head_site(H("L2H1")).hook
+    with model.hooks([(hook, bump)]), torch.no_grad():
+        want = replay(model, prefix, 2, copies=2)
+        got = keys.replay_from(model, 2, column, copies=2)
+    assert got.shape == (2 * prefix.batch_size, width - column, final.shape[2])
+    assert float((got - want[:, column:]).abs().max()) <= 1e-5
+    assert float((want[prefix.batch_size:] - want[:prefix.batch_size]).abs().max()) > 1e-3  # the hook mattered
+    with pytest.raises(InputError, match="recorded from block 1"):
+        keys.replay_from(model, 0, column)
+
+
+def test_a_mixer_that_reads_no_cache_replays_every_position(models):
+    """A state-space stack takes no attention cache: suffix replays are off and path effects still run in full."""
+    from gna_interp.engine.replay import KeyValues
+
+    model = models("mamba2")
+    pp = PathPatcher(model, _task(), batch_size=2)
+    assert not pp.suffix and not KeyValues.supported(model, pp.prefixes.get(0))
+
+
+def test_decision_edges_replay_only_the_later_positions(models, monkeypatch):
+    """Sets that patch only the decision query replay from the decision's column, sets that patch the lines' keys
+    from the first line's; both equal the brute force, and the direct edges replay nothing."""
+    from gna_interp.engine import replay as replay_mod
+
+    model = models("llama")
+    pp = PathPatcher(model, _task(), batch_size=1)
+    assert pp.suffix
+    columns = []
+    record = replay_mod.KeyValues.replay_from
+
+    def spy(self, model, layer, column, copies=1):
+        columns.append(column)
+        return record(self, model, layer, column, copies)
+
+    monkeypatch.setattr(replay_mod.KeyValues, "replay_from", spy)
+    full = []
+    plain = replay_mod.replay
+    monkeypatch.setattr("gna_interp.circuits.paths.replay", lambda *a, **k: full.append(a[2]) or plain(*a, **k))
+    sets = [[Edge(H("L0H1"), H("L2H2"), "q", "decision")], [Edge(H("L1H0"), H("L2H3"), "q", "decision")],
+            [Edge(H("L0H1"), H("L2H2"), "k", "items")], [Edge(H("L1H0"), None)]]
+    chunk = pp.chunks[0]
+    masks = _masks(pp, chunk)
+    for es in sets:  # one set per replay: each starts at its own first patched column
+        got = pp._run_chunk(0, [es])[0]
+        assert float((got - _brute(model, pp, chunk, es)).abs().max()) <= 1e-5
+    decision, items = int(masks["decision"].nonzero()[0]), int(masks["items"].nonzero()[0])
+    assert sorted(set(columns)) == [items, decision] and 0 < items < decision
+    assert all(stop for stop in full)  # no full replay of the later blocks: only single-block runs (stop=layer+1)
+    plain_pp = PathPatcher(model, _task(), batch_size=1)
+    plain_pp.suffix = False
+    for a, b in zip(pp.run(sets), plain_pp.run(sets)):  # stacked sets: the same scores as replaying every position
+        assert float((a.scores - b.scores).abs().max()) <= 1e-5
+
+
 def test_gpt2_path_effects_equal_brute_force(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
     from gna_interp.models.tiny import byte_tokenizer

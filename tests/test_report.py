@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from html import escape
 from pathlib import Path
@@ -135,6 +136,10 @@ def test_report_from_a_real_discovery(tiny_models, tmp_path):
     assert escape(why) in html and html.count("Plotly.newPlot") == 7
     assert 'id="gna-graph"' in html and circuit.edges is not None and len(circuit.edges)
     assert f"gather {pair[0].name}, aggregate {pair[1].name}" in html
+    # the circuit in hand (as gna scan passes it) draws the same page as the one read back from the folder
+    uuid = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|cv-[0-9a-f]{12}")  # fresh div ids
+    again = build_report(folder, png=False, circuit=circuit).read_text(encoding="utf-8")
+    assert uuid.sub("ID", again) == uuid.sub("ID", html) and len(uuid.findall(html)) >= 7
 
 
 @pytest.mark.slow

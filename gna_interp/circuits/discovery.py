@@ -199,7 +199,7 @@ def _control(d: _Discovery) -> bool:
         d.notes.append(note)
         if d.control_task is not None:
             sc = d.cfg.scan
-            d.control_runner = SetAblation(d.model, d.control_task, sc.method, sc.reference, sc.batch_size)
+            d.control_runner = SetAblation(d.model, d.control_task, sc.method, sc.reference, _control_batch(sc))
             d.circuit.control = _control_scan(d.model, d.control_task, d.control_runner, d.scan, d.cfg)
     d.members = d.circuit.heads
     if d.circuit.control is not None:

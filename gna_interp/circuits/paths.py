@@ -45,7 +45,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, Prefix, ReplayMismatch, prefixes_for, replay
+from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, KeyValues, Prefix, ReplayMismatch, prefixes_for, replay
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, Replacement, flat_channels, replacements
 from gna_interp.models.heads import HeadRef
@@ -131,6 +131,7 @@ class _Clean:
 
     values: dict[str, Tensor]
     final: Tensor
+    keys: KeyValues | None = None  # the clean keys and values, for replays of the later positions only
     masks: dict[str, Tensor] = field(default_factory=dict)
     writes: dict[HeadRef, Tensor] = field(default_factory=dict)
 
@@ -162,6 +163,7 @@ class PathPatcher:
             self.prefixes.verify()
         except ReplayMismatch as e:
             raise UnsupportedArchitectureError(f"path patching replays blocks from recorded inputs: {e}") from e
+        self.suffix = KeyValues.supported(model, self.prefixes.get(0))  # before any hook is attached
         self.stack = stack
         self._summaries = self._summary_positions()
         self._repl: dict[HeadRef, Replacement] = {}
@@ -269,7 +271,7 @@ class PathPatcher:
                     keep(name)
         fns = [(name, fn) for name, fs in hooks.items() for _, fn in fs]
         with model.hooks(fns):
-            final = replay(model, prefix, start)
+            keys, final = KeyValues.record(model, prefix, start) if self.suffix else (None, replay(model, prefix, start))
         missing = [name for name, fs in hooks.items() for key, _ in fs if key not in values]
         if missing:
             raise UnsupportedArchitectureError(f"path patching: the hook {missing[0]!r} of {model.name} never fired "
@@ -280,7 +282,7 @@ class PathPatcher:
                 added = added - values[f"blocks.{layer}.mlp.hook_out"]
             values[f"blocks.{layer}.__added"] = added
             self._check_linear(layer, kind, values)
-        return _Clean(values, final)
+        return _Clean(values, final, keys)
 
     def _copies(self, items: list[tuple[int, HeadRef, dict[str, list[Edge]]]]
                 ) -> list[tuple[int, dict[HeadRef, dict[str, list[Edge]]]]]:
@@ -427,11 +429,13 @@ class PathPatcher:
         for layer, items in sorted(by_layer.items()):
             z_new.update(self._receiver_outputs(prefix, layer, clean, writes, masks, items))
         n = len(sets)
+        column = 0
         if z_new:
+            column = self._first_change(sets, masks, chunk) if clean.keys is not None else 0
             by_hook: dict[str, list[tuple[int, Any, Tensor]]] = {}
             for (g, r), z in z_new.items():
                 site = model.head_site(r)
-                by_hook.setdefault(site.hook, []).append((g, site, z))
+                by_hook.setdefault(site.hook, []).append((g, site, z[:, column:]))
 
             def put(entries: list[tuple[int, Any, Tensor]]) -> Any:
                 def hook(v: Tensor, hook: Any = None) -> Tensor:
@@ -443,20 +447,36 @@ class PathPatcher:
                 return hook
 
             with model.hooks([(name, put(entries)) for name, entries in by_hook.items()]):
-                final = replay(model, prefix, min(by_layer), n)
+                if column:
+                    assert clean.keys is not None
+                    final = clean.keys.replay_from(model, min(by_layer), column, n)
+                else:
+                    final = replay(model, prefix, min(by_layer), n)
         else:
             final = clean.final.repeat(n, 1, 1)
         rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
         rows, pos = rows.to(final.device), pos.to(final.device)
         out = []
         for g, es in enumerate(sets):
-            sel = final[rows + g * b, pos]
+            sel = final[rows + g * b, pos - column]
             for e in es:
                 if e.receiver is None:
                     m = masks[e.positions][rows, pos][:, None].to(sel.dtype)
                     sel = sel - m * writes[e.sender][rows, pos].to(sel.dtype)
             out.append(read_logprobs(model.unembed(sel[None])[0], chunk.read_tok, inverse))
         return out
+
+    @staticmethod
+    def _first_change(sets: list[list[Edge]], masks: dict[str, Tensor], chunk: Chunk) -> int:
+        """The first position (column) at which a receiver of ``sets`` can read a patched stream: the stream is clean
+        before it in every row (attention only looks back), so the replay may start there (never after a read)."""
+        first = int(chunk.read_pos.min())
+        for es in sets:
+            for e in es:
+                if e.receiver is not None:
+                    cols = masks[e.positions].any(dim=0).nonzero()
+                    first = min(first, int(cols[0]) if len(cols) else first)
+        return first
 
     # ---- public ---------------------------------------------------------------------------
     def clean(self) -> CandidateScores:
@@ -470,15 +490,25 @@ class PathPatcher:
         """Scores of the task with each element of ``sets`` (an edge, or edges removed together) removed."""
         groups = [[check_edge(self.model, e) for e in ([s] if isinstance(s, Edge) else list(s))] for s in sets]
         tables = [ScoreTable(self.plan) for _ in groups]
-        # stacked by the layer their replay starts at, so that no copy replays blocks before its own receivers
-        todo = sorted((g for g, es in enumerate(groups) if es),
-                      key=lambda g: min(e.receiver.layer if e.receiver is not None else self.model.n_layers
-                                        for e in groups[g]))
+        # sets with a receiver replay the later blocks, stacked by the positions they patch (the decision alone: only
+        # the later positions need replaying) and the layer their replay starts at, so that no copy replays blocks or
+        # positions before its own receivers'; sets of direct edges only read the clean final stream
+        def kind(g: int) -> int:
+            heads = [e for e in groups[g] if e.receiver is not None]
+            return 2 if not heads else 0 if all(e.positions == "decision" for e in heads) else 1
+
+        def start(g: int) -> int:
+            return min((e.receiver.layer for e in groups[g] if e.receiver is not None), default=self.model.n_layers)
+
+        todo = sorted((g for g, es in enumerate(groups) if es), key=lambda g: (kind(g), start(g)))
+        stacks: list[list[int]] = []
+        for c in range(3):
+            same = [g for g in todo if kind(g) == c]
+            stacks += [same[k:k + self.stack] for k in range(0, len(same), self.stack)]
         every = [groups[g] for g in todo]
         for i, chunk in enumerate(self.chunks):
             cache: dict[int, _Clean] = {}
-            for k in range(0, len(todo), self.stack):
-                part = todo[k:k + self.stack]
+            for part in stacks:
                 for g, logp in zip(part, self._run_chunk(i, [groups[g] for g in part], every, cache)):
                     tables[g].add(chunk, logp)
         clean = self.clean() if len(todo) < len(groups) else None

@@ -92,7 +92,7 @@ def run_scan(args: argparse.Namespace) -> int:
         return 0
     print(circuit_summary(circuit, top=10))
     print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
-    print(f"wrote {build_report(out)} and {out / SUMMARY_FILE}")
+    print(f"wrote {build_report(out, circuit=circuit)} and {out / SUMMARY_FILE}")
     return 0
 
 

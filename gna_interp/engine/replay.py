@@ -24,6 +24,7 @@ model and the same chunks gets one :class:`Prefixes`: a task's clean pass is pai
 from __future__ import annotations
 
 import hashlib
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -31,6 +32,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from transformers.cache_utils import DynamicCache
 
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, replacements
@@ -40,7 +42,7 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, layout_chunks,
                                       plan_scoring, read_logprobs, run_plan)
 
-__all__ = ["Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "final_logits", "nested_scores",
+__all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "final_logits", "nested_scores",
            "prefixes_for", "replay", "replay_atol", "replay_scores", "shared_prefixes", "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
@@ -134,11 +136,21 @@ def replay(model: Model, prefix: Prefix, start: int, copies: int = 1,
     Hooks the caller has attached (e.g. an ablation on some copies' rows) fire as in a full forward.
     Gradients flow when the caller enables them.
     """
-    b = prefix.batch_size
-    blocks = model.blocks()
-    x = _repeat(prefix.hidden(start), b, copies) if hidden is None else hidden
-    for i in range(start, len(prefix.inputs) if stop is None else stop):
+    x = _repeat(prefix.hidden(start), prefix.batch_size, copies) if hidden is None else hidden
+    return _run_blocks(model, prefix, range(start, len(prefix.inputs) if stop is None else stop), x, copies)
+
+
+def _run_blocks(model: Model, prefix: Prefix, layers: range, x: Tensor, copies: int, column: int = 0,
+                keys: Any = None) -> Tensor:
+    """Chain ``layers`` from ``x`` with the recorded arguments (from ``column`` on, and ``keys`` as the attention
+    cache, when given: see :class:`KeyValues`)."""
+    b, blocks = prefix.batch_size, model.blocks()
+    width = int(prefix.hidden(0).shape[1])
+    for i in layers:
         args, kwargs = prefix.inputs[i]
+        if keys is not None:
+            args, kwargs = _from_column(args, kwargs, b, width, column)
+            kwargs = {**kwargs, "past_key_values": keys}
         kwargs = {k: _repeat(v, b, copies) for k, v in kwargs.items()}
         if args:
             rest = tuple(_repeat(a, b, copies) for a in args[1:])
@@ -147,6 +159,127 @@ def replay(model: Model, prefix: Prefix, start: int, copies: int = 1,
             out = blocks[i](**{**kwargs, "hidden_states": x})
         x = out[0] if isinstance(out, (tuple, list)) else out
     return x
+
+
+class _NoSuffix(Exception):
+    """A recorded block argument whose positions cannot be told apart: the block cannot run on a suffix."""
+
+
+def _slice_from(value: Any, b: int, width: int, column: int) -> Any:
+    """``value`` (a recorded block argument) restricted to the query positions ``column..``: a ``[b, 1, q, k]`` mask
+    loses its first ``column`` query rows, a ``[b, pos, ...]`` tensor (position ids and embeddings) and a
+    ``[pos]`` tensor (cache positions) their first ``column`` positions; anything else that has a dimension of the
+    sequence's width raises :class:`_NoSuffix`."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_slice_from(v, b, width, column) for v in value)
+    if not isinstance(value, Tensor):
+        return value
+    shape = tuple(value.shape)
+    if value.dim() == 4 and shape[0] == b and shape[2] == shape[3] == width:
+        return value[:, :, column:]
+    if value.dim() >= 2 and shape[0] == b and shape[1] == width:
+        return value[:, column:]
+    if value.dim() == 1 and shape[0] == width:
+        return value[column:]
+    if width in shape:
+        raise _NoSuffix(f"a block argument of shape {shape}")
+    return value
+
+
+def _from_column(args: tuple, kwargs: dict[str, Any], b: int, width: int, column: int
+                 ) -> tuple[tuple, dict[str, Any]]:
+    if any(a is not None for a in args[1:]):
+        raise _NoSuffix("positional block arguments besides the hidden states")
+    return args, {k: _slice_from(v, b, width, column) for k, v in kwargs.items() if k != "past_key_values"}
+
+
+class _Tap(DynamicCache):
+    """An attention cache that records each block's keys and values (``front`` None) or puts ``front``'s before
+    them (a replay of the later positions)."""
+
+    def __init__(self, front: dict[int, tuple[Tensor, Tensor]] | None = None) -> None:
+        super().__init__()
+        self.front = front
+        self.kv: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any
+               ) -> tuple[Tensor, Tensor]:
+        if self.front is None:
+            if layer_idx in self.kv:
+                raise _NoSuffix(f"layer {layer_idx} updated its cache twice")
+            self.kv[layer_idx] = (key_states.detach(), value_states.detach())
+            return key_states, value_states
+        k, v = self.front[layer_idx]
+        return torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=-2)
+
+
+_SUFFIX_OK: "weakref.WeakKeyDictionary[Model, bool]" = weakref.WeakKeyDictionary()
+
+
+class KeyValues:
+    """The clean keys and values of every attention block from ``start`` on, recorded by one clean replay
+    (:meth:`record`), so that a later replay whose change starts at position ``column`` runs only the positions
+    ``column..`` (:meth:`replay_from`): the earlier positions' keys and values are the clean ones.
+
+    The suffix replay is used only for models whose every block from ``start`` is an attention block reading the
+    cache, checked once per model against a plain replay of the last two blocks (:meth:`supported`)."""
+
+    def __init__(self, prefix: Prefix, start: int, kv: dict[int, tuple[Tensor, Tensor]]) -> None:
+        self.prefix, self.start, self.kv = prefix, start, kv
+
+    @classmethod
+    def record(cls, model: Model, prefix: Prefix, start: int) -> tuple["KeyValues | None", Tensor]:
+        """Replay blocks ``start..`` cleanly (with the caller's hooks), recording keys and values where the model
+        allows suffix replays (:meth:`supported`; check it before attaching hooks); returns them (None where it does
+        not) and the last block's output."""
+        if cls.supported(model, prefix):
+            tap = _Tap()
+            try:
+                final = _run_blocks(model, prefix, range(start, model.n_layers), prefix.hidden(start), 1, 0, tap)
+            except _NoSuffix:  # a block unlike the last two (a hybrid's): plain replays only
+                return None, replay(model, prefix, start)
+            if sorted(tap.kv) == list(range(start, model.n_layers)):
+                return cls(prefix, start, tap.kv), final
+            return None, final
+        return None, replay(model, prefix, start)
+
+    def replay_from(self, model: Model, layer: int, column: int, copies: int = 1
+                    ) -> Float[Tensor, "copies_batch suffix d_model"]:
+        """Blocks ``layer..`` (``layer >= start``) on the positions ``column..`` of ``copies`` stacked copies, the
+        earlier positions' keys and values clean; hooks see (and must write) tensors of those positions only."""
+        if layer < self.start:
+            raise InputError(f"keys and values were recorded from block {self.start}, not {layer}")
+        b = self.prefix.batch_size
+        front = {i: (_repeat(k[..., :column, :], b, copies), _repeat(v[..., :column, :], b, copies))
+                 for i, (k, v) in self.kv.items() if i >= layer}
+        x = _repeat(self.prefix.hidden(layer)[:, column:], b, copies)
+        return _run_blocks(model, self.prefix, range(layer, model.n_layers), x, copies, column, _Tap(front))
+
+    @staticmethod
+    def supported(model: Model, prefix: Prefix) -> bool:
+        """Whether suffix replays reproduce ``model`` (checked once per model, on ``prefix``'s last two blocks)."""
+        ok = _SUFFIX_OK.get(model)
+        if ok is None:
+            ok = _SUFFIX_OK[model] = _check_suffix(model, prefix)
+        return ok
+
+
+@torch.no_grad()
+def _check_suffix(model: Model, prefix: Prefix) -> bool:
+    start = max(0, model.n_layers - 2)
+    width = int(prefix.hidden(0).shape[1])
+    column = width // 2
+    try:
+        tap = _Tap()
+        full = _run_blocks(model, prefix, range(start, model.n_layers), prefix.hidden(start), 1, 0, tap)
+        if sorted(tap.kv) != list(range(start, model.n_layers)) or column < 1:
+            return False
+        part = KeyValues(prefix, start, tap.kv).replay_from(model, start, column)
+    except (_NoSuffix, TypeError, ValueError, RuntimeError, AttributeError, IndexError):
+        return False  # a family whose blocks take the cache another way: plain replays only
+    scale = float(full.abs().max())
+    return bool(part.shape == full[:, column:].shape and
+                (part - full[:, column:]).abs().max().item() <= replay_atol(model.dtype, scale))
 
 
 def final_logits(model: Model, hidden: Float[Tensor, "rows pos d_model"], rows: Int[Tensor, " n"],

@@ -38,7 +38,7 @@ _TABLE_COLUMNS = ("rank", "circuit_rank", "name", "kind", "role", "offset", "dro
                   "control_drop", "specificity", "gather", "aggregate", "gold_share", "sharpness")
 
 
-def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
+def build_report(out_dir: str | Path, *, png: bool = True, circuit: Circuit | None = None) -> Path:
     """Write ``out_dir/report.html`` from the circuit saved in ``out_dir`` (:meth:`Circuit.save
     <gna_interp.circuits.circuit.Circuit.save>`); return its path. No model is loaded or run.
 
@@ -49,13 +49,14 @@ def build_report(out_dir: str | Path, *, png: bool = True) -> Path:
     plotly's and circuitsvis's JavaScript are embedded once each, so the file renders with no network.
     With ``png`` the figures are also written to ``out_dir/figures/*.png`` when the export path
     (kaleido + a Chromium) works; otherwise the page says why. ``out_dir/summary.md`` gets the Markdown summary
-    (:func:`~gna_interp.report.summary.circuit_summary`).
+    (:func:`~gna_interp.report.summary.circuit_summary`). ``circuit``: the circuit just saved there, when the caller
+    holds it (it is then not read back).
     """
     folder = Path(out_dir)
     if not (folder / SCAN_FILE).is_file():
         raise InputError(f"{folder} has no {SCAN_FILE}: run `gna scan --out {folder}` first (the report reads its output)")
     check_writable(folder, (REPORT_FILE, SUMMARY_FILE), (FIGURES_DIR,), "the report folder")
-    circuit = Circuit.load(folder)
+    circuit = Circuit.load(folder) if circuit is None else circuit
     heads = circuit.to_frame()
     label = circuit.model
     figures: dict[str, Any] = {"heatmap": score_heatmap(heads, title=f"Ablation drop per head: {label}")}
