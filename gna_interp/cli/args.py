@@ -260,14 +260,12 @@ def set_threads(args: argparse.Namespace) -> None:
 def load_for(args: argparse.Namespace, spec: str | None = None) -> Any:
     """Set ``--threads``, then load ``spec`` (default ``--model`` or the default model) on ``--device`` in
     ``--dtype`` and refuse a model that cannot run (a meta-device config)."""
-    from gna_interp.models import load_model
+    from gna_interp.experiments.run import model_of
 
     set_threads(args)
     spec = spec or args.model or first_default()
     print(f"loading {spec} ({args.dtype}) ...", flush=True)
-    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
-    model.check_runnable()
-    return model
+    return model_of(spec, getattr(args, "device", None), args.dtype)
 
 
 def check_pairs(pairs: int, max_value: int) -> None:

@@ -21,14 +21,13 @@ def _patterns_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_patterns(args: argparse.Namespace) -> int:
+    from gna_interp.experiments.run import model_of
     from gna_interp.mixing import patterns
-    from gna_interp.models import load_model
     from gna_interp.viz.attention import patterns_page
 
     out = check_out_file(args.out)  # before the model loads
     spec = args.model or first_default()
-    model = load_model(spec, device=getattr(args, "device", None), dtype=args.dtype)
-    model.check_runnable()
+    model = model_of(spec, getattr(args, "device", None), args.dtype)
     if args.heads is not None:  # "" is an empty list of heads (an error), not the default heads
         heads = model.check_heads(args.heads)
     else:

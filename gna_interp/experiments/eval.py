@@ -57,6 +57,7 @@ from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.options import RunOptions
+from gna_interp.experiments.run import Discovery, model_of, resolve_circuit
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import options
@@ -349,7 +350,6 @@ def _choose_heads(model: Model, heads: Any, circuit: Any, top_k: int, out: Path 
                   batch_size: int, progress: bool) -> tuple[list[HeadRef], list[HeadRef], list[str]]:
     """The removed heads, the pool random heads are drawn from, and notes on where they came from."""
     from gna_interp.experiments.harness import parse_heads_arg
-    from gna_interp.experiments.run import Discovery, resolve_circuit
     from gna_interp.tasks.choice import TaskChoice
 
     if heads is not None and circuit is not None:
@@ -436,11 +436,7 @@ def eval_heads(model: Model | str, tasks: str | Sequence[str], heads: str | Sequ
         if cfg.fresh:
             for f in stale:
                 f.unlink()
-    if isinstance(model, str):
-        from gna_interp.models import load_model
-
-        model = load_model(model)
-    model.check_runnable()
+    model = model_of(model)
     removed, pool, notes = _choose_heads(model, heads, circuit, cfg.top_k, out_path, cfg.resume, cfg.batch_size,
                                          cfg.progress)
     rk = len(removed) if cfg.random_k is None else cfg.random_k

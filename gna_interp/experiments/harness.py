@@ -43,7 +43,6 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -200,13 +199,9 @@ class GnaLM(TemplateLM):
         model = model if model is not None else pretrained
         if model is None:
             raise InputError("GnaLM needs a model: model=SPEC (e.g. smollm2-135m, zoo:transformer-kv) or a loaded Model")
-        if isinstance(model, str):
-            from gna_interp.models import load_model
+        from gna_interp.experiments.run import model_of
 
-            model = load_model(model, device=device, dtype=dtype)
-        if not isinstance(model, Model):
-            raise InputError(f"model must be a gna_interp Model or a model spec, got {type(model).__name__}")
-        model.check_runnable()
+        model = model_of(model, device, dtype)
         self.model = model
         self.tokenizer = model.tokenizer
         self._batch_size = _int_arg("batch_size", batch_size, 1, auto=16)
@@ -221,7 +216,7 @@ class GnaLM(TemplateLM):
         if circuit is not None:
             if named:
                 raise InputError("pass heads= or circuit=, not both")
-            named = list(_circuit_heads(circuit, top_k))
+            named = _circuit_heads(model, circuit, top_k)
         self.heads: list[HeadRef] = list(dict.fromkeys(model.check_heads(named))) if named else []
         if method == "mean" and self.heads and reference is None:
             reference = neutral_reference()
@@ -489,21 +484,14 @@ def _int_arg(name: str, value: Any, minimum: int, auto: int | None = None) -> in
     return v
 
 
-def _circuit_heads(circuit: Any, top_k: int) -> list[HeadRef]:
-    """The ``top_k`` best-ranked heads of a circuit (a loaded Circuit, or a ``gna scan`` folder)."""
-    from gna_interp.circuits import Circuit
+def _circuit_heads(model: Model, circuit: Any, top_k: int) -> list[HeadRef]:
+    """The ``top_k`` best-ranked heads of a circuit (a loaded Circuit, or a ``gna scan`` folder), resolved and checked
+    against ``model`` as every experiment resolves one (:func:`~gna_interp.experiments.run.resolve_circuit`)."""
+    from gna_interp.experiments.run import resolve_circuit
 
     k = _int_arg("top_k", top_k, 1)
-    if not isinstance(circuit, Circuit):
-        d = Path(circuit)
-        if not (d / "circuit.json").is_file() and not (d.name == "circuit.json" and d.is_file()):
-            raise InputError(f"circuit {str(d)!r} is not a `gna scan` output folder (no circuit.json there); run "
-                             f"`gna scan --model M --out DIR` first and pass that DIR")
-        circuit = Circuit.load(d)
-    heads = circuit.heads
-    if not heads:
-        raise InputError("the circuit has no heads (every scanned head was left out); rerun gna scan")
-    return heads[:k]
+    found, _ = resolve_circuit(model, circuit)
+    return found.heads[:k]
 
 
 def _token_plan(pairs: Sequence[tuple[tuple[int, ...], tuple[int, ...]]]
