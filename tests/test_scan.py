@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import pytest
 import torch
@@ -206,6 +207,7 @@ def test_fallback_to_naive_when_replay_does_not_reproduce_the_model(tiny_models,
         raise ReplayMismatch("simulated: work between blocks")
 
     monkeypatch.setattr(replay_mod, "verify_replay", broken)
+    monkeypatch.setattr(replay_mod, "_VERIFIED", weakref.WeakKeyDictionary())  # forget the model passed before
     with pytest.warns(RuntimeWarning, match="falling back"):
         scan = scan_heads(model, TASK, heads=["L1H1"], strategy="exact", batch_size=4, progress=False)
     naive = scan_heads(model, TASK, heads=["L1H1"], strategy="naive", batch_size=4, progress=False)
@@ -415,6 +417,7 @@ def test_set_ablation_falls_back_to_full_forwards(tiny_models, monkeypatch):
         raise ReplayMismatch("simulated: work between blocks")
 
     monkeypatch.setattr(replay_mod, "verify_replay", broken)
+    monkeypatch.setattr(replay_mod, "_VERIFIED", weakref.WeakKeyDictionary())  # forget the model passed before
     slow = SetAblation(model, TASK, batch_size=2)
     assert not slow.fast
     with ablate(model, ["L1H1"]):

@@ -37,8 +37,9 @@ adding it (Gemma-2's post-attention norm, Falcon-H1's multipliers) is refused wi
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import pandas as pd
 import torch
@@ -122,6 +123,19 @@ def check_edge(model: Model, edge: Edge) -> Edge:
 def _flat(x: Tensor) -> Tensor:
     """A hook value ``[b, p, h, d]`` or ``[b, p, w]`` as ``[b, p, w]`` (a view when possible)."""
     return x.flatten(2) if x.dim() == 4 else x
+
+
+class _Enough(Exception):
+    """Raised by a hook once a single-block run has produced every value it was run for."""
+
+
+@contextmanager
+def _until_enough() -> Iterator[None]:
+    """A single-block run that a hook may end early with :class:`_Enough` (its later layers' work is not needed)."""
+    try:
+        yield
+    except _Enough:
+        pass
 
 
 @dataclass
@@ -344,13 +358,18 @@ class PathPatcher:
         need = sorted({site.hook for (_, r, inp) in where for site in inputs[r][inp]})
         got: dict[str, Tensor] = {}
 
+        wanted: set[str] = set()
+
         def grab(name: str) -> Any:
             def hook(v: Tensor, hook: Any = None) -> Tensor:
                 got[name] = _flat(v).detach().clone()
+                if wanted <= got.keys():
+                    raise _Enough  # the rest of the block is not needed
                 return v
             return hook
 
-        with model.hooks([(name, grab(name)) for name in need]):
+        wanted.update(need)
+        with model.hooks([(name, grab(name)) for name in need]), _until_enough():
             replay(model, prefix, layer, len(streams), hidden=torch.cat(streams), stop=layer + 1)
         by_hook: dict[str, list[tuple[int, InputSite, Tensor]]] = {}
         for j, (n, r, inp) in enumerate(where):
@@ -385,9 +404,12 @@ class PathPatcher:
         sites = {r: model.head_site(r) for r in specs}
         hooks = [(name, overwrite(entries)) for name, entries in by_hook.items()]
         hooks += [(name, restore(entries, name)) for name, entries in isolate.items()]
-        hooks += [(name, grab(name)) for name in sorted({s.hook for s in sites.values()})]
+        outputs = sorted({s.hook for s in sites.values()})
+        hooks += [(name, grab(name)) for name in outputs]
         got.clear()
-        with model.hooks(hooks):
+        wanted.clear()
+        wanted.update(outputs)
+        with model.hooks(hooks), _until_enough():
             replay(model, prefix, layer, len(copies), stop=layer + 1)
         result = {}
         for n, (g, members) in enumerate(copies):

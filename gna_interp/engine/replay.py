@@ -326,6 +326,9 @@ def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos:
     return worst
 
 
+_VERIFIED: "weakref.WeakKeyDictionary[Model, set[bool]]" = weakref.WeakKeyDictionary()  # mask kinds replays reproduce
+
+
 class Prefixes:
     """Clean prefixes of every chunk of a plan, kept while they fit in ``max_bytes``, recomputed otherwise."""
 
@@ -338,16 +341,20 @@ class Prefixes:
         self.verified = False
 
     def verify(self) -> None:
-        """Check once that replays reproduce the model (on the first and last row of the first batch);
-        raises :class:`ReplayMismatch` otherwise."""
-        if self.verified:
-            return
+        """Check that replays reproduce the model (on the first and last row of the first batch), once per model and
+        kind of attention mask (packed trees or plain rows); raises :class:`ReplayMismatch` otherwise."""
         c = self.chunks[0]
+        kind = c.batch.tree is not None
+        done = _VERIFIED.setdefault(self.model, set())
+        if self.verified or kind in done:
+            self.verified = True
+            return
         pick = sorted({0, c.size - 1})
         sel = torch.isin(c.read_row, torch.tensor(pick))
         rows = torch.searchsorted(torch.tensor(pick), c.read_row[sel])
         sub = c.batch.select(pick)
         verify_replay(self.model, sub, rows, c.read_pos[sel])
+        done.add(kind)
         self.verified = True
 
     def get(self, i: int) -> Prefix:
