@@ -25,10 +25,10 @@ import torch
 
 import gna_interp as gna
 from gna_interp.engine.replay import replay_atol
-from gna_interp.circuits.scan import _default_stack
+from gna_interp.engine.replay import default_stack as _default_stack
 from gna_interp.errors import InputError
 from gna_interp.models import zoo_dir, zoo_names
-from gna_interp.models.estimate import (CPU_REPLAY_ROWS, STACK_MEMORY_SHARE, measure_row_bytes, replay_row_bytes,
+from gna_interp.models.estimate import (CPU_REPLAY_TOKENS, STACK_MEMORY_SHARE, measure_row_bytes, replay_row_bytes,
                                         replay_stack)
 from gna_interp.models.model import Model
 from gna_interp.models.ssm import layer_terms
@@ -204,12 +204,12 @@ def test_scan_on_the_device_equals_naive_and_bf16_stays_within_tolerance(zoo, na
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_default_stack_on_the_device(zoo, device):
-    """The scan's default stack: ``64 // rows`` on CPU; on CUDA sized to the free memory (at least that)."""
+    """The scan's default stack: ``2048 // (rows * tokens)`` on CPU; on CUDA sized to the free memory (at least that)."""
     model = zoo("transformer-kv", device)
     chunks = layout_chunks(model, plan_scoring(model, _task(model).samples), 8)
     stack = _default_stack(model, chunks, 2 << 30)
     if device == "cpu":
-        assert stack == CPU_REPLAY_ROWS // 8
+        assert stack == CPU_REPLAY_TOKENS // (8 * max(int(c.batch.ids.shape[1]) for c in chunks)) > 1
     else:  # a 2-layer, 4-head model on any GPU: memory allows a whole layer's heads
         assert stack == max(s.n_heads for s in model.layers)
 
@@ -329,7 +329,7 @@ def test_replay_stack_sizes_to_fake_free_memory(zoo):
     assert replay_stack(model, rows, tokens, reads=reads, free_bytes=huge, reserve_bytes=huge) == 1
     # Without free_bytes a CPU model keeps the CPU default exactly.
     for r in (1, 3, 8, 16, 64, 100):
-        assert replay_stack(model, r, tokens) == max(1, CPU_REPLAY_ROWS // r)
+        assert replay_stack(model, r, tokens) == max(1, CPU_REPLAY_TOKENS // (r * tokens))
 
 
 def test_replay_stack_fits_more_half_precision_rows(zoo):
@@ -348,7 +348,7 @@ def test_scan_default_stack_reads_cuda_free_memory(zoo, monkeypatch):
 
     model = zoo("transformer-kv", "cpu")
     chunks = layout_chunks(model, plan_scoring(model, _task(model).samples), 8)
-    assert _default_stack(model, chunks, 2 << 30) == CPU_REPLAY_ROWS // 8
+    assert _default_stack(model, chunks, 2 << 30) == CPU_REPLAY_TOKENS // (8 * max(int(c.batch.ids.shape[1]) for c in chunks))
     tokens = max(int(c.batch.ids.shape[1]) for c in chunks)
     reads = max(-(-len(c.read_pos) // c.size) for c in chunks)
     cfg = _config()

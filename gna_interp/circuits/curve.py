@@ -33,7 +33,8 @@ class CurveConfig(Options):
         seeds: random orders of the other heads, compared with the top ``k`` at ``j = k``.
         method, reference: the ablation (and, for ``mean`` / ``resample``, its reference prompts or task).
         batch_size: prompts per forward.
-        band: the random orders measured at every ``j`` (the curve's band); None: all of them.
+        band: the random orders measured at every ``j`` (the curve's band; one by default: the other orders are
+            measured at ``j = k`` only, where the comparison is made); None: all of them.
         generic: heads measured together at ``j = min(k, len(generic))`` (the generic heads of a control).
     """
 
@@ -42,7 +43,7 @@ class CurveConfig(Options):
     method: AblationMethod = "zero"
     reference: Any = None
     batch_size: int = 16
-    band: int | None = 2
+    band: int | None = 1
     generic: Sequence[HeadRef] = ()
 
     def validate(self) -> None:

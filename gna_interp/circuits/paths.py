@@ -46,7 +46,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, KeyValues, Prefix, ReplayMismatch, prefixes_for, replay
+from gna_interp.engine.replay import KeyValues, Prefix, ReplayMismatch, default_stack, prefixes_for, replay
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, Replacement, flat_channels, replacements
 from gna_interp.models.heads import HeadRef
@@ -154,31 +154,29 @@ class PathPatcher:
     """Scores of a task with sets of edges removed (:func:`path_effects` reads effects off them).
 
     ``method`` / ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s: what replaces a sender's
-    output along its edges. ``stack`` sets are replayed together (memory: ``stack * batch_size`` rows).
+    output along its edges. Sets are replayed in stacks of :func:`~gna_interp.engine.replay.default_stack` copies.
     """
 
     def __init__(self, model: Model, task: Task, method: AblationMethod = "zero", reference: Any = None,
-                 batch_size: int = 16, stack: int = 8, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES) -> None:
+                 batch_size: int = 16) -> None:
         if not isinstance(task, Task):
             raise InputError(f"path patching needs a Task (with segments for 'summary' positions), got "
                              f"{type(task).__name__}")
         if method == "resample":
             raise InputError("path patching takes method 'zero' or 'mean' (a resampled sender output is aligned per "
                              "forward, which a replay of stacked copies does not keep)")
-        if isinstance(stack, bool) or not isinstance(stack, int) or stack < 1:
-            raise InputError(f"stack must be an integer >= 1, got {stack!r}")
         model.check_runnable()
         self.model, self.task, self.method, self.reference = model, task, method, reference
         replacements(model, [], method, reference)  # validates method / reference before any forward
         self.plan = plan_scoring(model, task.samples)
         self.chunks = layout_chunks(model, self.plan, batch_size)
-        self.prefixes = prefixes_for(model, self.chunks, max_prefix_bytes)
+        self.prefixes = prefixes_for(model, self.chunks)
         try:
             self.prefixes.verify()
         except ReplayMismatch as e:
             raise UnsupportedArchitectureError(f"path patching replays blocks from recorded inputs: {e}") from e
         self.suffix = KeyValues.supported(model, self.prefixes.get(0))  # before any hook is attached
-        self.stack = stack
+        self.stack = default_stack(model, self.chunks)  # sets replayed together, as the scan stacks heads
         self._summaries = self._summary_positions()
         self._repl: dict[HeadRef, Replacement] = {}
         self._linear: set[int] = set()

@@ -42,7 +42,7 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, layout_chunks,
                                       plan_scoring, read_logprobs, run_plan)
 
-__all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "final_logits", "nested_scores",
+__all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack", "final_logits", "nested_scores",
            "prefixes_for", "replay", "replay_atol", "replay_scores", "shared_prefixes", "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
@@ -375,6 +375,19 @@ class Prefixes:
             prefix = self.get(i)
             table.add(chunk, read_logprobs(prefix.logits, chunk.read_tok, prefix.inverse))
         return table.result()
+
+
+def default_stack(model: Model, chunks: Sequence[Chunk], max_prefix_bytes: int = DEFAULT_PREFIX_BYTES) -> int:
+    """Copies of a batch to stack in one replay of ``chunks``: :func:`~gna_interp.models.estimate.replay_stack` for the
+    largest chunk (on CPU at most 2,048 tokens a replay; on CUDA sized to the free memory, less the clean prefixes
+    :class:`Prefixes` keeps within ``max_prefix_bytes``)."""
+    from gna_interp.models.estimate import replay_stack
+
+    values = sum(c.n_tokens for c in chunks) * int(getattr(model.cfg, "d_model", 0) or 0) * model.n_layers
+    kept = values * 4 <= max_prefix_bytes  # Prefixes' own rule (4 bytes a value)
+    reads = max(-(-len(c.read_pos) // c.size) for c in chunks)
+    return replay_stack(model, max(c.size for c in chunks), max(int(c.batch.ids.shape[1]) for c in chunks),
+                        reads=reads, reserve_bytes=values * model.dtype.itemsize if kept else 0)
 
 
 _SHARED: list[dict[tuple[int, int, str], Prefixes]] = []

@@ -148,7 +148,7 @@ def _curve_lines(circuit: Circuit) -> list[str]:
     steps = [f"k={j} {means.loc[('top', j), 'accuracy']:.3f} vs {means.loc[('random', j), 'accuracy']:.3f}"
              for j in range(1, k + 1) if ("top", j) in means.index and ("random", j) in means.index]
     if steps:
-        out.append("- accuracy curve, top k vs k random (median over seeds): " + ", ".join(steps))
+        out.append("- accuracy curve, top k vs k random (median over the seeds measured at each k): " + ", ".join(steps))
     if means["lm_loss"].notna().any() and ("top", k) in means.index:
         base = circuit.baseline.get("lm_loss", math.nan)
         parts = [f"top {k} +{means.loc[('top', k), 'lm_loss'] - base:.3f}"]

@@ -69,14 +69,13 @@ from gna_interp.progress import tqdm
 
 from gna_interp.engine.attribution import attribution_estimates
 from gna_interp.circuits.distributed import active, check_world
-from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, Prefixes, prefixes_for, replay_scores
+from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, Prefixes, default_stack, prefixes_for, replay_scores
 from gna_interp.circuits.scan.executor import Executor, Unit
 from gna_interp.circuits.scan.policy import DEFAULT_CERTIFY, default_verify, initial_exact, next_to_verify
 from gna_interp.circuits.scan.result import COLUMNS, HeadScan
 from gna_interp.circuits.scan.store import ScanStore, fingerprint
 from gna_interp.errors import InputError, OptionError
 from gna_interp.interventions.ablation import METHODS, AblationMethod, Replacement, ablation_hooks, replacements
-from gna_interp.models.estimate import replay_stack
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_choice, check_int, options
@@ -120,7 +119,7 @@ class ScanConfig(Options):
             there are at least 64, else none): heads the attribution bound cannot rule out are first
             run exactly on these samples only, and run on all samples only if that result's upper bound
             (mean + ``3`` bootstrap standard deviations) could still reach the leading heads.
-        stack: ablations per replay (default: on CPU as many as keep a replay within 64 rows; on CUDA as
+        stack: ablations per replay (default: on CPU as many as keep a replay within 2,048 tokens; on CUDA as
             many as fit in half the free GPU memory, see :func:`~gna_interp.models.estimate.replay_stack`).
         scoring: candidate scoring method of :func:`~gna_interp.tasks.scoring.plan_scoring`
             (``auto`` or ``first_token``).
@@ -241,7 +240,7 @@ def _plan(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str]
     plan, task_name = _as_plan(model, task, cfg.scoring)
     replaced = replacements(model, head_list, cfg.method, cfg.reference)
     chunks = layout_chunks(model, plan, cfg.batch_size, pack=False if cfg.method == "resample" else None)
-    stack = executor.broadcast(cfg.stack or _default_stack(model, chunks, cfg.max_prefix_bytes))  # rank 0's
+    stack = executor.broadcast(cfg.stack or default_stack(model, chunks, cfg.max_prefix_bytes))  # rank 0's
     path = Path(cfg.checkpoint) if cfg.checkpoint is not None else None
     store = ScanStore(path, fingerprint(model, plan, cfg.method, head_list, cfg.reference), shard)
     state = store.resume()
@@ -369,16 +368,6 @@ def _groups(replaced: list[Replacement], stack: int) -> list[list[Replacement]]:
     for r in replaced:
         by_layer.setdefault(r.site.head.layer, []).append(r)
     return [rs[k:k + stack] for _, rs in sorted(by_layer.items()) for k in range(0, len(rs), stack)]
-
-
-def _default_stack(model: Model, chunks: list[Chunk], max_prefix_bytes: int) -> int:
-    """``ScanConfig.stack`` when unset: :func:`~gna_interp.models.estimate.replay_stack` for the largest chunk
-    (on CPU ``64 // rows``; on CUDA sized to the free memory, less the clean prefixes the scan will keep)."""
-    values = sum(c.n_tokens for c in chunks) * int(getattr(model.cfg, "d_model", 0) or 0) * model.n_layers
-    kept = values * 4 <= max_prefix_bytes  # Prefixes' own rule (4 bytes a value)
-    reads = max(-(-len(c.read_pos) // c.size) for c in chunks)
-    return replay_stack(model, max(c.size for c in chunks), max(int(c.batch.ids.shape[1]) for c in chunks),
-                        reads=reads, reserve_bytes=values * model.dtype.itemsize if kept else 0)
 
 
 def _as_plan(model: Model, task: Task | ScoringPlan, scoring: Any) -> tuple[ScoringPlan, str]:
