@@ -77,3 +77,20 @@ def test_the_command_line_holds_no_task_building_code():
         text = f.read_text()
         assert "KVRetrieval(" not in text and "multiple_choice(" not in text and ".kv(" not in text, f.name
 
+
+def test_a_calibrated_task_is_checked_after_the_scan_from_its_attribution_pass(monkeypatch):
+    """Calibration found the form solved, so discover checks it after the scan, from the clean scores the scan's
+    attribution pass recorded: the task gets no clean forward of its own (only the two-row replay check captures)."""
+    from gna_interp.engine import replay as replay_mod
+
+    model = gna.load_model("zoo:transformer-kv")
+    rows = []
+    real = replay_mod.capture
+    monkeypatch.setattr(replay_mod, "capture", lambda m, b, reads=None: rows.append(int(b.ids.shape[0])) or real(m, b, reads))
+    circuit = gna.discover(model, gna.TaskChoice(samples=8, calibrate=4), strategy="auto", k=2, seeds=1, role_samples=2,
+                           n_cards=1, paths=0, control=False, progress=False)
+    assert list(circuit.timings)[:3] == ["calibrate", "scan", "check"]
+    assert rows and max(rows) <= 2, rows
+    want = gna.evaluate(model, circuit.load_task(), progress=False).accuracy
+    assert circuit.baseline["accuracy"] == pytest.approx(want)
+    assert f"{want:.3f}" in circuit.notes[0] and "chance" in circuit.notes[0]

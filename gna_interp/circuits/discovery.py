@@ -7,7 +7,8 @@ control task and its runner, the circuit so far, the notes and the stage timings
 ==============  ========================================================================================
 stage           what it adds
 ==============  ========================================================================================
-``check``       the intact model's accuracy against chance (a task the model fails is refused)
+``check``       the intact model's accuracy against chance (a task the model fails is refused); after the scan
+                when calibration found the task's form solved (its clean pass is then the scan's attribution pass)
 ``scan``        every head's drop (:func:`~gna_interp.circuits.scan.scan_heads`)
 ``formats``     the same heads on other retrieval formats (when given; :mod:`~gna_interp.circuits.formats`)
 ``roles``       gather / aggregate scores of the best-ranked heads (:func:`~gna_interp.circuits.roles.role_scores`)
@@ -154,6 +155,7 @@ class _Discovery:
     control_task: Task | None = None
     control_runner: SetAblation | None = None  # the control's clean pass: its base loss and the curve's points
     members: list[HeadRef] = field(default_factory=list)  # the circuit as ranked before the control is settled
+    late_check: bool = False  # calibration found the form solved: check after the scan, from its clean pass
 
     @property
     def kk(self) -> int:
@@ -163,10 +165,21 @@ class _Discovery:
 
 
 def _check(d: _Discovery) -> bool:
+    if d.late_check:
+        return False
     sc = d.cfg.scan
     d.notes.append(check_solvable(d.model, d.task, sc.batch_size, d.cfg.allow_chance,
                                   accuracy=d.runner.clean().metrics["accuracy"]))
     return True
+
+
+def _late_check(d: _Discovery) -> bool:
+    """The check of a task calibration found solved, after the scan: the prefixes its attribution pass recorded give
+    the intact scores without another clean forward."""
+    if not d.late_check:
+        return False
+    d.late_check = False
+    return _check(d)
 
 
 def _scan(d: _Discovery) -> bool:
@@ -273,7 +286,7 @@ def _views(d: _Discovery) -> bool:
 
 # The stages in order: each returns whether it ran (its time is then recorded under its name).
 STAGES: tuple[tuple[str, Callable[[_Discovery], bool]], ...] = (
-    ("check", _check), ("scan", _scan), ("formats", _formats), ("roles", _roles), ("control", _control),
+    ("check", _check), ("scan", _scan), ("check", _late_check), ("formats", _formats), ("roles", _roles), ("control", _control),
     ("curve", _curve), ("paths", _paths), ("twin", _twin), ("delegation", _delegation), ("views", _views))
 
 
@@ -314,6 +327,8 @@ def discover(model: Model, task: Task | TaskChoice | ChosenTask | None = None,
     sc = cfg.scan
     with shared_prefixes():  # one clean pass per task, whichever stages replay it
         d = _Discovery(model, task, heads, cfg, SetAblation(model, task, sc.method, sc.reference, sc.batch_size))
+        cal = chosen.calibration if chosen is not None else None
+        d.late_check = cal is not None and cal.rows[cal.chosen].solved
         clock = start
         for name, stage in STAGES:
             if stage(d):

@@ -24,13 +24,14 @@ a layer; the mass is free).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from gna_interp.engine.replay import Prefixes, recording
 from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
 from gna_interp.tasks.metrics import LOGIT_DIFF
@@ -116,7 +117,7 @@ def _head_terms(r: Replacement, rec: _Recorder, grad: Tensor | None, proj: Tenso
     return est, size, mass
 
 
-def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chunk],
+def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chunk] | Prefixes,
                           replaced: Sequence[Replacement], weights: Float[Tensor, " n_targets"] | None = None,
                           progress: Callable[[int], None] | None = None) -> Attribution:
     """Estimated change of the mean logit difference when each of ``replaced``'s heads is ablated, the
@@ -126,7 +127,11 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
     One forward (with gradients) and one backward per chunk, for all heads at once. ``weights`` are
     :meth:`Metric.target_weights <gna_interp.tasks.metrics.Metric.target_weights>` of a clean run; ``None`` derives them from each chunk's own clean scores,
     which needs every sample's rows to sit in one chunk (true when each sample has one row, or is packed).
+    ``chunks`` may be the plan's :class:`~gna_interp.engine.replay.Prefixes`: each forward (a clean pass) then records
+    its chunk's prefix there, so later replays do not pay a clean forward of their own.
     """
+    keep = chunks if isinstance(chunks, Prefixes) else None
+    chunks = keep.chunks if keep is not None else chunks
     if weights is None and not whole_samples(chunks):
         raise ValueError("attribution without precomputed weights needs every sample's rows in one chunk")
     hooks_at = sorted({r.site.hook for r in replaced})
@@ -139,12 +144,16 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
     mass = torch.zeros(len(replaced), dtype=torch.float64)
     n_tokens = 0
     clean = ScoreTable(plan)
-    for chunk in chunks:
+    for i, chunk in enumerate(chunks):
         rec = _Recorder(model, hooks_at, layers)
         with _inputs_only_grad(model), torch.enable_grad():
             rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
-            logits = model.read_logits(chunk.batch, rows, pos, rec.hooks(), grad=True)  # the backward starts at the reads
+            with recording(model, chunk.size) if keep is not None and not keep.has(i) else nullcontext([]) as got:
+                logits = model.read_logits(chunk.batch, rows, pos, rec.hooks(), grad=True)  # backward from the reads
             rec.check()
+            if got:
+                got[0].logits, got[0].inverse = logits.detach(), inverse
+                keep.put(i, got[0])  # type: ignore[union-attr]
             logp = read_logprobs(logits, chunk.read_tok, inverse)
             clean.add(chunk, logp.detach())
             w = weights if weights is not None else LOGIT_DIFF.target_weights(plan, clean.result())

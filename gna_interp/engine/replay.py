@@ -43,7 +43,7 @@ from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, Scorin
                                       plan_scoring, read_logprobs, run_plan)
 
 __all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack", "final_logits", "nested_scores",
-           "prefixes_for", "replay", "replay_atol", "replay_scores", "shared_prefixes", "verify_replay"]
+           "prefixes_for", "recording", "replay", "replay_atol", "replay_scores", "shared_prefixes", "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
 
@@ -84,31 +84,46 @@ def _strip_caches(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str,
     return tuple(None if isinstance(a, Cache) else a for a in args), out
 
 
-@torch.no_grad()
-def capture(model: Model, batch: TokenBatch,
-            reads: tuple[Int[Tensor, " n"], Int[Tensor, " n"]] | None = None) -> Prefix:
-    """One clean forward of ``batch`` recording every block's input arguments; keeps the logits of
-    every position, or only those at ``reads = (rows, positions)``."""
+@contextmanager
+def recording(model: Model, batch_size: int) -> Iterator[list[Prefix]]:
+    """Inside the block, the forward of a batch of ``batch_size`` rows records every block's input arguments
+    (detached, without caches); on exit the yielded list holds its :class:`Prefix` (``logits`` still empty: the
+    caller sets them). Used by :func:`capture` and by attribution's forward, whose clean pass is the same."""
     inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
     handles = []
+    out: list[Prefix] = []
     try:
         for i, block in enumerate(model.blocks()):
             def pre(_mod: Any, args: tuple, kwargs: dict, i: int = i) -> None:
-                inputs[i] = _strip_caches(tuple(args), kwargs)
+                kept = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+                inputs[i] = _strip_caches(kept, {k: v.detach() if isinstance(v, Tensor) else v
+                                                 for k, v in kwargs.items()})
 
             handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-        inverse = None
-        if reads is None:
-            logits = model.forward(batch)
-        else:
-            rows, pos, inverse = distinct_reads(*reads)
-            logits = model.read_logits(batch, rows, pos)
+        yield out
     finally:
         for h in handles:
             h.remove()
     if len(inputs) != model.n_layers:
         raise RuntimeError(f"only {len(inputs)} of {model.n_layers} blocks of {model.name} ran in the forward pass")
-    return Prefix(int(batch.ids.shape[0]), [inputs[i] for i in range(model.n_layers)], logits, inverse)
+    out.append(Prefix(batch_size, [inputs[i] for i in range(model.n_layers)], torch.empty(0)))
+
+
+@torch.no_grad()
+def capture(model: Model, batch: TokenBatch,
+            reads: tuple[Int[Tensor, " n"], Int[Tensor, " n"]] | None = None) -> Prefix:
+    """One clean forward of ``batch`` recording every block's input arguments; keeps the logits of
+    every position, or only those at ``reads = (rows, positions)``."""
+    inverse = None
+    with recording(model, int(batch.ids.shape[0])) as got:
+        if reads is None:
+            logits = model.forward(batch)
+        else:
+            rows, pos, inverse = distinct_reads(*reads)
+            logits = model.read_logits(batch, rows, pos)
+    prefix = got[0]
+    prefix.logits, prefix.inverse = logits, inverse
+    return prefix
 
 
 def _repeat(value: Any, batch: int, times: int) -> Any:
@@ -356,6 +371,16 @@ class Prefixes:
         verify_replay(self.model, sub, rows, c.read_pos[sel])
         done.add(kind)
         self.verified = True
+
+    def put(self, i: int, prefix: Prefix) -> None:
+        """Keep ``prefix`` as chunk ``i``'s (recorded by another clean forward of it, e.g. attribution's), when the
+        prefixes are kept at all."""
+        if self.keep:
+            self._store.setdefault(i, prefix)
+
+    def has(self, i: int) -> bool:
+        """Whether chunk ``i``'s prefix is kept already."""
+        return i in self._store
 
     def get(self, i: int) -> Prefix:
         """The clean prefix of chunk ``i`` (captured now unless kept from before)."""

@@ -264,7 +264,7 @@ def _attribute(run: _Run) -> None:
     replaced = list(run.by_head.values())
     with tqdm(total=len(chunks), desc="attribution", unit="batch", disable=not (run.cfg.progress and run.executor.lead),
               leave=False) as bar:
-        att = attribution_estimates(run.model, plan, chunks, replaced, weights, bar.update)
+        att = attribution_estimates(run.model, plan, run.prefixes, replaced, weights, bar.update)  # records them
     if not scan.baseline:
         scan.baseline = results(att.clean)
     base = estimand.value(scan.baseline)
