@@ -25,10 +25,15 @@ whose MLPs write nothing, plus the direct edge, is the plain ablation of ``S`` (
 
 How it runs (every number through the one scoring engine, :mod:`gna_interp.tasks.scoring`): the clean prefix of
 each batch (:mod:`gna_interp.engine.replay`), one clean replay from the earliest layer involved that records
-the senders' outputs, the receivers' input projections and the final residual stream; per receiver layer two
-single-block runs (the receivers' inputs from their patched streams, then their outputs assembled from them); and
-one stacked replay of the later blocks for all sets. The effect of an edge is ``metric(intact) - metric(patched)``
-with a paired bootstrap interval over samples (:class:`PathEffects`).
+the senders' outputs, the receivers' input projections, the final residual stream and (where the model's blocks
+take them, :class:`~gna_interp.engine.replay.KeyValues`) every later block's clean keys and values; per receiver
+layer two single-block runs, each stopped once it has what it was run for (the receivers' inputs from their patched
+streams, then their outputs assembled from them); and stacked replays of the later blocks (sets of direct edges
+need none: they read the clean final stream). A receiver's output is clean before the first position it reads a
+patched stream at (attention only looks back), so a replay starts there: from the decision for ``q@decision``
+sets, from the first line for ``items``, the earlier positions' keys and values being the clean ones. The effect
+of an edge is ``metric(intact) - metric(patched)`` with a paired bootstrap interval over samples
+(:class:`PathEffects`).
 
 A sender's write must reach the stream as ``o_S``: a model that normalises or scales a mixer's output before
 adding it (Gemma-2's post-attention norm, Falcon-H1's multipliers) is refused with the layer named.
@@ -37,9 +42,8 @@ adding it (Gemma-2's post-attention norm, Falcon-H1's multipliers) is refused wi
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 import torch
@@ -129,13 +133,26 @@ class _Enough(Exception):
     """Raised by a hook once a single-block run has produced every value it was run for."""
 
 
-@contextmanager
-def _until_enough() -> Iterator[None]:
-    """A single-block run that a hook may end early with :class:`_Enough` (its later layers' work is not needed)."""
+def _read_block(model: Model, prefix: Prefix, layer: int, names: Sequence[str], copies: int,
+                hooks: Sequence[tuple[str, Any]] = (), hidden: Tensor | None = None) -> dict[str, Tensor]:
+    """The values (flat ``[b, p, w]`` copies) of hooks ``names`` in one run of block ``layer`` on ``copies`` stacked
+    copies (from ``hidden`` when given) with ``hooks`` attached; the run stops once every one has been read."""
+    got: dict[str, Tensor] = {}
+
+    def grab(name: str) -> Any:
+        def hook(v: Tensor, hook: Any = None) -> Tensor:
+            got[name] = _flat(v).detach().clone()
+            if len(got) == len(names):
+                raise _Enough  # the rest of the block is not needed
+            return v
+        return hook
+
     try:
-        yield
+        with model.hooks([*hooks, *((name, grab(name)) for name in names)]):
+            replay(model, prefix, layer, copies, hidden=hidden, stop=layer + 1)
     except _Enough:
         pass
+    return got
 
 
 @dataclass
@@ -354,21 +371,7 @@ class PathPatcher:
                     streams.append(s)
                     where.append((n, r, inp))
         need = sorted({site.hook for (_, r, inp) in where for site in inputs[r][inp]})
-        got: dict[str, Tensor] = {}
-
-        wanted: set[str] = set()
-
-        def grab(name: str) -> Any:
-            def hook(v: Tensor, hook: Any = None) -> Tensor:
-                got[name] = _flat(v).detach().clone()
-                if wanted <= got.keys():
-                    raise _Enough  # the rest of the block is not needed
-                return v
-            return hook
-
-        wanted.update(need)
-        with model.hooks([(name, grab(name)) for name in need]), _until_enough():
-            replay(model, prefix, layer, len(streams), hidden=torch.cat(streams), stop=layer + 1)
+        got = _read_block(model, prefix, layer, need, len(streams), hidden=torch.cat(streams))
         by_hook: dict[str, list[tuple[int, InputSite, Tensor]]] = {}
         for j, (n, r, inp) in enumerate(where):
             for site in inputs[r][inp]:
@@ -402,13 +405,7 @@ class PathPatcher:
         sites = {r: model.head_site(r) for r in specs}
         hooks = [(name, overwrite(entries)) for name, entries in by_hook.items()]
         hooks += [(name, restore(entries, name)) for name, entries in isolate.items()]
-        outputs = sorted({s.hook for s in sites.values()})
-        hooks += [(name, grab(name)) for name in outputs]
-        got.clear()
-        wanted.clear()
-        wanted.update(outputs)
-        with model.hooks(hooks), _until_enough():
-            replay(model, prefix, layer, len(copies), stop=layer + 1)
+        got = _read_block(model, prefix, layer, sorted({s.hook for s in sites.values()}), len(copies), hooks)
         result = {}
         for n, (g, members) in enumerate(copies):
             for r in members:
