@@ -87,9 +87,8 @@ def test_ablation_curve_shows_top_k_beside_random_spread():
     assert list(top.y) == pytest.approx([0.9, 0.7, 0.5, 0.3, 0.1]) and "L1H0, L1H1" in top.customdata[2]
     assert any("chance 0.25" in (a.text or "") for a in fig.layout.annotations)
     # the default band (one order at every k, the other draws at the largest k only) says so in its legend
-    c = made_up_curve()
-    k = c["k"].max()
-    banded = c[~((c["series"] == "random") & (c["seed"] > 0) & (c["k"] > 0) & (c["k"] < k))]
+    k = 4  # made_up_curve's largest k
+    banded = [r for r in made_up_curve(k) if not (r["series"] == "random" and r["seed"] > 0 and 0 < r["k"] < k)]
     names = [t.name for t in ablation_curve({"curve": banded, "chance": 0.25}).data]
     assert "k random heads (median of 3 seeds; one order at smaller k)" in names
 
