@@ -12,6 +12,7 @@ import pytest
 
 from gna_interp.cli import main
 from gna_interp.circuits import Circuit, card_heads
+from gna_interp.errors import InputError
 from gna_interp.report import build_report
 from gna_interp.viz.export import png_export_problem
 from made_up import write_scan_folder
@@ -140,6 +141,8 @@ def test_report_from_a_real_discovery(tiny_models, tmp_path):
     uuid = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|cv-[0-9a-f]{12}")  # fresh div ids
     again = build_report(folder, png=False, circuit=circuit).read_text(encoding="utf-8")
     assert uuid.sub("ID", again) == uuid.sub("ID", html) and len(uuid.findall(html)) >= 7
+    with pytest.raises(InputError, match="circuit must be the Circuit"):
+        build_report(folder, png=False, circuit=str(folder))
 
 
 @pytest.mark.slow

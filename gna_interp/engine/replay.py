@@ -42,8 +42,9 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, layout_chunks,
                                       plan_scoring, read_logprobs, run_plan)
 
-__all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack", "final_logits", "nested_scores",
-           "prefixes_for", "recording", "replay", "replay_atol", "replay_scores", "shared_prefixes", "verify_replay"]
+__all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack", "final_logits",
+           "nested_scores", "prefixes_for", "recording", "replay", "replay_atol", "replay_scores", "shared_prefixes",
+           "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
 
@@ -248,14 +249,11 @@ class KeyValues:
         allows suffix replays (:meth:`supported`; check it before attaching hooks); returns them (None where it does
         not) and the last block's output."""
         if cls.supported(model, prefix):
-            tap = _Tap()
             try:
-                final = _run_blocks(model, prefix, range(start, model.n_layers), prefix.hidden(start), 1, 0, tap)
+                kv, final = _tapped(model, prefix, start)
             except _NoSuffix:  # a block unlike the last two (a hybrid's): plain replays only
                 return None, replay(model, prefix, start)
-            if sorted(tap.kv) == list(range(start, model.n_layers)):
-                return cls(prefix, start, tap.kv), final
-            return None, final
+            return (cls(prefix, start, kv) if kv is not None else None), final
         return None, replay(model, prefix, start)
 
     def replay_from(self, model: Model, layer: int, column: int, copies: int = 1
@@ -279,17 +277,23 @@ class KeyValues:
         return ok
 
 
+def _tapped(model: Model, prefix: Prefix, start: int) -> tuple[dict[int, tuple[Tensor, Tensor]] | None, Tensor]:
+    """A clean replay of blocks ``start..`` recording their keys and values: those (None unless every block recorded
+    its own) and the last block's output. Raises :class:`_NoSuffix` for arguments a suffix cannot slice."""
+    tap = _Tap()
+    final = _run_blocks(model, prefix, range(start, model.n_layers), prefix.hidden(start), 1, 0, tap)
+    return (tap.kv if sorted(tap.kv) == list(range(start, model.n_layers)) else None), final
+
+
 @torch.no_grad()
 def _check_suffix(model: Model, prefix: Prefix) -> bool:
     start = max(0, model.n_layers - 2)
-    width = int(prefix.hidden(0).shape[1])
-    column = width // 2
+    column = int(prefix.hidden(0).shape[1]) // 2
     try:
-        tap = _Tap()
-        full = _run_blocks(model, prefix, range(start, model.n_layers), prefix.hidden(start), 1, 0, tap)
-        if sorted(tap.kv) != list(range(start, model.n_layers)) or column < 1:
+        kv, full = _tapped(model, prefix, start)
+        if kv is None or column < 1:
             return False
-        part = KeyValues(prefix, start, tap.kv).replay_from(model, start, column)
+        part = KeyValues(prefix, start, kv).replay_from(model, start, column)
     except (_NoSuffix, TypeError, ValueError, RuntimeError, AttributeError, IndexError):
         return False  # a family whose blocks take the cache another way: plain replays only
     scale = float(full.abs().max())
@@ -353,7 +357,6 @@ class Prefixes:
         need = sum(c.n_tokens for c in chunks) * d * model.n_layers * 4
         self.keep = need <= max_bytes
         self._store: dict[int, Prefix] = {}
-        self.verified = False
 
     def verify(self) -> None:
         """Check that replays reproduce the model (on the first and last row of the first batch), once per model and
@@ -361,8 +364,7 @@ class Prefixes:
         c = self.chunks[0]
         kind = c.batch.tree is not None
         done = _VERIFIED.setdefault(self.model, set())
-        if self.verified or kind in done:
-            self.verified = True
+        if kind in done:
             return
         pick = sorted({0, c.size - 1})
         sel = torch.isin(c.read_row, torch.tensor(pick))
@@ -370,7 +372,6 @@ class Prefixes:
         sub = c.batch.select(pick)
         verify_replay(self.model, sub, rows, c.read_pos[sel])
         done.add(kind)
-        self.verified = True
 
     def put(self, i: int, prefix: Prefix) -> None:
         """Keep ``prefix`` as chunk ``i``'s (recorded by another clean forward of it, e.g. attribution's), when the

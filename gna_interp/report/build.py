@@ -56,6 +56,9 @@ def build_report(out_dir: str | Path, *, png: bool = True, circuit: Circuit | No
     if not (folder / SCAN_FILE).is_file():
         raise InputError(f"{folder} has no {SCAN_FILE}: run `gna scan --out {folder}` first (the report reads its output)")
     check_writable(folder, (REPORT_FILE, SUMMARY_FILE), (FIGURES_DIR,), "the report folder")
+    if circuit is not None and not isinstance(circuit, Circuit):
+        raise InputError(f"circuit must be the Circuit saved in {folder} (or None: read it from there), got "
+                         f"{type(circuit).__name__}")
     circuit = Circuit.load(folder) if circuit is None else circuit
     heads = circuit.to_frame()
     label = circuit.model
