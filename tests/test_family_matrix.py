@@ -138,6 +138,27 @@ def test_load_and_logits_equal_hugging_face(fam, built):
     assert err <= 1e-5 * max(1.0, ref.abs().max().item()), (fam.key, "read_logits", err)
 
 
+@pytest.mark.parametrize("fam", [f for f in _for("scan") if f.values[0].replays])
+def test_blockwise_head_log_probs_equal_hugging_face(fam, built, monkeypatch):
+    """Where the scan replays blocks, the replays' head (``engine.head``: the unembedding in vocabulary blocks, here of 7 rows) gives the plain
+    Hugging Face forward's log-probabilities at every position, blockwise or -- where its once-per-model check
+    refuses the blocks -- from the full logits."""
+    from gna_interp.engine import head as head_mod
+
+    b = built(fam)
+    monkeypatch.setitem(head_mod.VOCAB_BLOCK, "cpu", 7)
+    monkeypatch.delitem(head_mod._BLOCKWISE, b.model, raising=False)
+    want = torch.log_softmax(b.hf_logits()[0], -1)
+    _, cache = b.model.run_with_cache(b.batch, names_filter=lambda n: n == b.model.FINAL_NORM_INPUT)
+    resid = cache[b.model.FINAL_NORM_INPUT][0]
+    at = torch.arange(resid.shape[0]).repeat_interleave(2)
+    tokens = torch.stack([b.batch.ids[0], torch.full_like(b.batch.ids[0], want.shape[-1] - 1)], 1).reshape(-1)
+    got = head_mod.head_logprobs(b.model, resid, tokens, at)
+    err = (got - want[at, tokens]).abs().max().item()
+    assert err <= 1e-5 * max(1.0, b.hf_logits().abs().max().item()), (fam.key, head_mod._BLOCKWISE[b.model], err)
+    monkeypatch.delitem(head_mod._BLOCKWISE, b.model)
+
+
 @pytest.mark.parametrize("fam", _for("heads"))
 def test_heads_listed_with_their_kinds(fam, built):
     b = built(fam)

@@ -50,6 +50,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from gna_interp.engine.head import head_logprobs
 from gna_interp.engine.replay import KeyValues, Prefix, ReplayMismatch, default_stack, prefixes_for, replay
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, Replacement, flat_channels, replacements
@@ -59,8 +60,7 @@ from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
-from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, distinct_reads, layout_chunks, plan_scoring,
-                                      read_logprobs)
+from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, distinct_reads, layout_chunks, plan_scoring
 
 POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "all")
 LOGITS = "logits"
@@ -473,15 +473,19 @@ class PathPatcher:
             final = clean.final.repeat(n, 1, 1)
         rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
         rows, pos = rows.to(final.device), pos.to(final.device)
-        out = []
+        sels = []
         for g, es in enumerate(sets):
             sel = final[rows + g * b, pos - column]
             for e in es:
                 if e.receiver is None:
                     m = masks[e.positions][rows, pos][:, None].to(sel.dtype)
                     sel = sel - m * writes[e.sender][rows, pos].to(sel.dtype)
-            out.append(read_logprobs(model.unembed(sel[None])[0], chunk.read_tok, inverse))
-        return out
+            sels.append(sel)
+        n_at = rows.shape[0]
+        inverse = inverse.to(final.device)
+        logp = head_logprobs(model, torch.cat(sels), chunk.read_tok.repeat(len(sets)),
+                             torch.cat([inverse + g * n_at for g in range(len(sets))]))
+        return list(logp.split(chunk.read_tok.shape[0]))
 
     @staticmethod
     def _first_change(sets: list[list[Edge]], masks: dict[str, Tensor], chunk: Chunk) -> int:

@@ -34,6 +34,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
+from gna_interp.engine.head import at_reads, final_logits, head_logprobs, logit_atol
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, replacements
 from gna_interp.models.heads import HeadRef
@@ -42,8 +43,8 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, layout_chunks,
                                       plan_scoring, read_logprobs, run_plan)
 
-__all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack", "final_logits",
-           "nested_scores", "prefixes_for", "recording", "replay", "replay_atol", "replay_scores", "shared_prefixes",
+__all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack",
+           "nested_scores", "prefixes_for", "recording", "replay", "replay_scores", "shared_prefixes",
            "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
@@ -298,25 +299,7 @@ def _check_suffix(model: Model, prefix: Prefix) -> bool:
         return False  # a family whose blocks take the cache another way: plain replays only
     scale = float(full.abs().max())
     return bool(part.shape == full[:, column:].shape and
-                (part - full[:, column:]).abs().max().item() <= replay_atol(model.dtype, scale))
-
-
-def final_logits(model: Model, hidden: Float[Tensor, "rows pos d_model"], rows: Int[Tensor, " n"],
-                 pos: Int[Tensor, " n"]) -> Float[Tensor, "n vocab"]:
-    """Final norm and unembedding of the residual stream at ``(rows[i], pos[i])`` only."""
-    sel = hidden[rows.to(hidden.device), pos.to(hidden.device)][None]
-    return model.unembed(sel)[0]
-
-
-def replay_atol(dtype: torch.dtype, scale: float) -> float:
-    """Largest logit deviation :func:`verify_replay` accepts for a model in ``dtype`` whose largest logit is
-    ``scale``: ``1e-3`` in float32; in half precision the larger of that and 8 units in the last place of
-    ``scale`` (a stacked replay has a larger batch, and GPU kernels chosen by batch size round differently:
-    one bfloat16 rounding of a logit near 32 moves it by 0.25). A replay that misses work done between
-    blocks is off by far more."""
-    if dtype in (torch.float32, torch.float64):
-        return 1e-3
-    return max(1e-3, 8 * torch.finfo(dtype).eps * scale)
+                (part - full[:, column:]).abs().max().item() <= logit_atol(model.dtype, scale))
 
 
 @torch.no_grad()
@@ -324,13 +307,13 @@ def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos:
                   atol: float | None = None) -> float:
     """Capture ``batch`` (keep it small: two rows do), replay it from block 0 as two stacked copies and
     return the largest deviation from the bridge's own logits at the reads ``(rows, pos)``; raises
-    :class:`ReplayMismatch` above ``atol`` (default :func:`replay_atol` of the model's dtype)."""
+    :class:`ReplayMismatch` above ``atol`` (default :func:`~gna_interp.engine.head.logit_atol` of the model's dtype)."""
     prefix = capture(model, batch, (rows, pos))
     hidden = replay(model, prefix, 0, copies=2)
     b = prefix.batch_size
     want = prefix.logits.float()
     if atol is None:
-        atol = replay_atol(model.dtype, want.abs().max().item())
+        atol = logit_atol(model.dtype, want.abs().max().item())
     worst = 0.0
     d_rows, d_pos, _ = distinct_reads(rows, pos)
     for c in range(2):
@@ -470,7 +453,7 @@ def replay_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Seq
         with model.hooks(hooks):
             hidden = replay(model, prefix, start, copies=n)
         rows, pos, inverse = distinct_reads(torch.cat([chunk.read_row + g * b for g in range(n)]), chunk.read_pos.repeat(n))
-        logp = read_logprobs(final_logits(model, hidden, rows, pos), chunk.read_tok.repeat(n), inverse)
+        logp = head_logprobs(model, at_reads(hidden, rows, pos), chunk.read_tok.repeat(n), inverse)
         per = logp.shape[0] // n
         for g, t in enumerate(tables):
             t.add(chunk, logp[g * per:(g + 1) * per])
@@ -510,7 +493,7 @@ def nested_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Seq
                         x = replay(model, prefix, a, hidden=x, stop=b)
                         if b < n_layers:
                             state[b] = x
-                logp = read_logprobs(final_logits(model, x, rows, pos), chunk.read_tok, inverse)
+                logp = head_logprobs(model, at_reads(x, rows, pos), chunk.read_tok, inverse)
             tables[k].add(chunk, logp)
     return [t.result() for t in tables]
 

@@ -620,10 +620,19 @@ class Model:
         then what the family's causal-LM head does after ``lm_head`` (the bridge adapter's output transform:
         Gemma-2's final soft-cap ``c·tanh(x/c)``, Granite's ``x / logits_scaling``, Falcon-H1's
         ``lm_head_multiplier``, Cohere's ``logit_scale``), so these logits equal the forward's."""
-        normed = self.bridge.ln_final(resid)
-        logits = self.bridge.unembed(normed.to(self.hf_model.get_output_embeddings().weight.dtype))
-        transform = getattr(getattr(self.bridge, "adapter", None), "apply_output_logits_transform", None)
+        logits = self.bridge.unembed(self.final_norm(resid))
+        transform = self.output_transform
         return transform(logits) if transform is not None else logits
+
+    def final_norm(self, resid: Float[Tensor, "... pos d_model"]) -> Float[Tensor, "... pos d_model"]:
+        """The final norm of residual-stream vectors, cast to the unembedding's dtype (what :meth:`unembed`
+        multiplies with the output layer's weight)."""
+        return self.bridge.ln_final(resid).to(self.hf_model.get_output_embeddings().weight.dtype)
+
+    @property
+    def output_transform(self) -> Callable[[Tensor], Tensor] | None:
+        """What the family's causal-LM head does to the output layer's logits (see :meth:`unembed`), or None."""
+        return getattr(getattr(self.bridge, "adapter", None), "apply_output_logits_transform", None)
 
     @staticmethod
     def block_input_hook(layer: int) -> str:

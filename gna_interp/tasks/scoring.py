@@ -148,9 +148,10 @@ which sample sits where."""
 Intervention = Callable[[Chunk], ContextManager[Any]]
 """What runs around one chunk's forward (e.g. ``lambda chunk: mask_pattern(model, masks_for(chunk))``)."""
 
-__all__ = ["METHODS", "CandidateScores", "Chunk", "ChunkHooks", "ChunkReads", "Intervention", "Method", "Row",
-           "ScoreTable", "ScoringPlan", "Target", "distinct_reads", "layout_chunks", "packable", "plan_scoring",
-           "read_chunks", "read_logprobs", "row_chunks", "RunOptions", "run_plan", "score_candidates", "whole_samples"]
+__all__ = ["METHODS", "VOCAB_BLOCK", "CandidateScores", "Chunk", "ChunkHooks", "ChunkReads", "Intervention", "Method",
+           "Row", "RunOptions", "ScoreTable", "ScoringPlan", "Target", "combine_lse", "distinct_reads", "layout_chunks",
+           "log_normaliser", "log_softmax_rows", "packable", "plan_scoring", "read_chunks", "read_logprobs",
+           "row_chunks", "run_plan", "score_candidates", "vocab_step", "whole_samples"]
 
 
 def _candidate_tokens(tokenizer: Any, prompt_ids: list[int], prompt: str, cands: Sequence[str],
@@ -417,16 +418,41 @@ def distinct_reads(rows: Int[Tensor, " n_reads"], pos: Int[Tensor, " n_reads"]
     return uniq[:, 0], uniq[:, 1], inverse
 
 
+VOCAB_BLOCK: dict[str, int] = {"cpu": 2048}  # vocabulary columns per log-sum-exp block, by device type (else 32768)
+
+
+def vocab_step(device: torch.device) -> int:
+    """Columns of one vocabulary block on ``device`` (:data:`VOCAB_BLOCK`; 32768 where not listed)."""
+    return VOCAB_BLOCK.get(torch.device(device).type, 32768)
+
+
+def combine_lse(parts: Sequence[Float[Tensor, " n"]]) -> Float[Tensor, " n"]:
+    """The log-normaliser from the log-sum-exps of consecutive vocabulary blocks, combined in float64."""
+    return torch.logsumexp(torch.stack(list(parts), -1).double(), -1)
+
+
+def log_normaliser(logits: Float[Tensor, "n vocab"]) -> Float[Tensor, " n"]:
+    """``logsumexp`` of each row (float64), summed block by block (:func:`vocab_step` columns in float32, the blocks
+    combined in float64): the same sums, in the same order, as the blockwise head of the replays
+    (:func:`gna_interp.engine.head.head_logprobs`), so scores from full logits and from replays differ only by the
+    logits' own rounding."""
+    step = vocab_step(logits.device)
+    return combine_lse([torch.logsumexp(logits[:, k:k + step].float(), -1) for k in range(0, logits.shape[-1], step)])
+
+
 def read_logprobs(logits: Float[Tensor, "n vocab"], tokens: Int[Tensor, " n_reads"],
                   inverse: Int[Tensor, " n_reads"] | None = None) -> Float[Tensor, " n_reads"]:
-    """Log-probability of each read's token (e.g. ``chunk.read_tok``) from the logits at the reads, or -- with
-    ``inverse`` from :func:`distinct_reads` -- from the logits at the distinct read positions (read ``i`` is at
-    ``logits[inverse[i]]``)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    tok = tokens.to(logp.device)
-    if inverse is None:
-        return logp.gather(-1, tok[:, None])[:, 0]
-    return logp[inverse.to(logp.device), tok]
+    """Log-probability (float32) of each read's token (e.g. ``chunk.read_tok``) from the logits at the reads, or --
+    with ``inverse`` from :func:`distinct_reads` -- from the logits at the distinct read positions (read ``i`` is at
+    ``logits[inverse[i]]``); the normaliser is :func:`log_normaliser`'s."""
+    tok = tokens.to(logits.device)
+    at = inverse.to(logits.device) if inverse is not None else torch.arange(tok.shape[0], device=logits.device)
+    return (logits[at, tok].double() - log_normaliser(logits)[at]).float()
+
+
+def log_softmax_rows(logits: Float[Tensor, "n vocab"]) -> Float[Tensor, "n vocab"]:
+    """``log_softmax`` of each row (float32) with :func:`log_normaliser`'s normaliser."""
+    return (logits.double() - log_normaliser(logits)[:, None]).float()
 
 
 class ScoreTable:
@@ -524,7 +550,7 @@ def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: ScoreTable, batch_s
         batch = model.pad_ids([plan.prompt_ids[i] for i in samples])
         logits, cache = model.run_with_hooks(batch, fwd_hooks, return_type="logits_and_cache", logits_to_keep=1)
         acc.n_forwards += 1
-        first = torch.log_softmax(logits[:, -1].float(), dim=-1)
+        first = log_softmax_rows(logits[:, -1])
         where = {s: k for k, s in enumerate(samples)}
         cont = [r for s in samples for r in rows_of.get(s, ()) if plan.rows[r].n_fed > 0]
         for r_id in (r for s in samples for r in rows_of.get(s, ()) if plan.rows[r].n_fed == 0):
@@ -544,7 +570,7 @@ def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: ScoreTable, batch_s
             part_cache.batch_select_indices(idx)
             more = model.continue_from(ids, torch.cat([batch.attention_mask[idx], mask], 1), part_cache, fwd_hooks)
             acc.n_forwards += 1
-            more = torch.log_softmax(more.float(), dim=-1)
+            more = log_softmax_rows(more.flatten(0, 1)).view(more.shape)
             for j, (r_id, r) in enumerate(zip(cont[k: k + batch_size], part)):
                 for t in by_row.get(r_id, ()):
                     logp = torch.cat([first[where[r.sample]][None], more[j, : r.n_fed]], 0)
