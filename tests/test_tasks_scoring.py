@@ -333,3 +333,20 @@ def test_read_logprobs_normalise_block_by_block_to_float64_accuracy():
     torch.testing.assert_close(read_logprobs(logits, tok, inv.flip(0)).double(), want[inv.flip(0), tok], atol=2e-6,
                                rtol=0)
     torch.testing.assert_close(log_softmax_rows(logits).double(), want, atol=2e-6, rtol=0)
+
+
+def test_read_logprobs_with_gradients_give_the_same_values_and_softmax_gradients():
+    """Under autograd (attribution's backward from the reads) the values are the blockwise ones and the gradient is
+    ``onehot - softmax`` of the row, as for ``log_softmax``."""
+    from gna_interp.tasks.scoring import read_logprobs
+
+    g = torch.Generator().manual_seed(4)
+    logits = (torch.randn(3, 5_000, generator=g) * 3).requires_grad_(True)
+    tok, inv = torch.tensor([7, 4_999, 2_048, 7]), torch.tensor([0, 1, 2, 2])
+    got = read_logprobs(logits, tok, inv)
+    assert torch.equal(got.detach(), read_logprobs(logits.detach(), tok, inv))
+    w = torch.tensor([1.0, -2.0, 0.5, 3.0])
+    (grad,) = torch.autograd.grad((got * w).sum(), logits)
+    ref = logits.detach().clone().requires_grad_(True)
+    (want,) = torch.autograd.grad((torch.log_softmax(ref, -1)[inv, tok] * w).sum(), ref)
+    torch.testing.assert_close(grad, want, atol=1e-6, rtol=0)

@@ -53,11 +53,10 @@ from typing import Any, Sequence
 import pandas as pd
 from gna_interp.progress import tqdm
 
-from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError
-from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
+from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
-from gna_interp.experiments.run import Discovery, model_of, resolve_circuit
+from gna_interp.experiments.run import Discovery, model_of, open_folder, random_draws, resolve_circuit
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import options
@@ -336,16 +335,6 @@ def eval_figure(result: EvalResult | pd.DataFrame, title: str | None = None) -> 
     return fig
 
 
-def _random_draws(pool: Sequence[HeadRef], removed: Sequence[HeadRef], k: int, seeds: int) -> list[list[HeadRef]]:
-    """Seed ``s``: the first ``k`` heads of the pool (removed heads left out) shuffled as the ablation
-    curve shuffles its random draw ``s`` (so the same pool gives the curve's random heads)."""
-    others = [h for h in pool if h not in set(removed)]
-    if k > len(others):
-        raise InputError(f"--random-k {k} is more than the {len(others)} heads left to draw from once the "
-                         f"{len(removed)} removed heads are set aside; lower --random-k")
-    return [order[:k] for order in random_orders(others, seeds)]
-
-
 def _choose_heads(model: Model, heads: Any, circuit: Any, top_k: int, out: Path | None, resume: bool,
                   batch_size: int, progress: bool) -> tuple[list[HeadRef], list[HeadRef], list[str]]:
     """The removed heads, the pool random heads are drawn from, and notes on where they came from."""
@@ -431,16 +420,13 @@ def eval_heads(model: Model | str, tasks: str | Sequence[str], heads: str | Sequ
 
     names, manager = resolve_tasks(tasks, cfg.include_path)
     out_path = Path(out) if out is not None else None
-    if out_path is not None:
-        stale = stale_files(out_path, SCAN_CKPT, cfg.resume, cfg.fresh, also=condition_files(out_path))
-        if cfg.fresh:
-            for f in stale:
-                f.unlink()
+    if out_path is not None:  # without a folder nothing is refused (open_folder would refuse resume with fresh)
+        open_folder(out_path, SCAN_CKPT, cfg, also=condition_files(out_path))
     model = model_of(model)
     removed, pool, notes = _choose_heads(model, heads, circuit, cfg.top_k, out_path, cfg.resume, cfg.batch_size,
                                          cfg.progress)
     rk = len(removed) if cfg.random_k is None else cfg.random_k
-    draws = _random_draws(pool, removed, rk, cfg.seeds) if rk and cfg.seeds else []
+    draws = random_draws(pool, removed, rk, cfg.seeds, option="--random-k") if rk and cfg.seeds else []
     limit = int(cfg.limit) if cfg.limit is not None and cfg.limit >= 1 else cfg.limit
     settings = {"model": model.name, "tasks": names, "limit": limit, "num_fewshot": cfg.num_fewshot,
                 "method": cfg.method, "max_gen_toks": cfg.max_gen_toks, "bootstrap_iters": cfg.bootstrap_iters,

@@ -135,14 +135,18 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
 
 
-def random_draws(pool: Sequence[HeadRef], exclude: Sequence[HeadRef], k: int, seeds: int, salt: str
-                 ) -> list[list[HeadRef]]:
+def random_draws(pool: Sequence[HeadRef], exclude: Sequence[HeadRef], k: int, seeds: int, salt: str | None = None,
+                 option: str | None = None) -> list[list[HeadRef]]:
     """``seeds`` random orders of the heads of ``pool`` not in ``exclude`` (seeded by ``salt`` and the seed
-    number, the same on every machine), each cut to its first ``k``."""
+    number, the same on every machine; None: the ablation curve's salt, so the same pool draws the curve's random
+    heads), each cut to its first ``k``. Too few heads to draw from is refused, naming ``option`` (the setting
+    that sets ``k``, e.g. ``--random-k``) as the one to lower when given."""
     others = [h for h in pool if h not in set(exclude)]
     if k > len(others):
-        raise InputError(f"cannot draw {k} random heads: only {len(others)} scanned heads are outside the top {k}")
-    return [order[:k] for order in random_orders(others, seeds, salt)]
+        raise InputError(f"cannot draw {k} random heads: only {len(others)} heads are left to draw from once the "
+                         f"{len(set(exclude))} removed heads are set aside" + (f"; lower {option}" if option else ""))
+    return [order[:k] for order in (random_orders(others, seeds) if salt is None else
+                                    random_orders(others, seeds, salt))]
 
 
 # ---- the folder and the points -------------------------------------------------------------------------------

@@ -447,7 +447,11 @@ def read_logprobs(logits: Float[Tensor, "n vocab"], tokens: Int[Tensor, " n_read
     ``logits[inverse[i]]``); the normaliser is :func:`log_normaliser`'s."""
     tok = tokens.to(logits.device)
     at = inverse.to(logits.device) if inverse is not None else torch.arange(tok.shape[0], device=logits.device)
-    return (logits[at, tok].double() - log_normaliser(logits)[at]).float()
+    lse = log_normaliser(logits.detach())
+    if logits.requires_grad:  # the value above with one logsumexp's gradient (sliced blocks under autograd would
+        fast = torch.logsumexp(logits.float(), -1).double()  # write a whole zero row per block in the backward)
+        lse = fast + (lse - fast).detach()
+    return (logits[at, tok].double() - lse[at]).float()
 
 
 def log_softmax_rows(logits: Float[Tensor, "n vocab"]) -> Float[Tensor, "n vocab"]:
