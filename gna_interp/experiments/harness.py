@@ -13,7 +13,7 @@ request                  how it is computed
                          (:func:`~gna_interp.tasks.scoring.layout_chunks`: one forward per batch,
                          the continuations of one context packed behind it under a tree mask on
                          attention-only models, full left-padded rows otherwise); the log-prob is
-                         the sum over the continuation's tokens of ``log_softmax`` in float32,
+                         the sum over the continuation's tokens of the float32 log-softmax (``read_logprobs``),
                          ``is_greedy`` whether every token is the argmax
 ``loglikelihood_rolling``  lm-eval's rolling windows (``max_length`` tokens, one token of context),
                          each scored as above, summed per document
