@@ -64,7 +64,7 @@ def test_chat_wrapped_tasks_round_trip_as_samples():
     tok = copy.deepcopy(spm_tokenizer())  # the cached tokenizer is shared: do not give it a template
     tok.chat_template = CHAT_TEMPLATE
     for task in [KVRetrieval(6, 4, seed=0).with_chat_template(tok, system="Be brief."),
-                 MultipleChoice.synthetic(4, seed=1, chat=True, tokenizer=tok)]:
+                 MultipleChoice.synthetic(4, seed=1).with_chat_template(tok)]:
         d = task.to_dict()
         assert d["kind"] == "samples" and task.name.endswith("+chat")
         loaded = round_trip(task)

