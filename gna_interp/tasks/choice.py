@@ -167,10 +167,12 @@ def _calibrate_form(model: Any, choice: TaskChoice, progress: Callable[[str], No
         return None, forms[0] if len(forms) == 1 else fallback
     n = min(choice.calibrate, choice.samples)
     say = progress or (lambda line: None)
-    say(f"calibrating the task form: {len(forms)} forms on {n} prompts each")
+    say(f"calibrating the task form: {len(forms)} forms on {n} prompts each at most (a harder form only while no "
+        f"easier one is solved below saturation)")
     cal = measure_forms(model, forms, lambda f: build_task(model, choice, f, samples=n), named,
                         batch_size=choice.batch_size, progress=say, stage=lambda f: f.get("n_pairs", 0))
-    say(f"  chosen: {cal.rows[cal.chosen].task} ({', '.join(f'{k}={v}' for k, v in cal.form.items())})")
+    say(f"  chosen: {cal.rows[cal.chosen].task} ({', '.join(f'{k}={v}' for k, v in cal.form.items())}); "
+        f"{len(cal.rows)} of the {len(forms)} forms measured")
     return cal, cal.form
 
 
