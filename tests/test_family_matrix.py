@@ -159,6 +159,32 @@ def test_blockwise_head_log_probs_equal_hugging_face(fam, built, monkeypatch):
     monkeypatch.delitem(head_mod._BLOCKWISE, b.model)
 
 
+@pytest.mark.parametrize("fam", [p for p in _for("kv") if "sliding_window" in p.values[0].config])
+def test_sliding_window_families_pack_rows_shorter_than_the_window(fam, built, tmp_path):
+    """A sliding-window family is packed (one tree-masked sequence a sample) only when every row is shorter than its
+    window: built with a window of 4,096, packed scores equal the unpacked rows'; with the matrix's window of 16 (the
+    KV rows are longer) the rows stay unpacked."""
+    import dataclasses
+
+    from gna_interp.tasks.scoring import ScoreTable, layout_chunks, packable, plan_scoring, read_chunks
+
+    task = gna.KVRetrieval(n_pairs=3, n_samples=3, seed=1, max_value=99, template="completion")
+    assert not packable(built(fam).model, plan_scoring(built(fam).model, task.samples))
+    wide = dataclasses.replace(fam, key=f"{fam.key}_wide", config={**fam.config, "sliding_window": 4096})
+    model = gna.load_model(wide.build(tmp_path / wide.key), device="cpu")
+    plan = plan_scoring(model, task.samples)
+    assert packable(model, plan)
+    scores = {}
+    for pack in (True, False):
+        table = ScoreTable(plan)
+        for read in read_chunks(model, layout_chunks(model, plan, 3, pack=pack)):
+            table.add(read.chunk, read.logprobs())
+        scores[pack] = table.result().scores
+    ok = torch.isfinite(scores[False])
+    assert torch.equal(ok, torch.isfinite(scores[True]))
+    torch.testing.assert_close(scores[True][ok], scores[False][ok], atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("fam", _for("heads"))
 def test_heads_listed_with_their_kinds(fam, built):
     b = built(fam)

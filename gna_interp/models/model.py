@@ -385,6 +385,18 @@ class Model:
         windowed = any(getattr(conf, a, None) for a in ("sliding_window", "attention_chunk_size", "local_window"))
         return self.splits_prefix_cache and not windowed
 
+    def packs_rows_up_to(self, length: int) -> bool:
+        """Whether rows of up to ``length`` tokens may be packed (:attr:`packs_rows`): also on a model whose attention
+        has a sliding window longer than every row -- the explicit tree mask replaces the window, which would never
+        bite on such rows (chunked or local attention stays unpacked)."""
+        if self.packs_rows:
+            return True
+        conf = getattr(self.hf_model, "config", None)
+        if not self.splits_prefix_cache or any(getattr(conf, a, None) for a in ("attention_chunk_size", "local_window")):
+            return False
+        window = getattr(conf, "sliding_window", None)
+        return isinstance(window, int) and not isinstance(window, bool) and length < window
+
     @property
     def splits_prefix_cache(self) -> bool:
         """Whether scoring may run a prompt once and continue candidates from its cache: every mixer

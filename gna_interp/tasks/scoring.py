@@ -298,8 +298,10 @@ def row_chunks(plan: "ScoringPlan", batch_size: int) -> list[list[int]]:
 
 def packable(model: Model, plan: ScoringPlan) -> bool:
     """Whether :func:`layout_chunks` packs ``plan`` by default: some sample needs several rows and every
-    mixer of ``model`` honours a tree-shaped attention mask (attention-only models)."""
-    return (plan.method != "per_candidate" and len(plan.rows) > len(plan.samples) and model.packs_rows)
+    mixer of ``model`` honours a tree-shaped attention mask for rows this long (attention-only models; with a
+    sliding window, rows shorter than it: :meth:`~gna_interp.models.model.Model.packs_rows_up_to`)."""
+    return (plan.method != "per_candidate" and len(plan.rows) > len(plan.samples)
+            and model.packs_rows_up_to(max(len(r.ids) for r in plan.rows)))
 
 
 def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int, pack: bool | None = None) -> list[Chunk]:
