@@ -21,7 +21,7 @@ from gna_interp.tasks.text import lm_loss
 
 CURVE_COLUMNS = ["k", "series", "seed", "accuracy", "logit_diff", "gold_prob", "lm_loss", "heads"]
 
-__all__ = ["CURVE_COLUMNS", "CurveConfig", "ablation_curve", "curve_k", "random_orders"]
+__all__ = ["CURVE_COLUMNS", "RANDOM_SALT", "CurveConfig", "ablation_curve", "curve_k", "random_orders"]
 
 
 @options
@@ -51,7 +51,10 @@ class CurveConfig(Options):
             raise InputError(f"k and seeds must be >= 0, got k={self.k}, seeds={self.seeds}")
 
 
-def random_orders(heads: Sequence[HeadRef], seeds: int, salt: str = "gna-random-heads") -> list[list[HeadRef]]:
+RANDOM_SALT = "gna-random-heads"  # the curve's random orders; other callers drawing the same heads pass it too
+
+
+def random_orders(heads: Sequence[HeadRef], seeds: int, salt: str = RANDOM_SALT) -> list[list[HeadRef]]:
     """``seeds`` shuffles of ``heads``, seed ``s`` seeded by ``f"{salt}-{s}"`` (the same on every machine); the
     ablation curve's random draws are their prefixes, so any caller with the same pool and salt draws the same."""
     orders = []

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from gna_interp.circuits.circuit import FILES as CIRCUIT_FILES
 from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.curve import random_orders
+from gna_interp.circuits.curve import RANDOM_SALT, random_orders
 from gna_interp.circuits.discovery import discover
 from gna_interp.errors import InputError
 from gna_interp.experiments.checkpoint import Checkpoint, stale_files
@@ -135,18 +135,17 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
 
 
-def random_draws(pool: Sequence[HeadRef], exclude: Sequence[HeadRef], k: int, seeds: int, salt: str | None = None,
+def random_draws(pool: Sequence[HeadRef], exclude: Sequence[HeadRef], k: int, seeds: int, salt: str = RANDOM_SALT,
                  option: str | None = None) -> list[list[HeadRef]]:
     """``seeds`` random orders of the heads of ``pool`` not in ``exclude`` (seeded by ``salt`` and the seed
-    number, the same on every machine; None: the ablation curve's salt, so the same pool draws the curve's random
-    heads), each cut to its first ``k``. Too few heads to draw from is refused, naming ``option`` (the setting
+    number, the same on every machine; by default the ablation curve's salt, so the same pool draws the curve's
+    random heads), each cut to its first ``k``. Too few heads to draw from is refused, naming ``option`` (the setting
     that sets ``k``, e.g. ``--random-k``) as the one to lower when given."""
     others = [h for h in pool if h not in set(exclude)]
     if k > len(others):
         raise InputError(f"cannot draw {k} random heads: only {len(others)} heads are left to draw from once the "
                          f"{len(set(exclude))} removed heads are set aside" + (f"; lower {option}" if option else ""))
-    return [order[:k] for order in (random_orders(others, seeds) if salt is None else
-                                    random_orders(others, seeds, salt))]
+    return [order[:k] for order in random_orders(others, seeds, salt)]
 
 
 # ---- the folder and the points -------------------------------------------------------------------------------

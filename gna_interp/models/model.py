@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import warnings
 import weakref
@@ -379,23 +380,19 @@ class Model:
     @property
     def packs_rows(self) -> bool:
         """Whether several continuations of a prompt may share one row under a tree-shaped attention mask
-        (:class:`TokenBatch` ``tree``): every mixer is attention, which honours an explicit mask, and no
-        layer restricts attention to a window or chunk (an explicit mask would override that)."""
-        conf = getattr(self.hf_model, "config", None)
-        windowed = any(getattr(conf, a, None) for a in ("sliding_window", "attention_chunk_size", "local_window"))
-        return self.splits_prefix_cache and not windowed
+        (:class:`TokenBatch` ``tree``) whatever the rows' length: every mixer is attention, which honours an explicit
+        mask, and no layer restricts attention to a window or chunk (an explicit mask would override that)."""
+        return self.packs_rows_up_to(math.inf)
 
-    def packs_rows_up_to(self, length: int) -> bool:
+    def packs_rows_up_to(self, length: float) -> bool:
         """Whether rows of up to ``length`` tokens may be packed (:attr:`packs_rows`): also on a model whose attention
         has a sliding window longer than every row -- the explicit tree mask replaces the window, which would never
         bite on such rows (chunked or local attention stays unpacked)."""
-        if self.packs_rows:
-            return True
         conf = getattr(self.hf_model, "config", None)
         if not self.splits_prefix_cache or any(getattr(conf, a, None) for a in ("attention_chunk_size", "local_window")):
             return False
         window = getattr(conf, "sliding_window", None)
-        return isinstance(window, int) and not isinstance(window, bool) and length < window
+        return not window or (isinstance(window, int) and length < window)
 
     @property
     def splits_prefix_cache(self) -> bool:
