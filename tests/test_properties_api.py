@@ -90,7 +90,7 @@ def _calls(w: dict[str, Any]) -> dict[str, Callable[[Any], Any]]:
         "KVRetrieval(max_value=v)": lambda v: gna.KVRetrieval(3, 2, max_value=v),
         "KVRetrieval(template=v)": lambda v: gna.KVRetrieval(3, 2, template=v),
         "KVRetrieval(words=v)": lambda v: gna.KVRetrieval(3, 2, words=v),
-        "KVRetrieval(value_suffix=v)": lambda v: gna.KVRetrieval(3, 2, value_suffix=v),
+        "KVRetrieval.with_value_suffix(v)": lambda v: gna.KVRetrieval(3, 2).with_value_suffix(v),
         "load_model(spec=v)": lambda v: gna.load_model(v, device="meta"),
         "load_model(hf, v)": lambda v: gna.load_model(w["hf"], v),
         "load_model(hf, tok, device=v)": lambda v: gna.load_model(w["hf"], w["tok"], device=v),

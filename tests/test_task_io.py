@@ -38,7 +38,7 @@ def test_kv_round_trip(template, words):
 
 
 def test_kv_round_trip_keeps_a_custom_suffix_and_name():
-    task = KVRetrieval(n_pairs=4, n_samples=3, seed=1, value_suffix=".")
+    task = KVRetrieval(n_pairs=4, n_samples=3, seed=1).with_value_suffix(".")
     task.name = "renamed"
     loaded = round_trip(task)
     assert_same(task, loaded)

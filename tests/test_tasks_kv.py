@@ -36,7 +36,7 @@ def test_completion_template_text():
     assert s.prompt.endswith(f"\n{s.meta['key']}:")
     assert s.answer == f"{s.meta['value']}\n"
     assert all(c.endswith("\n") for c in s.candidates)
-    assert KVRetrieval(4, 1, 2, "completion", value_suffix="")[0].answer == str(s.meta["value"])
+    assert KVRetrieval(4, 1, 2, "completion").with_value_suffix("")[0].answer == str(s.meta["value"])
 
 
 def test_keys_and_values_distinct_and_in_range():

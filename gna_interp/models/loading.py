@@ -370,15 +370,15 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     return target
 
 
-def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer_or_device: Any = None, /, *,
+def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer: Any = None, *,
                device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-               device_map: str | dict[str, str | int] | None = None, n_devices: int | None = None,
-               tokenizer: Any = None) -> Model:
+               device_map: str | dict[str, str | int] | None = None, n_devices: int | None = None) -> Model:
     """Load a model as a :class:`~gna_interp.models.model.Model` wrapping a TransformerBridge.
 
     ``spec`` may also be a model already in memory: a Hugging Face causal LM with its tokenizer
-    (``load_model(hf_model, tokenizer)``, the tokenizer second or as ``tokenizer=``; ``device=`` / ``dtype=``, when
-    given, must be where the model already is; for a spec the second argument is the device) or a TransformerLens ``TransformerBridge`` (its own tokenizer). It is
+    (``load_model(hf_model, tokenizer)``; ``device=`` / ``dtype=``, when given, must be where the model already is)
+    or a TransformerLens ``TransformerBridge`` (its own tokenizer). For a spec, which is loaded with the tokenizer
+    saved beside it, a second argument that is a device (``load_model("smollm2-135m", "cuda")``) is the device. It is
     wrapped by :func:`load_in_memory` without copying weights or reading files, runs on its own device and dtype,
     and is left exactly as it was. A gna_interp Model's own bridge (``model.bridge``) is refused: use the Model.
 
@@ -403,12 +403,7 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer_or_device: A
     """
     from gna_interp.models.in_memory import is_model_object
 
-    second = tokenizer_or_device
     if is_model_object(spec):
-        if second is not None:  # load_model(hf_model, tokenizer)
-            if tokenizer is not None:
-                raise InputError("the tokenizer was given twice (second argument and tokenizer=)")
-            tokenizer = second
         checked = parse_device(device)
         if device_map is not None or n_devices is not None:
             raise InputError("device_map / n_devices place a model being loaded; an in-memory model stays where it is "
@@ -417,10 +412,10 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer_or_device: A
     if not isinstance(spec, (str, os.PathLike)):
         raise UnknownModelError(f"a model spec must be a string or a path (or a model object: a Hugging Face causal LM "
                                 f"with its tokenizer, a TransformerBridge), got {type(spec).__name__} {spec!r:.80}")
-    if second is not None:  # load_model(spec, "cuda"): the device, second
+    if isinstance(tokenizer, (str, torch.device)):  # load_model(spec, "cuda"): the device, second
         if device is not None:
-            raise InputError(f"the device was given twice (second argument {second!r:.40} and device={device!r:.40})")
-        device = second
+            raise InputError(f"the device was given twice (second argument {tokenizer!r:.40} and device={device!r:.40})")
+        device, tokenizer = tokenizer, None
     checked = parse_device(device)
     device = None if checked is None else str(checked)
     if tokenizer is not None:

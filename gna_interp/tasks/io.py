@@ -90,7 +90,11 @@ KV_ARGS: dict[str, tuple[type, ...]] = {"n_pairs": _INT, "n_samples": _INT, "see
 
 
 def _load_kv(d: Mapping[str, Any]) -> Task:
-    task = KVRetrieval(**_args(d, KV_ARGS, "kv task dict"))
+    args = _args(d, KV_ARGS, "kv task dict")
+    suffix = args.pop("value_suffix", None)
+    task = KVRetrieval(**args)
+    if suffix is not None and suffix != task.value_suffix:
+        task = task.with_value_suffix(suffix)
     task.name = _get(d, "name", _STR, "task dict")
     return task
 

@@ -14,6 +14,7 @@ Candidates are the dictionary's values in line order, so ``candidates[i]`` belon
 
 from __future__ import annotations
 
+import copy
 from numbers import Integral
 
 from typing import Any, Literal, Sequence
@@ -47,19 +48,16 @@ class KVRetrieval(Task):
 
     Keys are distinct words from the shipped list (or ``words``), values distinct integers
     ``0..max_value``, the queried line uniform over positions. Seeded with :class:`StableRng`: the same
-    arguments give the same prompts on every machine. ``value_suffix`` overrides what follows each
-    value in the candidates (default: ``""`` for ``official``, ``"\\n"`` for ``completion``).
+    arguments give the same prompts on every machine. What follows each value in the candidates is ``""`` for
+    ``official`` and ``"\\n"`` for ``completion``; :meth:`with_value_suffix` gives the same task with another.
     """
 
     def __init__(self, n_pairs: int = 10, n_samples: int = 64, seed: int = 0, template: Template = "official",
-                 max_value: int = 99, words: Sequence[str] | None = None, value_suffix: str | None = None) -> None:
+                 max_value: int = 99, words: Sequence[str] | None = None) -> None:
         if not isinstance(template, str) or template not in TEMPLATES:
             raise InputError(f"unknown KV template {template!r}; choose one of {TEMPLATES}")
         if isinstance(seed, bool) or not isinstance(seed, Integral):
             raise InputError(f"seed must be an integer (the same seed gives the same prompts), got {seed!r:.60}")
-        if value_suffix is not None and not isinstance(value_suffix, str):
-            raise InputError(f"value_suffix must be a string (what follows each value in the candidates) or None, got "
-                             f"{type(value_suffix).__name__}")
         keys = _check_words(words) if words is not None else word_list()
         if (any(isinstance(v, bool) or not isinstance(v, Integral) for v in (n_pairs, n_samples)) or n_pairs < 2
                 or n_samples < 1):
@@ -91,9 +89,20 @@ class KVRetrieval(Task):
             raise InputError(f"keys may not be empty or contain ':', newlines or quotes: {bad[:5]}")
         self.n_pairs, self.seed, self.template, self.max_value = n_pairs, seed, template, max_value
         self.words = None if words is None else keys  # None: the shipped word list
-        self.value_suffix = DEFAULT_VALUE_SUFFIX[template] if value_suffix is None else value_suffix
-        samples = [self._sample(i, keys) for i in range(n_samples)]
-        super().__init__(f"kv{n_pairs}-{template}", samples)
+        self.value_suffix = DEFAULT_VALUE_SUFFIX[template]
+        super().__init__(f"kv{n_pairs}-{template}", [self._sample(i, keys) for i in range(n_samples)])
+
+    def with_value_suffix(self, value_suffix: str | None) -> "KVRetrieval":
+        """The same dictionaries and queries with ``value_suffix`` after each value in the candidates (None: the
+        template's own, ``""`` for ``official``, ``"\\n"`` for ``completion``); this task is left as it was."""
+        if value_suffix is not None and not isinstance(value_suffix, str):
+            raise InputError(f"value_suffix must be a string (what follows each value in the candidates) or None, got "
+                             f"{type(value_suffix).__name__}")
+        out = copy.copy(self)
+        out.value_suffix = DEFAULT_VALUE_SUFFIX[self.template] if value_suffix is None else value_suffix
+        keys = word_list() if self.words is None else self.words
+        Task.__init__(out, self.name, [out._sample(i, keys) for i in range(len(self))])
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """The constructor's arguments (``kind: "kv"``); the seeded rebuild gives identical samples."""
