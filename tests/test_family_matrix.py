@@ -166,14 +166,14 @@ def test_sliding_window_families_pack_rows_shorter_than_the_window(fam, built, t
     KV rows are longer) the rows stay unpacked."""
     import dataclasses
 
-    from gna_interp.tasks.scoring import ScoreTable, layout_chunks, packable, plan_scoring, read_chunks
+    from gna_interp.tasks.scoring import ScoreTable, layout_chunks, plan_scoring, read_chunks
 
     task = gna.KVRetrieval(n_pairs=3, n_samples=3, seed=1, max_value=99, template="completion")
-    assert not packable(built(fam).model, plan_scoring(built(fam).model, task.samples))
+    assert not plan_scoring(built(fam).model, task.samples).packs
     wide = dataclasses.replace(fam, key=f"{fam.key}_wide", config={**fam.config, "sliding_window": 4096})
     model = gna.load_model(wide.build(tmp_path / wide.key), device="cpu")
     plan = plan_scoring(model, task.samples)
-    assert packable(model, plan)
+    assert plan.packs
     scores = {}
     for pack in (True, False):
         table = ScoreTable(plan)

@@ -58,7 +58,7 @@ from gna_interp.models.mixer import MaskOptions
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.options import Options, options
 from gna_interp.tasks.sample import Sample
-from gna_interp.tasks.scoring import Row, ScoringPlan, Target, layout_chunks, packable, read_chunks
+from gna_interp.tasks.scoring import Row, ScoringPlan, Target, for_model, layout_chunks, read_chunks
 
 LM_EVAL_HINT = 'pip install "gna_interp[eval]"'
 
@@ -320,8 +320,8 @@ class GnaLM(TemplateLM):
             return []
         prepared = [self._fit(ctx, cont) for _, ctx, cont in requests]
         plan, where = _token_plan(prepared)
-        chunks = layout_chunks(self.model, plan, self.batch_size,
-                               pack=self.mask is None and packable(self.model, plan))
+        plan = for_model(self.model, plan)
+        chunks = layout_chunks(self.model, plan, self.batch_size, pack=self.mask is None and plan.packs)
         total = torch.zeros(len(plan.targets), dtype=torch.float64)
         missed = torch.zeros(len(plan.targets), dtype=torch.long)
         bar = tqdm(chunks, desc="gna loglikelihood", unit="batch", leave=False, disable=disable_tqdm or not self.progress)

@@ -110,6 +110,19 @@ class TokenBatch:
                 got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
                 raise InputError(f"TokenBatch {name} must have shape {want} (the ids are {shape}), got {got}")
 
+    @classmethod
+    def left_padded(cls, seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu") -> "TokenBatch":
+        """Lists of token ids left-padded with ``pad_id`` into one batch on ``device``, the padding masked out."""
+        if not seqs:
+            raise InputError("no token sequences given")
+        width = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for k, x in enumerate(seqs):
+            ids[k, width - len(x):] = torch.tensor(list(x), dtype=torch.long)
+            mask[k, width - len(x):] = 1
+        return cls(ids.to(device), mask.to(device))
+
     def select(self, rows: Sequence[int] | Tensor) -> "TokenBatch":
         """The batch restricted to ``rows``."""
         idx = torch.as_tensor(rows, dtype=torch.long, device=self.ids.device)
@@ -502,19 +515,16 @@ class Model:
     def pad_ids(self, seqs: Sequence[Sequence[int]], check_length: bool = True) -> TokenBatch:
         """Left-pad lists of token ids into one :class:`TokenBatch` (padding masked out); ``check_length``
         refuses rows longer than the context (off for packed rows, whose branches are checked instead)."""
-        if not seqs:
-            raise InputError("no token sequences given")
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        width = max(len(x) for x in seqs)
-        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for k, x in enumerate(seqs):
-            ids[k, width - len(x):] = torch.tensor(list(x), dtype=torch.long)
-            mask[k, width - len(x):] = 1
+        batch = TokenBatch.left_padded(seqs, self.pad_id)
         if not check_length:
-            self.check_ids(ids)
-            return TokenBatch(ids.to(self.device), mask.to(self.device))
-        return self.as_batch(ids, mask)
+            self.check_ids(batch.ids)
+            return TokenBatch(batch.ids.to(self.device), batch.attention_mask.to(self.device))
+        return self.as_batch(batch.ids, batch.attention_mask)
+
+    @property
+    def pad_id(self) -> int:
+        """The token that pads a row (the tokenizer's pad token, else 0); padding is masked out."""
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     # ---- running --------------------------------------------------------------------------
     def _forward_kwargs(self, batch: TokenBatch) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Literal, Sequence
 
@@ -79,13 +79,17 @@ class Target:
 
 @dataclass(frozen=True)
 class ScoringPlan:
-    """Tokenized rows and targets for a list of samples under one model's tokenizer (reusable)."""
+    """Tokenized rows and targets for a list of samples under one model's tokenizer (reusable), and how that model
+    lays them out (:func:`for_model`): ``pad_id`` pads a row, ``packs`` says whether :func:`layout_chunks` packs
+    each sample's rows into one tree-masked sequence by default."""
 
     samples: tuple[Sample, ...]
     rows: tuple[Row, ...]
     targets: tuple[Target, ...]
     method: str
     prompt_ids: tuple[tuple[int, ...], ...]
+    pad_id: int = 0
+    packs: bool = False
 
     @property
     def n_candidates(self) -> list[int]:
@@ -150,7 +154,7 @@ Intervention = Callable[[Chunk], ContextManager[Any]]
 
 __all__ = ["METHODS", "VOCAB_BLOCK", "CandidateScores", "Chunk", "ChunkHooks", "ChunkReads", "Intervention", "Method",
            "Row", "RunOptions", "ScoreTable", "ScoringPlan", "Target", "combine_lse", "distinct_reads", "layout_chunks",
-           "log_normaliser", "log_softmax_rows", "packable", "plan_scoring", "read_chunks", "read_logprobs",
+           "for_model", "log_normaliser", "log_softmax_rows", "plan_scoring", "read_chunks", "read_logprobs",
            "row_chunks", "run_plan", "score_candidates", "vocab_step", "whole_samples"]
 
 
@@ -216,7 +220,20 @@ def plan_scoring(model: Model, samples: Sequence[Sample], method: Method = "auto
         for j, (f, t) in enumerate(zip(fed, cand_toks)):
             r = next(k for k, g in enumerate(keep) if g[: len(f)] == f)
             targets.append(Target(i, j, base + r, t))
-    return ScoringPlan(samples, tuple(rows), tuple(targets), method, tuple(tuple(p) for p in prompt_ids))
+    return for_model(model, ScoringPlan(samples, tuple(rows), tuple(targets), method,
+                                        tuple(tuple(p) for p in prompt_ids)))
+
+
+def for_model(model: Model, plan: ScoringPlan) -> ScoringPlan:
+    """``plan`` with how ``model`` lays it out (its rows checked to fit the context and the vocabulary): its pad token,
+    and whether it packs -- some sample needs several rows
+    and every mixer of ``model`` honours a tree-shaped attention mask for rows this long (attention-only models;
+    with a sliding window, rows shorter than it: :meth:`~gna_interp.models.model.Model.packs_rows_up_to`)."""
+    longest = max(len(r.ids) for r in plan.rows)
+    model.check_length(longest)  # every row fits the context, packed or not (a packed sequence may not)
+    model.check_ids(torch.tensor([[t for r in plan.rows for t in r.ids]], dtype=torch.long))
+    packs = plan.method != "per_candidate" and len(plan.rows) > len(plan.samples) and model.packs_rows_up_to(longest)
+    return replace(plan, pad_id=model.pad_id, packs=packs)
 
 
 @dataclass
@@ -296,18 +313,10 @@ def row_chunks(plan: "ScoringPlan", batch_size: int) -> list[list[int]]:
     return [order[k: k + batch_size] for k in range(0, len(order), batch_size)]
 
 
-def packable(model: Model, plan: ScoringPlan) -> bool:
-    """Whether :func:`layout_chunks` packs ``plan`` by default: some sample needs several rows and every
-    mixer of ``model`` honours a tree-shaped attention mask for rows this long (attention-only models; with a
-    sliding window, rows shorter than it: :meth:`~gna_interp.models.model.Model.packs_rows_up_to`)."""
-    return (plan.method != "per_candidate" and len(plan.rows) > len(plan.samples)
-            and model.packs_rows_up_to(max(len(r.ids) for r in plan.rows)))
-
-
 def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int, pack: bool | None = None) -> list[Chunk]:
     """Batch ``plan``'s rows (longest first, ``batch_size`` per forward) and list every read.
 
-    ``pack`` (default :func:`packable`) lays each sample out as *one* sequence: its prompt once, then the
+    ``pack`` (default ``plan.packs``, :func:`for_model`) lays each sample out as *one* sequence: its prompt once, then the
     fed tokens of all its rows as a tree (a token per distinct prefix, at the position it has in its
     row), under an attention mask that lets every token see the prompt and its own branch only
     (:class:`~gna_interp.models.model.TokenBatch` ``tree``). Every read then equals the read of the
@@ -319,12 +328,12 @@ def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int, pack: bool |
     by_row: dict[int, list[int]] = {}
     for t_idx, t in enumerate(plan.targets):
         by_row.setdefault(t.row, []).append(t_idx)
-    if packable(model, plan) if pack is None else pack:
-        return _packed_chunks(model, plan, batch_size, by_row)
+    if plan.packs if pack is None else pack:
+        return _packed_chunks(model.device, plan, batch_size, by_row)
     out = []
     for row_ids in row_chunks(plan, batch_size):
         rows = tuple(plan.rows[r] for r in row_ids)
-        batch = model.pad_ids([r.ids for r in rows])
+        batch = TokenBatch.left_padded([r.ids for r in rows], plan.pad_id, model.device)
         pads = batch.pad.tolist()
         rr, pp, tt, gg = [], [], [], []
         for k, (r_id, r) in enumerate(zip(row_ids, rows)):
@@ -340,7 +349,8 @@ def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int, pack: bool |
     return out
 
 
-def _packed_chunks(model: Model, plan: ScoringPlan, batch_size: int, by_row: dict[int, list[int]]) -> list[Chunk]:
+def _packed_chunks(device: torch.device, plan: ScoringPlan, batch_size: int, by_row: dict[int, list[int]]
+                   ) -> list[Chunk]:
     """Each sample's rows as one tree-masked sequence (see :func:`layout_chunks`)."""
     rows_of: dict[int, list[int]] = {}
     for r_id, r in enumerate(plan.rows):
@@ -363,7 +373,7 @@ def _packed_chunks(model: Model, plan: ScoringPlan, batch_size: int, by_row: dic
     out = []
     for part in (order[k: k + batch_size] for k in range(0, len(order), batch_size)):
         # a packed row may be longer than the context while each of its branches fits (plan_scoring checked)
-        padded = model.pad_ids([seqs[i][0] for i in part], check_length=False)
+        padded = TokenBatch.left_padded([seqs[i][0] for i in part], plan.pad_id)
         width = padded.ids.shape[1]
         tree = torch.zeros((len(part), width, width), dtype=torch.bool)
         positions = torch.zeros((len(part), width), dtype=torch.long)
@@ -392,7 +402,7 @@ def _packed_chunks(model: Model, plan: ScoringPlan, batch_size: int, by_row: dic
                         pp.append(pad + n - 1 if at < 0 else pad + n + at)
                         tt.append(tok)
                         gg.append(t_idx)
-        batch = TokenBatch(padded.ids, padded.attention_mask, tree.to(model.device), positions.to(model.device))
+        batch = TokenBatch(padded.ids.to(device), padded.attention_mask.to(device), tree.to(device), positions.to(device))
         out.append(Chunk(tuple(row_ids), tuple(plan.rows[r] for r in row_ids), batch, torch.tensor(rr, dtype=torch.long),
                          torch.tensor(pp, dtype=torch.long), torch.tensor(tt, dtype=torch.long),
                          torch.tensor(gg, dtype=torch.long)))
@@ -553,7 +563,7 @@ def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: ScoreTable, batch_s
     chunks = [list(range(k, min(k + batch_size, len(plan.samples)))) for k in range(0, len(plan.samples), batch_size)]
     bar.reset(total=len(chunks))
     for samples in chunks:
-        batch = model.pad_ids([plan.prompt_ids[i] for i in samples])
+        batch = TokenBatch.left_padded([plan.prompt_ids[i] for i in samples], plan.pad_id, model.device)
         logits, cache = model.run_with_hooks(batch, fwd_hooks, return_type="logits_and_cache", logits_to_keep=1)
         acc.n_forwards += 1
         first = log_softmax_rows(logits[:, -1])
@@ -609,7 +619,7 @@ def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: C
     ``share_prefix``.
 
     By default (``share_prefix=None``) a sample with several rows is packed into one tree-masked sequence
-    on models that allow it (:func:`packable`: the prompt is run once per sample, in one forward per
+    on models that allow it (``plan.packs``: the prompt is run once per sample, in one forward per
     batch); ``share_prefix=True`` instead runs each prompt once and continues the candidates from its KV
     cache; ``False`` runs every row in full. The scores are the same. ``fwd_hooks`` are TransformerLens
     hooks applied to every forward; pass a callable ``Chunk -> hooks`` for hooks that need to know which
@@ -627,7 +637,7 @@ def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: C
                          "method='per_candidate'; leave share_prefix unset")
     # by default the prompt is paid once per sample by packing its rows into one sequence (one forward
     # per batch, no cache copies); one row per sample needs neither packing nor a shared prefix
-    pack = share_prefix is None and not callable(fwd_hooks) and packable(model, plan)
+    pack = share_prefix is None and not callable(fwd_hooks) and plan.packs
     table = ScoreTable(plan)
     with tqdm(desc=desc or "scoring", unit="batch", disable=not progress, leave=False) as bar:
         if share_prefix:
