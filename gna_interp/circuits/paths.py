@@ -60,7 +60,7 @@ from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
-from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, distinct_reads, layout_chunks, plan_scoring
+from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_chunks, plan_scoring
 
 POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "all")
 LOGITS = "logits"
@@ -471,7 +471,7 @@ class PathPatcher:
                     final = replay(model, prefix, min(by_layer), n)
         else:
             final = clean.final.repeat(n, 1, 1)
-        rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
+        rows, pos, inverse = chunk.reads
         rows, pos = rows.to(final.device), pos.to(final.device)
         sels = []
         for g, es in enumerate(sets):

@@ -35,7 +35,7 @@ from gna_interp.engine.replay import Prefixes, recording
 from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
 from gna_interp.tasks.metrics import LOGIT_DIFF
-from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, read_logprobs,
+from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, read_logprobs,
                                       whole_samples)
 
 __all__ = ["Attribution", "attribution_estimates"]
@@ -147,7 +147,7 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
     for i, chunk in enumerate(chunks):
         rec = _Recorder(model, hooks_at, layers)
         with _inputs_only_grad(model), torch.enable_grad():
-            rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
+            rows, pos, inverse = chunk.reads
             with recording(model, chunk.size) if keep is not None and not keep.has(i) else nullcontext([]) as got:
                 logits = model.read_logits(chunk.batch, rows, pos, rec.hooks(), grad=True)  # backward from the reads
             rec.check()

@@ -113,15 +113,16 @@ def recording(model: Model, batch_size: int) -> Iterator[list[Prefix]]:
 
 @torch.no_grad()
 def capture(model: Model, batch: TokenBatch,
-            reads: tuple[Int[Tensor, " n"], Int[Tensor, " n"]] | None = None) -> Prefix:
+            reads: tuple[Int[Tensor, " n"], Int[Tensor, " n"], Int[Tensor, " n_reads"]] | None = None) -> Prefix:
     """One clean forward of ``batch`` recording every block's input arguments; keeps the logits of
-    every position, or only those at ``reads = (rows, positions)``."""
+    every position, or only those at the distinct reads ``reads = (rows, positions, inverse)``
+    (:func:`~gna_interp.tasks.scoring.distinct_reads`, e.g. a chunk's :attr:`~gna_interp.tasks.scoring.Chunk.reads`)."""
     inverse = None
     with recording(model, int(batch.ids.shape[0])) as got:
         if reads is None:
             logits = model.forward(batch)
         else:
-            rows, pos, inverse = distinct_reads(*reads)
+            rows, pos, inverse = reads
             logits = model.read_logits(batch, rows, pos)
     prefix = got[0]
     prefix.logits, prefix.inverse = logits, inverse
@@ -308,14 +309,14 @@ def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos:
     """Capture ``batch`` (keep it small: two rows do), replay it from block 0 as two stacked copies and
     return the largest deviation from the bridge's own logits at the reads ``(rows, pos)``; raises
     :class:`ReplayMismatch` above ``atol`` (default :func:`~gna_interp.engine.head.logit_atol` of the model's dtype)."""
-    prefix = capture(model, batch, (rows, pos))
+    d_rows, d_pos, inverse = distinct_reads(rows, pos)
+    prefix = capture(model, batch, (d_rows, d_pos, inverse))
     hidden = replay(model, prefix, 0, copies=2)
     b = prefix.batch_size
     want = prefix.logits.float()
     if atol is None:
         atol = logit_atol(model.dtype, want.abs().max().item())
     worst = 0.0
-    d_rows, d_pos, _ = distinct_reads(rows, pos)
     for c in range(2):
         got = final_logits(model, hidden, d_rows + c * b, d_pos).float()
         worst = max(worst, (got - want).abs().max().item())
@@ -372,7 +373,7 @@ class Prefixes:
             return self._store[i]
         self.verify()
         c = self.chunks[i]
-        p = capture(self.model, c.batch, (c.read_row, c.read_pos))
+        p = capture(self.model, c.batch, c.reads)
         if self.keep:
             self._store[i] = p
         return p
@@ -452,7 +453,7 @@ def replay_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Seq
         hooks = [hk for g, group in enumerate(sets) for hk in ablation_hooks(list(group), rows=slice(g * b, (g + 1) * b))]
         with model.hooks(hooks):
             hidden = replay(model, prefix, start, copies=n)
-        rows, pos, inverse = distinct_reads(torch.cat([chunk.read_row + g * b for g in range(n)]), chunk.read_pos.repeat(n))
+        rows, pos, inverse = chunk.stacked_reads(n)
         logp = head_logprobs(model, at_reads(hidden, rows, pos), chunk.read_tok.repeat(n), inverse)
         per = logp.shape[0] // n
         for g, t in enumerate(tables):
@@ -481,7 +482,7 @@ def nested_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Seq
     tables = [ScoreTable(plan) for _ in sets]
     for i, chunk in enumerate(prefixes.chunks):
         prefix = prefixes.get(i)
-        rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
+        rows, pos, inverse = chunk.reads
         logp = read_logprobs(prefix.logits, chunk.read_tok, prefix.inverse)  # the intact model's
         state: dict[int, Tensor] = {}  # residual entering a layer a later step starts at, under the latest set
         for k, (group, start) in enumerate(steps):

@@ -478,8 +478,8 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
                 "keep": [[r["row"], r["kept_heads"], r["skipped"], len(r["ablated"])] for r in keeps]}
     log = Checkpoint(folder / CHECKPOINT if folder is not None else None, "prune", fingerprint(model, settings))
     started = time.perf_counter()
-    if "intact" not in log:
-        log.put("intact", _evaluate(model, plans, [], [], cfg.batch_size))
+    run_points(log, [Point("intact", functools.partial(_evaluate, model, plans, [], [], cfg.batch_size))],
+               "prune", cfg.progress)
     info = _solved(model, built, plans, log["intact"], cfg.allow_chance, notes)
     n = model.n_layers
     points = [(f"from_end:{k}", list(range(n - k, n)), []) for k in from_end]

@@ -37,7 +37,7 @@ from torch import Tensor
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import HeadSite
-from gna_interp.models.model import Model, TokenBatch, check_model
+from gna_interp.models.model import Model, check_model
 
 AblationMethod = Literal["zero", "mean", "resample"]
 METHODS: tuple[str, ...] = ("zero", "mean", "resample")
@@ -90,11 +90,6 @@ def _check_method(method: str, reference: Any) -> None:
                          f"whose activations replace the ablated heads' outputs")
 
 
-def _reference_batch(model: Model, reference: Any) -> TokenBatch:
-    prompts = getattr(reference, "prompts", None)  # a Task
-    return model.as_batch(list(prompts) if prompts is not None else reference)
-
-
 def replacements(model: Model, heads: str | HeadRef | Sequence[str | HeadRef], method: AblationMethod = "zero",
                  reference: Any = None) -> list[Replacement]:
     """Validate ``heads`` (names, ``"L0H1,L2S3"`` or HeadRefs) and compute what replaces each one's output
@@ -105,7 +100,8 @@ def replacements(model: Model, heads: str | HeadRef | Sequence[str | HeadRef], m
     sites = [model.head_site(h) for h in dict.fromkeys(model.check_heads(heads))]
     if method == "zero" or not sites:
         return [Replacement(s) for s in sites]
-    batch = _reference_batch(model, reference)
+    prompts = getattr(reference, "prompts", None)  # a Task
+    batch = model.as_batch(list(prompts) if prompts is not None else reference)
     names = sorted({s.hook for s in sites})
     _, cache = model.run_with_cache(batch, names_filter=lambda n: n in names)
     mask = batch.attention_mask.bool()

@@ -33,6 +33,7 @@ the hidden states (a full forward here; a replay of the last blocks in a scan).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass, replace
 from contextlib import nullcontext
@@ -131,6 +132,20 @@ class Chunk:
     read_tok: Int[Tensor, " n_reads"]
     read_target: Int[Tensor, " n_reads"]
 
+    @functools.cached_property
+    def reads(self) -> tuple[Int[Tensor, " n_distinct"], Int[Tensor, " n_distinct"], Int[Tensor, " n_reads"]]:
+        """The distinct ``(row, position)`` pairs among the reads and each read's pair (:func:`distinct_reads`),
+        worked out once per chunk however often it is run or replayed."""
+        return distinct_reads(self.read_row, self.read_pos)
+
+    def stacked_reads(self, copies: int) -> tuple[Int[Tensor, " n"], Int[Tensor, " n"], Int[Tensor, " n_all"]]:
+        """:attr:`reads` of ``copies`` copies of the batch stacked along the rows (copy ``g``'s rows offset by
+        ``g * size``): what :func:`distinct_reads` gives for the stacked reads, without sorting them again."""
+        rows, pos, inverse = self.reads
+        b, n = self.size, rows.shape[0]
+        return (torch.cat([rows + g * b for g in range(copies)]), pos.repeat(copies),
+                torch.cat([inverse + g * n for g in range(copies)]))
+
     @property
     def size(self) -> int:
         """Sequences in the batch (one per row, or one per sample when packed)."""
@@ -193,7 +208,6 @@ def plan_scoring(model: Model, samples: Sequence[Sample], method: Method = "auto
     for i, (s, p_ids) in enumerate(zip(samples, prompt_ids)):
         if not p_ids:
             raise InputError(f"sample {i}: the prompt tokenizes to nothing; pass non-empty text")
-        model.check_known(p_ids, s.prompt)
         cand_toks = _candidate_tokens(tok, p_ids, s.prompt, s.candidates, i)
         if method == "first_token":
             firsts = [t[0] for t in cand_toks]
@@ -225,10 +239,14 @@ def plan_scoring(model: Model, samples: Sequence[Sample], method: Method = "auto
 
 
 def for_model(model: Model, plan: ScoringPlan) -> ScoringPlan:
-    """``plan`` with how ``model`` lays it out (its rows checked to fit the context and the vocabulary): its pad token,
+    """``plan`` with how ``model`` lays it out (its prompts checked for text outside the vocabulary, its rows to fit the
+    context and the vocabulary): its pad token,
     and whether it packs -- some sample needs several rows
     and every mixer of ``model`` honours a tree-shaped attention mask for rows this long (attention-only models;
     with a sliding window, rows shorter than it: :meth:`~gna_interp.models.model.Model.packs_rows_up_to`)."""
+    for s, ids in zip(plan.samples, plan.prompt_ids):
+        if s.prompt:  # a plan in token space (the lm-eval harness's) has no text to check
+            model.check_known(ids, s.prompt)
     longest = max(len(r.ids) for r in plan.rows)
     model.check_length(longest)  # every row fits the context, packed or not (a packed sequence may not)
     model.check_ids(torch.tensor([[t for r in plan.rows for t in r.ids]], dtype=torch.long))
@@ -532,7 +550,7 @@ def read_chunks(model: Model, chunks: Iterable[Chunk], hooks: ChunkHooks = (),
     distinct read positions only (:meth:`Model.read_logits <gna_interp.models.model.Model.read_logits>`: the
     vocabulary is paid once per distinct read)."""
     for chunk in chunks:
-        rows, pos, inverse = distinct_reads(chunk.read_row, chunk.read_pos)
+        rows, pos, inverse = chunk.reads
         with intervention(chunk) if intervention is not None else nullcontext():
             logits = model.read_logits(chunk.batch, rows, pos, hooks(chunk) if callable(hooks) else hooks)
         yield ChunkReads(chunk, logits, inverse)
