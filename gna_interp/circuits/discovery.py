@@ -88,7 +88,7 @@ class DiscoverConfig(Options):
         paths: the circuit's best-ranked heads whose edges are measured by path patching (every earlier -> later
             pair along keys and values at the lines' tokens and the query at the decision position, and each
             head's direct path to the logits; :mod:`gna_interp.circuits.causal`); 0: no edge table. The cost grows
-            with the square of it: 5 heads are at most 35 patched sets (SmolLM2: 32 sets, 25 s on 2 idle cores).
+            with the square of it: 5 heads are at most 35 patched sets (the time it takes: docs/discovery.md, "Cost").
     """
 
     scan: ScanConfig = field(default_factory=lambda: ScanConfig(strategy="auto"))
