@@ -350,3 +350,16 @@ def test_read_logprobs_with_gradients_give_the_same_values_and_softmax_gradients
     ref = logits.detach().clone().requires_grad_(True)
     (want,) = torch.autograd.grad((torch.log_softmax(ref, -1)[inv, tok] * w).sum(), ref)
     torch.testing.assert_close(grad, want, atol=1e-6, rtol=0)
+
+
+def test_a_plan_carries_its_models_layout_and_refuses_another_model(tiny_models):
+    """A plan knows how the model it was made for lays it out (pad token, packing) and refuses another model, whose
+    packing may differ (a transformer packs a sample's rows, a Mamba cannot)."""
+    task = KVRetrieval(n_pairs=4, n_samples=2, seed=0, template="completion")
+    llama, mamba = tiny_models["llama"], tiny_models["mamba2"]
+    plan = plan_scoring(llama, task.samples)
+    assert plan.packs and plan.model == llama.name and plan.pad_id == llama.pad_id
+    assert not plan_scoring(mamba, task.samples).packs
+    for run in (lambda: layout_chunks(mamba, plan, 2), lambda: run_plan(mamba, plan)):
+        with pytest.raises(InputError, match="made for"):
+            run()

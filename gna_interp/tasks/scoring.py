@@ -81,8 +81,8 @@ class Target:
 @dataclass(frozen=True)
 class ScoringPlan:
     """Tokenized rows and targets for a list of samples under one model's tokenizer (reusable), and how that model
-    lays them out (:func:`for_model`): ``pad_id`` pads a row, ``packs`` says whether :func:`layout_chunks` packs
-    each sample's rows into one tree-masked sequence by default."""
+    (named ``model``) lays them out (:func:`for_model`): ``pad_id`` pads a row, ``packs`` says whether
+    :func:`layout_chunks` packs each sample's rows into one tree-masked sequence by default."""
 
     samples: tuple[Sample, ...]
     rows: tuple[Row, ...]
@@ -91,6 +91,7 @@ class ScoringPlan:
     prompt_ids: tuple[tuple[int, ...], ...]
     pad_id: int = 0
     packs: bool = False
+    model: str = ""
 
     @property
     def n_candidates(self) -> list[int]:
@@ -239,11 +240,10 @@ def plan_scoring(model: Model, samples: Sequence[Sample], method: Method = "auto
 
 
 def for_model(model: Model, plan: ScoringPlan) -> ScoringPlan:
-    """``plan`` with how ``model`` lays it out (its prompts checked for text outside the vocabulary, its rows to fit the
-    context and the vocabulary): its pad token,
-    and whether it packs -- some sample needs several rows
-    and every mixer of ``model`` honours a tree-shaped attention mask for rows this long (attention-only models;
-    with a sliding window, rows shorter than it: :meth:`~gna_interp.models.model.Model.packs_rows_up_to`)."""
+    """``plan`` with how ``model`` lays it out: its pad token, and whether it packs (some sample needs several rows
+    and every mixer of ``model`` honours a tree-shaped attention mask for rows this long: attention-only models;
+    with a sliding window, rows shorter than it, :meth:`~gna_interp.models.model.Model.packs_rows_up_to`). The
+    prompts are checked for text outside the vocabulary and the rows to fit the context and the vocabulary."""
     for s, ids in zip(plan.samples, plan.prompt_ids):
         if s.prompt:  # a plan in token space (the lm-eval harness's) has no text to check
             model.check_known(ids, s.prompt)
@@ -251,7 +251,7 @@ def for_model(model: Model, plan: ScoringPlan) -> ScoringPlan:
     model.check_length(longest)  # every row fits the context, packed or not (a packed sequence may not)
     model.check_ids(torch.tensor([[t for r in plan.rows for t in r.ids]], dtype=torch.long))
     packs = plan.method != "per_candidate" and len(plan.rows) > len(plan.samples) and model.packs_rows_up_to(longest)
-    return replace(plan, pad_id=model.pad_id, packs=packs)
+    return replace(plan, pad_id=model.pad_id, packs=packs, model=model.name)
 
 
 @dataclass
@@ -331,6 +331,12 @@ def row_chunks(plan: "ScoringPlan", batch_size: int) -> list[list[int]]:
     return [order[k: k + batch_size] for k in range(0, len(order), batch_size)]
 
 
+def _check_plan_model(model: Model, plan: ScoringPlan) -> None:
+    if plan.model and plan.model != model.name:
+        raise InputError(f"this scoring plan was made for {plan.model}, not {model.name} (its padding and packing are "
+                         f"that model's); plan the samples again for it: plan_scoring(model, samples)")
+
+
 def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int, pack: bool | None = None) -> list[Chunk]:
     """Batch ``plan``'s rows (longest first, ``batch_size`` per forward) and list every read.
 
@@ -343,6 +349,7 @@ def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int, pack: bool |
     """
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    _check_plan_model(model, plan)
     by_row: dict[int, list[int]] = {}
     for t_idx, t in enumerate(plan.targets):
         by_row.setdefault(t.row, []).append(t_idx)
@@ -645,6 +652,7 @@ def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: C
     """
     cfg = RunOptions.build(config, **overrides)
     progress, desc, share_prefix = bool(cfg.progress), cfg.desc, cfg.share_prefix
+    _check_plan_model(model, plan)
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
     if share_prefix and not model.splits_prefix_cache:
