@@ -47,7 +47,8 @@ def at_reads(hidden: Float[Tensor, "rows pos d_model"], rows: Int[Tensor, " n"],
 def final_logits(model: Model, hidden: Float[Tensor, "rows pos d_model"], rows: Int[Tensor, " n"],
                  pos: Int[Tensor, " n"]) -> Float[Tensor, "n vocab"]:
     """Final norm and unembedding of the residual stream at ``(rows[i], pos[i])`` only (the whole vocabulary)."""
-    return model.unembed(at_reads(hidden, rows, pos)[None])[0]
+    resid = at_reads(hidden, rows, pos)
+    return model.unembed(resid[None])[0]
 
 
 def _blockwise(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],

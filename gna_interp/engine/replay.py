@@ -512,13 +512,13 @@ class SetAblation:
 
     def __init__(self, model: Model, task: Task | ScoringPlan, method: AblationMethod = "zero", reference: Any = None,
                  batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES) -> None:
+        replacements(model, [], method, reference)  # validates method and reference before the task is planned
         if isinstance(task, Task):
             task = plan_scoring(model, task.samples)
         if not isinstance(task, ScoringPlan):
             raise InputError(f"SetAblation needs a Task or a ScoringPlan, got {type(task).__name__}")
         self.model, self.plan, self.method, self.reference = model, task, method, reference
         self.batch_size = batch_size
-        replacements(model, [], method, reference)  # validates method and reference before any forward
         self._repl: dict[HeadRef, Replacement] = {}
         self.prefixes: Prefixes | None = None
         if method != "resample":

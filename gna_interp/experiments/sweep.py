@@ -664,24 +664,36 @@ def _conditions(m: Model, circuit: Circuit | str | os.PathLike | None, wanted: l
                        notes, kk)
 
 
-def _points(m: Model, tasks: dict[int, KVRetrieval], conditions: list[tuple[str, int, list[HeadRef]]],
-            batch_size: int) -> list[Point]:
-    """One point per size and condition; a head set named twice at one size is measured once."""
-    state: dict[str, Any] = {"pairs": None, "runner": None, "measured": {}}
+class _Measurer:
+    """Measures a sweep's points in order: one :class:`~gna_interp.engine.replay.SetAblation` (and its clean prefixes)
+    per dictionary size, released when the next size starts; a head set named twice at one size is measured once."""
 
-    def measure(n: int, cond: str, s: int, heads: list[HeadRef]) -> dict[str, Any]:
-        if state["pairs"] != n:  # one runner (and its clean prefixes) per size, released with the size
-            state.update(pairs=n, runner=None, measured={})
-        got = state["measured"].get(tuple(heads))
+    def __init__(self, model: Model, tasks: dict[int, KVRetrieval], batch_size: int) -> None:
+        self.model, self.tasks, self.batch_size = model, tasks, batch_size
+        self.pairs: int | None = None
+        self.runner: SetAblation | None = None
+        self.measured: dict[tuple[HeadRef, ...], dict[str, Any]] = {}
+
+    def measure(self, n: int, cond: str, seed: int, heads: list[HeadRef]) -> dict[str, Any]:
+        """The row of condition ``cond`` (draw ``seed``) at ``n`` pairs: ``heads`` removed together."""
+        if self.pairs != n:
+            self.pairs, self.runner, self.measured = n, None, {}
+        got = self.measured.get(tuple(heads))
         if got is None:
-            state["runner"] = state["runner"] or SetAblation(m, tasks[n], batch_size=batch_size)
-            scores = state["runner"].run(heads)
-            got = state["measured"][tuple(heads)] = {**{c: scores.metrics[c] for c in _METRICS},
-                                                     "per_sample": _per_sample(scores)}
-        return {"pairs": n, "condition": cond, "seed": s, "k": len(heads), **{c: got[c] for c in _METRICS},
+            self.runner = self.runner or SetAblation(self.model, self.tasks[n], batch_size=self.batch_size)
+            scores = self.runner.run(heads)
+            got = self.measured[tuple(heads)] = {**{c: scores.metrics[c] for c in _METRICS},
+                                                 "per_sample": _per_sample(scores)}
+        return {"pairs": n, "condition": cond, "seed": seed, "k": len(heads), **{c: got[c] for c in _METRICS},
                 "heads": ",".join(h.name for h in heads), "per_sample": got["per_sample"]}
 
-    return [Point(f"{n}/{c}/{s}", functools.partial(measure, n, c, s, hs)) for n in tasks for c, s, hs in conditions]
+
+def _points(m: Model, tasks: dict[int, KVRetrieval], conditions: list[tuple[str, int, list[HeadRef]]],
+            batch_size: int) -> list[Point]:
+    """One point per size and condition (:class:`_Measurer`)."""
+    measurer = _Measurer(m, tasks, batch_size)
+    return [Point(f"{n}/{c}/{s}", functools.partial(measurer.measure, n, c, s, hs)) for n in tasks
+            for c, s, hs in conditions]
 
 
 def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
