@@ -63,7 +63,6 @@ import pandas as pd
 import torch
 
 from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.curve import curve_k
 from gna_interp.engine.replay import SetAblation
 from gna_interp.circuits.offsets import intact_at, pick_offset
 from gna_interp.circuits.roles import ScoreOptions, decision_inputs, item_masses
@@ -72,8 +71,8 @@ from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.store import records
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, settings_fingerprint
-from gna_interp.experiments.run import (Discovery, model_of, open_folder, progress_bar, random_draws, resolve_circuit,
-                                        slug)
+from gna_interp.experiments.run import (Discovery, model_of, open_folder, progress_bar, random_draws, removed_k,
+                                        resolve_circuit, slug)
 from gna_interp.mixing import PatternOptions, patterns
 from gna_interp.mixing.sharpness import row_distribution, sharpness
 from gna_interp.models.heads import HeadRef
@@ -367,9 +366,9 @@ def _mixers(model: Model) -> str:
 def _one_model(m: Model, circ: Circuit, log: Checkpoint, key: str, task: KVRetrieval, cfg: "CompareConfig",
                bar: Any) -> dict[str, Any]:
     """Every measurement of one model (points from ``log`` when already there)."""
-    kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
-    top = circ.heads[:kk]
-    draws = random_draws(circ.scan.heads, top, kk, cfg.seeds, "gna-families-random")
+    k = removed_k(circ, cfg.k)
+    top = circ.heads[:k]
+    draws = random_draws(circ.scan.heads, top, k, cfg.seeds, "gna-families-random")
     runner: SetAblation | None = None
 
     def point(pkey: str, heads: Sequence[HeadRef]) -> float:
@@ -383,12 +382,12 @@ def _one_model(m: Model, circ: Circuit, log: Checkpoint, key: str, task: KVRetri
 
     curve = []
     intact = point("top/0", [])
-    for j in range(kk + 1):
+    for j in range(k + 1):
         acc = point(f"top/{j}", top[:j])
         curve.append({"j": j, "series": "top", "seed": 0, "accuracy": acc, "cost": intact - acc,
                       "heads": ",".join(h.name for h in top[:j])})
     for s, d in enumerate(draws):
-        for j in range(1, kk + 1):
+        for j in range(1, k + 1):
             acc = point(f"random/{s}/{j}", d[:j])
             curve.append({"j": j, "series": "random", "seed": s, "accuracy": acc, "cost": intact - acc,
                           "heads": ",".join(h.name for h in d[:j])})
@@ -401,7 +400,7 @@ def _one_model(m: Model, circ: Circuit, log: Checkpoint, key: str, task: KVRetri
         log.put(agg_key, {"per_head": records(agg.per_head), "per_sample": records(agg.per_sample)})
         bar.update(1)
     saved = log[agg_key]
-    return {"kk": kk, "top": top, "draws": draws, "curve": curve, "intact": intact,
+    return {"k": k, "top": top, "draws": draws, "curve": curve, "intact": intact,
             "per_head": pd.DataFrame(saved["per_head"], columns=AGGREGATION_COLUMNS),
             "per_sample": pd.DataFrame(saved["per_sample"], columns=AGGREGATION_COLUMNS + ["sample"])}
 
@@ -552,13 +551,13 @@ def _measure_model(spec: Model | str, given: Any, name: str, log: Checkpoint, fo
         raise InputError(f"{'' if name in str(e) else name + ': '}{e}{kept}") from e
     best = [h.name for h in circ.heads[:max(cfg.k, cfg.pool)]]
     key = f"{slug(name)}:{fingerprint(m, {'heads': best, **settings})[:16]}"
-    kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
-    total = (kk + 1) + cfg.seeds * kk + 1
+    k = removed_k(circ, cfg.k)
+    total = (k + 1) + cfg.seeds * k + 1
     done = sum(1 for p in log.points if p.startswith(key + "/"))
     with progress_bar(total, min(done, total), f"compare {name}", cfg.progress) as bar:
         got = _one_model(m, circ, log, key, task, cfg, bar)
-    if kk < cfg.k:
-        parts.notes.append(f"{name}: removes up to k = {kk} heads, not {cfg.k} ({len(circ.scan.heads)} scanned heads; "
+    if k < cfg.k:
+        parts.notes.append(f"{name}: removes up to k = {k} heads, not {cfg.k} ({len(circ.scan.heads)} scanned heads; "
                            f"k random heads must stay at most a quarter of them)")
     curve = pd.DataFrame(got["curve"]).assign(model=name)[CURVE_COLUMNS]
     parts.curves.append(curve)
@@ -576,13 +575,13 @@ def _measure_model(spec: Model | str, given: Any, name: str, log: Checkpoint, fo
 
 def _table_row(m: Model, name: str, circ: Circuit, got: dict[str, Any], curve: pd.DataFrame, agg: Any,
                chance: float) -> dict[str, Any]:
-    kk, intact = got["kk"], got["intact"]
+    k, intact = got["k"], got["intact"]
     top = curve[curve["series"] == "top"].set_index("j")["cost"]
-    rnd = curve[(curve["series"] == "random") & (curve["j"] == kk)]["cost"]
-    half = next((j for j in range(1, kk + 1) if top.get(j, -1) >= (intact - chance) / 2), math.nan)
+    rnd = curve[(curve["series"] == "random") & (curve["j"] == k)]["cost"]
+    half = next((j for j in range(1, k + 1) if top.get(j, -1) >= (intact - chance) / 2), math.nan)
     row = {"model": name, "architecture": m.architecture, "mixers": _mixers(m), "heads": len(circ.scan.heads),
-           "k": kk, "intact": intact, "chance": chance, "top_heads": ",".join(h.name for h in got["top"]),
-           "cost_1": float(top.get(1, math.nan)), "cost_k": float(top.get(kk, math.nan)),
+           "k": k, "intact": intact, "chance": chance, "top_heads": ",".join(h.name for h in got["top"]),
+           "cost_1": float(top.get(1, math.nan)), "cost_k": float(top.get(k, math.nan)),
            "random_cost_k": float(rnd.median()) if len(rnd) else math.nan,
            "heads_to_half": half if intact > chance else math.nan,
            "aggregate_head": agg["name"] if agg is not None else "",
@@ -592,6 +591,6 @@ def _table_row(m: Model, name: str, circ: Circuit, got: dict[str, Any], curve: p
            "gold_share": agg["gold_share"] if agg is not None else math.nan,
            "line_entropy": agg["line_entropy"] if agg is not None else math.nan,
            "final_entropy": agg["final_entropy"] if agg is not None else math.nan}
-    for j in range(1, kk + 1):
+    for j in range(1, k + 1):
         row[f"cost_{j}"] = float(top.get(j, math.nan))
     return row

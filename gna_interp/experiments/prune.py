@@ -554,13 +554,13 @@ def _curve_frame(model: Model, done: Checkpoint, plans: Mapping[str, ScoringPlan
             continue
         for k in keys:
             if mode == "from_end":
-                key, skipped, kk, layer = ("intact" if k == 0 else f"from_end:{k}"), list(range(n - k, n)), k, -1
+                key, skipped, n_removed, layer = ("intact" if k == 0 else f"from_end:{k}"), list(range(n - k, n)), k, -1
             else:
-                key, skipped, kk, layer = ("intact" if k == -1 else f"single:{k}"), ([] if k == -1 else [k]), \
+                key, skipped, n_removed, layer = ("intact" if k == -1 else f"single:{k}"), ([] if k == -1 else [k]), \
                     int(k != -1), k
             for name in plans:
                 m = done[key][name]
-                records.append({"mode": mode, "k": kk, "layer": layer, "skipped": ",".join(map(str, skipped)),
+                records.append({"mode": mode, "k": n_removed, "layer": layer, "skipped": ",".join(map(str, skipped)),
                                 "skipped_kinds": ",".join(sorted({kinds[i] for i in skipped})), "task": name,
                                 **{c: m[c] for c in _METRICS}, "task_kind": info[name]["kind"]})
     frame = pd.DataFrame(records)

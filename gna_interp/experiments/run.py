@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from gna_interp.circuits.circuit import FILES as CIRCUIT_FILES
 from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.curve import RANDOM_SALT, random_orders
+from gna_interp.circuits.curve import RANDOM_SALT, curve_k, random_orders
 from gna_interp.circuits.discovery import discover
 from gna_interp.errors import InputError
 from gna_interp.experiments.checkpoint import Checkpoint, stale_files
@@ -37,7 +37,7 @@ from gna_interp.models.model import Model
 from gna_interp.tasks.choice import TaskChoice
 
 __all__ = ["Discovery", "Point", "clear_circuit", "find_circuit", "model_of", "open_folder", "progress_bar",
-           "random_draws", "resolve_circuit", "run_points", "slug"]
+           "random_draws", "removed_k", "resolve_circuit", "run_points", "slug"]
 
 
 def model_of(model: Model | str | os.PathLike, device: str | None = None, dtype: str = "float32") -> Model:
@@ -122,6 +122,13 @@ def resolve_circuit(model: Model, circuit: Circuit | str | os.PathLike | None, f
     if found.model != model.name:
         src += f"; applied to {model.name}"
     return found, src
+
+
+def removed_k(circuit: Circuit, k: int) -> int:
+    """How many of ``circuit``'s best-ranked heads an experiment removes when asked for ``k``: at most a quarter of
+    its scanned heads (:func:`~gna_interp.circuits.curve.curve_k`, so that ``k`` random heads stay a small draw) and
+    at most the heads of the circuit."""
+    return min(curve_k(len(circuit.scan.heads), k), len(circuit.heads))
 
 
 def clear_circuit(folder: Path) -> None:

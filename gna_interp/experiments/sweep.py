@@ -64,13 +64,13 @@ import numpy as np
 import pandas as pd
 
 from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.curve import curve_k
 from gna_interp.engine.replay import SetAblation
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
-from gna_interp.experiments.run import Discovery, Point, model_of, open_folder, random_draws, resolve_circuit, run_points
+from gna_interp.experiments.run import (Discovery, Point, model_of, open_folder, random_draws, removed_k, resolve_circuit,
+                                        run_points)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, check_int, check_pairs_fit, options
@@ -642,12 +642,12 @@ def _conditions(m: Model, circuit: Circuit | str | os.PathLike | None, wanted: l
                            "gather and aggregate conditions)", [])
     circ, source = resolve_circuit(m, circuit, cfolder, Discovery(seed=cfg.seed, k=cfg.k, batch_size=cfg.batch_size,
                                                                   progress=cfg.progress))
-    kk = min(curve_k(len(circ.scan.heads), cfg.k), len(circ.heads))
+    k = removed_k(circ, cfg.k)
     notes = []
-    if kk < cfg.k:
-        notes.append(f"removes k = {kk} heads, not {cfg.k}: {len(circ.scan.heads)} scanned heads ({len(circ.heads)} "
+    if k < cfg.k:
+        notes.append(f"removes k = {k} heads, not {cfg.k}: {len(circ.scan.heads)} scanned heads ({len(circ.heads)} "
                      f"in the circuit), and k random heads must stay a small draw (at most a quarter of them)")
-    top = circ.heads[:kk]
+    top = circ.heads[:k]
     roles: dict[str, HeadRef] = {}
     if any(h in ROLES for h in wanted):
         pair = circ.pair()
@@ -660,8 +660,8 @@ def _conditions(m: Model, circuit: Circuit | str | os.PathLike | None, wanted: l
         source += (f"; gather {pair[0].name} and aggregate {pair[1].name} from its "
                    f"{'measured gather -> aggregate path' if circ.path() is not None else 'pattern roles'}")
     single = {(h if isinstance(h, str) else h.name): (roles[h] if isinstance(h, str) else h) for h in wanted}
-    return _Conditions(top, random_draws(circ.scan.heads, top, kk, cfg.seeds, "gna-sweep-random"), single, source,
-                       notes, kk)
+    return _Conditions(top, random_draws(circ.scan.heads, top, k, cfg.seeds, "gna-sweep-random"), single, source,
+                       notes, k)
 
 
 class _Measurer:
