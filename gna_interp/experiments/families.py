@@ -52,6 +52,7 @@ Each model's finished parts go to ``DIR/families.ckpt.json`` as they finish (``r
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -71,8 +72,8 @@ from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.store import records
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, settings_fingerprint
-from gna_interp.experiments.run import (Discovery, model_of, open_folder, progress_bar, random_draws, removed_k,
-                                        resolve_circuit, slug)
+from gna_interp.experiments.run import (Discovery, Point, model_of, open_folder, random_draws, removed_k,
+                                        resolve_circuit, run_points, slug)
 from gna_interp.mixing import PatternOptions, patterns
 from gna_interp.mixing.sharpness import row_distribution, sharpness
 from gna_interp.models.heads import HeadRef
@@ -364,42 +365,34 @@ def _mixers(model: Model) -> str:
 
 # ---- the experiment ---------------------------------------------------------------------------------------------
 def _one_model(m: Model, circ: Circuit, log: Checkpoint, key: str, task: KVRetrieval, cfg: "CompareConfig",
-               bar: Any) -> dict[str, Any]:
-    """Every measurement of one model (points from ``log`` when already there)."""
+               desc: str) -> dict[str, Any]:
+    """Every measurement of one model, each a point of ``log`` under ``key/`` (:func:`run_points`): the accuracy with
+    the top ``j`` heads and with ``j`` heads of each random draw removed, and the pool's aggregation scores."""
     k = removed_k(circ, cfg.k)
     top = circ.heads[:k]
     draws = random_draws(circ.scan.heads, top, k, cfg.seeds, "gna-families-random")
-    runner: SetAblation | None = None
+    runner: list[SetAblation] = []  # made at the first point that needs it (none when every point is resumed)
 
-    def point(pkey: str, heads: Sequence[HeadRef]) -> float:
-        nonlocal runner
-        full = f"{key}/{pkey}"
-        if full not in log:
-            runner = runner or SetAblation(m, task, batch_size=cfg.batch_size)
-            log.put(full, runner.run(heads).metrics["accuracy"])
-            bar.update(1)
-        return float(log[full])
+    def accuracy(heads: Sequence[HeadRef]) -> float:
+        if not runner:
+            runner.append(SetAblation(m, task, batch_size=cfg.batch_size))
+        return runner[0].run(heads).metrics["accuracy"]
 
-    curve = []
-    intact = point("top/0", [])
-    for j in range(k + 1):
-        acc = point(f"top/{j}", top[:j])
-        curve.append({"j": j, "series": "top", "seed": 0, "accuracy": acc, "cost": intact - acc,
-                      "heads": ",".join(h.name for h in top[:j])})
-    for s, d in enumerate(draws):
-        for j in range(1, k + 1):
-            acc = point(f"random/{s}/{j}", d[:j])
-            curve.append({"j": j, "series": "random", "seed": s, "accuracy": acc, "cost": intact - acc,
-                          "heads": ",".join(h.name for h in d[:j])})
-    agg_key = f"{key}/aggregation"
-    frame = circ.scan.to_frame()
-    pool_heads = [HeadRef.parse(n) for n in frame["name"].head(cfg.pool)]
-    if agg_key not in log:
+    def aggregation() -> dict[str, Any]:
+        pool_heads = [HeadRef.parse(n) for n in circ.scan.to_frame()["name"].head(cfg.pool)]
         agg = aggregation_scores(m, task, pool_heads, n_samples=cfg.sharp_samples, shifts=tuple(cfg.shifts),
                                  batch_size=min(cfg.batch_size, 8))
-        log.put(agg_key, {"per_head": records(agg.per_head), "per_sample": records(agg.per_sample)})
-        bar.update(1)
-    saved = log[agg_key]
+        return {"per_head": records(agg.per_head), "per_sample": records(agg.per_sample)}
+
+    sets = [("top", 0, j, top[:j], f"top/{j}") for j in range(k + 1)]
+    sets += [("random", s, j, d[:j], f"random/{s}/{j}") for s, d in enumerate(draws) for j in range(1, k + 1)]
+    points = [Point(f"{key}/{label}", functools.partial(accuracy, heads), label) for *_, heads, label in sets]
+    run_points(log, points + [Point(f"{key}/aggregation", aggregation, "aggregation")], desc, cfg.progress)
+    intact = float(log[f"{key}/top/0"])
+    curve = [{"j": j, "series": series, "seed": s, "accuracy": float(log[p.key]),
+              "cost": intact - float(log[p.key]), "heads": ",".join(h.name for h in heads)}
+             for (series, s, j, heads, _), p in zip(sets, points)]
+    saved = log[f"{key}/aggregation"]
     return {"k": k, "top": top, "draws": draws, "curve": curve, "intact": intact,
             "per_head": pd.DataFrame(saved["per_head"], columns=AGGREGATION_COLUMNS),
             "per_sample": pd.DataFrame(saved["per_sample"], columns=AGGREGATION_COLUMNS + ["sample"])}
@@ -552,10 +545,7 @@ def _measure_model(spec: Model | str, given: Any, name: str, log: Checkpoint, fo
     best = [h.name for h in circ.heads[:max(cfg.k, cfg.pool)]]
     key = f"{slug(name)}:{fingerprint(m, {'heads': best, **settings})[:16]}"
     k = removed_k(circ, cfg.k)
-    total = (k + 1) + cfg.seeds * k + 1
-    done = sum(1 for p in log.points if p.startswith(key + "/"))
-    with progress_bar(total, min(done, total), f"compare {name}", cfg.progress) as bar:
-        got = _one_model(m, circ, log, key, task, cfg, bar)
+    got = _one_model(m, circ, log, key, task, cfg, f"compare {name}")
     if k < cfg.k:
         parts.notes.append(f"{name}: removes up to k = {k} heads, not {cfg.k} ({len(circ.scan.heads)} scanned heads; "
                            f"k random heads must stay at most a quarter of them)")
