@@ -40,7 +40,7 @@ from gna_interp.interventions.ablation import AblationMethod, Replacement, ablat
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, layout_chunks,
+from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks,
                                       plan_scoring, read_logprobs, run_plan)
 
 __all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack",
@@ -113,10 +113,10 @@ def recording(model: Model, batch_size: int) -> Iterator[list[Prefix]]:
 
 @torch.no_grad()
 def capture(model: Model, batch: TokenBatch,
-            reads: tuple[Int[Tensor, " n"], Int[Tensor, " n"], Int[Tensor, " n_reads"]] | None = None) -> Prefix:
+            reads: tuple[Int[Tensor, " n"], Int[Tensor, " n"], Int[Tensor, " n_reads"] | None] | None = None) -> Prefix:
     """One clean forward of ``batch`` recording every block's input arguments; keeps the logits of
-    every position, or only those at the distinct reads ``reads = (rows, positions, inverse)``
-    (:func:`~gna_interp.tasks.scoring.distinct_reads`, e.g. a chunk's :attr:`~gna_interp.tasks.scoring.Chunk.reads`)."""
+    every position, or only those at ``reads = (rows, positions, inverse)``: the distinct reads of a chunk and where
+    each read is among them (:attr:`~gna_interp.tasks.scoring.Chunk.reads`), or reads as they are (inverse None)."""
     inverse = None
     with recording(model, int(batch.ids.shape[0])) as got:
         if reads is None:
@@ -307,10 +307,10 @@ def _check_suffix(model: Model, prefix: Prefix) -> bool:
 def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos: Int[Tensor, " n"],
                   atol: float | None = None) -> float:
     """Capture ``batch`` (keep it small: two rows do), replay it from block 0 as two stacked copies and
-    return the largest deviation from the bridge's own logits at the reads ``(rows, pos)``; raises
-    :class:`ReplayMismatch` above ``atol`` (default :func:`~gna_interp.engine.head.logit_atol` of the model's dtype)."""
-    d_rows, d_pos, inverse = distinct_reads(rows, pos)
-    prefix = capture(model, batch, (d_rows, d_pos, inverse))
+    return the largest deviation from the bridge's own logits at the reads ``(rows, pos)`` (distinct ones are the
+    cheapest); raises :class:`ReplayMismatch` above ``atol`` (default :func:`~gna_interp.engine.head.logit_atol` of
+    the model's dtype)."""
+    prefix = capture(model, batch, (rows, pos, None))
     hidden = replay(model, prefix, 0, copies=2)
     b = prefix.batch_size
     want = prefix.logits.float()
@@ -318,7 +318,7 @@ def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos:
         atol = logit_atol(model.dtype, want.abs().max().item())
     worst = 0.0
     for c in range(2):
-        got = final_logits(model, hidden, d_rows + c * b, d_pos).float()
+        got = final_logits(model, hidden, rows + c * b, pos).float()
         worst = max(worst, (got - want).abs().max().item())
     if not worst <= atol:
         raise ReplayMismatch(
@@ -350,11 +350,10 @@ class Prefixes:
         done = _VERIFIED.setdefault(self.model, set())
         if kind in done:
             return
-        pick = sorted({0, c.size - 1})
-        sel = torch.isin(c.read_row, torch.tensor(pick))
-        rows = torch.searchsorted(torch.tensor(pick), c.read_row[sel])
-        sub = c.batch.select(pick)
-        verify_replay(self.model, sub, rows, c.read_pos[sel])
+        pick = torch.tensor(sorted({0, c.size - 1}))
+        rows, pos, _ = c.reads
+        sel = torch.isin(rows, pick)
+        verify_replay(self.model, c.batch.select(pick), torch.searchsorted(pick, rows[sel]), pos[sel])
         done.add(kind)
 
     def put(self, i: int, prefix: Prefix) -> None:
