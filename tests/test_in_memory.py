@@ -214,6 +214,8 @@ def test_bad_input_is_refused_with_typed_errors(tiny_llama: Path) -> None:
         gna.load_model(hf, tokenizer="gpt2")
     with pytest.raises(TypeError, match="multiple values"):  # the tokenizer is one argument, positional or named
         gna.load_model(hf, tok, tokenizer=tok)
+    with pytest.raises(InputError, match="tokenizer goes with a model object"):  # a spec brings its own tokenizer
+        gna.load_model("zoo:transformer-kv", "gpt2")
     with pytest.raises(InputError, match="neither moves nor copies"):
         gna.load_model(hf, tokenizer=tok, device="meta")
     with pytest.raises(InputError, match="device_map"):

@@ -497,7 +497,7 @@ def test_attribution_records_the_clean_prefixes_it_passes_through(tiny_models):
     att = attribution_estimates(model, plan, prefixes, replacements(model, model.heads()[:3], "zero", None))
     assert all(prefixes.has(i) for i in range(len(chunks)))
     for i, c in enumerate(chunks):
-        got, want = prefixes.get(i), replay_mod.capture(model, c.batch, c.reads)
+        got, want = prefixes.get(i), replay_mod.capture(model, c.batch, (c.read_row, c.read_pos))
         torch.testing.assert_close(got.logits, want.logits, atol=1e-6, rtol=0)
         assert torch.equal(got.inverse, want.inverse)
         for layer in range(model.n_layers):

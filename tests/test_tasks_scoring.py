@@ -361,5 +361,5 @@ def test_a_plan_carries_its_models_layout_and_refuses_another_model(tiny_models)
     assert plan.packs and plan.model == llama.name and plan.pad_id == llama.pad_id
     assert not plan_scoring(mamba, task.samples).packs
     for run in (lambda: layout_chunks(mamba, plan, 2), lambda: run_plan(mamba, plan)):
-        with pytest.raises(InputError, match="made for"):
+        with pytest.raises(InputError, match="laid out for"):
             run()

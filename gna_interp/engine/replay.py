@@ -40,7 +40,7 @@ from gna_interp.interventions.ablation import AblationMethod, Replacement, ablat
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks,
+from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, layout_chunks,
                                       plan_scoring, read_logprobs, run_plan)
 
 __all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack",
@@ -113,10 +113,13 @@ def recording(model: Model, batch_size: int) -> Iterator[list[Prefix]]:
 
 @torch.no_grad()
 def capture(model: Model, batch: TokenBatch,
-            reads: tuple[Int[Tensor, " n"], Int[Tensor, " n"], Int[Tensor, " n_reads"] | None] | None = None) -> Prefix:
+            reads: tuple[Tensor | None, ...] | None = None) -> Prefix:
     """One clean forward of ``batch`` recording every block's input arguments; keeps the logits of
-    every position, or only those at ``reads = (rows, positions, inverse)``: the distinct reads of a chunk and where
-    each read is among them (:attr:`~gna_interp.tasks.scoring.Chunk.reads`), or reads as they are (inverse None)."""
+    every position, or only those at ``reads``: ``(rows, positions)`` (their distinct pairs,
+    :func:`~gna_interp.tasks.scoring.distinct_reads`), or ``(rows, positions, inverse)`` already distinct with where each
+    read is among them (a chunk's :attr:`~gna_interp.tasks.scoring.Chunk.reads`; inverse None: the reads as they are)."""
+    if reads is not None and len(reads) == 2:
+        reads = distinct_reads(*reads)
     inverse = None
     with recording(model, int(batch.ids.shape[0])) as got:
         if reads is None:

@@ -479,7 +479,7 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
     log = Checkpoint(folder / CHECKPOINT if folder is not None else None, "prune", fingerprint(model, settings))
     started = time.perf_counter()
     run_points(log, [Point("intact", functools.partial(_evaluate, model, plans, [], [], cfg.batch_size))],
-               "prune", cfg.progress)
+               "prune intact", cfg.progress)
     info = _solved(model, built, plans, log["intact"], cfg.allow_chance, notes)
     n = model.n_layers
     points = [(f"from_end:{k}", list(range(n - k, n)), []) for k in from_end]

@@ -91,6 +91,17 @@ def parse_device(device: Any, what: str = "device") -> torch.device | None:
     return parsed
 
 
+def _is_device(value: str | torch.device) -> bool:
+    """Whether ``value`` names a device (one this machine may lack: :func:`parse_device` says so when it is used)."""
+    try:
+        parse_device(value)
+    except OptionError:
+        return False
+    except InputError:
+        return True
+    return True
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """The name :func:`parse_dtype` accepts for ``dtype`` (``torch.bfloat16`` -> ``"bfloat16"``)."""
     return next((k for k, v in DTYPES.items() if v == dtype), str(dtype).removeprefix("torch."))
@@ -412,7 +423,7 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer: Any = None,
     if not isinstance(spec, (str, os.PathLike)):
         raise UnknownModelError(f"a model spec must be a string or a path (or a model object: a Hugging Face causal LM "
                                 f"with its tokenizer, a TransformerBridge), got {type(spec).__name__} {spec!r:.80}")
-    if isinstance(tokenizer, (str, torch.device)):  # load_model(spec, "cuda"): the device, second
+    if isinstance(tokenizer, (str, torch.device)) and _is_device(tokenizer):  # load_model(spec, "cuda"): the device
         if device is not None:
             raise InputError(f"the device was given twice (second argument {tokenizer!r:.40} and device={device!r:.40})")
         device, tokenizer = tokenizer, None

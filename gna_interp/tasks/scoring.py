@@ -249,7 +249,7 @@ def for_model(model: Model, plan: ScoringPlan) -> ScoringPlan:
             model.check_known(ids, s.prompt)
     longest = max(len(r.ids) for r in plan.rows)
     model.check_length(longest)  # every row fits the context, packed or not (a packed sequence may not)
-    model.check_ids(torch.tensor([[t for r in plan.rows for t in r.ids]], dtype=torch.long))
+    model.check_ids(torch.tensor([[min(min(r.ids) for r in plan.rows), max(max(r.ids) for r in plan.rows)]]))
     packs = plan.method != "per_candidate" and len(plan.rows) > len(plan.samples) and model.packs_rows_up_to(longest)
     return replace(plan, pad_id=model.pad_id, packs=packs, model=model.name)
 
@@ -332,9 +332,11 @@ def row_chunks(plan: "ScoringPlan", batch_size: int) -> list[list[int]]:
 
 
 def _check_plan_model(model: Model, plan: ScoringPlan) -> None:
-    if plan.model and plan.model != model.name:
-        raise InputError(f"this scoring plan was made for {plan.model}, not {model.name} (its padding and packing are "
-                         f"that model's); plan the samples again for it: plan_scoring(model, samples)")
+    """Refuse a plan whose layout (:func:`for_model`) would be wrong for ``model``: another pad token, or packing that
+    ``model`` does not honour (a plan that does not pack is right for every model)."""
+    if plan.pad_id != model.pad_id or (plan.packs and not model.packs_rows_up_to(max(len(r.ids) for r in plan.rows))):
+        raise InputError(f"this scoring plan was laid out for {plan.model or 'another model'}, whose padding or packing "
+                         f"{model.name} does not share; plan the samples again for it: plan_scoring(model, samples)")
 
 
 def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int, pack: bool | None = None) -> list[Chunk]:
