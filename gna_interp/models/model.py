@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import re
 import warnings
@@ -595,10 +596,15 @@ class Model:
         return self.run(inputs, fwd_hooks, **kwargs)
 
     def continue_from(self, ids: Int[Tensor, "batch new"], attention_mask: Int[Tensor, "batch total"],
-                      past_key_values: Any, fwd_hooks: Hooks = ()) -> Float[Tensor, "batch new vocab"]:
+                      past_key_values: Any, fwd_hooks: Hooks = (), rows: Tensor | None = None
+                      ) -> Float[Tensor, "batch new vocab"]:
         """Logits of ``ids`` fed after a cached prefix (``past_key_values`` from ``return_type=
-        "logits_and_cache"``); ``attention_mask`` covers prefix and new tokens."""
+        "logits_and_cache"``); ``attention_mask`` covers prefix and new tokens. With ``rows``, row ``i`` continues
+        the cache's row ``rows[i]`` (from a copy: the cache is left as it was, for other rows to continue)."""
         self.check_runnable()
+        if rows is not None:
+            past_key_values = copy.deepcopy(past_key_values)
+            past_key_values.batch_select_indices(rows)
         with torch.no_grad(), self.hooks(fwd_hooks):
             return self.bridge(ids, return_type="logits", attention_mask=attention_mask,
                                past_key_values=past_key_values)

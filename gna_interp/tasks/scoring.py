@@ -32,7 +32,6 @@ the hidden states (a full forward here; a replay of the last blocks in a scan).
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 from dataclasses import dataclass, replace
@@ -609,9 +608,7 @@ def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: ScoreTable, batch_s
             for j, r in enumerate(part):
                 ids[j, : r.n_fed] = torch.tensor(r.ids[r.prompt_len:])
                 mask[j, : r.n_fed] = 1
-            part_cache = copy.deepcopy(cache)
-            part_cache.batch_select_indices(idx)
-            more = model.continue_from(ids, torch.cat([batch.attention_mask[idx], mask], 1), part_cache, fwd_hooks)
+            more = model.continue_from(ids, torch.cat([batch.attention_mask[idx], mask], 1), cache, fwd_hooks, rows=idx)
             acc.n_forwards += 1
             more = log_softmax_rows(more.flatten(0, 1)).view(more.shape)
             for j, (r_id, r) in enumerate(zip(cont[k: k + batch_size], part)):
