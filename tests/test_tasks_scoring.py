@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -360,6 +361,26 @@ def test_a_plan_carries_its_models_layout_and_refuses_another_model(tiny_models)
     plan = plan_scoring(llama, task.samples)
     assert plan.packs and plan.model == llama.name and plan.pad_id == llama.pad_id
     assert not plan_scoring(mamba, task.samples).packs
-    for run in (lambda: layout_chunks(mamba, plan, 2), lambda: run_plan(mamba, plan)):
+    other_pad = dataclasses.replace(plan, pad_id=plan.pad_id + 1)  # as if planned under another pad token
+    for run in (lambda: layout_chunks(mamba, plan, 2), lambda: run_plan(mamba, plan),
+                lambda: run_plan(llama, other_pad, share_prefix=True)):
         with pytest.raises(InputError, match="laid out for"):
             run()
+
+
+def test_a_chunks_reads_equal_distinct_reads_of_its_reads_and_of_stacked_copies(tiny_models):
+    """``Chunk.reads`` is :func:`distinct_reads` of the chunk's reads, and ``Chunk.stacked_reads(n)`` is
+    :func:`distinct_reads` of ``n`` copies stacked along the rows (copy ``g``'s rows offset by ``g * size``)."""
+    from gna_interp.tasks.scoring import distinct_reads
+
+    model = tiny_models["llama"]
+    plan = plan_scoring(model, KVRetrieval(n_pairs=4, n_samples=5, seed=2, template="completion").samples)
+    for pack in (True, False):
+        for chunk in layout_chunks(model, plan, 2, pack=pack):
+            for got, want in zip(chunk.reads, distinct_reads(chunk.read_row, chunk.read_pos)):
+                assert torch.equal(got, want)
+            for n in (1, 2, 3):
+                stacked = distinct_reads(torch.cat([chunk.read_row + g * chunk.size for g in range(n)]),
+                                         chunk.read_pos.repeat(n))
+                for got, want in zip(chunk.stacked_reads(n), stacked):
+                    assert torch.equal(got, want)

@@ -516,11 +516,11 @@ class Model:
     def pad_ids(self, seqs: Sequence[Sequence[int]], check_length: bool = True) -> TokenBatch:
         """Left-pad lists of token ids into one :class:`TokenBatch` (padding masked out); ``check_length``
         refuses rows longer than the context (off for packed rows, whose branches are checked instead)."""
-        batch = TokenBatch.left_padded(seqs, self.pad_id)
-        if not check_length:
-            self.check_ids(batch.ids)
-            return TokenBatch(batch.ids.to(self.device), batch.attention_mask.to(self.device))
-        return self.as_batch(batch.ids, batch.attention_mask)
+        batch = TokenBatch.left_padded(seqs, self.pad_id, self.device)
+        self.check_ids(batch.ids)
+        if check_length:
+            self.check_length(batch.ids.shape[1])
+        return batch
 
     @property
     def pad_id(self) -> int:

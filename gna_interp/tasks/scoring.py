@@ -399,7 +399,7 @@ def _packed_chunks(device: torch.device, plan: ScoringPlan, batch_size: int, by_
     out = []
     for part in (order[k: k + batch_size] for k in range(0, len(order), batch_size)):
         # a packed row may be longer than the context while each of its branches fits (plan_scoring checked)
-        padded = TokenBatch.left_padded([seqs[i][0] for i in part], plan.pad_id)
+        padded = TokenBatch.left_padded([seqs[i][0] for i in part], plan.pad_id, device)
         width = padded.ids.shape[1]
         tree = torch.zeros((len(part), width, width), dtype=torch.bool)
         positions = torch.zeros((len(part), width), dtype=torch.long)
@@ -428,7 +428,7 @@ def _packed_chunks(device: torch.device, plan: ScoringPlan, batch_size: int, by_
                         pp.append(pad + n - 1 if at < 0 else pad + n + at)
                         tt.append(tok)
                         gg.append(t_idx)
-        batch = TokenBatch(padded.ids.to(device), padded.attention_mask.to(device), tree.to(device), positions.to(device))
+        batch = TokenBatch(padded.ids, padded.attention_mask, tree.to(device), positions.to(device))
         out.append(Chunk(tuple(row_ids), tuple(plan.rows[r] for r in row_ids), batch, torch.tensor(rr, dtype=torch.long),
                          torch.tensor(pp, dtype=torch.long), torch.tensor(tt, dtype=torch.long),
                          torch.tensor(gg, dtype=torch.long)))
@@ -580,6 +580,7 @@ def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: ScoreTable, batch_s
                        fwd_hooks: Sequence[tuple[Any, Callable]], bar: Any) -> None:
     """Prompts once (``batch_size`` per forward, KV cache kept), then the rows' fed tokens continue
     from their prompt's cache, ``batch_size`` rows per forward."""
+    _check_plan_model(model, plan)  # (the other paths check it in layout_chunks)
     rows_of: dict[int, list[int]] = {}
     for r_id, r in enumerate(plan.rows):
         rows_of.setdefault(r.sample, []).append(r_id)
@@ -651,7 +652,6 @@ def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: C
     """
     cfg = RunOptions.build(config, **overrides)
     progress, desc, share_prefix = bool(cfg.progress), cfg.desc, cfg.share_prefix
-    _check_plan_model(model, plan)
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
     if share_prefix and not model.splits_prefix_cache:
