@@ -56,8 +56,8 @@ from implicit_attention import enable_cpu_accounting, peak_memory  # noqa: E402
 
 from gna_interp import HeadRef  # noqa: E402
 from gna_interp.tasks.scoring import ScoreTable, layout_chunks, read_logprobs  # noqa: E402
-from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES  # noqa: E402
-from gna_interp.circuits.scan import _default_stack, scan_heads  # noqa: E402
+from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, default_stack  # noqa: E402
+from gna_interp.circuits.scan import scan_heads  # noqa: E402
 from gna_interp.models.estimate import measure_row_bytes, replay_row_bytes  # noqa: E402
 from gna_interp.interventions.ablation import ablation_hooks, replacements  # noqa: E402
 from gna_interp.models import AttentionAdapter, load_model  # noqa: E402
@@ -84,7 +84,7 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def naive_full_logits(model, plan, heads, batch_size):
     """The textbook loop: one full forward (all positions' logits) per head; metric per head."""
-    chunks = layout_chunks(model, plan, batch_size, pack=False)  # full rows: the prompt once per row
+    chunks = layout_chunks(plan, batch_size, pack=False)  # full rows: the prompt once per row
     out = {}
     for r in replacements(model, heads):
         table = ScoreTable(plan)
@@ -181,7 +181,7 @@ def _figure(summary: dict, sweep: list[dict], clock: str, path: Path) -> str | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gna_interp.cli import default_model_specs
+    from gna_interp.cli.args import default_model_specs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="model spec (default: smollm2-135m when installed, else a zoo model; "
@@ -237,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         if n > len(layers):
             rest = [h for h in heads if h not in naive_set]
             naive_set += rest[:: max(1, len(rest) // (n - len(layers)))][: n - len(layers)]
-    chunks = layout_chunks(model, plan, args.batch_size, pack=False)
-    packed = layout_chunks(model, plan, args.batch_size)
-    stack = _default_stack(model, packed, DEFAULT_PREFIX_BYTES)
+    chunks = layout_chunks(plan, args.batch_size, pack=False)
+    packed = layout_chunks(plan, args.batch_size)
+    stack = default_stack(model, packed, DEFAULT_PREFIX_BYTES)
     print(f"model {model.name} on {device} ({args.dtype}): {len(heads)} heads; task {task.name}, {len(task)} samples, "
           f"{plan.describe()}; batch {args.batch_size}; default stack {stack}; naive loops on {len(naive_set)} heads; "
           f"threads {args.threads}")

@@ -206,7 +206,7 @@ def test_scan_on_the_device_equals_naive_and_bf16_stays_within_tolerance(zoo, na
 def test_default_stack_on_the_device(zoo, device):
     """The scan's default stack: ``2048 // (rows * tokens)`` on CPU; on CUDA sized to the free memory (at least that)."""
     model = zoo("transformer-kv", device)
-    chunks = layout_chunks(model, plan_scoring(model, _task(model).samples), 8)
+    chunks = layout_chunks(plan_scoring(model, _task(model).samples), 8)
     stack = _default_stack(model, chunks, 2 << 30)
     if device == "cpu":
         assert stack == CPU_REPLAY_TOKENS // (8 * max(int(c.batch.ids.shape[1]) for c in chunks)) > 1
@@ -278,7 +278,7 @@ def test_verify_replay_accepts_rounding_and_refuses_a_real_mismatch(zoo, monkeyp
     from gna_interp.engine import replay as replay_mod
 
     model = zoo("transformer-kv", "cpu", dtype)
-    chunk = layout_chunks(model, plan_scoring(model, _task(model, 2).samples), 2)[0]
+    chunk = layout_chunks(plan_scoring(model, _task(model, 2).samples), 2)[0]
     # the replay reads each distinct position once: a matmul of another shape than the forward's, equal to float noise
     assert replay_mod.verify_replay(model, chunk.batch, chunk.read_row, chunk.read_pos) <= 1e-4
     true_final = replay_mod.final_logits
@@ -347,7 +347,7 @@ def test_scan_default_stack_reads_cuda_free_memory(zoo, monkeypatch):
     from gna_interp.models import estimate
 
     model = zoo("transformer-kv", "cpu")
-    chunks = layout_chunks(model, plan_scoring(model, _task(model).samples), 8)
+    chunks = layout_chunks(plan_scoring(model, _task(model).samples), 8)
     assert _default_stack(model, chunks, 2 << 30) == CPU_REPLAY_TOKENS // (8 * max(int(c.batch.ids.shape[1]) for c in chunks))
     tokens = max(int(c.batch.ids.shape[1]) for c in chunks)
     reads = max(-(-len(c.read_pos) // c.size) for c in chunks)
@@ -383,7 +383,7 @@ def test_measured_row_bounds_a_real_stacked_replay(zoo, name):
 
     model = zoo(name, "cuda")
     plan = plan_scoring(model, _task(model, 32).samples)
-    chunks = layout_chunks(model, plan, 32)
+    chunks = layout_chunks(plan, 32)
     prefixes = Prefixes(model, chunks)
     prefixes.get(0)
     c = chunks[0]

@@ -177,7 +177,7 @@ def test_sliding_window_families_pack_rows_shorter_than_the_window(fam, built, t
     scores = {}
     for pack in (True, False):
         table = ScoreTable(plan)
-        for read in read_chunks(model, layout_chunks(model, plan, 3, pack=pack)):
+        for read in read_chunks(model, layout_chunks(plan, 3, pack=pack)):
             table.add(read.chunk, read.logprobs())
         scores[pack] = table.result().scores
     ok = torch.isfinite(scores[False])
@@ -291,7 +291,7 @@ def test_suffix_replay_reproduces_the_later_positions_or_is_off(fam, built):
 
     b = built(fam)
     task = gna.KVRetrieval(n_pairs=3, n_samples=2, seed=1, max_value=9)
-    chunk = layout_chunks(b.model, plan_scoring(b.model, task.samples), 2)[0]  # packed tree rows, left padding
+    chunk = layout_chunks(plan_scoring(b.model, task.samples), 2)[0]  # packed tree rows, left padding
     with torch.no_grad():
         prefix = capture(b.model, chunk.batch)
         ok = KeyValues.supported(b.model, prefix)

@@ -69,7 +69,7 @@ def test_attribution_is_the_first_order_effect(tiny_models):
     """With a replacement a' = (1 - eps) a the exact effect is eps * (-a . grad): attribution must match it."""
     model = tiny_models["bamba"]
     plan = plan_scoring(model, TASK.samples)
-    chunks = layout_chunks(model, plan, batch_size=len(plan.rows))  # one forward: resample rows = this batch
+    chunks = layout_chunks(plan, batch_size=len(plan.rows))  # one forward: resample rows = this batch
     batch = chunks[0].batch
     eps = 1e-3
     for name in ["L0S2", "L1H1"]:
@@ -120,7 +120,7 @@ def test_ablation_size_is_the_relative_residual_write(tiny_models):
     """size = mean over real tokens of ||(a' - a) W_O[:, head]|| / ||block input||, for attention and SSM heads."""
     model = tiny_models["bamba"]
     plan = plan_scoring(model, TASK.samples)
-    chunks = layout_chunks(model, plan, batch_size=len(plan.rows))
+    chunks = layout_chunks(plan, batch_size=len(plan.rows))
     batch = chunks[0].batch
     names = ["L0S2", "L1H1", "L2S0"]
     att = attribution_estimates(model, plan, chunks, replacements(model, names))
@@ -337,7 +337,7 @@ def test_multi_token_candidates_are_packed_one_sequence_per_sample(tiny_models, 
     task = KVRetrieval(n_pairs=6, n_samples=3, seed=2)  # values 0..99: byte tokens, many rows per sample
     plan = plan_scoring(model, task.samples)
     assert len(plan.rows) > 2 * len(plan.samples)
-    chunks = layout_chunks(model, plan, 2)
+    chunks = layout_chunks(plan, 2)
     assert [c.size for c in chunks] == [2, 1] and all(c.batch.tree is not None for c in chunks)
     replays: list[str] = []
     real_group = scan_mod._exact_group
@@ -492,7 +492,7 @@ def test_attribution_records_the_clean_prefixes_it_passes_through(tiny_models):
     logits: equal to a capture's, detached, and used by later replays instead of a clean forward of their own."""
     model = tiny_models["llama"]
     plan = plan_scoring(model, TASK.samples)
-    chunks = layout_chunks(model, plan, 2)
+    chunks = layout_chunks(plan, 2)
     prefixes = replay_mod.Prefixes(model, chunks)
     att = attribution_estimates(model, plan, prefixes, replacements(model, model.heads()[:3], "zero", None))
     assert all(prefixes.has(i) for i in range(len(chunks)))

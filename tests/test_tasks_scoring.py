@@ -201,7 +201,7 @@ def packed_scores(model: Model, samples, batch_size: int) -> torch.Tensor:
     """Candidate scores from packed chunks: one tree-masked sequence per sample, one plain forward per chunk."""
     plan = plan_scoring(model, samples)
     table = ScoreTable(plan)
-    chunks = layout_chunks(model, plan, batch_size, pack=True)
+    chunks = layout_chunks(plan, batch_size, pack=True)
     assert sum(c.size for c in chunks) == len(samples)
     for c in chunks:
         with torch.no_grad():
@@ -297,7 +297,7 @@ def test_the_unembedding_is_paid_once_per_distinct_read(tiny_models, fam):
     model = tiny_models[fam]
     task = KVRetrieval(n_pairs=3, n_samples=5, max_value=20, seed=3)  # two-token values: several reads per sample
     plan = plan_scoring(model, task.samples)
-    chunks = layout_chunks(model, plan, 2)
+    chunks = layout_chunks(plan, 2)
     reads = sum(len(distinct_reads(c.read_row, c.read_pos)[0]) for c in chunks)
     tokens = sum(int(c.batch.ids.numel()) for c in chunks)
     assert reads < tokens / 3
@@ -354,18 +354,28 @@ def test_read_logprobs_with_gradients_give_the_same_values_and_softmax_gradients
 
 
 def test_a_plan_carries_its_models_layout_and_refuses_another_model(tiny_models):
-    """A plan knows how the model it was made for lays it out (pad token, packing) and refuses another model, whose
-    packing may differ (a transformer packs a sample's rows, a Mamba cannot)."""
+    """A plan knows how the model it was made for lays it out (pad token, packing, device), so laying it out asks no
+    model; every engine that runs a given plan on a model refuses another model, whose packing may differ (a
+    transformer packs a sample's rows, a Mamba cannot)."""
+    from gna_interp.circuits import scan_heads
+    from gna_interp.engine.replay import SetAblation
+
     task = KVRetrieval(n_pairs=4, n_samples=2, seed=0, template="completion")
     llama, mamba = tiny_models["llama"], tiny_models["mamba2"]
     plan = plan_scoring(llama, task.samples)
-    assert plan.packs and plan.model == llama.name and plan.pad_id == llama.pad_id
+    assert plan.packs and plan.model == llama.name and plan.pad_id == llama.pad_id and plan.device == "cpu"
     assert not plan_scoring(mamba, task.samples).packs
+    chunks = layout_chunks(plan, 2)
+    assert all(c.batch.tree is not None and c.batch.ids.device.type == "cpu" for c in chunks)
     other_pad = dataclasses.replace(plan, pad_id=plan.pad_id + 1)  # as if planned under another pad token
-    for run in (lambda: layout_chunks(mamba, plan, 2), lambda: run_plan(mamba, plan),
-                lambda: run_plan(llama, other_pad, share_prefix=True)):
+    elsewhere = dataclasses.replace(plan, device="meta")  # as if planned for the model on another device
+    for run in (lambda: run_plan(mamba, plan), lambda: run_plan(llama, other_pad, share_prefix=True),
+                lambda: run_plan(llama, elsewhere), lambda: SetAblation(mamba, plan),
+                lambda: scan_heads(mamba, plan, heads=mamba.heads()[:1])):
         with pytest.raises(InputError, match="laid out for"):
             run()
+    with pytest.raises(InputError, match="takes a ScoringPlan"):
+        layout_chunks(llama, plan, 2)  # type: ignore[arg-type]  # the signature before plans carried their layout
 
 
 def test_a_chunks_reads_equal_distinct_reads_of_its_reads_and_of_stacked_copies(tiny_models):
@@ -376,7 +386,7 @@ def test_a_chunks_reads_equal_distinct_reads_of_its_reads_and_of_stacked_copies(
     model = tiny_models["llama"]
     plan = plan_scoring(model, KVRetrieval(n_pairs=4, n_samples=5, seed=2, template="completion").samples)
     for pack in (True, False):
-        for chunk in layout_chunks(model, plan, 2, pack=pack):
+        for chunk in layout_chunks(plan, 2, pack=pack):
             for got, want in zip(chunk.reads, distinct_reads(chunk.read_row, chunk.read_pos)):
                 assert torch.equal(got, want)
             for n in (1, 2, 3):

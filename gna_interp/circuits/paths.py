@@ -53,7 +53,7 @@ from torch import Tensor
 from gna_interp.engine.head import head_logprobs
 from gna_interp.engine.replay import KeyValues, Prefix, ReplayMismatch, default_stack, prefixes_for, replay
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
-from gna_interp.interventions.ablation import AblationMethod, Replacement, flat_channels, replacements
+from gna_interp.interventions.ablation import AblationMethod, Replacement, check_method, flat_channels, replacements
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import INPUTS, InputSite
 from gna_interp.models.model import Model
@@ -184,9 +184,9 @@ class PathPatcher:
                              "forward, which a replay of stacked copies does not keep)")
         model.check_runnable()
         self.model, self.task, self.method, self.reference = model, task, method, reference
-        replacements(model, [], method, reference)  # validates method / reference before any forward
+        check_method(method, reference)  # before any forward
         self.plan = plan_scoring(model, task.samples)
-        self.chunks = layout_chunks(model, self.plan, batch_size)
+        self.chunks = layout_chunks(self.plan, batch_size)
         self.prefixes = prefixes_for(model, self.chunks)
         try:
             self.prefixes.verify()

@@ -36,7 +36,7 @@ from transformers.cache_utils import DynamicCache
 
 from gna_interp.engine.head import at_reads, final_logits, head_logprobs, logit_atol
 from gna_interp.errors import InputError
-from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, replacements
+from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, check_method, replacements
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.tasks.base import Task
@@ -514,17 +514,18 @@ class SetAblation:
 
     def __init__(self, model: Model, task: Task | ScoringPlan, method: AblationMethod = "zero", reference: Any = None,
                  batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES) -> None:
-        replacements(model, [], method, reference)  # validates method and reference before the task is planned
+        check_method(method, reference)  # before the task is planned
         if isinstance(task, Task):
             task = plan_scoring(model, task.samples)
         if not isinstance(task, ScoringPlan):
             raise InputError(f"SetAblation needs a Task or a ScoringPlan, got {type(task).__name__}")
+        task.check_model(model)
         self.model, self.plan, self.method, self.reference = model, task, method, reference
         self.batch_size = batch_size
         self._repl: dict[HeadRef, Replacement] = {}
         self.prefixes: Prefixes | None = None
         if method != "resample":
-            prefixes = prefixes_for(model, layout_chunks(model, task, batch_size), max_prefix_bytes)
+            prefixes = prefixes_for(model, layout_chunks(task, batch_size), max_prefix_bytes)
             try:
                 prefixes.verify()
                 self.prefixes = prefixes

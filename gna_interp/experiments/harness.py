@@ -321,7 +321,7 @@ class GnaLM(TemplateLM):
         prepared = [self._fit(ctx, cont) for _, ctx, cont in requests]
         plan, where = _token_plan(prepared)
         plan = for_model(self.model, plan)
-        chunks = layout_chunks(self.model, plan, self.batch_size, pack=self.mask is None and plan.packs)
+        chunks = layout_chunks(plan, self.batch_size, pack=self.mask is None and plan.packs)
         total = torch.zeros(len(plan.targets), dtype=torch.float64)
         missed = torch.zeros(len(plan.targets), dtype=torch.long)
         bar = tqdm(chunks, desc="gna loglikelihood", unit="batch", leave=False, disable=disable_tqdm or not self.progress)

@@ -242,7 +242,7 @@ def _score(model: Model, plan: ScoringPlan, segs: Sequence[Segments], heads: Seq
     def masked(chunk: Chunk) -> ContextManager[Model]:
         return mask_pattern(model, _chunk_masks(model, chunk, segs, heads, mode), renormalize=renormalize)
 
-    for read in read_chunks(model, layout_chunks(model, plan, batch_size, pack=False), intervention=masked):
+    for read in read_chunks(model, layout_chunks(plan, batch_size, pack=False), intervention=masked):
         table.add(read.chunk, read.logprobs())
     return table.result()
 

@@ -42,7 +42,7 @@ from gna_interp.models.model import Model, check_model
 AblationMethod = Literal["zero", "mean", "resample"]
 METHODS: tuple[str, ...] = ("zero", "mean", "resample")
 
-__all__ = ["METHODS", "Ablation", "AblationMethod", "Replacement", "ablate", "ablation_hooks", "flat_channels", "replacements"]
+__all__ = ["METHODS", "Ablation", "AblationMethod", "Replacement", "ablate", "ablation_hooks", "check_method", "flat_channels", "replacements"]
 
 
 def flat_channels(x: Tensor, site: HeadSite) -> Tensor:
@@ -80,7 +80,8 @@ class Replacement:
         return out
 
 
-def _check_method(method: str, reference: Any) -> None:
+def check_method(method: str, reference: Any) -> None:
+    """Refuse an unknown ablation ``method``, or a ``reference`` it does not take (zero) or needs (mean, resample)."""
     if method not in METHODS:
         raise InputError(f"unknown ablation method {method!r}; choose one of {METHODS}")
     if method == "zero" and reference is not None:
@@ -94,7 +95,7 @@ def replacements(model: Model, heads: str | HeadRef | Sequence[str | HeadRef], m
                  reference: Any = None) -> list[Replacement]:
     """Validate ``heads`` (names, ``"L0H1,L2S3"`` or HeadRefs) and compute what replaces each one's output
     (one reference forward at most)."""
-    _check_method(method, reference)
+    check_method(method, reference)
     if not isinstance(heads, (str, HeadRef, Sequence)):
         raise HeadError(f"heads must be a head name, a HeadRef or a list of them, got {type(heads).__name__}")
     sites = [model.head_site(h) for h in dict.fromkeys(model.check_heads(heads))]

@@ -81,7 +81,9 @@ class Target:
 class ScoringPlan:
     """Tokenized rows and targets for a list of samples under one model's tokenizer (reusable), and how that model
     (named ``model``) lays them out (:func:`for_model`): ``pad_id`` pads a row, ``packs`` says whether
-    :func:`layout_chunks` packs each sample's rows into one tree-masked sequence by default."""
+    :func:`layout_chunks` packs each sample's rows into one tree-masked sequence by default, ``device`` is where
+    the model reads its tokens. :func:`layout_chunks` needs nothing else; :meth:`check_model` refuses a model the
+    layout would be wrong for."""
 
     samples: tuple[Sample, ...]
     rows: tuple[Row, ...]
@@ -91,6 +93,7 @@ class ScoringPlan:
     pad_id: int = 0
     packs: bool = False
     model: str = ""
+    device: str = "cpu"
 
     @property
     def n_candidates(self) -> list[int]:
@@ -105,6 +108,16 @@ class ScoringPlan:
     def n_shared_tokens(self) -> int:
         """Tokens fed when the prompts are run once and the rows continue from their cache."""
         return sum(map(len, self.prompt_ids)) + sum(r.n_fed for r in self.rows)
+
+    def check_model(self, model: Model) -> None:
+        """Refuse ``model`` when this plan's layout (:func:`for_model`) would be wrong for it: another pad token,
+        packing that ``model`` does not honour (a plan that does not pack is right for every model), or tokens
+        on another device."""
+        if (self.pad_id != model.pad_id or self.device != str(model.device)
+                or (self.packs and not model.packs_rows_up_to(max(len(r.ids) for r in self.rows)))):
+            raise InputError(f"this scoring plan was laid out for {self.model or 'another model'} on {self.device}, "
+                             f"whose padding, packing or device {model.name} on {model.device} does not share; plan "
+                             f"the samples again for it: plan_scoring(model, samples)")
 
     def describe(self) -> str:
         n_c = sum(self.n_candidates)
@@ -250,7 +263,7 @@ def for_model(model: Model, plan: ScoringPlan) -> ScoringPlan:
     model.check_length(longest)  # every row fits the context, packed or not (a packed sequence may not)
     model.check_ids(torch.tensor([[min(min(r.ids) for r in plan.rows), max(max(r.ids) for r in plan.rows)]]))
     packs = plan.method != "per_candidate" and len(plan.rows) > len(plan.samples) and model.packs_rows_up_to(longest)
-    return replace(plan, pad_id=model.pad_id, packs=packs, model=model.name)
+    return replace(plan, pad_id=model.pad_id, packs=packs, model=model.name, device=str(model.device))
 
 
 @dataclass
@@ -330,16 +343,9 @@ def row_chunks(plan: "ScoringPlan", batch_size: int) -> list[list[int]]:
     return [order[k: k + batch_size] for k in range(0, len(order), batch_size)]
 
 
-def _check_plan_model(model: Model, plan: ScoringPlan) -> None:
-    """Refuse a plan whose layout (:func:`for_model`) would be wrong for ``model``: another pad token, or packing that
-    ``model`` does not honour (a plan that does not pack is right for every model)."""
-    if plan.pad_id != model.pad_id or (plan.packs and not model.packs_rows_up_to(max(len(r.ids) for r in plan.rows))):
-        raise InputError(f"this scoring plan was laid out for {plan.model or 'another model'}, whose padding or packing "
-                         f"{model.name} does not share; plan the samples again for it: plan_scoring(model, samples)")
-
-
-def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int, pack: bool | None = None) -> list[Chunk]:
-    """Batch ``plan``'s rows (longest first, ``batch_size`` per forward) and list every read.
+def layout_chunks(plan: ScoringPlan, batch_size: int, pack: bool | None = None) -> list[Chunk]:
+    """Batch ``plan``'s rows (longest first, ``batch_size`` per forward) and list every read, on ``plan.device``; the
+    plan carries all the layout needs (:func:`for_model`), so no model is asked.
 
     ``pack`` (default ``plan.packs``, :func:`for_model`) lays each sample out as *one* sequence: its prompt once, then the
     fed tokens of all its rows as a tree (a token per distinct prefix, at the position it has in its
@@ -348,18 +354,20 @@ def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int, pack: bool |
     unpacked row, but the prompt is paid once per sample instead of once per row; ``batch_size``
     counts samples.
     """
+    if not isinstance(plan, ScoringPlan):
+        raise InputError(f"layout_chunks takes a ScoringPlan (from plan_scoring, which lays it out for its model), "
+                         f"got {type(plan).__name__}: layout_chunks(plan, batch_size)")
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
-    _check_plan_model(model, plan)
     by_row: dict[int, list[int]] = {}
     for t_idx, t in enumerate(plan.targets):
         by_row.setdefault(t.row, []).append(t_idx)
     if plan.packs if pack is None else pack:
-        return _packed_chunks(model.device, plan, batch_size, by_row)
+        return _packed_chunks(plan, batch_size, by_row)
     out = []
     for row_ids in row_chunks(plan, batch_size):
         rows = tuple(plan.rows[r] for r in row_ids)
-        batch = TokenBatch.left_padded([r.ids for r in rows], plan.pad_id, model.device)
+        batch = TokenBatch.left_padded([r.ids for r in rows], plan.pad_id, plan.device)
         pads = batch.pad.tolist()
         rr, pp, tt, gg = [], [], [], []
         for k, (r_id, r) in enumerate(zip(row_ids, rows)):
@@ -375,8 +383,7 @@ def layout_chunks(model: Model, plan: ScoringPlan, batch_size: int, pack: bool |
     return out
 
 
-def _packed_chunks(device: torch.device, plan: ScoringPlan, batch_size: int, by_row: dict[int, list[int]]
-                   ) -> list[Chunk]:
+def _packed_chunks(plan: ScoringPlan, batch_size: int, by_row: dict[int, list[int]]) -> list[Chunk]:
     """Each sample's rows as one tree-masked sequence (see :func:`layout_chunks`)."""
     rows_of: dict[int, list[int]] = {}
     for r_id, r in enumerate(plan.rows):
@@ -399,7 +406,7 @@ def _packed_chunks(device: torch.device, plan: ScoringPlan, batch_size: int, by_
     out = []
     for part in (order[k: k + batch_size] for k in range(0, len(order), batch_size)):
         # a packed row may be longer than the context while each of its branches fits (plan_scoring checked)
-        padded = TokenBatch.left_padded([seqs[i][0] for i in part], plan.pad_id, device)
+        padded = TokenBatch.left_padded([seqs[i][0] for i in part], plan.pad_id, plan.device)
         width = padded.ids.shape[1]
         tree = torch.zeros((len(part), width, width), dtype=torch.bool)
         positions = torch.zeros((len(part), width), dtype=torch.long)
@@ -428,7 +435,7 @@ def _packed_chunks(device: torch.device, plan: ScoringPlan, batch_size: int, by_
                         pp.append(pad + n - 1 if at < 0 else pad + n + at)
                         tt.append(tok)
                         gg.append(t_idx)
-        batch = TokenBatch(padded.ids, padded.attention_mask, tree.to(device), positions.to(device))
+        batch = TokenBatch(padded.ids, padded.attention_mask, tree.to(plan.device), positions.to(plan.device))
         out.append(Chunk(tuple(row_ids), tuple(plan.rows[r] for r in row_ids), batch, torch.tensor(rr, dtype=torch.long),
                          torch.tensor(pp, dtype=torch.long), torch.tensor(tt, dtype=torch.long),
                          torch.tensor(gg, dtype=torch.long)))
@@ -569,7 +576,7 @@ def _run_rows(model: Model, plan: ScoringPlan, table: ScoreTable, batch_size: in
     """Every row in full (prompt + fed tokens), ``batch_size`` rows per forward (one row per forward
     for ``per_candidate``), logits only at the distinct read positions; with ``pack``, each
     sample's rows as one tree-masked sequence (:func:`layout_chunks`), ``batch_size`` samples per forward."""
-    chunks = layout_chunks(model, plan, 1 if plan.method == "per_candidate" else batch_size, pack=pack)
+    chunks = layout_chunks(plan, 1 if plan.method == "per_candidate" else batch_size, pack=pack)
     bar.reset(total=len(chunks))
     for read in read_chunks(model, chunks, fwd_hooks):
         table.add(read.chunk, read.logprobs())
@@ -580,7 +587,6 @@ def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: ScoreTable, batch_s
                        fwd_hooks: Sequence[tuple[Any, Callable]], bar: Any) -> None:
     """Prompts once (``batch_size`` per forward, KV cache kept), then the rows' fed tokens continue
     from their prompt's cache, ``batch_size`` rows per forward."""
-    _check_plan_model(model, plan)  # (the other paths check it in layout_chunks)
     rows_of: dict[int, list[int]] = {}
     for r_id, r in enumerate(plan.rows):
         rows_of.setdefault(r.sample, []).append(r_id)
@@ -590,7 +596,7 @@ def _run_shared_prefix(model: Model, plan: ScoringPlan, acc: ScoreTable, batch_s
     chunks = [list(range(k, min(k + batch_size, len(plan.samples)))) for k in range(0, len(plan.samples), batch_size)]
     bar.reset(total=len(chunks))
     for samples in chunks:
-        batch = TokenBatch.left_padded([plan.prompt_ids[i] for i in samples], plan.pad_id, model.device)
+        batch = TokenBatch.left_padded([plan.prompt_ids[i] for i in samples], plan.pad_id, plan.device)
         logits, cache = model.run_with_hooks(batch, fwd_hooks, return_type="logits_and_cache", logits_to_keep=1)
         acc.n_forwards += 1
         first = log_softmax_rows(logits[:, -1])
@@ -654,6 +660,7 @@ def run_plan(model: Model, plan: ScoringPlan, batch_size: int = 16, fwd_hooks: C
     progress, desc, share_prefix = bool(cfg.progress), cfg.desc, cfg.share_prefix
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    plan.check_model(model)
     if share_prefix and not model.splits_prefix_cache:
         raise InputError(f"share_prefix=True needs an attention-only model; {model.name} has "
                          f"{sorted(set(model.layer_kinds()))} blocks. Leave share_prefix unset")

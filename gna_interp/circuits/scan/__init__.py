@@ -239,7 +239,7 @@ def _plan(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str]
     executor = Executor(shard)
     plan, task_name = _as_plan(model, task, cfg.scoring)
     replaced = replacements(model, head_list, cfg.method, cfg.reference)
-    chunks = layout_chunks(model, plan, cfg.batch_size, pack=False if cfg.method == "resample" else None)
+    chunks = layout_chunks(plan, cfg.batch_size, pack=False if cfg.method == "resample" else None)
     stack = executor.broadcast(cfg.stack or default_stack(model, chunks, cfg.max_prefix_bytes))  # rank 0's
     path = Path(cfg.checkpoint) if cfg.checkpoint is not None else None
     store = ScanStore(path, fingerprint(model, plan, cfg.method, head_list, cfg.reference), shard)
@@ -336,7 +336,7 @@ class _Screen:
             return None
         scan.screen_index = scan.screen_index or [int(i) for i in torch.linspace(0, n - 1, m).round().long()]
         sub = plan_scoring(model, [plan.samples[i] for i in scan.screen_index], plan.method)  # type: ignore[arg-type]
-        prefixes = prefixes_for(model, layout_chunks(model, sub, cfg.batch_size), cfg.max_prefix_bytes)
+        prefixes = prefixes_for(model, layout_chunks(sub, cfg.batch_size), cfg.max_prefix_bytes)
         if run.executor.replay_problem(prefixes) is not None:  # no fast replay: screening costs what exact runs do
             return None
         return cls(sub, prefixes)
@@ -372,6 +372,7 @@ def _groups(replaced: list[Replacement], stack: int) -> list[list[Replacement]]:
 
 def _as_plan(model: Model, task: Task | ScoringPlan, scoring: Any) -> tuple[ScoringPlan, str]:
     if isinstance(task, ScoringPlan):
+        task.check_model(model)
         return task, "samples"
     if not isinstance(task, Task):
         raise InputError(f"scan_heads needs a Task (e.g. KVRetrieval(...)) or a ScoringPlan, got {type(task).__name__}")
