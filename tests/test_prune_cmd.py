@@ -83,7 +83,14 @@ def test_gna_prune_on_the_zoo_transformer(zoo_tr, tmp_path, capsys):
     assert len(pd.read_csv(out / "prune.csv")) == 6 and len(pd.read_csv(out / "keep.csv")) == 8
     page = (out / "report.html").read_text()
     assert "Layer pruning" in page and "Head keeping" in page and "plotly" in page
-    assert not (out / prune_mod.CHECKPOINT).exists()
+    # the points stay (a checkpoint is never deleted implicitly): a second run into the folder is refused, --resume
+    # rebuilds the same outputs from them
+    assert (out / prune_mod.CHECKPOINT).is_file()
+    again = ["--device", "cpu", "prune", "--model", "zoo:transformer-kv", "--out", str(out), "--max-value", "99",
+             "--samples", "24", "--keep-heads", "L1H3,L1H2", "--no-png"]
+    before = (out / "prune.csv").read_text()
+    assert main(again) == 2 and "--resume continues it" in capsys.readouterr().err
+    assert main([*again, "--resume"]) == 0 and (out / "prune.csv").read_text() == before
 
 
 def test_resume_runs_only_the_missing_points(zoo_tr, tmp_path, monkeypatch):

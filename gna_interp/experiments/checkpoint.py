@@ -105,7 +105,3 @@ class Checkpoint:
             write_json(self.path, FORMAT, {"partial": True, "experiment": self.fmt, "fingerprint": self.fp,
                                            "points": self.points, "extra": self.extra}, indent=None)
 
-    def finish(self) -> None:
-        """The run is done and its outputs written: delete the checkpoint."""
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)

@@ -600,7 +600,6 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
     result = MaskResult(model.name, task.to_dict(), ga, random_heads, frame, scores, settings, notes, source)
     if folder is not None:
         result.save(folder, png=kv.png)
-        log.finish()
     return result
 
 

@@ -503,7 +503,6 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
                          settings_out, notes)
     if folder is not None:
         result.save(folder, png=cfg.png)
-        log.finish()
     return result
 
 
