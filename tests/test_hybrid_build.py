@@ -241,6 +241,11 @@ def test_experiment_writes_its_outputs_and_resumes(teacher, tmp_path, monkeypatc
     monkeypatch.setattr(exp, "build_hybrid", lambda *a, **k: built.append(k["seed"]) or real(*a, **k))
     more = exp.hybrid_build(teacher, 2, resume=True, **{**kw, "conditions": ["none"], "seeds": 2})
     assert built == [1] and sorted(set(more.to_frame()["seed"])) == [0, 1]
+    # a recorded student whose card is gone (its folder deleted or cut short) is built again, and only it
+    (out / "students" / "top-s0" / "card.json").unlink()
+    built.clear()
+    rebuilt = exp.hybrid_build(teacher, 2, resume=True, **kw)
+    assert built == [0] and (out / "students" / "top-s0" / "card.json").is_file() and len(rebuilt.to_frame()) == 6
     with pytest.raises(InputError, match="different run"):
         exp.hybrid_build(teacher, 1, resume=True, **kw)
 

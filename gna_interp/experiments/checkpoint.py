@@ -99,6 +99,11 @@ class Checkpoint:
         self.points[key] = value
         self.save()
 
+    def drop(self, key: str) -> None:
+        """Forget a recorded point, so that it is measured again, and rewrite the checkpoint."""
+        self.points.pop(key, None)
+        self.save()
+
     def save(self) -> None:
         """Write the checkpoint (nothing without a path)."""
         if self.path is not None:

@@ -41,6 +41,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -51,7 +52,7 @@ from gna_interp.errors import InputError
 from gna_interp.experiments.options import FolderOptions
 from gna_interp.experiments.output import ResultFolder, table_html
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
-from gna_interp.experiments.run import Discovery, clear_circuit, model_of, resolve_circuit
+from gna_interp.experiments.run import Discovery, Point, clear_circuit, model_of, resolve_circuit, run_points
 from gna_interp.interventions import ablate
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
@@ -379,34 +380,36 @@ def _students(m: Model, plan: list[tuple[str, int, list[HeadRef]]], points: Chec
               opts: HybridBuildConfig, cfg: HybridConfig, sizes: list[int], chosen_by: Callable[[str, int], str]
               ) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """Build (or find in ``points``) the student of every ``(condition, seed, heads)`` of ``plan``; their folders and
-    the table's rows. ``chosen_by(condition, seed)``: what a student's card says chose its heads."""
+    the table's rows. ``chosen_by(condition, seed)``: what a student's card says chose its heads. A student recorded
+    in ``points`` whose folder has no ``card.json`` (deleted, or its build cut short) is built again."""
     say = opts.log or (lambda _msg: None)
-    students: dict[str, str] = {}
+
+    def build(i: int, c: str, s: int, heads: list[HeadRef], where: Path) -> dict[str, Any]:
+        if where.exists():
+            shutil.rmtree(where)  # an interrupted build of this student: start it again
+        say(f"[{i + 1}/{len(plan)}] {c} seed {s}: keeps {', '.join(h.name for h in heads) or 'no heads'}")
+        card = build_hybrid(m, heads, where, seed=s, config=cfg, name=f"hybrid-{c}-s{s}", chosen_by=chosen_by(c, s),
+                            run=TrainingRun(eval_sizes=sizes, eval_samples=opts.samples, threads=opts.threads,
+                                            log=opts.log)).card
+        return {"kept": [h.name for h in heads], "by_pairs": card["evaluation"]["by_pairs"],
+                "final_loss": card["training"]["final_loss"], "train_seconds": card["training"]["wall_seconds"]}
+
+    students = {f"{c}/{s}": folder / STUDENTS / f"{c}-s{s}" for c, s, _ in plan}
+    for key, where in students.items():
+        if key in points and not (where / "card.json").is_file():
+            points.drop(key)
+    run_points(points, [Point(f"{c}/{s}", partial(build, i, c, s, heads, students[f"{c}/{s}"]))
+                        for i, (c, s, heads) in enumerate(plan)], "hybrid build", progress=False)
     rows: list[dict[str, Any]] = []
-    for i, (c, s, heads) in enumerate(plan):
-        key = f"{c}/{s}"
-        where = folder / STUDENTS / f"{c}-s{s}"
-        students[key] = str(where)
-        if key not in points or not (where / "card.json").is_file():
-            if where.exists():
-                shutil.rmtree(where)  # an interrupted build of this student: start it again
-            say(f"[{i + 1}/{len(plan)}] {c} seed {s}: keeps {', '.join(h.name for h in heads) or 'no heads'}")
-            res = build_hybrid(m, heads, where, seed=s, config=cfg, name=f"hybrid-{c}-s{s}",
-                               chosen_by=chosen_by(c, s),
-                               run=TrainingRun(eval_sizes=sizes, eval_samples=opts.samples, threads=opts.threads,
-                                               log=opts.log))
-            card = res.card
-            points.put(key, {"kept": [h.name for h in heads], "by_pairs": card["evaluation"]["by_pairs"],
-                             "final_loss": card["training"]["final_loss"],
-                             "train_seconds": card["training"]["wall_seconds"]})
-        p = points[key]
+    for c, s, _ in plan:
+        p = points[f"{c}/{s}"]
         for n in sizes:
             e = p["by_pairs"][str(n)]
             rows.append({"condition": c, "seed": s, "k": len(p["kept"]), "kept": ",".join(p["kept"]), "pairs": n,
                          "accuracy": e["accuracy"], "logit_diff": e["logit_diff"], "gold_prob": e["gold_prob"],
                          "chance": e["chance"], "n_samples": opts.samples, "final_loss": p["final_loss"],
                          "train_seconds": p["train_seconds"]})
-    return students, rows
+    return {k: str(v) for k, v in students.items()}, rows
 
 
 def _chosen_by(condition: str, k: int, seed: int, source: str) -> str:
