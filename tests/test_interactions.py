@@ -102,3 +102,18 @@ def test_bad_input(models):
         interactions(model, TASK, ["L0H1", "L0H1"])
     with pytest.raises(InputError, match="format"):
         Interactions.from_dict({"format": "scan"})
+
+
+def test_a_runner_made_for_another_model_is_refused(models):
+    """A SetAblation handed in to reuse its clean prefixes must be one made for the model given: it measures its
+    own model, so its numbers would otherwise carry the other model's name (interactions, the curve, delegation)."""
+    from gna_interp.circuits.curve import ablation_curve
+    from gna_interp.engine.replay import SetAblation
+
+    llama, mamba = models("llama"), models("mamba2")
+    other = SetAblation(mamba, TASK)
+    assert SetAblation.of(mamba, other) is other  # the same model: reused as it is
+    with pytest.raises(InputError, match="made for"):
+        interactions(llama, TASK, ["L0H1", "L1H0"], runner=other)
+    with pytest.raises(InputError, match="made for"):
+        ablation_curve(llama, other, llama.heads()[:2], llama.heads(), k=2)

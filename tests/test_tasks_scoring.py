@@ -11,7 +11,7 @@ import torch
 from gna_interp.errors import InputError
 from gna_interp.models import smollm2_gguf_path
 from gna_interp.models.model import Model
-from gna_interp.tasks.scoring import ScoreTable, layout_chunks, read_logprobs
+from gna_interp.tasks.scoring import ScoreTable, layout_chunks, read_chunks, read_logprobs
 from gna_interp.tasks import (KVRetrieval, MultipleChoice, Sample, evaluate, plan_scoring, run_plan, score_candidates,
                               word_list)
 from spm_tokenizer import spm_tokenizer
@@ -374,6 +374,8 @@ def test_a_plan_carries_its_models_layout_and_refuses_another_model(tiny_models)
                 lambda: scan_heads(mamba, plan, heads=mamba.heads()[:1])):
         with pytest.raises(InputError, match="laid out for"):
             run()
+    with pytest.raises(InputError, match="cannot run a packed"):  # chunks laid out for llama, read by a Mamba
+        list(read_chunks(mamba, chunks))
     with pytest.raises(InputError, match="takes a ScoringPlan"):
         layout_chunks(llama, plan, 2)  # type: ignore[arg-type]  # the signature before plans carried their layout
 

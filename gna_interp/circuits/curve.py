@@ -90,9 +90,8 @@ def ablation_curve(model: Model, task: Task | SetAblation, ranked: Sequence[Head
     if k > len(ranked) or k > len(others):
         raise InputError(f"cannot remove k={k} heads: only {len(ranked)} ranked and {len(others)} other heads "
                          f"in the pool to draw random ones from")
-    runner = task if isinstance(task, SetAblation) else SetAblation(model, task, method, reference, batch_size)
-    ctl = control if isinstance(control, SetAblation) or control is None else \
-        SetAblation(model, control, method, reference, batch_size)
+    runner = SetAblation.of(model, task, method, reference, batch_size)
+    ctl = SetAblation.of(model, control, method, reference, batch_size) if control is not None else None
     rows = []
 
     def points(series: str, seed: int, js: Sequence[int], order: Sequence[HeadRef]) -> None:

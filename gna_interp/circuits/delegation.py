@@ -284,8 +284,8 @@ def delegation(model: Model, task: Task | None = None, knowledge: Task | str | N
     metric = None
     if ktask is not None:
         metric = "lm_loss" if all(len(s.candidates) == 1 for s in ktask.samples) else "accuracy"
-    measure = _Removals(runner if runner is not None else SetAblation(model, task, cfg.method, cfg.reference,
-                                                                      cfg.batch_size),
+    measure = _Removals(SetAblation.of(model, runner if runner is not None else task, cfg.method, cfg.reference,
+                                       cfg.batch_size),
                         SetAblation(model, ktask, cfg.method, cfg.reference, cfg.batch_size) if ktask is not None
                         else None, metric)
     intact = measure("", "intact", -1, [])

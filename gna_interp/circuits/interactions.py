@@ -306,7 +306,7 @@ def interactions(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef
     if len(parsed) < 2:
         raise InputError(f"interactions need at least 2 heads, got {len(parsed)}")
     start = time.perf_counter()
-    runner = runner if runner is not None else SetAblation(model, task, method, reference, batch_size)
+    runner = SetAblation.of(model, runner if runner is not None else task, method, reference, batch_size)
     baseline = results(runner.clean())
     singles = [results(runner.run([h])) for h in parsed]
     pairs = {(i, j): results(runner.run([parsed[i], parsed[j]]))

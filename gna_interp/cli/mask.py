@@ -38,7 +38,8 @@ def _mask_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--role-samples", type=at_least(1), default=8, help="samples the role scores are measured on")
     p.add_argument("--scan-samples", type=at_least(1), default=24, help="discovery prompts when no circuit is given")
     compute_args(p)
-    folder_args(p, "gna_mask", "continue an interrupted run from OUT/mask.ckpt.json",
+    folder_args(p, "gna_mask", "continue an interrupted run from OUT/mask.ckpt.json (or rebuild the outputs of a "
+                "finished one)",
                 "delete the checkpoint an earlier run left in OUT and start over",
                 allow_chance="run even when the intact model is near chance on the task (refused by default)")
     p.set_defaults(run=run_mask)

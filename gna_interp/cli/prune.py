@@ -41,7 +41,8 @@ def _prune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-seeds", type=at_least(0), default=3,
                    help="random draws in the head-keeping table (default 3)")
     compute_args(p)
-    folder_args(p, "gna_prune", "continue an interrupted run from OUT/prune.ckpt.json",
+    folder_args(p, "gna_prune", "continue an interrupted run from OUT/prune.ckpt.json (or rebuild the outputs of a "
+                "finished one)",
                 "delete the checkpoint an earlier run left in OUT and start over",
                 allow_chance="keep tasks the intact model does not solve (left out by default)", figures="figures")
     p.set_defaults(run=run_prune)

@@ -538,6 +538,19 @@ class SetAblation:
         """Whether sets are scored by replaying the later blocks (else one full forward per set)."""
         return self.prefixes is not None
 
+    @classmethod
+    def of(cls, model: Model, task: "Task | ScoringPlan | SetAblation", method: AblationMethod = "zero",
+           reference: Any = None, batch_size: int = 16) -> "SetAblation":
+        """``task`` itself when it is a runner made for ``model`` (handed in to reuse its clean prefixes), else a new
+        runner for it. A runner made for another model is refused: it measures its own model, whose numbers would
+        then carry ``model``'s name."""
+        if not isinstance(task, SetAblation):
+            return cls(model, task, method, reference, batch_size)
+        if task.model is not model:
+            raise InputError(f"this SetAblation was made for {task.model.name}, not for the model given "
+                             f"({model.name}); make it with SetAblation(model, task, ...)")
+        return task
+
     def _replaced(self, heads: Sequence[HeadRef | str]) -> list[Replacement]:
         parsed = list(dict.fromkeys(self.model.check_heads(list(heads)))) if heads else []
         missing = [h for h in parsed if h not in self._repl]

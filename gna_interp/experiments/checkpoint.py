@@ -7,8 +7,10 @@ written atomically (:func:`gna_interp.store.write_json`) as each point finishes.
   checkpoint is refused unless one of them says what to do with it);
 - :class:`Checkpoint`: the points of one run, read back only by a run with the same fingerprint.
 
-A finished run deletes its checkpoint (:meth:`Checkpoint.finish`); an interrupted one leaves it for
-``--resume``. ``gna scan`` keeps its own per-head store (:mod:`gna_interp.circuits.scan.store`).
+A checkpoint is kept when its run finishes, as when it is interrupted: a later run into the folder needs
+``--resume`` (continue, or rebuild the outputs of a finished run from its points) or ``--fresh``. ``partial: true`` in
+the file says it holds points, not a result. ``gna scan`` keeps its own per-head store
+(:mod:`gna_interp.circuits.scan.store`).
 """
 
 from __future__ import annotations

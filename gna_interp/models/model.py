@@ -530,6 +530,11 @@ class Model:
     # ---- running --------------------------------------------------------------------------
     def _forward_kwargs(self, batch: TokenBatch) -> dict[str, Any]:
         if batch.tree is not None:  # a packed batch: an explicit 4D additive mask and position ids
+            longest = int(batch.positions.max()) + 1  # the longest branch: its row's length unpacked
+            if not self.packs_rows_up_to(longest):
+                raise InputError(f"{self.name} cannot run a packed (tree-masked) batch of rows up to {longest} tokens: "
+                                 f"its mixers do not honour the tree mask there. Lay the plan out for this model: "
+                                 f"layout_chunks(for_model(model, plan), batch_size)")
             dtype = next(self.hf_model.parameters()).dtype
             dtype = dtype if dtype.is_floating_point else torch.float32
             mask = torch.zeros(batch.tree.shape, dtype=dtype, device=self.device)

@@ -91,8 +91,9 @@ def evaluate(model: Model, task: Task | ScoringPlan, batch_size: int = 16, metho
     (:class:`~gna_interp.tasks.scoring.RunOptions`) or keyword ``overrides`` of its fields: ``progress`` (a bar,
     default on) and ``share_prefix`` (how a sample's several rows are run, see
     :func:`~gna_interp.tasks.scoring.run_plan`: packed by default).
-    Pass a :class:`ScoringPlan` (from :func:`plan_scoring`) instead of a task to skip re-tokenizing
-    when evaluating many times, e.g. under different ablations given as ``fwd_hooks``.
+    Pass a :class:`ScoringPlan` (from :func:`plan_scoring` on this model, where it lives now) instead of a task to skip
+    re-tokenizing when evaluating many times, e.g. under different ablations given as ``fwd_hooks``; a plan made for
+    another model or device is refused (:meth:`ScoringPlan.check_model`; :func:`for_model` lays it out again).
     """
     check_model(model, runnable=False)  # a meta model: refused below, once its prompts are tokenised
     if not isinstance(task, (Task, ScoringPlan)):

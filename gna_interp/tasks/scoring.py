@@ -116,8 +116,8 @@ class ScoringPlan:
         if (self.pad_id != model.pad_id or self.device != str(model.device)
                 or (self.packs and not model.packs_rows_up_to(max(len(r.ids) for r in self.rows)))):
             raise InputError(f"this scoring plan was laid out for {self.model or 'another model'} on {self.device}, "
-                             f"whose padding, packing or device {model.name} on {model.device} does not share; plan "
-                             f"the samples again for it: plan_scoring(model, samples)")
+                             f"whose padding, packing or device {model.name} on {model.device} does not share; lay it "
+                             f"out for this model: for_model(model, plan) (or plan_scoring(model, samples) again)")
 
     def describe(self) -> str:
         n_c = sum(self.n_candidates)
