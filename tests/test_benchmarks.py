@@ -1,4 +1,5 @@
-"""The benchmarks stay runnable: every gna_interp name a benchmark imports (at the top or inside a function) exists.
+"""The benchmarks stay runnable: every gna_interp name a benchmark imports (at the top or inside a function) exists,
+and each benchmark runs at its smallest, printing its headline (the scan benchmark: exact equals naive).
 
 A benchmark is run by hand, not by the suite, so a renamed or moved function would otherwise break it silently
 (``benchmarks/scan.py`` imported two names that had moved before this test was written)."""
@@ -34,3 +35,32 @@ def test_every_name_a_benchmark_imports_from_gna_interp_exists(path):
 
 def test_the_benchmarks_are_found():
     assert {"identity.py", "scan.py", "scoring.py"} <= {p.name for p in BENCHMARKS}
+
+
+SMOKE = {  # each benchmark at its smallest: it starts, runs its comparison and prints its headline
+    "scan.py": (["--model", "tiny:llama", "--samples", "4", "--pairs", "3", "--max-value", "9", "--naive-heads", "2",
+                 "--stacks", "none", "--threads", "1"], "exact vs naive: max |diff|"),
+    "scoring.py": (["--models", "tiny-llama", "--n", "4", "--pairs", "3", "--threads", "1"], "| shared |"),
+    "vocab.py": (["--vocabs", "1024", "--d-model", "64", "--layers", "1", "--samples", "2", "--repeat", "1",
+                  "--threads", "1"], "exact per head / eval grows"),
+    "implicit_attention.py": (["--lengths", "32", "--threads", "1"], "speed-up / mem ratio"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_a_benchmark_runs_at_its_smallest(name, tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    args, headline = SMOKE[name]
+    path = BENCHMARKS[0].parent / name
+    done = subprocess.run([sys.executable, str(path), *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert headline in done.stdout, done.stdout[-2000:]
+    if name == "scan.py":  # the stacked exact scan equals the naive loops
+        diffs = re.search(r"max \|diff\| (\S+) \(scorer\), (\S+) \(full logits\)", done.stdout)
+        assert diffs is not None and max(float(diffs[1]), float(diffs[2])) < 1e-4, done.stdout[-2000:]
