@@ -1,7 +1,7 @@
 """The benchmarks stay runnable: every gna_interp name a benchmark imports (at the top or inside a function) exists,
 and each benchmark runs at its smallest, printing its headline (the scan benchmark: exact equals naive).
 
-A benchmark is run by hand, not by the suite, so a renamed or moved function would otherwise break it silently
+A benchmark's real runs are by hand, so without these a renamed or moved function broke it silently
 (``benchmarks/scan.py`` imported two names that had moved before this test was written)."""
 
 from __future__ import annotations
