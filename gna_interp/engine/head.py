@@ -47,8 +47,7 @@ def at_reads(hidden: Float[Tensor, "rows pos d_model"], rows: Int[Tensor, " n"],
 def final_logits(model: Model, hidden: Float[Tensor, "rows pos d_model"], rows: Int[Tensor, " n"],
                  pos: Int[Tensor, " n"]) -> Float[Tensor, "n vocab"]:
     """Final norm and unembedding of the residual stream at ``(rows[i], pos[i])`` only (the whole vocabulary)."""
-    resid = at_reads(hidden, rows, pos)
-    return model.unembed(resid[None])[0]
+    return model.unembed(at_reads(hidden, rows, pos)[None])[0]
 
 
 def _blockwise(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],

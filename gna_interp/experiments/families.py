@@ -371,12 +371,12 @@ def _one_model(m: Model, circ: Circuit, log: Checkpoint, key: str, task: KVRetri
     k = removed_k(circ, cfg.k)
     top = circ.heads[:k]
     draws = random_draws(circ.scan.heads, top, k, cfg.seeds, "gna-families-random")
-    runner: list[SetAblation] = []  # made at the first point that needs it (none when every point is resumed)
+    @functools.cache
+    def runner() -> SetAblation:  # made at the first point that needs it (none when every point is resumed)
+        return SetAblation(m, task, batch_size=cfg.batch_size)
 
     def accuracy(heads: Sequence[HeadRef]) -> float:
-        if not runner:
-            runner.append(SetAblation(m, task, batch_size=cfg.batch_size))
-        return runner[0].run(heads).metrics["accuracy"]
+        return runner().run(heads).metrics["accuracy"]
 
     def aggregation() -> dict[str, Any]:
         pool_heads = [HeadRef.parse(n) for n in circ.scan.to_frame()["name"].head(cfg.pool)]

@@ -109,12 +109,18 @@ class ScoringPlan:
         """Tokens fed when the prompts are run once and the rows continue from their cache."""
         return sum(map(len, self.prompt_ids)) + sum(r.n_fed for r in self.rows)
 
+    @functools.cached_property
+    def longest_row(self) -> int:
+        """Tokens in the plan's longest row (prompt + fed tokens): what must fit the context, and what packing is
+        judged on."""
+        return max(len(r.ids) for r in self.rows)
+
     def check_model(self, model: Model) -> None:
         """Refuse ``model`` when this plan's layout (:func:`for_model`) would be wrong for it: another pad token,
         packing that ``model`` does not honour (a plan that does not pack is right for every model), or tokens
         on another device."""
         if (self.pad_id != model.pad_id or self.device != str(model.device)
-                or (self.packs and not model.packs_rows_up_to(max(len(r.ids) for r in self.rows)))):
+                or (self.packs and not model.packs_rows_up_to(self.longest_row))):
             raise InputError(f"this scoring plan was laid out for {self.model or 'another model'} on {self.device}, "
                              f"whose padding, packing or device {model.name} on {model.device} does not share; lay it "
                              f"out for this model: for_model(model, plan) (or plan_scoring(model, samples) again)")
@@ -259,7 +265,7 @@ def for_model(model: Model, plan: ScoringPlan) -> ScoringPlan:
     for s, ids in zip(plan.samples, plan.prompt_ids):
         if s.prompt:  # a plan in token space (the lm-eval harness's) has no text to check
             model.check_known(ids, s.prompt)
-    longest = max(len(r.ids) for r in plan.rows)
+    longest = plan.longest_row
     model.check_length(longest)  # every row fits the context, packed or not (a packed sequence may not)
     model.check_ids(torch.tensor([[min(min(r.ids) for r in plan.rows), max(max(r.ids) for r in plan.rows)]]))
     packs = plan.method != "per_candidate" and len(plan.rows) > len(plan.samples) and model.packs_rows_up_to(longest)
