@@ -34,8 +34,13 @@ CHECKS: dict[str, str] = {
                 "Hugging Face model (≤ 1e-5 on the logits; the head must move them by more than 1e-4)",
     "scan": "`scan_heads` strategy `exact` equals strategy `naive` on three heads (≤ 1e-5)",
     "kv": "a `KVRetrieval` task tokenised by the model's own tokenizer evaluates (accuracy in [0, 1])",
+    "paths": "path patching: a head's direct path to the logits (its write `o_S`, or measured through the block's "
+             "norm or multiplier) equals a plain Hugging Face forward with the write the sender's zeroed columns "
+             "take out of its layer's output (MLP output zeroed) removed from the last layer's output (≤ 1e-5), and "
+             "its edges into a later head's key and value inputs measure a finite effect",
 }
 ALL = tuple(CHECKS)
+_NO_PATHS = tuple(c for c in ALL if c != "paths")
 
 # Vocabulary of the byte-level tokenizer every tiny model is saved with (gna_interp.models.tiny.byte_tokenizer).
 VOCAB = 257
@@ -271,7 +276,8 @@ FAMILIES: tuple[Family, ...] = (
                 embedding_multiplier=2.0, logits_scaling=1.5, note="every multiplier away from 1"),
     Family("mamba", "Mamba", "MambaForCausalLM",
            dict(hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4),
-           {"ssm1": ("backbone.layers.{l}.mixer.out_proj",)}, mamba1, note="Mamba-1 (S6): one head per channel"),
+           {"ssm1": ("backbone.layers.{l}.mixer.out_proj",)}, mamba1, checks=_NO_PATHS, limits=(("paths", "cannot receive path patches"),),
+           note="Mamba-1 (S6): one head per channel; its channels send paths (checked) but cannot receive them: B, C and Δ are shared by every channel of the layer"),
     Family("mamba2", "Mamba-2", "Mamba2ForCausalLM",
            dict(hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, head_dim=16, num_heads=4, n_groups=2,
                 conv_kernel=4, chunk_size=16),
@@ -301,7 +307,10 @@ FAMILIES: tuple[Family, ...] = (
                 num_key_value_heads=2, head_dim=8, intermediate_size=64, ssm_state_size=8, mamba_num_heads=4,
                 mamba_head_dim=16, n_groups=2, chunk_size=16, max_position_embeddings=256),
            {"attn": ("model.layers.{l}.mixer.o_proj",), "ssm2": ("model.layers.{l}.mixer.out_proj",)}, nemotron_h,
-           note="one mixer per layer: Mamba-2, attention, MLP (lists no heads)"),
+           checks=_NO_PATHS, limits=(("paths", "cannot receive path patches: the bridge has no hook"),),
+           note="one mixer per layer: Mamba-2, attention, MLP (lists no heads); its attention, reached through the "
+                "pass-through mixer, has no hook on its query/key/value projections, so it sends paths (checked) "
+                "but cannot receive them"),
     Family("falcon_h1", "Falcon-H1", "FalconH1ForCausalLM",
            dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2,
@@ -348,8 +357,11 @@ _O = {"attn": ("model.layers.{l}.self_attn.o_proj",)}
 
 
 def _mla(key: str, label: str, cls: str, **config: Any) -> Family:
-    return Family(key, label, cls, {**_MLA, **config}, _O, mla,
-                  note="multi-head latent attention (low-rank q and kv); one dense and one MoE layer")
+    return Family(key, label, cls, {**_MLA, **config}, _O, mla, checks=_NO_PATHS,
+                  limits=(("paths", "cannot receive path patches: the bridge has no hook"),),
+                  note="multi-head latent attention (low-rank q and kv); one dense and one MoE layer; its heads send "
+                       "paths (checked) but cannot receive them: their queries and keys come from shared low-rank "
+                       "projections the bridge gives no per-head hook")
 
 
 EXTRA: tuple[Family, ...] = (
@@ -374,7 +386,8 @@ EXTRA: tuple[Family, ...] = (
     _llama_like("exaone4", "EXAONE-4", "Exaone4ForCausalLM"),
     Family("falcon_mamba", "Falcon-Mamba", "FalconMambaForCausalLM",
            dict(hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4),
-           {"ssm1": ("backbone.layers.{l}.mixer.out_proj",)}, mamba1, note="Mamba-1 with B/C/Δ RMS norms"),
+           {"ssm1": ("backbone.layers.{l}.mixer.out_proj",)}, mamba1, checks=_NO_PATHS, limits=(("paths", "cannot receive path patches"),),
+           note="Mamba-1 with B/C/Δ RMS norms; its channels send paths (checked) but cannot receive them: B, C and Δ are shared by every channel of the layer"),
     _llama_like("flex_olmo", "FlexOlmo", "FlexOlmoForCausalLM", **_MOE),
     _llama_like("gemma", "Gemma", "GemmaForCausalLM", head_dim=16),
     _llama_like("glm", "GLM", "GlmForCausalLM"),
@@ -421,9 +434,10 @@ EXTRA: tuple[Family, ...] = (
     _llama_like("mixtral", "Mixtral", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2),
     Family("modernbert_decoder", "ModernBERT decoder", "ModernBertDecoderForCausalLM",
            dict(_SMALL, local_attention=16, global_attn_every_n_layers=2),
-           {"attn": ("model.layers.{l}.attn.Wo",)}, attention_only, replays=False,
+           {"attn": ("model.layers.{l}.attn.Wo",)}, attention_only, replays=False, checks=_NO_PATHS,
            note="fused `Wqkv`, local and global layers; its LM head runs a dense layer and a norm before the "
-                "decoder, so the exact scan falls back to one full forward per head (same numbers)"),
+                "decoder, so the exact scan falls back to one full forward per head (same numbers); path patching "
+                "replays blocks from their recorded inputs, which this model does not allow"),
     _llama_like("nanochat", "nanochat", "NanoChatForCausalLM"),
     _llama_like("nemotron", "Nemotron", "NemotronForCausalLM", partial_rotary_factor=0.5),
     _llama_like("olmo", "OLMo", "OlmoForCausalLM"),
@@ -456,7 +470,7 @@ EXTRA: tuple[Family, ...] = (
            {"attn": ("transformer.blocks.{l}.attn.out_proj",)}, attention_only,
            checks=("load", "logits", "heads", "patterns", "ablation", "kv"), limits=(("scan", "must match the size"),),
            note="fused `Wqkv`, ALiBi; the exact scan's stacked replay fails in the bridge's ALiBi attention "
-                "(use `strategy='naive'`)"),
+                "(use `strategy='naive'`), and path patching, which replays blocks the same way, with it"),
     Family("openai_gpt", "OpenAI GPT", "OpenAIGPTLMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256),
            {}, none, checks=("load", "logits", "heads"), unsupported=(0, 1),
            note="its attention bridge has no output-projection hook: listed `unsupported`"),
@@ -486,9 +500,10 @@ EXTRA: tuple[Family, ...] = (
                 intermediate_size=128, lru_width=64, attention_window_size=16, head_dim=16,
                 block_types=["recurrent", "recurrent", "attention"]),
            {"attn": ("model.layers.{l}.temporal_block.o_proj",)}, attention_at(2), unsupported=(0, 1),
-           checks=("load", "logits", "heads", "patterns", "ablation", "scan", "kv"),
+           checks=("load", "logits", "heads", "patterns", "ablation", "scan", "kv", "paths"),
            note="RG-LRU recurrent blocks have no adapter: listed `unsupported`; local attention analysed (the "
-                "exact scan's replay leaves the recurrent cache out of the recorded block inputs)"),
+                "exact scan's replay leaves the recurrent cache out of the recorded block inputs); one attention "
+                "layer, so its heads' paths go to the logits only"),
     Family("hrm_text", "HRM text", "HrmTextForCausalLM", dict(_GQA), {}, none, checks=(),
            raises="exposes no blocks",
            note="TransformerLens's bridge for it has no `blocks`: refused at load"),

@@ -8,10 +8,13 @@ The page ``docs/family_matrix.md`` is generated from the same list and must equa
 from __future__ import annotations
 
 import copy
+import inspect
+import math
 import re
 import warnings
 from collections import Counter
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import torch
@@ -157,6 +160,114 @@ def test_blockwise_head_log_probs_equal_hugging_face(fam, built, monkeypatch):
     err = (got - want[at, tokens]).abs().max().item()
     assert err <= 1e-5 * max(1.0, b.hf_logits().abs().max().item()), (fam.key, head_mod._BLOCKWISE[b.model], err)
     monkeypatch.delitem(head_mod._BLOCKWISE, b.model)
+
+
+def _hf_twin(b: Built, path: str) -> torch.nn.Module:
+    """The module of ``b.hf`` (the plain Hugging Face model) at the place of bridge component ``path``."""
+    names = {id(m): n.replace("._original_component", "") for n, m in b.model.hf_model.named_modules()}
+    return b.hf.get_submodule(names[id(b.model.hf_module(path))])
+
+
+_MLPS = ("mlp", "shared_mlp", "block_sparse_moe", "feed_forward", "fc2", "per_layer_projection")  # the channel mixers of HF decoder layers
+
+
+def _silenced(module: torch.nn.Module) -> Any:
+    """A forward hook under which an MLP adds nothing: zeros, or the residual it was handed (BLOOM's MLP adds its
+    own residual)."""
+    names = list(inspect.signature(module.forward).parameters)
+
+    def hook(m, args, kwargs, out):
+        if "residual" in names:
+            i = names.index("residual")
+            return kwargs["residual"] if "residual" in kwargs else args[i]
+        return (torch.zeros_like(out[0]),) + tuple(out[1:]) if isinstance(out, tuple) else torch.zeros_like(out)
+
+    return hook
+
+
+def _hf_write(b: Built, ids: torch.Tensor, kwargs: dict, sender: gna.HeadRef) -> torch.Tensor:
+    """What ``sender`` adds to the stream, from the plain HF model: its layer's output with every MLP silenced,
+    minus the same with the sender's input columns of its output projection zeroed."""
+    layer = _hf_twin(b, f"blocks.{sender.layer}")
+    mlps = [c for n, c in layer.named_children() if n in _MLPS]
+    proj = _module(b.hf, b.fam, sender.kind, sender.layer)
+    cols = b.model.head_site(sender).columns
+    outs = []
+    for remove in (False, True):
+        got = {}
+
+        def zero_cols(m, a):
+            x = a[0].clone()
+            x[..., cols] = 0
+            return (x,) + tuple(a[1:])
+
+        def keep(m, a, o):
+            got["x"] = (o[0] if isinstance(o, tuple) else o).clone()
+
+        handles = [layer.register_forward_hook(keep)]
+        handles += [c.register_forward_hook(_silenced(c), with_kwargs=True) for c in mlps]
+        handles += [proj.register_forward_pre_hook(zero_cols)] if remove else []
+        try:
+            with torch.no_grad():
+                b.hf(ids, **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+        outs.append(got["x"])
+    return outs[0] - outs[1]
+
+
+def _path_edges(b: Built) -> tuple[gna.HeadRef, list[gna.HeadRef]]:
+    """A head of the first layer, and the later sampled heads that may receive (Mamba-1 channels cannot)."""
+    heads = sorted(b.sample_heads(), key=lambda h: (h.layer, h.kind, h.head))
+    return heads[0], [h for h in heads if h.layer > heads[0].layer and h.kind != "ssm1"]
+
+
+def _receives(fam: Family) -> bool:
+    return "paths" in fam.checks
+
+
+@pytest.mark.parametrize("fam", _for("paths") + [pytest.param(f, id=f.key) for f in FAMILIES
+                                                  if any(c == "paths" for c, _ in f.limits)])
+def test_path_patching_equals_hugging_face(fam, built):
+    """A sender's direct path to the logits, against the plain HF forward with its write (measured in HF with the
+    MLPs silenced) taken off the last layer's output; edges into a later head's key and value inputs run (where the
+    family's heads can receive them: else :func:`test_limits_are_reported` asserts the refusal)."""
+    from gna_interp.circuits.paths import Edge, PathPatcher
+    from gna_interp.tasks.scoring import read_logprobs
+
+    b = built(fam)
+    task = gna.KVRetrieval(n_pairs=3, n_samples=2, seed=1, max_value=9)
+    pp = PathPatcher(b.model, task, batch_size=1)
+    sender, later = _path_edges(b)
+    last = _hf_twin(b, f"blocks.{b.model.n_layers - 1}")
+    worst, moved = 0.0, 0.0
+    for i, chunk in enumerate(pp.chunks[:2]):
+        ids, kwargs = chunk.batch.ids, b.model._forward_kwargs(chunk.batch)
+        write = _hf_write(b, ids, kwargs, sender)
+
+        def off(m, a, o):
+            return (o[0] - write,) + tuple(o[1:]) if isinstance(o, tuple) else o - write
+
+        handle = last.register_forward_hook(off)
+        try:
+            with torch.no_grad():
+                logits = b.hf(ids, **kwargs).logits
+        finally:
+            handle.remove()
+        with torch.no_grad():
+            intact = b.hf(ids, **kwargs).logits
+        want = read_logprobs(logits[chunk.read_row, chunk.read_pos].float(), chunk.read_tok)
+        got = pp._run_chunk(i, [[Edge(sender, None)]])[0]
+        worst = max(worst, float((got - want).abs().max()))
+        moved = max(moved, float((want - read_logprobs(intact[chunk.read_row, chunk.read_pos].float(),
+                                                       chunk.read_tok)).abs().max()))
+    assert moved > 1e-4, (fam.key, sender.name, moved)  # the write matters: the check could not pass without it
+    assert worst <= 1e-5 * max(1.0, b.hf_logits().abs().max().item()), (fam.key, sender.name, worst)
+    if _receives(fam) and later:
+        edges = [Edge(sender, later[-1], inp, "all") for inp in ("k", "v")]
+        effects = gna.path_effects(b.model, task, [[e] for e in edges] + [[Edge(sender, None)]], patcher=pp).effects()
+        assert all(math.isfinite(e) for e in effects), (fam.key, effects)
 
 
 @pytest.mark.parametrize("fam", [p for p in _for("kv") if "sliding_window" in p.values[0].config])
@@ -332,6 +443,11 @@ def test_limits_are_reported(fam, check, text, built):
                 b.model.forward(b.batch)
         elif check == "patterns":
             gna.patterns(b.model, b.batch, heads=b.sample_heads()[:1])
+        elif check == "paths":
+            sender = _path_edges(b)[0]
+            receiver = max((h for h in b.sample_heads() if h.layer > sender.layer), key=lambda h: h.layer)
+            task = gna.KVRetrieval(n_pairs=3, n_samples=2, seed=1, max_value=9)
+            gna.path_effects(b.model, task, [gna.Edge(sender, receiver, "k", "all")], batch_size=1)
         elif check == "scan":
             task = gna.KVRetrieval(n_pairs=3, n_samples=3, seed=1, max_value=9)
             gna.scan_heads(b.model, task, heads=b.sample_heads()[:3], strategy="exact", batch_size=4, progress=False)

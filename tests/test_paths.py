@@ -71,6 +71,8 @@ def _write(model, ids, kwargs, sender):
     """``o_S = z_S W_O[:, S]^T`` from a plain HF forward."""
     z, proj = _out_in(model, ids, kwargs, sender)
     site = model.head_site(sender)
+    if type(proj).__name__ == "Conv1D":  # GPT-2: y = x W + b, W stored [in, out]
+        return z[..., site.columns] @ proj.weight[site.columns, :]
     return z[..., site.columns] @ proj.weight[:, site.columns].T
 
 
@@ -452,3 +454,107 @@ def test_causal_roles_follow_the_measured_paths():
     weak.loc[0, ["effect", "low"]] = [0.05, 0.01]
     assert causal_roles(weak, drops).set_index("name").loc["L1H0", "causal_role"] == "none"
     assert causal_roles(weak, drops).set_index("name").loc["L3H2", "causal_role"] == "output"  # no k/v edge into it holds
+
+
+# ---- blocks that normalise or scale the mixer's output before adding it -------------------------------------
+
+# What a block adds to the stream of its attention output ``y`` (the map f of the write's definition), read off the
+# plain Hugging Face decoder layer of each family.
+POST = {
+    "llama": lambda layer, y: y,
+    "gemma3": lambda layer, y: layer.post_attention_layernorm(y),  # a norm after attention
+    "olmo2": lambda layer, y: layer.post_attention_layernorm(y),  # post-norms, no pre-norm; q/k norms over all heads
+    "granite": lambda layer, y: y * layer.residual_multiplier,  # a multiplier on the residual write
+}
+
+
+@pytest.fixture(scope="module")
+def norm_models(tmp_path_factory):
+    from family_matrix import FAMILIES
+
+    root, by_key = tmp_path_factory.mktemp("norm_families"), {f.key: f for f in FAMILIES}
+    return {k: load_model(by_key[k].build(root / k), device="cpu") for k in POST}
+
+
+def _hf_run(model, ids, kwargs, pre=(), post=()):
+    """A plain HF forward with forward pre-hooks ``pre`` and forward hooks ``post`` (``(module, fn)`` pairs)."""
+    handles = [m.register_forward_pre_hook(fn) for m, fn in pre] + [m.register_forward_hook(fn) for m, fn in post]
+    try:
+        with torch.no_grad():
+            return model.hf_model(ids, **kwargs).logits
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _hf_brute(model, key, pp, chunk, edges):
+    """Read log-probs of ``chunk`` with ``edges`` removed, by the definition through the plain HF model: the write
+    ``W_S = f(y) - f(y - o_S)`` (``y`` the sender layer's attention output, f from :data:`POST`), each receiver's
+    query / key / value projections recomputed (through the layer's own input norm, and its q/k norms) from the
+    clean stream minus its edges' writes, its output put into a plain forward, direct edges taken off the last
+    layer's output."""
+    ids, kwargs, masks = chunk.batch.ids, model._forward_kwargs(chunk.batch), _masks(pp, chunk)
+
+    def layer(l):
+        return _hf_layer(model, l)[1]
+
+    def write(s):
+        z, proj = _out_in(model, ids, kwargs, s)
+        cols = model.head_site(s).columns
+        y = proj(z)
+        return POST[key](layer(s.layer), y) - POST[key](layer(s.layer), y - z[..., cols] @ proj.weight[:, cols].T)
+
+    replace = {}
+    for r in {e.receiver for e in edges if e.receiver is not None}:
+        x = _residual_in(model, ids, kwargs, r.layer)
+        streams = {name: x.clone() for name in ("q", "k", "v")}
+        for e in edges:
+            if e.receiver == r:
+                streams[e.input] -= masks[e.positions][None, :, None] * write(e.sender)
+        mod = layer(r.layer)
+        attn, norm = mod.self_attn, getattr(mod, "input_layernorm", None) or (lambda v: v)
+        swap = [(unwrap(getattr(attn, f"{n}_proj")), lambda m, a, o, n=n: F.linear(norm(streams[n]), m.weight, m.bias))
+                for n in ("q", "k", "v")]
+        got = {}
+        grab = (unwrap(attn.o_proj), lambda m, a: got.__setitem__("z", a[0][..., model.head_site(r).columns].clone()))
+        _hf_run(model, ids, kwargs, pre=[grab], post=swap)
+        replace[r] = got["z"]
+    direct = sum((masks[e.positions][None, :, None] * write(e.sender) for e in edges if e.receiver is None),
+                 torch.zeros(()))
+
+    def put(z, cols):
+        def pre(m, a):
+            out = a[0].clone()
+            out[..., cols] = z
+            return (out,) + a[1:]
+        return pre
+
+    def off(m, a, o):
+        return (o[0] - direct,) + tuple(o[1:]) if isinstance(o, tuple) else o - direct
+
+    pre = [(unwrap(layer(r.layer).self_attn.o_proj), put(z, model.head_site(r).columns)) for r, z in replace.items()]
+    logits = _hf_run(model, ids, kwargs, pre=pre, post=[(layer(model.n_layers - 1), off)])
+    return read_logprobs(logits[0][chunk.read_pos], chunk.read_tok)
+
+
+@pytest.mark.parametrize("key", sorted(POST))
+def test_path_effects_through_norms_and_multipliers_equal_the_definition(norm_models, key):
+    """Gemma-3 (post-attention norm), OLMo-2 (post-norms, q/k norms over all heads) and Granite (residual
+    multiplier) beside Llama: every path effect equals the definition computed through the plain HF model."""
+    model = norm_models[key]
+    pp = PathPatcher(model, _task(), batch_size=1)
+    s, r, s2 = H("L0H1"), H("L1H2"), H("L0H3")
+    sets = [[Edge(s, r, "k", "summary")], [Edge(s, r, "v", "all")], [Edge(s, r, "q", "decision")],
+            [Edge(s, r, "q", "all")], [Edge(s, None)], [Edge(s2, None, "logits", "decision")],
+            [Edge(s, r, "k", "items"), Edge(s2, r, "v", "all"), Edge(s, None)]]
+    worst, moved = 0.0, 0.0
+    for i, chunk in enumerate(pp.chunks[:2]):
+        got = pp._run_chunk(i, sets)
+        for es, g in zip(sets, got):
+            want = _hf_brute(model, key, pp, chunk, es)
+            worst = max(worst, float((g - want).abs().max()))
+            moved = max(moved, float((want - _hf_brute(model, key, pp, chunk, [])).abs().max()))
+    assert worst <= 1e-5, worst
+    assert moved > 1e-3  # the edges matter: the test could not pass with path patching doing nothing
+    if key != "llama":  # the write is not o_S: the model's block does not add its attention output as is
+        assert pp._as_is == {0: False}

@@ -35,8 +35,13 @@ sets, from the first line for ``items``, the earlier positions' keys and values 
 of an edge is ``metric(intact) - metric(patched)`` with a paired bootstrap interval over samples
 (:class:`PathEffects`).
 
-A sender's write must reach the stream as ``o_S``: a model that normalises or scales a mixer's output before
-adding it (Gemma-2's post-attention norm, Falcon-H1's multipliers) is refused with the layer named.
+**The write through a norm or multiplier.** Where a block adds its mixer's output as is, the sender's write is
+``o_S``. Where it normalises or scales it first (Gemma-2/3 and OLMo-2 post-norms, Granite's and Falcon-H1's
+multipliers, Falcon-H1's attention and Mamba-2 side by side), the write is what removing ``S`` changes in the
+block's contribution, the other heads held at their clean values: ``W_S = f(Σ_h o_h) - f(Σ_{h≠S} o_h)`` with f the
+block's map from its mixers' outputs to the stream -- computed exactly, from one run of the block with ``S``
+replaced, read at the stream before the block's MLP (``hook_resid_mid``; no linearisation). Receivers read their
+inputs through their block's own pre-norm, as the block computes them.
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ from torch import Tensor
 from gna_interp.engine.head import head_logprobs
 from gna_interp.engine.replay import KeyValues, Prefix, ReplayMismatch, default_stack, prefixes_for, replay
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
-from gna_interp.interventions.ablation import AblationMethod, Replacement, check_method, flat_channels, replacements
+from gna_interp.interventions.ablation import (AblationMethod, Replacement, ablation_hooks, check_method,
+                                               flat_channels, replacements)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import INPUTS, InputSite
 from gna_interp.models.model import Model
@@ -183,6 +189,12 @@ class PathPatcher:
             raise InputError("path patching takes method 'zero' or 'mean' (a resampled sender output is aligned per "
                              "forward, which a replay of stacked copies does not keep)")
         model.check_runnable()
+        scaled = model.scaled_blocks()
+        if scaled:
+            raise UnsupportedArchitectureError(
+                f"path patching needs a residual stream that is the sum of what each part writes, but block(s) "
+                f"{', '.join(map(str, scaled))} of {model.name} multiply the whole stream (layer_scalar); a sender's "
+                f"write has no single value along its paths there")
         self.model, self.task, self.method, self.reference = model, task, method, reference
         check_method(method, reference)  # before any forward
         self.plan = plan_scoring(model, task.samples)
@@ -196,7 +208,7 @@ class PathPatcher:
         self.stack = default_stack(model, self.chunks)  # sets replayed together, as the scan stacks heads
         self._summaries = self._summary_positions()
         self._repl: dict[HeadRef, Replacement] = {}
-        self._linear: set[int] = set()
+        self._as_is: dict[int, bool] = {}  # layer -> its block adds its mixer's output as is
         self._clean: CandidateScores | None = None
 
     # ---- positions ------------------------------------------------------------------------
@@ -242,32 +254,60 @@ class PathPatcher:
         return self._repl[head]
 
     def _write(self, head: HeadRef, z: Float[Tensor, "b p w"]) -> Float[Tensor, "b p d_model"]:
-        """What removing ``head`` takes out of the residual stream: ``(z_S - replacement) W_O[:, S]ᵀ``."""
+        """What removing ``head`` takes out of the residual stream where its block adds its mixer's output as is:
+        ``o_S = (z_S - replacement) W_O[:, S]ᵀ``."""
         r = self._replacement(head)
         value = r.value(z.shape[0], z.shape[1])
         delta = z - (value.to(z.device, z.dtype) if isinstance(value, Tensor) else value)
         w = self.model.output_projection(head)[:, r.site.columns]
         return delta.to(w.dtype) @ w.T
 
-    def _check_linear(self, layer: int, kind: str, values: dict[str, Tensor]) -> None:
-        """Check once per layer that the mixer's output projection is what block ``layer`` adds to the stream."""
-        if layer in self._linear:
+    def _classify(self, layer: int, values: dict[str, Tensor]) -> None:
+        """Record once per layer whether block ``layer`` adds its mixer's output projection to the stream as is
+        (one mixer, nothing between it and the stream): then a sender's write is ``o_S``; else it is measured
+        exactly by :meth:`_exact_writes`."""
+        if layer in self._as_is:
             return
-        out = values[f"{self.model.layer_spec(layer, kind).bridge_path}.__write"]
+        mixers = [s for s in self.model.layers if s.layer == layer and s.supported]
         added = values[f"blocks.{layer}.__added"]
-        scale = max(1.0, float(added.abs().max()))
-        dtype = self.model.dtype  # half precision rounds the residual sum: 16 units in the last place of its scale
-        atol = 1e-4 * scale if dtype in (torch.float32, torch.float64) else 16 * torch.finfo(dtype).eps * scale
-        if not torch.allclose(out.float(), added.float(), atol=atol, rtol=1e-3):
-            raise UnsupportedArchitectureError(
-                f"path patching needs each head's write o_S = z_S W_O^T to reach the residual stream as is, but block "
-                f"{layer} of {self.model.name} adds something else than its mixer's output projection (max deviation "
-                f"{float((out.float() - added.float()).abs().max()):.3g}): a norm or multiplier sits between them")
-        self._linear.add(layer)
+        as_is = False
+        out = values.get(f"{mixers[0].bridge_path}.__write") if len(mixers) == 1 else None
+        if out is not None:
+            scale = max(1.0, float(added.abs().max()))
+            dtype = self.model.dtype  # half precision rounds the residual sum: 16 units in the last place of its scale
+            atol = 1e-4 * scale if dtype in (torch.float32, torch.float64) else 16 * torch.finfo(dtype).eps * scale
+            as_is = bool(torch.allclose(out.float(), added.float(), atol=atol, rtol=1e-3))
+        self._as_is[layer] = as_is
+
+    def _exact_writes(self, prefix: Prefix, layer: int, senders: list[HeadRef]
+                      ) -> dict[HeadRef, Float[Tensor, "b p d_model"]]:
+        """Each sender's write where block ``layer`` normalises or scales its mixers' output before adding it:
+        ``W_S = f(Σ_h o_h) - f(Σ_{h≠S} o_h)``, f the block's map from its mixers' outputs to the stream, the other
+        heads at their clean values -- read off one run of the block on ``1 + len(senders)`` stacked copies (copy 0
+        clean, copy ``j`` with sender ``j`` replaced as under ablation), at the stream before the block's MLP."""
+        model, b = self.model, prefix.batch_size
+        stream = model.mixed_stream_hook(layer)
+        mlp_in = model.mlp_hook(layer, "in") if stream == model.block_output_hook(layer) else None
+        hooks = [h for j, s in enumerate(senders)
+                 for h in ablation_hooks([self._replacement(s)], rows=slice((j + 1) * b, (j + 2) * b))]
+        names = [stream] + ([mlp_in] if mlp_in else [])
+        got = _read_block(model, prefix, layer, names, 1 + len(senders), hooks)
+        missing = [n for n in names if n not in got]
+        if missing:
+            raise UnsupportedArchitectureError(f"path patching reads {missing[0]!r} to measure what block {layer} of "
+                                               f"{model.name} writes, but that hook never fired")
+        if mlp_in:  # no hook between the mixers and the MLP: the MLP must not read the mixers' output
+            x = got[mlp_in]
+            if not all(torch.equal(x[:b], x[j * b:(j + 1) * b]) for j in range(1, 1 + len(senders))):
+                raise UnsupportedArchitectureError(
+                    f"path patching cannot separate what block {layer} of {model.name} writes from its MLP: the MLP "
+                    f"reads the mixers' output and the bridge has no hook on the stream between them")
+        y = got[stream]
+        return {s: y[:b] - y[(j + 1) * b:(j + 2) * b] for j, s in enumerate(senders)}
 
     def _clean_pass(self, prefix: Prefix, senders: set[HeadRef], receivers: set[HeadRef], start: int) -> _Clean:
         """One clean replay from ``start``: senders' outputs, receivers' input projections, isolation hooks, the
-        final stream, and what each sender layer adds to the stream (for :meth:`_check_linear`)."""
+        final stream, and what each sender layer adds to the stream (for :meth:`_classify`)."""
         model, values = self.model, {}
         hooks: dict[str, Any] = {}
 
@@ -287,16 +327,16 @@ class PathPatcher:
             iso = spec.adapter.receiver_isolation(model, spec, r)
             if iso is not None:
                 keep(iso.hook)
-        unchecked = {(s.layer, s.kind) for s in senders if s.layer not in self._linear}
-        for layer, kind in unchecked:
-            spec = model.layer_spec(layer, kind)
-            out_hook = model.head_site(HeadRef(layer, 0, kind)).hook.rsplit(".", 1)[0] + ".hook_out"
-            if not model.has_hook(out_hook):
-                raise UnsupportedArchitectureError(f"path patching needs {out_hook!r} to check what block {layer} "
-                                                   f"writes; {model.name}'s bridge has no such hook")
-            keep(out_hook, f"{spec.bridge_path}.__write")
-            for name in (f"blocks.{layer}.hook_in", f"blocks.{layer}.hook_out", f"blocks.{layer}.mlp.hook_out"):
-                if model.has_hook(name):
+        unchecked = sorted({s.layer for s in senders if s.layer not in self._as_is})
+        for layer in unchecked:
+            for spec in (s for s in model.layers if s.layer == layer and s.supported):
+                out_hook = model.head_site(HeadRef(layer, 0, spec.kind)).hook.rsplit(".", 1)[0] + ".hook_out"
+                if model.has_hook(out_hook):
+                    keep(out_hook, f"{spec.bridge_path}.__write")
+            stream, mlp_out = model.mixed_stream_hook(layer), model.mlp_hook(layer, "out")
+            for name in (model.block_input_hook(layer), stream,
+                         mlp_out if stream == model.block_output_hook(layer) else None):
+                if name:
                     keep(name)
         fns = [(name, fn) for name, fs in hooks.items() for _, fn in fs]
         with model.hooks(fns):
@@ -305,12 +345,13 @@ class PathPatcher:
         if missing:
             raise UnsupportedArchitectureError(f"path patching: the hook {missing[0]!r} of {model.name} never fired "
                                                f"in a forward, so it cannot be read or patched")
-        for layer, kind in unchecked:
-            added = values[f"blocks.{layer}.hook_out"] - values[f"blocks.{layer}.hook_in"]
-            if f"blocks.{layer}.mlp.hook_out" in values:
-                added = added - values[f"blocks.{layer}.mlp.hook_out"]
+        for layer in unchecked:
+            stream, mlp_out = model.mixed_stream_hook(layer), model.mlp_hook(layer, "out")
+            added = values[stream] - values[model.block_input_hook(layer)]
+            if stream == model.block_output_hook(layer) and mlp_out:
+                added = added - values[mlp_out]
             values[f"blocks.{layer}.__added"] = added
-            self._check_linear(layer, kind, values)
+            self._classify(layer, values)
         return _Clean(values, final, keys)
 
     def _copies(self, items: list[tuple[int, HeadRef, dict[str, list[Edge]]]]
@@ -428,9 +469,15 @@ class PathPatcher:
             start = min(h.layer for h in senders | receivers)
             clean = self._clean_pass(prefix, senders, receivers, start)
             clean.masks = self.masks(chunk)
-            for s in senders:
+            exact: dict[int, list[HeadRef]] = {}
+            for s in sorted(senders):
+                if not self._as_is[s.layer]:
+                    exact.setdefault(s.layer, []).append(s)
+                    continue
                 site = model.head_site(s)
                 clean.writes[s] = self._write(s, flat_channels(clean.values[site.hook], site)[..., site.columns])
+            for layer, heads in exact.items():
+                clean.writes.update(self._exact_writes(prefix, layer, heads))
             if cache is not None:
                 cache[index] = clean
         masks, writes = clean.masks, clean.writes

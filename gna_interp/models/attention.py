@@ -174,11 +174,20 @@ class AttentionAdapter(MixerAdapter):
 
     def receiver_inputs(self, model: "Model", spec: LayerSpec, head: "HeadRef") -> dict[str, list[InputSite]]:
         """``q``: the query head's channels of ``q.hook_out``; ``k``/``v``: its KV group's channels of
-        ``k.hook_out``/``v.hook_out`` (the projections' outputs, before rotary embeddings)."""
+        ``k.hook_out``/``v.hook_out`` (the projections' outputs, before rotary embeddings). Where a query or key
+        norm spans every head (OLMo-2), the head's query or key depends on every head's projection, so it is read
+        after that norm (``q_norm.hook_out`` / ``k_norm.hook_out``): computed wholly from the receiver's stream."""
         d, group = spec.head_dim, spec.n_heads // max(spec.n_groups, 1)
         g = head.head // group
-        out = {"q": [InputSite(f"{spec.bridge_path}.q.hook_out", head.head * d, (head.head + 1) * d)],
-               "k": [InputSite(f"{spec.bridge_path}.k.hook_out", g * d, (g + 1) * d)],
+        module = model.hf_module(spec.bridge_path)
+
+        def site(name: str) -> str:
+            weight = getattr(getattr(module, f"{name}_norm", None), "weight", None)
+            spans = isinstance(weight, torch.Tensor) and weight.numel() > d
+            return f"{spec.bridge_path}.{name}_norm.hook_out" if spans else f"{spec.bridge_path}.{name}.hook_out"
+
+        out = {"q": [InputSite(site("q"), head.head * d, (head.head + 1) * d)],
+               "k": [InputSite(site("k"), g * d, (g + 1) * d)],
                "v": [InputSite(f"{spec.bridge_path}.v.hook_out", g * d, (g + 1) * d)], "other": []}
         missing = [s.hook for sites in out.values() for s in sites if not model.has_hook(s.hook)]
         if missing:

@@ -260,12 +260,14 @@ class MixerAdapter:
                         (head.head + head.width) * spec.head_dim, spec.n_heads * spec.head_dim)
 
     def output_projection(self, model: ModelLike, spec: LayerLike) -> Float[Tensor, "d_model width"]:
-        """Weight of the linear map from :meth:`output_hook`'s channels into the residual stream."""
+        """Weight ``[d_model, width]`` of the linear map from :meth:`output_hook`'s channels into the residual
+        stream (a GPT-2 ``Conv1D`` stores it ``[width, d_model]``: given transposed)."""
         path = self.output_hook(spec).rsplit(".", 1)[0]
-        weight = getattr(model.hf_module(path), "weight", None)
+        module = model.hf_module(path)
+        weight = getattr(module, "weight", None)
         if not isinstance(weight, Tensor) or weight.dim() != 2:
             raise UnsupportedArchitectureError(f"the output projection {path!r} of {model.name} has no 2-D weight")
-        return weight.detach()
+        return weight.detach().T if type(module).__name__ == "Conv1D" else weight.detach()
 
     # ---- inputs (path patching) -----------------------------------------------------------
     def receiver_inputs(self, model: ModelLike, spec: LayerLike, head: HeadLike) -> dict[str, list[InputSite]]:

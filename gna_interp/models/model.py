@@ -674,6 +674,28 @@ class Model:
         """Hook on the residual stream leaving block ``layer``."""
         return f"blocks.{layer}.hook_out"
 
+    def mixed_stream_hook(self, layer: int) -> str:
+        """Hook on the residual stream once block ``layer``'s token mixers have written to it and before its MLP
+        reads it (``blocks.{layer}.hook_resid_mid``); the block's output where the bridge has no such hook (blocks
+        whose MLP reads the block's input, or that have no MLP)."""
+        mid = f"blocks.{layer}.hook_resid_mid"
+        return mid if self.has_hook(mid) else self.block_output_hook(layer)
+
+    def scaled_blocks(self) -> list[int]:
+        """Blocks that multiply the whole residual stream, input included, by a factor other than 1 (Gemma-4's
+        ``layer_scalar``): there the stream is no longer the sum of what each part wrote."""
+        out = []
+        for layer in range(self.n_layers):
+            scale = getattr(self.hf_module(f"blocks.{layer}"), "layer_scalar", None)
+            if isinstance(scale, Tensor) and not bool((scale == 1).all()):
+                out.append(layer)
+        return out
+
+    def mlp_hook(self, layer: int, where: str) -> str | None:
+        """Hook ``where`` (``in`` or ``out``) of block ``layer``'s MLP, or None when the block has none."""
+        name = f"blocks.{layer}.mlp.hook_{where}"
+        return name if self.has_hook(name) else None
+
     FINAL_NORM_INPUT = "ln_final.hook_in"
 
     @torch.no_grad()
