@@ -1,0 +1,318 @@
+"""Faithfulness: whether a circuit of heads *suffices* for a task -- every head outside it ablated, how much of the
+intact model's metric survives.
+
+**Definition** (Wang et al. 2023; node form). For a circuit ``C`` (a set of heads), ``m(C)`` is the task metric
+with every head of the model *outside* ``C`` ablated together (zero or mean ablation; MLPs, embeddings and the
+unembedding are kept), ``m(M)`` the intact model's and ``m(∅)`` the metric with every head ablated::
+
+    faithfulness(C) = (m(C) - m(∅)) / (m(M) - m(∅))
+
+1 means the circuit alone carries the task as well as the whole model, 0 that it does no better than no head at
+all. The fraction is reported for the logit difference and for the accuracy, with a paired bootstrap interval over
+samples (the same resampled samples in ``m(C)``, ``m(M)`` and ``m(∅)``).
+
+**The curve** (MIB, Mueller et al. 2025, over nodes): ``faithfulness(ranked[:k])`` as ``k`` grows through a grid of
+sizes, beside circuits of the same sizes drawn at random; its **CPR** (area under the curve over the circuit's
+share ``k / N`` of the ``N`` heads, higher is better) and **CMD** (area between the curve and 1, lower is better),
+both by the trapezoid rule. The **smallest circuit** keeping a threshold fraction is found on the ranked order
+(the grid, then bisection between the two sizes that bracket it) and its **minimality** is each member's own
+contribution ``m(C) - m(C \\ {v})``.
+
+Every point is one :class:`~gna_interp.engine.replay.SetAblation` run (the heads outside the circuit removed
+together); the complements of a growing circuit are nested, so a series costs one nested replay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+import torch
+
+from gna_interp.engine.replay import SetAblation
+from gna_interp.errors import InputError
+from gna_interp.interventions.ablation import AblationMethod
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.model import Model
+from gna_interp.options import Options, check_int, options
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.metrics import Results, get_metric, results
+
+__all__ = ["FAITHFULNESS_COLUMNS", "Faithfulness", "FaithfulnessConfig", "faithfulness", "size_grid"]
+
+FAITHFULNESS_COLUMNS = ["size", "series", "seed", "logit_diff", "fraction", "low", "high", "accuracy",
+                        "accuracy_fraction", "heads"]
+FORMAT_VERSION = 1
+
+
+@options
+class FaithfulnessConfig(Options):
+    """How :func:`faithfulness` measures.
+
+    Attributes:
+        method: what replaces the heads outside the circuit (``zero`` or ``mean``).
+        reference: the prompts (or a Task) whose mean activations ``mean`` ablation uses (None: the task's own).
+        sizes: circuit sizes of the curve (None: :func:`size_grid`).
+        seeds: random circuits drawn at every size (random orders of all heads).
+        threshold: the fraction of the intact logit difference the smallest circuit must keep.
+        n_boot: bootstrap resamples of the intervals; level: their coverage.
+        batch_size: prompts per forward.
+    """
+
+    method: AblationMethod = "mean"
+    reference: Any = None
+    sizes: Sequence[int] | None = None
+    seeds: int = 3
+    threshold: float = 0.8
+    n_boot: int = 1000
+    level: float = 0.95
+    batch_size: int = 16
+
+    def validate(self) -> None:
+        if self.method not in ("zero", "mean"):
+            raise InputError(f"faithfulness ablates with method 'zero' or 'mean', got {self.method!r}")
+        check_int("seeds", self.seeds, 0)
+        check_int("n_boot", self.n_boot, 10)
+        if self.n_boot > 100_000:
+            raise InputError(f"n_boot must be at most 100000, got {self.n_boot}")
+        check_int("batch_size", self.batch_size, 1)
+        if isinstance(self.threshold, bool) or not (0 < float(self.threshold) <= 1):
+            raise InputError(f"threshold must be a fraction in (0, 1], got {self.threshold!r}")
+        if isinstance(self.level, bool) or not (0 < float(self.level) < 1):
+            raise InputError(f"level must be in (0, 1), got {self.level!r}")
+        if self.sizes is not None:
+            for k in self.sizes:
+                check_int("each of sizes", k, 0)
+
+
+def size_grid(n: int) -> list[int]:
+    """Circuit sizes from 0 to ``n``: every size up to 8, then roughly doubling (1.5x), then ``n``."""
+    out, k = list(range(min(n, 8) + 1)), 8
+    while k < n:
+        k = max(k + 1, int(round(k * 1.5)))
+        out.append(min(k, n))
+    return sorted(set(out))
+
+
+@dataclass
+class Faithfulness:
+    """A faithfulness curve: per point, the heads kept (all others ablated) and the per-sample results.
+
+    Attributes:
+        metric: ``logit_diff`` (the fraction) -- accuracy fractions are reported beside it.
+        method: the ablation of the heads outside each circuit.
+        n_heads: the heads of the model the circuits are drawn from (``N``).
+        intact, empty: per-sample results of the whole model and of every head ablated.
+        points: ``(series, seed, kept heads, results)``; series ``ranked``, ``random`` or ``smallest``.
+        threshold: the fraction the smallest circuit keeps; smallest: its heads (None when no ranked circuit does).
+        minimality: each head of the smallest circuit: ``m(C) - m(C without it)`` on the logit difference.
+    """
+
+    metric: str
+    method: str
+    n_heads: int
+    intact: Results
+    empty: Results
+    points: list[tuple[str, int, list[HeadRef], Results]]
+    threshold: float = 0.8
+    smallest: list[HeadRef] | None = None
+    minimality: dict[HeadRef, float] = field(default_factory=dict)
+    n_boot: int = 1000
+    level: float = 0.95
+
+    # ---- numbers --------------------------------------------------------------------------
+    def _fraction(self, kept: Results, name: str) -> float:
+        m = get_metric(name)
+        full, none = m.value(self.intact), m.value(self.empty)
+        return (m.value(kept) - none) / (full - none) if full != none else math.nan
+
+    def fraction(self, kept: Results, metric: str = "logit_diff") -> float:
+        """``(m(C) - m(∅)) / (m(M) - m(∅))`` of the results ``kept`` (``metric``: logit_diff or accuracy)."""
+        return self._fraction(kept, metric)
+
+    def interval(self, kept: Results) -> tuple[float, float]:
+        """Paired bootstrap interval (fixed seed) of the logit-difference fraction at :attr:`level`."""
+        m = get_metric("logit_diff")
+        n = len(next(iter(self.intact.values())))
+        idx = torch.randint(0, n, (self.n_boot, n), generator=torch.Generator().manual_seed(0))
+        full, none = m.resampled(self.intact, idx).double(), m.resampled(self.empty, idx).double()
+        frac = (m.resampled(kept, idx).double() - none) / (full - none)
+        frac = frac[torch.isfinite(frac)]
+        if not len(frac):
+            return math.nan, math.nan
+        q = torch.tensor([(1 - self.level) / 2, (1 + self.level) / 2], dtype=torch.float64)
+        lo, hi = torch.quantile(frac, q).tolist()
+        return lo, hi
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per point: columns :data:`FAITHFULNESS_COLUMNS` (``logit_diff`` / ``accuracy``: the metric with
+        the circuit alone; ``fraction`` with its interval ``low``-``high``; ``accuracy_fraction``)."""
+        rows = []
+        acc, ld = get_metric("accuracy"), get_metric("logit_diff")
+        for series, seed, heads, res in self.points:
+            lo, hi = self.interval(res)
+            rows.append({"size": len(heads), "series": series, "seed": seed, "logit_diff": ld.value(res),
+                         "fraction": self.fraction(res), "low": lo, "high": hi, "accuracy": acc.value(res),
+                         "accuracy_fraction": self.fraction(res, "accuracy"),
+                         "heads": ",".join(h.name for h in heads)})
+        return pd.DataFrame(rows, columns=FAITHFULNESS_COLUMNS)
+
+    def curve(self, series: str = "ranked") -> pd.DataFrame:
+        """The points of one series (random: the median fraction over seeds at each size), by size."""
+        df = self.to_frame()
+        df = df[df.series == series]
+        return df.groupby("size", as_index=False)[["fraction", "accuracy_fraction"]].median().sort_values("size")
+
+    def areas(self, series: str = "ranked") -> dict[str, float]:
+        """``cpr``: area under the fraction curve over the circuit's share ``k / N``; ``cmd``: area between the
+        curve and 1 (trapezoid rule over the measured sizes)."""
+        c = self.curve(series)
+        x = torch.tensor(c["size"].to_numpy(dtype=float)) / max(self.n_heads, 1)
+        y = torch.tensor(c["fraction"].to_numpy(dtype=float))
+        if len(x) < 2:
+            return {"cpr": math.nan, "cmd": math.nan}
+        return {"cpr": float(torch.trapezoid(y, x)), "cmd": float(torch.trapezoid((1 - y).abs(), x))}
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers: intact and empty metrics, the smallest circuit (size, heads, fraction, interval,
+        accuracy fraction), the areas of the ranked and random curves."""
+        ld, acc = get_metric("logit_diff"), get_metric("accuracy")
+        out: dict[str, Any] = {"method": self.method, "n_heads": self.n_heads, "threshold": self.threshold,
+                               "intact": {"logit_diff": ld.value(self.intact), "accuracy": acc.value(self.intact)},
+                               "empty": {"logit_diff": ld.value(self.empty), "accuracy": acc.value(self.empty)},
+                               "ranked": self.areas("ranked"), "random": self.areas("random")}
+        if self.smallest is not None:
+            res = next(r for s, _, h, r in self.points if s == "smallest")
+            out["smallest"] = {"size": len(self.smallest), "heads": [h.name for h in self.smallest],
+                               "fraction": self.fraction(res), "interval": list(self.interval(res)),
+                               "accuracy_fraction": self.fraction(res, "accuracy"),
+                               "minimality": {h.name: v for h, v in self.minimality.items()}}
+        return out
+
+    # ---- storage --------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write ``faithfulness.json`` (everything needed to rebuild this object) into the folder ``path``."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+
+        def enc(res: Results) -> dict[str, list]:
+            return {k: v.tolist() for k, v in res.items()}
+
+        doc = {"format": FORMAT_VERSION, "metric": self.metric, "method": self.method, "n_heads": self.n_heads,
+               "threshold": self.threshold, "n_boot": self.n_boot, "level": self.level,
+               "intact": enc(self.intact), "empty": enc(self.empty),
+               "points": [{"series": s, "seed": seed, "heads": [h.name for h in hs], "results": enc(r)}
+                          for s, seed, hs, r in self.points],
+               "smallest": [h.name for h in self.smallest] if self.smallest is not None else None,
+               "minimality": {h.name: v for h, v in self.minimality.items()}, "summary": self.summary()}
+        out = folder / "faithfulness.json"
+        out.write_text(json.dumps(doc, indent=1, allow_nan=True), encoding="utf-8")
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Faithfulness":
+        """Read what :meth:`save` wrote (a folder, or the json file itself)."""
+        p = Path(path)
+        p = p / "faithfulness.json" if p.is_dir() else p
+        doc = json.loads(p.read_text(encoding="utf-8"))
+        if doc.get("format") != FORMAT_VERSION:
+            raise InputError(f"{p}: faithfulness format {doc.get('format')!r}, this version reads {FORMAT_VERSION}")
+        from gna_interp.tasks.metrics import RESULT_DTYPES
+
+        def dec(d: dict[str, list]) -> Results:
+            return {k: torch.tensor(v, dtype=RESULT_DTYPES[k]) for k, v in d.items()}
+
+        small = doc["smallest"]
+        return cls(doc["metric"], doc["method"], int(doc["n_heads"]), dec(doc["intact"]), dec(doc["empty"]),
+                   [(pt["series"], int(pt["seed"]), [HeadRef.parse(h) for h in pt["heads"]], dec(pt["results"]))
+                    for pt in doc["points"]], float(doc["threshold"]),
+                   [HeadRef.parse(h) for h in small] if small is not None else None,
+                   {HeadRef.parse(k): float(v) for k, v in doc["minimality"].items()}, int(doc["n_boot"]),
+                   float(doc["level"]))
+
+
+def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRef | str],
+                 config: FaithfulnessConfig | None = None, **overrides: Any) -> Faithfulness:
+    """The faithfulness curve of circuits made of the first ``k`` heads of ``ranked`` (every other head of the
+    model ablated), ``k`` over ``sizes``, beside ``seeds`` random circuits of each size; the smallest ranked circuit
+    keeping ``threshold`` of the intact logit difference and each of its heads' own contribution.
+
+    ``ranked`` orders some or all of the model's heads (a scan's ranking); heads it leaves out join the circuit last,
+    in the model's order, so the curve ends at the whole model. ``config``: a :class:`FaithfulnessConfig` or keyword
+    overrides of its fields."""
+    from gna_interp.models.model import check_model
+    check_model(model)
+    cfg = FaithfulnessConfig.build(config, **overrides)
+    every = model.heads()
+    order = list(dict.fromkeys(model.check_heads(list(ranked)))) if ranked else []
+    order += [h for h in every if h not in set(order)]
+    n = len(every)
+    sizes = sorted(set(size_grid(n) if cfg.sizes is None else [int(k) for k in cfg.sizes]) | {0, n})
+    if sizes[-1] > n:
+        raise InputError(f"a circuit of {sizes[-1]} heads cannot be drawn from the {n} heads of {model.name}")
+    reference = cfg.reference
+    if cfg.method == "mean" and reference is None and isinstance(task, Task):
+        reference = task  # the task's own mean activations
+    runner = SetAblation.of(model, task, cfg.method, reference, cfg.batch_size)  # a runner handed in keeps its method
+    by_size: dict[int, Results] = {}
+
+    def series(heads: Sequence[HeadRef], ks: Sequence[int]) -> list[Results]:
+        """The circuits ``heads[:k]`` (everything else ablated), ``k`` in ``ks``: their complements are nested,
+        largest circuit (smallest complement) first."""
+        ks = sorted(set(ks), reverse=True)
+        complements = [[h for h in every if h not in set(heads[:k])] for k in ks]
+        got = dict(zip(ks, (results(s) for s in runner.run_nested(complements))))
+        return [got[k] for k in sorted(set(ks))]
+
+    ranked_res = series(order, sizes)
+    by_size.update(zip(sizes, ranked_res))
+    intact, empty = by_size[n], by_size[0]
+    fx = Faithfulness("logit_diff", runner.method, n, intact, empty, [], float(cfg.threshold), n_boot=cfg.n_boot,
+                      level=float(cfg.level))
+    fx.points += [("ranked", 0, order[:k], by_size[k]) for k in sizes]
+    rng_orders = []
+    for s in range(cfg.seeds):
+        perm = list(every)
+        random.Random(f"gna-faithfulness-{s}").shuffle(perm)
+        rng_orders.append(perm)
+        inner = [k for k in sizes if 0 < k < n]
+        for k, res in zip(inner, series(perm, inner)):
+            fx.points.append(("random", s, perm[:k], res))
+    _smallest(fx, runner, every, order, by_size)
+    return fx
+
+
+def _smallest(fx: Faithfulness, runner: SetAblation, every: list[HeadRef], order: list[HeadRef],
+              by_size: dict[int, Results]) -> None:
+    """The smallest ``k`` whose ranked circuit keeps the threshold (grid, then bisection between the bracketing
+    sizes, assuming the fraction grows with ``k`` between them), and the minimality of its heads."""
+
+    def kept(k: int) -> Results:
+        if k not in by_size:
+            by_size[k] = results(runner.run([h for h in every if h not in set(order[:k])]))
+        return by_size[k]
+
+    ok = [k for k in sorted(by_size) if fx.fraction(by_size[k]) >= fx.threshold]
+    if not ok:
+        return
+    hi = ok[0]
+    lo = max((k for k in by_size if k < hi), default=hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fx.fraction(kept(mid)) >= fx.threshold:
+            hi = mid
+        else:
+            lo = mid
+    circuit = order[:hi]
+    fx.smallest = circuit
+    res = kept(hi)
+    fx.points.append(("smallest", 0, circuit, res))
+    ld = get_metric("logit_diff")
+    for h in circuit:
+        without = results(runner.run([x for x in every if x not in set(circuit) or x == h]))
+        fx.minimality[h] = ld.value(res) - ld.value(without)

@@ -1,0 +1,98 @@
+"""Faithfulness of head circuits: every number against a direct construction -- a copy of the plain Hugging Face
+model whose every head outside the circuit has its output-projection columns zeroed, evaluated as a model of its
+own."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.circuits.faithfulness import Faithfulness, faithfulness, size_grid
+from gna_interp.errors import GnaError
+from gna_interp.models.hf import unwrap
+
+
+def _task():
+    return gna.KVRetrieval(3, 6, seed=1, max_value=9)
+
+
+def _zeroed(model, keep):
+    """``model`` with every head outside ``keep`` removed by hand: its columns of ``o_proj`` set to zero in a copy
+    of the HF model, loaded as a separate gna model."""
+    hf = copy.deepcopy(model.hf_model)
+    for h in model.heads():
+        if h in keep:
+            continue
+        spec = model.layer_spec(h.layer, h.kind)
+        path = spec.bridge_path
+        attn = hf.model.layers[h.layer].self_attn
+        assert unwrap(model.hf_module(path)).o_proj.weight.shape == attn.o_proj.weight.shape
+        with torch.no_grad():
+            attn.o_proj.weight[:, model.head_site(h).columns] = 0
+    return gna.load_model(hf, model.tokenizer)
+
+
+def test_fractions_equal_models_with_the_other_heads_zeroed_by_hand(models):
+    model = models("llama")
+    heads = model.heads()
+    ranked = [heads[5], heads[2], heads[9]]
+    fx = faithfulness(model, _task(), ranked, method="zero", sizes=[1, 2, 3], seeds=1, threshold=0.5)
+    ev = {k: gna.evaluate(_zeroed(model, set(ranked[:k])), _task(), progress=False) for k in (0, 1, 2, 3)}
+    intact = gna.evaluate(model, _task(), progress=False)
+    frame = fx.to_frame()
+    for k in (1, 2, 3):
+        row = frame[(frame.series == "ranked") & (frame["size"] == k)].iloc[0]
+        want = (ev[k].logit_diff - ev[0].logit_diff) / (intact.logit_diff - ev[0].logit_diff)
+        assert row.fraction == pytest.approx(want, abs=1e-5)
+        assert row.logit_diff == pytest.approx(ev[k].logit_diff, abs=1e-5)
+        assert row.low <= row.fraction <= row.high
+    ranked_ends = frame[frame.series == "ranked"].set_index("size").fraction
+    assert ranked_ends[0] == pytest.approx(0.0) and ranked_ends[len(heads)] == pytest.approx(1.0)
+    # random circuits: the same sizes, each a different draw
+    rand = frame[frame.series == "random"]
+    assert sorted(rand["size"]) == [1, 2, 3]
+
+
+def test_smallest_circuit_and_minimality(models):
+    model = models("llama")
+    fx = faithfulness(model, _task(), [], method="zero", seeds=0, threshold=0.5)
+    assert fx.smallest is not None
+    k = len(fx.smallest)
+    assert fx.fraction(next(r for s, _, h, r in fx.points if s == "smallest")) >= 0.5
+    if k > 1:  # one head fewer (in the ranked order) does not keep the threshold
+        fewer = faithfulness(model, _task(), fx.smallest, method="zero", sizes=[k - 1], seeds=0)
+        row = fewer.to_frame().query("series == 'ranked' and size == @k - 1").iloc[0]
+        assert row.fraction < 0.5
+    # minimality: a head's own contribution is m(C) - m(C without it), by hand
+    h = fx.smallest[0]
+    alone = gna.evaluate(_zeroed(model, set(fx.smallest) - {h}), _task(), progress=False).logit_diff
+    full = gna.evaluate(_zeroed(model, set(fx.smallest)), _task(), progress=False).logit_diff
+    assert fx.minimality[h] == pytest.approx(full - alone, abs=1e-5)
+
+
+def test_areas_save_and_load(models, tmp_path):
+    model = models("llama")
+    fx = faithfulness(model, _task(), model.heads()[:3], method="mean", sizes=[1, 3], seeds=2)
+    a = fx.areas()
+    assert 0 <= a["cmd"] and math.isfinite(a["cpr"])
+    curve = fx.curve()
+    x = curve["size"].to_numpy() / fx.n_heads
+    assert a["cpr"] == pytest.approx(float(((curve.fraction.to_numpy()[1:] + curve.fraction.to_numpy()[:-1]) / 2
+                                            * (x[1:] - x[:-1])).sum()))
+    back = Faithfulness.load(fx.save(tmp_path))
+    assert back.to_frame().equals(fx.to_frame()) and back.summary() == fx.summary()
+
+
+def test_bad_arguments_are_refused(models):
+    model = models("llama")
+    for bad in (dict(method="resample"), dict(threshold=0), dict(threshold=1.5), dict(n_boot=0), dict(seeds=-1),
+                dict(sizes=[-1])):
+        with pytest.raises(GnaError):
+            faithfulness(model, _task(), [], **bad)
+    with pytest.raises(GnaError):
+        faithfulness(model, _task(), [], sizes=[10_000])
+    assert size_grid(3) == [0, 1, 2, 3] and size_grid(30)[-1] == 30
