@@ -369,8 +369,9 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        with quiet_transformers():  # transformers' own "Writing model shards" bar (a widget in Jupyter)
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
         (tmp / "gna_source.json").write_text(json.dumps({"gguf": str(path.resolve()), "format": _CACHE_FORMAT}))
         if target.exists():
             shutil.rmtree(target)
