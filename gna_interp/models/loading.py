@@ -389,7 +389,8 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer: Any = None,
 
     ``spec`` may also be a model already in memory: a Hugging Face causal LM with its tokenizer
     (``load_model(hf_model, tokenizer)``; ``device=`` / ``dtype=``, when given, must be where the model already is)
-    or a TransformerLens ``TransformerBridge`` (its own tokenizer). For a spec, which is loaded with the tokenizer
+    or a TransformerLens ``TransformerBridge`` (its own tokenizer), or an nnsight ``LanguageModel`` (the Hugging Face
+    model and tokenizer inside it, :func:`~gna_interp.models.in_memory.from_nnsight`). For a spec, which is loaded with the tokenizer
     saved beside it, a second argument that is a device (``load_model("smollm2-135m", "cuda")``) is the device. It is
     wrapped by :func:`load_in_memory` without copying weights or reading files, runs on its own device and dtype,
     and is left exactly as it was. A gna_interp Model's own bridge (``model.bridge``) is refused: use the Model.
@@ -413,8 +414,11 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer: Any = None,
     ``device_map`` takes a Hugging Face device map (``"auto"``, ``"balanced"`` or ``{module: device}``); both
     instead of ``device``. TransformerLens refuses them for SSM and hybrid (stateful) models.
     """
-    from gna_interp.models.in_memory import is_model_object
+    from gna_interp.models.in_memory import from_nnsight, is_model_object
 
+    nnsight = from_nnsight(spec, tokenizer)
+    if nnsight is not None:  # an nnsight LanguageModel: the Hugging Face model and tokenizer it wraps
+        spec, tokenizer = nnsight
     if is_model_object(spec):
         checked = parse_device(device)
         if device_map is not None or n_devices is not None:
