@@ -30,7 +30,7 @@ def set_quiet(quiet: bool = True) -> bool:
     writing, downloads) go with ours: :func:`third_party_bars` is called with the new setting."""
     global _quiet
     was, _quiet = _quiet, bool(quiet)
-    third_party_bars(not quiet())
+    third_party_bars(not _all_quiet())
     return was
 
 
@@ -77,6 +77,10 @@ def _resolve(path: str) -> Any:
 
 def quiet() -> bool:
     """Whether bars are off for the whole process: :func:`set_quiet` or the ``TQDM_DISABLE`` environment variable."""
+    return _all_quiet()
+
+
+def _all_quiet() -> bool:
     return _quiet or os.environ.get("TQDM_DISABLE", "").strip().lower() not in _FALSE
 
 
