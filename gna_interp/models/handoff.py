@@ -79,10 +79,10 @@ def _module_path(model: Any, hook: str) -> tuple[str | None, str]:
 
 def head_addresses(model: Any, heads: Sequence[HeadRef | str] | str | HeadRef) -> list[Address]:
     """Where each head of ``heads`` writes (its output channels), as :class:`Address` rows; ``heads`` is a list of
-    heads or names, a comma-separated string, or an object with ``.heads()`` (a :class:`~gna_interp.circuits.Circuit`,
-    whose ``heads()`` are its ranked heads) -- take its top ones first: ``head_addresses(model, circuit.heads()[:5])``."""
-    if hasattr(heads, "heads") and callable(heads.heads):
-        heads = heads.heads()
+    heads or names, a comma-separated string, or an object with ``.heads`` (a :class:`~gna_interp.circuits.Circuit`,
+    whose ``heads`` are its ranked heads) -- take its top ones first: ``head_addresses(model, circuit.heads[:5])``."""
+    if not isinstance(heads, (str, list, tuple, HeadRef)) and hasattr(heads, "heads"):
+        heads = heads.heads() if callable(heads.heads) else heads.heads
     out = []
     for h in model.check_heads(heads):
         site = model.head_site(h)
