@@ -93,15 +93,21 @@ _EXPORTS = {
 }
 
 
+# subpackages reachable as attributes without their own import (``gna.viz.score_heatmap``), imported on first use
+_SUBPACKAGES = ("circuits", "engine", "experiments", "interventions", "mixing", "models", "report", "tasks", "viz",
+                "zoo")
+
+
 def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
+    if name in _EXPORTS or name in _SUBPACKAGES:
         import importlib
 
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        value = (importlib.import_module(f"gna_interp.{name}") if name in _SUBPACKAGES
+                 else getattr(importlib.import_module(_EXPORTS[name]), name))
         globals()[name] = value
         return value
     raise AttributeError(f"module 'gna_interp' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    return sorted({*globals(), *_EXPORTS, *_SUBPACKAGES})

@@ -37,3 +37,8 @@ class InputError(GnaError, ValueError):
 
 class OptionError(InputError):
     """An option that does not exist (the message names the closest one) or has an invalid value."""
+
+
+class BridgeOnlyError(GnaError, AttributeError):
+    """A TransformerLens name that a :class:`~gna_interp.models.Model` does not carry (``W_U``, ``add_hook``, ...):
+    the message says where it lives (``model.bridge.NAME``) or which method of the Model does the job."""

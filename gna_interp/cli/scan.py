@@ -9,7 +9,9 @@ from typing import Any
 
 from gna_interp.cli import command
 from gna_interp.cli.args import (FORMATS, at_least, check_pairs, check_questions_reachable, choice_list, claim_out,
-                                 compute_args, load_for, model_arg, resume_args, seeds_arg, task_args, task_options)
+                                 compute_args, load_for, model_arg, resume_args, say_figures, seeds_arg, task_args,
+                                 task_options)
+from gna_interp.cli.stages import announced_stages, heartbeat
 from gna_interp.cli.signals import say_interrupted
 from gna_interp.errors import InputError
 
@@ -92,7 +94,10 @@ def run_scan(args: argparse.Namespace) -> int:
         return 0
     print(circuit_summary(circuit, top=10))
     print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
-    print(f"wrote {build_report(out, circuit=circuit)} and {out / SUMMARY_FILE}")
+    with heartbeat(lambda line: print(line, flush=True), f"writing {out / 'report.html'}"):
+        report = build_report(out, circuit=circuit)
+    print(f"wrote {report} and {out / SUMMARY_FILE}")
+    say_figures(out)
     return 0
 
 
@@ -177,7 +182,8 @@ def _discover(args: argparse.Namespace, model: Any, choice: Any, folder: Any, st
         return circuit
 
     try:
-        return run_job(shard, lambda: folder.hold(args.fresh), prepare, sharded, rest)
+        with announced_stages(lambda line: print(line, flush=True) if lead else None):
+            return run_job(shard, lambda: folder.hold(args.fresh), prepare, sharded, rest)
     except KeyboardInterrupt:
         if lead:
             say_interrupted(args, ckpt, what="heads", ranks=rank_files(ckpt),

@@ -8,6 +8,7 @@ attention, Mamba-2 heads, Mamba-1 channels; more with :func:`register_kind`).
 from gna_interp.models.arch import LayerSpec, detect_layers
 from gna_interp.models.attention import AttentionAdapter
 from gna_interp.models.card import read_card
+from gna_interp.models.handoff import Address, ablated_modules, ablation_hooks, edge_addresses, head_addresses
 from gna_interp.models.heads import HeadRef, parse_heads
 from gna_interp.models.registry import adapter, kinds, register_kind, unregister_kind
 from gna_interp.models.mixer import HeadSite, MaskOptions, MixerAdapter, PatternOptions
@@ -20,8 +21,8 @@ for _adapter in (AttentionAdapter(), Mamba2Adapter(), Mamba1Adapter()):
     if _adapter.kind not in kinds():
         register_kind(_adapter)
 
-__all__ = ["ALIASES", "AttentionAdapter", "HeadRef", "HeadSite", "LayerSpec", "Mamba1Adapter", "Mamba2Adapter", "MaskOptions",
-           "MixerAdapter", "Model", "PatternOptions", "ResolvedSpec", "SSMAdapter", "TokenBatch", "adapter",
-           "cache_dir", "check_model", "convert_gguf", "detect_layers", "hub_reachable", "kinds", "load_model", "parse_heads",
+__all__ = ["ALIASES", "Address", "AttentionAdapter", "HeadRef", "HeadSite", "LayerSpec", "Mamba1Adapter", "Mamba2Adapter", "MaskOptions",
+           "MixerAdapter", "Model", "PatternOptions", "ResolvedSpec", "SSMAdapter", "TokenBatch", "ablated_modules", "ablation_hooks", "adapter",
+           "cache_dir", "check_model", "convert_gguf", "detect_layers", "edge_addresses", "head_addresses", "hub_reachable", "kinds", "load_model", "parse_heads",
            "read_card", "register_kind", "resolve_spec", "smollm2_gguf_path", "unregister_kind", "zoo_dir",
            "zoo_names"]

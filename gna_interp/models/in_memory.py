@@ -36,13 +36,51 @@ from gna_interp.models.model import owned_by_model
 from gna_interp.models.reach import Reached, reached_kind
 from gna_interp.models.spec import IN_MEMORY_PREFIX
 
-__all__ = ["bridge_of", "in_memory_name", "is_model_object", "own_output_weights", "shared_copy"]
+__all__ = ["bridge_of", "from_nnsight", "in_memory_name", "is_model_object", "own_output_weights", "shared_copy"]
 
 
 def is_model_object(obj: Any) -> bool:
     """Whether ``obj`` is a model object rather than a spec: a ``torch.nn.Module`` (a Hugging Face model, a
     ``TransformerBridge``, or something :func:`bridge_of` will refuse with a clear error)."""
     return isinstance(obj, torch.nn.Module)
+
+
+def from_nnsight(obj: Any, tokenizer: Any = None) -> tuple[Any, Any] | None:
+    """``(hf_model, tokenizer)`` inside an nnsight model (an nnsight ``LanguageModel`` or any of its envoys: the
+    wrapped module is ``._module``, older nnsight releases called it ``._model``; the tokenizer is the
+    LanguageModel's unless one is given), or None when ``obj`` is not an nnsight object. nnsight itself is not
+    imported: the object is recognised by its class's module.
+
+    Raises :class:`InputError` when the nnsight model was not dispatched (its weights are still on the meta device:
+    ``LanguageModel(..., dispatch=True)``) and :class:`UnsupportedArchitectureError` for an envoy of a part of the
+    model (``lm.model``, the base model without the LM head: pass ``lm`` itself)."""
+    if not any(c.__module__.split(".")[0] == "nnsight" for c in type(obj).__mro__):
+        return None
+    inner = None
+    for name in ("_module", "_model"):
+        try:
+            inner = object.__getattribute__(obj, name)
+        except AttributeError:
+            continue
+        if isinstance(inner, torch.nn.Module):
+            break
+    if not isinstance(inner, torch.nn.Module):
+        raise InputError(f"this {type(obj).__name__} (nnsight) holds no torch module to wrap: pass the LanguageModel "
+                         f"of a Hugging Face causal LM")
+    if not _is_causal_lm(inner):
+        raise UnsupportedArchitectureError(
+            f"this nnsight envoy wraps a {type(inner).__name__}, a part of the model without its LM head (e.g. "
+            f"lm.model): pass the LanguageModel itself, load_model(lm)")
+    if any(p.is_meta for p in inner.parameters()):
+        raise InputError(f"the nnsight {type(obj).__name__} has not loaded its weights yet (they are on the meta "
+                         f"device until its first trace): create it with LanguageModel(..., dispatch=True), or call "
+                         f"lm.dispatch() first")
+    if tokenizer is None:
+        try:
+            tokenizer = getattr(obj, "tokenizer", None)
+        except Exception:  # noqa: BLE001 -- an envoy without one
+            tokenizer = None
+    return inner, tokenizer
 
 
 def _is_bridge(obj: Any) -> bool:

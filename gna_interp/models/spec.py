@@ -40,8 +40,16 @@ class ResolvedSpec:
 
 
 def cache_dir() -> Path:
-    """Where converted GGUF models are kept: ``$GNA_CACHE`` or ``~/.cache/gna_interp``."""
-    return Path(os.environ.get("GNA_CACHE") or Path.home() / ".cache" / "gna_interp")
+    """Where converted GGUF models are kept: ``$GNA_CACHE`` when set, else the platform's user cache folder for
+    ``gna_interp`` (``platformdirs.user_cache_path``): ``$XDG_CACHE_HOME/gna_interp`` on Linux when that is set,
+    else ``~/.cache/gna_interp``; ``~/Library/Caches/gna_interp`` on macOS; ``%LOCALAPPDATA%\\gna_interp\\Cache`` on
+    Windows."""
+    given = os.environ.get("GNA_CACHE")
+    if given:
+        return Path(given).expanduser()
+    from platformdirs import user_cache_path
+
+    return user_cache_path("gna_interp", appauthor=False)
 
 
 def smollm2_gguf_path() -> Path | None:

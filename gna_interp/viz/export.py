@@ -29,19 +29,35 @@ _CHILD = ("import json, sys\n"
           "                 height=job['heights'])\n")
 
 
+FIGURES_EXTRA = "figures"  # the extra of gna-interp that installs kaleido (pyproject.toml)
+
+
 def png_export_problem() -> str | None:
     """Why PNG export cannot work here (``None`` when it can): kaleido missing or no Chromium to drive."""
     try:
         import kaleido  # noqa: F401
     except ImportError:
-        return "kaleido is not installed (pip install kaleido); it is optional and only needed for PNG files"
+        return (f"kaleido is not installed: pip install 'gna-interp[{FIGURES_EXTRA}]' adds it (only the PNG files need "
+                f"it; report.html draws every figure without it)")
     try:
         from choreographer.browsers.chromium import Chromium
 
         found = Chromium.find_browser(skip_local=False)
     except Exception:  # noqa: BLE001 -- a choreographer version without this lookup: let the export try
         return None
-    return None if found else "kaleido finds no Chromium/Chrome to drive; install one (e.g. apt-get install chromium)"
+    return None if found else ("kaleido finds no Chromium/Chrome to drive; install one (apt-get install chromium, or "
+                               "plotly_get_chrome, which downloads one for kaleido)")
+
+
+def png_note(folder: str | Path) -> str | None:
+    """The one line a command prints after writing ``folder/report.html``: None when ``folder/figures`` holds PNG
+    files, else why it holds none (:func:`png_export_problem`: the extra to install, or the browser kaleido lacks)."""
+    figures = Path(folder) / "figures"
+    if figures.is_dir() and any(figures.glob("*.png")):
+        return None
+    problem = png_export_problem()
+    return (f"no PNG figures written in {figures}: {problem}" if problem else
+            f"no PNG figures written in {figures}: the export failed (report.html says why)")
 
 
 def write_pngs(figures: Mapping[str, Any], out_dir: str | Path, timeout: float | None = None) -> list[Path]:
