@@ -194,6 +194,44 @@ class Faithfulness:
                                "minimality": {h.name: v for h, v in self.minimality.items()}}
         return out
 
+    def report(self) -> str:
+        """A Markdown summary: the intact and empty metrics, the smallest circuit with its interval and minimality,
+        the areas of the ranked and random curves."""
+        sm = self.summary()
+        lines = [f"# Faithfulness ({self.method} ablation of every head outside the circuit, {self.n_heads} heads)", "",
+                 f"- intact model: logit difference {sm['intact']['logit_diff']:.3f}, accuracy "
+                 f"{sm['intact']['accuracy']:.3f}; every head ablated: {sm['empty']['logit_diff']:.3f}, "
+                 f"{sm['empty']['accuracy']:.3f}"]
+        if "smallest" in sm:
+            s = sm["smallest"]
+            lo, hi = s["interval"]
+            lines.append(f"- smallest ranked circuit keeping {self.threshold:.0%} of the logit difference: "
+                         f"{s['size']} heads ({', '.join(s['heads'])}), fraction {s['fraction']:.3f} "
+                         f"[{lo:.3f}, {hi:.3f}], accuracy fraction {s['accuracy_fraction']:.3f}")
+            lines.append("- each head's own contribution (logit difference lost when it alone leaves the circuit): "
+                         + ", ".join(f"{h} {v:+.3f}" for h, v in s["minimality"].items()))
+        else:
+            lines.append(f"- no ranked circuit measured keeps {self.threshold:.0%} of the logit difference")
+        for name in ("ranked", "random"):
+            a = sm[name]
+            lines.append(f"- {name} circuits: CPR {a['cpr']:.3f} (area under the curve, higher is better), CMD "
+                         f"{a['cmd']:.3f} (area between the curve and 1, lower is better)")
+        frame = self.to_frame()
+        lines += ["", "| size | series | seed | fraction | interval | accuracy fraction |", "|---|---|---|---|---|---|"]
+        for r in frame.itertuples():
+            lines.append(f"| {r.size} | {r.series} | {r.seed} | {r.fraction:.3f} | [{r.low:.3f}, {r.high:.3f}] | "
+                         f"{r.accuracy_fraction:.3f} |")
+        return "\n".join(lines) + "\n"
+
+    def write(self, folder: str | Path) -> list[Path]:
+        """``faithfulness.json`` (:meth:`save`), ``faithfulness.csv`` (:meth:`to_frame`) and ``faithfulness.md``
+        (:meth:`report`) in ``folder``."""
+        out = [self.save(folder)]
+        csv, md = Path(folder) / "faithfulness.csv", Path(folder) / "faithfulness.md"
+        self.to_frame().to_csv(csv, index=False)
+        md.write_text(self.report(), encoding="utf-8")
+        return out + [csv, md]
+
     # ---- storage --------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write ``faithfulness.json`` (everything needed to rebuild this object) into the folder ``path``."""

@@ -1,0 +1,73 @@
+"""``gna circuit``: whether a scanned circuit suffices -- its faithfulness curve, the smallest circuit keeping a
+threshold of the intact logit difference, and each of its heads' own contribution
+(:func:`gna_interp.circuits.faithfulness`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from gna_interp.cli import command
+from gna_interp.cli.args import at_least, claim_out, model_arg, seeds_arg
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"sizes must be comma-separated integers, got {text!r}") from None
+    if not sizes or min(sizes) < 0:
+        raise argparse.ArgumentTypeError(f"sizes must be integers >= 0, got {text!r}")
+    return sizes
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
+    return v
+
+
+@command("circuit", "whether a scanned circuit suffices: every head outside the first k of the scan's ranking "
+                    "ablated, the fraction of the intact logit difference kept as k grows (beside random circuits), "
+                    "the smallest circuit keeping --threshold of it; writes faithfulness.json/.csv/.md/.html")
+def _circuit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scan", help="a `gna scan` output folder (its model, task and ranking)")
+    model_arg(p, "model spec (default: the spec the circuit was found with)")
+    p.add_argument("--method", choices=("mean", "zero"), default="mean",
+                   help="what replaces the heads outside the circuit (mean: their mean over the task's prompts; "
+                        "default)")
+    p.add_argument("--threshold", type=_fraction, default=0.8,
+                   help="fraction of the intact logit difference the smallest circuit keeps (default 0.8)")
+    p.add_argument("--sizes", type=_sizes, default=None,
+                   help="circuit sizes of the curve, e.g. 1,2,5,10 (default: 0-8, then x1.5 up to every head)")
+    p.add_argument("--seeds", type=seeds_arg(0), default=3, help="random circuits at each size (default 3)")
+    p.add_argument("--batch-size", type=at_least(1), default=16)
+    p.add_argument("--out", default="gna_circuit", help="output folder (default gna_circuit)")
+    p.add_argument("--fresh", action="store_true", help="--out may hold another command's results: delete them first")
+    p.set_defaults(run=run_circuit, runs_model=True)
+
+
+def run_circuit(args: argparse.Namespace) -> int:
+    from gna_interp.circuits import Circuit, faithfulness
+    from gna_interp.models import load_model
+
+    folder = claim_out(args, "circuit")  # before the model loads
+    circuit = Circuit.load(args.scan)
+    model = load_model(args.model or circuit.model, device=getattr(args, "device", None))
+    ranked = circuit.scan.top(len(circuit.scan.heads))
+    fx = faithfulness(model, circuit.load_task(), ranked, method=args.method, threshold=args.threshold,
+                      sizes=args.sizes, seeds=args.seeds, batch_size=args.batch_size)
+    print(fx.report())
+    from gna_interp.viz.faithfulness import faithfulness_curve
+
+    with folder.hold(args.fresh):
+        written = fx.write(folder.path)
+        html = folder.path / "faithfulness.html"
+        faithfulness_curve(fx, title=f"{model.name}: faithfulness of the scanned circuit").write_html(
+            html, include_plotlyjs=True)
+        written.append(html)
+    print(f"wrote {', '.join(str(p) for p in written)}")
+    return 0
