@@ -38,6 +38,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from gna_interp.errors import InputError
 from gna_interp.circuits.paths import LOGITS, Edge, PathEffects, PathOptions, PathPatcher, path_effects
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
@@ -80,6 +81,9 @@ def measure_edges(model: Model, task: Task, heads: Sequence[HeadRef], config: Pa
 
 
 def _holds(row: Any, drop: float) -> bool:
+    if not math.isfinite(drop):
+        raise InputError(f"the drop {drop} compared with the edge {row['edge']} is not a number: causal roles need each "
+                         f"head's drop in the edges' metric (Circuit.edge_drops)")
     return bool(row["low"] > 0 and row["effect"] >= MATERIAL * max(drop, 0.0))
 
 

@@ -189,10 +189,18 @@ class Circuit:
             return None
         return strongest_path(self.edges, self._causal_roles())
 
+    def edge_drops(self) -> dict[str, float]:
+        """Each scanned head's own drop in the unit of the edge table (``{name: drop}``): the drop of the scan's
+        estimand (the logit difference, or the log-prob of a ``logprob`` scan), which the edges are measured in --
+        exact where the head was run exactly, else its attribution estimate. An ``accuracy`` scan's own drops are
+        NaN for the heads it did not run, and accuracy is not what the edges measure."""
+        return {h.name: d for h, d in self.scan.drops(self.scan.estimand).items()}
+
     def _causal_roles(self) -> pd.DataFrame:
-        """:func:`~gna_interp.circuits.causal.causal_roles` of the edge table, each head's drop from the scan."""
+        """:func:`~gna_interp.circuits.causal.causal_roles` of the edge table, each head's drop from the scan
+        (:meth:`edge_drops`)."""
         assert self.edges is not None
-        return causal_roles(self.edges, {h.name: d for h, d in self.scan.drops().items()})
+        return causal_roles(self.edges, self.edge_drops())
 
     def pair(self, pool: int = 20) -> tuple[HeadRef, HeadRef] | None:
         """The gather/aggregate pair: the sender and receiver of the strongest measured gather -> aggregate path

@@ -245,7 +245,7 @@ class HybridBuild:
                     "<h2>Reference</h2>", table_html(self.reference),
                     "<h2>Metrics</h2>", "<pre>" + html.escape(self.summary()) + "</pre>"]
         return ResultFolder(out, NAME).write(self.table, self.to_dict(), title=f"Hybrid build: {self.teacher}",
-                                             figures={NAME: self.figure()}, notes=notes, sections=sections, png=png)
+                                             figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "HybridBuild":

@@ -371,7 +371,7 @@ class MaskResult:
             sections += ["<h2>Role scores by summary offset</h2>", table_html(self.scores)]
         return ResultFolder(out, "mask").write(
             self.frame, self.to_doc(), title=f"Keep-only-G&A masks: {self.model}",
-            figures={"mask": self.figure()}, notes=self.summary().splitlines(), sections=sections, png=png)
+            figures={"mask": self.figure}, notes=self.summary().splitlines(), sections=sections, png=png)
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> "MaskResult":
