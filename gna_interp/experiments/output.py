@@ -27,7 +27,7 @@ from gna_interp.errors import InputError, ReportWarning
 from gna_interp.options import Options, options
 from gna_interp.store import atomic_write, read_json, records, write_json
 from gna_interp.viz.export import png_export_problem, write_pngs
-from gna_interp.viz.html import IsolatedParts, figure_div, page
+from gna_interp.viz.html import IsolatedParts, figure_div, one_line, page
 
 REPORT_FILE = "report.html"
 FIGURES_DIR = "figures"
@@ -121,7 +121,7 @@ class ResultFolder:
                 try:
                     write_pngs(drawn, self.path / FIGURES_DIR)
                 except Exception as e:  # noqa: BLE001 -- the page has the same figures
-                    parts.fail("PNG figures", e)
+                    parts.fail("PNG figures", e, note=f"PNG figures not written: {one_line(e.args[0] if isinstance(e, RuntimeError) and e.args else e)}")
             else:
                 parts.sections.append(f'<p class="note">PNG figures not written: {html.escape(problem)}</p>')
         atomic_write(self.report, page(title, parts.sections, plotly=bool(drawn)))

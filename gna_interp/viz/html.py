@@ -164,12 +164,13 @@ class IsolatedParts:
         self.sections += [got] if isinstance(got, str) else list(got)
         return True
 
-    def fail(self, title: str, error: BaseException | str) -> None:
-        """Record ``title`` as not drawn (``error``: the exception or the reason) and put a note in its place."""
+    def fail(self, title: str, error: BaseException | str, note: str | None = None) -> None:
+        """Record ``title`` as not drawn (``error``: the exception or the reason) and put a note in its place
+        (``note``: that note's text, default ``Not drawn: ...``)."""
         why = one_line(error)
         self.failed.append(f"{title}: {why}")
-        self.sections += [f"<h2>{html.escape(title)}</h2>",
-                          f'<p class="note">{html.escape(f"Not drawn: {why}. The results files are complete.")}</p>']
+        text = note if note is not None else f"Not drawn: {why}. The results files are complete."
+        self.sections += [f"<h2>{html.escape(title)}</h2>", f'<p class="note">{html.escape(text)}</p>']
 
 
 def one_line(error: BaseException | str, limit: int = 300) -> str:
