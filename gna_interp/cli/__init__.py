@@ -141,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     finally:
+        from gna_interp.run_folder import release_held
+
+        release_held()  # the --out lock a command claimed, however it ended
         sys.stdout, sys.stderr = streams
         if was_quiet is not None:
             set_quiet(was_quiet)
