@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from gna_interp.circuits.causal import EDGE_COLUMNS, causal_roles, strongest_path
+from gna_interp.circuits.causal import EDGE_COLUMNS, causal_roles, check_edge_table, strongest_path
 from gna_interp.circuits.curve import CURVE_COLUMNS
 from gna_interp.circuits.delegation import Delegation
 from gna_interp.circuits.formats import consistency_order, format_frame
@@ -347,7 +347,8 @@ class Circuit:
             timings=dict(doc.get("timings") or {}), delegation=delegation,
             calibration=Calibration.from_dict(doc["calibration"]) if doc.get("calibration") else None,
             formats=dict(formats or {}), format_tasks=dict(format_tasks or {}),
-            edges=pd.DataFrame(doc["edges"], columns=EDGE_COLUMNS) if doc.get("edges") is not None else None)
+            edges=check_edge_table(doc["edges"], scan.heads, "circuit field 'edges'") if doc.get("edges") is not None
+            else None)
 
     def __repr__(self) -> str:
         pair = self.pair()
@@ -476,6 +477,8 @@ def _check_heads(d: Path, doc: dict[str, Any], scan: HeadScan) -> None:
                 raise InputError(f"{d / 'circuit.json'}: field '{key}/{i}' is {row['name']!r} at layer "
                                  f"{row.get('layer')}, head {row.get('head')}, which do not agree (or it was not "
                                  f"scanned); the file was edited: rerun `gna scan`")
+    if doc.get("edges") is not None:
+        check_edge_table(doc["edges"], scan.heads, f"{d / 'circuit.json'}: field 'edges'")
     try:
         task_from_dict(doc["task"])
     except (InputError, OverflowError, ValueError, TypeError, KeyError) as e:
