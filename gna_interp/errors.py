@@ -42,3 +42,20 @@ class OptionError(InputError):
 class BridgeOnlyError(GnaError, AttributeError):
     """A TransformerLens name that a :class:`~gna_interp.models.Model` does not carry (``W_U``, ``add_hook``, ...):
     the message says where it lives (``model.bridge.NAME``) or which method of the Model does the job."""
+
+
+class GnaWarning(UserWarning):
+    """Base class of every gna_interp warning."""
+
+
+class ReportWarning(GnaWarning):
+    """A part of a result page (a figure, a table, the PNG files, summary.md) that could not be drawn: the page and
+    summary.md say which and why; the results files are complete."""
+
+
+def terminal_text(text: str) -> str:
+    """``text`` safe to print on a terminal: control characters (an escape sequence in a folder name, a bell),
+    bidirectional overrides and other invisible format characters written as ``\\xNN`` / ``\\uNNNN``; line breaks,
+    carriage returns and tabs kept."""
+    return "".join(c if c in "\n\r\t" or c.isprintable() or c == " "
+                   else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}" for c in text)

@@ -45,6 +45,24 @@ def check_int(name: str, value: Any, minimum: int | None = None, allow_none: boo
         raise OptionError(f"{name} must be >= {minimum}, got {value}")
 
 
+N_BOOT_MAX = 100_000  # bootstrap resamples: far past any interval's precision, and a bounded allocation
+
+
+def check_n_boot(value: Any, name: str = "n_boot") -> int:
+    """``value`` as a number of bootstrap resamples, ``1..N_BOOT_MAX``; :class:`OptionError` otherwise."""
+    check_int(name, value, 1)
+    if value > N_BOOT_MAX:
+        raise OptionError(f"{name} must be <= {N_BOOT_MAX} (resamples of an interval), got {value}")
+    return int(value)
+
+
+def check_level(value: Any, name: str = "level") -> float:
+    """``value`` as an interval's confidence level, strictly between 0 and 1; :class:`OptionError` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise OptionError(f"{name} must be a number strictly between 0 and 1, got {value!r}")
+    return float(value)
+
+
 def check_counts(owner: Any, minimums: dict[str, int]) -> None:
     """Raise :class:`OptionError` naming the first field of ``owner`` in ``minimums`` that is not an int (not a
     bool) at least its minimum: ``NAME must be an integer >= MIN, got VALUE``."""

@@ -8,8 +8,9 @@ A result folder is shared between people (a colleague's scan, a paper's suppleme
 - nothing written can follow a link out of it: no folder inside ``--out`` is a symbolic link (``figures`` linked
   to another run's figures would have its PNGs overwritten). Files are replaced by rename, which replaces a
   link rather than writing through it;
-- no live gna process is writing into it (``.gna.lock`` with the writer's pid; a lock left by a dead process is
-  taken over);
+- no other gna process is writing into it: every command that writes takes ``.gna.lock``, an OS lock that dies
+  with its process, when it claims the folder (before its model loads) and holds it until it ends; a lock file left
+  by a crashed run blocks nothing, and its contents are never trusted;
 - it does not hold **another command's results** (``gna scan`` into a ``gna hybrid plan`` folder would replace
   its ``report.html``): refused unless ``--fresh``, which deletes those results (the files :data:`RESULTS`
   names for that command, ``report.html`` and ``figures/``; nothing else) before the command writes;
@@ -24,13 +25,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import time
+import stat
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from gna_interp.errors import InputError
 
-__all__ = ["LOCK_FILE", "RESULTS", "Lock", "RunFolder", "check_out_dir", "check_out_file", "check_writable", "owner_of"]
+__all__ = ["LOCK_FILE", "RESULTS", "Lock", "RunFolder", "check_out_dir", "check_out_file", "check_writable", "owner_of",
+           "release_held"]
 
 LOCK_FILE = ".gna.lock"
 
@@ -146,65 +148,173 @@ def check_writable(folder: Path, files: Iterable[str] = (), dirs: Iterable[str] 
 
 
 class Lock:
-    """``DIR/.gna.lock`` held while a command writes into ``DIR``: a second command into the same folder is
-    refused (a lock left by a process that no longer runs is taken over)."""
+    """``DIR/.gna.lock`` held while a command writes into ``DIR``: a second command into the same folder is refused.
+
+    The lock is an OS lock (``fcntl.flock``) on that file, so it dies with the process that holds it: a run that
+    crashed, was killed or stopped on a full disk never blocks the next one, whatever file it left. The file's
+    contents (the holder's pid, for people) are never read as a number or trusted. Only commands that write take
+    it; reading a folder (``Circuit.load``, ``HeadScan.load``, ...) takes no lock and works in a read-only folder.
+    """
 
     def __init__(self, folder: Path) -> None:
         self.path = Path(folder) / LOCK_FILE
+        self._fd: int | None = None
+        self._made: Path | None = None  # the folder this lock created (removed again on release when left empty)
 
-    def check(self) -> None:
-        """Refuse when a live process holds the lock, or when something else than a lock file sits at its name (a
-        folder, a link, a FIFO: never read, followed or removed); read only: touches nothing."""
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._fd is not None
+
+    def _refuse_odd(self) -> None:
         if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
             what = "a symbolic link" if self.path.is_symlink() else "a folder" if self.path.is_dir() else "not a file"
             raise InputError(f"{self.path} is {what}, not gna's lock file: gna neither reads nor removes it; move it "
                              f"away (or pick another --out)")
-        if self.path.exists() and self._held():
-            raise InputError(f"{self.path.parent} is in use by another gna process ({self.path} names pid "
-                             f"{self._pid() or '?'}); wait for it to finish, pick another --out, or delete the lock "
-                             f"file if no gna process uses the folder")
 
-    def _pid(self) -> int:
+    def _in_use(self) -> InputError:
+        return InputError(f"{self.path.parent} is in use by another gna process (it holds {self.path}); wait for it "
+                          f"to finish or pick another --out")
+
+    def check(self) -> None:
+        """Refuse when another process holds the lock, or when something else than a lock file sits at its name (a
+        folder, a link, a FIFO: never read, followed or removed); touches nothing (a lock file nobody holds, left
+        by a process that is gone, is no obstacle)."""
+        self._refuse_odd()
+        if self.held or not self.path.exists():
+            return
         try:
-            return int(self.path.read_text().strip() or 0)
-        except (OSError, ValueError):
-            return 0
-
-    def _held(self) -> bool:
-        pid = self._pid()
-        if pid:
-            return _alive(pid)
-        try:  # empty: another process is between creating it and writing its pid, unless it is old
-            return time.time() - self.path.stat().st_mtime < 60
+            fd = os.open(self.path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK)
         except OSError:
-            return False
+            return  # unreadable here: taking the lock (which needs write access) will say why
+        try:
+            if not _try_lock(fd, shared=True):
+                raise self._in_use()
+        finally:
+            os.close(fd)  # closing drops the probe's shared lock
+
+    def acquire(self) -> "Lock":
+        """Take the lock (creating the folder when missing), or refuse with :class:`InputError`: the folder in
+        use, the lock's name taken by something else than a file, a folder gna cannot write into."""
+        if self.held:
+            return self
+        folder = self.path.parent
+        self._refuse_odd()
+        top = None  # the highest folder this lock creates
+        for p in [folder, *folder.parents]:
+            if p.exists() or p.is_symlink():
+                break
+            top = p
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"cannot create the folder {str(folder)!r}: {e.strerror or e}; pick a folder you can "
+                             f"write to") from None
+        self._made = top
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, 0o644)
+            except OSError as e:
+                self._refuse_odd()
+                self._remove_made()
+                raise InputError(f"cannot take the lock {self.path} ({e.strerror or e}): gna writes into "
+                                 f"{str(folder)!r} and cannot there; pick a folder you can write to") from None
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise InputError(f"{self.path} is not a regular file, not gna's lock file: gna neither reads nor "
+                                     f"removes it; move it away (or pick another --out)")
+                if not _try_lock(fd, shared=False):
+                    raise self._in_use()
+            except BaseException:
+                os.close(fd)
+                self._remove_made()
+                raise
+            if _same_file(fd, self.path):
+                self._fd = fd
+                _note_pid(fd)
+                _HELD[id(self)] = self
+                return self
+            os.close(fd)  # the holder before us removed the file as we opened it: take the new one
+        self._remove_made()
+        raise InputError(f"could not take the lock {self.path}: it keeps being replaced; is another gna process "
+                         f"starting in {str(folder)!r}?")
+
+    def release(self) -> None:
+        """Give the lock back: the file is removed while still held, then closed (the OS lock goes with it); the
+        folder it created is removed again when nothing was written there."""
+        fd, self._fd = self._fd, None
+        _HELD.pop(id(self), None)
+        if fd is None:
+            return
+        try:
+            if _same_file(fd, self.path):
+                self.path.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only or vanished folder: the OS lock still goes with the descriptor
+        finally:
+            os.close(fd)
+        self._remove_made()
+
+    def _remove_made(self) -> None:
+        made, self._made = self._made, None
+        if made is None:
+            return
+        for p in [self.path.parent, *self.path.parent.parents]:
+            try:
+                p.rmdir()  # only when empty
+            except OSError:
+                return
+            if p == made:
+                return
 
     def __enter__(self) -> "Lock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except (FileExistsError, IsADirectoryError):
-                self.check()
-                self.path.unlink(missing_ok=True)  # stale: its process is gone
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            return self
-        raise InputError(f"could not take the lock {self.path}; delete it if no gna process uses {self.path.parent}")
+        return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
-        self.path.unlink(missing_ok=True)
+        self.release()
 
 
-def _alive(pid: int) -> bool:
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_HELD: dict[int, Lock] = {}  # the locks this process holds (released by release_held at the end of a command)
+
+
+def release_held() -> None:
+    """Release every lock this process still holds (the end of a ``gna`` command, however it ended)."""
+    for lock in list(_HELD.values()):
+        lock.release()
+
+
+def _try_lock(fd: int, shared: bool) -> bool:
+    """Take an OS lock on ``fd`` without waiting; False when another process holds a conflicting one."""
+    import fcntl
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
         return False
-    except PermissionError:
-        return True
+    except OSError as e:  # a file system without locks: say so rather than write unguarded
+        raise InputError(f"cannot lock files in this folder ({e.strerror or e}); pick an --out on a local disk") from None
     return True
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        here = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+def _note_pid(fd: int) -> None:
+    """Write the holder's pid into the lock file, for people; a full disk leaves it empty, which changes nothing."""
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+    except OSError:
+        pass
 
 
 class RunFolder:
@@ -220,13 +330,15 @@ class RunFolder:
             raise ValueError(f"unknown command {command!r}")
         _check_not_empty(out, "--out")
         self.path, self.command = Path(out), command
+        self._lock = Lock(self.path)
 
     def check(self, *, fresh: bool = False, resume: bool = False, checkpoints: Iterable[Path] = (),
-              inputs: Iterable[str | os.PathLike] = ()) -> None:
+              inputs: Iterable[str | os.PathLike] = (), locked_by_lead: bool = False) -> None:
         """Refuse (:class:`InputError`, naming the folder and the way out) an ``--out`` that cannot take this
         command's results; touches nothing. ``checkpoints``: the command's own checkpoint files (a finished
         ``gna scan`` without them is refused unless ``fresh``); ``inputs``: the folders or files the command reads
-        (``--out`` may be none of them, hold one, or lie inside one: ``--fresh`` would delete what it reads)."""
+        (``--out`` may be none of them, hold one, or lie inside one: ``--fresh`` would delete what it reads);
+        ``locked_by_lead``: a rank of a torchrun job other than the lead, whose lead holds the lock."""
         out = self.path
         _check_name(out, "--out")
         _not_an_input(out, inputs)
@@ -234,7 +346,8 @@ class RunFolder:
         if not out.is_dir():
             return
         check_writable(out, (*RESULTS[self.command], *_SHARED[:1], "summary.md"), _SHARED[1:])
-        Lock(out).check()
+        if not locked_by_lead:
+            self._lock.check()
         owner = owner_of(out)
         if owner is None or fresh:
             return
@@ -267,14 +380,35 @@ class RunFolder:
                 p.unlink(missing_ok=True)
         return gone
 
+    def claim(self, **check: Any) -> "RunFolder":
+        """:meth:`check` (keyword arguments as there), then take the folder's lock and keep it -- until :meth:`hold`
+        ends, :meth:`release`, or :func:`release_held` at the end of the command: from here on no other gna
+        command can write there, even while this one is still loading its model."""
+        self.check(**check)
+        self._lock.acquire()
+        return self
+
+    def release(self) -> None:
+        """Give the folder's lock back (nothing when it is not held)."""
+        self._lock.release()
+
     @contextlib.contextmanager
     def hold(self, fresh: bool = False) -> Iterator["RunFolder"]:
-        """Hold the folder's lock while the command writes; with ``fresh``, first delete another command's
-        results (:meth:`clear_foreign`)."""
-        with Lock(self.path):
+        """Hold the folder's lock while the command writes (taking it unless :meth:`claim` did), then give it back;
+        with ``fresh``, first delete another command's results (:meth:`clear_foreign`). Refused when another
+        command's results appeared since the check and ``fresh`` is not given."""
+        self._lock.acquire()
+        try:
+            owner = owner_of(self.path)
+            if owner is not None and owner[0] != self.command and not fresh:
+                raise InputError(f"--out {str(self.path)!r} now holds the results of `gna {owner[0]}` ({owner[1]}); "
+                                 f"`gna {self.command}` would replace its report.html: pick another --out, or add "
+                                 f"--fresh to delete those results")
             if fresh:
                 self.clear_foreign()
             yield self
+        finally:
+            self._lock.release()
 
 
 def _not_an_input(out: Path, inputs: Iterable[str | os.PathLike]) -> None:

@@ -66,3 +66,25 @@ def made_up_circuit(model: Any, heads: list[HeadRef], n_pairs: int = 4, n_cards:
 def write_scan_folder(folder: Path, model: Any, heads: list[HeadRef], n_pairs: int = 4, n_cards: int = 2) -> Path:
     """:func:`made_up_circuit` saved into ``folder`` (as `gna scan` saves a circuit)."""
     return made_up_circuit(model, heads, n_pairs, n_cards).save(folder)
+
+
+class held_lock:
+    """A second process holding ``folder``'s gna lock (an OS lock on ``.gna.lock``) for the ``with`` block, as a
+    running gna command does."""
+
+    def __init__(self, folder) -> None:
+        self.folder = folder
+
+    def __enter__(self):
+        import subprocess
+        import sys
+
+        code = ("import sys, time\nfrom pathlib import Path\nfrom gna_interp.run_folder import Lock\n"
+                "Lock(Path(sys.argv[1])).acquire()\nprint('held', flush=True)\ntime.sleep(120)\n")
+        self.proc = subprocess.Popen([sys.executable, "-c", code, str(self.folder)], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "held"
+        return self.proc
+
+    def __exit__(self, *exc) -> None:
+        self.proc.kill()
+        self.proc.wait()

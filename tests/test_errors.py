@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import gna_interp as gna
+from made_up import held_lock
 from gna_interp.cli import main
 from gna_interp.errors import GnaError, HeadError, InputError, ModelPathError, OptionError, UnknownModelError
 from gna_interp.tasks import Question
@@ -143,10 +144,10 @@ def test_fresh_starts_over_and_resume_continues(tiny_dirs, tmp_path, capsys):
 def test_a_second_scan_into_a_folder_in_use_is_refused(tiny_dirs, tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
-    (out / ".gna.lock").write_text(str(os.getppid()))  # a live process holds it
     argv = ["--device", "cpu", *SCAN, "--model", str(tiny_dirs["llama"]), "--out", str(out)]
-    assert main(argv) == 2 and "in use by another gna process" in capsys.readouterr().err
-    (out / ".gna.lock").write_text("999999999")  # its process is gone: the lock is taken over
+    with held_lock(out):  # a live process holds it
+        assert main(argv) == 2 and "in use by another gna process" in capsys.readouterr().err
+    (out / ".gna.lock").write_text("999999999")  # a lock file left behind, nobody holding it: no obstacle
     assert main(argv) == 0 and not (out / ".gna.lock").exists()
 
 

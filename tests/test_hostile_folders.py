@@ -496,15 +496,11 @@ def test_report_targets_that_cannot_take_its_files_are_refused_before_writing(wh
 
 
 def test_report_waits_for_a_live_writer(scan_folder, tmp_path, capsys):
-    import subprocess as sp
+    from made_up import held_lock
 
     folder = _copy(scan_folder, tmp_path)
-    writer = sp.Popen(["sleep", "30"])
-    try:
-        (folder / ".gna.lock").write_text(str(writer.pid))
+    with held_lock(folder):
         _report_refused(folder, capsys, "in use by another gna process")
-    finally:
-        writer.kill()
 
 
 def test_a_png_that_is_a_link_is_replaced_not_written_through(scan_folder, tmp_path):

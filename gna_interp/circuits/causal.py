@@ -34,10 +34,11 @@ A head that is both gather and aggregate is named by the larger of the two effec
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from gna_interp.errors import HeadError, InputError
 from gna_interp.circuits.paths import LOGITS, Edge, PathEffects, PathOptions, PathPatcher, path_effects
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
@@ -49,7 +50,7 @@ ROLE_COLUMNS = ["name", "causal_role", "causal_reason", "direct_effect", "direct
 KV = ("k", "v")
 KV_AT = "items"  # where the key/value edges are measured: every token of the lines, the summary token included
 
-__all__ = ["EDGE_COLUMNS", "MATERIAL", "ROLE_COLUMNS", "causal_roles", "circuit_edges", "measure_edges",
+__all__ = ["EDGE_COLUMNS", "MATERIAL", "ROLE_COLUMNS", "causal_roles", "check_edge_table", "circuit_edges", "measure_edges",
            "strongest_path"]
 
 
@@ -79,7 +80,53 @@ def measure_edges(model: Model, task: Task, heads: Sequence[HeadRef], config: Pa
     return effects.to_frame()[EDGE_COLUMNS]
 
 
+def check_edge_table(rows: Any, heads: Iterable[HeadRef], where: str = "the edge table") -> pd.DataFrame:
+    """An edge table (a DataFrame or its records, columns :data:`EDGE_COLUMNS`) checked for meaning, as
+    :class:`InputError` naming ``where`` and the row: each row an :class:`~gna_interp.circuits.paths.Edge` (sender
+    before receiver, an input the receiver reads, ``logits`` only for the direct path, known positions) between
+    ``heads`` (the scanned heads of the model), no edge twice, ``effect`` / ``low`` / ``high`` numbers (missing:
+    not measured) with ``low <= high``. The ``edge`` label is derived from the row, never read back."""
+    records = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else list(rows)
+    known = {h.name for h in heads}
+    seen: dict[str, int] = {}
+    out = []
+    for i, row in enumerate(records):
+        try:
+            if not isinstance(row, dict):
+                raise InputError(f"a row must be a mapping with the columns {EDGE_COLUMNS}, got {type(row).__name__}")
+            edge = Edge.from_dict(row)
+            for head in (edge.sender, edge.receiver):
+                if head is not None and head.name not in known:
+                    raise InputError(f"names the head {head.name}, which is not among the {len(known)} scanned heads")
+            if edge.name in seen:
+                raise InputError(f"measures {edge.name} again (row {seen[edge.name]} measured it)")
+            seen[edge.name] = i
+            numbers = {k: _number(row.get(k), k) for k in ("effect", "low", "high")}
+            if numbers["low"] > numbers["high"]:  # (a missing bound compares False)
+                raise InputError(f"its interval is reversed: low {numbers['low']} > high {numbers['high']}")
+        except (InputError, HeadError) as e:
+            raise InputError(f"{where}: row {i}: {e}; the file was edited: rerun `gna scan`") from None
+        out.append({"edge": edge.name, "sender": edge.sender.name,
+                    "receiver": edge.receiver.name if edge.receiver else LOGITS, "input": edge.input,
+                    "positions": edge.positions, **numbers})
+    return pd.DataFrame(out, columns=EDGE_COLUMNS)
+
+
+def _number(value: Any, name: str) -> float:
+    """An edge table's ``name`` value as a float: a finite number, or NaN for a missing one (not measured)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise InputError(f"{name} is {value}, not a finite number")
+    return float(value)
+
+
 def _holds(row: Any, drop: float) -> bool:
+    if not math.isfinite(drop):
+        raise InputError(f"the drop {drop} compared with the edge {row['edge']} is not a number: causal roles need each "
+                         f"head's drop in the edges' metric (Circuit.edge_drops)")
     return bool(row["low"] > 0 and row["effect"] >= MATERIAL * max(drop, 0.0))
 
 

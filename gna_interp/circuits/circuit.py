@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from gna_interp.circuits.causal import EDGE_COLUMNS, causal_roles, strongest_path
+from gna_interp.circuits.causal import EDGE_COLUMNS, causal_roles, check_edge_table, strongest_path
 from gna_interp.circuits.curve import CURVE_COLUMNS
 from gna_interp.circuits.delegation import Delegation
 from gna_interp.circuits.formats import consistency_order, format_frame
@@ -189,10 +189,18 @@ class Circuit:
             return None
         return strongest_path(self.edges, self._causal_roles())
 
+    def edge_drops(self) -> dict[str, float]:
+        """Each scanned head's own drop in the unit of the edge table (``{name: drop}``): the drop of the scan's
+        estimand (the logit difference, or the log-prob of a ``logprob`` scan), which the edges are measured in --
+        exact where the head was run exactly, else its attribution estimate. An ``accuracy`` scan's own drops are
+        NaN for the heads it did not run, and accuracy is not what the edges measure."""
+        return {h.name: d for h, d in self.scan.drops(self.scan.estimand).items()}
+
     def _causal_roles(self) -> pd.DataFrame:
-        """:func:`~gna_interp.circuits.causal.causal_roles` of the edge table, each head's drop from the scan."""
+        """:func:`~gna_interp.circuits.causal.causal_roles` of the edge table, each head's drop from the scan
+        (:meth:`edge_drops`)."""
         assert self.edges is not None
-        return causal_roles(self.edges, {h.name: d for h, d in self.scan.drops().items()})
+        return causal_roles(self.edges, self.edge_drops())
 
     def pair(self, pool: int = 20) -> tuple[HeadRef, HeadRef] | None:
         """The gather/aggregate pair: the sender and receiver of the strongest measured gather -> aggregate path
@@ -339,7 +347,8 @@ class Circuit:
             timings=dict(doc.get("timings") or {}), delegation=delegation,
             calibration=Calibration.from_dict(doc["calibration"]) if doc.get("calibration") else None,
             formats=dict(formats or {}), format_tasks=dict(format_tasks or {}),
-            edges=pd.DataFrame(doc["edges"], columns=EDGE_COLUMNS) if doc.get("edges") is not None else None)
+            edges=check_edge_table(doc["edges"], scan.heads, "circuit field 'edges'") if doc.get("edges") is not None
+            else None)
 
     def __repr__(self) -> str:
         pair = self.pair()
@@ -468,6 +477,8 @@ def _check_heads(d: Path, doc: dict[str, Any], scan: HeadScan) -> None:
                 raise InputError(f"{d / 'circuit.json'}: field '{key}/{i}' is {row['name']!r} at layer "
                                  f"{row.get('layer')}, head {row.get('head')}, which do not agree (or it was not "
                                  f"scanned); the file was edited: rerun `gna scan`")
+    if doc.get("edges") is not None:
+        check_edge_table(doc["edges"], scan.heads, f"{d / 'circuit.json'}: field 'edges'")
     try:
         task_from_dict(doc["task"])
     except (InputError, OverflowError, ValueError, TypeError, KeyError) as e:

@@ -99,6 +99,24 @@ def _drops(c: Circuit) -> pd.Series:
     return df["drop"].where(df["source"] == "exact", df["est_drop"])
 
 
+def check_comparable(a: Circuit, b: Circuit, k: int = 5, seeds: int = 6,
+                     batch_size: int = 16) -> tuple[list[HeadRef], list[HeadRef], list[HeadRef]]:
+    """What two circuits alone decide (:class:`InputError` otherwise, before any model loads): one model, ``k`` heads
+    in each, at least ``k`` heads outside both tops for the random draws. Returns both tops and that pool."""
+    for name, value in (("k", k), ("seeds", seeds), ("batch_size", batch_size)):
+        check_int(name, value, 1)
+    if a.model != b.model:
+        raise InputError(f"the circuits come from different models ({a.model!r} and {b.model!r}); compare circuits "
+                         f"of one model")
+    top_a, top_b = a.heads[:k], b.heads[:k]
+    if len(top_a) < k or len(top_b) < k:
+        raise InputError(f"a circuit has fewer than k={k} heads ({len(top_a)} and {len(top_b)}); pass a smaller k")
+    pool = [h for h in a.scan.heads if h in set(b.scan.heads) and h not in set(top_a) | set(top_b)]
+    if len(pool) < k:
+        raise InputError(f"only {len(pool)} heads lie outside both circuits' top {k}: too few for random draws")
+    return list(top_a), list(top_b), pool
+
+
 def compare_circuits(model: Model, a: Circuit | str | os.PathLike, b: Circuit | str | os.PathLike, k: int = 5,
                      seeds: int = 6, batch_size: int = 16) -> CircuitComparison:
     """Compare circuits ``a`` and ``b`` of ``model`` (see the module docstring): overlap of their top
@@ -108,16 +126,7 @@ def compare_circuits(model: Model, a: Circuit | str | os.PathLike, b: Circuit | 
     check_model(model)
     a, b = (c if isinstance(c, Circuit) else Circuit.load(as_path(c, f"circuit {name} (a Circuit or its folder)"))
             for c, name in ((a, "a"), (b, "b")))
-    for name, value in (("k", k), ("seeds", seeds), ("batch_size", batch_size)):
-        check_int(name, value, 1)
-    if a.model != b.model:
-        raise InputError(f"the circuits come from different models ({a.model!r} and {b.model!r}); compare circuits "
-                         f"of one model")
-    if k < 1 or seeds < 1:
-        raise InputError(f"k and seeds must be >= 1, got k={k}, seeds={seeds}")
-    top_a, top_b = a.heads[:k], b.heads[:k]
-    if len(top_a) < k or len(top_b) < k:
-        raise InputError(f"a circuit has fewer than k={k} heads ({len(top_a)} and {len(top_b)}); pass a smaller k")
+    top_a, top_b, pool = check_comparable(a, b, k, seeds, batch_size)
     shared = [h for h in top_a if h in set(top_b)]
     both = [h for h in a.scan.heads if h in a.scan.exact and h in b.scan.exact]
     da, db = _drops(a), _drops(b)
@@ -127,9 +136,6 @@ def compare_circuits(model: Model, a: Circuit | str | os.PathLike, b: Circuit | 
     metrics = {"top_k_overlap": len(shared), "shared_top_k": [h.name for h in shared],
                "top10_overlap": len(set(a.heads[:10]) & set(b.heads[:10])), "spearman": rho, "n_ranked": len(names),
                "ranked_on": "heads run exactly in both scans" if len(both) >= 3 else "all heads (estimates included)"}
-    pool = [h for h in a.scan.heads if h in set(b.scan.heads) and h not in set(top_a) | set(top_b)]
-    if len(pool) < k:
-        raise InputError(f"only {len(pool)} heads lie outside both circuits' top {k}: too few for random draws")
     draws = [order[:k] for order in random_orders(pool, seeds)]
     out = CircuitComparison((a.task.get("name", "A"), b.task.get("name", "B")), k, metrics)
     for label, circuit in (("A", a), ("B", b)):

@@ -41,7 +41,7 @@ from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
-from gna_interp.options import Options, options
+from gna_interp.options import Options, check_int, check_level, check_n_boot, options
 from gna_interp.store import clean_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
@@ -87,6 +87,10 @@ class Interactions:
     seconds: float = 0.0
     _boot: dict[str, tuple[Tensor, list[Tensor], dict[tuple[int, int], Tensor]]] = field(default_factory=dict,
                                                                                           repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.n_boot = check_n_boot(self.n_boot)  # read back from a file, or set by hand: a bounded resample count
+        self.level = check_level(self.level)
 
     # ---- point values ---------------------------------------------------------------------------
     @property
@@ -279,6 +283,11 @@ class InteractionOptions(Options):
     reference: Any = None
     level: float = 0.95
     n_boot: int = N_BOOTSTRAP
+
+    def validate(self) -> None:
+        check_int("batch_size", self.batch_size, 1)
+        check_n_boot(self.n_boot)
+        check_level(self.level)
 
 
 def interactions(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str] | str,

@@ -78,12 +78,45 @@ __all__ = ["LOGITS", "POSITIONS", "Edge", "PathEffects", "PathPatcher", "path_ef
 @dataclass(frozen=True)
 class Edge:
     """One path from ``sender``: into ``receiver``'s ``input`` (``q``/``k``/``v``/``other``) at ``positions``, or,
-    with ``receiver=None`` and ``input="logits"``, straight to the answer logits."""
+    with ``receiver=None`` and ``input="logits"``, straight to the answer logits.
+
+    Checked for meaning when made (:class:`InputError` / :class:`HeadError`, naming the edge): heads are
+    :class:`HeadRef` (or their names), the receiver one head in a later layer than the sender, the input one a
+    receiver reads (``logits`` exactly when there is no receiver), the positions one of :data:`POSITIONS`.
+    Whether the heads exist in a model is :func:`check_edge`'s to say."""
 
     sender: HeadRef
     receiver: HeadRef | None = None
     input: str = LOGITS
     positions: str = "all"
+
+    def __post_init__(self) -> None:
+        sender = _edge_head(self.sender, "sender")
+        receiver = None if self.receiver is None else _edge_head(self.receiver, "receiver")
+        object.__setattr__(self, "sender", sender)
+        object.__setattr__(self, "receiver", receiver)
+        for field_name in ("input", "positions"):
+            value = getattr(self, field_name)
+            if not isinstance(value, str):
+                raise InputError(f"an edge's {field_name} must be a string, got {type(value).__name__} ({value!r:.40})")
+        where = f"{sender.name} -> {receiver.name if receiver else LOGITS}"
+        if self.positions not in POSITIONS:
+            raise InputError(f"unknown positions {self.positions[:40]!r} in the edge {where}; choose one of {POSITIONS}")
+        if receiver is None:
+            if self.input != LOGITS:
+                raise InputError(f"a direct edge (no receiver) reads the logits: input must be {LOGITS!r}, got "
+                                 f"{self.input[:40]!r} ({where})")
+            return
+        if self.input == LOGITS:
+            raise InputError(f"the edge {where}: input {LOGITS!r} belongs to a direct edge, which has no receiver "
+                             f"(Edge(sender) or Edge(sender, None)); a head receiver reads one of {INPUTS}")
+        if self.input not in INPUTS:
+            raise InputError(f"unknown receiver input {self.input[:40]!r} in the edge {where}; choose one of {INPUTS}")
+        if receiver.layer <= sender.layer:
+            raise HeadError(f"{where}: the receiver must sit in a later layer than the sender ({receiver.name} is in "
+                            f"layer {receiver.layer}, {sender.name} in layer {sender.layer})")
+        if receiver.width != 1:
+            raise HeadError(f"{where}: a receiver must be a single head, not a channel group")
 
     @property
     def direct(self) -> bool:
@@ -102,31 +135,28 @@ class Edge:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Edge":
+        """The edge of :meth:`to_dict` (or of an edge-table row, whose direct edges name the receiver ``logits``)."""
+        if not isinstance(d, dict):
+            raise InputError(f"an edge must be a mapping with sender, receiver, input, positions, got {type(d).__name__}")
         rec = d.get("receiver")
-        return cls(HeadRef.parse(d["sender"]), HeadRef.parse(rec) if rec else None, str(d["input"]),
-                   str(d["positions"]))
+        return cls(d.get("sender"), None if rec in (None, LOGITS) else rec, d.get("input", LOGITS),
+                   d.get("positions", "all"))
+
+
+def _edge_head(value: Any, role: str) -> HeadRef:
+    """An edge's ``role`` (sender / receiver) as a :class:`HeadRef`; a name is parsed."""
+    if isinstance(value, (HeadRef, str)):
+        return HeadRef.parse(value)
+    raise InputError(f"an edge's {role} must be a HeadRef or a head name like 'L1H2', got {type(value).__name__}")
 
 
 def check_edge(model: Model, edge: Edge) -> Edge:
-    """``edge`` with its heads validated against ``model``; :class:`InputError` / :class:`HeadError` saying what
-    is wrong otherwise."""
+    """``edge`` with its heads validated against ``model`` (the edge's own meaning is checked when it is made);
+    :class:`InputError` / :class:`HeadError` saying what is wrong otherwise."""
     if not isinstance(edge, Edge):
         raise InputError(f"an edge must be an Edge(sender, receiver, input, positions), got {type(edge).__name__}")
     sender = model.check_head(edge.sender)
-    if edge.positions not in POSITIONS:
-        raise InputError(f"unknown positions {edge.positions!r} in {edge.name}; choose one of {POSITIONS}")
-    if edge.receiver is None:
-        if edge.input != LOGITS:
-            raise InputError(f"a direct edge (no receiver) reads the logits: input must be {LOGITS!r}, got {edge.input!r}")
-        return Edge(sender, None, LOGITS, edge.positions)
-    receiver = model.check_head(edge.receiver)
-    if edge.input not in INPUTS:
-        raise InputError(f"unknown receiver input {edge.input!r} in {edge.name}; choose one of {INPUTS}")
-    if receiver.layer <= sender.layer:
-        raise HeadError(f"{edge.name}: the receiver must sit in a later layer than the sender ({receiver.name} is in "
-                        f"layer {receiver.layer}, {sender.name} in layer {sender.layer})")
-    if receiver.width != 1:
-        raise HeadError(f"{edge.name}: a receiver must be a single head, not a channel group")
+    receiver = None if edge.receiver is None else model.check_head(edge.receiver)
     return Edge(sender, receiver, edge.input, edge.positions)
 
 

@@ -13,10 +13,11 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Callable, NoReturn, Sequence
+import warnings
+from typing import Any, Callable, NoReturn, Sequence
 
 from gna_interp import __version__
-from gna_interp.errors import GnaError
+from gna_interp.errors import GnaError, GnaWarning, terminal_text
 
 Command = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Command]] = {}
@@ -98,6 +99,32 @@ def _subcommand_globals(p: argparse.ArgumentParser) -> None:
                 _subcommand_globals(child)
 
 
+def _one_line_warning(show: Callable[..., None]) -> Callable[..., None]:
+    """``warnings.showwarning`` that prints gna's own warnings (a report part not drawn, ...) as one line
+    ``gna: warning: ...`` on stderr, with control characters escaped, and leaves the others to ``show``."""
+    def one_line(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+        if issubclass(category, GnaWarning):
+            print(f"gna: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+        else:
+            show(message, category, *args, **kwargs)
+    return one_line
+
+
+class _Escaping:
+    """A text stream that writes through :func:`~gna_interp.errors.terminal_text`: a name read from a command line
+    or a results file (a folder called ``\x1b[2J``, a stored label) cannot drive the terminal."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(terminal_text(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``gna``: exit 0 on success, 2 for bad input (one line ``gna: error: ...``, no traceback unless
     ``--debug``), 1 for a failure during the work, 130 when interrupted (SIGINT or SIGTERM; a scan says
@@ -115,9 +142,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     was_quiet = set_quiet(True) if args.quiet else None
     previous = signal.signal(signal.SIGTERM, on_sigterm) if threading.current_thread() is threading.main_thread() \
         else None
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Escaping(sys.stdout), _Escaping(sys.stderr)
     try:
-        check_device(args.device, runs_model=getattr(args, "runs_model", False))
-        return int(args.run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning(warnings.showwarning)
+            check_device(args.device, runs_model=getattr(args, "runs_model", False))
+            return int(args.run(args) or 0)
     except GnaError as e:
         if args.debug:
             traceback.print_exc()
@@ -130,10 +161,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # a failure during the work, not the user's input: say what, keep the trace for --debug
         if args.debug:
             traceback.print_exc()
-        print(f"gna: error: {args.command} failed: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+        print(f"gna: error: {args.command} failed: {type(e).__name__}: {' '.join(str(e).split())} (rerun with --debug "
+              f"for the traceback)",
               file=sys.stderr)
         return 1
     finally:
+        from gna_interp.run_folder import release_held
+
+        release_held()  # the --out lock a command claimed, however it ended
+        sys.stdout, sys.stderr = streams
         if was_quiet is not None:
             set_quiet(was_quiet)
         if previous is not None:

@@ -192,12 +192,18 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
     return {**given, "batch_size": args.batch_size} if hasattr(args, "batch_size") else given
 
 
-def claim_out(args: argparse.Namespace, command: str, checkpoints: Sequence[Path] = ()) -> RunFolder:
-    """``--out`` checked for ``command`` before any work (:class:`~gna_interp.run_folder.RunFolder`: a folder we
-    may write, no folder links inside, no live lock, no other command's results unless ``--fresh``)."""
+def claim_out(args: argparse.Namespace, command: str, checkpoints: Sequence[Path] = (), lead: bool = True) -> RunFolder:
+    """``--out`` checked for ``command`` and locked before any work (:meth:`RunFolder.claim
+    <gna_interp.run_folder.RunFolder.claim>`: a folder we may write, no folder links inside, no other gna process
+    in it, no other command's results unless ``--fresh``); the lock is held until the command ends. ``lead``: False
+    for the ranks of a torchrun job other than the lead, which only check (the lead holds the lock)."""
     folder = RunFolder(args.out, command)
-    folder.check(fresh=bool(getattr(args, "fresh", False)), resume=bool(getattr(args, "resume", False)),
+    given = dict(fresh=bool(getattr(args, "fresh", False)), resume=bool(getattr(args, "resume", False)),
                  checkpoints=checkpoints, inputs=_input_paths(args))
+    if lead:
+        folder.claim(**given)
+    else:  # a torchrun rank other than the lead: the lead holds the lock
+        folder.check(**given, locked_by_lead=True)
     return folder
 
 

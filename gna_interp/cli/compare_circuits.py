@@ -24,10 +24,12 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
 
 def run_compare(args: argparse.Namespace) -> int:
     from gna_interp.circuits import Circuit, compare_circuits
+    from gna_interp.circuits.comparison import check_comparable
     from gna_interp.models import load_model
 
     folder = claim_out(args, "compare-circuits") if args.out is not None else None  # before the model loads
     a, b = Circuit.load(args.a), Circuit.load(args.b)
+    check_comparable(a, b, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size)  # before the model loads
     model = load_model(args.model or a.model, device=getattr(args, "device", None))
     result = compare_circuits(model, a, b, k=args.top_k, seeds=args.seeds, batch_size=args.batch_size)
     print(result.summary())

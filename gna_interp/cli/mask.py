@@ -46,7 +46,8 @@ def _mask_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_mask(args: argparse.Namespace) -> int:
-    from gna_interp.experiments.mask import CHECKPOINT, MaskConfig, checkpoint_files, mask_experiment
+    from gna_interp.experiments.mask import (CHECKPOINT, MaskConfig, checkpoint_files, mask_experiment,
+                                            parse_head_roles)
 
     out = Path(args.out)
     folder = claim_run(args, "mask", CHECKPOINT, also=checkpoint_files(out)[1:])
@@ -55,6 +56,8 @@ def run_mask(args: argparse.Namespace) -> int:
         raise InputError(f"--circuit {args.circuit!r} is not a `gna scan` folder (no circuit.json in it)")
     if args.pairs is not None and args.max_value is not None:
         check_pairs(args.pairs, args.max_value)
+    if args.heads is not None:
+        parse_head_roles(args.heads)  # names, roles and repeats, before the model loads
     config = MaskConfig(**vars(task_options(args)), **run_options(args), top_k=args.top_k, seeds=args.seeds,
                         offset=args.offset, renormalize=args.renormalize, role_samples=args.role_samples,
                         scan_samples=args.scan_samples, allow_chance=args.allow_chance)  # checked before the load

@@ -4,6 +4,7 @@ ranks of a torchrun job (:func:`gna_interp.circuits.distributed.run_job`)."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,8 @@ def _claim_scan(args: argparse.Namespace, out: Path) -> tuple[Any, list[Path]]:
     from gna_interp.circuits.distributed import rank_files
 
     ckpt = out / "scan.ckpt.json"
-    folder = claim_out(args, "scan", checkpoints=[ckpt, ckpt.with_suffix(".control.json")])
+    lead = os.environ.get("RANK", "0").strip() in ("", "0")  # under torchrun only rank 0 locks --out
+    folder = claim_out(args, "scan", checkpoints=[ckpt, ckpt.with_suffix(".control.json")], lead=lead)
     stale = [f for f in (ckpt, ckpt.with_suffix(".control.json")) if f.exists()] + rank_files(ckpt)
     if stale and not (args.resume or args.fresh):
         done = "a finished scan and its checkpoint" if (out / "circuit.json").exists() else \

@@ -173,7 +173,7 @@ class EvalResult:
             notes.append(f"limit {self.settings['limit']}: only the first documents of each task were evaluated.")
         sections = ["<h2>Summary</h2>", table_html(summary)]
         return folder.write(self.table, doc, title=f"{self.model}: benchmarks with heads removed",
-                            figures={"eval": self.figure()}, notes=notes, sections=sections, png=png)
+                            figures={"eval": self.figure}, notes=notes, sections=sections, png=png)
 
     @classmethod
     def load(cls, out: str | Path) -> "EvalResult":

@@ -331,7 +331,7 @@ class FamilyComparison:
         sections = ["<h2>Per mixer kind</h2>", table_html(self.kinds),
                     "<h2>Heads (aggregation scores)</h2>", table_html(self.heads)]
         return ResultFolder(d, NAME).write(self.table, self.to_dict(), title="G&A across model families",
-                                           figures={NAME: self.figure()}, notes=notes, sections=sections, png=png)
+                                           figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "FamilyComparison":

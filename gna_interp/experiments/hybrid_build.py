@@ -245,7 +245,7 @@ class HybridBuild:
                     "<h2>Reference</h2>", table_html(self.reference),
                     "<h2>Metrics</h2>", "<pre>" + html.escape(self.summary()) + "</pre>"]
         return ResultFolder(out, NAME).write(self.table, self.to_dict(), title=f"Hybrid build: {self.teacher}",
-                                             figures={NAME: self.figure()}, notes=notes, sections=sections, png=png)
+                                             figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "HybridBuild":
@@ -345,6 +345,12 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
     m = model_of(teacher)
     if m.kv_words is None:
         raise InputError(f"{m.name} has no zoo keys: hybrid_build distils zoo Transformers (e.g. zoo:transformer-kv)")
+    attention = [h for h in m.heads() if is_attention(h)]
+    if not attention:
+        raise InputError(f"{m.name} has no attention heads: a retrieval-guided hybrid keeps a Transformer's attention "
+                         f"heads; pass a zoo Transformer (e.g. zoo:transformer-kv)")
+    if k > len(attention):
+        raise InputError(f"k={k}: {m.name} has only {len(attention)} attention heads to keep")
     for n in sizes:
         KVRetrieval(n, 1, seed=0, words=m.kv_words)  # a size the key set cannot fill fails before any training
     start = time.perf_counter()

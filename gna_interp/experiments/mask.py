@@ -371,7 +371,7 @@ class MaskResult:
             sections += ["<h2>Role scores by summary offset</h2>", table_html(self.scores)]
         return ResultFolder(out, "mask").write(
             self.frame, self.to_doc(), title=f"Keep-only-G&A masks: {self.model}",
-            figures={"mask": self.figure()}, notes=self.summary().splitlines(), sections=sections, png=png)
+            figures={"mask": self.figure}, notes=self.summary().splitlines(), sections=sections, png=png)
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> "MaskResult":
@@ -423,7 +423,14 @@ def mask_figure(result: MaskResult) -> Any:
 # ---- the experiment ----------------------------------------------------------------------------------
 
 def _parse_heads(model: Model, heads: Any) -> list[tuple[HeadRef, str | None, str]]:
-    """``{head: role}``, a list of heads, or ``"L1H3=aggregate,L0H3"``: ``(head, role or None, "given")``."""
+    """``{head: role}``, a list of heads, or ``"L1H3=aggregate,L0H3"``: ``(head, role or None, "given")``, each
+    head checked against ``model``."""
+    return [(model.check_head(h), role, source) for h, role, source in parse_head_roles(heads)]
+
+
+def parse_head_roles(heads: Any) -> list[tuple[HeadRef, str | None, str]]:
+    """:func:`_parse_heads` without a model: names parsed, roles known, no head twice (what ``gna mask --heads``
+    checks before its model loads)."""
     if isinstance(heads, Mapping):
         items = list(heads.items())
     else:
@@ -442,7 +449,7 @@ def _parse_heads(model: Model, heads: Any) -> list[tuple[HeadRef, str | None, st
         raise InputError("no heads given; name some, e.g. 'L0H3=gather,L1H3=aggregate'")
     out = []
     for name, role in items:
-        h = model.check_head(name)
+        h = HeadRef.parse(name)
         if role is not None and role not in ROLES:
             raise InputError(f"{h.name}={role!r}: unknown role; use gather or aggregate (or no role: it is measured)")
         out.append((h, role, "given" if role else "measured"))

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import html
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from gna_interp.errors import InputError
+from gna_interp.errors import InputError, ReportWarning
 from gna_interp.options import Options, options
 from gna_interp.store import atomic_write, read_json, records, write_json
 from gna_interp.viz.export import png_export_problem, write_pngs
-from gna_interp.viz.html import figure_div, page
+from gna_interp.viz.html import IsolatedParts, figure_div, one_line, page
 
 REPORT_FILE = "report.html"
 FIGURES_DIR = "figures"
@@ -51,10 +52,20 @@ def table_html(df: pd.DataFrame, digits: int = 3, max_rows: int = 200) -> str:
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>{more}"
 
 
+def _draw(name: str, fig: Any, drawn: dict[str, Any]) -> list[str]:
+    """The figure ``fig`` (or the one the zero-argument callable ``fig`` builds) as a page fragment; kept in
+    ``drawn`` for the PNG export once it is drawn."""
+    fig = fig() if callable(fig) else fig
+    out = [figure_div(fig)]
+    drawn[name] = fig
+    return out
+
+
 @options
 class PageParts(Options):
-    """What a result page shows above its table: ``notes`` (one line each), ``figures`` (name -> plotly figure, also
-    written as PNGs) and ``sections`` (extra HTML fragments placed after the figures)."""
+    """What a result page shows above its table: ``notes`` (one line each), ``figures`` (name -> plotly figure, or a
+    zero-argument callable that builds it, also written as PNGs; each is built and drawn in isolation: one that fails
+    is a note on the page) and ``sections`` (extra HTML fragments placed after the figures)."""
 
     figures: Mapping[str, Any] | None = None
     notes: Sequence[str] = ()
@@ -97,21 +108,26 @@ class ResultFolder:
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write(self.csv, table.to_csv(index=False))
         figures = dict(figures or {})
-        body = [f'<p class="note">{html.escape(n)}</p>' for n in notes]
-        body += [figure_div(f) for f in figures.values()]
-        body += list(sections)
-        body += ["<h2>Table</h2>", table_html(table)]
-        if png and figures:
+        parts = IsolatedParts()  # each figure and the table built in isolation: one that fails is a note
+        parts.sections += [f'<p class="note">{html.escape(str(n))}</p>' for n in notes]
+        drawn: dict[str, Any] = {}
+        for name, fig in figures.items():
+            parts.add(f"Figure {name}", lambda name=name, fig=fig: _draw(name, fig, drawn))
+        parts.sections += list(sections)
+        parts.add("Table", lambda: ["<h2>Table</h2>", table_html(table)])
+        if png and drawn:
             problem = png_export_problem()
             if problem is None:
                 try:
-                    write_pngs(figures, self.path / FIGURES_DIR)
-                except RuntimeError as e:
-                    problem = str(e)
-            if problem:
-                body.append(f'<p class="note">PNG figures not written: {html.escape(problem)}</p>')
-        atomic_write(self.report, page(title, body, plotly=bool(figures)))
+                    write_pngs(drawn, self.path / FIGURES_DIR)
+                except Exception as e:  # noqa: BLE001 -- the page has the same figures
+                    parts.fail("PNG figures", e, note=f"PNG figures not written: {one_line(e.args[0] if isinstance(e, RuntimeError) and e.args else e)}")
+            else:
+                parts.sections.append(f'<p class="note">PNG figures not written: {html.escape(problem)}</p>')
+        atomic_write(self.report, page(title, parts.sections, plotly=bool(drawn)))
         write_json(self.json, self.name, {**doc, "table": records(table)})
+        for failed in parts.failed:
+            warnings.warn(f"report part not drawn ({failed}); report.html says so", ReportWarning, stacklevel=2)
         return self.path
 
     def load(self) -> dict[str, Any]:

@@ -323,7 +323,7 @@ class PruneResult:
         from gna_interp.store import atomic_write
 
         folder = ResultFolder(out, "prune")
-        figures = {"prune": self.figure()}
+        figures: dict[str, Any] = {"prune": self.figure}
         sections: list[str] = []
         kf = self.keep_figure()
         if kf is not None:

@@ -537,7 +537,7 @@ class Sweep:
                       "no bootstrap (bootstrap=0)") + "; trend: grows / shrinks when the interval excludes 0.</p>",
                    table_html(self.slopes())]
         return ResultFolder(out, NAME).write(self.table, self.to_dict(), title=f"Dictionary sweep: {self.model}",
-                                             figures={"sweep": self.figure(), "drops": self.drop_figure()},
+                                             figures={"sweep": self.figure, "drops": self.drop_figure},
                                              notes=notes, sections=section, png=png)
 
     @classmethod

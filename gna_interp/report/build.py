@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
@@ -12,9 +13,9 @@ import pandas as pd
 
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.views import CardViews
-from gna_interp.errors import InputError
+from gna_interp.errors import InputError, ReportWarning
 from gna_interp.run_folder import check_writable
-from gna_interp.report.summary import circuit_summary, format_lines
+from gna_interp.report.summary import circuit_summary, format_lines, md_escape
 from gna_interp.store import atomic_write
 from gna_interp.tasks.calibration import Calibration
 from gna_interp.viz.attention import attention_heads
@@ -22,10 +23,10 @@ from gna_interp.viz.cards import ga_card
 from gna_interp.viz.compare import compare_heads
 from gna_interp.viz.curves import ablation_curve
 from gna_interp.viz.delegation import delegation_figure
-from gna_interp.viz.export import write_pngs
+from gna_interp.viz.export import png_export_problem, write_pngs
 from gna_interp.viz.graph import graph_section
 from gna_interp.viz.head_view import HEATMAP_ID, head_explorer
-from gna_interp.viz.html import figure_div, page
+from gna_interp.viz.html import IsolatedParts, figure_div, page
 from gna_interp.viz.scores import score_heatmap
 from gna_interp.viz.stability import stability_plot
 
@@ -60,56 +61,113 @@ def build_report(out_dir: str | Path, *, png: bool = True, circuit: Circuit | No
         raise InputError(f"circuit must be the Circuit saved in {folder} (or None: read it from there), got "
                          f"{type(circuit).__name__}")
     circuit = Circuit.load(folder) if circuit is None else circuit
-    heads = circuit.to_frame()
     label = circuit.model
-    figures: dict[str, Any] = {"heatmap": score_heatmap(heads, title=f"Ablation drop per head: {label}")}
-    sections = [_summary(circuit)]
+    figures: dict[str, Any] = {}
+    parts = IsolatedParts()
+    heads = _frame(circuit, parts)
+    parts.add("Model and task", lambda: [_summary(circuit)])
     if circuit.calibration is not None:
-        sections += ["<h2>Task form</h2>", _calibration_table(circuit.calibration)]
-    sections += ["<h2>Where the heads are</h2>", _note(
+        parts.add("Task form", lambda: ["<h2>Task form</h2>", _calibration_table(circuit.calibration)])
+    parts.add("Where the heads are", lambda: _into(figures, lambda f: _heatmap_section(circuit, heads, f)))
+    parts.add("Top heads and their roles", lambda: ["<h2>Top heads and their roles</h2>", _top_table(heads)])
+    parts.add("How the heads work together", lambda: _into(figures, lambda f: _graph_section(circuit, f)))
+    if circuit.formats:
+        parts.add("Retrieval formats", lambda: ["<h2>Retrieval formats</h2>", _formats_table(heads, circuit)])
+    parts.add("Delegation", lambda: _into(figures, lambda f: _delegation_section(circuit, f)))
+    parts.add("Ablation curve", lambda: _into(figures, lambda f: _curve_section(circuit, f)))
+    parts.add("Rank stability", lambda: _into(figures, lambda f: _stability_section(circuit, f)))
+    if circuit.views is None:
+        parts.add("G&A cards and patterns", lambda: [
+            "<h2>G&amp;A cards and patterns</h2>",
+            _note("Not drawn: the circuit was saved without views (discover with n_cards >= 1 keeps them).")])
+    else:
+        parts.add("G&A cards and patterns", lambda: _into(figures, lambda f: _view_sections(circuit.views, f)))
+    if png:
+        _png_section(folder, figures, parts)
+    out = folder / REPORT_FILE
+    atomic_write(folder / SUMMARY_FILE, _summary_md(circuit, parts))
+    atomic_write(out, page(f"G&A report: {label}", parts.sections, circuitsvis=True, plotly=True))
+    for failed in parts.failed:
+        warnings.warn(f"report part not drawn ({failed}); report.html and summary.md say so", ReportWarning,
+                      stacklevel=2)
+    return out
+
+
+def _into(figures: dict[str, Any], build: Any) -> list[str]:
+    """``build(mine)`` with a figure dict of its own, merged into ``figures`` only when the part is built whole
+    (a part that fails half-way leaves no figure behind for the PNG export)."""
+    mine: dict[str, Any] = {}
+    out = build(mine)
+    figures.update(mine)
+    return out
+
+
+def _frame(circuit: Circuit, parts: IsolatedParts) -> pd.DataFrame:
+    """The circuit frame the page's parts read; the scan's own frame when the circuit's (roles, control, edges
+    merged in) cannot be built (noted)."""
+    try:
+        return circuit.to_frame()
+    except Exception as e:  # noqa: BLE001 -- the page still shows the scan
+        parts.fail("Roles and causal roles", e)
+        return circuit.scan.to_frame().assign(role="unscored")
+
+
+def _heatmap_section(circuit: Circuit, heads: pd.DataFrame, figures: dict[str, Any]) -> list[str]:
+    fig = score_heatmap(heads, title=f"Ablation drop per head: {circuit.model}")
+    out = ["<h2>Where the heads are</h2>", _note(
         "Drop of the task metric when each head alone is ablated (red = the head matters). "
         "G / A mark heads labelled gather / aggregate; #k marks the top-ranked heads. Hover for numbers; click a "
         "cell for the head's pattern and numbers below."),
-        figure_div(figures["heatmap"], div_id=HEATMAP_ID), head_explorer(heads, circuit.views)]
-    sections += ["<h2>Top heads and their roles</h2>", _top_table(heads)]
-    graph, figures["circuit_graph"] = graph_section(circuit)
-    sections += ["<h2>How the heads work together</h2>", _note(
+        figure_div(fig, div_id=HEATMAP_ID), head_explorer(heads, circuit.views)]
+    figures["heatmap"] = fig
+    return out
+
+
+def _graph_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
+    graph, fig = graph_section(circuit)
+    if fig is not None:
+        figures["circuit_graph"] = fig
+    return ["<h2>How the heads work together</h2>", _note(
         "Path patching among the top heads: each edge is the drop of the logit difference when only that path is "
         "removed -- the sender's write into one later head's keys or values at the lines' tokens (gather -> "
         "aggregate), into its query at the decision position, or straight into the answer logits -- with its 95% "
         "interval; dashed edges' intervals reach 0. Node colour: the causal role; size: the head's drop."), graph]
-    if figures["circuit_graph"] is None:
-        del figures["circuit_graph"]
-    if circuit.formats:
-        sections += ["<h2>Retrieval formats</h2>", _formats_table(heads, circuit)]
-    sections += _delegation_section(circuit, figures)
-    sections.append("<h2>Ablation curve</h2>")
-    if not circuit.curve.empty:
-        figures["ablation_curve"] = ablation_curve(circuit)
-        sections += [_note("Task accuracy as the top-k circuit heads are removed together, beside k random heads "
-                           "(median and min-max over seeds) and the generic heads; the right panel, when present, is "
-                           "the LM loss on neutral text for the same removals (the control)."),
-                     figure_div(figures["ablation_curve"])]
-    else:
-        sections.append(_note("The circuit has no ablation curve (run `gna scan`, which computes it)."))
+
+
+def _curve_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
+    if circuit.curve.empty:
+        return ["<h2>Ablation curve</h2>", _note("The circuit has no ablation curve (run `gna scan`, which computes it).")]
+    fig = ablation_curve(circuit)
+    figures["ablation_curve"] = fig
+    return ["<h2>Ablation curve</h2>", _note(
+        "Task accuracy as the top-k circuit heads are removed together, beside k random heads (median and min-max "
+        "over seeds) and the generic heads; the right panel, when present, is the LM loss on neutral text for the "
+        "same removals (the control)."), figure_div(fig)]
+
+
+def _stability_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
     stability = circuit.scan.stability()
-    if stability:
-        figures["stability"] = stability_plot(stability)
-        sections += ["<h2>Rank stability</h2>", _note(
-            "Each exactly run head's drop on the even samples against the odd samples: a ranking that holds up "
-            "puts the same heads at the top of both halves. scan.csv's drop_lo / drop_hi give each drop's 95% "
-            "bootstrap interval."), figure_div(figures["stability"])]
-    if circuit.views is None:
-        sections += ["<h2>G&amp;A cards and patterns</h2>",
-                     _note("Not drawn: the circuit was saved without views (discover with n_cards >= 1 keeps them).")]
-    else:
-        sections += _view_sections(circuit.views, figures)
-    if png:
-        sections.append(_png_section(folder, figures))
-    out = folder / REPORT_FILE
-    atomic_write(folder / SUMMARY_FILE, circuit_summary(circuit))
-    atomic_write(out, page(f"G&A report: {label}", sections, circuitsvis=True, plotly=True))
-    return out
+    if not stability:
+        return []
+    fig = stability_plot(stability)
+    figures["stability"] = fig
+    return ["<h2>Rank stability</h2>", _note(
+        "Each exactly run head's drop on the even samples against the odd samples: a ranking that holds up puts the "
+        "same heads at the top of both halves. scan.csv's drop_lo / drop_hi give each drop's 95% bootstrap "
+        "interval."), figure_div(fig)]
+
+
+def _summary_md(circuit: Circuit, parts: IsolatedParts) -> str:
+    """summary.md: :func:`circuit_summary`, then a note per page part that could not be drawn; a short summary
+    saying why when the full one cannot be written."""
+    try:
+        text = circuit_summary(circuit)
+    except Exception as e:  # noqa: BLE001 -- the rest of the report is still written
+        parts.fail("summary.md", e)
+        text = f"# G&A circuit: {md_escape(str(circuit.model))}\n\n- the summary could not be written; the results files are complete\n"
+    if parts.failed:
+        text += "\n## Report notes\n\n" + "".join(f"- not drawn: {md_escape(f)}\n" for f in parts.failed)
+    return text
 
 
 def _formats_table(heads: pd.DataFrame, circuit: Circuit) -> str:
@@ -266,10 +324,17 @@ def _view_sections(views: CardViews, figures: dict[str, Any]) -> list[str]:
     return out
 
 
-def _png_section(folder: Path, figures: dict[str, Any]) -> str:
+def _png_section(folder: Path, figures: dict[str, Any], parts: IsolatedParts) -> None:
+    """The PNG files' links, or a note: why they were not written (no export path here: a note only; an export
+    that failed, or wrote only some: a part not drawn)."""
+    problem = png_export_problem()
+    if problem is not None:
+        parts.sections += ["<h2>PNG files</h2>", _note(f"Not written: {problem}")]
+        return
     try:
         paths = write_pngs(figures, folder / FIGURES_DIR)
-    except RuntimeError as e:
-        return "<h2>PNG files</h2>" + _note(f"Not written: {e}")
-    links = "".join(f"<li><a href='{FIGURES_DIR}/{p.name}'>{p.name}</a></li>" for p in paths)
-    return f"<h2>PNG files</h2><ul>{links}</ul>"
+    except Exception as e:  # noqa: BLE001 -- the HTML page has the same figures
+        parts.fail("PNG files", e)
+        return
+    links = "".join(f"<li><a href='{FIGURES_DIR}/{html.escape(p.name)}'>{html.escape(p.name)}</a></li>" for p in paths)
+    parts.sections.append(f"<h2>PNG files</h2><ul>{links}</ul>")

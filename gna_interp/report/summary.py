@@ -10,7 +10,36 @@ from typing import Any
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.formats import one_format_heads
 
-__all__ = ["circuit_summary", "edge_lines", "format_lines"]
+__all__ = ["circuit_summary", "edge_lines", "format_lines", "md_escape"]
+
+# What Markdown (and the HTML it may carry) would read as markup: written as HTML entities or escaped, so a stored
+# label such as ``<script>`` or ``**bold**`` reads as the text it is.
+_MD = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|", "`": "\\`", "*": "\\*", "[": "\\[",
+                     "]": "\\]", "\\": "\\\\", "#": "\\#"})
+
+
+def md_escape(text: str) -> str:
+    """``text`` (a name or label read from a results file, not written by this module) as Markdown that shows it
+    literally: markup characters escaped, line breaks and other control characters written as ``\\xNN``."""
+    out = str(text).translate(_MD)
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}" for c in out)
+
+
+def _decisive_text(circuit: Circuit) -> str:
+    """The verdict on single removals, only as far as exact runs measured it."""
+    scan = circuit.scan
+    if circuit.at_chance():
+        return "none: the intact model is itself at chance"
+    ran = len(scan.exact)
+    if not ran:
+        return (f"not measured: no head was run exactly ({scan.strategy} scan; attribution estimates the "
+                f"{'log-probability' if scan.estimand == 'logprob' else 'logit difference'}, not accuracy)")
+    decisive = circuit.decisive()
+    if decisive:
+        return ", ".join(f"{h.name} ({a:.3f})" for h, a in decisive)
+    if ran < len(scan.heads):
+        return f"none among the {ran} heads run exactly (the other {len(scan.heads) - ran} were not measured)"
+    return "none (the task survives every single removal)"
 
 
 def circuit_summary(circuit: Circuit, top: int = 10) -> str:
@@ -18,7 +47,7 @@ def circuit_summary(circuit: Circuit, top: int = 10) -> str:
     generic heads left out, the G&A pair, the curve of retrieval and control."""
     b = circuit.baseline
     loss = f", LM loss {b['lm_loss']:.3f} nats/token on neutral text" if "lm_loss" in b else ""
-    lines = [f"# G&A circuit: {circuit.model} on {circuit.task.get('name')}", "",
+    lines = [f"# G&A circuit: {md_escape(str(circuit.model))} on {md_escape(str(circuit.task.get('name')))}", "",
              f"- baseline: accuracy {b.get('accuracy', math.nan):.3f} (chance {b.get('chance', math.nan):.3f}), "
              f"logit_diff {b.get('logit_diff', math.nan):.3f}{loss}; {circuit.task.get('n_samples')} samples",
              f"- scan: {len(circuit.scan.heads)} heads, {circuit.scan.strategy} strategy, {circuit.scan.method} ablation, "
@@ -27,12 +56,8 @@ def circuit_summary(circuit: Circuit, top: int = 10) -> str:
                 f"{len(circuit.scan.screen_index)} screening samples" if circuit.scan.screened else "")
              + (f" (stopped at max_exact: {circuit.scan.unsettled} unrun heads could still enter the leading ones)"
                 if circuit.scan.unsettled else "")]
-    lines += [f"- {n}" for n in circuit.notes]
-    decisive = circuit.decisive()
-    lines.append("- heads whose removal alone brings accuracy to chance: " + (", ".join(
-        f"{h.name} ({a:.3f})" for h, a in decisive) if decisive else
-        "none: the intact model is itself at chance" if circuit.at_chance() else
-        "none (the task survives every single removal)"))
+    lines += [f"- {md_escape(str(n))}" for n in circuit.notes]
+    lines.append("- heads whose removal alone brings accuracy to chance: " + _decisive_text(circuit))
     df = circuit.to_frame()
     has_control = "control_drop" in df
     if has_control:
@@ -50,9 +75,11 @@ def circuit_summary(circuit: Circuit, top: int = 10) -> str:
               "|---:|---|---:|---|---|" + ("---|---:|" if causal else "") + "---:|---:|---:|"
               + ("---:|---:|" if has_control else "")]
     for _, r in df.head(top).iterrows():
-        cz = (f" {r['causal_role'] if isinstance(r['causal_role'], str) else ''} | {_f(r.get('direct_effect'), 3)} |"
+        cz = (f" {r['causal_role'] if isinstance(r['causal_role'], str) else ''} | "
+              f"{_f(r.get('direct_effect'), 3)} |"
               if causal else "")
-        lines.append(f"| {r['rank']} | {r['name']} | {r['drop']:.3f} | {r['source']} | {r['role']} |{cz} "
+        lines.append(f"| {r['rank']} | {r['name']} | {_f(r['drop'], 3) or 'not run'} | {r['source']} | "
+                     f"{md_escape(str(r['role']))} |{cz} "
                      f"{_f(r.get('gather'))} | {_f(r.get('aggregate'))} | {_f(r.get('selectivity'))} |"
                      + (f" {_f(r.get('control_drop'), 3)} | {_f(r.get('specificity'))} |" if has_control else ""))
     pair = circuit.pair()
@@ -109,7 +136,7 @@ def edge_lines(circuit: Circuit) -> list[str]:
     for _, r in df[df["causal_role"].notna()].iterrows():
         pattern = r.get("pattern_role", r["role"])
         agree = "agrees with" if r["causal_role"] == pattern else "differs from"
-        out.append(f"  - {r['name']}: causal role {r['causal_role']} ({agree} its pattern role {pattern}): "
+        out.append(f"  - {r['name']}: causal role {r['causal_role']} ({agree} its pattern role {md_escape(str(pattern))}): "
                    f"{r['causal_reason']}")
     return out
 

@@ -33,6 +33,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from gna_interp.errors import InputError, ModelUnavailableError
+from gna_interp.options import check_int
 from gna_interp.tasks.base import FORMAT_VERSION, Task
 from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.seeding import StableRng
@@ -93,6 +94,9 @@ class MultipleChoice(Task):
         self.format = format
         self.questions: tuple[Question, ...] = tuple(questions)
         self.letter_prefix = letter_prefix
+        if not isinstance(shots, (list, tuple)):
+            raise InputError(f"shots must be a list of Question objects (e.g. category_questions(3, seed=1)), got "
+                             f"{type(shots).__name__}")
         self.shots: tuple[Question, ...] = tuple(shots)
         if not all(isinstance(q, Question) for q in self.shots):
             raise InputError("shots must be Question objects (e.g. category_questions(3, seed=1))")
@@ -139,10 +143,21 @@ class MultipleChoice(Task):
         return cls(hub_questions(subject, split, n_samples), name=f"mmlu-{subject}", **kwargs)
 
     @classmethod
-    def from_file(cls, path: str | Path, n_samples: int | None = None, **kwargs: Any) -> "MultipleChoice":
-        """Questions from a local jsonl/json/csv/parquet file (see :func:`file_questions`)."""
+    def from_file(cls, path: str | Path, n_samples: int | None = None, shots: int | Sequence[Question] = (),
+                  **kwargs: Any) -> "MultipleChoice":
+        """Questions from a local jsonl/json/csv/parquet file (see :func:`file_questions`). ``shots``: a count, as
+        ``--shots`` on the command line (the file's first ``shots`` questions become the solved examples, the next
+        ``n_samples`` the questions), or the solved :class:`Question` objects themselves."""
+        if n_samples is not None:
+            check_int("n_samples", n_samples, 1)
         qs = file_questions(path)
-        return cls(qs[:n_samples] if n_samples else qs, name=Path(path).stem, **kwargs)
+        if isinstance(shots, int) and not isinstance(shots, bool):
+            check_int("shots", shots, 0)
+            if shots and shots >= len(qs):
+                raise InputError(f"{path}: shots={shots} takes every one of its {len(qs)} questions as examples; "
+                                 f"leave some to ask (shots < {len(qs)})")
+            shots, qs = qs[:shots], qs[shots:]
+        return cls(qs[:n_samples] if n_samples else qs, name=Path(path).stem, shots=shots, **kwargs)
 
     def _option(self, i: int, text: str) -> str:
         """An option line (none in cloze format)."""

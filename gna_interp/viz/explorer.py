@@ -12,6 +12,8 @@ The Python side is :class:`Explorer` (``select``, ``set_method``, ``set_sample``
 from __future__ import annotations
 
 import html
+import math
+import numbers
 from typing import Any, Sequence
 
 import torch
@@ -64,7 +66,12 @@ class Explorer:
         return method
 
     def _check_sample(self, sample: int) -> int:
+        """``sample`` as the index of one of the task's prompts: an integer (an integral number such as ``2.0`` is
+        taken; ``1.7``, NaN or a bool is refused) in ``0..n-1``."""
         n = len(self.task.samples)
+        if isinstance(sample, bool) or not isinstance(sample, numbers.Real) or not (
+                isinstance(sample, numbers.Integral) or (math.isfinite(sample) and float(sample).is_integer())):
+            raise InputError(f"sample must be the index of a prompt (an integer in 0..{n - 1}), got {sample!r}")
         if not 0 <= int(sample) < n:
             raise InputError(f"sample must be in 0..{n - 1}, got {sample}")
         return int(sample)

@@ -92,11 +92,19 @@ def write_pngs(figures: Mapping[str, Any], out_dir: str | Path, timeout: float |
             _kill_group(proc)  # a browser the child left behind
             err.seek(0)
             lines = [ln for ln in err.read().splitlines() if ln.strip()]
-        if rc == 0:
-            for draft, path in zip(drafts, paths):
-                atomic_write(path, draft.read_bytes())
+        written, missing = [], []
+        if rc == 0:  # the child may exit 0 and still leave a figure unwritten: only the drafts that exist are moved
+            for name, draft, path in zip(figures, drafts, paths):
+                if draft.is_file() and draft.stat().st_size:
+                    atomic_write(path, draft.read_bytes())
+                    written.append(path)
+                else:
+                    missing.append(name)
     if rc != 0:
         raise RuntimeError(f"PNG export failed: {lines[-1] if lines else f'exit status {rc}'}")
+    if missing:
+        raise RuntimeError(f"PNG export wrote no file for {', '.join(missing)} (the exporter reported no error); "
+                           f"{len(written)} of {len(paths)} written; the HTML page has every figure")
     return paths
 
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import html
 import math
+import os
 from typing import Any
 
 import pandas as pd
 
+from gna_interp.errors import InputError
 from gna_interp.viz.head_view import head_explorer
 from gna_interp.viz.html import HTMLView, figure_div, script_json
 
@@ -59,11 +61,11 @@ def graph_figure(frame: pd.DataFrame, edges: pd.DataFrame, title: str | None = N
     pos = _positions(names, layers)
     pos["logits"] = (max(layers.values(), default=0) + 1.0, 0.0)
     fig = go.Figure()
-    top = max([float(e) for e in edges["effect"] if float(e) > 0] or [1.0])
+    top = max([float(e) for e in edges["effect"] if float(e) > 0 and math.isfinite(float(e))] or [1.0])
     mx, my, md, mt = [], [], [], []
     for i, e in edges.iterrows():
         eff = float(e["effect"])
-        if not eff > 0:
+        if not (eff > 0 and math.isfinite(eff)):  # not measured, or nothing flows: no line
             continue
         (x0, y0), (x1, y1) = pos[e["sender"]], pos[e["receiver"]]
         off = _OFFSET.get(e["input"], 0.0)
@@ -80,7 +82,8 @@ def graph_figure(frame: pd.DataFrame, edges: pd.DataFrame, title: str | None = N
     fig.add_trace(go.Scatter(x=mx, y=my, mode="markers", name="edges", customdata=md, hovertext=mt,
                              hoverinfo="text", marker={"size": 11, "color": "#333", "symbol": "diamond"},
                              showlegend=False))
-    drops = [max(float(rows.loc[n, "drop"]), 0.0) for n in names]
+    raw = [float(rows.loc[n, "drop"]) for n in names]
+    drops = [max(d, 0.0) if math.isfinite(d) else 0.0 for d in raw]  # a drop not measured is drawn at the least size
     big = max(drops + [1e-9])
     roles = [str(rows.loc[n, "causal_role"]) if "causal_role" in rows and isinstance(rows.loc[n, "causal_role"], str)
              else "none" for n in names]
@@ -88,8 +91,9 @@ def graph_figure(frame: pd.DataFrame, edges: pd.DataFrame, title: str | None = N
         x=[pos[n][0] for n in names] + [pos["logits"][0]], y=[pos[n][1] for n in names] + [0.0],
         mode="markers+text", name="heads", text=names + ["logits"], textposition="top center",
         customdata=names + [""], hoverinfo="text",
-        hovertext=[f"{n}: drop {d:.3f}, causal role {r}; click for its pattern" for n, d, r in
-                   zip(names, drops, roles)] + ["the answer logits"],
+        hovertext=[(f"{n}: drop {d:.3f}" if math.isfinite(d) else f"{n}: drop not measured")
+                   + f", causal role {r}; click for its pattern" for n, d, r in zip(names, raw, roles)]
+        + ["the answer logits"],
         marker={"size": [16 + 30 * math.sqrt(d / big) for d in drops] + [22],
                 "color": [ROLE_COLOURS.get(r, "#7f7f7f") for r in roles] + [ROLE_COLOURS["logits"]],
                 "line": {"width": 1, "color": "#222"}}, showlegend=False))
@@ -116,6 +120,7 @@ _SCRIPT = r"""
 (function () {
   var G = JSON.parse(document.getElementById("gna-graph-data").textContent);
   var box = document.getElementById("gna-edge-detail");
+  function num(x) { return x === null || x === undefined ? "not measured" : x.toFixed(3); }
   function el(tag, text, cls) {
     var e = document.createElement(tag);
     if (text !== undefined && text !== null) e.textContent = text;
@@ -141,8 +146,8 @@ _SCRIPT = r"""
     box.replaceChildren();
     box.dataset.edge = e.edge;
     box.appendChild(el("h3", e.edge, "edge-name"));
-    box.appendChild(el("p", "effect on the logit difference " + e.effect.toFixed(3) + " (95% interval " +
-      e.low.toFixed(3) + " to " + e.high.toFixed(3) + "): the drop when only this path is removed", "note"));
+    box.appendChild(el("p", "effect on the logit difference " + num(e.effect) + " (95% interval " +
+      num(e.low) + " to " + num(e.high) + "): the drop when only this path is removed", "note"));
     var get = window.gnaHeadPattern;
     var s = get ? get(e.sender) : null, r = e.receiver !== "logits" && get ? get(e.receiver) : null;
     if (!s) { box.appendChild(el("p", "No stored pattern of " + e.sender + " on the card sample.", "note")); return; }
@@ -195,12 +200,13 @@ def graph_section(circuit: Any, graph_id: str = GRAPH_ID) -> tuple[str, Any]:
         return ('<p class="note">' + html.escape("No circuit graph: this circuit has no edge table (discover with "
                                                  "paths >= 2 measures one; rerun `gna scan`).") + "</p>"), None
     frame = circuit.to_frame()
-    fig = graph_figure(frame, edges)
+    drops = circuit.edge_drops()  # in the edges' unit (an accuracy scan's own drop is NaN for a head not run)
+    fig = graph_figure(frame.assign(drop=frame["name"].map(drops)), edges)
     views = circuit.views
     every = views.all_heads if views is not None else None
     sample = every.sample if every is not None else 0
     seg = views.segments[sample] if views is not None else None
-    data = {"graph": graph_id, "edges": [{k: (float(v) if k in ("effect", "low", "high") else str(v))
+    data = {"graph": graph_id, "edges": [{k: (_number(v) if k in ("effect", "low", "high") else str(v))
                                           for k, v in row.items()} for row in edges.to_dict("records")],
             "tokens": list(views.patterns.str_tokens[sample]) if views is not None else [],
             "rows": _rows(seg), "final": int(seg.final) if seg else 0}
@@ -214,9 +220,24 @@ def graph_section(circuit: Any, graph_id: str = GRAPH_ID) -> tuple[str, Any]:
             f"<script>{_SCRIPT}</script>"), fig
 
 
+def _number(v: Any) -> float | None:
+    """A table value for the page's JSON data: a finite float, or None (JSON has no NaN)."""
+    x = float(v)
+    return x if math.isfinite(x) else None
+
+
 def circuit_graph(circuit: Any) -> HTMLView:
     """The circuit graph with its click views as a self-contained view: displays itself in Jupyter, ``.save(path)``
-    writes an offline page. Node clicks show the head's pattern and numbers, edge clicks both patterns."""
+    writes an offline page. Node clicks show the head's pattern and numbers, edge clicks both patterns.
+    ``circuit``: a :class:`~gna_interp.circuits.circuit.Circuit`, or a `gna scan` folder (or its circuit.json) to
+    read one from."""
+    from gna_interp.circuits.circuit import Circuit
+
+    if isinstance(circuit, (str, os.PathLike)):
+        circuit = Circuit.load(circuit)
+    elif not isinstance(circuit, Circuit):
+        raise InputError(f"circuit_graph takes a Circuit or the folder `gna scan --out DIR` wrote, got "
+                         f"{type(circuit).__name__}")
     section, _ = graph_section(circuit)
     explorer = head_explorer(circuit.to_frame(), circuit.views) if circuit.edges is not None else ""
     return HTMLView(section + explorer, title=f"Circuit graph: {circuit.model}", circuitsvis=True, plotly=True,

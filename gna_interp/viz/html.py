@@ -140,3 +140,41 @@ def page(title: str, sections: Sequence[str | HTMLView], *, circuitsvis: bool = 
         head.append(f"<script>{get_plotlyjs()}</script>")
     body = ([f"<h1>{html.escape(title)}</h1>"] if heading else []) + [str(s) for s in sections]
     return "<!DOCTYPE html>\n<html><head>" + "\n".join(head) + "</head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+
+
+class IsolatedParts:
+    """The parts of a result page, each built in isolation: a part that raises becomes a visible note (``Not
+    drawn: ...``) in its place, and :attr:`failed` lists it (``"title: ErrorType: message"``, one line), so the page
+    and the results beside it are still written.
+
+    ``parts.add("Ablation curve", lambda: [figure_div(...)])`` appends the fragments the builder returns, under the
+    heading ``title`` when it fails. Ctrl-C (``KeyboardInterrupt``) and ``SystemExit`` are not caught."""
+
+    def __init__(self) -> None:
+        self.sections: list[str] = []
+        self.failed: list[str] = []
+
+    def add(self, title: str, build: Any) -> bool:
+        """Append the fragments ``build()`` returns; on an exception append a note instead and return False."""
+        try:
+            got = build()
+        except Exception as e:  # noqa: BLE001 -- a part that cannot be drawn must not sink the page
+            self.fail(title, e)
+            return False
+        self.sections += [got] if isinstance(got, str) else list(got)
+        return True
+
+    def fail(self, title: str, error: BaseException | str, note: str | None = None) -> None:
+        """Record ``title`` as not drawn (``error``: the exception or the reason) and put a note in its place
+        (``note``: that note's text, default ``Not drawn: ...``)."""
+        why = one_line(error)
+        self.failed.append(f"{title}: {why}")
+        text = note if note is not None else f"Not drawn: {why}. The results files are complete."
+        self.sections += [f"<h2>{html.escape(title)}</h2>", f'<p class="note">{html.escape(text)}</p>']
+
+
+def one_line(error: BaseException | str, limit: int = 300) -> str:
+    """An exception (``Type: message``) or a text as one line of at most ``limit`` characters."""
+    text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -20,6 +20,7 @@ import torch
 
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
+from gna_interp.options import check_level, check_n_boot
 from gna_interp.store import read_json, write_json
 from gna_interp.tasks.metrics import RESULT_DTYPES, Results, get_metric
 
@@ -87,6 +88,7 @@ class HeadScan:
         ``mean + z * sd`` (default ``z``: :data:`SCREEN_Z`) over bootstrap resamples of those samples
         (paired with the baseline)."""
         z = SCREEN_Z if z is None else z
+        n_boot = check_n_boot(n_boot)
         idx = torch.tensor(self.screen_index)
         base = {k: v[idx] for k, v in self.baseline.items()}
         per = self.screened[head]
@@ -119,6 +121,7 @@ class HeadScan:
     def intervals(self, level: float = 0.95, n_boot: int = N_BOOTSTRAP) -> dict[HeadRef, tuple[float, float]]:
         """Bootstrap interval (over samples, paired with the baseline; fixed seed) of each exactly run
         head's drop: ``{head: (low, high)}`` at ``level``."""
+        n_boot, level = check_n_boot(n_boot), check_level(level)
         if not self.baseline or not self.exact:
             return {}
         key = (id(self.exact), len(self.exact), id(self.baseline), level, n_boot)
