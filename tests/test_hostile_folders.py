@@ -29,6 +29,7 @@ COMMANDS: dict[str, list[str]] = {
     "hybrid plan": ["hybrid", "plan", "--model", "config:llama-3.2-1b", "--order", "random", "--seed", "0"],
     "zoo train": ["zoo", "train", "transformer-kv"],
     "compare-circuits": ["compare-circuits", "no-such-a", "no-such-b"],
+    "circuit": ["circuit", "no-such-scan"],
 }
 
 

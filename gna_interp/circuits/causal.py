@@ -24,7 +24,8 @@ causal role     measured
 ``gather``      a key/value edge from it into a later head at the lines' tokens holds
 ``output``      its direct path holds, but no key/value edge into it (it writes the answer from what it reads
                 elsewhere)
-``query``       only a query edge from it holds (it shapes what a later head looks for)
+``query``       only an edge into what a later head reads at the decision holds (its query, or its keys /
+                values at the decision position): it shapes what that head looks for or reads there
 ``none``        no measured path holds: its effect runs through heads or MLPs outside the edge table
 ==============  ===================================================================================================
 
@@ -54,25 +55,28 @@ __all__ = ["EDGE_COLUMNS", "MATERIAL", "ROLE_COLUMNS", "causal_roles", "check_ed
            "strongest_path"]
 
 
-def circuit_edges(heads: Sequence[HeadRef]) -> list[Edge]:
+def circuit_edges(heads: Sequence[HeadRef], decision_kv: bool = False) -> list[Edge]:
     """The edges measured among ``heads``: for each earlier -> later pair ``k@items``, ``v@items`` and
-    ``q@decision``, and each head's direct path to the logits."""
+    ``q@decision`` (with ``decision_kv``, also ``k@decision`` and ``v@decision``: what a later head reads at the
+    decision position itself), and each head's direct path to the logits."""
     out = []
     for s in heads:
         for r in heads:
             if r.layer > s.layer:
                 out += [Edge(s, r, "k", KV_AT), Edge(s, r, "v", KV_AT), Edge(s, r, "q", "decision")]
+                out += [Edge(s, r, "k", "decision"), Edge(s, r, "v", "decision")] if decision_kv else []
         out.append(Edge(s, None, LOGITS, "all"))
     return out
 
 
 def measure_edges(model: Model, task: Task, heads: Sequence[HeadRef], config: PathOptions | None = None,
-                  **overrides: Any) -> pd.DataFrame:
+                  decision_kv: bool = False, **overrides: Any) -> pd.DataFrame:
     """The edge table of ``heads`` on ``task`` (columns :data:`EDGE_COLUMNS`; effect = drop of the metric when
     the edge alone is removed, with a 95 % paired bootstrap interval); ``config``: a :class:`PathOptions` (or keyword
-    overrides of its fields: ``metric``, ``method``, ``reference``, ``batch_size``)."""
+    overrides of its fields: ``metric``, ``method``, ``reference``, ``batch_size``); ``decision_kv``: see
+    :func:`circuit_edges`."""
     cfg = PathOptions.build(config, **overrides)
-    edges = circuit_edges(list(heads))
+    edges = circuit_edges(list(heads), decision_kv)
     if not edges:
         return pd.DataFrame(columns=EDGE_COLUMNS)
     pp = PathPatcher(model, task, cfg.method, cfg.reference, cfg.batch_size)
@@ -140,6 +144,16 @@ def _fmt(row: Any) -> str:
     return f"{row['edge']} {row['effect']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]"
 
 
+def _at_lines(edges: pd.DataFrame) -> pd.Series:
+    """Key/value edges at the lines' (or options') tokens: the gather -> aggregate reads."""
+    return edges["input"].isin(KV) & (edges["positions"] != "decision")
+
+
+def _at_decision(edges: pd.DataFrame) -> pd.Series:
+    """Edges into what a later head reads at the decision position: its query, or its keys / values there."""
+    return (edges["input"] == "q") | (edges["input"].isin(KV) & (edges["positions"] == "decision"))
+
+
 def causal_roles(edges: pd.DataFrame, drops: dict[str, float]) -> pd.DataFrame:
     """Each head of the edge table with its causal role and the measurement behind it (columns
     :data:`ROLE_COLUMNS`); ``drops`` are the heads' own drops (``{name: drop}``)."""
@@ -149,10 +163,10 @@ def causal_roles(edges: pd.DataFrame, drops: dict[str, float]) -> pd.DataFrame:
         drop = float(drops.get(name, 0.0))
         direct = edges[(edges["sender"] == name) & (edges["receiver"] == LOGITS)]
         d = direct.iloc[0] if len(direct) else None
-        kv_out = _holding(edges[(edges["sender"] == name) & edges["input"].isin(KV)], lambda r: drop)
-        kv_in = _holding(edges[(edges["receiver"] == name) & edges["input"].isin(KV)],
-                         lambda r: float(drops.get(r["sender"], 0.0)))
-        q_out = _holding(edges[(edges["sender"] == name) & (edges["input"] == "q")], lambda r: drop)
+        lines, at_decision = _at_lines(edges), _at_decision(edges)
+        kv_out = _holding(edges[(edges["sender"] == name) & lines], lambda r: drop)
+        kv_in = _holding(edges[(edges["receiver"] == name) & lines], lambda r: float(drops.get(r["sender"], 0.0)))
+        q_out = _holding(edges[(edges["sender"] == name) & at_decision], lambda r: drop)
         direct_holds = d is not None and _holds(d, drop)
         aggregate = direct_holds and len(kv_in) > 0
         gather = len(kv_out) > 0
@@ -174,7 +188,7 @@ def causal_roles(edges: pd.DataFrame, drops: dict[str, float]) -> pd.DataFrame:
             parts.append("no key/value edge from the measured heads into it holds")
         elif len(q_out):
             role = "query"
-            parts.append(f"feeds a query: {_fmt(q_out.iloc[0])}")
+            parts.append(f"feeds what a later head reads at the decision: {_fmt(q_out.iloc[0])}")
         else:
             role = "none"
             best = edges[edges["sender"] == name].sort_values("effect", ascending=False)
@@ -193,7 +207,7 @@ def strongest_path(edges: pd.DataFrame, roles: pd.DataFrame | None = None) -> di
     """The strongest gather -> aggregate path: the key/value edge (at the lines' tokens) with the largest effect
     whose interval lies above 0, preferring one into a head whose causal role is ``aggregate``; None when no such
     edge holds."""
-    kv = edges[edges["input"].isin(KV) & (edges["low"] > 0)]
+    kv = edges[_at_lines(edges) & (edges["low"] > 0)]
     if kv.empty:
         return None
     if roles is not None and len(roles):

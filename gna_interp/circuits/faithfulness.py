@@ -39,7 +39,7 @@ from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.options import Options, check_int, options
+from gna_interp.options import Options, check_int, check_level, check_n_boot, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 
@@ -77,14 +77,11 @@ class FaithfulnessConfig(Options):
         if self.method not in ("zero", "mean"):
             raise InputError(f"faithfulness ablates with method 'zero' or 'mean', got {self.method!r}")
         check_int("seeds", self.seeds, 0)
-        check_int("n_boot", self.n_boot, 10)
-        if self.n_boot > 100_000:
-            raise InputError(f"n_boot must be at most 100000, got {self.n_boot}")
+        check_n_boot(self.n_boot)
         check_int("batch_size", self.batch_size, 1)
         if isinstance(self.threshold, bool) or not (0 < float(self.threshold) <= 1):
             raise InputError(f"threshold must be a fraction in (0, 1], got {self.threshold!r}")
-        if isinstance(self.level, bool) or not (0 < float(self.level) < 1):
-            raise InputError(f"level must be in (0, 1), got {self.level!r}")
+        check_level(self.level)
         if self.sizes is not None:
             for k in self.sizes:
                 check_int("each of sizes", k, 0)

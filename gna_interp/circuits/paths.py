@@ -63,7 +63,7 @@ from gna_interp.interventions.ablation import (AblationMethod, Replacement, abla
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import INPUTS, InputSite
 from gna_interp.models.model import Model
-from gna_interp.options import Options, check_int, options
+from gna_interp.options import Options, check_int, check_level, check_n_boot, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_chunks, plan_scoring
@@ -638,8 +638,10 @@ class PathEffects:
 
     def intervals(self, n_boot: int = N_BOOTSTRAP) -> list[tuple[float, float]]:
         """Paired bootstrap interval (fixed seed) of each set's effect at :attr:`level`."""
+        n_boot = check_n_boot(n_boot)
         if self._ci:
             return self._ci
+        check_level(self.level)
         m = get_metric(self.metric)
         n = len(next(iter(self.baseline.values())))
         idx = torch.randint(0, n, (n_boot, n), generator=torch.Generator().manual_seed(0))
@@ -703,6 +705,10 @@ def path_effects(model: Model, task: Task, sets: Sequence[Edge | Sequence[Edge]]
     cfg = PathOptions.build(config, **overrides)
     metric = cfg.metric
     pp = patcher or PathPatcher(model, task, cfg.method, cfg.reference, cfg.batch_size)
+    if isinstance(sets, Edge):  # one edge: one set
+        sets = [sets]
+    if not isinstance(sets, Sequence) or isinstance(sets, str):
+        raise InputError(f"sets must be a list of edges or of lists of edges, got {type(sets).__name__}")
     groups = [[s] if isinstance(s, Edge) else list(s) for s in sets]
     scored = pp.run(groups)
     return PathEffects(str(metric), results(pp.clean()), [[check_edge(model, e) for e in es] for es in groups],

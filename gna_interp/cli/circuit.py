@@ -5,9 +5,13 @@ threshold of the intact logit difference, and each of its heads' own contributio
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from gna_interp.cli import command
 from gna_interp.cli.args import at_least, claim_out, model_arg, seeds_arg
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _sizes(text: str) -> list[int]:
@@ -44,6 +48,10 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=_sizes, default=None,
                    help="circuit sizes of the curve, e.g. 1,2,5,10 (default: 0-8, then x1.5 up to every head)")
     p.add_argument("--seeds", type=seeds_arg(0), default=3, help="random circuits at each size (default 3)")
+    p.add_argument("--edges", type=at_least(0), default=10,
+                   help="measure the edge table among the first N heads of the circuit (the ranking without its generic heads) by path patching (k/v at the "
+                        "lines and at the decision, q at the decision, each head's direct path), with each head's "
+                        "causal role (default 10; 0: none)")
     p.add_argument("--batch-size", type=at_least(1), default=16)
     p.add_argument("--out", default="gna_circuit", help="output folder (default gna_circuit)")
     p.add_argument("--fresh", action="store_true", help="--out may hold another command's results: delete them first")
@@ -61,13 +69,37 @@ def run_circuit(args: argparse.Namespace) -> int:
     fx = faithfulness(model, circuit.load_task(), ranked, method=args.method, threshold=args.threshold,
                       sizes=args.sizes, seeds=args.seeds, batch_size=args.batch_size)
     print(fx.report())
+    edges = roles = None
+    if args.edges:
+        from gna_interp.circuits.causal import causal_roles, measure_edges
+
+        edges = measure_edges(model, circuit.load_task(), circuit.heads[:args.edges], decision_kv=True,
+                              batch_size=args.batch_size)
+        roles = causal_roles(edges, circuit.edge_drops())
+        print(_edge_report(edges, roles))
     from gna_interp.viz.faithfulness import faithfulness_curve
 
     with folder.hold(args.fresh):
         written = fx.write(folder.path)
+        if edges is not None and roles is not None:
+            for name, frame in (("edges.csv", edges), ("roles.csv", roles)):
+                frame.to_csv(folder.path / name, index=False)
+                written.append(folder.path / name)
         html = folder.path / "faithfulness.html"
         faithfulness_curve(fx, title=f"{model.name}: faithfulness of the scanned circuit").write_html(
             html, include_plotlyjs=True)
         written.append(html)
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
+
+
+def _edge_report(edges: "pd.DataFrame", roles: "pd.DataFrame") -> str:
+    """The causal roles and the ten strongest edges whose interval lies above 0, as Markdown."""
+    held = edges[(edges["low"] > 0) & (edges["effect"] > 1e-3)].sort_values("effect", ascending=False).head(10)
+    lines = ["## Edges among the top heads (path patching)", "",
+             f"{len(edges)} edges measured; the strongest whose interval lies above 0 (effect above 0.001):",
+             ""]
+    lines += [f"- {r.edge}: {r.effect:+.3f} [{r.low:+.3f}, {r.high:+.3f}]" for r in held.itertuples()]
+    lines += ["", "| head | causal role | measured |", "|---|---|---|"]
+    lines += [f"| {r.name} | {r.causal_role} | {r.causal_reason} |" for r in roles.itertuples()]
+    return "\n".join(lines) + "\n"
