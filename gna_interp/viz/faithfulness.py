@@ -9,7 +9,7 @@ from gna_interp.errors import InputError
 
 
 def faithfulness_curve(fx: Any, title: str | None = None) -> Any:
-    """Plotly line chart over circuit size (log axis): the ranked circuits' fraction with its 95 % band, the random
+    """Plotly line chart over circuit size (a log axis beyond 40 heads): the ranked circuits' fraction with its 95 % band, the random
     circuits' median with their min-max band, the threshold, and the smallest circuit marked."""
     import plotly.graph_objects as go
 
@@ -19,9 +19,11 @@ def faithfulness_curve(fx: Any, title: str | None = None) -> Any:
     df = frame()
     fig = go.Figure()
     ranked = df[df.series == "ranked"].sort_values("size")
-    x = ranked["size"].clip(lower=0.5)  # size 0 on a log axis
+    log = fx.n_heads > 40  # many heads: a log axis, size 0 drawn at 0.5
+    floor = 0.5 if log else 0
+    x = ranked["size"].clip(lower=floor)
     fig.add_trace(go.Scatter(x=list(x) + list(x)[::-1], y=list(ranked.high) + list(ranked.low)[::-1],
-                             fill="toself", line=dict(width=0), fillcolor="rgba(31,119,180,0.18)",
+                             fill="toself", mode="lines", line=dict(width=0), fillcolor="rgba(31,119,180,0.18)",
                              name="ranked: 95 % interval", hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=x, y=ranked.fraction, mode="lines+markers", name="ranked (scan order)",
                              line=dict(color="rgb(31,119,180)"), text=ranked.heads,
@@ -30,9 +32,9 @@ def faithfulness_curve(fx: Any, title: str | None = None) -> Any:
     if len(rand):
         g = rand.groupby("size").fraction
         med, lo, hi = g.median(), g.min(), g.max()
-        rx = med.index.to_series().clip(lower=0.5)
+        rx = med.index.to_series().clip(lower=floor)
         fig.add_trace(go.Scatter(x=list(rx) + list(rx)[::-1], y=list(hi) + list(lo)[::-1], fill="toself",
-                                 line=dict(width=0), fillcolor="rgba(127,127,127,0.2)", name="random: min-max",
+                                 mode="lines", line=dict(width=0), fillcolor="rgba(127,127,127,0.2)", name="random: min-max",
                                  hoverinfo="skip"))
         fig.add_trace(go.Scatter(x=rx, y=med, mode="lines+markers", name="random (median)",
                                  line=dict(color="rgb(127,127,127)", dash="dash")))
@@ -40,11 +42,12 @@ def faithfulness_curve(fx: Any, title: str | None = None) -> Any:
                   annotation_text=f"threshold {fx.threshold:.0%}")
     if fx.smallest is not None:
         small = df[df.series == "smallest"].iloc[0]
-        fig.add_trace(go.Scatter(x=[max(small["size"], 0.5)], y=[small.fraction], mode="markers",
+        fig.add_trace(go.Scatter(x=[max(small["size"], floor)], y=[small.fraction], mode="markers",
                                  marker=dict(size=12, symbol="star", color="rgb(214,39,40)"),
                                  name=f"smallest: {small['size']} heads"))
     fig.update_layout(title=title or f"Faithfulness: every head outside the circuit {fx.method}-ablated",
-                      xaxis=dict(title="heads in the circuit", type="log"),
+                      xaxis=dict(title="heads in the circuit" + (" (log scale; 0 drawn at 0.5)" if log else ""),
+                                 type="log" if log else "linear"),
                       yaxis=dict(title="fraction of the intact logit difference kept"), template="plotly_white",
                       height=420)
     return fig
