@@ -38,7 +38,7 @@ from gna_interp.tasks.metrics import LOGIT_DIFF
 from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, read_logprobs,
                                       whole_samples)
 
-__all__ = ["Attribution", "attribution_estimates"]
+__all__ = ["Attribution", "attribution_estimates", "inputs_only_grad"]
 
 
 class Attribution(NamedTuple):
@@ -62,6 +62,9 @@ def _inputs_only_grad(model: Model) -> Iterator[None]:
     finally:
         for p, f in zip(params, flags):
             p.requires_grad_(f)
+
+
+inputs_only_grad = _inputs_only_grad  # public: other gradient passes (the edge screen) need the same
 
 
 class _Recorder:

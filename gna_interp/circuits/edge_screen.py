@@ -1,0 +1,323 @@
+"""The whole graph at once: edge attribution patching (EAP) over every sender -> every later receiver input, then the
+strongest edges verified by exact path patching (:mod:`gna_interp.circuits.paths`).
+
+**Nodes.** Senders: the embeddings (``embed``), every head of every kind, every MLP (``MLP{l}``). Receivers: every
+head's inputs (:meth:`~gna_interp.models.mixer.MixerAdapter.receiver_inputs`: ``q``/``k``/``v``/``other``), every
+MLP's input and the answer logits.
+
+**Score** (Syed, Rager & Conmy 2023). Removing sender ``S`` takes its write ``W_S`` out of the residual stream
+(``o_S = (z_S - z'_S) W_O[:, S]ᵀ`` for a head, ``z'`` its zero or mean replacement; the MLP's output minus its
+replacement; the embeddings); the effect of the edge ``S -> R.input @ positions`` is estimated as ::
+
+    score = Σ_{rows, positions} W_S · ∂metric/∂x  (x: the residual stream as R's input alone reads it)
+
+from one forward and one backward per batch, the metric the mean logit difference. ``∂metric/∂x`` through one input
+of one receiver head is two vector-Jacobian products over the block as the forward ran it: from the head's own output
+channels (cotangent: the metric's gradient there) back to its input channels -- along the head's own path only, as
+the exact patch keeps every other head of the layer clean (a grouped-query KV group, a Mamba-2 group's ``B``/``C``
+and gated norm) -- then from those channels through the block's pre-norm and projection back to the stream. Positions
+are the lines' tokens (``items``) and the decision (the last prompt token and the answer tokens); edges into the
+logits are read at the decision. The estimate is first order: it is exact for a metric linear in the receiver's
+input, and where a block normalises its mixer's output (Gemma-2/3, OLMo-2) it uses the linear write ``o_S``. The
+strongest edges are then measured exactly (heads and logits only: MLP nodes are screened, not verified) and the
+screen's error against them reported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from gna_interp.circuits.paths import LOGITS, Edge, PathPatcher, path_effects
+from gna_interp.engine.attribution import inputs_only_grad
+from gna_interp.errors import InputError
+from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.model import Model
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.metrics import LOGIT_DIFF, results
+from gna_interp.tasks.scoring import read_logprobs
+
+__all__ = ["EDGE_SCREEN_COLUMNS", "EdgeScreen", "screen_edges"]
+
+EDGE_SCREEN_COLUMNS = ["sender", "receiver", "input", "positions", "score", "abs_rank", "verifiable", "effect", "low",
+                       "high"]
+POSITIONS = ("items", "decision")
+EMBED = "embed"
+
+
+def mlp_name(layer: int) -> str:
+    """The node name of block ``layer``'s MLP."""
+    return f"MLP{layer}"
+
+
+@dataclass(frozen=True)
+class _Receiver:
+    """One receiver input: the head that reads it (None for an MLP), its input name, its sites, and the stream it
+    reads (a hook on the residual stream); ``layer`` orders it after its senders."""
+
+    head: HeadRef | None
+    input: str
+    sites: tuple[tuple[str, int, int], ...]
+    stream: str
+    layer: int
+    name: str
+
+
+def _receivers(model: Model) -> list[_Receiver]:
+    """Every input of every head that can receive, every MLP input, in layer order."""
+    out = []
+    for head in model.heads():
+        spec = model.layer_spec(head.layer, head.kind)
+        try:
+            inputs = spec.adapter.receiver_inputs(model, spec, head)
+        except Exception:  # a kind that cannot receive (Mamba-1 channels, attention without projection hooks)
+            continue
+        for inp, sites in inputs.items():
+            if sites:
+                out.append(_Receiver(head, inp, tuple((s.hook, s.start, s.stop) for s in sites),
+                                     model.block_input_hook(head.layer), head.layer, head.name))
+    for layer in range(model.n_layers):
+        hook = model.mlp_hook(layer, "in")
+        if hook:
+            stream = model.mixed_stream_hook(layer)
+            stream = stream if stream != model.block_output_hook(layer) else model.block_input_hook(layer)
+            out.append(_Receiver(None, "mlp", ((hook, -1, -1),), stream, layer, mlp_name(layer)))
+    return sorted(out, key=lambda r: (r.layer, r.head is None, r.name, r.input))
+
+
+@dataclass
+class EdgeScreen:
+    """The screened edge table and its exact check.
+
+    Attributes:
+        table: one row per edge (columns :data:`EDGE_SCREEN_COLUMNS`): ``score`` the EAP estimate of the metric's
+            drop, ``abs_rank`` its rank by ``|score|``, ``verifiable`` whether exact path patching can measure it
+            (heads and logits), ``effect``/``low``/``high`` the exact effect with its interval where measured.
+        intact: the intact model's mean logit difference.
+    """
+
+    table: pd.DataFrame
+    intact: float
+
+    def verified(self) -> pd.DataFrame:
+        """The rows measured exactly."""
+        return self.table[self.table["effect"].notna()]
+
+    def agreement(self, top: int = 20) -> dict[str, float]:
+        """The screen against the exact effects of the verified rows: ``overlap`` (of the ``top`` edges by screen
+        score and by exact effect, among the verified rows), ``max_error`` and ``median_error`` (|score - effect|),
+        ``spearman`` (rank correlation of score and effect)."""
+        v = self.verified()
+        if v.empty:
+            return {"overlap": math.nan, "max_error": math.nan, "median_error": math.nan, "spearman": math.nan, "n": 0}
+        k = min(top, len(v))
+        by_score = set(v.sort_values("score", ascending=False).index[:k])
+        by_effect = set(v.sort_values("effect", ascending=False).index[:k])
+        err = (v["score"] - v["effect"]).abs()
+        return {"overlap": len(by_score & by_effect) / k, "max_error": float(err.max()),
+                "median_error": float(err.median()), "spearman": float(v["score"].rank().corr(v["effect"].rank())),
+                "n": int(len(v))}
+
+
+def _edge(row: Any) -> Edge | None:
+    """The exact edge of a screened row (None where it names an MLP or the embeddings)."""
+    if row["sender"] == EMBED or row["sender"].startswith("MLP") or row["input"] == "mlp":
+        return None
+    sender = HeadRef.parse(row["sender"])
+    if row["receiver"] == LOGITS:
+        return Edge(sender, None, LOGITS, "all")
+    return Edge(sender, HeadRef.parse(row["receiver"]), row["input"], row["positions"])
+
+
+def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", reference: Any = None,
+                 verify: int = 20, batch_size: int = 16,
+                 progress: Callable[[str], None] | None = None) -> EdgeScreen:
+    """Score every edge of the model's graph on ``task`` by edge attribution, then measure the ``verify`` strongest
+    verifiable ones (by ``|score|``) by exact path patching (``method``: the ablation that removes a sender, ``zero``
+    or ``mean`` with ``reference``; default for ``mean``: the task)."""
+    from gna_interp.models.model import check_model
+    check_model(model)
+    if method not in ("zero", "mean"):
+        raise InputError(f"the edge screen removes senders by 'zero' or 'mean' ablation, got {method!r}")
+    if method == "mean" and reference is None:
+        reference = task
+    pp = PathPatcher(model, task, method, reference, batch_size)
+    heads = model.heads()
+    repl = {r.site.head: r for r in replacements(model, heads, method, reference)}
+    recv = _receivers(model)
+    clean = pp.clean()
+    weights = LOGIT_DIFF.target_weights(pp.plan, clean)
+    senders = [EMBED] + [x for layer in range(model.n_layers)
+                         for x in [*(h.name for h in heads if h.layer == layer)]
+                         + ([mlp_name(layer)] if model.mlp_hook(layer, "out") else [])]
+    scores = torch.zeros(len(senders), len(recv) + 1, len(POSITIONS), dtype=torch.float64)  # last column: logits
+    for ci, chunk in enumerate(pp.chunks):
+        _chunk_scores(model, pp, chunk, heads, repl, recv, weights, senders, scores, method)
+        if progress is not None:
+            progress(f"edge screen: batch {ci + 1} of {len(pp.chunks)}")
+    rows = []
+    for si, s in enumerate(senders):
+        s_layer = _layer_of(s)
+        for ri, r in enumerate(recv):
+            if not _before(s, s_layer, r):
+                continue
+            for pi, pos in enumerate(POSITIONS):
+                rows.append({"sender": s, "receiver": r.name, "input": r.input, "positions": pos,
+                             "score": float(scores[si, ri, pi])})
+        rows.append({"sender": s, "receiver": LOGITS, "input": LOGITS, "positions": "all",
+                     "score": float(scores[si, len(recv), 1])})
+    table = pd.DataFrame(rows)
+    table["abs_rank"] = table["score"].abs().rank(ascending=False, method="first").astype(int)
+    table["verifiable"] = [(_edge(r) is not None) for _, r in table.iterrows()]
+    table["effect"] = table["low"] = table["high"] = math.nan
+    todo = table[table["verifiable"]].sort_values("abs_rank").head(verify)
+    if len(todo):
+        sets = [[_edge(r)] for _, r in todo.iterrows()]
+        if progress is not None:
+            progress(f"edge screen: verifying the {len(sets)} strongest edges by path patching")
+        fx = path_effects(model, task, sets, patcher=pp)
+        for idx, eff, (lo, hi) in zip(todo.index, fx.effects(), fx.intervals()):
+            table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
+    table = table.sort_values("abs_rank").reset_index(drop=True)[EDGE_SCREEN_COLUMNS]
+    return EdgeScreen(table, LOGIT_DIFF.value(results(clean)))
+
+
+def _layer_of(sender: str) -> float:
+    if sender == EMBED:
+        return -1
+    if sender.startswith("MLP"):
+        return int(sender[3:]) + 0.5  # after its block's mixers
+    return HeadRef.parse(sender).layer
+
+
+def _before(sender: str, s_layer: float, r: _Receiver) -> bool:
+    """Whether ``sender`` writes before receiver ``r`` reads (an MLP reads its own block's mixers' writes)."""
+    if r.input == "mlp":
+        return s_layer < r.layer + 0.5 and not (sender.startswith("MLP") and s_layer == r.layer + 0.5)
+    return s_layer < r.layer
+
+
+def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, heads: list[HeadRef], repl: dict, recv: list[_Receiver],
+                  weights: Tensor, senders: list[str], scores: Tensor, method: str) -> None:
+    """Add one chunk's EAP terms to ``scores``."""
+    acts: dict[str, Tensor] = {}
+    want = {model.block_input_hook(0), model.FINAL_NORM_INPUT}
+    want |= {r.stream for r in recv} | {h for r in recv for h, _, _ in r.sites}
+    want |= {repl[h].site.hook for h in heads}
+    want |= {model.mlp_hook(l, "out") for l in range(model.n_layers) if model.mlp_hook(l, "out")}
+
+    def keep(name: str) -> Callable[..., Tensor]:
+        def hook(x: Tensor, hook: Any = None) -> Tensor:
+            if name == model.block_input_hook(0):
+                x = x.detach().requires_grad_(True)
+            acts[name] = x
+            return x
+        return hook
+
+    masks = pp.masks(chunk)
+    pos_masks = torch.stack([masks[p] for p in POSITIONS]).to(torch.float32)  # [P, b, p]
+    with inputs_only_grad(model), torch.enable_grad():
+        rows, pos, inverse = chunk.reads
+        logits = model.read_logits(chunk.batch, rows, pos, [(h, keep(h)) for h in sorted(want)], grad=True)
+        logp = read_logprobs(logits, chunk.read_tok, inverse)
+        objective = (logp * weights[chunk.read_target].to(logp.device)).sum()
+        site_hooks = sorted({h for r in recv for h, _, _ in r.sites} | {repl[h].site.hook for h in heads}
+                            | {model.FINAL_NORM_INPUT})
+        grads = dict(zip(site_hooks, torch.autograd.grad(objective, [acts[h] for h in site_hooks], retain_graph=True,
+                                                         allow_unused=True)))
+        writes = _writes(model, heads, repl, acts, method)
+        sel = pos_masks.sum(0) > 0  # [b, p]: the positions any class reads
+        w_sel = torch.stack([writes[name][sel] for name in senders]).float()  # [senders, X, d]
+        m_sel = pos_masks[:, sel]  # [P, X]
+        layer_of = [_layer_of(name) for name in senders]
+        by_prefix: dict[int, list[tuple[int, Tensor]]] = {}
+        through: dict[HeadRef, dict[str, Tensor | None]] = {}
+        for ri, r in enumerate(recv):
+            if r.head is not None and r.head not in through:
+                through[r.head] = _through_head(model, r.head, recv, grads, acts)
+            gx = _stream_grad(r, through[r.head] if r.head is not None else grads, acts)
+            if gx is None:
+                continue
+            before = [_before(name, lay, r) for name, lay in zip(senders, layer_of)]
+            n = sum(before)
+            assert all(before[:n]), "senders are listed in layer order: those before a receiver are a prefix"
+            by_prefix.setdefault(n, []).append((ri, gx.detach()[sel].float()))
+        gfinal = grads[model.FINAL_NORM_INPUT]
+        if gfinal is not None:
+            by_prefix.setdefault(len(senders), []).append((len(recv), gfinal.detach()[sel].float()))
+    for n, items in by_prefix.items():
+        cols = [c for c, _ in items]
+        g = torch.stack([gx for _, gx in items])  # [R, X, d]
+        gm = (g[:, None] * m_sel[None, :, :, None]).reshape(len(items) * m_sel.shape[0], -1)  # [R*P, X*d]
+        got = w_sel[:n].reshape(n, -1) @ gm.T  # [n, R*P]
+        scores[:n, cols] += got.reshape(n, len(items), m_sel.shape[0]).double().cpu()
+
+
+def _through_head(model: Model, head: HeadRef, recv: list[_Receiver], grads: dict[str, Tensor | None],
+                  acts: dict[str, Tensor]) -> dict[str, Tensor | None]:
+    """The metric's gradient at ``head``'s input sites along the paths through ``head``'s own output alone (the
+    vector-Jacobian product from its output channels, cotangent the metric's gradient there): what the exact
+    patch, which keeps every other head of the layer clean, differentiates."""
+    site = model.head_site(head)
+    g = grads.get(site.hook)
+    hooks = sorted({h for r in recv if r.head == head for h, _, _ in r.sites})
+    if g is None or not hooks:
+        return {}
+    cot = torch.zeros_like(g)
+    _flat(cot)[..., site.columns] = _flat(g)[..., site.columns]
+    got = torch.autograd.grad([acts[site.hook]], [acts[h] for h in hooks], [cot], retain_graph=True,
+                              allow_unused=True)
+    return dict(zip(hooks, got))
+
+
+def _stream_grad(r: _Receiver, grads: dict[str, Tensor | None], acts: dict[str, Tensor]) -> Tensor | None:
+    """``∂metric/∂x`` through receiver ``r``'s input alone: the vector-Jacobian product from its sites' channels
+    (``grads`` there, other channels zero) back to the stream it reads."""
+    outs, cots = [], []
+    for hook, start, stop in r.sites:
+        g = grads.get(hook)
+        if g is None:
+            continue
+        if start < 0:  # an MLP input: all of it
+            cot = g
+        else:
+            cot = torch.zeros_like(g)
+            _flat(cot)[..., start:stop] = _flat(g)[..., start:stop]
+        outs.append(acts[hook])
+        cots.append(cot)
+    if not outs:
+        return None
+    (gx,) = torch.autograd.grad(outs, [acts[r.stream]], cots, retain_graph=True, allow_unused=True)
+    return gx
+
+
+def _flat(x: Tensor) -> Tensor:
+    return x.flatten(2) if x.dim() == 4 else x
+
+
+def _writes(model: Model, heads: list[HeadRef], repl: dict, acts: dict[str, Tensor], method: str
+            ) -> dict[str, Tensor]:
+    """Each sender's write into the stream (``[b, p, d_model]``, detached), in layer order."""
+    out: dict[str, Tensor] = {}
+    x0 = acts[model.block_input_hook(0)].detach()
+    out[EMBED] = x0 - (x0.mean((0, 1), keepdim=True) if method == "mean" else 0)
+    with torch.no_grad():
+        for layer in range(model.n_layers):
+            for h in (h for h in heads if h.layer == layer):
+                r = repl[h]
+                z = flat_channels(acts[r.site.hook].detach(), r.site)[..., r.site.columns]
+                val = r.value(z.shape[0], z.shape[1])
+                delta = z - (val.to(z.device, z.dtype) if isinstance(val, Tensor) else val)
+                w = model.output_projection(h)[:, r.site.columns]
+                out[h.name] = delta.to(w.dtype) @ w.T
+            hook = model.mlp_hook(layer, "out")
+            if hook:
+                y = acts[hook].detach()
+                out[mlp_name(layer)] = y - (y.mean((0, 1), keepdim=True) if method == "mean" else 0)
+    return out

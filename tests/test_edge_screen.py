@@ -1,0 +1,88 @@
+"""The whole-graph edge screen: each attribution score equals the derivative of the metric computed by brute force
+through the plain Hugging Face model (the edge's write scaled by a small ε, finite differences), and the rows verified
+exactly equal path patching run edge by edge."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import test_paths as tp
+from gna_interp import HeadRef, KVRetrieval
+from gna_interp.circuits.edge_screen import EDGE_SCREEN_COLUMNS, screen_edges
+from gna_interp.circuits.paths import Edge, PathPatcher, path_effects
+from gna_interp.tasks.metrics import LOGIT_DIFF
+
+H = HeadRef.parse
+
+
+def _task():
+    return KVRetrieval(3, 4, seed=1, max_value=9)
+
+
+def _objective(model, pp, edges, eps, monkeypatch):
+    """The screen's objective (the weighted read log-probs, the mean logit difference) with ``edges`` removed by hand
+    (tests/test_paths.py's brute force) with each sender's write scaled by ``eps``."""
+    write = tp._write
+    monkeypatch.setattr(tp, "_write", lambda *a: eps * write(*a))
+    weights = LOGIT_DIFF.target_weights(pp.plan, pp.clean())
+    total = 0.0
+    for chunk in pp.chunks:
+        logp = tp._brute(model, pp, chunk, edges).double()
+        total += float((logp.detach() * weights[chunk.read_target].double()).sum())
+    monkeypatch.setattr(tp, "_write", write)
+    return total
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba2"])
+def test_scores_equal_the_derivative_through_hugging_face(models, family, monkeypatch):
+    model = models(family)
+    screen = screen_edges(model, _task(), verify=0, batch_size=1)
+    pp = PathPatcher(model, _task(), batch_size=1)
+    t = screen.table
+    heads = t[t["verifiable"] & (t["receiver"] != "logits")].head(3)
+    rows = list(heads.itertuples()) + list(t[t["receiver"] == "logits"].head(1).itertuples())
+    eps = 1e-2
+    for row in rows:
+        sender = H(row.sender)
+        if row.receiver == "logits":
+            edges = [Edge(sender, None)]
+        else:
+            edges = [Edge(sender, H(row.receiver), row.input, row.positions)]
+        # central differences: the write taken out (eps) and put in twice (-eps), float32 noise ~1e-6 / eps
+        derivative = (_objective(model, pp, edges, -eps, monkeypatch) - _objective(model, pp, edges, eps, monkeypatch)
+                      ) / (2 * eps)
+        assert row.score == pytest.approx(derivative, rel=1e-2, abs=1e-4), (row.sender, row.receiver, row.input)
+
+
+def test_verified_rows_equal_path_patching_edge_by_edge(models):
+    model = models("bamba")  # SSM -> attention and attention -> SSM edges
+    screen = screen_edges(model, _task(), verify=12, batch_size=2)
+    v = screen.verified()
+    assert len(v) == 12 and list(screen.table.columns) == EDGE_SCREEN_COLUMNS
+    for row in v.itertuples():
+        sender = H(row.sender)
+        edges = [Edge(sender, None)] if row.receiver == "logits" else \
+            [Edge(sender, H(row.receiver), row.input, row.positions)]
+        alone = path_effects(model, _task(), [edges], batch_size=3)
+        assert row.effect == pytest.approx(alone.effects()[0], abs=1e-5)
+    a = screen.agreement(10)
+    assert a["n"] == 12 and 0 <= a["overlap"] <= 1 and math.isfinite(a["max_error"])
+    # every sender kind and every receiver kind of the hybrid is in the table
+    assert {"embed", "MLP0"} <= set(screen.table["sender"])
+    assert {"logits", "MLP2"} <= set(screen.table["receiver"])
+    assert {"q", "k", "v", "other", "mlp", "logits"} <= set(screen.table["input"])
+
+
+def test_senders_come_before_receivers(models):
+    model = models("llama")
+    t = screen_edges(model, _task(), verify=0, batch_size=4).table
+    for row in t.itertuples():
+        if row.receiver == "logits":
+            continue
+        s_layer = -1 if row.sender == "embed" else (int(row.sender[3:]) + 0.5 if row.sender.startswith("MLP")
+                                                     else H(row.sender).layer)
+        r_layer = int(row.receiver[3:]) + 0.5 if row.receiver.startswith("MLP") else H(row.receiver).layer
+        assert s_layer < r_layer, row
