@@ -47,7 +47,8 @@ RESULTS: dict[str, tuple[str, ...]] = {
     "sweep": ("sweep.json", "sweep.csv"),
     "compare": ("families.json", "families.csv"),
     "compare-circuits": ("compare.json", "compare.csv", "compare.md"),
-    "circuit": ("faithfulness.json", "faithfulness.csv", "faithfulness.md", "faithfulness.html", "edges.csv", "roles.csv"),
+    "circuit": ("faithfulness.json", "faithfulness.csv", "faithfulness.md", "faithfulness.html", "edges.csv", "roles.csv",
+                "edge_screen.csv"),
     "zoo train": ("MODEL_CARD.md", "model.safetensors"),
 }
 _SHARED = ("report.html", "figures")  # every command with a page writes these
