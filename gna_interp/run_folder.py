@@ -48,7 +48,7 @@ RESULTS: dict[str, tuple[str, ...]] = {
     "compare": ("families.json", "families.csv"),
     "compare-circuits": ("compare.json", "compare.csv", "compare.md"),
     "circuit": ("faithfulness.json", "faithfulness.csv", "faithfulness.md", "faithfulness.html", "edges.csv", "roles.csv",
-                "edge_screen.csv"),
+                "edge_screen.csv", "edge_graph.html"),
     "zoo train": ("MODEL_CARD.md", "model.safetensors"),
 }
 _SHARED = ("report.html", "figures")  # every command with a page writes these

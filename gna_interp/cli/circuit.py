@@ -98,8 +98,12 @@ def run_circuit(args: argparse.Namespace) -> int:
                 frame.to_csv(folder.path / name, index=False)
                 written.append(folder.path / name)
         if screen is not None:
+            from gna_interp.viz.edge_graph import edge_graph
+
             screen.table.to_csv(folder.path / "edge_screen.csv", index=False)
-            written.append(folder.path / "edge_screen.csv")
+            edge_graph(screen, title=f"{model.name}: the strongest edges of the whole graph").write_html(
+                folder.path / "edge_graph.html", include_plotlyjs=True)
+            written += [folder.path / "edge_screen.csv", folder.path / "edge_graph.html"]
         html = folder.path / "faithfulness.html"
         faithfulness_curve(fx, title=f"{model.name}: faithfulness of the scanned circuit").write_html(
             html, include_plotlyjs=True)
