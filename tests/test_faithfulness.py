@@ -96,3 +96,26 @@ def test_bad_arguments_are_refused(models):
     with pytest.raises(GnaError):
         faithfulness(model, _task(), [], sizes=[10_000])
     assert size_grid(3) == [0, 1, 2, 3] and size_grid(30)[-1] == 30
+
+
+def test_gna_circuit_writes_its_folder(tiny_models, tmp_path):
+    """``gna circuit`` on a scan folder: the curve, the smallest circuit, the edge table, the whole-graph screen and
+    both figures, every file readable."""
+    import pandas as pd
+
+    from gna_interp.cli import main
+    from made_up import write_scan_folder
+
+    model = tiny_models["llama"]
+    scan = write_scan_folder(tmp_path / "scan", model, model.heads())
+    out = tmp_path / "circuit"
+    assert main(["circuit", str(scan), "--out", str(out), "--sizes", "1,2", "--seeds", "1", "--edges", "3",
+                 "--verify", "5", "--threshold", "0.5"]) == 0
+    fx = Faithfulness.load(out)
+    assert fx.n_heads == len(model.heads()) and {s for s, *_ in fx.points} >= {"ranked", "random"}
+    screen = pd.read_csv(out / "edge_screen.csv")
+    assert screen["effect"].notna().sum() == 5 and {"embed", "MLP0"} <= set(screen["sender"])
+    assert len(pd.read_csv(out / "edges.csv")) and len(pd.read_csv(out / "roles.csv"))
+    for page in ("faithfulness.html", "edge_graph.html"):
+        assert "plotly" in (out / page).read_text(encoding="utf-8")[:200000]
+    assert main(["circuit", str(scan), "--out", str(scan)]) == 2  # the scan's own folder holds another command's results
