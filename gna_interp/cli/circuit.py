@@ -5,10 +5,12 @@ threshold of the intact logit difference, and each of its heads' own contributio
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 from gna_interp.cli import command
-from gna_interp.cli.args import at_least, claim_out, model_arg, seeds_arg
+from gna_interp.cli.args import at_least, claim_out, compute_args, load_for, model_arg, seeds_arg
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -58,36 +60,40 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                    help="screen every edge of the whole graph (embeddings, heads, MLPs -> heads' q/k/v, MLPs, logits) "
                         "by edge attribution and measure the N strongest by exact path patching (default 40; the top-20 "
                         "overlap of screen and exact is read among them; 0: no screen)")
-    p.add_argument("--batch-size", type=at_least(1), default=16)
+    compute_args(p)
     p.add_argument("--out", default="gna_circuit", help="output folder (default gna_circuit)")
     p.add_argument("--fresh", action="store_true", help="--out may hold another command's results: delete them first")
-    p.set_defaults(run=run_circuit, runs_model=True)
+    p.set_defaults(run=run_circuit)
 
 
 def run_circuit(args: argparse.Namespace) -> int:
     from gna_interp.circuits import Circuit, faithfulness
-    from gna_interp.models import load_model
+    from gna_interp.progress import quiet
 
     folder = claim_out(args, "circuit")  # before the model loads
     circuit = Circuit.load(args.scan)
-    model = load_model(args.model or circuit.model, device=getattr(args, "device", None))
+    model = load_for(args, args.model or circuit.model)
     ranked = circuit.scan.top(len(circuit.scan.heads))
-    fx = faithfulness(model, circuit.load_task(), ranked, method=args.method, threshold=args.threshold,
-                      sizes=args.sizes, seeds=args.seeds, batch_size=args.batch_size)
+    with _stage("faithfulness: every head outside the first k of the ranking ablated"):
+        fx = faithfulness(model, circuit.load_task(), ranked, method=args.method, threshold=args.threshold,
+                          sizes=args.sizes, seeds=args.seeds, batch_size=args.batch_size)
     print(fx.report())
     edges = roles = None
     if args.edges:
         from gna_interp.circuits.causal import causal_roles, measure_edges
 
-        edges = measure_edges(model, circuit.load_task(), circuit.heads[:args.edges], decision_kv=True,
-                              batch_size=args.batch_size)
+        with _stage(f"edges among the circuit's first {args.edges} heads (path patching)"):
+            edges = measure_edges(model, circuit.load_task(), circuit.heads[:args.edges], decision_kv=True,
+                                  batch_size=args.batch_size)
         roles = causal_roles(edges, circuit.edge_drops())
         print(_edge_report(edges, roles))
     screen = None
     if args.verify:
         from gna_interp.circuits.edge_screen import screen_edges
 
-        screen = screen_edges(model, circuit.load_task(), verify=args.verify, batch_size=args.batch_size)
+        with _stage("the whole graph: edge attribution, then the strongest edges by path patching"):
+            screen = screen_edges(model, circuit.load_task(), verify=args.verify, batch_size=args.batch_size,
+                                  progress=None if quiet() else lambda line: print(line, flush=True))
         print(_screen_report(screen, 20))
     from gna_interp.viz.faithfulness import faithfulness_curve
 
@@ -141,3 +147,15 @@ def _screen_report(screen: "EdgeScreen", top: int) -> str:
         exact = f"{r.effect:+.3f} [{r.low:+.3f}, {r.high:+.3f}]" if r.effect == r.effect else "not verified"
         lines.append(f"| {r.sender} -> {recv} | {r.score:+.3f} | {exact} |")
     return "\n".join(lines) + "\n"
+
+
+@contextmanager
+def _stage(label: str) -> Iterator[None]:
+    """Print ``label`` when a stage starts, a line while it runs (:func:`heartbeat`) and its time when it ends."""
+    from gna_interp.cli.stages import heartbeat
+
+    start = time.perf_counter()
+    print(f"[{label}] ...", flush=True)
+    with heartbeat(lambda line: print(line, flush=True), label):
+        yield
+    print(f"[{label}]: {time.perf_counter() - start:.1f} s", flush=True)
