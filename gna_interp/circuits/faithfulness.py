@@ -61,6 +61,8 @@ class FaithfulnessConfig(Options):
         seeds: random circuits drawn at every size (random orders of all heads).
         threshold: the fraction of the intact logit difference the smallest circuit must keep.
         n_boot: bootstrap resamples of the intervals; level: their coverage.
+        minimality: the smallest circuit's heads (first in the ranking) whose own contribution is measured, one run
+            each (None: all of them).
         batch_size: prompts per forward.
     """
 
@@ -71,6 +73,7 @@ class FaithfulnessConfig(Options):
     threshold: float = 0.8
     n_boot: int = 1000
     level: float = 0.95
+    minimality: int | None = 30
     batch_size: int = 16
 
     def validate(self) -> None:
@@ -82,6 +85,7 @@ class FaithfulnessConfig(Options):
         if isinstance(self.threshold, bool) or not (0 < float(self.threshold) <= 1):
             raise InputError(f"threshold must be a fraction in (0, 1], got {self.threshold!r}")
         check_level(self.level)
+        check_int("minimality", self.minimality, 0, allow_none=True)
         if self.sizes is not None:
             for k in self.sizes:
                 check_int("each of sizes", k, 0)
@@ -205,8 +209,9 @@ class Faithfulness:
             lines.append(f"- smallest ranked circuit keeping {self.threshold:.0%} of the logit difference: "
                          f"{s['size']} heads ({', '.join(s['heads'])}), fraction {s['fraction']:.3f} "
                          f"[{lo:.3f}, {hi:.3f}], accuracy fraction {s['accuracy_fraction']:.3f}")
-            lines.append("- each head's own contribution (logit difference lost when it alone leaves the circuit): "
-                         + ", ".join(f"{h} {v:+.3f}" for h, v in s["minimality"].items()))
+            lines.append("- each head's own contribution (logit difference lost when it alone leaves the circuit"
+                         + (f"; the first {len(s['minimality'])} of the {s['size']}" if len(s["minimality"]) < s["size"]
+                            else "") + "): " + ", ".join(f"{h} {v:+.3f}" for h, v in s["minimality"].items()))
         else:
             lines.append(f"- no ranked circuit measured keeps {self.threshold:.0%} of the logit difference")
         for name in ("ranked", "random"):
@@ -318,14 +323,15 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
         inner = [k for k in sizes if 0 < k < n]
         for k, res in zip(inner, series(perm, inner)):
             fx.points.append(("random", s, perm[:k], res))
-    _smallest(fx, runner, every, order, by_size)
+    _smallest(fx, runner, every, order, by_size, cfg.minimality)
     return fx
 
 
 def _smallest(fx: Faithfulness, runner: SetAblation, every: list[HeadRef], order: list[HeadRef],
-              by_size: dict[int, Results]) -> None:
+              by_size: dict[int, Results], minimality: int | None) -> None:
     """The smallest ``k`` whose ranked circuit keeps the threshold (grid, then bisection between the bracketing
-    sizes, assuming the fraction grows with ``k`` between them), and the minimality of its heads."""
+    sizes, assuming the fraction grows with ``k`` between them), and the minimality of its first ``minimality``
+    heads."""
 
     def kept(k: int) -> Results:
         if k not in by_size:
@@ -348,6 +354,6 @@ def _smallest(fx: Faithfulness, runner: SetAblation, every: list[HeadRef], order
     res = kept(hi)
     fx.points.append(("smallest", 0, circuit, res))
     ld = get_metric("logit_diff")
-    for h in circuit:
+    for h in circuit[:minimality]:
         without = results(runner.run([x for x in every if x not in set(circuit) or x == h]))
         fx.minimality[h] = ld.value(res) - ld.value(without)
