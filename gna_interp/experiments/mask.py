@@ -463,7 +463,9 @@ def _from_circuit(circuit: Circuit, top_k: int) -> list[tuple[HeadRef, str | Non
     df = circuit.to_frame()
     if "circuit_rank" in df:
         df = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
-    df = df[df["drop"] > 0].head(top_k)
+    est = circuit.edge_drops()  # an accuracy scan's own drops are NaN where not run exactly: its estimand's then
+    drop = [d if d == d else est.get(n, float("nan")) for n, d in zip(df["name"], df["drop"])]
+    df = df[[d > 0 for d in drop]].head(top_k)
     return [(HeadRef.parse(r["name"]), r["role"] if r["role"] in ROLES else None,
              "circuit" if r["role"] in ROLES else "measured") for _, r in df.iterrows()]
 
