@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.circuits.faithfulness import Faithfulness, faithfulness, size_grid
+from gna_interp.circuits.sufficiency import Faithfulness, faithfulness, size_grid
 from gna_interp.errors import GnaError
 from gna_interp.models.hf import unwrap
 

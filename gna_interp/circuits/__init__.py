@@ -4,7 +4,7 @@ with its ablation curve and report views, layer pruning, and retrieval-guided hy
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import CurveConfig, ablation_curve
 from gna_interp.circuits.discovery import DiscoverConfig, discover
-from gna_interp.circuits.faithfulness import Faithfulness, FaithfulnessConfig, faithfulness
+from gna_interp.circuits.sufficiency import Faithfulness, FaithfulnessConfig, faithfulness
 from gna_interp.circuits.comparison import CircuitComparison, compare_circuits
 from gna_interp.circuits.hybrid import HybridPlan, plan_hybrid
 from gna_interp.circuits.paths import Edge, PathEffects, PathOptions, PathPatcher, path_effects

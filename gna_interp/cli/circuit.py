@@ -1,6 +1,6 @@
 """``gna circuit``: whether a scanned circuit suffices -- its faithfulness curve, the smallest circuit keeping a
 threshold of the intact logit difference, and each of its heads' own contribution
-(:func:`gna_interp.circuits.faithfulness`)."""
+(:func:`~gna_interp.circuits.sufficiency.faithfulness`)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=_sizes, default=None,
                    help="circuit sizes of the curve, e.g. 1,2,5,10 (default: 0-8, then x1.5 up to every head)")
     p.add_argument("--seeds", type=seeds_arg(0), default=3, help="random circuits at each size (default 3)")
+    p.add_argument("--minimality", type=at_least(0), default=30,
+                   help="measure the own contribution of the smallest circuit's first N heads, one run each "
+                        "(default 30)")
     p.add_argument("--edges", type=at_least(0), default=10,
                    help="measure the edge table among the first N heads of the circuit (the ranking without its generic heads) by path patching (k/v at the "
                         "lines and at the decision, q at the decision, each head's direct path), with each head's "
@@ -76,7 +79,8 @@ def run_circuit(args: argparse.Namespace) -> int:
     ranked = circuit.scan.top(len(circuit.scan.heads))
     with _stage("faithfulness: every head outside the first k of the ranking ablated"):
         fx = faithfulness(model, circuit.load_task(), ranked, method=args.method, threshold=args.threshold,
-                          sizes=args.sizes, seeds=args.seeds, batch_size=args.batch_size)
+                          sizes=args.sizes, seeds=args.seeds, minimality=args.minimality,
+                          batch_size=args.batch_size)
     print(fx.report())
     edges = roles = None
     if args.edges:
