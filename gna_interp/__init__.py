@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and the API docs
         ablation_curve,
         compare_circuits,
         discover,
+        faithfulness,
         path_effects,
         prune_curve,
         reference_scan,
