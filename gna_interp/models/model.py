@@ -574,6 +574,23 @@ class Model:
                                f"{kept.numel()} asked for (a causal-LM head that ignores a boolean logits_to_keep)")
         return out[torch.searchsorted(kept, linear)]
 
+    def final_residual(self, inputs: str | Sequence[str] | Tensor | TokenBatch, fwd_hooks: Hooks = (), *,
+                       grad: bool = False) -> Float[Tensor, "batch pos d_model"] | None:
+        """The residual stream entering the final norm, from one forward with ``fwd_hooks`` that stops there (the
+        final norm and the output layer never run), or None where the bridge has no :attr:`FINAL_NORM_INPUT` hook
+        (the caller then reads logits, :meth:`read_logits`)."""
+        if not self.has_hook(self.FINAL_NORM_INPUT):
+            return None
+
+        def stop(x: Tensor, hook: Any = None) -> Tensor:
+            raise _Stopped(x)
+
+        try:
+            self.run(inputs, [*fwd_hooks, (self.FINAL_NORM_INPUT, stop)], grad=grad)
+        except _Stopped as got:
+            return got.resid
+        return None  # the hook never fired: a model that does not route its output through it
+
     def run_with_cache(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
                        names_filter: Callable[[str], bool] | Sequence[str] | str | None = None,
                        **kwargs: Any) -> tuple[Float[Tensor, "batch pos vocab"], Any]:
@@ -688,6 +705,14 @@ class Model:
             if self.tokenizer.eos_token_id is not None and int(nxt) == self.tokenizer.eos_token_id:
                 break
         return self.tokenizer.decode(ids[0, start:])
+
+
+class _Stopped(Exception):
+    """Raised by :meth:`Model.final_residual`'s hook to end the forward at the final norm."""
+
+    def __init__(self, resid: Tensor) -> None:
+        super().__init__("forward stopped at the final norm")
+        self.resid = resid
 
 
 def check_model(model: Any, what: str = "model", *, runnable: bool = True) -> Model:
