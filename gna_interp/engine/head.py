@@ -127,6 +127,22 @@ def _transform_slopes(transform, z: Tensor, weights: Tensor) -> Tensor:
         return torch.autograd.grad(transform(zz).float(), zz, weights.to(torch.float32))[0]
 
 
+_IDENTITY: "weakref.WeakKeyDictionary[Model, bool]" = weakref.WeakKeyDictionary()
+
+
+def _active_transform(model: Model, dtype: torch.dtype):
+    """The model's output transform, or None where it leaves logits unchanged (most families: the adapter's method
+    applies a soft-cap the config does not set), checked once per model on a probe spanning large logits; the
+    backward then needs no slope of the transform."""
+    transform = model.output_transform
+    if transform is None:
+        return None
+    if model not in _IDENTITY:
+        probe = (torch.linspace(-200.0, 200.0, 401)[None] * torch.tensor([[1.0], [0.01]])).to(dtype)
+        _IDENTITY[model] = bool(torch.equal(transform(probe.clone()), probe))
+    return None if _IDENTITY[model] else transform
+
+
 class _HeadLogprobs(torch.autograd.Function):
     """``log p(tokens[i])`` at ``normed[at[i]]`` (see :func:`head_logprobs_grad`); the backward reads two saved
     ``d_model``-wide tensors, not the vocabulary."""
@@ -202,5 +218,5 @@ def head_logprobs_grad(model: Model, resid: Float[Tensor, "n d_model"], tokens: 
     bias = bias.detach() if bias is not None else None
     normed = model.final_norm(resid[None])[0]
     sink: list | None = [] if keep_logits else None
-    logp = _HeadLogprobs.apply(normed, weight, bias, model.output_transform, tokens, at, sink)
+    logp = _HeadLogprobs.apply(normed, weight, bias, _active_transform(model, weight.dtype), tokens, at, sink)
     return logp, (sink[0] if sink else None)
