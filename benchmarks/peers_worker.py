@@ -87,6 +87,20 @@ def metric(scores: list[list[float]], golds: list[int]) -> float:
     return sum(out) / len(out)
 
 
+def sample_groups(samples: list[dict], rows: int) -> list[list[int]]:
+    """Consecutive prompts grouped so that a group's prompt + candidate rows number at most ``rows`` (one prompt at
+    least)."""
+    groups: list[list[int]] = [[]]
+    n = 0
+    for i, s in enumerate(samples):
+        if groups[-1] and n + len(s["cands"]) > rows:
+            groups.append([])
+            n = 0
+        groups[-1].append(i)
+        n += len(s["cands"])
+    return groups
+
+
 def full_rows(samples: list[dict]) -> list[tuple[int, int, list[int], int]]:
     """``(sample, cand, ids, prompt_len)`` for every prompt + candidate row (the plain form)."""
     return [(i, j, s["prompt"] + c, len(s["prompt"])) for i, s in enumerate(samples) for j, c in enumerate(s["cands"])]
@@ -269,29 +283,34 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
         clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
     elif form == "patching":
         from transformer_lens import patching
+        import pandas as pd
 
-        # generic_activation_patch over hook_z with index (layer, head): the setter zeroes the head (its documented
-        # patch_setter argument), the "clean cache" is unused; one call per full-row batch, metric from the logits
-        rows = full_rows(samples)
-        ids = right_padded([r[2] for r in rows], pad)
-
-        def setter(corrupted: torch.Tensor, index: list, clean_act: torch.Tensor) -> torch.Tensor:
+        # generic_activation_patch over hook_z with an index_df of (layer, head): its patch setter zeroes the head
+        # (the "clean cache" it would patch from is unused), the metric reads the candidates from the logits. One
+        # call per group of whole prompts (full rows; a group's metric is its share of the mean), results summed.
+        def setter(corrupted: torch.Tensor, index: list, clean_act: Any) -> torch.Tensor:
             corrupted[:, :, index[1]] = 0.0
             return corrupted
 
-        def logits_metric(logits: torch.Tensor) -> torch.Tensor:
-            logp = torch.log_softmax(logits.float(), -1)
-            scores = [[0.0] * len(s["cands"]) for s in samples]
-            for b, (i, j, seq, p) in enumerate(rows):
-                scores[i][j] = float(logp[b, torch.arange(p - 1, len(seq) - 1), torch.tensor(seq[p:])].sum())
-            return torch.tensor(metric(scores, golds))
+        index_df = pd.DataFrame({"layer": [l for l, _ in job["heads"]], "head": [h for _, h in job["heads"]]})
+        cache = {f"blocks.{l}.attn.hook_z": None for l, _ in job["heads"]}
+        total = torch.zeros(len(job["heads"]))
+        clean = 0.0
+        for group in sample_groups(samples, job["batch"]):
+            rows = [r for r in full_rows(samples) if r[0] in group]
+            ids = right_padded([r[2] for r in rows], pad)
 
-        clean = float(logits_metric(bridge(ids)))
-        index_df = __import__("pandas").DataFrame({"layer": [l for l, _ in job["heads"]],
-                                                   "head": [h for _, h in job["heads"]]})
-        out = patching.generic_activation_patch(bridge, ids, {f"blocks.{l}.attn.hook_z": None for l, _ in job["heads"]},
-                                                logits_metric, setter, "z", index_df=index_df)
-        for (l, h), v in zip(job["heads"], out.tolist()):
+            def share(logits: torch.Tensor) -> torch.Tensor:
+                logp = torch.log_softmax(logits.float(), -1)
+                scores = {i: [0.0] * len(samples[i]["cands"]) for i in group}
+                for b, (i, j, seq, p) in enumerate(rows):
+                    scores[i][j] = float(logp[b, torch.arange(p - 1, len(seq) - 1), torch.tensor(seq[p:])].sum())
+                return torch.tensor(metric([scores[i] for i in group], [golds[i] for i in group]) * len(group)
+                                    / len(samples))
+
+            clean += float(share(bridge(ids)))
+            total += patching.generic_activation_patch(bridge, ids, cache, share, setter, "z", index_df=index_df)
+        for (l, h), v in zip(job["heads"], total.tolist()):
             drops[f"L{l}H{h}"] = clean - v
     else:
         hooks_now: list = []

@@ -65,11 +65,14 @@ def test_a_benchmark_runs_at_its_smallest(name, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert headline in done.stdout, done.stdout[-2000:]
     if name == "peers.py":  # every tool that ran gives gna exact's drops; ours and TransformerLens's always run
-        table = [line.split("|")[1:-1] for line in done.stdout.split("\n\n")[1].splitlines()[2:]]
-        ran = {cells[1].strip(): cells for cells in table if "not run" not in cells[6]}
-        assert {"gna exact", "gna auto", "TransformerLens run_with_hooks loop", "TransformerLens best",
-                "TransformerLens patching.generic_activation_patch"} <= set(ran), done.stdout[-3000:]
-        assert all(float(cells[6]) < 1e-4 for cells in ran.values()), done.stdout[-3000:]
+        lines = done.stdout.split("\n\n")[1].splitlines()
+        col = [c.strip() for c in lines[0].split("|")].index("max abs diff") - 1
+        table = [line.split("|")[1:-1] for line in lines[2:]]
+        ran = {cells[1].strip(): cells for cells in table if "not run" not in cells[col]}
+        assert {"gna exact", "gna auto", "gna attribution", "TransformerLens run_with_hooks loop",
+                "TransformerLens best", "TransformerLens patching.generic_activation_patch",
+                "TransformerLens gradient attribution"} <= set(ran), done.stdout[-3000:]
+        assert all(float(cells[col]) < 1e-4 for cells in ran.values()), done.stdout[-3000:]
     if name == "scan.py":  # the stacked exact scan equals the naive loops
         diffs = re.search(r"max \|diff\| (\S+) \(scorer\), (\S+) \(full logits\)", done.stdout)
         assert diffs is not None and max(float(diffs[1]), float(diffs[2])) < 1e-4, done.stdout[-2000:]
