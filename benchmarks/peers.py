@@ -1,6 +1,6 @@
 """The per-head ablation scan with each interpretability tool, side by side: the same model, task and metric.
 
-    python benchmarks/peers.py                          # zoo transformer, then SmolLM2-135M (when installed)
+    python benchmarks/peers.py                          # zoo transformer, zoo Mamba-2, SmolLM2-135M (when installed)
     python benchmarks/peers.py --models zoo --markdown   # the zoo transformer only; write docs/peers.md
     python benchmarks/peers.py --smallest               # seconds: the zoo transformer, 4 prompts, the tools here
     python benchmarks/peers.py --device cuda:0          # on a GPU
@@ -65,6 +65,7 @@ LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "Transfo
           "pyvene-plain": "pyvene ZeroIntervention loop", "pyvene-best": "pyvene best (per-example heads)",
           "gna-attribution": "gna attribution", "tl-attr": "TransformerLens gradient attribution",
           "nnsight-attr": "nnsight gradient attribution"}
+MAMBA_TOOLS = ("gna-exact", "gna-auto", "tl-plain", "nnsight-plain", "pyvene-plain")
 ATTRIBUTION = ("gna-attribution", "tl-attr", "nnsight-attr")  # estimates: compared with gna attribution
 
 
@@ -185,6 +186,12 @@ def table(rows: list[dict]) -> list[str]:
 def setup(name: str, args: argparse.Namespace) -> tuple[Any, Any, list, list, dict]:
     """(model, task, heads for the best forms and ours, heads for the plain forms, the batch sizes: ``batch`` rows a
     forward in the plain forms and ours, ``stack`` heads and ``prompts`` prompts a forward in the best forms)."""
+    if name == "mamba2":
+        model = load_model("zoo:mamba2-kv", device=args.device)
+        task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="official", seed=args.seed,
+                           words=model.kv_words)
+        heads = model.heads()
+        return model, task, heads, heads, {"batch": 64, "stack": 1, "prompts": 64}
     if name == "zoo":
         model = load_model("zoo:transformer-kv", device=args.device)
         task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="official", seed=args.seed,
@@ -202,7 +209,7 @@ def setup(name: str, args: argparse.Namespace) -> tuple[Any, Any, list, list, di
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="zoo,smollm2", help="comma-separated: zoo, smollm2")
+    ap.add_argument("--models", default="zoo,mamba2,smollm2", help="comma-separated: zoo, mamba2, smollm2")
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--samples", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
@@ -219,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                                                             "no environment built")
     ap.add_argument("--markdown", nargs="?", const=str(HERE.parent / "docs" / "peers.md"), default=None,
                     help="write the table and notes as Markdown (default docs/peers.md)")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--include", default=None, help="a --json file of an earlier run: its rows of models this run "
+                                                    "does not measure join the table (each row keeps its command)")
     args = ap.parse_args(argv)
     if args.smallest:
         args.models, args.samples, args.pairs, args.no_build = "zoo", 4, 3, True
@@ -240,11 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue
         model, task, heads, plain, sizes = setup(name, args)
         samples = export_task(model, task)
-        label = "zoo transformer" if name == "zoo" else "SmolLM2-135M"
+        label = {"zoo": "zoo transformer", "mamba2": "zoo Mamba-2"}.get(name, "SmolLM2-135M")
+        site = model.head_site(heads[0])
         job = {"model_dir": model_dir(model), "samples": samples, "threads": args.threads, "device": args.device,
-               **sizes}
+               "kind": heads[0].kind, "head_dim": site.stop - site.start, **sizes}
         for tool in tools:
-            if tool.startswith("gna-"):
+            if name == "mamba2" and tool not in MAMBA_TOOLS:
+                r = {"tool": tool, "error": "not measured on Mamba-2 here (the plain forms show which tools hook it)"}
+            elif tool.startswith("gna-"):
                 r = run_ours(model, task, heads, tool.split("-")[1], sizes["batch"])
             elif tool in TL_TOOLS:
                 hs = plain if tool in ("tl-plain", "tl-patching") else heads
@@ -255,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 hs = plain if tool.endswith("plain") else heads
                 r = run_worker(peer_py, {**job, "tool": tool, "heads": [[h.layer, h.head] for h in hs]}, tmp)
+            if "drops" in r and not tool.startswith("gna-"):  # the workers name heads L{layer}H{head}
+                names = {f"L{h.layer}H{h.head}": h.name for h in model.heads()}
+                r["drops"] = {names.get(k, k): v for k, v in r["drops"].items()}
             r["model"] = label
             if "error" not in r:
                 want = "gna-attribution" if tool in ATTRIBUTION else "gna-exact"
@@ -263,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(r)
             print(table([r])[-1], flush=True)
         del model
+    for r in rows:
+        r["command"] = "python benchmarks/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.include:
+        done = {r["model"] for r in rows}
+        rows += [r for r in json.loads(Path(args.include).read_text()) if r["model"] not in done]
     lines = table(rows)
     print("\n" + "\n".join(lines))
     versions = sorted({r.get("version", "") for r in rows if "error" not in r})
@@ -278,8 +298,11 @@ def main(argv: list[str] | None = None) -> int:
 def write_markdown(path: Path, lines: list[str], rows: list[dict], args: argparse.Namespace, argv: Any) -> None:
     """docs/peers.md: the table, the command, the machine and the versions; the notes live in NOTES below."""
     versions = sorted({r.get("version", "") for r in rows if "error" not in r and r.get("version")})
-    cmd = "python benchmarks/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = [NOTES_HEAD, "", f"Command: `{cmd}`  ", f"Machine: {platform.machine()}, {os.cpu_count()} cores, "
+    cmds = {}
+    for r in rows:
+        cmds.setdefault(r.get("command", ""), []).append(r["model"])
+    cmd = "; ".join(f"`{c}` ({', '.join(dict.fromkeys(m))})" for c, m in cmds.items() if c)
+    text = [NOTES_HEAD, "", f"Command: {cmd}  ", f"Machine: {platform.machine()}, {os.cpu_count()} cores, "
             f"{args.threads} threads, device {args.device}; torch {torch.__version__}, Python {platform.python_version()}  ",
             f"Versions: {'; '.join(versions)}", "", *lines, "", NOTES_TAIL]
     path.write_text("\n".join(text) + "\n")

@@ -256,11 +256,20 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
             return z
         return hook
 
+    def zero_cols(a: int, b: int) -> Callable:
+        def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            x[..., a:b] = 0.0
+            return x
+        return hook
+
     drops: dict[str, float] = {}
     if form == "plain":
         clean = metric(plain_scores(samples, job["batch"], pad, lambda ids: bridge(ids)), golds)
         for l, h in job["heads"]:
-            hooks = [(f"blocks.{l}.attn.hook_z", zero(h))]
+            if job.get("kind") == "ssm2":  # a Mamba-2 head: its head_dim columns of the mixer's out_proj input
+                hooks = [(f"blocks.{l}.mixer.out_proj.hook_in", zero_cols(h * job["head_dim"], (h + 1) * job["head_dim"]))]
+            else:
+                hooks = [(f"blocks.{l}.attn.hook_z", zero(h))]
             s = plain_scores(samples, job["batch"], pad, lambda ids: bridge.run_with_hooks(ids, fwd_hooks=hooks))
             drops[f"L{l}H{h}"] = clean - metric(s, golds)
     elif form == "attr":
@@ -353,13 +362,16 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
     TIMER.start()
     samples, pad = job["samples"], tok.pad_token_id or 0
     golds = [s["gold"] for s in samples]
-    d = hf.config.hidden_size // hf.config.num_attention_heads
-    d = getattr(hf.config, "head_dim", None) or d
+    d = getattr(hf.config, "head_dim", None) or hf.config.hidden_size // hf.config.num_attention_heads
     drops: dict[str, float] = {}
 
     def plain_forward(ids: torch.Tensor, head: tuple[int, int] | None) -> torch.Tensor:
         with lm.trace(ids):
-            if head is not None:
+            if head is not None and job.get("kind") == "ssm2":  # Mamba-2: the head's columns of out_proj's input
+                l, h = head
+                hd = job["head_dim"]
+                lm.backbone.layers[l].mixer.out_proj.input[:, :, h * hd:(h + 1) * hd] = 0
+            elif head is not None:
                 l, h = head
                 lm.model.layers[l].self_attn.o_proj.input[:, :, h * d:(h + 1) * d] = 0
             logits = lm.output.logits.save()
@@ -420,6 +432,9 @@ def run_pyvene(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str
     through and logits only at the reads."""
     import pyvene as pv
 
+    if job.get("kind") == "ssm2":
+        raise NotImplementedError(f"pyvene {_version('pyvene')} maps no component of {type(hf).__name__} (its model "
+                                  "cards cover attention models only)")
     samples, pad = job["samples"], tok.pad_token_id or 0
     golds = [s["gold"] for s in samples]
     drops: dict[str, float] = {}
