@@ -64,7 +64,10 @@ LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "Transfo
           "nnsight-plain": "nnsight trace loop", "nnsight-best": "nnsight best (batched copies)",
           "pyvene-plain": "pyvene ZeroIntervention loop", "pyvene-best": "pyvene best (per-example heads)",
           "gna-attribution": "gna attribution", "tl-attr": "TransformerLens gradient attribution",
-          "nnsight-attr": "nnsight gradient attribution"}
+          "nnsight-attr": "nnsight gradient attribution", "gna-patterns": "gna patterns()",
+          "tl-cache-plain": "TransformerLens run_with_cache (all hooks)",
+          "tl-cache-best": "TransformerLens run_with_cache (names_filter, stop_at_layer)"}
+PATTERNS = ("gna-patterns", "tl-cache-plain", "tl-cache-best")
 MAMBA_TOOLS = ("gna-exact", "gna-auto", "tl-plain", "nnsight-plain", "pyvene-plain")
 ATTRIBUTION = ("gna-attribution", "tl-attr", "nnsight-attr")  # estimates: compared with gna attribution
 
@@ -140,6 +143,48 @@ def run_ours(model: Any, task: Any, heads: list, strategy: str, batch: int) -> d
             "peak_mib": max(0.0, peak - base)}
 
 
+def pattern_rows(model: Any, task_prompts: list[str], heads: list) -> list[dict]:
+    """Per-head attention patterns of the prompts: ``gna_interp.patterns`` against TransformerLens's
+    ``run_with_cache`` (plain: everything cached; best: only the heads' ``hook_pattern`` and ``stop_at_layer``
+    after the last of their layers), in this process; agreement is the max |difference| at real tokens."""
+    sys.path.insert(0, str(HERE))
+    from peers_worker import reset_peak, rss_mib
+
+    from gna_interp import patterns
+
+    batch = model.tokenize(task_prompts)
+    keep = (batch.attention_mask[:, None, :, None] * batch.attention_mask[:, None, None, :]).float()
+    names = sorted({f"blocks.{h.layer}.attn.hook_pattern" for h in heads})
+    stop = max(h.layer for h in heads) + 1
+
+    def ours() -> Any:
+        return patterns(model, batch, heads=heads).stack(heads)
+
+    def tl(best: bool) -> Any:
+        kw = {"names_filter": lambda n: n in names, "stop_at_layer": stop} if best else {}
+        _, cache = model.bridge.run_with_cache(batch.ids, attention_mask=batch.attention_mask, **kw)
+        return torch.stack([cache[f"blocks.{h.layer}.attn.hook_pattern"][:, h.head] for h in heads], 1)
+
+    out = []
+    for tool, fn in (("gna-patterns", ours), ("tl-cache-plain", lambda: tl(False)), ("tl-cache-best", lambda: tl(True))):
+        fn()  # warm-up
+        base, _ = rss_mib()
+        reset_peak()
+        wall, cpu = time.perf_counter(), time.process_time()
+        with torch.no_grad():
+            pat = fn() * keep
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        _, peak = rss_mib()
+        out.append({"tool": tool, "version": "", "pattern": pat, "wall_s": wall, "cpu_s": cpu,
+                    "peak_mib": max(0.0, peak - base), "drops": {h.name: 0.0 for h in heads}})
+    ref = out[0]["pattern"]
+    for r in out:
+        r["max_abs_diff"] = float((r.pop("pattern") - ref).abs().max())
+        r["top10_overlap"] = float("nan")
+        r["compared_heads"] = len(heads)
+    return out
+
+
 # ---- agreement and the table --------------------------------------------------------------------------------------
 def agreement(row: dict, ref: dict) -> dict:
     """Max |drop difference| against ``ref`` on the heads both measured exactly; top-10 overlap where both have 10."""
@@ -163,7 +208,7 @@ def table(rows: list[dict]) -> list[str]:
     lines = [head, "|" + "---|" * 10]
     ref_cpu: dict[tuple[str, str], float] = {}
     for r in rows:
-        if r["tool"] in ("gna-exact", "gna-attribution") and "cpu_s" in r:
+        if r["tool"] in ("gna-exact", "gna-attribution", "gna-patterns") and "cpu_s" in r:
             per = r["cpu_s"] / max(1, len(r["drops"])) if r["tool"] == "gna-exact" else r["cpu_s"]
             ref_cpu[(r["model"], r["tool"])] = per
     for r in rows:
@@ -172,8 +217,9 @@ def table(rows: list[dict]) -> list[str]:
             lines.append(f"| {r['model']} | {name} | - | - | - | - | - | not run: {r['error']} | - | - |")
             continue
         n = max(1, len(r["drops"]))
-        attr = r["tool"] in ATTRIBUTION
-        ref = ref_cpu.get((r["model"], "gna-attribution" if attr else "gna-exact"))
+        attr = r["tool"] in ATTRIBUTION + PATTERNS
+        ref = ref_cpu.get((r["model"], "gna-attribution" if r["tool"] in ATTRIBUTION else
+                           "gna-patterns" if r["tool"] in PATTERNS else "gna-exact"))
         mine = r["cpu_s"] if attr else r["cpu_s"] / n
         speed = f"{mine / ref:.1f}x" if ref else "-"
         top = "-" if r["top10_overlap"] != r["top10_overlap"] else f"{int(r['top10_overlap'])}/10"
@@ -219,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
                                                           "transformer, 3 on SmolLM2)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--tools", default=",".join(("gna-exact", "gna-auto", "gna-attribution") + TL_TOOLS + PEER_TOOLS))
+    ap.add_argument("--tools", default=",".join(("gna-exact", "gna-auto", "gna-attribution") + TL_TOOLS + PEER_TOOLS
+                                                + ("patterns",)))
+    ap.add_argument("--pattern-prompts", type=int, default=64, help="prompts of the patterns rows")
     ap.add_argument("--peers-venv", default=str(cache_dir() / "peers-venv"))
     ap.add_argument("--no-build", action="store_true", help="do not build the peers' environment")
     ap.add_argument("--smallest", action="store_true", help="seconds: the zoo transformer, 4 prompts, 3 pairs, "
@@ -231,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     "does not measure join the table (each row keeps its command)")
     args = ap.parse_args(argv)
     if args.smallest:
-        args.models, args.samples, args.pairs, args.no_build = "zoo", 4, 3, True
+        args.models, args.samples, args.pairs, args.no_build, args.pattern_prompts = "zoo", 4, 3, True, 8
     torch.set_num_threads(args.threads)
     tools = args.tools.split(",")
     peer_py, why = (None, "")
@@ -253,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         site = model.head_site(heads[0])
         job = {"model_dir": model_dir(model), "samples": samples, "threads": args.threads, "device": args.device,
                "kind": heads[0].kind, "head_dim": site.stop - site.start, **sizes}
-        for tool in tools:
+        for tool in [t for t in tools if t != "patterns"]:
             if name == "mamba2" and tool not in MAMBA_TOOLS:
                 r = {"tool": tool, "error": "not measured on Mamba-2 here (the plain forms show which tools hook it)"}
             elif tool.startswith("gna-"):
@@ -277,6 +325,13 @@ def main(argv: list[str] | None = None) -> int:
                 r.update(agreement(r, ref))
             rows.append(r)
             print(table([r])[-1], flush=True)
+        if "patterns" in tools and name != "mamba2":
+            pt = KVRetrieval(n_pairs=args.pairs, n_samples=args.pattern_prompts, template=task.template,
+                             seed=args.seed, words=getattr(model, "kv_words", None))
+            for r in pattern_rows(model, [smp.prompt for smp in pt.samples], heads):
+                r["model"] = label
+                rows.append(r)
+                print(table([r])[-1], flush=True)
         del model
     for r in rows:
         r["command"] = "python benchmarks/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
