@@ -275,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", nargs="?", const=str(HERE.parent / "docs" / "peers.md"), default=None,
                     help="write the table and notes as Markdown (default docs/peers.md)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
-    ap.add_argument("--include", default=None, help="a --json file of an earlier run: its rows of models this run "
-                                                    "does not measure join the table (each row keeps its command)")
+    ap.add_argument("--include", default=None, help="--json files of earlier runs (comma-separated): their rows of "
+                                                    "models this run does not measure join the table (each row keeps "
+                                                    "its command); with --models '' nothing is measured")
     args = ap.parse_args(argv)
     if args.smallest:
         args.models, args.samples, args.pairs, args.no_build, args.pattern_prompts = "zoo", 4, 3, True, 8
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     print(f"per-head zero-ablation scan, KV retrieval {args.pairs} pairs, {args.samples} prompts; "
           f"{args.device}, {args.threads} threads; {platform.processor() or platform.machine()}", flush=True)
-    for name in args.models.split(","):
+    for name in [m for m in args.models.split(",") if m]:
         if name == "smollm2":
             from gna_interp.models.spec import smollm2_gguf_path
             if smollm2_gguf_path() is None:
@@ -335,9 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         del model
     for r in rows:
         r["command"] = "python benchmarks/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    if args.include:
-        done = {r["model"] for r in rows}
-        rows += [r for r in json.loads(Path(args.include).read_text()) if r["model"] not in done]
+    for path in (args.include or "").split(","):
+        if path:
+            done = {r["model"] for r in rows}
+            rows += [r for r in json.loads(Path(path).read_text()) if r["model"] not in done]
     lines = table(rows)
     print("\n" + "\n".join(lines))
     versions = sorted({r.get("version", "") for r in rows if "error" not in r})
@@ -371,34 +373,53 @@ The per-head zero-ablation scan of one model on one task, measured with each too
 gold candidate's summed log-probability minus the best other candidate's) minus the metric with the head's output
 set to zero. *ours faster* is the tool's CPU seconds per head over `gna exact`'s."""
 
-NOTES_TAIL = """## How each tool was called
+NOTES_TAIL = """Columns: *heads* the heads a row measured; *wall s* / *CPU s* the whole row (CPU: `time.process_time`, the
+fair clock on shared cores); *peak MiB* the resident-set growth during the row (the tool's process, the model
+already loaded); *max abs diff* against `gna exact`'s drops on the heads both measured (attribution rows: against
+`gna attribution`'s estimates; pattern rows: against `gna patterns()` at real tokens); *top-10 overlap* where both
+ranked 10 heads or more; *CPU vs gna* the row's CPU seconds over the reference's (per head for scans, total for
+attribution and patterns: one pass covers every head).
+
+## How each tool was called
 
 - **TransformerLens** (a dependency of the project, always measured): *run_with_hooks loop*: per head, the bridge's
   `run_with_hooks(ids, fwd_hooks=[("blocks.L.attn.hook_z", zero head)])` over right-padded prompt + candidate rows,
   log-softmax of the full logits; *patching*: `transformer_lens.patching.generic_activation_patch` over `hook_z`
-  with an `index_df` of (layer, head) and a patch setter that zeroes the head; *best*: the hooks under
-  `bridge.hooks(...)`, the batch copied once per head of a stack (each copy's hook zeroes another head), the prompt
-  run once with `return_type="logits_and_cache"` and its key/value cache continued by the candidates' tokens,
-  `logits_to_keep` so that the head runs only where the metric reads.
+  with an `index_df` of (layer, head) and a patch setter that zeroes the head, one call per group of whole prompts;
+  *best*: the hooks under `bridge.hooks(...)`, the batch copied once per head of a stack (each copy's hook zeroes
+  another head), the prompt run once with `return_type="logits_and_cache"` and its key/value cache continued by the
+  candidates' tokens, `logits_to_keep` so that the head runs only where the metric reads; *gradient attribution*: a
+  forward hook keeping `hook_z`, a backward hook keeping its gradient (`bridge.hooks(fwd_hooks, bwd_hooks)`), the
+  estimate `sum z * grad` per head over full rows; *run_with_cache*: every hook cached, or `names_filter` on the
+  heads' `hook_pattern` and `stop_at_layer` after their last layer. Mamba-2: the same loop on
+  `blocks.L.mixer.out_proj.hook_in`, the head's `head_dim` columns.
 - **nnsight**: `LanguageModel(hf_model)`; inside `with model.trace(ids):` the head's `head_dim` columns of
-  `model.layers[L].self_attn.o_proj.input` assigned zero, `model.output.logits.save()`; *plain*: one trace per head
-  and row batch; *best*: one trace per forward with the copies' slices assigned, `past_key_values` and
-  `logits_to_keep` passed through the trace.
+  `model.layers[L].self_attn.o_proj.input` (Mamba-2: `backbone.layers[L].mixer.out_proj.input`) assigned zero,
+  `model.output.logits.save()`; *plain*: one trace per head and row batch; *best*: one trace per forward with the
+  copies' slices assigned, `past_key_values` and `logits_to_keep` passed through the trace; *gradient attribution*:
+  `o_proj.input` collected in a saved list, `with loss.backward():` their `.grad` appended in reverse order.
 - **pyvene**: `IntervenableModel(IntervenableConfig(RepresentationConfig(layer, "head_attention_value_output",
-  unit="h.pos"), intervention_types=ZeroIntervention), hf_model)`, called with `unit_locations={"base": (heads,
-  positions)}`; *plain*: one model per head, one call per row batch; *best*: one model per layer, the copies'
-  heads given per example, the prompt cache and `logits_to_keep` passed in `base`.
-- **gna exact / auto**: `scan_heads(model, task, heads=..., strategy="exact" | "auto")`.
+  unit="h.pos"), intervention_types=ZeroIntervention), hf_model)`, called with `unit_locations={"base": [[heads,
+  positions]]}` (one intervention, two levels, a list over the batch each); *plain*: one model per head, one call per
+  row batch; *best*: one model per layer, the copies' heads given per example, the prompt cache and
+  `logits_to_keep` passed in `base`.
+- **gna**: `scan_heads(model, task, heads=..., strategy="exact" | "auto" | "attribution")` (attribution rows: its
+  `est_drop`), `patterns(model, batch, heads=...)`.
+- **auto-circuit** 1.0.1 (edge attribution, EAP / EAP-IG) is not in the table: it works on TransformerLens 1-2's
+  `HookedTransformer` (removed in TransformerLens 4), so it needs an environment of its own with an older
+  TransformerLens and the model converted to a `HookedTransformer`; not built yet.
 
 ## What each can and cannot do
 
 | | TransformerLens 4.3 | nnsight 0.8 | pyvene 0.1.8 | gna_interp |
 |---|---|---|---|---|
 | attention heads, GQA | yes (`hook_z` per query head) | yes (any module's input/output) | yes for the model types it maps (Llama, GPT-2, ...) | yes |
-| Mamba-2 / SSM heads | bridge adapters hook the mixer (no per-head ablation hook) | any module: the SSM head's slice of `out_proj`'s input | no mapping for Mamba | yes (`ssm2` heads, implicit attention) |
+| Mamba-2 / SSM heads | yes: the mixer's `out_proj.hook_in` columns | yes: any module | no: no mapping for Mamba (a row of the table) | yes (`ssm2` heads, implicit attention) |
 | hybrids (Jamba, Bamba, ...) | adapters for several | any module | no | yes |
 | multi-token candidates | by hand (the metric reads the logits) | by hand | by hand | planned rows, packed per prompt |
-| prompt reuse across heads | no (a forward per head) | no | no | yes (clean prefix, replay from the head's layer) |
+| several heads per forward | by hand (batch copies, hooks index them) | by hand, or one invoke per copy | per-example unit locations | stacked replays |
+| prompt reuse across heads | no: each ablation reruns the prompt | no | no | clean prefix, replay from the head's layer |
+| attribution | backward hooks on any hook | `.grad` inside `loss.backward()` | trainable interventions (DAS), not gradient attribution | one pass, with the cancellation mass and a bound |
 """
 
 
