@@ -491,7 +491,13 @@ class Model:
         outside = [i for i in ids if not 0 <= i < vocab]
         if outside:
             raise InputError(f"token ids {outside[:5]} are outside the vocabulary of {self.name} (0..{vocab - 1})")
-        return [self.tokenizer.decode([i]) for i in ids]
+        held = self.__dict__.get("_token_strings")  # (tokenizer, {id: string}): prompts share most of their tokens
+        if held is None or held[0] is not self.tokenizer:
+            held = self.__dict__["_token_strings"] = (self.tokenizer, {})
+        cache = held[1]
+        for i in set(ids) - cache.keys():
+            cache[i] = self.tokenizer.decode([i])
+        return [cache[i] for i in ids]
 
     def as_batch(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
                  attention_mask: Tensor | None = None) -> TokenBatch:
