@@ -276,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="write the table and notes as Markdown (default docs/peers.md)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     ap.add_argument("--include", default=None, help="--json files of earlier runs (comma-separated): their rows of "
-                                                    "models this run does not measure join the table (each row keeps "
-                                                    "its command); with --models '' nothing is measured")
+                                                    "(model, tool) pairs not measured already join the table (each row "
+                                                    "keeps its command); with --models '' nothing is measured")
     args = ap.parse_args(argv)
     if args.smallest:
         args.models, args.samples, args.pairs, args.no_build, args.pattern_prompts = "zoo", 4, 3, True, 8
@@ -338,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         r["command"] = "python benchmarks/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
     for path in (args.include or "").split(","):
         if path:
-            done = {r["model"] for r in rows}
-            rows += [r for r in json.loads(Path(path).read_text()) if r["model"] not in done]
+            done = {(r["model"], r["tool"]) for r in rows}
+            rows += [r for r in json.loads(Path(path).read_text()) if (r["model"], r["tool"]) not in done]
     lines = table(rows)
     print("\n" + "\n".join(lines))
     versions = sorted({r.get("version", "") for r in rows if "error" not in r})
