@@ -158,18 +158,23 @@ class Layout:
 
 def best_scores(lay: Layout, n_copies: int, run: Callable[..., Any]) -> list[list[list[float]]]:
     """Scores of ``n_copies`` copies of the task (copy ``k`` under the ablation the tool gives it) from one prompt
-    forward and one continuation forward: ``run(ids, mask, past, keep, phase)`` returns ``(logits at the last
-    ``keep`` positions, cache)``; ``phase`` is ``"prompt"`` or ``"cont"`` (the batch is copy-major)."""
+    forward and one continuation forward: ``run(ids, mask, past, keep, position_ids)`` returns ``(logits at the last
+    ``keep`` positions, cache)`` (the batch is copy-major)."""
     k = n_copies
     ids, mask = lay.prompt_ids.repeat(k, 1), lay.prompt_mask.repeat(k, 1)
-    logits, cache = run(ids, mask, None, 1, "prompt")
+    # explicit positions, counted from each prompt's first real token, continued by its candidates: every tool then
+    # places the tokens alike (nnsight derives such positions for a left-padded batch by itself; HF's default counts
+    # the padding, which a continuation after a cache would contradict)
+    logits, cache = run(ids, mask, None, 1, (mask.cumsum(-1) - 1).clamp(min=0))
     first = torch.log_softmax(logits[:, -1].float(), -1)
     cont = None
     if lay.cont:
         n = lay.prompt_ids.shape[0]
         src = torch.cat([lay.cont_src + c * n for c in range(k)])
         cache.batch_select_indices(src)
-        cl, _ = run(lay.cont_ids.repeat(k, 1), lay.cont_mask.repeat(k, 1), cache, lay.cont_ids.shape[1], "cont")
+        real = lay.prompt_mask.sum(-1)[lay.cont_src]
+        pos = (real[:, None] + torch.arange(lay.cont_ids.shape[1])[None]).repeat(k, 1)
+        cl, _ = run(lay.cont_ids.repeat(k, 1), lay.cont_mask.repeat(k, 1), cache, lay.cont_ids.shape[1], pos)
         cont = torch.log_softmax(cl.float(), -1)
     n, r = lay.prompt_ids.shape[0], len(lay.cont)
     return [lay.scores(first[c * n:(c + 1) * n], None if cont is None else cont[c * r:(c + 1) * r]) for c in range(k)]
@@ -324,10 +329,10 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
     else:
         hooks_now: list = []
 
-        def run(ids, mask, past, keep, phase):
+        def run(ids, mask, past, keep, pos):
             with bridge.hooks(fwd_hooks=hooks_now):
                 return bridge(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
-                              return_type="logits_and_cache")
+                              position_ids=pos, return_type="logits_and_cache")
 
         per = job["prompts"]
         clean = metric(best_all(samples, pad, per, 1, run)[0], golds)
@@ -408,9 +413,10 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
     else:
         group_now: list = []
 
-        def run(ids, mask, past, keep, phase):
+        def run(ids, mask, past, keep, pos):
             size = ids.shape[0] // max(1, len(group_now))
-            with lm.trace(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep):
+            with lm.trace(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
+                          position_ids=pos):
                 for c, (l, h) in enumerate(group_now):
                     lm.model.layers[l].self_attn.o_proj.input[c * size:(c + 1) * size, :, h * d:(h + 1) * d] = 0
                 out = lm.output.save()
@@ -465,9 +471,9 @@ def run_pyvene(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str
     else:
         now: dict = {}
 
-        def run(ids, mask, past, keep, phase):
+        def run(ids, mask, past, keep, pos):
             base = {"input_ids": ids, "attention_mask": mask, "past_key_values": past, "use_cache": True,
-                    "logits_to_keep": keep}
+                    "logits_to_keep": keep, "position_ids": pos}
             if not now:
                 out = hf(**base)
             else:
