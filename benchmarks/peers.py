@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers-venv", default=str(cache_dir() / "peers-venv"))
     ap.add_argument("--no-build", action="store_true", help="do not build the peers' environment")
     ap.add_argument("--smallest", action="store_true", help="seconds: the zoo transformer, 4 prompts, 3 pairs, "
-                                                            "no environment built")
+                                                            "no environment built, no nnsight / pyvene plain loops")
     ap.add_argument("--markdown", nargs="?", const=str(HERE.parent / "docs" / "peers.md"), default=None,
                     help="write the table and notes as Markdown (default docs/peers.md)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
@@ -281,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.smallest:
         args.models, args.samples, args.pairs, args.no_build, args.pattern_prompts = "zoo", 4, 3, True, 8
+        if args.tools == ap.get_default("tools"):  # the peers' plain loops are the tools' idiom of the TL loop
+            args.tools = ",".join(t for t in args.tools.split(",") if t not in ("nnsight-plain", "pyvene-plain"))
     torch.set_num_threads(args.threads)
     tools = args.tools.split(",")
     peer_py, why = (None, "")
@@ -371,7 +373,7 @@ NOTES_HEAD = """# gna scan beside its peers
 The per-head zero-ablation scan of one model on one task, measured with each tool in one run
 (`benchmarks/peers.py`; each tool in a process of its own). Drops are the intact metric (mean over prompts of the
 gold candidate's summed log-probability minus the best other candidate's) minus the metric with the head's output
-set to zero. *ours faster* is the tool's CPU seconds per head over `gna exact`'s."""
+set to zero."""
 
 NOTES_TAIL = """Columns: *heads* the heads a row measured; *wall s* / *CPU s* the whole row (CPU: `time.process_time`, the
 fair clock on shared cores); *peak MiB* the resident-set growth during the row (the tool's process, the model
