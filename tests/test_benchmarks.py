@@ -43,7 +43,10 @@ SMOKE = {  # each benchmark at its smallest: it starts, runs its comparison and 
     "scoring.py": (["--models", "tiny-llama", "--n", "4", "--pairs", "3", "--threads", "1"], "| shared |"),
     "vocab.py": (["--vocabs", "1024", "--d-model", "64", "--layers", "1", "--samples", "2", "--repeat", "1",
                   "--threads", "1"], "exact per head / eval grows"),
+    "vocab.py:short": (["--vocabs", "1024", "--d-model", "64", "--layers", "1", "--samples", "2", "--repeat", "1",
+                        "--threads", "1", "--short"], "word-level tokens (short prompts)"),
     "implicit_attention.py": (["--lengths", "32", "--threads", "1"], "speed-up / mem ratio"),
+    "peers.py": (["--smallest", "--threads", "1"], "| zoo transformer | gna exact |"),
 }
 
 
@@ -56,11 +59,20 @@ def test_a_benchmark_runs_at_its_smallest(name, tmp_path):
     import sys
 
     args, headline = SMOKE[name]
-    path = BENCHMARKS[0].parent / name
+    path = BENCHMARKS[0].parent / name.split(":")[0]
     done = subprocess.run([sys.executable, str(path), *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          timeout=600 if name == "peers.py" else 300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert headline in done.stdout, done.stdout[-2000:]
+    if name == "peers.py":  # every tool that ran gives gna exact's drops; ours and TransformerLens's always run
+        lines = done.stdout.split("\n\n")[1].splitlines()
+        col = [c.strip() for c in lines[0].split("|")].index("max abs diff") - 1
+        table = [line.split("|")[1:-1] for line in lines[2:]]
+        ran = {cells[1].strip(): cells for cells in table if "not run" not in cells[col]}
+        assert {"gna exact", "gna auto", "gna attribution", "TransformerLens run_with_hooks loop",
+                "TransformerLens best", "TransformerLens patching.generic_activation_patch",
+                "TransformerLens gradient attribution"} <= set(ran), done.stdout[-3000:]
+        assert all(float(cells[col]) < 1e-4 for cells in ran.values()), done.stdout[-3000:]
     if name == "scan.py":  # the stacked exact scan equals the naive loops
         diffs = re.search(r"max \|diff\| (\S+) \(scorer\), (\S+) \(full logits\)", done.stdout)
         assert diffs is not None and max(float(diffs[1]), float(diffs[2])) < 1e-4, done.stdout[-2000:]

@@ -55,3 +55,55 @@ def test_a_head_the_blocks_do_not_reproduce_is_read_in_full(tiny_dirs, monkeypat
     got = head_logprobs(model, resid, tokens, at)
     assert head_mod._BLOCKWISE[model] is False
     torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
+
+
+def _plain_grad(model, resid, tokens, at, weights):
+    """Value and gradient of ``Σ weights · log p(tokens)`` through the full logits (the plain computation)."""
+    x = resid.detach().clone().requires_grad_(True)
+    logp = torch.log_softmax(model.unembed(x[None])[0].float(), -1)[at, tokens]
+    (g,) = torch.autograd.grad((logp * weights).sum(), x)
+    return logp.detach(), g
+
+
+@pytest.mark.parametrize("block", [7, 64, 100_000])
+@pytest.mark.parametrize("softcap", [False, True])
+def test_blockwise_gradient_equals_the_full_heads(tiny_dirs, monkeypatch, block, softcap):
+    """The differentiable head (:func:`head_logprobs_grad`) gives the full head's log-probabilities and their gradient
+    with respect to the residual stream (through the final norm), with and without an elementwise output transform
+    (a Gemma-2-style soft-cap); the logits it keeps are the model's own."""
+    from gna_interp.engine.head import head_logprobs_grad
+
+    model = load_model(tiny_dirs["llama"], device="cpu")
+    monkeypatch.setitem(head_mod.VOCAB_BLOCK, "cpu", block)
+    if softcap:
+        monkeypatch.setattr(model.bridge.adapter, "apply_output_logits_transform",
+                            lambda x: 0.5 * torch.tanh(x / 0.5), raising=False)
+    resid, tokens, at, _ = _reads(model)
+    weights = torch.linspace(-1.0, 2.0, tokens.shape[0])
+    want, want_grad = _plain_grad(model, resid, tokens, at, weights)
+    x = resid.detach().clone().requires_grad_(True)
+    got, logits = head_logprobs_grad(model, x, tokens, at, keep_logits=True)
+    assert head_mod._BLOCKWISE[model] is True
+    (grad,) = torch.autograd.grad((got * weights).sum(), x)
+    torch.testing.assert_close(got.detach(), want, atol=2e-6, rtol=0)
+    torch.testing.assert_close(grad, want_grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(logits, model.unembed(resid[None])[0].detach(), atol=1e-6, rtol=0)
+    assert head_logprobs_grad(model, x, tokens, at)[1] is None
+
+
+def test_the_forward_stops_at_the_final_norm(tiny_dirs):
+    """``Model.final_residual`` returns what enters the final norm (the bridge's ``ln_final.hook_in``), with the
+    forward's hooks applied and the output layer never run."""
+    model = load_model(tiny_dirs["llama"], device="cpu")
+    batch = model.tokenize(["The value of the key 'river' is", "a:1 b:2"])
+    _, cache = model.run_with_cache(batch, names_filter=lambda n: n == model.FINAL_NORM_INPUT)
+    calls = []
+    handle = model.hf_model.get_output_embeddings().register_forward_hook(lambda *a: calls.append(1))
+    try:
+        got = model.final_residual(batch)
+    finally:
+        handle.remove()
+    assert calls == []
+    torch.testing.assert_close(got, cache[model.FINAL_NORM_INPUT], atol=0, rtol=0)
+    zero = model.final_residual(batch, [(model.block_output_hook(model.n_layers - 1), lambda x, hook: x * 0)])
+    assert float(zero.abs().max()) == 0.0

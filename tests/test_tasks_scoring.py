@@ -308,15 +308,25 @@ def test_the_unembedding_is_paid_once_per_distinct_read(tiny_models, fam):
     def count(mod, inp, out):
         (grad_rows if torch.is_grad_enabled() else rows).append(inp[0].numel() // inp[0].shape[-1])
 
+    from gna_interp.engine import attribution as attribution_mod
+
+    blockwise = attribution_mod.head_logprobs_grad
+
+    def counted(model, resid, *a, **k):  # attribution's head, block by block (the output module never runs)
+        grad_rows.append(resid.shape[0])
+        return blockwise(model, resid, *a, **k)
+
     handle = head.register_forward_hook(count)
     try:
         evaluate(model, task, batch_size=2, progress=False)
         assert sum(rows) == reads, (sum(rows), reads)
         rows.clear()
+        attribution_mod.head_logprobs_grad = counted
         scan_heads(model, task, heads=model.heads()[:2], strategy="attribution", batch_size=2, progress=False)
         assert sum(grad_rows) == reads, (sum(grad_rows), reads)  # its forward (with gradients) reads the same positions
     finally:
         handle.remove()
+        attribution_mod.head_logprobs_grad = blockwise
 
 
 def test_read_logprobs_normalise_block_by_block_to_float64_accuracy():

@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from gna_interp.engine.head import at_reads, head_logprobs_grad
 from gna_interp.engine.replay import Prefixes, recording
 from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
@@ -120,6 +121,20 @@ def _head_terms(r: Replacement, rec: _Recorder, grad: Tensor | None, proj: Tenso
     return est, size, mass
 
 
+def _read(model: Model, chunk: Chunk, hooks: list[tuple[str, Callable[..., Tensor]]], want_logits: bool
+          ) -> tuple[Tensor, Tensor | None]:
+    """The differentiable log-probabilities of ``chunk``'s reads from one forward with ``hooks``, and (if wanted) the
+    detached logits at its distinct read positions. The forward stops at the final norm and the head runs block by
+    block, its backward too (:func:`~gna_interp.engine.head.head_logprobs_grad`); a model without a hook there
+    reads the bridge's own logits and differentiates them in full."""
+    rows, pos, inverse = chunk.reads
+    hidden = model.final_residual(chunk.batch, hooks, grad=True)
+    if hidden is not None:
+        return head_logprobs_grad(model, at_reads(hidden, rows, pos), chunk.read_tok, inverse, keep_logits=want_logits)
+    logits = model.read_logits(chunk.batch, rows, pos, hooks, grad=True)
+    return read_logprobs(logits, chunk.read_tok, inverse), logits.detach()
+
+
 def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chunk] | Prefixes,
                           replaced: Sequence[Replacement], weights: Float[Tensor, " n_targets"] | None = None,
                           progress: Callable[[int], None] | None = None) -> Attribution:
@@ -150,14 +165,14 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
     for i, chunk in enumerate(chunks):
         rec = _Recorder(model, hooks_at, layers)
         with _inputs_only_grad(model), torch.enable_grad():
-            rows, pos, inverse = chunk.reads
-            with recording(model, chunk.size) if keep is not None and not keep.has(i) else nullcontext([]) as got:
-                logits = model.read_logits(chunk.batch, rows, pos, rec.hooks(), grad=True)  # backward from the reads
+            inverse = chunk.reads[2]
+            record = keep is not None and not keep.has(i)
+            with recording(model, chunk.size) if record else nullcontext([]) as got:
+                logp, logits = _read(model, chunk, rec.hooks(), want_logits=record)
             rec.check()
             if got:
-                got[0].logits, got[0].inverse = logits.detach(), inverse
+                got[0].logits, got[0].inverse = logits, inverse
                 keep.put(i, got[0])  # type: ignore[union-attr]
-            logp = read_logprobs(logits, chunk.read_tok, inverse)
             clean.add(chunk, logp.detach())
             w = weights if weights is not None else LOGIT_DIFF.target_weights(plan, clean.result())
             objective = (logp * w[chunk.read_target].to(logp.device)).sum()

@@ -9,6 +9,13 @@ which scores full logits (the clean forward's), so a replay's scores and the cle
 own rounding. It equals ``read_logprobs(final_logits(...))`` at the reads, which :func:`head_logprobs` checks once
 per model on a probe (a head the blocks do not reproduce -- a transform that is not elementwise, an
 output layer that is not a plain linear map -- is then read in full, as before).
+
+:func:`head_logprobs_grad` is the same computation for a pass that differentiates it (attribution): its backward
+never touches the vocabulary. The gradient of ``log p(t) = l_t - logsumexp(l)`` with respect to the normed residual
+``x`` (``l = T(x W^T + b)``, ``T`` the family's elementwise output transform) is ``T'(z_t) W_t - E_p[T'(z) W]``; the
+forward, while it runs over the vocabulary blocks, also accumulates that expectation (each block's local softmax
+times ``T'`` times the block's rows, the blocks combined with the weights of their log-sum-exps), so the backward is
+an ``n x d_model`` gather, with no ``reads x vocabulary`` matrix and no gradient for the unembedding weight.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from torch import Tensor
 from gna_interp.models.model import Model
 from gna_interp.tasks.scoring import VOCAB_BLOCK, combine_lse, read_logprobs, vocab_step
 
-__all__ = ["VOCAB_BLOCK", "at_reads", "final_logits", "head_logprobs", "logit_atol"]
+__all__ = ["VOCAB_BLOCK", "at_reads", "final_logits", "head_logprobs", "head_logprobs_grad", "logit_atol"]
 
 _BLOCKWISE: "weakref.WeakKeyDictionary[Model, bool]" = weakref.WeakKeyDictionary()
 
@@ -111,3 +118,105 @@ def head_logprobs(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[T
     if _blocks_reproduce(model, resid):
         return _blockwise(model, resid, tokens, at)
     return _full(model, resid, tokens, at)
+
+
+def _transform_slopes(transform, z: Tensor, weights: Tensor) -> Tensor:
+    """``weights * T'(z)`` for the elementwise output transform ``T`` (autograd through ``T`` on one block)."""
+    with torch.enable_grad():
+        zz = z.detach().requires_grad_(True)
+        return torch.autograd.grad(transform(zz).float(), zz, weights.to(torch.float32))[0]
+
+
+_IDENTITY: "weakref.WeakKeyDictionary[Model, bool]" = weakref.WeakKeyDictionary()
+
+
+def _active_transform(model: Model, dtype: torch.dtype):
+    """The model's output transform, or None where it leaves logits unchanged (most families: the adapter's method
+    applies a soft-cap the config does not set), checked once per model on a probe spanning large logits; the
+    backward then needs no slope of the transform."""
+    transform = model.output_transform
+    if transform is None:
+        return None
+    if model not in _IDENTITY:
+        probe = (torch.linspace(-200.0, 200.0, 401)[None] * torch.tensor([[1.0], [0.01]])).to(dtype)
+        _IDENTITY[model] = bool(torch.equal(transform(probe.clone()), probe))
+    return None if _IDENTITY[model] else transform
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """``log p(tokens[i])`` at ``normed[at[i]]`` (see :func:`head_logprobs_grad`); the backward reads two saved
+    ``d_model``-wide tensors, not the vocabulary."""
+
+    @staticmethod
+    def forward(ctx, normed: Tensor, weight: Tensor, bias: Tensor | None, transform, tokens: Tensor,  # type: ignore[override]
+                at: Tensor, sink: list) -> Tensor:
+        step = vocab_step(normed.device)
+        n_reads = tokens.shape[0]
+        own = torch.empty(n_reads, dtype=torch.float32, device=normed.device)
+        own_dir = torch.empty(n_reads, normed.shape[-1], dtype=torch.float32, device=normed.device)
+        lse, expect = [], []
+        full = None
+        for k in range(0, weight.shape[0], step):
+            w = weight[k:k + step]
+            z = torch.nn.functional.linear(normed, w, None if bias is None else bias[k:k + step])
+            block = (transform(z) if transform is not None else z)
+            if sink is not None:
+                if full is None:
+                    full = torch.empty(normed.shape[0], weight.shape[0], dtype=block.dtype, device=block.device)
+                full[:, k:k + step] = block
+            block = block.float()
+            part = torch.logsumexp(block, -1)
+            lse.append(part)
+            p = torch.exp(block - part[:, None])  # the block's own softmax
+            if transform is not None:
+                p = _transform_slopes(transform, z, p)
+            expect.append(p.to(w.dtype) @ w)
+            here = (tokens >= k) & (tokens < k + step)
+            if here.any():
+                idx = tokens[here] - k
+                own[here] = block[at[here], idx]
+                slope = 1.0
+                if transform is not None:
+                    one = torch.zeros_like(block)
+                    one[at[here], idx] = 1.0
+                    slope = _transform_slopes(transform, z, one)[at[here], idx][:, None]
+                own_dir[here] = w[idx].float() * slope
+        total = combine_lse(lse)
+        share = torch.exp(torch.stack(lse, 0).double() - total[None]).float()  # each block's probability mass
+        e = sum(share[b][:, None] * expect[b].float() for b in range(len(expect)))
+        ctx.save_for_backward(own_dir, e, at)
+        ctx.in_dtype = normed.dtype
+        if sink is not None:
+            sink.append(full)
+        return (own.double() - total[at]).float()
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        own_dir, e, at = ctx.saved_tensors
+        d = g.float()[:, None] * (own_dir - e[at])
+        grad = torch.zeros_like(e).index_add_(0, at, d)
+        return grad.to(ctx.in_dtype), None, None, None, None, None, None
+
+
+def head_logprobs_grad(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],
+                       inverse: Int[Tensor, " n_reads"] | None = None, keep_logits: bool = False
+                       ) -> tuple[Float[Tensor, " n_reads"], Float[Tensor, "n vocab"] | None]:
+    """:func:`head_logprobs` under autograd: ``log p(tokens[i])`` at ``resid[inverse[i]]``, differentiable with respect
+    to ``resid`` (through the final norm), its backward blockwise (see the module). With ``keep_logits`` also the
+    logits at ``resid``'s rows (``n x vocabulary``, not part of the graph: for a caller that stores them), else None.
+    A head that the blocks do not reproduce is differentiated in full (``model.unembed``)."""
+    device = resid.device
+    tokens = tokens.to(device)
+    at = inverse.to(device) if inverse is not None else torch.arange(tokens.shape[0], device=device)
+    with torch.no_grad():
+        blockwise = tokens.shape[0] > 0 and _blocks_reproduce(model, resid.detach())
+    if not blockwise:
+        logits = model.unembed(resid[None])[0]
+        return read_logprobs(logits, tokens, at), (logits.detach() if keep_logits else None)
+    out_layer = model.hf_model.get_output_embeddings()
+    weight, bias = out_layer.weight.detach(), getattr(out_layer, "bias", None)
+    bias = bias.detach() if bias is not None else None
+    normed = model.final_norm(resid[None])[0]
+    sink: list | None = [] if keep_logits else None
+    logp = _HeadLogprobs.apply(normed, weight, bias, _active_transform(model, weight.dtype), tokens, at, sink)
+    return logp, (sink[0] if sink else None)

@@ -154,7 +154,7 @@ def patterns(model: Model, inputs: str | Sequence[str] | Tensor | TokenBatch,
              options: PatternOptions | None = None, **overrides: Any) -> PatternSet:
     """Per-head patterns ``[batch, q, k]`` of ``heads`` (default: :meth:`Model.default_heads`).
 
-    One forward with only the needed hooks cached. Left padding is handled through the attention
+    One forward with only the needed hooks cached, stopped after the last layer of ``heads``. Left padding is handled through the attention
     mask: the patterns of real tokens equal those of the unpadded prompt. ``options`` (a
     :class:`~gna_interp.models.mixer.PatternOptions`) or keyword overrides of its fields
     (``form="exact"``, ``group_reduce``, ``block_elems``, ``query_block``) say how SSM heads are read;
@@ -169,7 +169,9 @@ def patterns(model: Model, inputs: str | Sequence[str] | Tensor | TokenBatch,
         groups.setdefault((h.layer, h.kind), []).append(h)
     specs = {key: model.layer_spec(*key) for key in groups}
     names = sorted({n for spec in specs.values() for n in spec.adapter.pattern_hooks(spec)})
-    _, cache = model.run_with_cache(batch, names_filter=lambda name: name in names)
+    last = max(h.layer for h in wanted) + 1  # the blocks after the last wanted layer and the head are not run
+    stop = {"stop_at_layer": last} if last < model.n_layers else {}
+    _, cache = model.run_with_cache(batch, names_filter=lambda name: name in names, **stop)
     mask = batch.attention_mask.float()
     keep = mask[:, None, :, None] * mask[:, None, None, :]
     by_layer = {}

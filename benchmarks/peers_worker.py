@@ -1,0 +1,520 @@
+"""One peer tool's per-head ablation scan, in a process of its own (run by ``benchmarks/peers.py``).
+
+    python benchmarks/peers_worker.py JOB.json OUT.json
+
+Imports no gna_interp: the tools that cannot share the project's environment run here from their own virtual
+environment, on a Hugging Face model folder and the task's token ids written by ``peers.py``. ``JOB.json`` holds
+``model_dir``, ``samples`` (each ``prompt`` ids, ``cands`` lists of ids, ``gold``), ``heads`` ``[[layer, head],
+...]``, ``tool`` (one of :data:`TOOLS`), ``threads``, ``device``, ``batch`` (rows a forward), ``stack`` (heads a
+forward, for the forms that stack them) and ``prompts`` (prompts a forward in those forms). ``OUT.json`` gets ``clean`` (the intact metric), ``drops`` (``{"L1H2":
+drop}``), ``wall_s``, ``cpu_s`` and ``peak_mib`` (resident-set growth during the scan) and the tool's version.
+
+The task is the one ``gna scan`` scores: a candidate's score is the sum of its tokens' log-probabilities after the
+prompt, the metric the mean over prompts of the gold candidate's score minus the best other one's, a head's drop the
+intact metric minus the metric with that head's output (the input of the attention output projection, its
+``head_dim`` columns) set to zero at every position.
+
+Two forms of each tool (see ``docs/peers.md``):
+
+- **plain**: what each tool's documentation shows -- one forward per head over every (prompt + candidate) row,
+  the logits of every position, log-softmax over the whole vocabulary;
+- **best**: what a skilled user of the tool writes -- the prompt run once per ablation and its key/value cache
+  continued by the candidates' tokens (Hugging Face ``past_key_values``, passed through the tool), logits only at
+  the positions the metric reads (``logits_to_keep``), and ``stack`` heads per forward (the batch copied, each copy
+  with another head removed) where the tool allows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+TOOLS = ("tl-plain", "tl-best", "tl-patching", "tl-attr", "nnsight-plain", "nnsight-best", "nnsight-attr",
+         "pyvene-plain", "pyvene-best")
+
+
+# ---- shared plumbing (tokens, padding, reading scores) ------------------------------------------------------------
+def rss_mib() -> tuple[float, float]:
+    """(current, peak) resident set in MiB (Linux ``/proc/self/status``)."""
+    cur = peak = 0.0
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                cur = int(line.split()[1]) / 1024
+            elif line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) / 1024
+    return cur, peak
+
+
+def reset_peak() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+class Timer:
+    """Started by a tool once its model is wrapped (the wrapping is not timed): wall and CPU seconds and the
+    resident-set growth from there."""
+
+    def start(self) -> None:
+        self.base, _ = rss_mib()
+        reset_peak()
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def stop(self) -> dict:
+        wall, cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+        _, peak = rss_mib()
+        return {"wall_s": wall, "cpu_s": cpu, "peak_mib": max(0.0, peak - self.base)}
+
+
+TIMER = Timer()
+
+
+def metric(scores: list[list[float]], golds: list[int]) -> float:
+    """Mean over prompts of gold score minus the best other candidate's score."""
+    out = []
+    for s, g in zip(scores, golds):
+        other = max(v for j, v in enumerate(s) if j != g)
+        out.append(s[g] - other)
+    return sum(out) / len(out)
+
+
+def sample_groups(samples: list[dict], rows: int) -> list[list[int]]:
+    """Consecutive prompts grouped so that a group's prompt + candidate rows number at most ``rows`` (one prompt at
+    least)."""
+    groups: list[list[int]] = [[]]
+    n = 0
+    for i, s in enumerate(samples):
+        if groups[-1] and n + len(s["cands"]) > rows:
+            groups.append([])
+            n = 0
+        groups[-1].append(i)
+        n += len(s["cands"])
+    return groups
+
+
+def full_rows(samples: list[dict]) -> list[tuple[int, int, list[int], int]]:
+    """``(sample, cand, ids, prompt_len)`` for every prompt + candidate row (the plain form)."""
+    return [(i, j, s["prompt"] + c, len(s["prompt"])) for i, s in enumerate(samples) for j, c in enumerate(s["cands"])]
+
+
+def right_padded(seqs: list[list[int]], pad: int) -> torch.Tensor:
+    n = max(len(s) for s in seqs)
+    return torch.tensor([s + [pad] * (n - len(s)) for s in seqs])
+
+
+def plain_scores(samples: list[dict], batch: int, pad: int, forward: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> list[list[float]]:
+    """Scores of every candidate from full rows, right-padded (causal: the padding after a row's tokens changes
+    nothing before it), ``forward(ids) -> logits [rows, pos, vocab]`` with the tool's ablation active."""
+    rows = full_rows(samples)
+    scores = [[0.0] * len(s["cands"]) for s in samples]
+    for k in range(0, len(rows), batch):
+        part = rows[k:k + batch]
+        ids = right_padded([r[2] for r in part], pad)
+        logp = torch.log_softmax(forward(ids).float(), -1)
+        for b, (i, j, seq, p) in enumerate(part):
+            toks = torch.tensor(seq[p:])
+            pos = torch.arange(p - 1, len(seq) - 1)
+            scores[i][j] = float(logp[b, pos, toks].sum())
+    return scores
+
+
+class Layout:
+    """The best form's batches: prompts left-padded (one row per prompt), then the continuation rows -- every
+    candidate with more than one token fed after its prompt's cache, right-padded -- with where each read is."""
+
+    def __init__(self, samples: list[dict], pad: int) -> None:
+        self.samples = samples
+        n = max(len(s["prompt"]) for s in samples)
+        self.prompt_ids = torch.tensor([[pad] * (n - len(s["prompt"])) + s["prompt"] for s in samples])
+        self.prompt_mask = torch.tensor([[0] * (n - len(s["prompt"])) + [1] * len(s["prompt"]) for s in samples])
+        self.cont = [(i, j, c) for i, s in enumerate(samples) for j, c in enumerate(s["cands"]) if len(c) > 1]
+        self.cont_src = torch.tensor([i for i, _, _ in self.cont], dtype=torch.long)
+        if self.cont:
+            m = max(len(c) - 1 for _, _, c in self.cont)
+            self.cont_ids = torch.tensor([c[:-1] + [pad] * (m - len(c) + 1) for _, _, c in self.cont])
+            fed = torch.tensor([[1] * (len(c) - 1) + [0] * (m - len(c) + 1) for _, _, c in self.cont])
+            self.cont_mask = torch.cat([self.prompt_mask[self.cont_src], fed], 1)
+
+    def scores(self, first: torch.Tensor, cont: torch.Tensor | None) -> list[list[float]]:
+        """From the log-probs at the prompts' last position ``[prompts, vocab]`` and at the continuation positions
+        ``[rows, fed, vocab]``."""
+        out = []
+        for i, s in enumerate(self.samples):
+            out.append([float(first[i, c[0]]) for c in s["cands"]])
+        for r, (i, j, c) in enumerate(self.cont):
+            out[i][j] += float(sum(cont[r, t, c[t + 1]] for t in range(len(c) - 1)))
+        return out
+
+
+def best_scores(lay: Layout, n_copies: int, run: Callable[..., Any]) -> list[list[list[float]]]:
+    """Scores of ``n_copies`` copies of the task (copy ``k`` under the ablation the tool gives it) from one prompt
+    forward and one continuation forward: ``run(ids, mask, past, keep, position_ids)`` returns ``(logits at the last
+    ``keep`` positions, cache)`` (the batch is copy-major)."""
+    k = n_copies
+    ids, mask = lay.prompt_ids.repeat(k, 1), lay.prompt_mask.repeat(k, 1)
+    # explicit positions, counted from each prompt's first real token, continued by its candidates: every tool then
+    # places the tokens alike (nnsight derives such positions for a left-padded batch by itself; HF's default counts
+    # the padding, which a continuation after a cache would contradict)
+    logits, cache = run(ids, mask, None, 1, (mask.cumsum(-1) - 1).clamp(min=0))
+    first = torch.log_softmax(logits[:, -1].float(), -1)
+    cont = None
+    if lay.cont:
+        n = lay.prompt_ids.shape[0]
+        src = torch.cat([lay.cont_src + c * n for c in range(k)])
+        cache.batch_select_indices(src)
+        real = lay.prompt_mask.sum(-1)[lay.cont_src]
+        pos = (real[:, None] + torch.arange(lay.cont_ids.shape[1])[None]).repeat(k, 1)
+        cl, _ = run(lay.cont_ids.repeat(k, 1), lay.cont_mask.repeat(k, 1), cache, lay.cont_ids.shape[1], pos)
+        cont = torch.log_softmax(cl.float(), -1)
+    n, r = lay.prompt_ids.shape[0], len(lay.cont)
+    return [lay.scores(first[c * n:(c + 1) * n], None if cont is None else cont[c * r:(c + 1) * r]) for c in range(k)]
+
+
+def best_all(samples: list[dict], pad: int, per: int, n_copies: int, run: Callable[..., Any]) -> list[list[list[float]]]:
+    """:func:`best_scores` over the prompts ``per`` at a time (the continuation rows each hold a copy of their
+    prompt's cache: the memory of a forward grows with copies x prompts x candidates)."""
+    out: list[list[list[float]]] = [[] for _ in range(n_copies)]
+    for k in range(0, len(samples), per):
+        for c, s in enumerate(best_scores(Layout(samples[k:k + per], pad), n_copies, run)):
+            out[c] += s
+    return out
+
+
+def attribution(samples: list[dict], batch: int, pad: int, heads: list, forward_backward: Callable[..., dict]
+                ) -> tuple[float, dict[str, float]]:
+    """Gradient attribution of every head's zero ablation from one forward and one backward per batch of full rows:
+    the estimated drop ``Σ z · ∂metric/∂z`` over the head's ``head_dim`` columns at every position (the change of
+    the metric when ``z`` goes to zero, negated), the metric's best other candidate frozen at the one this forward
+    picks. ``forward_backward(ids, objective) -> {layer: (z, grad)}`` runs the tool: ``objective(logits)`` is the
+    scalar to differentiate; ``z``/``grad`` are ``[rows, pos, heads, head_dim]``. Batches hold whole prompts."""
+    rows = full_rows(samples)
+    by_sample: dict[int, list[int]] = {}
+    for k, r in enumerate(rows):
+        by_sample.setdefault(r[0], []).append(k)
+    groups, cur = [], []
+    for i in range(len(samples)):
+        if cur and len(cur) + len(by_sample[i]) > batch:
+            groups.append(cur)
+            cur = []
+        cur += by_sample[i]
+    groups.append(cur)
+    est = {f"L{l}H{h}": 0.0 for l, h in heads}
+    clean_scores = [[0.0] * len(s["cands"]) for s in samples]
+    for g in groups:
+        part = [rows[k] for k in g]
+        ids = right_padded([r[2] for r in part], pad)
+        real = torch.zeros(ids.shape, dtype=torch.bool)
+        for b, r in enumerate(part):
+            real[b, :len(r[2])] = True
+
+        def objective(logits: torch.Tensor) -> torch.Tensor:
+            logp = torch.log_softmax(logits.float(), -1)
+            sc: dict[tuple[int, int], torch.Tensor] = {}
+            for b, (i, j, seq, p) in enumerate(part):
+                sc[(i, j)] = logp[b, torch.arange(p - 1, len(seq) - 1), torch.tensor(seq[p:])].sum()
+                clean_scores[i][j] = float(sc[(i, j)])
+            total = torch.zeros(())
+            for i in sorted({r[0] for r in part}):
+                gold = samples[i]["gold"]
+                other = max((j for j in range(len(samples[i]["cands"])) if j != gold), key=lambda j: float(sc[(i, j)]))
+                total = total + sc[(i, gold)] - sc[(i, other)]
+            return total / len(samples)
+
+        got = forward_backward(ids, objective)
+        for l, h in heads:
+            z, grad = got[l]
+            est[f"L{l}H{h}"] += float((z[..., h, :] * grad[..., h, :])[real].sum())
+    golds = [s["gold"] for s in samples]
+    return metric(clean_scores, golds), est
+
+
+def chunks(heads: list, size: int) -> list[list]:
+    return [heads[i:i + size] for i in range(0, len(heads), size)]
+
+
+# ---- the tools ---------------------------------------------------------------------------------------------------
+def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, float], str]:
+    """TransformerLens 4: the bridge's ``run_with_hooks`` with a hook on ``blocks.{l}.attn.hook_z`` (plain), the
+    ``patching`` module's generic patcher (``tl-patching``), or hooks under ``bridge.hooks(...)`` stacking heads over
+    copies of the batch with the prompt cache passed through (best)."""
+    import transformer_lens
+    from transformer_lens.model_bridge import TransformerBridge
+
+    bridge = TransformerBridge.boot_transformers(job["model_dir"], device=job["device"], hf_model=hf, tokenizer=tok)
+    samples, pad = job["samples"], tok.pad_token_id or 0
+    golds = [s["gold"] for s in samples]
+    TIMER.start()
+
+    def zero(head: int, rows: slice = slice(None)) -> Callable:
+        def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:
+            z[rows, :, head] = 0.0
+            return z
+        return hook
+
+    def zero_cols(a: int, b: int) -> Callable:
+        def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            x[..., a:b] = 0.0
+            return x
+        return hook
+
+    drops: dict[str, float] = {}
+    if form == "plain":
+        clean = metric(plain_scores(samples, job["batch"], pad, lambda ids: bridge(ids)), golds)
+        for l, h in job["heads"]:
+            if job.get("kind") == "ssm2":  # a Mamba-2 head: its head_dim columns of the mixer's out_proj input
+                hooks = [(f"blocks.{l}.mixer.out_proj.hook_in", zero_cols(h * job["head_dim"], (h + 1) * job["head_dim"]))]
+            else:
+                hooks = [(f"blocks.{l}.attn.hook_z", zero(h))]
+            s = plain_scores(samples, job["batch"], pad, lambda ids: bridge.run_with_hooks(ids, fwd_hooks=hooks))
+            drops[f"L{l}H{h}"] = clean - metric(s, golds)
+    elif form == "attr":
+        layers = sorted({l for l, _ in job["heads"]})
+
+        def fb(ids: torch.Tensor, objective: Callable) -> dict:
+            # TransformerLens's own gradient hooks: a forward hook keeps z, a backward hook its gradient
+            keep: dict = {}
+            fwd = [(f"blocks.{l}.attn.hook_z", lambda z, hook, l=l: keep.__setitem__(("z", l), z.detach()))
+                   for l in layers]
+            bwd = [(f"blocks.{l}.attn.hook_z", lambda g, hook, l=l: keep.__setitem__(("g", l), g.detach()))
+                   for l in layers]
+            leaf = [("hook_embed", lambda x, hook: x.detach().requires_grad_(True))]  # the graph starts here
+            with torch.enable_grad(), bridge.hooks(fwd_hooks=leaf + fwd, bwd_hooks=bwd):
+                objective(bridge(ids)).backward()
+            return {l: (keep[("z", l)], keep[("g", l)]) for l in layers}
+
+        for p in hf.parameters():
+            p.requires_grad_(False)
+        clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
+    elif form == "patching":
+        from transformer_lens import patching
+        import pandas as pd
+
+        # generic_activation_patch over hook_z with an index_df of (layer, head): its patch setter zeroes the head
+        # (the "clean cache" it would patch from is unused), the metric reads the candidates from the logits. One
+        # call per group of whole prompts (full rows; a group's metric is its share of the mean), results summed.
+        def setter(corrupted: torch.Tensor, index: list, clean_act: Any) -> torch.Tensor:
+            corrupted[:, :, index[1]] = 0.0
+            return corrupted
+
+        index_df = pd.DataFrame({"layer": [l for l, _ in job["heads"]], "head": [h for _, h in job["heads"]]})
+        cache = {f"blocks.{l}.attn.hook_z": None for l, _ in job["heads"]}
+        total = torch.zeros(len(job["heads"]))
+        clean = 0.0
+        for group in sample_groups(samples, job["batch"]):
+            rows = [r for r in full_rows(samples) if r[0] in group]
+            ids = right_padded([r[2] for r in rows], pad)
+
+            def share(logits: torch.Tensor) -> torch.Tensor:
+                logp = torch.log_softmax(logits.float(), -1)
+                scores = {i: [0.0] * len(samples[i]["cands"]) for i in group}
+                for b, (i, j, seq, p) in enumerate(rows):
+                    scores[i][j] = float(logp[b, torch.arange(p - 1, len(seq) - 1), torch.tensor(seq[p:])].sum())
+                return torch.tensor(metric([scores[i] for i in group], [golds[i] for i in group]) * len(group)
+                                    / len(samples))
+
+            clean += float(share(bridge(ids)))
+            total += patching.generic_activation_patch(bridge, ids, cache, share, setter, "z", index_df=index_df)
+        for (l, h), v in zip(job["heads"], total.tolist()):
+            drops[f"L{l}H{h}"] = clean - v
+    else:
+        hooks_now: list = []
+
+        def run(ids, mask, past, keep, pos):
+            with bridge.hooks(fwd_hooks=hooks_now):
+                return bridge(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
+                              position_ids=pos, return_type="logits_and_cache")
+
+        per = job["prompts"]
+        clean = metric(best_all(samples, pad, per, 1, run)[0], golds)
+        for group in chunks(job["heads"], job["stack"]):
+            hooks_now[:] = [(f"blocks.{l}.attn.hook_z", _copy_zero(c, h, len(group))) for c, (l, h) in enumerate(group)]
+            for (l, h), s in zip(group, best_all(samples, pad, per, len(group), run)):
+                drops[f"L{l}H{h}"] = clean - metric(s, golds)
+    return clean, drops, f"transformer-lens {transformer_lens.__version__ if hasattr(transformer_lens, '__version__') else _version('transformer-lens')}"
+
+
+def _copy_zero(c: int, head: int, n_copies: int) -> Callable:
+    """A TransformerLens hook zeroing ``head`` in copy ``c`` of a copy-major batch (the copy size from the batch)."""
+    def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:
+        size = z.shape[0] // n_copies
+        z[c * size:(c + 1) * size, :, head] = 0.0
+        return z
+    return hook
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+    return version(dist)
+
+
+def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, float], str]:
+    """nnsight: inside ``model.trace(...)`` the head's columns of ``self_attn.o_proj.input`` set to zero; plain: one
+    trace per head and row batch; best: one trace per forward stacking heads over copies of the batch (each copy's
+    slice assigned), the prompt cache passed through and logits only at the reads."""
+    from nnsight import LanguageModel
+
+    lm = LanguageModel(hf, tokenizer=tok)
+    TIMER.start()
+    samples, pad = job["samples"], tok.pad_token_id or 0
+    golds = [s["gold"] for s in samples]
+    d = getattr(hf.config, "head_dim", None) or hf.config.hidden_size // hf.config.num_attention_heads
+    drops: dict[str, float] = {}
+
+    def plain_forward(ids: torch.Tensor, head: tuple[int, int] | None) -> torch.Tensor:
+        with lm.trace(ids):
+            if head is not None and job.get("kind") == "ssm2":  # Mamba-2: the head's columns of out_proj's input
+                l, h = head
+                hd = job["head_dim"]
+                lm.backbone.layers[l].mixer.out_proj.input[:, :, h * hd:(h + 1) * hd] = 0
+            elif head is not None:
+                l, h = head
+                lm.model.layers[l].self_attn.o_proj.input[:, :, h * d:(h + 1) * d] = 0
+            logits = lm.output.logits.save()
+        return logits
+
+    if form == "plain":
+        clean = metric(plain_scores(samples, job["batch"], pad, lambda ids: plain_forward(ids, None)), golds)
+        for l, h in job["heads"]:
+            s = plain_scores(samples, job["batch"], pad, lambda ids: plain_forward(ids, (l, h)))
+            drops[f"L{l}H{h}"] = clean - metric(s, golds)
+    elif form == "attr":
+        layers = sorted({l for l, _ in job["heads"]})
+        n_heads = hf.config.num_attention_heads
+
+        def fb(ids: torch.Tensor, objective: Callable) -> dict:
+            # the documented gradient idiom: capture o_proj's input, then read its .grad inside loss.backward()
+            with torch.enable_grad():
+                with lm.trace(ids):
+                    lm.model.embed_tokens.output.requires_grad_(True)  # the graph starts at the embeddings
+                    saved = [].save()  # collected values: the container saved, raw values appended
+                    grads = [].save()
+                    for l in layers:
+                        saved.append(lm.model.layers[l].self_attn.o_proj.input)
+                    loss = objective(lm.output.logits)
+                    with loss.backward():
+                        for a in reversed(saved):  # gradients arrive in reverse-forward order
+                            grads.append(a.grad)
+            shape = lambda t: t.detach().reshape(*t.shape[:2], n_heads, d)
+            return {l: (shape(z), shape(g)) for l, z, g in zip(layers, saved, grads[::-1])}
+
+        for p in hf.parameters():
+            p.requires_grad_(False)
+        clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
+    else:
+        group_now: list = []
+
+        def run(ids, mask, past, keep, pos):
+            size = ids.shape[0] // max(1, len(group_now))
+            with lm.trace(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
+                          position_ids=pos):
+                for c, (l, h) in enumerate(group_now):
+                    lm.model.layers[l].self_attn.o_proj.input[c * size:(c + 1) * size, :, h * d:(h + 1) * d] = 0
+                out = lm.output.save()
+            return out.logits, out.past_key_values
+
+        clean = metric(best_all(samples, pad, job["prompts"], 1, run)[0], golds)
+        for group in chunks(job["heads"], job["stack"]):
+            group_now[:] = group
+            for (l, h), s in zip(group, best_all(samples, pad, job["prompts"], len(group), run)):
+                drops[f"L{l}H{h}"] = clean - metric(s, golds)
+            group_now[:] = []
+    return clean, drops, f"nnsight {_version('nnsight')}"
+
+
+def run_pyvene(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, float], str]:
+    """pyvene: an ``IntervenableModel`` with a ``ZeroIntervention`` on ``head_attention_value_output`` (unit
+    ``h.pos``: the head and the positions chosen per example by ``unit_locations``); plain: one config per head and a
+    call per row batch; best: one config per layer with the copies' heads given per example, the prompt cache passed
+    through and logits only at the reads."""
+    import pyvene as pv
+
+    if job.get("kind") == "ssm2":
+        raise NotImplementedError(f"pyvene {_version('pyvene')} maps no component of {type(hf).__name__} (its model "
+                                  "cards cover attention models only)")
+    samples, pad = job["samples"], tok.pad_token_id or 0
+    golds = [s["gold"] for s in samples]
+    drops: dict[str, float] = {}
+    TIMER.start()  # (building an IntervenableModel is part of pyvene's scan: one per head or layer)
+
+    def intervenable(layer: int) -> Any:
+        cfg = pv.IntervenableConfig(representations=[pv.RepresentationConfig(
+            layer=layer, component="head_attention_value_output", unit="h.pos", max_number_of_units=1)],
+            intervention_types=pv.ZeroIntervention)
+        m = pv.IntervenableModel(cfg, hf)
+        m.disable_model_gradients()
+        return m
+
+    def locations(heads: list[int], n_pos: int) -> dict:
+        # one intervention, two levels (heads, positions), each a list over the batch of the units it takes
+        return {"base": [[[[h] for h in heads], [list(range(n_pos)) for _ in heads]]]}
+
+    if form == "plain":
+        clean = metric(plain_scores(samples, job["batch"], pad, lambda ids: hf(ids).logits), golds)
+        for l, h in job["heads"]:
+            m = intervenable(l)
+
+            def forward(ids: torch.Tensor) -> torch.Tensor:
+                _, out = m(base={"input_ids": ids}, unit_locations=locations([h] * ids.shape[0], ids.shape[1]))
+                return out.logits
+            s = plain_scores(samples, job["batch"], pad, forward)
+            drops[f"L{l}H{h}"] = clean - metric(s, golds)
+    else:
+        now: dict = {}
+
+        def run(ids, mask, past, keep, pos):
+            base = {"input_ids": ids, "attention_mask": mask, "past_key_values": past, "use_cache": True,
+                    "logits_to_keep": keep, "position_ids": pos}
+            if not now:
+                out = hf(**base)
+            else:
+                per = ids.shape[0] // len(now["heads"])
+                heads = [h for h in now["heads"] for _ in range(per)]
+                _, out = now["model"](base=base, unit_locations=locations(heads, ids.shape[1]))
+            return out.logits, out.past_key_values
+
+        clean = metric(best_all(samples, pad, job["prompts"], 1, run)[0], golds)
+        by_layer: dict[int, list[int]] = {}
+        for l, h in job["heads"]:
+            by_layer.setdefault(l, []).append(h)
+        for l, hs in by_layer.items():
+            now["model"] = intervenable(l)  # one layer a config: the copies' heads are per-example locations
+            for group in chunks(hs, job["stack"]):
+                now["heads"] = group
+                for h, s in zip(group, best_all(samples, pad, job["prompts"], len(group), run)):
+                    drops[f"L{l}H{h}"] = clean - metric(s, golds)
+        now.clear()
+    return clean, drops, f"pyvene {_version('pyvene')}"
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(open(argv[0]).read())
+    torch.set_num_threads(job["threads"])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32)
+    hf = hf.to(job["device"]).eval()
+    tok = AutoTokenizer.from_pretrained(job["model_dir"])
+    tool, form = job["tool"].split("-", 1)
+    fn = {"tl": run_tl, "nnsight": run_nnsight, "pyvene": run_pyvene}[tool]
+    with torch.no_grad():
+        clean, drops, version = fn(job, hf, tok, form)
+    out = {"tool": job["tool"], "version": version, "clean": clean, "drops": drops, **TIMER.stop(),
+           "torch": torch.__version__, "python": sys.version.split()[0]}
+    with open(argv[1], "w") as fh:
+        json.dump(out, fh)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main(sys.argv[1:]))
