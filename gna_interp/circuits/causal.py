@@ -26,6 +26,8 @@ causal role     measured
                 elsewhere)
 ``query``       only an edge into what a later head reads at the decision holds (its query, or its keys /
                 values at the decision position): it shapes what that head looks for or reads there
+``relay``       only an edge into what it reads at the decision holds (it reads what an earlier head wrote at the
+                decision position), and its own effect runs on outside the edge table
 ``none``        no measured path holds: its effect runs through heads or MLPs outside the edge table
 ==============  ===================================================================================================
 
@@ -167,6 +169,8 @@ def causal_roles(edges: pd.DataFrame, drops: dict[str, float]) -> pd.DataFrame:
         kv_out = _holding(edges[(edges["sender"] == name) & lines], lambda r: drop)
         kv_in = _holding(edges[(edges["receiver"] == name) & lines], lambda r: float(drops.get(r["sender"], 0.0)))
         q_out = _holding(edges[(edges["sender"] == name) & at_decision], lambda r: drop)
+        dec_in = _holding(edges[(edges["receiver"] == name) & at_decision],
+                          lambda r: float(drops.get(r["sender"], 0.0)))
         direct_holds = d is not None and _holds(d, drop)
         aggregate = direct_holds and len(kv_in) > 0
         gather = len(kv_out) > 0
@@ -189,6 +193,10 @@ def causal_roles(edges: pd.DataFrame, drops: dict[str, float]) -> pd.DataFrame:
         elif len(q_out):
             role = "query"
             parts.append(f"feeds what a later head reads at the decision: {_fmt(q_out.iloc[0])}")
+        elif len(dec_in):
+            role = "relay"
+            parts.append(f"reads what an earlier head wrote at the decision: {_fmt(dec_in.iloc[0])}; its own effect "
+                         f"runs on through heads or MLPs outside the edge table")
         else:
             role = "none"
             best = edges[edges["sender"] == name].sort_values("effect", ascending=False)

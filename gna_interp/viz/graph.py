@@ -31,7 +31,7 @@ __all__ = ["GRAPH_ID", "circuit_graph", "graph_figure", "graph_section"]
 
 GRAPH_ID = "gna-graph"
 _EDGE_BOX = "gna-edge-detail"
-ROLE_COLOURS = {"aggregate": "#d62728", "gather": "#1f77b4", "output": "#ff7f0e", "query": "#9467bd",
+ROLE_COLOURS = {"aggregate": "#d62728", "gather": "#1f77b4", "output": "#ff7f0e", "query": "#9467bd", "relay": "#bcbd22",
                 "none": "#7f7f7f", "logits": "#2ca02c"}
 INPUT_COLOURS = {"k": "#1f77b4", "v": "#17becf", "q": "#9467bd", "other": "#8c564b", "logits": "#2ca02c"}
 _OFFSET = {"k": -0.12, "v": 0.0, "q": 0.12, "other": 0.06, "logits": 0.0}
