@@ -1,7 +1,8 @@
 """`edge_graph(screen)`: the whole graph's strongest edges (:class:`~gna_interp.circuits.edge_screen.EdgeScreen`) --
 the embeddings, heads, MLPs and the logits as nodes placed by layer, the edges as lines.
 
-Heads are circles, MLPs squares, the embeddings and the logits diamonds at the two ends. An edge's width is its
+Heads are circles placed by layer, MLPs squares in a row of their own below them (between their layer and the next),
+the embeddings and the logits diamonds at the two ends. An edge's width is its
 exact effect where path patching measured it (solid) and its screened estimate otherwise (dotted); its colour is the
 input it reaches (``q``, ``k``, ``v``, ``other``, an MLP's input, the logits), and its position class shows in the
 hover text with both numbers. Edges that lower the metric's drop (negative effects) are drawn faint.
@@ -47,8 +48,12 @@ def edge_graph(screen: Any, top: int = 40, title: str | None = None) -> Any:
     n_layers = max(layers, default=0) + 1
     by_x: dict[float, list[str]] = {}
     for n in names:
-        by_x.setdefault(_node_x(n, n_layers), []).append(n)
+        if not n.startswith("MLP") and n not in ("embed", "logits"):
+            by_x.setdefault(_node_x(n, n_layers), []).append(n)
     pos = {n: (x, i - (len(ns) - 1) / 2) for x, ns in by_x.items() for i, n in enumerate(sorted(ns))}
+    low = min((y for _, y in pos.values()), default=0.0) - 1.5  # the MLPs in a row of their own, below the heads
+    pos.update({n: (_node_x(n, n_layers), low) for n in names if n.startswith("MLP")})
+    pos.update({n: (_node_x(n, n_layers), 0.0) for n in names if n in ("embed", "logits")})
     biggest = max(float(t["value"].abs().max()), 1e-12) if len(t) else 1.0
     fig = go.Figure()
     for row in t.itertuples():
@@ -69,7 +74,8 @@ def edge_graph(screen: Any, top: int = 40, title: str | None = None) -> Any:
         ns = [n for n in names if pick(n)]
         if ns:
             fig.add_trace(go.Scatter(x=[pos[n][0] for n in ns], y=[pos[n][1] for n in ns], mode="markers+text",
-                                     text=ns, textposition="top center", name=kind,
+                                     text=ns, textposition="bottom center" if kind == "MLPs" else "top center",
+                                     textfont=dict(size=9 if kind == "MLPs" else 11), name=kind,
                                      marker=dict(symbol=symbol, size=14, color="#ffffff",
                                                  line=dict(color="#333333", width=1.5))))
     for inp, colour in _COLOURS.items():
