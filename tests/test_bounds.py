@@ -1,4 +1,4 @@
-"""Bounds everywhere (issue 35): every number read from a result folder is range-checked by its schema (accuracies in
+"""Bounds everywhere: every number read from a result folder is range-checked by its schema (accuracies in
 [0, 1], counts bounded, no integer past int64), a lock that is a folder is refused, prompt counts are bounded before
 any work, and a damaged model folder (a config asking for 200,000 layers or negative heads, a truncated safetensors
 file) is refused naming the broken file -- each within seconds, as a GnaError (exit 2 from the CLI)."""

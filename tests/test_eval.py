@@ -294,9 +294,9 @@ def test_eval_heads_table_and_resume(tiny_models, manager, task_dir, tmp_path):
     with pytest.raises(InputError, match="--resume continues it"):  # neither resume nor fresh: refused up front
         eval_heads(model, ["t_mc", "t_gen"], heads=HEADS, random_k=1, seeds=2, out=out, include_path=task_dir,
                    limit=2, progress=False, png=False)
-    redone = eval_heads(model, ["t_mc", "t_gen"], heads=HEADS, random_k=1, seeds=2, out=out, include_path=task_dir,
-                        limit=2, progress=False, png=False, fresh=True)
-    assert redone.settings["limit"] == 2 and min(redone.seconds.values()) > 0  # every condition ran again
+    again = eval_heads(model, ["t_mc", "t_gen"], heads=HEADS, random_k=1, seeds=2, out=out, include_path=task_dir,
+                       limit=2, progress=False, png=False, fresh=True)
+    assert again.settings["limit"] == 2 and min(again.seconds.values()) > 0  # every condition ran again
     assert (out / "conditions/random-1.json").is_file()
 
 

@@ -1,4 +1,4 @@
-"""The live explorer (issue 33, part 5): its Python side against ``evaluate`` under ``ablate``, and the widget
+"""The live explorer: its Python side against ``evaluate`` under ``ablate``, and the widget
 served live by Voila (a Jupyter server with a kernel) and driven in headless Chromium."""
 
 from __future__ import annotations

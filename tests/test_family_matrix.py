@@ -1,4 +1,4 @@
-"""The family matrix (issue 28): every causal-LM family of ``tests/family_matrix.py``, built tiny with
+"""The family matrix: every causal-LM family of ``tests/family_matrix.py``, built tiny with
 ``from_config``, saved and loaded with ``load_model``, checked against computations that bypass gna_interp:
 logits against the plain Hugging Face forward, head lists against the config, patterns (attention rows; SSM
 implicit attention reproducing the mixer's output), ablation against zeroing the head's input columns of the

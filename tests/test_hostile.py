@@ -1,4 +1,4 @@
-"""Hostile input (issue 26): tokens that try to become script in an HTML page, Ctrl-C at any moment, question files
+"""Hostile input: tokens that try to become script in an HTML page, Ctrl-C at any moment, question files
 whose values would be coerced into other values, and names that should not parse. Each refusal is one
 ``gna: error:`` line (exit 2) naming what is wrong, with no traceback and no file written."""
 

@@ -1,4 +1,4 @@
-"""Hostile output folders (issue 26): an ``--out`` that is a file, a folder of another command's results, a finished
+"""Hostile output folders: an ``--out`` that is a file, a folder of another command's results, a finished
 scan without its checkpoint, a folder with a link inside, a name too long. Each is refused before any model loads:
 exit 2, one ``gna: error:`` line, no traceback, and no file in or outside the folder changed."""
 
@@ -404,7 +404,7 @@ def test_an_offline_hub_id_in_the_local_cache_loads(tiny_dirs, tmp_path, monkeyp
         load_model("someone/not-downloaded", device="cpu")
 
 
-# ---- second review (issue 26): cases a reviewer found beyond the first list ------------------------------------
+# ---- more hostile result folders ------------------------------------------------------------------------------
 
 REVIEW_CIRCUIT_CASES = [
     ("a negative layer in a table row", lambda d: d["heads"][0].update(layer=-1), "field 'heads/0/layer'"),

@@ -1,4 +1,4 @@
-"""Building a retrieval-guided hybrid from the zoo Transformer (issue 17, item 4).
+"""Building a retrieval-guided hybrid from the zoo Transformer.
 
 Mechanics of :func:`gna_interp.zoo.hybrid_build.build_hybrid` checked against independent computations:
 the kept heads' weights against the teacher's slices, the untrained student against the plain Hugging Face

@@ -1,4 +1,4 @@
-"""The hybrid families Zamba2, Nemotron-H and Falcon-H1, every mixer analysed (issue 17, item 1).
+"""The hybrid families Zamba2, Nemotron-H and Falcon-H1, every mixer analysed.
 
 Tiny random-initialised fp32 configs (``gna_interp.models.tiny_hybrid``). For each family: logits equal
 the plain Hugging Face forward, every head is listed with its kind, and patterns, ablation and masking

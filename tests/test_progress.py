@@ -1,4 +1,4 @@
-"""Progress as users expect it (issue 33, item 4): one helper decides (gna_interp.progress); TQDM_DISABLE and
+"""Progress as users expect it: one helper decides (gna_interp.progress); TQDM_DISABLE and
 ``gna --quiet`` turn every bar off; logs and pipes get plain lines; transformers' GGUF bar is quiet off a terminal."""
 
 from __future__ import annotations

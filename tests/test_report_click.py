@@ -1,4 +1,4 @@
-"""Any head, one click (issue 28, part 3): views.pt keeps every head's pattern on a card sample, compressed within
+"""Any head, one click: views.pt keeps every head's pattern on a card sample, compressed within
 a stated budget, and a click on any heatmap cell of report.html draws that head's pattern and numbers."""
 
 from __future__ import annotations
