@@ -33,9 +33,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from gna_interp.circuits.paths import LOGITS, Edge, PathPatcher, path_effects
+from gna_interp.circuits.paths import LOGITS, Edge, PathPatcher, linear_write, path_effects
 from gna_interp.engine.attribution import inputs_only_grad
-from gna_interp.errors import InputError
+from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
@@ -76,7 +76,7 @@ def _receivers(model: Model) -> list[_Receiver]:
         spec = model.layer_spec(head.layer, head.kind)
         try:
             inputs = spec.adapter.receiver_inputs(model, spec, head)
-        except Exception:  # a kind that cannot receive (Mamba-1 channels, attention without projection hooks)
+        except UnsupportedArchitectureError:  # a kind that cannot receive (Mamba-1, attention without q/k/v hooks)
             continue
         for inp, sites in inputs.items():
             if sites:
@@ -231,7 +231,7 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, heads: list[HeadRef
                             | {model.FINAL_NORM_INPUT})
         grads = dict(zip(site_hooks, torch.autograd.grad(objective, [acts[h] for h in site_hooks], retain_graph=True,
                                                          allow_unused=True)))
-        writes = _writes(model, heads, repl, acts, method)
+        writes = _writes(model, heads, repl, acts, method, chunk.batch.attention_mask.bool().to(logits.device))
         sel = pos_masks.sum(0) > 0  # [b, p]: the positions any class reads
         w_sel = torch.stack([writes[name][sel] for name in senders]).float()  # [senders, X, d]
         m_sel = pos_masks[:, sel]  # [P, X]
@@ -301,23 +301,22 @@ def _flat(x: Tensor) -> Tensor:
     return x.flatten(2) if x.dim() == 4 else x
 
 
-def _writes(model: Model, heads: list[HeadRef], repl: dict, acts: dict[str, Tensor], method: str
-            ) -> dict[str, Tensor]:
-    """Each sender's write into the stream (``[b, p, d_model]``, detached), in layer order."""
-    out: dict[str, Tensor] = {}
-    x0 = acts[model.block_input_hook(0)].detach()
-    out[EMBED] = x0 - (x0.mean((0, 1), keepdim=True) if method == "mean" else 0)
+def _writes(model: Model, heads: list[HeadRef], repl: dict, acts: dict[str, Tensor], method: str,
+            real: Tensor) -> dict[str, Tensor]:
+    """Each sender's write into the stream (``[b, p, d_model]``, detached), in layer order; the embeddings' and
+    the MLPs' mean replacement is their mean over the batch's ``real`` (non-padding) tokens."""
+
+    def removed(y: Tensor) -> Tensor:
+        return y - y[real].mean(0) if method == "mean" else y
+
+    out: dict[str, Tensor] = {EMBED: removed(acts[model.block_input_hook(0)].detach())}
     with torch.no_grad():
         for layer in range(model.n_layers):
             for h in (h for h in heads if h.layer == layer):
                 r = repl[h]
                 z = flat_channels(acts[r.site.hook].detach(), r.site)[..., r.site.columns]
-                val = r.value(z.shape[0], z.shape[1])
-                delta = z - (val.to(z.device, z.dtype) if isinstance(val, Tensor) else val)
-                w = model.output_projection(h)[:, r.site.columns]
-                out[h.name] = delta.to(w.dtype) @ w.T
+                out[h.name] = linear_write(model, r, z)
             hook = model.mlp_hook(layer, "out")
             if hook:
-                y = acts[hook].detach()
-                out[mlp_name(layer)] = y - (y.mean((0, 1), keepdim=True) if method == "mean" else 0)
+                out[mlp_name(layer)] = removed(acts[hook].detach())
     return out

@@ -150,6 +150,15 @@ def _edge_head(value: Any, role: str) -> HeadRef:
     raise InputError(f"an edge's {role} must be a HeadRef or a head name like 'L1H2', got {type(value).__name__}")
 
 
+def linear_write(model: Model, r: Replacement, z: Float[Tensor, "b p w"]) -> Float[Tensor, "b p d_model"]:
+    """``(z - replacement) W_O[:, S]ᵀ``: what replacing the head of ``r`` (its channels ``z`` at its site) takes out
+    of its output projection's output."""
+    value = r.value(z.shape[0], z.shape[1])
+    delta = z - (value.to(z.device, z.dtype) if isinstance(value, Tensor) else value)
+    w = model.output_projection(r.site.head)[:, r.site.columns]
+    return delta.to(w.dtype) @ w.T
+
+
 def check_edge(model: Model, edge: Edge) -> Edge:
     """``edge`` with its heads validated against ``model`` (the edge's own meaning is checked when it is made);
     :class:`InputError` / :class:`HeadError` saying what is wrong otherwise."""
@@ -286,11 +295,7 @@ class PathPatcher:
     def _write(self, head: HeadRef, z: Float[Tensor, "b p w"]) -> Float[Tensor, "b p d_model"]:
         """What removing ``head`` takes out of the residual stream where its block adds its mixer's output as is:
         ``o_S = (z_S - replacement) W_O[:, S]ᵀ``."""
-        r = self._replacement(head)
-        value = r.value(z.shape[0], z.shape[1])
-        delta = z - (value.to(z.device, z.dtype) if isinstance(value, Tensor) else value)
-        w = self.model.output_projection(head)[:, r.site.columns]
-        return delta.to(w.dtype) @ w.T
+        return linear_write(self.model, self._replacement(head), z)
 
     def _classify(self, layer: int, values: dict[str, Tensor]) -> None:
         """Record once per layer whether block ``layer`` adds its mixer's output projection to the stream as is
