@@ -290,7 +290,8 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
     cfg = FaithfulnessConfig.build(config, **overrides)
     every = model.heads()
     order = list(dict.fromkeys(model.check_heads(list(ranked)))) if ranked else []
-    order += [h for h in every if h not in set(order)]
+    listed = set(order)
+    order += [h for h in every if h not in listed]
     n = len(every)
     sizes = sorted(set(size_grid(n) if cfg.sizes is None else [int(k) for k in cfg.sizes]) | {0, n})
     if sizes[-1] > n:
@@ -305,7 +306,7 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
         """The circuits ``heads[:k]`` (everything else ablated), ``k`` in ``ks``: their complements are nested,
         largest circuit (smallest complement) first."""
         ks = sorted(set(ks), reverse=True)
-        complements = [[h for h in every if h not in set(heads[:k])] for k in ks]
+        complements = [_outside(every, heads[:k]) for k in ks]
         got = dict(zip(ks, (results(s) for s in runner.run_nested(complements))))
         return [got[k] for k in sorted(set(ks))]
 
@@ -327,6 +328,12 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
     return fx
 
 
+def _outside(every: list[HeadRef], circuit: Sequence[HeadRef]) -> list[HeadRef]:
+    """The heads of ``every`` outside ``circuit`` (those a faithfulness run ablates), in model order."""
+    kept = set(circuit)
+    return [h for h in every if h not in kept]
+
+
 def _smallest(fx: Faithfulness, runner: SetAblation, every: list[HeadRef], order: list[HeadRef],
               by_size: dict[int, Results], minimality: int | None) -> None:
     """The smallest ``k`` whose ranked circuit keeps the threshold (grid, then bisection between the bracketing
@@ -335,7 +342,7 @@ def _smallest(fx: Faithfulness, runner: SetAblation, every: list[HeadRef], order
 
     def kept(k: int) -> Results:
         if k not in by_size:
-            by_size[k] = results(runner.run([h for h in every if h not in set(order[:k])]))
+            by_size[k] = results(runner.run(_outside(every, order[:k])))
         return by_size[k]
 
     ok = [k for k in sorted(by_size) if fx.fraction(by_size[k]) >= fx.threshold]
@@ -355,5 +362,5 @@ def _smallest(fx: Faithfulness, runner: SetAblation, every: list[HeadRef], order
     fx.points.append(("smallest", 0, circuit, res))
     ld = get_metric("logit_diff")
     for h in circuit[:minimality]:
-        without = results(runner.run([x for x in every if x not in set(circuit) or x == h]))
+        without = results(runner.run(_outside(every, [x for x in circuit if x != h])))
         fx.minimality[h] = ld.value(res) - ld.value(without)
