@@ -10,7 +10,9 @@ edge changes what *one consumer* reads and nothing else:
   ``k``, ``v`` or ``other``: where it reads it is its kind's :meth:`~gna_interp.models.mixer.MixerAdapter.receiver_inputs`)
   from ``x_r - m ⊙ o_S`` instead of its block's clean input ``x_r``, where ``m`` selects the ``positions``
   (``summary``: the segments' summary tokens; ``items``: every token of the segments (the dictionary lines or the
-  options); ``decision``: the last prompt token and every answer token after it; ``all``). Its other inputs, every other head of its layer and everything else reading the stream see ``x_r``.
+  options); ``decision``: the last prompt token and every answer token after it; ``other``: every other real
+  token (the instructions, the query before the decision): ``items``, ``decision`` and ``other`` partition the
+  tokens; ``all``). Its other inputs, every other head of its layer and everything else reading the stream see ``x_r``.
   ``R``'s output recomputed that way replaces its output in the forward, and its change flows on through the
   later layers as usual. For grouped-query attention the receiver's K/V group is recomputed but only the one query
   head's output is used; for a Mamba-2 head the group's ``B``/``C`` change and the other heads' scan outputs are put
@@ -68,7 +70,7 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_chunks, plan_scoring
 
-POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "all")
+POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "other", "all")
 LOGITS = "logits"
 N_BOOTSTRAP = 2000
 
@@ -178,7 +180,7 @@ class _Enough(Exception):
     """Raised by a hook once a single-block run has produced every value it was run for."""
 
 
-def _read_block(model: Model, prefix: Prefix, layer: int, names: Sequence[str], copies: int,
+def read_block(model: Model, prefix: Prefix, layer: int, names: Sequence[str], copies: int,
                 hooks: Sequence[tuple[str, Any]] = (), hidden: Tensor | None = None) -> dict[str, Tensor]:
     """The values (flat ``[b, p, w]`` copies) of hooks ``names`` in one run of block ``layer`` on ``copies`` stacked
     copies (from ``hidden`` when given) with ``hooks`` attached; the run stops once every one has been read."""
@@ -265,8 +267,8 @@ class PathPatcher:
 
     def masks(self, chunk: Chunk) -> dict[str, Bool[Tensor, "batch pos"]]:
         """Position masks of ``chunk``'s rows: ``summary`` (every item's summary token), ``items`` (every token of the
-        items), ``decision`` (the last
-        prompt token and the answer tokens fed after it) and ``all`` (every real token)."""
+        items), ``decision`` (the last prompt token and the answer tokens fed after it), ``other`` (every real token
+        in neither) and ``all`` (every real token)."""
         b, width = chunk.batch.ids.shape
         sample_of = [-1] * b
         for r, t in zip(chunk.read_row.tolist(), chunk.read_target.tolist()):
@@ -283,8 +285,9 @@ class PathPatcher:
             items[k, [pads[k] + p for p in self._summaries[i][1]]] = True
             decision[k, pads[k] + n - 1:] = True
         dev = self.model.device
+        real = chunk.batch.attention_mask.bool()
         return {"summary": summary.to(dev), "items": items.to(dev), "decision": decision.to(dev),
-                "all": chunk.batch.attention_mask.bool().to(dev)}
+                "other": (real & ~items & ~decision).to(dev), "all": real.to(dev)}
 
     # ---- pieces ---------------------------------------------------------------------------
     def _replacement(self, head: HeadRef) -> Replacement:
@@ -326,7 +329,7 @@ class PathPatcher:
         hooks = [h for j, s in enumerate(senders)
                  for h in ablation_hooks([self._replacement(s)], rows=slice((j + 1) * b, (j + 2) * b))]
         names = [stream] + ([mlp_in] if mlp_in else [])
-        got = _read_block(model, prefix, layer, names, 1 + len(senders), hooks)
+        got = read_block(model, prefix, layer, names, 1 + len(senders), hooks)
         missing = [n for n in names if n not in got]
         if missing:
             raise UnsupportedArchitectureError(f"path patching reads {missing[0]!r} to measure what block {layer} of "
@@ -447,7 +450,7 @@ class PathPatcher:
                     streams.append(s)
                     where.append((n, r, inp))
         need = sorted({site.hook for (_, r, inp) in where for site in inputs[r][inp]})
-        got = _read_block(model, prefix, layer, need, len(streams), hidden=torch.cat(streams))
+        got = read_block(model, prefix, layer, need, len(streams), hidden=torch.cat(streams))
         by_hook: dict[str, list[tuple[int, InputSite, Tensor]]] = {}
         for j, (n, r, inp) in enumerate(where):
             for site in inputs[r][inp]:
@@ -481,7 +484,7 @@ class PathPatcher:
         sites = {r: model.head_site(r) for r in specs}
         hooks = [(name, overwrite(entries)) for name, entries in by_hook.items()]
         hooks += [(name, restore(entries, name)) for name, entries in isolate.items()]
-        got = _read_block(model, prefix, layer, sorted({s.hook for s in sites.values()}), len(copies), hooks)
+        got = read_block(model, prefix, layer, sorted({s.hook for s in sites.values()}), len(copies), hooks)
         result = {}
         for n, (g, members) in enumerate(copies):
             for r in members:
@@ -582,6 +585,14 @@ class PathPatcher:
         return first
 
     # ---- public ---------------------------------------------------------------------------
+    def adds_as_is(self) -> dict[int, bool]:
+        """Per layer with heads: whether its block adds its mixer's output projection to the stream as is (one
+        mixer, nothing in between), read off one clean replay of the first batch."""
+        every = set(self.model.heads())
+        if any(h.layer not in self._as_is for h in every):
+            self._clean_pass(self.prefixes.get(0), every, set(), min(h.layer for h in every))
+        return dict(self._as_is)
+
     def clean(self) -> CandidateScores:
         """Scores of the intact model."""
         if self._clean is None:

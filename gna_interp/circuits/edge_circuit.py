@@ -1,0 +1,363 @@
+"""Edge circuits: a task's scores when only a chosen set of edges of the model's whole graph carries the model's
+activations, every other edge carrying its sender's ablated value -- the faithfulness of a circuit of edges.
+
+**The graph** (the nodes of :mod:`gna_interp.circuits.edge_screen`). Senders: the embeddings (``embed``), every
+head, every MLP (``MLP{l}``). Receiver inputs: each head's ``q``/``k``/``v``/``other``
+(:meth:`~gna_interp.models.mixer.MixerAdapter.receiver_inputs`), where channels that several heads share are one
+input read by all of them (a grouped-query KV group's ``k``/``v``, a Mamba-2 group's ``B``/``C``; named by its heads,
+``L5H0+L5H1+L5H2.k``), every MLP's input (``MLP{l}``) and the answer ``logits``. An edge (:class:`Wire`) joins a
+sender to a later receiver input at one class of positions: ``items`` (the tokens of the lines or options),
+``decision`` (the last prompt token and the answer tokens), ``other`` (every other token); the three partition the
+tokens. Edges into the logits are read at the decision (positions ``all``).
+
+**Definition** (the circuit evaluation of ACDC and of the MIB benchmark, with mean or zero ablation). A sender
+``S`` writes ``w_S`` into the residual stream in the run being made (a head ``z_S W_O[:, S]ᵀ``, an MLP its output,
+the embeddings the first block's input) and ``w̄_S`` when ablated (the head's mean or zero replacement through
+``W_O``; an MLP's or the embeddings' mean over the reference prompts' real tokens, or zero). With circuit ``C``, the
+receiver input ``r`` reads at position ``p`` of class ``c`` ::
+
+    x_r[p] = Σ_S ( w_S[p] if (S -> r @ c) ∈ C else w̄_S[p] )  (+ the biases, which every reader keeps)
+
+i.e. ``B + Σ_{(S -> r @ c) ∈ C} (w_S - w̄_S)`` with ``B`` the stream with every sender ablated. Every node computes
+its output from its own inputs so read, so a change flows on through every later edge the circuit keeps. All edges
+kept is the intact model; no edge kept, the model with every head, MLP and the embeddings ablated.
+
+How it runs: block by block from the clean prefix (:mod:`gna_interp.engine.replay`). For block ``l``: one run of the
+block on stacked copies of the distinct receiver streams, stopped once the input projections have fired, gives
+each receiver input its channels; one run of the block on the current stream overwrites them, records the heads'
+outputs and gives the MLP its own input at the stream before it (``hook_resid_mid``, which feeds the MLP's norm and
+not the residual sum). This needs blocks that add their mixer's output and their MLP's as is (Llama, GPT-2, Mamba-2,
+Bamba, ...); a block that normalises or scales them first (Gemma-2/3, OLMo-2, Granite) is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Collection, Sequence
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from gna_interp.circuits.paths import LOGITS, PathPatcher, linear_write, read_block
+from gna_interp.engine.head import head_logprobs
+from gna_interp.engine.replay import replay
+from gna_interp.errors import InputError, UnsupportedArchitectureError
+from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.mixer import InputSite
+from gna_interp.models.model import Model
+from gna_interp.tasks.base import Task
+from gna_interp.tasks.scoring import CandidateScores, ScoreTable
+
+__all__ = ["CLASSES", "EMBED", "EdgeCircuit", "Wire", "mlp_name"]
+
+CLASSES: tuple[str, ...] = ("items", "decision", "other")
+EMBED = "embed"
+
+
+def mlp_name(layer: int) -> str:
+    """The node name of block ``layer``'s MLP."""
+    return f"MLP{layer}"
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One edge of the whole graph: ``sender`` (``embed``, a head name, ``MLP{l}``) -> ``receiver`` (a receiver input
+    of :class:`EdgeCircuit`: ``L5H2.q``, ``L5H0+L5H1.k``, ``MLP5``, ``logits``) at ``positions`` (one of
+    :data:`CLASSES`; ``all`` for the logits)."""
+
+    sender: str
+    receiver: str
+    positions: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.sender} -> {self.receiver}@{self.positions}"
+
+
+@dataclass(frozen=True)
+class _Input:
+    """One receiver input of a head layer: its name, layer, the heads that read it and where (sites)."""
+
+    name: str
+    layer: int
+    heads: tuple[HeadRef, ...]
+    input: str
+    sites: tuple[InputSite, ...]
+
+
+class EdgeCircuit:
+    """Scores of a task with only sets of :class:`Wire` kept (the rest ablated): :meth:`run`.
+
+    ``method``: ``mean`` (the senders' mean over ``reference``'s prompts, default the task) or ``zero``."""
+
+    def __init__(self, model: Model, task: Task, method: AblationMethod = "mean", reference: Any = None,
+                 batch_size: int = 8) -> None:
+        if method not in ("zero", "mean"):
+            raise InputError(f"an edge circuit ablates the edges outside it by 'zero' or 'mean', got {method!r}")
+        if method == "mean" and reference is None:
+            reference = task
+        self.model, self.method = model, method
+        self.pp = PathPatcher(model, task, method, reference, batch_size)
+        self.heads = model.heads()
+        self._check_blocks()
+        self.inputs = self._head_inputs()
+        self._input_of = {(h.name, i.input): i.name for i in self.inputs for h in i.heads}
+        self.senders = [EMBED] + [n for layer in range(model.n_layers)
+                                  for n in [*(h.name for h in self.heads if h.layer == layer)]
+                                  + ([mlp_name(layer)] if model.mlp_hook(layer, "out") else [])]
+        self._index = {s: i for i, s in enumerate(self.senders)}
+        self.repl = {r.site.head: r for r in replacements(model, self.heads, method,
+                                                           None if method == "zero" else reference)}
+        self._means = self._stream_means(reference) if method == "mean" else {}
+
+    # ---- the graph ------------------------------------------------------------------------
+    def _check_blocks(self) -> None:
+        model = self.model
+        as_is = self.pp.adds_as_is()
+        bad = sorted(layer for layer, ok in as_is.items() if not ok)
+        if bad:
+            raise UnsupportedArchitectureError(
+                f"an edge circuit needs blocks that add their mixer's output to the residual stream as is, but block(s) "
+                f"{', '.join(map(str, bad))} of {model.name} normalise or scale it first (a post-norm or a multiplier): "
+                f"there a sender's write along one edge is not separable from the others'; use the node form "
+                f"(gna.faithfulness) or path patching")
+        for layer in range(model.n_layers):
+            if model.mlp_hook(layer, "out") and model.mixed_stream_hook(layer) == model.block_output_hook(layer):
+                raise UnsupportedArchitectureError(
+                    f"an edge circuit gives each MLP its own input at the stream before it, but block {layer} of "
+                    f"{model.name} has no hook there (its MLP reads the block's input): the MLP input cannot be "
+                    f"separated from the mixer's")
+
+    def _head_inputs(self) -> list[_Input]:
+        """Every receiver input of every head; channels several heads read (a KV or B/C group) are one input."""
+        model, groups = self.model, {}
+        for head in self.heads:
+            spec = model.layer_spec(head.layer, head.kind)
+            try:
+                inputs = spec.adapter.receiver_inputs(model, spec, head)
+            except UnsupportedArchitectureError as e:
+                raise UnsupportedArchitectureError(f"an edge circuit needs every head to receive: {e}") from None
+            for inp, sites in inputs.items():
+                if sites:
+                    key = (head.layer, inp, tuple((s.hook, s.start, s.stop) for s in sites))
+                    groups.setdefault(key, []).append(head)
+        out, owner = [], {}
+        for (layer, inp, key), heads in groups.items():
+            name = "+".join(h.name for h in heads) + f".{inp}"
+            for hook, a, b in key:
+                for c in range(a, b):
+                    if owner.setdefault((hook, c), name) != name:
+                        raise UnsupportedArchitectureError(
+                            f"an edge circuit needs each input channel read by one receiver input, but channel {c} of "
+                            f"{hook} feeds both {owner[(hook, c)]} and {name}")
+            out.append(_Input(name, layer, tuple(heads), inp, tuple(InputSite(*s) for s in key)))
+        return sorted(out, key=lambda i: (i.layer, i.name))
+
+    def receivers(self) -> list[str]:
+        """Every receiver input's name, in layer order (MLP inputs after their block's heads, the logits last)."""
+        names = [(i.layer, 0, i.name) for i in self.inputs]
+        names += [(layer, 1, mlp_name(layer)) for layer in range(self.model.n_layers) if self.model.mlp_hook(layer, "in")]
+        return [n for _, _, n in sorted(names)] + [LOGITS]
+
+    def _sender_layer(self, sender: str) -> float:
+        if sender == EMBED:
+            return -1.0
+        if sender.startswith("MLP"):
+            return int(sender[3:]) + 0.5
+        return float(HeadRef.parse(sender).layer)
+
+    def _receiver_layer(self, receiver: str) -> float:
+        if receiver == LOGITS:
+            return float(self.model.n_layers)
+        if receiver.startswith("MLP"):
+            return int(receiver[3:]) + 0.5
+        return float(HeadRef.parse(receiver.split("+")[0].split(".")[0]).layer)
+
+    def wires(self) -> list[Wire]:
+        """Every edge of the graph: each sender -> each later receiver input, at each position class."""
+        out = []
+        for r in self.receivers():
+            rl = self._receiver_layer(r)
+            for s in self.senders:
+                if self._sender_layer(s) < rl:
+                    out += [Wire(s, r, "all")] if r == LOGITS else [Wire(s, r, c) for c in CLASSES]
+        return out
+
+    def check(self, wire: Wire) -> Wire:
+        """``wire`` if it is an edge of this model's graph, else :class:`InputError` saying why."""
+        if not isinstance(wire, Wire):
+            raise InputError(f"an edge circuit is a collection of Wire(sender, receiver, positions), got "
+                             f"{type(wire).__name__}")
+        if wire.sender not in self._index:
+            raise InputError(f"unknown sender {wire.sender!r} in {wire.name}; senders are 'embed', head names and "
+                             f"'MLP<layer>'")
+        if wire.receiver not in set(self.receivers()):
+            raise InputError(f"unknown receiver input {wire.receiver!r} in {wire.name}; e.g. "
+                             f"{', '.join(self.receivers()[:3])} (EdgeCircuit.receivers() lists them)")
+        want = ("all",) if wire.receiver == LOGITS else CLASSES
+        if wire.positions not in want:
+            raise InputError(f"{wire.name}: positions must be one of {want}")
+        if self._sender_layer(wire.sender) >= self._receiver_layer(wire.receiver):
+            raise InputError(f"{wire.name}: the sender must write before the receiver reads")
+        return wire
+
+    def from_screen(self, table: pd.DataFrame) -> pd.DataFrame:
+        """The screened edges (:class:`~gna_interp.circuits.edge_screen.EdgeScreen` rows) as wires with their
+        scores (``wire``, ``sender``, ``receiver``, ``positions``, ``score``), strongest first; the rows of the
+        heads that share an input (a KV group) add up, as the gradient through a shared input is the sum over its
+        readers."""
+        rows = []
+        for r in table.itertuples():
+            if r.receiver == LOGITS:
+                rec, pos = LOGITS, "all"
+            elif r.input == "mlp":
+                rec, pos = r.receiver, r.positions
+            else:
+                rec, pos = self._input_of[(r.receiver, r.input)], r.positions
+            rows.append((r.sender, rec, pos, float(r.score)))
+        df = pd.DataFrame(rows, columns=["sender", "receiver", "positions", "score"])
+        df = df.groupby(["sender", "receiver", "positions"], as_index=False, sort=False)["score"].sum()
+        df["wire"] = [Wire(s, r, p) for s, r, p in zip(df.sender, df.receiver, df.positions)]
+        return df.sort_values("score", ascending=False, kind="stable").reset_index(drop=True)
+
+    # ---- running --------------------------------------------------------------------------
+    def _stream_means(self, reference: Any) -> dict[str, Tensor]:
+        """The embeddings' and every MLP's mean output over the reference prompts' real tokens."""
+        model = self.model
+        names = {EMBED: model.block_input_hook(0)}
+        names.update({mlp_name(l): model.mlp_hook(l, "out") for l in range(model.n_layers) if model.mlp_hook(l, "out")})
+        prompts = getattr(reference, "prompts", None)
+        batch = model.as_batch(list(prompts) if prompts is not None else reference)
+        wanted = set(names.values())
+        _, cache = model.run_with_cache(batch, names_filter=lambda n: n in wanted)
+        mask = batch.attention_mask.bool()
+        return {k: cache[h][mask].float().mean(0) for k, h in names.items()}
+
+    def _removed(self, sender: str, y: Tensor) -> Tensor:
+        """``w_S - w̄_S`` of an MLP or the embeddings."""
+        return y - self._means[sender].to(y.device, y.dtype) if self.method == "mean" else y
+
+    def _keep(self, kept: Collection[Wire]) -> dict[str, Tensor]:
+        """Per receiver input: ``[senders, 3]`` (which position classes each sender reaches it at)."""
+        keep: dict[str, Tensor] = {}
+        for w in kept:
+            self.check(w)
+            k = keep.setdefault(w.receiver, torch.zeros(len(self.senders), len(CLASSES)))
+            if w.positions == "all":
+                k[self._index[w.sender]] = 1.0
+            else:
+                k[self._index[w.sender], CLASSES.index(w.positions)] = 1.0
+        return keep
+
+    @staticmethod
+    def _stream(keep: Tensor | None, base: Tensor, deltas: dict[int, Tensor], classes: Tensor) -> Tensor:
+        """``B + Σ_{kept} m_c ⊙ (w_S - w̄_S)`` for one receiver input."""
+        if keep is None:
+            return base
+        out = base.clone()
+        for s in keep.any(dim=1).nonzero().flatten().tolist():
+            coef = torch.einsum("c,cbp->bp", keep[s].to(classes.dtype), classes)
+            out = out + coef[..., None].to(out.dtype) * deltas[s].to(out.dtype)
+        return out
+
+    def _chunk(self, index: int, keep: dict[str, Tensor]) -> Tensor:
+        """Read log-probs of chunk ``index`` with only the kept wires carrying activations."""
+
+        model, pp = self.model, self.pp
+        chunk, prefix = pp.chunks[index], pp.prefixes.get(index)
+        masks = pp.masks(chunk)
+        classes = torch.stack([masks["items"], masks["decision"] & ~masks["items"], masks["other"]]).float()
+        x = prefix.hidden(0)
+        deltas: dict[int, Tensor] = {0: self._removed(EMBED, x)}
+        base = x - deltas[0]
+        b = prefix.batch_size
+        for layer in range(model.n_layers):
+            inputs = [i for i in self.inputs if i.layer == layer]
+            streams: list[Tensor] = []
+            slot: dict[str, int] = {}
+            for i in inputs:  # receivers with no kept edge all read ``base``: one copy
+                key = i.name if i.name in keep else ""
+                if key not in slot:
+                    slot[key] = len(streams)
+                    streams.append(self._stream(keep.get(i.name), base, deltas, classes))
+            hooks = sorted({s.hook for i in inputs for s in i.sites})
+            got = read_block(model, prefix, layer, hooks, len(streams), hidden=torch.cat(streams)) if hooks else {}
+            put: dict[str, list[tuple[InputSite, Tensor]]] = {}
+            for i in inputs:
+                j = slot[i.name if i.name in keep else ""]
+                for s in i.sites:
+                    put.setdefault(s.hook, []).append((s, got[s.hook][j * b:(j + 1) * b, :, s.start:s.stop]))
+            layer_heads = [h for h in self.heads if h.layer == layer]
+            zs: dict[HeadRef, Tensor] = {}
+            state: dict[str, Tensor] = {}
+
+            def overwrite(entries: list[tuple[InputSite, Tensor]]) -> Any:
+                def hook(v: Tensor, hook: Any = None) -> Tensor:
+                    out = v.clone(memory_format=torch.contiguous_format)
+                    flat = out.flatten(2) if out.dim() == 4 else out
+                    for s, value in entries:
+                        flat[..., s.start:s.stop] = value.to(flat.dtype)
+                    return out
+                return hook
+
+            def record(head: HeadRef) -> Any:
+                site = model.head_site(head)
+
+                def hook(v: Tensor, hook: Any = None) -> Tensor:
+                    zs[head] = flat_channels(v.detach(), site)[..., site.columns]
+                    return v
+                return hook
+
+            def mid(v: Tensor, hook: Any = None) -> Tensor:
+                for h in layer_heads:
+                    deltas[self._index[h.name]] = linear_write(model, self.repl[h], zs[h])
+                written = sum((deltas[self._index[h.name]] for h in layer_heads), torch.zeros_like(v))
+                state["base"] = base + (v - x) - written.to(base.dtype)
+                return self._stream(keep.get(mlp_name(layer)), state["base"], deltas, classes).to(v.dtype)
+
+            def mlp_out(v: Tensor, hook: Any = None) -> Tensor:
+                state["mlp"] = v.detach()
+                return v
+
+            fns = [(name, overwrite(entries)) for name, entries in put.items()]
+            fns += [(model.head_site(h).hook, record(h)) for h in layer_heads]
+            has_mlp = model.mlp_hook(layer, "out") is not None
+            if has_mlp:
+                fns += [(model.mixed_stream_hook(layer), mid), (model.mlp_hook(layer, "out"), mlp_out)]
+            with model.hooks(fns):
+                y = replay(model, prefix, layer, 1, hidden=x, stop=layer + 1)
+            if has_mlp:
+                name = mlp_name(layer)
+                deltas[self._index[name]] = self._removed(name, state["mlp"])
+                base = state["base"] + (self._means[name].to(base.dtype) if self.method == "mean" else 0)
+            else:
+                for h in layer_heads:
+                    deltas[self._index[h.name]] = linear_write(model, self.repl[h], zs[h])
+                written = sum((deltas[self._index[h.name]] for h in layer_heads), torch.zeros_like(y))
+                base = base + (y - x) - written.to(base.dtype)
+            x = y
+        rows, pos, inverse = chunk.reads
+        rows, pos = rows.to(x.device), pos.to(x.device)
+        final = self._stream(keep.get(LOGITS), base, deltas, classes)
+        return head_logprobs(model, final[rows, pos], chunk.read_tok, inverse.to(x.device))
+
+    @torch.no_grad()
+    def run(self, sets: Sequence[Collection[Wire]]) -> list[CandidateScores]:
+        """Scores of the task with only each element of ``sets`` (a collection of wires) kept."""
+        if isinstance(sets, (Wire, str)) or not isinstance(sets, Sequence):
+            raise InputError(f"sets must be a list of wire collections, got {type(sets).__name__}")
+        out = []
+        for kept in sets:
+            keep = self._keep(kept)
+            table = ScoreTable(self.pp.plan)
+            for i, chunk in enumerate(self.pp.chunks):
+                table.add(chunk, self._chunk(i, keep))
+            out.append(table.result())
+        return out
+
+    def clean(self) -> CandidateScores:
+        """Scores of the intact model."""
+        return self.pp.clean()
+
