@@ -37,6 +37,7 @@ from typing import Any, Collection, Sequence
 
 import pandas as pd
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.circuits.paths import LOGITS, PathPatcher, linear_write, read_block
@@ -261,6 +262,11 @@ class EdgeCircuit:
             coef = torch.einsum("c,cbp->bp", keep[s].to(classes.dtype), classes)
             out = out + coef[..., None].to(out.dtype) * deltas[s].to(out.dtype)
         return out
+
+    def chunk_logprobs(self, index: int, kept: Collection[Wire]) -> Float[Tensor, " n_reads"]:
+        """Log-probabilities at the reads of batch ``index`` (``self.pp.chunks[index]``) with only ``kept``
+        carrying activations."""
+        return self._chunk(index, self._keep(kept))
 
     def _chunk(self, index: int, keep: dict[str, Tensor]) -> Tensor:
         """Read log-probs of chunk ``index`` with only the kept wires carrying activations."""
