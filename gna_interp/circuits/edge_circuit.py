@@ -253,15 +253,20 @@ class EdgeCircuit:
         return keep
 
     @staticmethod
-    def _stream(keep: Tensor | None, base: Tensor, deltas: dict[int, Tensor], classes: Tensor) -> Tensor:
-        """``B + Σ_{kept} m_c ⊙ (w_S - w̄_S)`` for one receiver input."""
+    def _stream(keep: Tensor | None, base: Float[Tensor, "b p d"], deltas: Float[Tensor, "senders b p d"],
+                classes: Float[Tensor, "3 b p"]) -> Float[Tensor, "b p d"]:
+        """``B + Σ_{kept} m_c ⊙ (w_S - w̄_S)`` for one receiver input (``deltas``: every sender's ``w_S - w̄_S``
+        so far, in sender order)."""
         if keep is None:
             return base
-        out = base.clone()
-        for s in keep.any(dim=1).nonzero().flatten().tolist():
-            coef = torch.einsum("c,cbp->bp", keep[s].to(classes.dtype), classes)
-            out = out + coef[..., None].to(out.dtype) * deltas[s].to(out.dtype)
-        return out
+        n = deltas.shape[0]
+        keep = keep[:n].to(classes.dtype)
+        rows = keep.any(dim=1).nonzero().flatten()
+        if len(rows) * 4 < n:  # few senders kept: gather them
+            coef = torch.einsum("sc,cbp->sbp", keep[rows], classes)
+            return base + torch.einsum("sbp,sbpd->bpd", coef, deltas[rows].to(coef.dtype)).to(base.dtype)
+        coef = torch.einsum("sc,cbp->sbp", keep, classes)
+        return base + torch.einsum("sbp,sbpd->bpd", coef, deltas.to(coef.dtype)).to(base.dtype)
 
     def chunk_logprobs(self, index: int, kept: Collection[Wire]) -> Float[Tensor, " n_reads"]:
         """Log-probabilities at the reads of batch ``index`` (``self.pp.chunks[index]``) with only ``kept``
@@ -276,8 +281,10 @@ class EdgeCircuit:
         masks = pp.masks(chunk)
         classes = torch.stack([masks["items"], masks["decision"] & ~masks["items"], masks["other"]]).float()
         x = prefix.hidden(0)
-        deltas: dict[int, Tensor] = {0: self._removed(EMBED, x)}
-        base = x - deltas[0]
+        buf = torch.zeros(len(self.senders), *x.shape, dtype=torch.float32, device=x.device)
+        filled = 1  # senders 0..filled-1 have written: the embeddings first
+        buf[0] = self._removed(EMBED, x)
+        base = x - buf[0].to(x.dtype)
         b = prefix.batch_size
         for layer in range(model.n_layers):
             inputs = [i for i in self.inputs if i.layer == layer]
@@ -287,7 +294,7 @@ class EdgeCircuit:
                 key = i.name if i.name in keep else ""
                 if key not in slot:
                     slot[key] = len(streams)
-                    streams.append(self._stream(keep.get(i.name), base, deltas, classes))
+                    streams.append(self._stream(keep.get(i.name), base, buf[:filled], classes))
             hooks = sorted({s.hook for i in inputs for s in i.sites})
             got = read_block(model, prefix, layer, hooks, len(streams), hidden=torch.cat(streams)) if hooks else {}
             put: dict[str, list[tuple[InputSite, Tensor]]] = {}
@@ -316,12 +323,17 @@ class EdgeCircuit:
                     return v
                 return hook
 
-            def mid(v: Tensor, hook: Any = None) -> Tensor:
+            def heads_written(like: Tensor) -> Tensor:
+                """Fill the layer's heads' ``w_S - w̄_S`` into ``buf``; their sum."""
                 for h in layer_heads:
-                    deltas[self._index[h.name]] = linear_write(model, self.repl[h], zs[h])
-                written = sum((deltas[self._index[h.name]] for h in layer_heads), torch.zeros_like(v))
-                state["base"] = base + (v - x) - written.to(base.dtype)
-                return self._stream(keep.get(mlp_name(layer)), state["base"], deltas, classes).to(v.dtype)
+                    buf[self._index[h.name]] = linear_write(model, self.repl[h], zs[h])
+                rows = [self._index[h.name] for h in layer_heads]
+                return buf[rows].sum(0).to(like.dtype) if rows else torch.zeros_like(like)
+
+            def mid(v: Tensor, hook: Any = None) -> Tensor:
+                state["base"] = base + (v - x) - heads_written(v)
+                n = max(self._index[h.name] for h in layer_heads) + 1 if layer_heads else filled
+                return self._stream(keep.get(mlp_name(layer)), state["base"], buf[:n], classes).to(v.dtype)
 
             def mlp_out(v: Tensor, hook: Any = None) -> Tensor:
                 state["mlp"] = v.detach()
@@ -336,17 +348,16 @@ class EdgeCircuit:
                 y = replay(model, prefix, layer, 1, hidden=x, stop=layer + 1)
             if has_mlp:
                 name = mlp_name(layer)
-                deltas[self._index[name]] = self._removed(name, state["mlp"])
+                buf[self._index[name]] = self._removed(name, state["mlp"])
                 base = state["base"] + (self._means[name].to(base.dtype) if self.method == "mean" else 0)
+                filled = self._index[name] + 1
             else:
-                for h in layer_heads:
-                    deltas[self._index[h.name]] = linear_write(model, self.repl[h], zs[h])
-                written = sum((deltas[self._index[h.name]] for h in layer_heads), torch.zeros_like(y))
-                base = base + (y - x) - written.to(base.dtype)
+                base = base + (y - x) - heads_written(y)
+                filled = max((self._index[h.name] + 1 for h in layer_heads), default=filled)
             x = y
         rows, pos, inverse = chunk.reads
         rows, pos = rows.to(x.device), pos.to(x.device)
-        final = self._stream(keep.get(LOGITS), base, deltas, classes)
+        final = self._stream(keep.get(LOGITS), base, buf[:filled], classes)
         return head_logprobs(model, final[rows, pos], chunk.read_tok, inverse.to(x.device))
 
     @torch.no_grad()

@@ -16,7 +16,8 @@ of one receiver head is two vector-Jacobian products over the block as the forwa
 channels (cotangent: the metric's gradient there) back to its input channels -- along the head's own path only, as
 the exact patch keeps every other head of the layer clean (a grouped-query KV group, a Mamba-2 group's ``B``/``C``
 and gated norm) -- then from those channels through the block's pre-norm and projection back to the stream. Positions
-are the lines' tokens (``items``) and the decision (the last prompt token and the answer tokens); edges into the
+are the lines' tokens (``items``), the decision (the last prompt token and the answer tokens) and every other token
+(``other``: the instructions, the query before the decision), which together cover every token; edges into the
 logits are read at the decision. The estimate is first order: it is exact for a metric linear in the receiver's
 input, and where a block normalises its mixer's output (Gemma-2/3, OLMo-2) it uses the linear write ``o_S``. The
 strongest edges are then measured exactly (heads and logits only: MLP nodes are screened, not verified) and the
@@ -47,7 +48,7 @@ __all__ = ["EDGE_SCREEN_COLUMNS", "EdgeScreen", "screen_edges"]
 
 EDGE_SCREEN_COLUMNS = ["sender", "receiver", "input", "positions", "score", "abs_rank", "verifiable", "effect", "low",
                        "high"]
-POSITIONS = ("items", "decision")
+POSITIONS = ("items", "decision", "other")
 EMBED = "embed"
 
 
