@@ -119,3 +119,45 @@ def test_gna_circuit_writes_its_folder(tiny_models, tmp_path):
     for page in ("faithfulness.html", "edge_graph.html"):
         assert "plotly" in (out / page).read_text(encoding="utf-8")[:200000]
     assert main(["circuit", str(scan), "--out", str(scan)]) == 2  # the scan's own folder holds another command's results
+
+
+def test_edge_circuits_curve_smallest_minimality_and_round_trip(models, tmp_path):
+    """The edge form: each point is the edge circuit measured on its own (EdgeCircuit, itself checked against a
+    by-hand forward); the smallest circuit keeps the threshold and one edge fewer does not; minimality and the
+    saved file agree with direct runs."""
+    from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire
+    from gna_interp.circuits.sufficiency import edge_faithfulness, shuffled
+    from gna_interp.tasks.metrics import get_metric, results
+
+    model = models("llama")
+    ec = EdgeCircuit(model, _task(), "mean", batch_size=16)
+    every = ec.wires()
+    ranked = [w for w in every if w.receiver == "logits"] + [w for w in every if w.receiver != "logits"][:40]
+    fx = edge_faithfulness(model, _task(), ranked, threshold=0.6, seeds=1, minimality=3, batch_size=16)
+    assert fx.unit == "edges" and fx.n_heads == len(every)
+    frame = fx.to_frame()
+    assert "edges" in frame.columns and "heads" not in frame.columns
+    ranked_pts = frame[frame.series == "ranked"].set_index("size")
+    assert ranked_pts.fraction[0] == pytest.approx(0.0) and ranked_pts.fraction[len(every)] == pytest.approx(1.0)
+    ld = get_metric("logit_diff")
+
+    def fraction(wires):
+        return fx.fraction(results(ec.run([wires])[0]))
+
+    k = 4
+    assert ranked_pts.fraction[k] == pytest.approx(fraction(ranked[:k]), abs=1e-5)
+    rand = frame[(frame.series == "random") & (frame["size"] == k)].iloc[0]
+    assert rand.fraction == pytest.approx(fraction(shuffled(every, 0)[:k]), abs=1e-5)
+    assert fx.smallest is not None
+    n = len(fx.smallest)
+    assert fraction(fx.smallest) >= 0.6 > fraction(fx.order[:n - 1])
+    first = fx.smallest[0]
+    full = ld.value(results(ec.run([fx.smallest])[0]))
+    without = ld.value(results(ec.run([[w for w in fx.smallest if w != first]])[0]))
+    assert fx.minimality[first] == pytest.approx(full - without, abs=1e-5)
+    back = Faithfulness.load(fx.save(tmp_path))
+    assert back.unit == "edges" and back.smallest == fx.smallest and isinstance(back.smallest[0], Wire)
+    pd_equal = back.to_frame().drop(columns="edges").equals(frame.drop(columns="edges"))
+    assert pd_equal
+    assert [len(m) for _, _, m, _ in back.points] == [len(m) for _, _, m, _ in fx.points]
+    assert "edges" in fx.report() and f"{n} edges" in fx.report()

@@ -76,6 +76,15 @@ class Wire:
     def name(self) -> str:
         return f"{self.sender} -> {self.receiver}@{self.positions}"
 
+    @classmethod
+    def parse(cls, name: str) -> "Wire":
+        """The wire of :attr:`name` (``L3H1 -> L5H0+L5H1.k@items``)."""
+        sender, sep, rest = str(name).partition(" -> ")
+        receiver, at, positions = rest.rpartition("@")
+        if not (sep and at and sender and receiver and positions):
+            raise InputError(f"not a wire name: {str(name)[:80]!r} (expected 'SENDER -> RECEIVER@POSITIONS')")
+        return cls(sender, receiver, positions)
+
 
 @dataclass(frozen=True)
 class _Input:
@@ -158,9 +167,14 @@ class EdgeCircuit:
 
     def receivers(self) -> list[str]:
         """Every receiver input's name, in layer order (MLP inputs after their block's heads, the logits last)."""
-        names = [(i.layer, 0, i.name) for i in self.inputs]
-        names += [(layer, 1, mlp_name(layer)) for layer in range(self.model.n_layers) if self.model.mlp_hook(layer, "in")]
-        return [n for _, _, n in sorted(names)] + [LOGITS]
+        if not hasattr(self, "_receivers"):
+            names = [(i.layer, 0, i.name) for i in self.inputs]
+            names += [(layer, 1, mlp_name(layer)) for layer in range(self.model.n_layers)
+                      if self.model.mlp_hook(layer, "in")]
+            self._receivers = [n for _, _, n in sorted(names)] + [LOGITS]
+            self._reads_at = {r: self._receiver_layer(r) for r in self._receivers}
+            self._writes_at = {s: self._sender_layer(s) for s in self.senders}
+        return list(self._receivers)
 
     def _sender_layer(self, sender: str) -> float:
         if sender == EMBED:
@@ -180,9 +194,9 @@ class EdgeCircuit:
         """Every edge of the graph: each sender -> each later receiver input, at each position class."""
         out = []
         for r in self.receivers():
-            rl = self._receiver_layer(r)
+            rl = self._reads_at[r]
             for s in self.senders:
-                if self._sender_layer(s) < rl:
+                if self._writes_at[s] < rl:
                     out += [Wire(s, r, "all")] if r == LOGITS else [Wire(s, r, c) for c in CLASSES]
         return out
 
@@ -194,13 +208,14 @@ class EdgeCircuit:
         if wire.sender not in self._index:
             raise InputError(f"unknown sender {wire.sender!r} in {wire.name}; senders are 'embed', head names and "
                              f"'MLP<layer>'")
-        if wire.receiver not in set(self.receivers()):
+        self.receivers()
+        if wire.receiver not in self._reads_at:
             raise InputError(f"unknown receiver input {wire.receiver!r} in {wire.name}; e.g. "
                              f"{', '.join(self.receivers()[:3])} (EdgeCircuit.receivers() lists them)")
         want = ("all",) if wire.receiver == LOGITS else CLASSES
         if wire.positions not in want:
             raise InputError(f"{wire.name}: positions must be one of {want}")
-        if self._sender_layer(wire.sender) >= self._receiver_layer(wire.receiver):
+        if self._writes_at[wire.sender] >= self._reads_at[wire.receiver]:
             raise InputError(f"{wire.name}: the sender must write before the receiver reads")
         return wire
 

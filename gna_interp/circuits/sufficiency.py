@@ -29,7 +29,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pandas as pd
 import torch
@@ -43,7 +43,11 @@ from gna_interp.options import Options, check_int, check_level, check_n_boot, op
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 
-__all__ = ["FAITHFULNESS_COLUMNS", "Faithfulness", "FaithfulnessConfig", "faithfulness", "size_grid"]
+if TYPE_CHECKING:
+    from gna_interp.circuits.edge_circuit import Wire
+
+__all__ = ["FAITHFULNESS_COLUMNS", "Faithfulness", "FaithfulnessConfig", "edge_faithfulness", "faithfulness", "shuffled",
+           "size_grid"]
 
 FAITHFULNESS_COLUMNS = ["size", "series", "seed", "logit_diff", "fraction", "low", "high", "accuracy",
                         "accuracy_fraction", "heads"]
@@ -106,12 +110,16 @@ class Faithfulness:
 
     Attributes:
         metric: ``logit_diff`` (the fraction) -- accuracy fractions are reported beside it.
-        method: the ablation of the heads outside each circuit.
-        n_heads: the heads of the model the circuits are drawn from (``N``).
-        intact, empty: per-sample results of the whole model and of every head ablated.
-        points: ``(series, seed, kept heads, results)``; series ``ranked``, ``random`` or ``smallest``.
-        threshold: the fraction the smallest circuit keeps; smallest: its heads (None when no ranked circuit does).
-        minimality: each head of the smallest circuit: ``m(C) - m(C without it)`` on the logit difference.
+        method: the ablation of the heads (edges) outside each circuit.
+        n_heads: the heads (edges, for an edge circuit) of the model the circuits are drawn from (``N``).
+        intact, empty: per-sample results of the whole model and of every head (edge) ablated.
+        points: ``(series, seed, kept heads or edges, results)``; series ``ranked``, ``random`` or ``smallest``.
+        threshold: the fraction the smallest circuit keeps; smallest: its heads or edges (None when no ranked
+            circuit does).
+        minimality: each member of the smallest circuit: ``m(C) - m(C without it)`` on the logit difference.
+        unit: ``heads`` (:func:`faithfulness`) or ``edges`` (:func:`edge_faithfulness`, members
+            :class:`~gna_interp.circuits.edge_circuit.Wire`).
+        order: for edges, the ranked order (the saved file lists it once; the points are rebuilt from it).
     """
 
     metric: str
@@ -125,6 +133,8 @@ class Faithfulness:
     minimality: dict[HeadRef, float] = field(default_factory=dict)
     n_boot: int = 1000
     level: float = 0.95
+    unit: str = "heads"
+    order: list[Any] | None = None  # edges: the ranked order the points are prefixes (or seeded shuffles) of
 
     # ---- numbers --------------------------------------------------------------------------
     def _fraction(self, kept: Results, name: str) -> float:
@@ -160,8 +170,9 @@ class Faithfulness:
             rows.append({"size": len(heads), "series": series, "seed": seed, "logit_diff": ld.value(res),
                          "fraction": self.fraction(res), "low": lo, "high": hi, "accuracy": acc.value(res),
                          "accuracy_fraction": self.fraction(res, "accuracy"),
-                         "heads": ",".join(h.name for h in heads)})
-        return pd.DataFrame(rows, columns=FAITHFULNESS_COLUMNS)
+                         "heads": _listing(heads)})
+        frame = pd.DataFrame(rows, columns=FAITHFULNESS_COLUMNS)
+        return frame if self.unit == "heads" else frame.rename(columns={"heads": self.unit})
 
     def curve(self, series: str = "ranked") -> pd.DataFrame:
         """The points of one series (random: the median fraction over seeds at each size), by size."""
@@ -189,7 +200,7 @@ class Faithfulness:
                                "ranked": self.areas("ranked"), "random": self.areas("random")}
         if self.smallest is not None:
             res = next(r for s, _, h, r in self.points if s == "smallest")
-            out["smallest"] = {"size": len(self.smallest), "heads": [h.name for h in self.smallest],
+            out["smallest"] = {"size": len(self.smallest), self.unit: [h.name for h in self.smallest],
                                "fraction": self.fraction(res), "interval": list(self.interval(res)),
                                "accuracy_fraction": self.fraction(res, "accuracy"),
                                "minimality": {h.name: v for h, v in self.minimality.items()}}
@@ -199,17 +210,18 @@ class Faithfulness:
         """A Markdown summary: the intact and empty metrics, the smallest circuit with its interval and minimality,
         the areas of the ranked and random curves."""
         sm = self.summary()
-        lines = [f"# Faithfulness ({self.method} ablation of every head outside the circuit, {self.n_heads} heads)", "",
+        u, one = self.unit, self.unit[:-1]
+        lines = [f"# Faithfulness ({self.method} ablation of every {one} outside the circuit, {self.n_heads} {u})", "",
                  f"- intact model: logit difference {sm['intact']['logit_diff']:.3f}, accuracy "
-                 f"{sm['intact']['accuracy']:.3f}; every head ablated: {sm['empty']['logit_diff']:.3f}, "
+                 f"{sm['intact']['accuracy']:.3f}; every {one} ablated: {sm['empty']['logit_diff']:.3f}, "
                  f"{sm['empty']['accuracy']:.3f}"]
         if "smallest" in sm:
             s = sm["smallest"]
             lo, hi = s["interval"]
             lines.append(f"- smallest ranked circuit keeping {self.threshold:.0%} of the logit difference: "
-                         f"{s['size']} heads ({', '.join(s['heads'])}), fraction {s['fraction']:.3f} "
+                         f"{s['size']} {u} ({_listing(self.smallest, ', ')}), fraction {s['fraction']:.3f} "
                          f"[{lo:.3f}, {hi:.3f}], accuracy fraction {s['accuracy_fraction']:.3f}")
-            lines.append("- each head's own contribution (logit difference lost when it alone leaves the circuit"
+            lines.append(f"- each {one}'s own contribution (logit difference lost when it alone leaves the circuit"
                          + (f"; the first {len(s['minimality'])} of the {s['size']}" if len(s["minimality"]) < s["size"]
                             else "") + "): " + ", ".join(f"{h} {v:+.3f}" for h, v in s["minimality"].items()))
         else:
@@ -246,7 +258,9 @@ class Faithfulness:
         doc = {"format": FORMAT_VERSION, "metric": self.metric, "method": self.method, "n_heads": self.n_heads,
                "threshold": self.threshold, "n_boot": self.n_boot, "level": self.level,
                "intact": enc(self.intact), "empty": enc(self.empty),
-               "points": [{"series": s, "seed": seed, "heads": [h.name for h in hs], "results": enc(r)}
+               "unit": self.unit, "order": [w.name for w in self.order] if self.order is not None else None,
+               "points": [{"series": s, "seed": seed, "size": len(hs), "results": enc(r),
+                           **({"heads": [h.name for h in hs]} if self.unit == "heads" else {})}
                           for s, seed, hs, r in self.points],
                "smallest": [h.name for h in self.smallest] if self.smallest is not None else None,
                "minimality": {h.name: v for h, v in self.minimality.items()}, "summary": self.summary()}
@@ -267,13 +281,41 @@ class Faithfulness:
         def dec(d: dict[str, list]) -> Results:
             return {k: torch.tensor(v, dtype=RESULT_DTYPES[k]) for k, v in d.items()}
 
+        unit = doc.get("unit", "heads")
         small = doc["smallest"]
+        if unit == "heads":
+            parse: Any = HeadRef.parse
+            order = None
+
+            def members(pt: dict[str, Any]) -> list[Any]:
+                return [HeadRef.parse(h) for h in pt["heads"]]
+        else:
+            from gna_interp.circuits.edge_circuit import Wire
+            parse = Wire.parse
+            order = [Wire.parse(n) for n in doc["order"]]
+
+            def members(pt: dict[str, Any]) -> list[Any]:
+                k = int(pt["size"])
+                return (shuffled(order, int(pt["seed"])) if pt["series"] == "random" else order)[:k]
         return cls(doc["metric"], doc["method"], int(doc["n_heads"]), dec(doc["intact"]), dec(doc["empty"]),
-                   [(pt["series"], int(pt["seed"]), [HeadRef.parse(h) for h in pt["heads"]], dec(pt["results"]))
-                    for pt in doc["points"]], float(doc["threshold"]),
-                   [HeadRef.parse(h) for h in small] if small is not None else None,
-                   {HeadRef.parse(k): float(v) for k, v in doc["minimality"].items()}, int(doc["n_boot"]),
-                   float(doc["level"]))
+                   [(pt["series"], int(pt["seed"]), members(pt), dec(pt["results"])) for pt in doc["points"]],
+                   float(doc["threshold"]), [parse(h) for h in small] if small is not None else None,
+                   {parse(k): float(v) for k, v in doc["minimality"].items()}, int(doc["n_boot"]),
+                   float(doc["level"]), unit, order)
+
+
+def _listing(members: Sequence[Any], sep: str = ",", most: int = 60) -> str:
+    """Members' names joined by ``sep``; past ``most`` of them, the first ``most`` and how many more."""
+    names = [m.name for m in members[:most]]
+    more = len(members) - len(names)
+    return sep.join(names) + (f"{sep}... ({more} more)" if more > 0 else "")
+
+
+def shuffled(order: Sequence[Any], seed: int) -> list[Any]:
+    """``order`` in the random order of seed ``seed`` (the random circuits of a faithfulness curve)."""
+    perm = list(order)
+    random.Random(f"gna-faithfulness-{seed}").shuffle(perm)
+    return perm
 
 
 def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRef | str],
@@ -300,7 +342,6 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
     if cfg.method == "mean" and reference is None and isinstance(task, Task):
         reference = task  # the task's own mean activations
     runner = SetAblation.of(model, task, cfg.method, reference, cfg.batch_size)  # a runner handed in keeps its method
-    by_size: dict[int, Results] = {}
 
     def series(heads: Sequence[HeadRef], ks: Sequence[int]) -> list[Results]:
         """The circuits ``heads[:k]`` (everything else ablated), ``k`` in ``ks``: their complements are nested,
@@ -310,21 +351,64 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
         got = dict(zip(ks, (results(s) for s in runner.run_nested(complements))))
         return [got[k] for k in sorted(set(ks))]
 
-    ranked_res = series(order, sizes)
-    by_size.update(zip(sizes, ranked_res))
-    intact, empty = by_size[n], by_size[0]
-    fx = Faithfulness("logit_diff", runner.method, n, intact, empty, [], float(cfg.threshold), n_boot=cfg.n_boot,
-                      level=float(cfg.level))
+    return _measure(runner.method, "heads", order, every, sizes, cfg, series,
+                    lambda circuit: results(runner.run(_outside(every, circuit))))
+
+
+def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence[Wire] | Any",
+                      config: FaithfulnessConfig | None = None, **overrides: Any) -> Faithfulness:
+    """The faithfulness curve of edge circuits: the first ``k`` edges of ``ranked`` kept, every other edge of the
+    model's whole graph ablated (:class:`~gna_interp.circuits.edge_circuit.EdgeCircuit`), ``k`` over ``sizes``
+    (default: doubling from 1), beside ``seeds`` random edge circuits of each size; the smallest ranked edge circuit
+    keeping ``threshold`` of the intact logit difference and each of its edges' own contribution.
+
+    ``ranked``: an :class:`~gna_interp.circuits.edge_screen.EdgeScreen` (or its table), ordered by screen score
+    (the edges of a shared KV group's rows add up), or wires in order; edges it leaves out join last."""
+    from gna_interp.circuits.edge_circuit import EdgeCircuit
+
+    cfg = FaithfulnessConfig.build(config, **overrides)
+    ec = EdgeCircuit(model, task, cfg.method, cfg.reference, cfg.batch_size)
+    every = ec.wires()
+    table = getattr(ranked, "table", ranked)
+    if isinstance(table, pd.DataFrame):
+        order = list(ec.from_screen(table)["wire"])
+    else:
+        order = [ec.check(w) for w in ranked]
+    order = list(dict.fromkeys(order))
+    listed = set(order)
+    order += [w for w in every if w not in listed]
+    n = len(every)
+    grid = [0] + [1 << i for i in range(n.bit_length()) if (1 << i) < n] + [n]
+    sizes = sorted(set(grid if cfg.sizes is None else [int(k) for k in cfg.sizes]) | {0, n})
+    if sizes[-1] > n:
+        raise InputError(f"a circuit of {sizes[-1]} edges cannot be drawn from the {n} edges of {model.name}")
+    intact = results(ec.clean())
+
+    def series(wires: Sequence[Any], ks: Sequence[int]) -> list[Results]:
+        todo = [k for k in ks if k < n]
+        got = dict(zip(todo, (results(r) for r in ec.run([wires[:k] for k in todo]))))
+        return [got.get(k, intact) for k in ks]
+
+    return _measure(cfg.method, "edges", order, every, sizes, cfg, series, lambda c: results(ec.run([c])[0]))
+
+
+def _measure(method: str, unit: str, order: list[Any], pool: list[Any], sizes: list[int], cfg: FaithfulnessConfig,
+             series: Callable[[Sequence[Any], Sequence[int]], list[Results]],
+             kept: Callable[[Sequence[Any]], Results]) -> Faithfulness:
+    """The curve over ``sizes`` of the prefixes of ``order`` and of ``cfg.seeds`` random orders of ``pool``
+    (``series(order, ks)``: the results of ``order[:k]`` kept, everything else ablated; ``kept(members)``: of one
+    circuit), the smallest ranked circuit and its minimality."""
+    n = len(pool)
+    by_size = dict(zip(sizes, series(order, sizes)))
+    fx = Faithfulness("logit_diff", method, n, by_size[n], by_size[0], [], float(cfg.threshold), n_boot=cfg.n_boot,
+                      level=float(cfg.level), unit=unit, order=order if unit != "heads" else None)
     fx.points += [("ranked", 0, order[:k], by_size[k]) for k in sizes]
-    rng_orders = []
-    for s in range(cfg.seeds):
-        perm = list(every)
-        random.Random(f"gna-faithfulness-{s}").shuffle(perm)
-        rng_orders.append(perm)
-        inner = [k for k in sizes if 0 < k < n]
+    inner = [k for k in sizes if 0 < k < n]
+    for seed in range(cfg.seeds):
+        perm = shuffled(pool, seed)
         for k, res in zip(inner, series(perm, inner)):
-            fx.points.append(("random", s, perm[:k], res))
-    _smallest(fx, runner, every, order, by_size, cfg.minimality)
+            fx.points.append(("random", seed, perm[:k], res))
+    _smallest(fx, kept, order, by_size, cfg.minimality)
     return fx
 
 
@@ -334,15 +418,15 @@ def _outside(every: list[HeadRef], circuit: Sequence[HeadRef]) -> list[HeadRef]:
     return [h for h in every if h not in kept]
 
 
-def _smallest(fx: Faithfulness, runner: SetAblation, every: list[HeadRef], order: list[HeadRef],
+def _smallest(fx: Faithfulness, run: Callable[[Sequence[Any]], Results], order: list[Any],
               by_size: dict[int, Results], minimality: int | None) -> None:
     """The smallest ``k`` whose ranked circuit keeps the threshold (grid, then bisection between the bracketing
     sizes, assuming the fraction grows with ``k`` between them), and the minimality of its first ``minimality``
-    heads."""
+    members."""
 
     def kept(k: int) -> Results:
         if k not in by_size:
-            by_size[k] = results(runner.run(_outside(every, order[:k])))
+            by_size[k] = run(order[:k])
         return by_size[k]
 
     ok = [k for k in sorted(by_size) if fx.fraction(by_size[k]) >= fx.threshold]
@@ -362,5 +446,5 @@ def _smallest(fx: Faithfulness, runner: SetAblation, every: list[HeadRef], order
     fx.points.append(("smallest", 0, circuit, res))
     ld = get_metric("logit_diff")
     for h in circuit[:minimality]:
-        without = results(runner.run(_outside(every, [x for x in circuit if x != h])))
+        without = run([x for x in circuit if x != h])
         fx.minimality[h] = ld.value(res) - ld.value(without)
