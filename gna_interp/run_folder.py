@@ -48,7 +48,8 @@ RESULTS: dict[str, tuple[str, ...]] = {
     "compare": ("families.json", "families.csv"),
     "compare-circuits": ("compare.json", "compare.csv", "compare.md"),
     "circuit": ("faithfulness.json", "faithfulness.csv", "faithfulness.md", "faithfulness.html", "edges.csv", "roles.csv",
-                "edge_screen.csv", "edge_graph.html"),
+                "edge_screen.csv", "edge_graph.html", "edge_faithfulness.json", "edge_faithfulness.csv",
+                "edge_faithfulness.md", "edge_faithfulness.html", "whole_circuit"),
     "zoo train": ("MODEL_CARD.md", "model.safetensors"),
 }
 _SHARED = ("report.html", "figures")  # every command with a page writes these

@@ -40,6 +40,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from gna_interp.circuits.edge_screen import EMBED, POSITIONS, mlp_name
 from gna_interp.circuits.paths import LOGITS, PathPatcher, linear_write, read_block
 from gna_interp.engine.head import head_logprobs
 from gna_interp.engine.replay import replay
@@ -51,15 +52,9 @@ from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores, ScoreTable
 
-__all__ = ["CLASSES", "EMBED", "EdgeCircuit", "Wire", "mlp_name"]
+__all__ = ["CLASSES", "EdgeCircuit", "Wire", "whole_circuit"]
 
-CLASSES: tuple[str, ...] = ("items", "decision", "other")
-EMBED = "embed"
-
-
-def mlp_name(layer: int) -> str:
-    """The node name of block ``layer``'s MLP."""
-    return f"MLP{layer}"
+CLASSES: tuple[str, ...] = POSITIONS  # the position classes of the edge screen, which partition the tokens
 
 
 @dataclass(frozen=True)
@@ -393,3 +388,59 @@ class EdgeCircuit:
         """Scores of the intact model."""
         return self.pp.clean()
 
+
+
+def whole_circuit(fx: Any, ranked: pd.DataFrame | None = None, roles: dict[str, str] | None = None,
+                  n_layers: int | None = None) -> dict[str, Any] | None:
+    """The smallest edge circuit of an edge faithfulness curve (:func:`~gna_interp.circuits.sufficiency.edge_faithfulness`)
+    as the report's graph reads it (``circuit.json``'s ``whole``): ``kept`` with its interval ``low``-``high``,
+    ``nodes`` (``name``, ``kind`` head / mlp / embed / logits, ``layer``, ``role``) and ``edges`` (``sender``,
+    ``receiver`` a node, ``input`` q / k / v / other / mlp / logits, ``positions``, ``score`` from ``ranked`` (the
+    :meth:`EdgeCircuit.from_screen` frame), ``effect`` the edge's own contribution within the circuit where measured
+    (minimality), ``low``/``high`` None). An input shared by several heads (a KV group) is drawn into each of them
+    that the circuit keeps as a sender (else into the first). None when no ranked circuit keeps the threshold."""
+    if fx.smallest is None:
+        return None
+    res = next(r for s, _, _, r in fx.points if s == "smallest")
+    lo, hi = fx.interval(res)
+    scores = {} if ranked is None else dict(zip(ranked["wire"], ranked["score"]))
+    alive = {w.sender for w in fx.smallest}
+    roles = roles or {}
+    edges = []
+    for w in fx.smallest:
+        if w.receiver == LOGITS or w.receiver.startswith("MLP"):
+            targets = [(w.receiver, LOGITS if w.receiver == LOGITS else "mlp")]
+        else:
+            heads, inp = w.receiver.rsplit(".", 1)
+            names = heads.split("+")
+            targets = [(h, inp) for h in ([h for h in names if h in alive] or names[:1])]
+        effect = fx.minimality.get(w)
+        for receiver, inp in targets:
+            edges.append({"sender": w.sender, "receiver": receiver, "input": inp, "positions": w.positions,
+                          "score": _finite(scores.get(w)), "effect": _finite(effect), "low": None, "high": None})
+    last = n_layers if n_layers is not None else 1 + max(
+        [int(n[3:]) for e in edges for n in (e["sender"], e["receiver"]) if n.startswith("MLP")]
+        + [HeadRef.parse(n).layer for e in edges for n in (e["sender"], e["receiver"])
+           if n not in (EMBED, LOGITS) and not n.startswith("MLP")], default=0)
+
+    def node(name: str) -> dict[str, Any]:
+        if name == EMBED:
+            return {"name": name, "kind": "embed", "layer": -1, "role": ""}
+        if name == LOGITS:
+            return {"name": name, "kind": "logits", "layer": last, "role": ""}
+        if name.startswith("MLP"):
+            return {"name": name, "kind": "mlp", "layer": int(name[3:]), "role": ""}
+        return {"name": name, "kind": "head", "layer": HeadRef.parse(name).layer, "role": roles.get(name, "")}
+
+    names = list(dict.fromkeys(n for e in edges for n in (e["sender"], e["receiver"])))
+    return {"metric": fx.metric, "method": fx.method, "threshold": fx.threshold, "kept": _finite(fx.fraction(res)),
+            "low": _finite(lo), "high": _finite(hi), "n_edges": len(fx.smallest),
+            "nodes": [node(n) for n in names], "edges": edges}
+
+
+def _finite(v: Any) -> float | None:
+    """``v`` as a float, or None where it is missing or not finite (JSON has no NaN)."""
+    if v is None:
+        return None
+    f = float(v)
+    return f if f == f and abs(f) != float("inf") else None

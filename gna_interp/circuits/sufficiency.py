@@ -68,6 +68,9 @@ class FaithfulnessConfig(Options):
         minimality: the smallest circuit's heads (first in the ranking) whose own contribution is measured, one run
             each (None: all of them).
         batch_size: prompts per forward.
+        precision: the bisection for the smallest circuit stops once its bracket is within this share of its size
+            (0: exact; an edge curve over hundreds of thousands of edges may take 0.02, a circuit at most 2 % larger
+            than the smallest of the ranked order).
     """
 
     method: AblationMethod = "mean"
@@ -79,6 +82,7 @@ class FaithfulnessConfig(Options):
     level: float = 0.95
     minimality: int | None = 30
     batch_size: int = 16
+    precision: float = 0.0
 
     def validate(self) -> None:
         if self.method not in ("zero", "mean"):
@@ -90,6 +94,8 @@ class FaithfulnessConfig(Options):
             raise InputError(f"threshold must be a fraction in (0, 1], got {self.threshold!r}")
         check_level(self.level)
         check_int("minimality", self.minimality, 0, allow_none=True)
+        if isinstance(self.precision, bool) or not (0 <= float(self.precision) < 1):
+            raise InputError(f"precision must be a share in [0, 1), got {self.precision!r}")
         if self.sizes is not None:
             for k in self.sizes:
                 check_int("each of sizes", k, 0)
@@ -135,6 +141,7 @@ class Faithfulness:
     level: float = 0.95
     unit: str = "heads"
     order: list[Any] | None = None  # edges: the ranked order the points are prefixes (or seeded shuffles) of
+    scores: dict[Any, float] | None = field(default=None, repr=False)  # edges: each one's screen score (not saved)
 
     # ---- numbers --------------------------------------------------------------------------
     def _fraction(self, kept: Results, name: str) -> float:
@@ -237,18 +244,18 @@ class Faithfulness:
                          f"{r.accuracy_fraction:.3f} |")
         return "\n".join(lines) + "\n"
 
-    def write(self, folder: str | Path) -> list[Path]:
-        """``faithfulness.json`` (:meth:`save`), ``faithfulness.csv`` (:meth:`to_frame`) and ``faithfulness.md``
-        (:meth:`report`) in ``folder``."""
-        out = [self.save(folder)]
-        csv, md = Path(folder) / "faithfulness.csv", Path(folder) / "faithfulness.md"
+    def write(self, folder: str | Path, stem: str = "faithfulness") -> list[Path]:
+        """``{stem}.json`` (:meth:`save`), ``{stem}.csv`` (:meth:`to_frame`) and ``{stem}.md`` (:meth:`report`) in
+        ``folder``."""
+        out = [self.save(folder, stem)]
+        csv, md = Path(folder) / f"{stem}.csv", Path(folder) / f"{stem}.md"
         self.to_frame().to_csv(csv, index=False)
         md.write_text(self.report(), encoding="utf-8")
         return out + [csv, md]
 
     # ---- storage --------------------------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
-        """Write ``faithfulness.json`` (everything needed to rebuild this object) into the folder ``path``."""
+    def save(self, path: str | Path, stem: str = "faithfulness") -> Path:
+        """Write ``{stem}.json`` (everything needed to rebuild this object) into the folder ``path``."""
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
 
@@ -264,7 +271,7 @@ class Faithfulness:
                           for s, seed, hs, r in self.points],
                "smallest": [h.name for h in self.smallest] if self.smallest is not None else None,
                "minimality": {h.name: v for h, v in self.minimality.items()}, "summary": self.summary()}
-        out = folder / "faithfulness.json"
+        out = folder / f"{stem}.json"
         out.write_text(json.dumps(doc, indent=1, allow_nan=True), encoding="utf-8")
         return out
 
@@ -389,7 +396,11 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
         got = dict(zip(todo, (results(r) for r in ec.run([wires[:k] for k in todo]))))
         return [got.get(k, intact) for k in ks]
 
-    return _measure(cfg.method, "edges", order, every, sizes, cfg, series, lambda c: results(ec.run([c])[0]))
+    fx = _measure(cfg.method, "edges", order, every, sizes, cfg, series, lambda c: results(ec.run([c])[0]))
+    if isinstance(table, pd.DataFrame):
+        ranked_frame = ec.from_screen(table)
+        fx.scores = dict(zip(ranked_frame["wire"], ranked_frame["score"]))
+    return fx
 
 
 def _measure(method: str, unit: str, order: list[Any], pool: list[Any], sizes: list[int], cfg: FaithfulnessConfig,
@@ -408,7 +419,7 @@ def _measure(method: str, unit: str, order: list[Any], pool: list[Any], sizes: l
         perm = shuffled(pool, seed)
         for k, res in zip(inner, series(perm, inner)):
             fx.points.append(("random", seed, perm[:k], res))
-    _smallest(fx, kept, order, by_size, cfg.minimality)
+    _smallest(fx, kept, order, by_size, cfg.minimality, float(cfg.precision))
     return fx
 
 
@@ -419,10 +430,10 @@ def _outside(every: list[HeadRef], circuit: Sequence[HeadRef]) -> list[HeadRef]:
 
 
 def _smallest(fx: Faithfulness, run: Callable[[Sequence[Any]], Results], order: list[Any],
-              by_size: dict[int, Results], minimality: int | None) -> None:
+              by_size: dict[int, Results], minimality: int | None, precision: float = 0.0) -> None:
     """The smallest ``k`` whose ranked circuit keeps the threshold (grid, then bisection between the bracketing
-    sizes, assuming the fraction grows with ``k`` between them), and the minimality of its first ``minimality``
-    members."""
+    sizes, assuming the fraction grows with ``k`` between them, until the bracket is within ``precision`` of its
+    upper end), and the minimality of its first ``minimality`` members."""
 
     def kept(k: int) -> Results:
         if k not in by_size:
@@ -434,7 +445,7 @@ def _smallest(fx: Faithfulness, run: Callable[[Sequence[Any]], Results], order: 
         return
     hi = ok[0]
     lo = max((k for k in by_size if k < hi), default=hi)
-    while hi - lo > 1:
+    while hi - lo > max(1, int(precision * hi)):
         mid = (lo + hi) // 2
         if fx.fraction(kept(mid)) >= fx.threshold:
             hi = mid

@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from gna_interp.cli import command
 from gna_interp.cli.args import at_least, claim_out, compute_args, load_for, model_arg, seeds_arg
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import pandas as pd
 
     from gna_interp.circuits.edge_screen import EdgeScreen
@@ -63,6 +65,11 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                    help="screen every edge of the whole graph (embeddings, heads, MLPs -> heads' q/k/v, MLPs, logits) "
                         "by edge attribution and measure the N strongest by exact path patching (default 40; the top-20 "
                         "overlap of screen and exact is read among them; 0: no screen)")
+    p.add_argument("--edge-seeds", type=seeds_arg(0), default=1,
+                   help="random edge circuits at each size of the edge curve (default 1)")
+    p.add_argument("--edge-minimality", type=at_least(0), default=8,
+                   help="measure the own contribution of the smallest edge circuit's first N edges, one run each "
+                        "(default 8)")
     compute_args(p)
     p.add_argument("--out", default="gna_circuit", help="output folder (default gna_circuit)")
     p.add_argument("--fresh", action="store_true", help="--out may hold another command's results: delete them first")
@@ -99,6 +106,9 @@ def run_circuit(args: argparse.Namespace) -> int:
             screen = screen_edges(model, circuit.load_task(), verify=args.verify, batch_size=args.batch_size,
                                   progress=None if quiet() else lambda line: print(line, flush=True))
         print(_screen_report(screen, 20))
+    efx = None
+    if screen is not None:
+        efx = _edge_circuit(args, model, circuit.load_task(), screen)
     from gna_interp.viz.faithfulness import faithfulness_curve
 
     with folder.hold(args.fresh):
@@ -118,8 +128,62 @@ def run_circuit(args: argparse.Namespace) -> int:
         faithfulness_curve(fx, title=f"{model.name}: faithfulness of the scanned circuit").write_html(
             html, include_plotlyjs=True)
         written.append(html)
+        if efx is not None:
+            written += efx.write(folder.path, stem="edge_faithfulness")
+            html = folder.path / "edge_faithfulness.html"
+            faithfulness_curve(efx, title=f"{model.name}: faithfulness of edge circuits").write_html(
+                html, include_plotlyjs=True)
+            written.append(html)
+            written += _whole_report(args.scan, folder.path / WHOLE_DIR, efx, roles, model.n_layers)
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
+
+
+WHOLE_DIR = "whole_circuit"
+
+
+def _edge_circuit(args: argparse.Namespace, model: Any, task: Any, screen: "EdgeScreen") -> Any:
+    """The edge faithfulness curve in screen order and the smallest edge circuit (None, with a line saying why,
+    where the model's blocks do not allow edge circuits)."""
+    from gna_interp.circuits.sufficiency import edge_faithfulness
+    from gna_interp.errors import UnsupportedArchitectureError
+
+    with _stage("edge circuits: the strongest edges kept in screen order, every other edge ablated"):
+        try:
+            efx = edge_faithfulness(model, task, screen, method=args.method, threshold=args.threshold,
+                                    seeds=args.edge_seeds, minimality=args.edge_minimality,
+                                    batch_size=args.batch_size)
+        except UnsupportedArchitectureError as e:
+            print(f"no edge circuit: {e}")
+            return None
+    print(efx.report().split("\n\n| size")[0])
+    return efx
+
+
+def _whole_report(scan: str, out: "Path", efx: Any, roles: "pd.DataFrame | None", n_layers: int) -> list["Path"]:
+    """``out``: the scan's circuit with the smallest edge circuit as ``whole`` in its circuit.json, and its report
+    (the graph with every node and edge of the edge circuit); nothing where no edge circuit keeps the threshold."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from gna_interp.circuits.edge_circuit import whole_circuit
+
+    role_of = dict(zip(roles["name"], roles["causal_role"])) if roles is not None else {}
+    whole = whole_circuit(efx, efx.scores, role_of, n_layers)
+    if whole is None:
+        return []
+    out.mkdir(exist_ok=True)
+    src = Path(scan)
+    for f in src.iterdir():
+        if f.is_file() and f.suffix in (".json", ".pt", ".csv") and not f.name.startswith("scan.ckpt"):
+            shutil.copy2(f, out / f.name)
+    doc = json.loads((src / "circuit.json").read_text(encoding="utf-8"))
+    doc["whole"] = whole
+    (out / "circuit.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    from gna_interp.report.build import build_report
+
+    return [out / "circuit.json", build_report(out, png=False)]
 
 
 def _edge_report(edges: "pd.DataFrame", roles: "pd.DataFrame") -> str:

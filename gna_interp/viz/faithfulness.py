@@ -17,17 +17,19 @@ def faithfulness_curve(fx: Any, title: str | None = None) -> Any:
     if frame is None:
         raise InputError(f"faithfulness_curve takes a Faithfulness result, got {type(fx).__name__}")
     df = frame()
+    unit = getattr(fx, "unit", "heads")
+    one = unit[:-1]
     fig = go.Figure()
     ranked = df[df.series == "ranked"].sort_values("size")
-    log = fx.n_heads > 40  # many heads: a log axis, size 0 drawn at 0.5
+    log = fx.n_heads > 40  # many members: a log axis, size 0 drawn at 0.5
     floor = 0.5 if log else 0
     x = ranked["size"].clip(lower=floor)
     fig.add_trace(go.Scatter(x=list(x) + list(x)[::-1], y=list(ranked.high) + list(ranked.low)[::-1],
                              fill="toself", mode="lines", line=dict(width=0), fillcolor="rgba(31,119,180,0.18)",
                              name="ranked: 95 % interval", hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=x, y=ranked.fraction, mode="lines+markers", name="ranked (scan order)",
-                             line=dict(color="rgb(31,119,180)"), text=ranked.heads,
-                             hovertemplate="%{x} heads: %{y:.3f}<extra></extra>"))
+                             line=dict(color="rgb(31,119,180)"), text=ranked[unit],
+                             hovertemplate=f"%{{x}} {unit}: %{{y:.3f}}<extra></extra>"))
     rand = df[df.series == "random"]
     if len(rand):
         g = rand.groupby("size").fraction
@@ -44,9 +46,9 @@ def faithfulness_curve(fx: Any, title: str | None = None) -> Any:
         small = df[df.series == "smallest"].iloc[0]
         fig.add_trace(go.Scatter(x=[max(small["size"], floor)], y=[small.fraction], mode="markers",
                                  marker=dict(size=12, symbol="star", color="rgb(214,39,40)"),
-                                 name=f"smallest: {small['size']} heads"))
-    fig.update_layout(title=title or f"Faithfulness: every head outside the circuit {fx.method}-ablated",
-                      xaxis=dict(title="heads in the circuit" + (" (log scale; 0 drawn at 0.5)" if log else ""),
+                                 name=f"smallest: {small['size']} {unit}"))
+    fig.update_layout(title=title or f"Faithfulness: every {one} outside the circuit {fx.method}-ablated",
+                      xaxis=dict(title=f"{unit} in the circuit" + (" (log scale; 0 drawn at 0.5)" if log else ""),
                                  type="log" if log else "linear"),
                       yaxis=dict(title="fraction of the intact logit difference kept"), template="plotly_white",
                       height=420)
