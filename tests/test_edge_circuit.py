@@ -28,7 +28,8 @@ def circuits(models):
 
     def get(family, batch_size=8):
         if (family, batch_size) not in cache:
-            cache[(family, batch_size)] = EdgeCircuit(models(family), _task(), "mean", batch_size=batch_size)
+            cache[(family, batch_size)] = EdgeCircuit(models(family), _task(), "mean", batch_size=batch_size,
+                                                      senders="all")
         return cache[(family, batch_size)]
     return get
 
@@ -159,3 +160,19 @@ def test_a_post_norm_model_is_refused_with_its_reason(tmp_path):
     model = load_model(spec.build(tmp_path / "gemma3"), device="cpu")
     with pytest.raises(UnsupportedArchitectureError, match="normalise or scale"):
         EdgeCircuit(model, _task())
+
+
+def test_head_scope_keeps_the_embeddings_and_mlps(circuits, models):
+    """``senders='heads'``: a circuit of head edges is the ``all`` circuit with every edge out of the embeddings and
+    the MLPs added; those edges cannot be named."""
+    every = circuits("llama")
+    ec = EdgeCircuit(models("llama"), _task(), "mean", batch_size=8)
+    wires = ec.wires()
+    assert wires and all(w.sender.startswith("L") for w in wires)
+    assert set(wires) == {w for w in every.wires() if w.sender.startswith("L")}
+    kept = random.Random(3).sample(wires, len(wires) // 3)
+    fixed = [w for w in every.wires() if not w.sender.startswith("L")]
+    got, want = ec.run([kept])[0], every.run([kept + fixed])[0]
+    assert torch.allclose(results(got)["logit_diff"], results(want)["logit_diff"], atol=1e-5)
+    with pytest.raises(InputError, match="always kept"):
+        ec.run([[Wire("embed", "logits", "all")]])

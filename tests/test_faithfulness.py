@@ -116,8 +116,17 @@ def test_gna_circuit_writes_its_folder(tiny_models, tmp_path):
     screen = pd.read_csv(out / "edge_screen.csv")
     assert screen["effect"].notna().sum() == 5 and {"embed", "MLP0"} <= set(screen["sender"])
     assert len(pd.read_csv(out / "edges.csv")) and len(pd.read_csv(out / "roles.csv"))
-    for page in ("faithfulness.html", "edge_graph.html"):
+    for page in ("faithfulness.html", "edge_graph.html", "edge_faithfulness.html"):
         assert "plotly" in (out / page).read_text(encoding="utf-8")[:200000]
+    efx = Faithfulness.load(out / "edge_faithfulness.json")
+    assert efx.unit == "edges" and efx.n_heads == len(efx.order)
+    if efx.smallest is not None:  # the whole circuit: its own scan-like folder, its report
+        import json
+
+        whole = json.loads((out / "whole_circuit" / "circuit.json").read_text())["whole"]
+        assert whole["n_edges"] == len(efx.smallest) and len(whole["edges"]) >= whole["n_edges"]
+        assert {e["sender"] for e in whole["edges"]} <= {n["name"] for n in whole["nodes"]}
+        assert (out / "whole_circuit" / "report.html").exists()
     assert main(["circuit", str(scan), "--out", str(scan)]) == 2  # the scan's own folder holds another command's results
 
 

@@ -55,6 +55,7 @@ from gna_interp.tasks.scoring import CandidateScores, ScoreTable
 __all__ = ["CLASSES", "EdgeCircuit", "Wire", "whole_circuit"]
 
 CLASSES: tuple[str, ...] = POSITIONS  # the position classes of the edge screen, which partition the tokens
+SCOPES: tuple[str, ...] = ("heads", "all")
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,16 @@ class _Input:
 class EdgeCircuit:
     """Scores of a task with only sets of :class:`Wire` kept (the rest ablated): :meth:`run`.
 
-    ``method``: ``mean`` (the senders' mean over ``reference``'s prompts, default the task) or ``zero``."""
+    ``method``: ``mean`` (the senders' mean over ``reference``'s prompts, default the task) or ``zero``.
+    ``senders``: ``heads`` (default) -- a circuit is a set of edges out of heads, and the edges out of the
+    embeddings and the MLPs always carry their activations, as in the node form of faithfulness, which keeps them --
+    or ``all`` (every edge may be left out: with mean ablation every position class and the embeddings then matter
+    at once, and small circuits keep little)."""
 
     def __init__(self, model: Model, task: Task, method: AblationMethod = "mean", reference: Any = None,
-                 batch_size: int = 8) -> None:
+                 batch_size: int = 8, senders: str = "heads") -> None:
+        if senders not in SCOPES:
+            raise InputError(f"senders must be one of {SCOPES} (which edges a circuit may leave out), got {senders!r}")
         if method not in ("zero", "mean"):
             raise InputError(f"an edge circuit ablates the edges outside it by 'zero' or 'mean', got {method!r}")
         if method == "mean" and reference is None:
@@ -113,6 +120,8 @@ class EdgeCircuit:
                                   for n in [*(h.name for h in self.heads if h.layer == layer)]
                                   + ([mlp_name(layer)] if model.mlp_hook(layer, "out") else [])]
         self._index = {s: i for i, s in enumerate(self.senders)}
+        self.scope = senders
+        self._fixed = [] if senders == "all" else [i for i, n in enumerate(self.senders) if n == EMBED or n.startswith("MLP")]
         self.repl = {r.site.head: r for r in replacements(model, self.heads, method,
                                                            None if method == "zero" else reference)}
         self._means = self._stream_means(reference) if method == "mean" else {}
@@ -191,7 +200,7 @@ class EdgeCircuit:
         for r in self.receivers():
             rl = self._reads_at[r]
             for s in self.senders:
-                if self._writes_at[s] < rl:
+                if self._writes_at[s] < rl and self._index[s] not in self._fixed:
                     out += [Wire(s, r, "all")] if r == LOGITS else [Wire(s, r, c) for c in CLASSES]
         return out
 
@@ -203,6 +212,9 @@ class EdgeCircuit:
         if wire.sender not in self._index:
             raise InputError(f"unknown sender {wire.sender!r} in {wire.name}; senders are 'embed', head names and "
                              f"'MLP<layer>'")
+        if self._index[wire.sender] in self._fixed:
+            raise InputError(f"{wire.name}: with senders={self.scope!r} the edges out of the embeddings and the MLPs "
+                             f"are always kept; EdgeCircuit(..., senders='all') lets a circuit leave them out")
         self.receivers()
         if wire.receiver not in self._reads_at:
             raise InputError(f"unknown receiver input {wire.receiver!r} in {wire.name}; e.g. "
@@ -221,6 +233,8 @@ class EdgeCircuit:
         readers."""
         rows = []
         for r in table.itertuples():
+            if self._index[r.sender] in self._fixed:
+                continue
             if r.receiver == LOGITS:
                 rec, pos = LOGITS, "all"
             elif r.input == "mlp":
@@ -251,8 +265,13 @@ class EdgeCircuit:
         return y - self._means[sender].to(y.device, y.dtype) if self.method == "mean" else y
 
     def _keep(self, kept: Collection[Wire]) -> dict[str, Tensor]:
-        """Per receiver input: ``[senders, 3]`` (which position classes each sender reaches it at)."""
+        """Per receiver input: ``[senders, 3]`` (which position classes each sender reaches it at); the senders
+        that are always kept reach every receiver."""
         keep: dict[str, Tensor] = {}
+        if self._fixed:
+            for r in self.receivers():
+                keep[r] = torch.zeros(len(self.senders), len(CLASSES))
+                keep[r][self._fixed] = 1.0
         for w in kept:
             self.check(w)
             k = keep.setdefault(w.receiver, torch.zeros(len(self.senders), len(CLASSES)))
@@ -390,20 +409,20 @@ class EdgeCircuit:
 
 
 
-def whole_circuit(fx: Any, ranked: pd.DataFrame | None = None, roles: dict[str, str] | None = None,
+def whole_circuit(fx: Any, scores: dict[Wire, float] | None = None, roles: dict[str, str] | None = None,
                   n_layers: int | None = None) -> dict[str, Any] | None:
     """The smallest edge circuit of an edge faithfulness curve (:func:`~gna_interp.circuits.sufficiency.edge_faithfulness`)
     as the report's graph reads it (``circuit.json``'s ``whole``): ``kept`` with its interval ``low``-``high``,
     ``nodes`` (``name``, ``kind`` head / mlp / embed / logits, ``layer``, ``role``) and ``edges`` (``sender``,
-    ``receiver`` a node, ``input`` q / k / v / other / mlp / logits, ``positions``, ``score`` from ``ranked`` (the
-    :meth:`EdgeCircuit.from_screen` frame), ``effect`` the edge's own contribution within the circuit where measured
+    ``receiver`` a node, ``input`` q / k / v / other / mlp / logits, ``positions``, ``score`` each wire's screen
+    score (``fx.scores``), ``effect`` the edge's own contribution within the circuit where measured
     (minimality), ``low``/``high`` None). An input shared by several heads (a KV group) is drawn into each of them
     that the circuit keeps as a sender (else into the first). None when no ranked circuit keeps the threshold."""
     if fx.smallest is None:
         return None
     res = next(r for s, _, _, r in fx.points if s == "smallest")
     lo, hi = fx.interval(res)
-    scores = {} if ranked is None else dict(zip(ranked["wire"], ranked["score"]))
+    scores = scores or {}
     alive = {w.sender for w in fx.smallest}
     roles = roles or {}
     edges = []

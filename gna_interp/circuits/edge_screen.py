@@ -138,10 +138,14 @@ def _edge(row: Any) -> Edge | None:
 
 def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", reference: Any = None,
                  verify: int = 20, batch_size: int = 16,
-                 progress: Callable[[str], None] | None = None) -> EdgeScreen:
+                 progress: Callable[[str], None] | None = None, ig_steps: int = 0) -> EdgeScreen:
     """Score every edge of the model's graph on ``task`` by edge attribution, then measure the ``verify`` strongest
     verifiable ones (by ``|score|``) by exact path patching (``method``: the ablation that removes a sender, ``zero``
-    or ``mean`` with ``reference``; default for ``mean``: the task)."""
+    or ``mean`` with ``reference``; default for ``mean``: the task).
+
+    ``ig_steps > 0``: integrated gradients along the ablation path -- the gradient at each receiver input is the
+    mean over ``ig_steps`` points ``α = (k + ½) / ig_steps`` of the model in which every sender's write is
+    ``w̄_S + α (w_S - w̄_S)`` (α = 0: every sender ablated, the empty circuit; α = 1: the intact model)."""
     from gna_interp.models.model import check_model
     check_model(model)
     if method not in ("zero", "mean"):
@@ -157,9 +161,12 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     senders = [EMBED] + [x for layer in range(model.n_layers)
                          for x in [*(h.name for h in heads if h.layer == layer)]
                          + ([mlp_name(layer)] if model.mlp_hook(layer, "out") else [])]
+    if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 0:
+        raise InputError(f"ig_steps must be an integer >= 0, got {ig_steps!r}")
+    alphas = [(k + 0.5) / ig_steps for k in range(ig_steps)] if ig_steps else [1.0]
     scores = torch.zeros(len(senders), len(recv) + 1, len(POSITIONS), dtype=torch.float64)  # last column: logits
     for ci, chunk in enumerate(pp.chunks):
-        _chunk_scores(model, pp, chunk, heads, repl, recv, weights, senders, scores, method)
+        _chunk_scores(model, pp, chunk, heads, repl, recv, weights, senders, scores, method, alphas)
         if progress is not None:
             progress(f"edge screen: batch {ci + 1} of {len(pp.chunks)}")
     rows = []
@@ -205,8 +212,71 @@ def _before(sender: str, s_layer: float, r: _Receiver) -> bool:
 
 
 def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, heads: list[HeadRef], repl: dict, recv: list[_Receiver],
-                  weights: Tensor, senders: list[str], scores: Tensor, method: str) -> None:
-    """Add one chunk's EAP terms to ``scores``."""
+                  weights: Tensor, senders: list[str], scores: Tensor, method: str, alphas: list[float]) -> None:
+    """Add one chunk's EAP terms to ``scores``: each sender's write (from the intact forward) times the metric's
+    gradient at each receiver input, averaged over the points ``alphas`` of the ablation path."""
+    masks = pp.masks(chunk)
+    pos_masks = torch.stack([masks[p] for p in POSITIONS]).to(torch.float32)  # [P, b, p]
+    sel = pos_masks.sum(0) > 0  # [b, p]: the positions any class reads
+    layer_of = [_layer_of(name) for name in senders]
+    real = chunk.batch.attention_mask.bool()
+    writes: dict[str, Tensor] | None = None
+    means: dict[str, Tensor] = {}
+    if alphas != [1.0]:  # the writes and the means of the intact model first
+        with torch.no_grad():
+            acts = _forward(model, chunk, heads, repl, recv, weights, [], grad=False)
+        on = real.to(acts[model.block_input_hook(0)].device)
+        writes = _writes(model, heads, repl, acts, method, on)
+        streams = {EMBED: model.block_input_hook(0), **{mlp_name(l): model.mlp_hook(l, "out")
+                                                        for l in range(model.n_layers) if model.mlp_hook(l, "out")}}
+        means = {k: (acts[h].detach()[on].mean(0) if method == "mean" else torch.zeros(acts[h].shape[-1]))
+                 for k, h in streams.items()}
+    sums: dict[int, dict[int, Tensor]] = {}
+    for alpha in alphas:
+        interp = [] if alpha == 1.0 else _interpolation(model, heads, repl, means, alpha)
+        with inputs_only_grad(model), torch.enable_grad():
+            acts = _forward(model, chunk, heads, repl, recv, weights, interp, grad=True)
+            objective = acts.pop("__objective")
+            site_hooks = sorted({h for r in recv for h, _, _ in r.sites} | {repl[h].site.hook for h in heads}
+                                | {model.FINAL_NORM_INPUT})
+            grads = dict(zip(site_hooks, torch.autograd.grad(objective, [acts[h] for h in site_hooks],
+                                                             retain_graph=True, allow_unused=True)))
+            if writes is None:
+                writes = _writes(model, heads, repl, acts, method, real.to(objective.device))
+            through: dict[HeadRef, dict[str, Tensor | None]] = {}
+            for ri, r in enumerate(recv):
+                if r.head is not None and r.head not in through:
+                    through[r.head] = _through_head(model, r.head, recv, grads, acts)
+                gx = _stream_grad(r, through[r.head] if r.head is not None else grads, acts)
+                if gx is None:
+                    continue
+                before = [_before(name, lay, r) for name, lay in zip(senders, layer_of)]
+                n = sum(before)
+                assert all(before[:n]), "senders are listed in layer order: those before a receiver are a prefix"
+                acc = sums.setdefault(n, {})
+                g = gx.detach()[sel].float() / len(alphas)
+                acc[ri] = acc[ri] + g if ri in acc else g
+            gfinal = grads[model.FINAL_NORM_INPUT]
+            if gfinal is not None:
+                acc = sums.setdefault(len(senders), {})
+                g = gfinal.detach()[sel].float() / len(alphas)
+                acc[len(recv)] = acc[len(recv)] + g if len(recv) in acc else g
+    assert writes is not None
+    w_sel = torch.stack([writes[name][sel] for name in senders]).float()  # [senders, X, d]
+    m_sel = pos_masks[:, sel]  # [P, X]
+    for n, items in sums.items():
+        cols = list(items)
+        g = torch.stack([items[c] for c in cols])  # [R, X, d]
+        gm = (g[:, None] * m_sel[None, :, :, None]).reshape(len(cols) * m_sel.shape[0], -1)  # [R*P, X*d]
+        got = w_sel[:n].reshape(n, -1) @ gm.T  # [n, R*P]
+        scores[:n, cols] += got.reshape(n, len(cols), m_sel.shape[0]).double().cpu()
+
+
+def _forward(model: Model, chunk: Any, heads: list[HeadRef], repl: dict, recv: list[_Receiver], weights: Tensor,
+             before: list[tuple[str, Callable[..., Tensor]]], grad: bool) -> dict[str, Tensor]:
+    """One forward of ``chunk`` with the hooks ``before`` first, recording every activation the screen reads (the
+    stream entering block 0 made a leaf that requires grad when ``grad``); with ``grad`` also ``__objective`` (the
+    metric's weighted log-probabilities)."""
     acts: dict[str, Tensor] = {}
     want = {model.block_input_hook(0), model.FINAL_NORM_INPUT}
     want |= {r.stream for r in recv} | {h for r in recv for h, _, _ in r.sites}
@@ -215,49 +285,52 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, heads: list[HeadRef
 
     def keep(name: str) -> Callable[..., Tensor]:
         def hook(x: Tensor, hook: Any = None) -> Tensor:
-            if name == model.block_input_hook(0):
+            if grad and name == model.block_input_hook(0):
                 x = x.detach().requires_grad_(True)
             acts[name] = x
             return x
         return hook
 
-    masks = pp.masks(chunk)
-    pos_masks = torch.stack([masks[p] for p in POSITIONS]).to(torch.float32)  # [P, b, p]
-    with inputs_only_grad(model), torch.enable_grad():
-        rows, pos, inverse = chunk.reads
-        logits = model.read_logits(chunk.batch, rows, pos, [(h, keep(h)) for h in sorted(want)], grad=True)
+    rows, pos, inverse = chunk.reads
+    logits = model.read_logits(chunk.batch, rows, pos, [*before, *((h, keep(h)) for h in sorted(want))], grad=grad)
+    if grad:
         logp = read_logprobs(logits, chunk.read_tok, inverse)
-        objective = (logp * weights[chunk.read_target].to(logp.device)).sum()
-        site_hooks = sorted({h for r in recv for h, _, _ in r.sites} | {repl[h].site.hook for h in heads}
-                            | {model.FINAL_NORM_INPUT})
-        grads = dict(zip(site_hooks, torch.autograd.grad(objective, [acts[h] for h in site_hooks], retain_graph=True,
-                                                         allow_unused=True)))
-        writes = _writes(model, heads, repl, acts, method, chunk.batch.attention_mask.bool().to(logits.device))
-        sel = pos_masks.sum(0) > 0  # [b, p]: the positions any class reads
-        w_sel = torch.stack([writes[name][sel] for name in senders]).float()  # [senders, X, d]
-        m_sel = pos_masks[:, sel]  # [P, X]
-        layer_of = [_layer_of(name) for name in senders]
-        by_prefix: dict[int, list[tuple[int, Tensor]]] = {}
-        through: dict[HeadRef, dict[str, Tensor | None]] = {}
-        for ri, r in enumerate(recv):
-            if r.head is not None and r.head not in through:
-                through[r.head] = _through_head(model, r.head, recv, grads, acts)
-            gx = _stream_grad(r, through[r.head] if r.head is not None else grads, acts)
-            if gx is None:
-                continue
-            before = [_before(name, lay, r) for name, lay in zip(senders, layer_of)]
-            n = sum(before)
-            assert all(before[:n]), "senders are listed in layer order: those before a receiver are a prefix"
-            by_prefix.setdefault(n, []).append((ri, gx.detach()[sel].float()))
-        gfinal = grads[model.FINAL_NORM_INPUT]
-        if gfinal is not None:
-            by_prefix.setdefault(len(senders), []).append((len(recv), gfinal.detach()[sel].float()))
-    for n, items in by_prefix.items():
-        cols = [c for c, _ in items]
-        g = torch.stack([gx for _, gx in items])  # [R, X, d]
-        gm = (g[:, None] * m_sel[None, :, :, None]).reshape(len(items) * m_sel.shape[0], -1)  # [R*P, X*d]
-        got = w_sel[:n].reshape(n, -1) @ gm.T  # [n, R*P]
-        scores[:n, cols] += got.reshape(n, len(items), m_sel.shape[0]).double().cpu()
+        acts["__objective"] = (logp * weights[chunk.read_target].to(logp.device)).sum()
+    return acts
+
+
+def _interpolation(model: Model, heads: list[HeadRef], repl: dict, means: dict[str, Tensor], alpha: float
+                   ) -> list[tuple[str, Callable[..., Tensor]]]:
+    """Hooks that put every sender at ``α`` of the way from its ablated to its intact output: a head's channels
+    ``z̄ + α (z - z̄)``, an MLP's output and the embeddings ``ȳ + α (y - ȳ)`` (``ȳ``: ``means``, the intact
+    batch's mean over real tokens, or zero)."""
+    by_hook: dict[str, list[Any]] = {}
+    for h in heads:
+        by_hook.setdefault(repl[h].site.hook, []).append(repl[h])
+
+    def heads_hook(rs: list[Any]) -> Callable[..., Tensor]:
+        def hook(v: Tensor, hook: Any = None) -> Tensor:
+            out = v.clone(memory_format=torch.contiguous_format)
+            for r in rs:
+                flat = flat_channels(out, r.site)
+                z = flat[..., r.site.columns]
+                value = r.value(z.shape[0], z.shape[1])
+                bar = value.to(z.device, z.dtype) if isinstance(value, Tensor) else value
+                flat[..., r.site.columns] = bar + alpha * (z - bar)
+            return out
+        return hook
+
+    def stream_hook(name: str) -> Callable[..., Tensor]:
+        def hook(v: Tensor, hook: Any = None) -> Tensor:
+            bar = means[name].to(v.device, v.dtype)
+            return bar + alpha * (v - bar)
+        return hook
+
+    out = [(hook, heads_hook(rs)) for hook, rs in by_hook.items()]
+    out.append((model.block_input_hook(0), stream_hook(EMBED)))
+    out += [(model.mlp_hook(l, "out"), stream_hook(mlp_name(l))) for l in range(model.n_layers)
+            if model.mlp_hook(l, "out")]
+    return out
 
 
 def _through_head(model: Model, head: HeadRef, recv: list[_Receiver], grads: dict[str, Tensor | None],

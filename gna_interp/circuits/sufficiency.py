@@ -363,18 +363,20 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
 
 
 def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence[Wire] | Any",
-                      config: FaithfulnessConfig | None = None, **overrides: Any) -> Faithfulness:
+                      config: FaithfulnessConfig | None = None, senders: str = "heads", **overrides: Any) -> Faithfulness:
     """The faithfulness curve of edge circuits: the first ``k`` edges of ``ranked`` kept, every other edge of the
     model's whole graph ablated (:class:`~gna_interp.circuits.edge_circuit.EdgeCircuit`), ``k`` over ``sizes``
     (default: doubling from 1), beside ``seeds`` random edge circuits of each size; the smallest ranked edge circuit
     keeping ``threshold`` of the intact logit difference and each of its edges' own contribution.
 
     ``ranked``: an :class:`~gna_interp.circuits.edge_screen.EdgeScreen` (or its table), ordered by screen score
-    (the edges of a shared KV group's rows add up), or wires in order; edges it leaves out join last."""
+    (the edges of a shared KV group's rows add up), or wires in order; edges it leaves out join last. ``senders``:
+    which edges a circuit may leave out (:class:`~gna_interp.circuits.edge_circuit.EdgeCircuit`; default the
+    edges out of heads, the embeddings' and MLPs' always kept)."""
     from gna_interp.circuits.edge_circuit import EdgeCircuit
 
     cfg = FaithfulnessConfig.build(config, **overrides)
-    ec = EdgeCircuit(model, task, cfg.method, cfg.reference, cfg.batch_size)
+    ec = EdgeCircuit(model, task, cfg.method, cfg.reference, cfg.batch_size, senders)
     every = ec.wires()
     table = getattr(ranked, "table", ranked)
     if isinstance(table, pd.DataFrame):

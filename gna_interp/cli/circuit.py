@@ -65,6 +65,9 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                    help="screen every edge of the whole graph (embeddings, heads, MLPs -> heads' q/k/v, MLPs, logits) "
                         "by edge attribution and measure the N strongest by exact path patching (default 40; the top-20 "
                         "overlap of screen and exact is read among them; 0: no screen)")
+    p.add_argument("--ig-steps", type=at_least(0), default=0,
+                   help="score the screen's edges with integrated gradients along the ablation path at N points "
+                        "(EAP-IG; default 0: the gradient of the intact model, plain EAP)")
     p.add_argument("--edge-seeds", type=seeds_arg(0), default=1,
                    help="random edge circuits at each size of the edge curve (default 1)")
     p.add_argument("--edge-minimality", type=at_least(0), default=8,
@@ -103,7 +106,8 @@ def run_circuit(args: argparse.Namespace) -> int:
         from gna_interp.circuits.edge_screen import screen_edges
 
         with _stage("the whole graph: edge attribution, then the strongest edges by path patching"):
-            screen = screen_edges(model, circuit.load_task(), verify=args.verify, batch_size=args.batch_size,
+            screen = screen_edges(model, circuit.load_task(), args.method, circuit.load_task() if args.method == "mean"
+                                  else None, verify=args.verify, batch_size=args.batch_size, ig_steps=args.ig_steps,
                                   progress=None if quiet() else lambda line: print(line, flush=True))
         print(_screen_report(screen, 20))
     efx = None
