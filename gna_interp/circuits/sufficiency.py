@@ -366,7 +366,7 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
                       config: FaithfulnessConfig | None = None, senders: str = "heads", **overrides: Any) -> Faithfulness:
     """The faithfulness curve of edge circuits: the first ``k`` edges of ``ranked`` kept, every other edge of the
     model's whole graph ablated (:class:`~gna_interp.circuits.edge_circuit.EdgeCircuit`), ``k`` over ``sizes``
-    (default: doubling from 1), beside ``seeds`` random edge circuits of each size; the smallest ranked edge circuit
+    (default: powers of 4 from 1), beside ``seeds`` random edge circuits of each size; the smallest ranked edge circuit
     keeping ``threshold`` of the intact logit difference and each of its edges' own contribution.
 
     ``ranked``: an :class:`~gna_interp.circuits.edge_screen.EdgeScreen` (or its table), ordered by screen score
@@ -387,7 +387,7 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
     listed = set(order)
     order += [w for w in every if w not in listed]
     n = len(every)
-    grid = [0] + [1 << i for i in range(n.bit_length()) if (1 << i) < n] + [n]
+    grid = [0] + [4 ** i for i in range(n.bit_length()) if 4 ** i < n] + [n]
     sizes = sorted(set(grid if cfg.sizes is None else [int(k) for k in cfg.sizes]) | {0, n})
     if sizes[-1] > n:
         raise InputError(f"a circuit of {sizes[-1]} edges cannot be drawn from the {n} edges of {model.name}")

@@ -30,6 +30,16 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _share(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share in [0, 1), got {text!r}") from None
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"expected a share in [0, 1), got {text!r}")
+    return v
+
+
 def _fraction(text: str) -> float:
     try:
         v = float(text)
@@ -70,6 +80,9 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                         "(EAP-IG; default 0: the gradient of the intact model, plain EAP)")
     p.add_argument("--edge-seeds", type=seeds_arg(0), default=1,
                    help="random edge circuits at each size of the edge curve (default 1)")
+    p.add_argument("--edge-precision", type=_share, default=0.05,
+                   help="stop the search for the smallest edge circuit once it is known to within this share of its "
+                        "size (default 0.05)")
     p.add_argument("--edge-minimality", type=at_least(0), default=8,
                    help="measure the own contribution of the smallest edge circuit's first N edges, one run each "
                         "(default 8)")
@@ -156,6 +169,7 @@ def _edge_circuit(args: argparse.Namespace, model: Any, task: Any, screen: "Edge
         try:
             efx = edge_faithfulness(model, task, screen, method=args.method, threshold=args.threshold,
                                     seeds=args.edge_seeds, minimality=args.edge_minimality,
+                                    precision=args.edge_precision,
                                     batch_size=args.batch_size)
         except UnsupportedArchitectureError as e:
             print(f"no edge circuit: {e}")
