@@ -86,3 +86,24 @@ def test_senders_come_before_receivers(models):
                                                      else H(row.sender).layer)
         r_layer = int(row.receiver[3:]) + 0.5 if row.receiver.startswith("MLP") else H(row.receiver).layer
         assert s_layer < r_layer, row
+
+
+def test_mlp_and_embedding_edges_are_verified_by_an_edge_circuit(tiny_models):
+    """Rows out of or into an MLP (or out of the embeddings) are measured with every other edge kept and that one
+    left out: the effect equals the intact metric minus the metric of that edge circuit."""
+    from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire
+    from gna_interp.tasks import KVRetrieval
+    from gna_interp.tasks.metrics import LOGIT_DIFF, results
+
+    model = tiny_models["llama"]
+    task = KVRetrieval(3, 3, seed=1, max_value=9)
+    screen = screen_edges(model, task, "mean", task, verify=60)
+    t = screen.verified()
+    mlp = t[t.sender.str.startswith("MLP") | (t.sender == "embed") | (t.input == "mlp")]
+    assert len(mlp) and mlp["low"].le(mlp["effect"]).all() and mlp["effect"].le(mlp["high"]).all()
+    row = mlp.iloc[0]
+    rec = "logits" if row.receiver == "logits" else row.receiver if row.input == "mlp" else f"{row.receiver}.{row.input}"
+    wire = Wire(row.sender, rec, "all" if rec == "logits" else row.positions)
+    ec = EdgeCircuit(model, task, "mean", batch_size=16, senders="all")
+    without = LOGIT_DIFF.value(results(ec.run_without([[wire]])[0]))
+    assert row.effect == pytest.approx(screen.intact - without, abs=1e-5)

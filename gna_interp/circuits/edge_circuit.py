@@ -40,7 +40,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.edge_screen import EMBED, POSITIONS, mlp_name
 from gna_interp.circuits.paths import LOGITS, PathPatcher, linear_write, read_block
 from gna_interp.engine.head import head_logprobs
 from gna_interp.engine.replay import replay
@@ -52,9 +51,16 @@ from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores, ScoreTable
 
-__all__ = ["CLASSES", "EdgeCircuit", "Wire", "whole_circuit"]
+__all__ = ["CLASSES", "EMBED", "EdgeCircuit", "Wire", "mlp_name", "whole_circuit"]
 
-CLASSES: tuple[str, ...] = POSITIONS  # the position classes of the edge screen, which partition the tokens
+CLASSES: tuple[str, ...] = ("items", "decision", "other")  # position classes: they partition the tokens
+EMBED = "embed"
+
+
+def mlp_name(layer: int) -> str:
+    """The node name of block ``layer``'s MLP."""
+    return f"MLP{layer}"
+
 SCOPES: tuple[str, ...] = ("heads", "all")
 
 
@@ -283,14 +289,22 @@ class EdgeCircuit:
 
     @staticmethod
     def _stream(keep: Tensor | None, base: Float[Tensor, "b p d"], deltas: Float[Tensor, "senders b p d"],
-                classes: Float[Tensor, "3 b p"]) -> Float[Tensor, "b p d"]:
+                classes: Float[Tensor, "3 b p"], full: Float[Tensor, "b p d"] | None = None) -> Float[Tensor, "b p d"]:
         """``B + Σ_{kept} m_c ⊙ (w_S - w̄_S)`` for one receiver input (``deltas``: every sender's ``w_S - w̄_S``
-        so far, in sender order)."""
+        so far, in sender order), or, where few edges are left out, ``full - Σ_{left out} m_c ⊙ (w_S - w̄_S)``
+        (``full``: the stream as the run wrote it, every edge kept)."""
         if keep is None:
             return base
         n = deltas.shape[0]
         keep = keep[:n].to(classes.dtype)
         rows = keep.any(dim=1).nonzero().flatten()
+        if full is not None:
+            gone = (keep < 1).any(dim=1).nonzero().flatten()
+            if len(gone) < len(rows):
+                if not len(gone):
+                    return full
+                coef = torch.einsum("sc,cbp->sbp", 1 - keep[gone], classes)
+                return full - torch.einsum("sbp,sbpd->bpd", coef, deltas[gone].to(coef.dtype)).to(full.dtype)
         if len(rows) * 4 < n:  # few senders kept: gather them
             coef = torch.einsum("sc,cbp->sbp", keep[rows], classes)
             return base + torch.einsum("sbp,sbpd->bpd", coef, deltas[rows].to(coef.dtype)).to(base.dtype)
@@ -323,7 +337,7 @@ class EdgeCircuit:
                 key = i.name if i.name in keep else ""
                 if key not in slot:
                     slot[key] = len(streams)
-                    streams.append(self._stream(keep.get(i.name), base, buf[:filled], classes))
+                    streams.append(self._stream(keep.get(i.name), base, buf[:filled], classes, x))
             hooks = sorted({s.hook for i in inputs for s in i.sites})
             got = read_block(model, prefix, layer, hooks, len(streams), hidden=torch.cat(streams)) if hooks else {}
             put: dict[str, list[tuple[InputSite, Tensor]]] = {}
@@ -362,7 +376,7 @@ class EdgeCircuit:
             def mid(v: Tensor, hook: Any = None) -> Tensor:
                 state["base"] = base + (v - x) - heads_written(v)
                 n = max(self._index[h.name] for h in layer_heads) + 1 if layer_heads else filled
-                return self._stream(keep.get(mlp_name(layer)), state["base"], buf[:n], classes).to(v.dtype)
+                return self._stream(keep.get(mlp_name(layer)), state["base"], buf[:n], classes, v).to(v.dtype)
 
             def mlp_out(v: Tensor, hook: Any = None) -> Tensor:
                 state["mlp"] = v.detach()
@@ -386,7 +400,7 @@ class EdgeCircuit:
             x = y
         rows, pos, inverse = chunk.reads
         rows, pos = rows.to(x.device), pos.to(x.device)
-        final = self._stream(keep.get(LOGITS), base, buf[:filled], classes)
+        final = self._stream(keep.get(LOGITS), base, buf[:filled], classes, x)
         return head_logprobs(model, final[rows, pos], chunk.read_tok, inverse.to(x.device))
 
     @torch.no_grad()
@@ -397,6 +411,25 @@ class EdgeCircuit:
         out = []
         for kept in sets:
             keep = self._keep(kept)
+            table = ScoreTable(self.pp.plan)
+            for i, chunk in enumerate(self.pp.chunks):
+                table.add(chunk, self._chunk(i, keep))
+            out.append(table.result())
+        return out
+
+    @torch.no_grad()
+    def run_without(self, sets: Sequence[Collection[Wire]]) -> list[CandidateScores]:
+        """Scores of the task with every edge kept except those of each element of ``sets``: the exact effect of
+        leaving out one edge (or a few), any sender and receiver (an MLP's, the embeddings')."""
+        out = []
+        for gone in sets:
+            keep = {r: torch.ones(len(self.senders), len(CLASSES)) for r in self.receivers()}
+            for w in gone:
+                self.check(w)
+                if w.positions == "all":
+                    keep[w.receiver][self._index[w.sender]] = 0.0
+                else:
+                    keep[w.receiver][self._index[w.sender], CLASSES.index(w.positions)] = 0.0
             table = ScoreTable(self.pp.plan)
             for i, chunk in enumerate(self.pp.chunks):
                 table.add(chunk, self._chunk(i, keep))

@@ -20,7 +20,9 @@ are the lines' tokens (``items``), the decision (the last prompt token and the a
 (``other``: the instructions, the query before the decision), which together cover every token; edges into the
 logits are read at the decision. The estimate is first order: it is exact for a metric linear in the receiver's
 input, and where a block normalises its mixer's output (Gemma-2/3, OLMo-2) it uses the linear write ``o_S``. The
-strongest edges are then measured exactly (heads and logits only: MLP nodes are screened, not verified) and the
+strongest edges are then measured exactly -- between heads and into the logits by path patching, edges out of or into
+an MLP or out of the embeddings by an edge circuit with every other edge kept
+(:meth:`~gna_interp.circuits.edge_circuit.EdgeCircuit.run_without`, where the model's blocks allow it) -- and the
 screen's error against them reported.
 """
 
@@ -34,7 +36,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from gna_interp.circuits.paths import LOGITS, Edge, PathPatcher, linear_write, path_effects
+from gna_interp.circuits.edge_circuit import CLASSES, EMBED, EdgeCircuit, Wire, mlp_name
+from gna_interp.circuits.paths import LOGITS, Edge, PathEffects, PathPatcher, linear_write, path_effects
 from gna_interp.engine.attribution import inputs_only_grad
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
@@ -48,13 +51,7 @@ __all__ = ["EDGE_SCREEN_COLUMNS", "EdgeScreen", "screen_edges"]
 
 EDGE_SCREEN_COLUMNS = ["sender", "receiver", "input", "positions", "score", "abs_rank", "verifiable", "effect", "low",
                        "high"]
-POSITIONS = ("items", "decision", "other")
-EMBED = "embed"
-
-
-def mlp_name(layer: int) -> str:
-    """The node name of block ``layer``'s MLP."""
-    return f"MLP{layer}"
+POSITIONS = CLASSES
 
 
 @dataclass(frozen=True)
@@ -182,18 +179,64 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
                      "score": float(scores[si, len(recv), 1])})
     table = pd.DataFrame(rows)
     table["abs_rank"] = table["score"].abs().rank(ascending=False, method="first").astype(int)
-    table["verifiable"] = [(_edge(r) is not None) for _, r in table.iterrows()]
+    exact = _edge_circuit(model, task, method, reference, batch_size)
+    shared = _shared_inputs(model)
+    table["verifiable"] = [(_edge(r) is not None) or (exact is not None and (r["receiver"], r["input"]) not in shared)
+                           for _, r in table.iterrows()]
     table["effect"] = table["low"] = table["high"] = math.nan
     todo = table[table["verifiable"]].sort_values("abs_rank").head(verify)
-    if len(todo):
-        sets = [[_edge(r)] for _, r in todo.iterrows()]
+    heads_todo = todo[[_edge(r) is not None for _, r in todo.iterrows()]]
+    if len(heads_todo):
+        sets = [[_edge(r)] for _, r in heads_todo.iterrows()]
         if progress is not None:
             progress(f"edge screen: verifying the {len(sets)} strongest edges by path patching")
         fx = path_effects(model, task, sets, patcher=pp)
-        for idx, eff, (lo, hi) in zip(todo.index, fx.effects(), fx.intervals()):
+        for idx, eff, (lo, hi) in zip(heads_todo.index, fx.effects(), fx.intervals()):
+            table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
+    rest = todo.drop(heads_todo.index)
+    if len(rest) and exact is not None:  # MLP and embedding edges: every other edge kept, this one left out
+        if progress is not None:
+            progress(f"edge screen: verifying the {len(rest)} strongest MLP and embedding edges, each left out alone")
+        wires = [[_wire(r)] for _, r in rest.iterrows()]
+        fx = PathEffects(LOGIT_DIFF.name, results(clean), [[] for _ in wires],
+                         [results(s) for s in exact.run_without(wires)])
+        for idx, eff, (lo, hi) in zip(rest.index, fx.effects(), fx.intervals()):
             table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
     table = table.sort_values("abs_rank").reset_index(drop=True)[EDGE_SCREEN_COLUMNS]
     return EdgeScreen(table, LOGIT_DIFF.value(results(clean)))
+
+
+def _edge_circuit(model: Model, task: Task, method: str, reference: Any, batch_size: int) -> EdgeCircuit | None:
+    """The runner that measures an MLP's or the embeddings' edge exactly, or None where the model's blocks do not
+    allow edge circuits (a post-norm, a multiplier)."""
+    try:
+        return EdgeCircuit(model, task, method, reference, batch_size, senders="all")
+    except UnsupportedArchitectureError:
+        return None
+
+
+def _shared_inputs(model: Model) -> set[tuple[str, str]]:
+    """``(head, input)`` pairs whose channels other heads read too (a KV or B/C group): the edge circuit leaves the
+    group's input out, not one head's, so such rows are verified by path patching only."""
+    seen: dict[tuple[str, str, tuple], list[str]] = {}
+    for head in model.heads():
+        spec = model.layer_spec(head.layer, head.kind)
+        try:
+            inputs = spec.adapter.receiver_inputs(model, spec, head)
+        except UnsupportedArchitectureError:
+            continue
+        for inp, sites in inputs.items():
+            seen.setdefault((inp, str(head.layer), tuple((x.hook, x.start, x.stop) for x in sites)), []).append(head.name)
+    return {(h, inp) for (inp, _, _), hs in seen.items() if len(hs) > 1 for h in hs}
+
+
+def _wire(row: Any) -> Wire:
+    """The edge-circuit wire of a screened row whose receiver input is not shared."""
+    if row["receiver"] == LOGITS:
+        return Wire(row["sender"], LOGITS, "all")
+    if row["input"] == "mlp":
+        return Wire(row["sender"], row["receiver"], row["positions"])
+    return Wire(row["sender"], f"{row['receiver']}.{row['input']}", row["positions"])
 
 
 def _layer_of(sender: str) -> float:
