@@ -107,11 +107,11 @@ def scan_choice(args: argparse.Namespace) -> Any:
     model could be given, a missing ``--questions`` file or an unreachable hub source is refused here)."""
     from gna_interp.tasks.choice import TaskChoice
 
-    if args.task == "kv" and args.pairs is not None and args.max_value is not None:
+    if args.pairs is not None and args.max_value is not None:  # refused for every kind; named as flags here
         check_pairs(args.pairs, args.max_value)
     choice = task_options(args, kind=args.task, calibrate=args.calibrate, formats=tuple(args.formats),
                           batch_size=args.batch_size, cls=TaskChoice)
-    if choice.kind != "kv" or any(f in ("stated", "letters") for f in choice.formats):
+    if choice.reads_questions:
         check_questions_reachable(choice.questions)
     return choice
 
