@@ -34,6 +34,7 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 
+from gna_interp.constants import FAITHFULNESS_CSV, FAITHFULNESS_JSON, FAITHFULNESS_MD
 from gna_interp.engine.replay import SetAblation
 from gna_interp.bootstrap import interval, paired_bootstrap
 from gna_interp.errors import InputError
@@ -228,7 +229,7 @@ class Faithfulness:
         """``faithfulness.json`` (:meth:`save`), ``faithfulness.csv`` (:meth:`to_frame`) and ``faithfulness.md``
         (:meth:`report`) in ``folder``."""
         out = [self.save(folder)]
-        csv, md = Path(folder) / "faithfulness.csv", Path(folder) / "faithfulness.md"
+        csv, md = Path(folder) / FAITHFULNESS_CSV, Path(folder) / FAITHFULNESS_MD
         self.to_frame().to_csv(csv, index=False)
         md.write_text(self.report(), encoding="utf-8")
         return out + [csv, md]
@@ -249,7 +250,7 @@ class Faithfulness:
                           for s, seed, hs, r in self.points],
                "smallest": [h.name for h in self.smallest] if self.smallest is not None else None,
                "minimality": {h.name: v for h, v in self.minimality.items()}, "summary": self.summary()}
-        out = folder / "faithfulness.json"
+        out = folder / FAITHFULNESS_JSON
         out.write_text(json.dumps(doc, indent=1, allow_nan=True), encoding="utf-8")
         return out
 
@@ -257,7 +258,7 @@ class Faithfulness:
     def load(cls, path: str | Path) -> "Faithfulness":
         """Read what :meth:`save` wrote (a folder, or the json file itself)."""
         p = Path(path)
-        p = p / "faithfulness.json" if p.is_dir() else p
+        p = p / FAITHFULNESS_JSON if p.is_dir() else p
         doc = json.loads(p.read_text(encoding="utf-8"))
         if doc.get("format") != FORMAT_VERSION:
             raise InputError(f"{p}: faithfulness format {doc.get('format')!r}, this version reads {FORMAT_VERSION}")

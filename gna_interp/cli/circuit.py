@@ -9,6 +9,7 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
+from gna_interp.constants import EDGES_CSV, EDGE_GRAPH_HTML, EDGE_SCREEN_CSV, FAITHFULNESS_HTML, ROLES_CSV
 from gna_interp.cli import command
 from gna_interp.cli.args import at_least, claim_out, compute_args, load_for, model_arg, seeds_arg
 
@@ -104,17 +105,17 @@ def run_circuit(args: argparse.Namespace) -> int:
     with folder.hold(args.fresh):
         written = fx.write(folder.path)
         if edges is not None and roles is not None:
-            for name, frame in (("edges.csv", edges), ("roles.csv", roles)):
+            for name, frame in ((EDGES_CSV, edges), (ROLES_CSV, roles)):
                 frame.to_csv(folder.path / name, index=False)
                 written.append(folder.path / name)
         if screen is not None:
             from gna_interp.viz.edge_graph import edge_graph
 
-            screen.table.to_csv(folder.path / "edge_screen.csv", index=False)
+            screen.table.to_csv(folder.path / EDGE_SCREEN_CSV, index=False)
             edge_graph(screen, title=f"{model.name}: the strongest edges of the whole graph").write_html(
-                folder.path / "edge_graph.html", include_plotlyjs=True)
-            written += [folder.path / "edge_screen.csv", folder.path / "edge_graph.html"]
-        html = folder.path / "faithfulness.html"
+                folder.path / EDGE_GRAPH_HTML, include_plotlyjs=True)
+            written += [folder.path / EDGE_SCREEN_CSV, folder.path / EDGE_GRAPH_HTML]
+        html = folder.path / FAITHFULNESS_HTML
         faithfulness_curve(fx, title=f"{model.name}: faithfulness of the scanned circuit").write_html(
             html, include_plotlyjs=True)
         written.append(html)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gna_interp.constants import CIRCUIT_JSON, SCAN_CKPT
 from gna_interp.cli import command
 from gna_interp.cli.args import (CIRCUIT_MODEL_HELP, at_least, check_pairs, claim_run, compute_args, first_default,
-                                 model_arg, output_args, removal_args, run_options, set_threads, task_args, task_options)
+                                 model_arg, output_args, removal_args, run_options, set_threads, task_args, task_options,
+                                 wrote)
 from gna_interp.cli.signals import run_held
 
 PAPER_PAIRS = "10,15,20,25,30,35,40,45,50"
@@ -79,7 +81,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     folder = claim_run(args, "sweep", CKPT,
-                       also=[out / CIRCUIT_DIR / "scan.ckpt.json", out / CIRCUIT_DIR / "circuit.json"])
+                       also=[out / CIRCUIT_DIR / SCAN_CKPT, out / CIRCUIT_DIR / CIRCUIT_JSON])
     check_pairs(max(args.pairs), args.max_value)
     circuit = Circuit.load(args.circuit) if args.circuit else None  # a bad folder fails before loading the model
     found = circuit.kv_args if circuit is not None else {}
@@ -91,7 +93,7 @@ def run_sweep(args: argparse.Namespace) -> int:
                          k=args.top_k, seeds=args.seeds, heads=args.heads, bootstrap=args.bootstrap,
                          device=getattr(args, "device", None), dtype=args.dtype)
     result = run_held(args, folder, lambda: sweep(spec, circuit=circuit, out=out, config=config), out / CKPT,
-                      out / CIRCUIT_DIR / "scan.ckpt.json")
+                      out / CIRCUIT_DIR / SCAN_CKPT)
     print(result.summary())
-    print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'report.html'} ({result.seconds:.0f}s)")
+    print(f"wrote {wrote(out, 'sweep')} ({result.seconds:.0f}s)")
     return 0

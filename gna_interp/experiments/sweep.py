@@ -63,6 +63,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pandas as pd
 
+from gna_interp.constants import CIRCUIT_JSON, SCAN_CKPT
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.engine.replay import SetAblation
 from gna_interp.errors import HeadError, InputError
@@ -715,7 +716,7 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
     folder = Path(out) if out is not None else None
     cfolder = folder / CIRCUIT_DIR if folder is not None else None
     if cfolder is not None:
-        open_folder(folder, CKPT, cfg, also=[cfolder / "scan.ckpt.json", cfolder / "circuit.json"], circuits=[cfolder])
+        open_folder(folder, CKPT, cfg, also=[cfolder / SCAN_CKPT, cfolder / CIRCUIT_JSON], circuits=[cfolder])
     wanted = parse_single(cfg.heads)
     m = model_of(model, cfg.device, cfg.dtype)
     named = [h for h in wanted if isinstance(h, HeadRef)]

@@ -28,7 +28,7 @@ from gna_interp.options import check_choice, check_int, check_pairs_fit, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import Calibration
 from gna_interp.tasks.kinds import KNOWLEDGE_SAMPLES, KV_UNCALIBRATED, format_kinds, task_kind, task_kinds
-from gna_interp.tasks.kv import MAX_PAIRS, MAX_SAMPLES
+from gna_interp.constants import MAX_PAIRS, MAX_SAMPLES
 from gna_interp.tasks.mmlu import QUESTION_SOURCES
 from gna_interp.tasks.calibration import calibrate as measure_forms
 from gna_interp.tasks.options import TaskOptions
