@@ -30,6 +30,8 @@ FAITHFULNESS_MD, FAITHFULNESS_HTML = "faithfulness.md", "faithfulness.html"
 EDGES_CSV, ROLES_CSV = "edges.csv", "roles.csv"
 EDGE_SCREEN_CSV, EDGE_GRAPH_HTML = "edge_screen.csv", "edge_graph.html"
 PATTERNS_HTML = "patterns.html"  # gna patterns' default page
+INTERACTIONS_JSON = "interactions.json"  # Interactions.save into a folder
+PATH_EFFECTS_JSON = "path_effects.json"  # save_path_effects into a folder
 
 # ---- model folders -----------------------------------------------------------------------------------------
 HF_CONFIG = "config.json"  # a Hugging Face model folder's config

@@ -26,8 +26,10 @@ from __future__ import annotations
 import html
 import itertools
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -38,18 +40,19 @@ from torch import Tensor
 from gna_interp.engine.replay import SetAblation
 from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
+from gna_interp.constants import INTERACTIONS_JSON
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
-from gna_interp.store import clean_json
+from gna_interp.store import FORMAT_VERSIONS, clean_json, file_in, read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import ScoringPlan
 
 FORMAT = "interactions"
-FORMAT_VERSION = 1
+FORMAT_VERSION = FORMAT_VERSIONS[FORMAT]
 ZERO_TOL = 1e-9
 KINDS = ("super-additive", "sub-additive", "additive")
 PAIR_COLUMNS = ["head_i", "head_j", "drop_i", "drop_j", "drop_ij", "interaction", "low", "high", "kind"]
@@ -238,6 +241,16 @@ class Interactions:
         if any(len(v) != n for r in [*singles, *pairs.values()] for v in r.values()):
             raise InputError(f"{FORMAT}: per-sample lists differ in length from the baseline's {n}")
         return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write :meth:`to_dict` to ``path`` (a ``.json`` file, or a folder: its ``interactions.json``), atomically;
+        return the file."""
+        return write_json(file_in(path, INTERACTIONS_JSON), FORMAT, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Interactions":
+        """Read what :meth:`save` wrote (the file, or the folder holding it)."""
+        return cls.from_dict(read_json(file_in(path, INTERACTIONS_JSON), FORMAT))
 
     # ---- display -----------------------------------------------------------------------------------
     def summary(self) -> str:
