@@ -10,8 +10,7 @@ import pytest
 
 import gna_interp as gna
 from gna_interp.errors import OptionError
-from gna_interp.tasks import Sample, Task, TextBuilder
-from gna_interp.tasks.kinds import TaskKind, register_task_kind, task_kinds, unregister_task_kind
+from gna_interp.tasks import Sample, Task, TaskKind, TextBuilder, register_task_kind, task_kinds, unregister_task_kind
 from gna_interp.tasks.segments import CharSegments
 
 
