@@ -67,5 +67,5 @@ def test_the_check_names_file_and_line(tmp_path):
     page.write_text("# Title\n\nMeasured in session 24,\nas issue\n25 asked (#46); redone.\n", encoding="utf-8")
     code = tmp_path / "mod.py"
     code.write_text('"""Fine."""\n\nCOLOUR = "#666"  # fixed in #12\n', encoding="utf-8")
-    assert work_history([page, code], tmp_path) == ["page.md:3: 'session 24'", "page.md:4: 'issue\\n25'", "page.md:5: '#46'",
-                                          "page.md:5: 'redone'", "mod.py:3: '#12'"]
+    assert work_history([page, code], tmp_path) == ["page.md:3: 'session 24'", "page.md:4: 'issue\\n25'",
+                                                    "page.md:5: '#46'", "page.md:5: 'redone'", "mod.py:3: '#12'"]

@@ -15,7 +15,8 @@ from gna_interp.tasks.segments import CharSegments
 
 
 class ReverseKV(TaskKind):
-    """Which key holds a value: a KV dictionary read backwards (``apple:3`` ... ``The key of the value 3:`` -> ``apple``)."""
+    """Which key holds a value: a KV dictionary read backwards (``apple:3`` ... ``The key of the value 3:`` ->
+    ``apple``)."""
 
     name = "reverse_kv"
 

@@ -124,7 +124,8 @@ def resume_args(p: argparse.ArgumentParser, resume: str, fresh: str) -> None:
     again.add_argument("--fresh", action="store_true", help=fresh)
 
 
-FORMATS = ("official", "completion", "stated", "letters")  # tasks.choice.FORMATS (not imported: keeps start-up light)
+# the shipped task kinds' formats (tasks.kinds.format_kinds, not imported: it would load torch at start-up)
+FORMATS = ("official", "completion", "stated", "letters")
 
 
 TASK_FLAGS: dict[str, Callable[[], dict[str, Any]]] = {

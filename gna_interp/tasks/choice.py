@@ -33,10 +33,7 @@ from gna_interp.tasks.mmlu import QUESTION_SOURCES
 from gna_interp.tasks.calibration import calibrate as measure_forms
 from gna_interp.tasks.options import TaskOptions
 
-KINDS: tuple[str, ...] = task_kinds()  # the built-in kinds; :func:`~gna_interp.tasks.kinds.task_kinds` has all
-FORMATS: tuple[str, ...] = tuple(format_kinds())  # the built-in formats; ``format_kinds()`` has all
-
-__all__ = ["FORMATS", "KINDS", "KNOWLEDGE_SAMPLES", "KV_UNCALIBRATED", "ChosenTask", "TaskChoice", "build_task",
+__all__ = ["KNOWLEDGE_SAMPLES", "KV_UNCALIBRATED", "ChosenTask", "TaskChoice", "build_task",
            "calibrate", "check_knobs", "choose_task", "prompt_tokens"]
 
 
@@ -76,7 +73,8 @@ class TaskChoice(TaskOptions):
         samples: prompts of the task (24, as ``gna scan``).
         calibrate: prompts per form when calibrating; 0: no calibration (unnamed knobs take completion / 99 /
             10 pairs / stated).
-        formats: other retrieval formats to build beside the task (:data:`FORMATS`, or those of a registered kind).
+        formats: other retrieval formats to build beside the task (``official``, ``completion``, ``stated``,
+            ``letters``: the formats of the registered kinds, :func:`~gna_interp.tasks.kinds.format_kinds`).
         knowledge: build the task's knowledge twin.
         batch_size: sequences per forward while calibrating.
     """
