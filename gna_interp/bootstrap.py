@@ -13,11 +13,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from gna_interp.constants import N_BOOTSTRAP
 from gna_interp.options import check_level, check_n_boot
 
 __all__ = ["N_BOOTSTRAP", "interval", "paired_bootstrap"]
-
-N_BOOTSTRAP = 2000  # resamples of an interval unless a caller names another count
 
 
 def paired_bootstrap(n: int, n_boot: int = N_BOOTSTRAP, seed: int = 0) -> Int[Tensor, "n_boot n"]:

@@ -45,4 +45,5 @@ MAX_PAIRS = 10_000  # lines of one dictionary (the paper's largest is 50; past t
 MAX_VALUE = 10**9  # largest value of a line (a value is a few tokens; past this it is a long number, not a value)
 MAX_LINES = 250_000  # dictionary lines of all prompts together (n_pairs x n_samples): about 3 s to build
 MAX_SEEDS = 1_000  # random draws: each costs an evaluation of the task
+N_BOOTSTRAP = 2000  # resamples of a bootstrap interval unless a caller names another count
 N_BOOT_MAX = 100_000  # bootstrap resamples: far past any interval's precision, and a bounded allocation

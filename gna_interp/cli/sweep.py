@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gna_interp.constants import CIRCUIT_JSON, SCAN_CKPT
+from gna_interp.constants import CIRCUIT_JSON, N_BOOTSTRAP, SCAN_CKPT
 from gna_interp.cli import command
 from gna_interp.cli.args import (CIRCUIT_MODEL_HELP, at_least, check_pairs, claim_run, compute_args, first_default,
                                  model_arg, output_args, removal_args, run_options, set_threads, task_args, task_options,
@@ -64,8 +64,8 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
                    help="single heads, each removed alone as one more condition: head names (L16H0,L18H6) and/or "
                         "gather, aggregate (the circuit's gather/aggregate pair); head names only and no --circuit: "
                         "nothing is discovered and only intact and these heads are measured")
-    p.add_argument("--bootstrap", type=at_least(0), default=2000,
-                   help="resamples of the prompts for the drop slopes' 95%% interval (default 2000; 0: none)")
+    p.add_argument("--bootstrap", type=at_least(0), default=N_BOOTSTRAP,
+                   help=f"resamples of the prompts for the drop slopes' 95%% interval (default {N_BOOTSTRAP}; 0: none)")
     task_args(p, samples=(48, "prompts per dictionary size (default 48)"),
               max_value=(99, "values are 0..MAX (default 99, the paper's range; must be at least the largest size - 1)"),
               seed=(0, "seed of the prompts (discovery uses seed+1)"),
