@@ -8,10 +8,10 @@ it builds the task of one form, its knowledge twin and the retrieval formats it 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from gna_interp.errors import InputError, OptionError
+from gna_interp.registry import Registry
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import kv_forms
 from gna_interp.tasks.options import TaskOptions
@@ -158,7 +158,7 @@ class MCKind(ClozeKind):
         return {"mc_form": fmt}
 
 
-_REGISTRY: dict[str, TaskKind] = {}
+_REGISTRY: Registry[TaskKind] = Registry("task kind", OptionError)
 
 
 def register_task_kind(kind: TaskKind) -> TaskKind:
@@ -167,40 +167,32 @@ def register_task_kind(kind: TaskKind) -> TaskKind:
     A name or a format already taken is refused (:class:`OptionError`).
     """
     name = getattr(kind, "name", None)
-    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise OptionError(f"a task kind needs a lower-case name, got {name!r}")
-    if name in _REGISTRY:
-        raise OptionError(f"task kind {name!r} is already registered ({_REGISTRY[name]!r})")
-    taken = sorted(set(kind.formats) & set(format_kinds()))
+    owners = format_kinds()
+    taken = sorted(f for f in kind.formats if f in owners and owners[f].name != name)
     if taken:
         raise OptionError(f"task kind {name!r} offers format(s) {taken}, already offered by "
-                          f"{sorted({format_kinds()[f].name for f in taken})}")
-    _REGISTRY[name] = kind
-    return kind
+                          f"{sorted({owners[f].name for f in taken})}")
+    return _REGISTRY.add(name, kind)
 
 
 def unregister_task_kind(name: str) -> None:
     """Forget a registered task kind."""
-    if _REGISTRY.pop(name, None) is None:
-        raise OptionError(f"task kind {name!r} is not registered; registered: {task_kinds()}")
+    _REGISTRY.remove(name)
 
 
 def task_kinds() -> tuple[str, ...]:
     """Registered task kinds, in registration order."""
-    return tuple(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def task_kind(name: str) -> TaskKind:
     """The registered task kind ``name``; :class:`OptionError` naming the registered ones for an unknown one."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise OptionError(f"unknown kind: kind={name!r}; choose one of {task_kinds()}") from None
+    return _REGISTRY.get(name)
 
 
 def format_kinds() -> dict[str, TaskKind]:
     """``{format: the kind that builds it}`` over the registered kinds (the values of the ``formats`` knob)."""
-    return {f: k for k in _REGISTRY.values() for f in k.formats}
+    return {f: k for k in _REGISTRY.entries() for f in k.formats}
 
 
 for _kind in (KVKind(), MCKind(), ClozeKind()):
