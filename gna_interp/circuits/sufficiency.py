@@ -34,7 +34,6 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 
-from gna_interp.constants import FAITHFULNESS_CSV, FAITHFULNESS_JSON, FAITHFULNESS_MD
 from gna_interp.engine.replay import SetAblation
 from gna_interp.bootstrap import interval, paired_bootstrap
 from gna_interp.errors import InputError
@@ -229,7 +228,7 @@ class Faithfulness:
         """``faithfulness.json`` (:meth:`save`), ``faithfulness.csv`` (:meth:`to_frame`) and ``faithfulness.md``
         (:meth:`report`) in ``folder``."""
         out = [self.save(folder)]
-        csv, md = Path(folder) / FAITHFULNESS_CSV, Path(folder) / FAITHFULNESS_MD
+        csv, md = Path(folder) / "faithfulness.csv", Path(folder) / "faithfulness.md"
         self.to_frame().to_csv(csv, index=False)
         md.write_text(self.report(), encoding="utf-8")
         return out + [csv, md]
@@ -250,7 +249,7 @@ class Faithfulness:
                           for s, seed, hs, r in self.points],
                "smallest": [h.name for h in self.smallest] if self.smallest is not None else None,
                "minimality": {h.name: v for h, v in self.minimality.items()}, "summary": self.summary()}
-        out = folder / FAITHFULNESS_JSON
+        out = folder / "faithfulness.json"
         out.write_text(json.dumps(doc, indent=1, allow_nan=True), encoding="utf-8")
         return out
 
@@ -258,7 +257,7 @@ class Faithfulness:
     def load(cls, path: str | Path) -> "Faithfulness":
         """Read what :meth:`save` wrote (a folder, or the json file itself)."""
         p = Path(path)
-        p = p / FAITHFULNESS_JSON if p.is_dir() else p
+        p = p / "faithfulness.json" if p.is_dir() else p
         doc = json.loads(p.read_text(encoding="utf-8"))
         if doc.get("format") != FORMAT_VERSION:
             raise InputError(f"{p}: faithfulness format {doc.get('format')!r}, this version reads {FORMAT_VERSION}")
