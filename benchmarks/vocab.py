@@ -22,7 +22,7 @@ Printed per vocabulary, in CPU seconds (``time.process_time``):
   per head, over ``eval1``;
 - ``attribution``: the attribution pass over all heads, over ``eval1``.
 
-Then the two ratios of the issue: each of the two cost ratios at the largest vocabulary over the same ratio at the
+Then the two ratios that say whether a cost grows with the vocabulary: each of the two cost ratios at the largest vocabulary over the same ratio at the
 smallest, and ``eval2`` at the largest vocabulary over ``eval2`` at 49,152 (when both are in the run).
 
 ``--stages``: instead, the default ``gna scan`` (wall clock, as a user runs it, one process after the other) on

@@ -12,6 +12,7 @@ import difflib
 import functools
 from typing import Any, Iterable, TypeVar
 
+from gna_interp.constants import N_BOOT_MAX
 from gna_interp.errors import OptionError
 
 T = TypeVar("T", bound="Options")
@@ -45,7 +46,6 @@ def check_int(name: str, value: Any, minimum: int | None = None, allow_none: boo
         raise OptionError(f"{name} must be >= {minimum}, got {value}")
 
 
-N_BOOT_MAX = 100_000  # bootstrap resamples: far past any interval's precision, and a bounded allocation
 
 
 def check_n_boot(value: Any, name: str = "n_boot") -> int:

@@ -29,6 +29,11 @@ import stat
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from gna_interp.constants import (
+    CARD_MD, CIRCUIT_JSON, EDGE_FAITHFULNESS, WHOLE_DIR, COMPARE_CSV, COMPARE_JSON, COMPARE_MD, CONTROL_JSON, EDGES_CSV, EDGE_GRAPH_HTML,
+    EDGE_SCREEN_CSV, EVAL_SUMMARY_CSV, FAITHFULNESS_CSV, FAITHFULNESS_HTML, FAITHFULNESS_JSON, FAITHFULNESS_MD,
+    FIGURES_DIR, PATTERNS_HTML, PRUNE_CSV, PRUNE_JSON, REPORT_FILE, ROLES_CSV, SCAN_CSV, SCAN_JSON, SUMMARY_MD, VIEWS_PT,
+)
 from gna_interp.errors import InputError
 
 __all__ = ["LOCK_FILE", "RESULTS", "Lock", "RunFolder", "check_out_dir", "check_out_file", "check_writable", "owner_of",
@@ -38,21 +43,21 @@ LOCK_FILE = ".gna.lock"
 
 # The files that mark a folder as holding a command's results (its JSON document first: it is written last).
 RESULTS: dict[str, tuple[str, ...]] = {
-    "scan": ("circuit.json", "scan.json", "scan.csv", "control.json", "views.pt", "summary.md"),
+    "scan": (CIRCUIT_JSON, SCAN_JSON, SCAN_CSV, CONTROL_JSON, VIEWS_PT, SUMMARY_MD),
     "hybrid plan": ("hybrid_plan.json", "hybrid_plan.csv"),
     "hybrid build": ("hybrid_build.json", "hybrid_build.csv"),
-    "eval": ("eval.json", "eval.csv"),
-    "prune": ("prune.json", "prune.csv"),
+    "eval": ("eval.json", "eval.csv", EVAL_SUMMARY_CSV),
+    "prune": (PRUNE_JSON, PRUNE_CSV),
     "mask": ("mask.json", "mask.csv"),
     "sweep": ("sweep.json", "sweep.csv"),
     "compare": ("families.json", "families.csv"),
-    "compare-circuits": ("compare.json", "compare.csv", "compare.md"),
-    "circuit": ("faithfulness.json", "faithfulness.csv", "faithfulness.md", "faithfulness.html", "edges.csv", "roles.csv",
-                "edge_screen.csv", "edge_graph.html", "edge_faithfulness.json", "edge_faithfulness.csv",
-                "edge_faithfulness.md", "edge_faithfulness.html", "whole_circuit"),
-    "zoo train": ("MODEL_CARD.md", "model.safetensors"),
+    "compare-circuits": (COMPARE_JSON, COMPARE_CSV, COMPARE_MD),
+    "circuit": (FAITHFULNESS_JSON, FAITHFULNESS_CSV, FAITHFULNESS_MD, FAITHFULNESS_HTML, EDGES_CSV, ROLES_CSV,
+                EDGE_SCREEN_CSV, EDGE_GRAPH_HTML, *(EDGE_FAITHFULNESS + x for x in (".json", ".csv", ".md", ".html")),
+                WHOLE_DIR),
+    "zoo train": (CARD_MD, "model.safetensors"),
 }
-_SHARED = ("report.html", "figures")  # every command with a page writes these
+_SHARED = (REPORT_FILE, FIGURES_DIR)  # every command with a page writes these
 
 
 def owner_of(folder: Path) -> tuple[str, str] | None:
@@ -347,7 +352,7 @@ class RunFolder:
         check_out_dir(out)
         if not out.is_dir():
             return
-        check_writable(out, (*RESULTS[self.command], *_SHARED[:1], "summary.md"), _SHARED[1:])
+        check_writable(out, (*RESULTS[self.command], *_SHARED[:1], SUMMARY_MD), _SHARED[1:])
         if not locked_by_lead:
             self._lock.check()
         owner = owner_of(out)
@@ -436,6 +441,6 @@ def check_out_file(out: str | os.PathLike, what: str = "--out") -> Path:
         raise InputError(f"{what} {str(out)!r} is a symbolic link (to {os.readlink(out)!r}); gna writes a new file "
                          f"and never through a link: remove the link or pick another file name")
     if out.is_dir():
-        raise InputError(f"{what} {str(out)!r} is a folder; name a file, e.g. {str(out / 'patterns.html')!r}")
+        raise InputError(f"{what} {str(out)!r} is a folder; name a file, e.g. {str(out / PATTERNS_HTML)!r}")
     _check_path(out, what)
     return out

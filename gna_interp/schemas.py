@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from gna_interp.constants import CONTROL_JSON, DELEGATION_JSON, MAX_SAMPLES, VIEWS_PT
+
 __all__ = ["HEAD_NAME", "MAX_INT", "MAX_SAMPLES", "RUN_ID", "SCHEMAS", "schema_error"]
 
 HEAD_NAME = r"^L[0-9]{1,9}[A-Z][0-9]{1,9}(\+[0-9]{1,9})?$"
@@ -24,7 +26,6 @@ RUN_ID = r"^[0-9a-f]{32}$"
 
 # Bounds every number read from a result folder is held to (the reader refuses integers past MAX_INT outright)
 MAX_INT = 2**63 - 1  # int64: any integer a result writes fits; a longer one (10**400) would overflow floats later
-MAX_SAMPLES = 100_000  # prompts of one task (tasks.kv builds at most this many): a folder cannot ask for 10**9
 MAX_UNITS = 10_000_000  # heads / channels / curve steps of one model (Mamba-1 7B has 64 x 8,192 channels)
 MAX_TOKENS = 100_000_000  # tokens of one prompt or one task
 
@@ -120,8 +121,8 @@ CIRCUIT = obj({"model": {"type": "string", "maxLength": 4096}, "task": TASK, "ba
               {"heads": arr(HEAD_ROW), "roles": arr(ROLE_ROW), "n_samples": nullable(SAMPLES), "chance": PROB_NULL,
                "seed": nullable(INT), "curve": arr(CURVE_ROW), "seconds": SECONDS,
                "timings": {"type": "object", "additionalProperties": SECONDS},
-               "views": {"enum": [None, "views.pt"]}, "control": {"enum": [None, "control.json"]},
-               "delegation": {"enum": [None, "delegation.json"]},
+               "views": {"enum": [None, VIEWS_PT]}, "control": {"enum": [None, CONTROL_JSON]},
+               "delegation": {"enum": [None, DELEGATION_JSON]},
                "generic_fraction": {"type": "number", "minimum": 0, "maximum": 1}, "keep_generic": BOOL,
                "model_in_memory": BOOL, "notes": arr(STR), "circuit": arr(HEAD), "generic": arr(HEAD), "twin": nullable(TWIN),
                "calibration": nullable(CALIBRATION),

@@ -44,10 +44,10 @@ from gna_interp.errors import InputError
 FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 2, "views": 1, "patterns": 1,
                                    "comparison": 1, "eval": 1, "prune": 1, "mask": 1, "sweep": 1, "families": 1,
                                    "hybrid_plan": 1, "delegation": 1,
-                                   "hybrid_build": 1, "run_checkpoint": 1}
+                                   "hybrid_build": 1, "run_checkpoint": 1, "interactions": 1, "path_effects": 1}
 
-__all__ = ["FORMAT_VERSIONS", "as_path", "atomic_write", "clean_json", "read_json", "read_tensors", "records", "write_json",
-           "write_tensors"]
+__all__ = ["FORMAT_VERSIONS", "as_path", "atomic_write", "clean_json", "file_in", "read_json", "read_tensors", "records",
+           "write_json", "write_tensors"]
 
 
 def _umask() -> int:
@@ -150,6 +150,12 @@ def as_path(value: Any, what: str = "path") -> Path:
             return Path(text)
     raise InputError(f"{what} must be a file or folder path (a str or pathlib.Path, not empty), got "
                      f"{type(value).__name__} {value!r:.60}")
+
+
+def file_in(path: str | os.PathLike, name: str) -> Path:
+    """``path`` itself, or the file ``name`` inside it when ``path`` is a folder (``save(folder)`` / ``load(folder)``)."""
+    p = as_path(path)
+    return p / name if p.is_dir() else p
 
 
 def _regular_file(path: str | os.PathLike) -> Path:

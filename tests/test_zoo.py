@@ -19,7 +19,7 @@ from gna_interp.zoo import RECIPES, build_tokenizer, read_card, recipe, train, t
 from gna_interp.zoo.tokenizer import DROPPED, N_KEYS, zoo_keys
 
 ZOO = ("transformer-kv", "mamba1-kv", "mamba2-kv", "hybrid-kv")
-# acceptance bars of the issue at the training dictionary size (SSMs are reported, not gated)
+# the accuracy each zoo model must reach at its training dictionary size (SSMs are reported, not gated)
 BARS = {"transformer-kv": 0.95, "hybrid-kv": 0.90}
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from gna_interp.constants import CIRCUIT_JSON, CONTROL_JSON, DELEGATION_CSV, DELEGATION_JSON, SCAN_CSV, SCAN_JSON, SUMMARY_MD, VIEWS_PT
 from gna_interp.circuits.causal import EDGE_COLUMNS, causal_roles, check_edge_table, strongest_path
 from gna_interp.circuits.curve import CURVE_COLUMNS
 from gna_interp.circuits.delegation import Delegation
@@ -37,8 +38,8 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import Calibration, chance_margin
 from gna_interp.tasks.io import task_from_dict
 
-FILES = ("scan.csv", "scan.json", "control.json", "circuit.json", "views.pt", "summary.md", "delegation.json",
-         "delegation.csv")  # summary.md: written beside them by the report (gna_interp.report)
+FILES = (SCAN_CSV, SCAN_JSON, CONTROL_JSON, CIRCUIT_JSON, VIEWS_PT, SUMMARY_MD, DELEGATION_JSON,
+         DELEGATION_CSV)  # summary.md: written beside them by the report (gna_interp.report)
 
 __all__ = ["FILES", "Circuit", "CircuitParts"]
 
@@ -271,14 +272,14 @@ class Circuit:
             "curve": records(self.curve),
             "curve_summary": self.curve_summary(), "seconds": round(self.seconds, 2),
             "timings": {k: round(v, 2) for k, v in self.timings.items()},
-            "scan_rows": len(self.scan.heads), "views": "views.pt" if self.views is not None else None,
-            "control": "control.json" if self.control is not None else None, "generic_fraction": self.generic_fraction,
+            "scan_rows": len(self.scan.heads), "views": VIEWS_PT if self.views is not None else None,
+            "control": CONTROL_JSON if self.control is not None else None, "generic_fraction": self.generic_fraction,
             "keep_generic": self.keep_generic, "notes": list(self.notes),
             "circuit": [h.name for h in self.heads], "generic": [h.name for h in self.generic],
             "stability": self.scan.stability(),
             "decisive": [{"head": h.name, "accuracy": a} for h, a in self.decisive()],
             "twin": self.twin,
-            "delegation": "delegation.json" if self.delegation is not None else None,
+            "delegation": DELEGATION_JSON if self.delegation is not None else None,
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
             "formats": [{"name": n, "task": self.format_tasks.get(n), "scan": f"format{i}.json"}
                         for i, n in enumerate(self.formats)],
@@ -289,43 +290,43 @@ class Circuit:
         d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
         run = uuid.uuid4().hex  # written into every file of this save: Circuit.load refuses a file from another run
-        self.scan.save(d / "scan.json", run)
+        self.scan.save(d / SCAN_JSON, run)
         if self.control is not None:
-            self.control.save(d / "control.json", run)
+            self.control.save(d / CONTROL_JSON, run)
         if self.views is not None:
-            self.views.save(d / "views.pt", run)
+            self.views.save(d / VIEWS_PT, run)
         if self.delegation is not None:
             self.delegation.save(d, run)
         for i, fs in enumerate(self.formats.values()):
             fs.save(d / f"format{i}.json", run)
-        atomic_write(d / "scan.csv", self.to_frame().to_csv(index=False))
-        write_json(d / "circuit.json", "circuit", {**self.to_dict(), "run_id": run})  # last: it vouches for the others
+        atomic_write(d / SCAN_CSV, self.to_frame().to_csv(index=False))
+        write_json(d / CIRCUIT_JSON, "circuit", {**self.to_dict(), "run_id": run})  # last: it vouches for the others
         return d
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Circuit":
         """Read a circuit saved by :meth:`save` (a folder, or its ``circuit.json``); no model needed."""
         d = as_path(path, "Circuit.load's path")
-        d = d.parent if d.name == "circuit.json" else d
-        _own_files(d, ["circuit.json", "scan.json", "views.pt", "control.json", "delegation.json"] +
+        d = d.parent if d.name == CIRCUIT_JSON else d
+        _own_files(d, [CIRCUIT_JSON, SCAN_JSON, VIEWS_PT, CONTROL_JSON, DELEGATION_JSON] +
                    [p.name for p in d.glob("format*.json")])
-        doc = read_json(d / "circuit.json", "circuit")  # checked against its schema (gna_interp.schemas)
+        doc = read_json(d / CIRCUIT_JSON, "circuit")  # checked against its schema (gna_interp.schemas)
         run = doc["run_id"]
-        scan = HeadScan.load(d / "scan.json", run)
+        scan = HeadScan.load(d / SCAN_JSON, run)
         if len(scan.heads) != doc["scan_rows"]:
-            raise InputError(f"{d / 'scan.json'} holds {len(scan.heads)} heads but circuit.json records "
+            raise InputError(f"{d / SCAN_JSON} holds {len(scan.heads)} heads but circuit.json records "
                              f"{doc['scan_rows']}; the folder mixes two runs: rerun `gna scan`")
         _check_heads(d, doc, scan)
-        views = CardViews.load(d / _member(d, doc, "views", "views.pt"), run) if doc.get("views") else None
-        control = HeadScan.load(d / _member(d, doc, "control", "control.json"), run) if doc.get("control") else None
-        deleg = (Delegation.load(d / _member(d, doc, "delegation", "delegation.json"), run) if doc.get("delegation")
+        views = CardViews.load(d / _member(d, doc, "views", VIEWS_PT), run) if doc.get("views") else None
+        control = HeadScan.load(d / _member(d, doc, "control", CONTROL_JSON), run) if doc.get("control") else None
+        deleg = (Delegation.load(d / _member(d, doc, "delegation", DELEGATION_JSON), run) if doc.get("delegation")
                  else None)
         formats, format_tasks = _load_formats(d, doc.get("formats") or [], run)
         try:
             return cls.from_dict(doc, scan, views=views, control=control, delegation=deleg,
                                  formats=formats, format_tasks=format_tasks)
         except (KeyError, TypeError, ValueError, IndexError) as e:  # what the schema cannot say (a table's columns)
-            raise InputError(f"{d / 'circuit.json'} does not describe a circuit ({type(e).__name__}: {str(e)[:120]}); "
+            raise InputError(f"{d / CIRCUIT_JSON} does not describe a circuit ({type(e).__name__}: {str(e)[:120]}); "
                              f"rerun `gna scan`") from None
 
     @classmethod
@@ -460,13 +461,13 @@ def _check_heads(d: Path, doc: dict[str, Any], scan: HeadScan) -> None:
     """What the schema cannot say of circuit.json: the heads it names are the scan's, each table row's layer and
     head agree with its name, and its task rebuilds."""
     if not scan.baseline:
-        raise InputError(f"{d / 'scan.json'}: field 'baseline' is empty, but a circuit's scan measures the intact model "
+        raise InputError(f"{d / SCAN_JSON}: field 'baseline' is empty, but a circuit's scan measures the intact model "
                          f"first; the file was edited: rerun `gna scan`")
     scanned = {h.name for h in scan.heads}
     for key in ("circuit", "generic"):
         stray = [n for n in doc.get(key) or [] if n not in scanned]
         if stray:
-            raise InputError(f"{d / 'circuit.json'}: field {key!r} names {stray[0]!r}, which is not among the "
+            raise InputError(f"{d / CIRCUIT_JSON}: field {key!r} names {stray[0]!r}, which is not among the "
                              f"{len(scanned)} scanned heads of scan.json; the file was edited: rerun `gna scan`")
     for key in ("heads", "roles"):
         for i, row in enumerate(doc.get(key) or []):
@@ -474,15 +475,15 @@ def _check_heads(d: Path, doc: dict[str, Any], scan: HeadScan) -> None:
                 continue
             h = HeadRef.parse(row["name"])
             if (row.get("layer", h.layer), row.get("head", h.head)) != (h.layer, h.head) or row["name"] not in scanned:
-                raise InputError(f"{d / 'circuit.json'}: field '{key}/{i}' is {row['name']!r} at layer "
+                raise InputError(f"{d / CIRCUIT_JSON}: field '{key}/{i}' is {row['name']!r} at layer "
                                  f"{row.get('layer')}, head {row.get('head')}, which do not agree (or it was not "
                                  f"scanned); the file was edited: rerun `gna scan`")
     if doc.get("edges") is not None:
-        check_edge_table(doc["edges"], scan.heads, f"{d / 'circuit.json'}: field 'edges'")
+        check_edge_table(doc["edges"], scan.heads, f"{d / CIRCUIT_JSON}: field 'edges'")
     try:
         task_from_dict(doc["task"])
     except (InputError, OverflowError, ValueError, TypeError, KeyError) as e:
-        raise InputError(f"{d / 'circuit.json'}: field 'task' does not rebuild its task ({str(e)[:160]}); "
+        raise InputError(f"{d / CIRCUIT_JSON}: field 'task' does not rebuild its task ({str(e)[:160]}); "
                          f"the file was edited: rerun `gna scan`") from None
 
 
@@ -490,7 +491,7 @@ def _member(d: Path, doc: dict[str, Any], key: str, name: str) -> str:
     """``doc[key]``, which must name the file :meth:`Circuit.save` writes there: a folder is untrusted input, and
     a path that leads elsewhere (``../../etc/passwd``, another run's folder) is refused, never opened."""
     if doc[key] != name:
-        raise InputError(f"{d / 'circuit.json'}: {key!r} is {str(doc[key])[:80]!r}, but a circuit folder keeps it in "
+        raise InputError(f"{d / CIRCUIT_JSON}: {key!r} is {str(doc[key])[:80]!r}, but a circuit folder keeps it in "
                          f"{name!r} beside circuit.json; the file was edited or comes from elsewhere: rerun `gna scan`")
     return name
 
@@ -501,7 +502,7 @@ def _load_formats(d: Path, entries: list[Any], run: str | None = None
     scans, tasks = {}, {}
     for i, e in enumerate(entries):
         if not isinstance(e, dict) or not isinstance(e.get("name"), str) or e.get("scan") != f"format{i}.json":
-            raise InputError(f"{d / 'circuit.json'}: formats entry {i} is malformed ({e!r:.80}); rerun `gna scan`")
+            raise InputError(f"{d / CIRCUIT_JSON}: formats entry {i} is malformed ({e!r:.80}); rerun `gna scan`")
         scans[e["name"]] = HeadScan.load(d / e["scan"], run)
         tasks[e["name"]] = e.get("task") or {}
     return scans, tasks

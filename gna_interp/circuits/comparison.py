@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from gna_interp.constants import COMPARE_CSV, COMPARE_JSON, COMPARE_MD
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError
@@ -77,16 +78,16 @@ class CircuitComparison:
         """Write ``compare.json``, ``compare.csv`` and ``compare.md`` into folder ``out``."""
         d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
-        atomic_write(d / "compare.csv", self.to_frame().to_csv(index=False))
-        atomic_write(d / "compare.md", self.summary())
-        write_json(d / "compare.json", "comparison", {"names": list(self.names), "k": self.k, "metrics": self.metrics,
+        atomic_write(d / COMPARE_CSV, self.to_frame().to_csv(index=False))
+        atomic_write(d / COMPARE_MD, self.summary())
+        write_json(d / COMPARE_JSON, "comparison", {"names": list(self.names), "k": self.k, "metrics": self.metrics,
                                                        "rows": self.rows})
         return d
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "CircuitComparison":
         d = as_path(path)
-        doc = read_json(d / "compare.json" if d.is_dir() else d, "comparison")
+        doc = read_json(d / COMPARE_JSON if d.is_dir() else d, "comparison")
         return cls(tuple(doc["names"]), int(doc["k"]), dict(doc["metrics"]), list(doc["rows"]))  # type: ignore[arg-type]
 
 

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from gna_interp.constants import DELEGATION_CSV, DELEGATION_JSON
 from gna_interp.engine.replay import SetAblation
 from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.specificity import control_task
@@ -52,8 +53,6 @@ from gna_interp.tasks.text import lm_loss
 
 
 FORMAT = "delegation"
-JSON_FILE = "delegation.json"
-CSV_FILE = "delegation.csv"
 ROLE_COLUMNS = ["name", "layer", "head", "kind", "offset", "gather", "aggregate", "selectivity", "role"]
 KIND_COLUMNS = ["kind", "title", "attention", "heads", "scored", "gather_heads", "aggregate_heads", "other_heads",
                 "gather_mean", "gather_max", "aggregate_mean", "aggregate_max", "selectivity_mean", "selectivity_max",
@@ -61,7 +60,7 @@ KIND_COLUMNS = ["kind", "title", "attention", "heads", "scored", "gather_heads",
                 "knowledge_removed", "knowledge_random", "random_draws"]
 REMOVAL_COLUMNS = ["kind", "series", "seed", "n_heads", "heads", "accuracy", "logit_diff", "knowledge"]
 
-__all__ = ["CSV_FILE", "Delegation", "DelegationConfig", "JSON_FILE", "KIND_COLUMNS", "REMOVAL_COLUMNS", "delegation", "is_hybrid"]
+__all__ = ["Delegation", "DelegationConfig", "KIND_COLUMNS", "REMOVAL_COLUMNS", "delegation", "is_hybrid"]
 
 
 def is_hybrid(model: Model) -> bool:
@@ -143,15 +142,15 @@ class Delegation:
         """Write ``delegation.json`` and ``delegation.csv`` (the per-kind table) into folder ``out``; return it."""
         d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
-        atomic_write(d / CSV_FILE, self.kinds.to_csv(index=False))
-        write_json(d / JSON_FILE, FORMAT, {**self.to_dict(), **({"run_id": run_id} if run_id else {})})
+        atomic_write(d / DELEGATION_CSV, self.kinds.to_csv(index=False))
+        write_json(d / DELEGATION_JSON, FORMAT, {**self.to_dict(), **({"run_id": run_id} if run_id else {})})
         return d
 
     @classmethod
     def load(cls, path: str | os.PathLike, run_id: str | None = None) -> "Delegation":
         """Read a result written by :meth:`save` (the folder or its ``delegation.json``)."""
         p = as_path(path)
-        p = p / JSON_FILE if p.is_dir() else p
+        p = p / DELEGATION_JSON if p.is_dir() else p
         doc = read_json(p, FORMAT, run_id)
 
         def frame(key: str, columns: list[str], text: tuple[str, ...]) -> pd.DataFrame:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
+from gna_interp.constants import CONTROL_SUFFIX
 from gna_interp.circuits.causal import measure_edges
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import CURVE_COLUMNS, ablation_curve, curve_k
@@ -418,7 +419,7 @@ def _control_scan(model: Model, ctask: Task, runner: SetAblation, scan: HeadScan
     reach the generic threshold. ``runner`` holds ``ctask``'s clean pass (the base loss is read from it)."""
     sc = cfg.scan
     base_loss = lm_loss(runner.clean())
-    ckpt = Path(sc.checkpoint).with_suffix(".control.json") if sc.checkpoint is not None else None
+    ckpt = Path(sc.checkpoint).with_suffix(CONTROL_SUFFIX) if sc.checkpoint is not None else None
     focus = scan.top(min(len(scan.heads), 2 * max(sc.certify, cfg.k)))
     return scan_heads(model, ctask, heads=scan.heads, strategy="auto", metric="logprob", method=sc.method,
                       reference=sc.reference, batch_size=_control_batch(sc), checkpoint=ckpt, certify=0,

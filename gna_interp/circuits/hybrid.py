@@ -67,6 +67,7 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 
+from gna_interp.constants import CIRCUIT_JSON, HF_CONFIG, SCAN_JSON
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.errors import InputError
@@ -290,10 +291,10 @@ def load_ranking(scan: HeadScan | Circuit | str | os.PathLike | Sequence[HeadRef
     if isinstance(scan, (str, os.PathLike)):
         p = Path(scan)
         if p.is_dir():
-            if (p / "circuit.json").is_file():
+            if (p / CIRCUIT_JSON).is_file():
                 scan = Circuit.load(p)
-            elif (p / "scan.json").is_file():
-                scan = HeadScan.load(p / "scan.json")
+            elif (p / SCAN_JSON).is_file():
+                scan = HeadScan.load(p / SCAN_JSON)
             else:
                 raise InputError(f"{str(p)!r} holds neither circuit.json nor scan.json: pass the folder `gna scan --out "
                                  f"DIR` wrote, or its scan.json")
@@ -338,7 +339,7 @@ def saved_dtype(model: Model) -> torch.dtype | None:
     """The dtype ``model``'s checkpoint was saved in (``config.json``'s ``torch_dtype`` or ``dtype``), or None
     when the model was not loaded from a folder or the config names none (or a dtype gna_interp does not use)."""
     loc = Path(model.source.location) if model.source is not None else None
-    conf = loc / "config.json" if loc is not None and loc.is_dir() else None
+    conf = loc / HF_CONFIG if loc is not None and loc.is_dir() else None
     if conf is None or not conf.is_file():
         return None
     try:

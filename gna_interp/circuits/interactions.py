@@ -26,8 +26,10 @@ from __future__ import annotations
 import html
 import itertools
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -37,19 +39,20 @@ from torch import Tensor
 
 from gna_interp.engine.replay import SetAblation
 from gna_interp.circuits.scan.result import results_from_json, results_to_json
+from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
+from gna_interp.constants import INTERACTIONS_JSON
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
-from gna_interp.store import clean_json
+from gna_interp.store import FORMAT_VERSIONS, clean_json, file_in, read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import ScoringPlan
 
 FORMAT = "interactions"
-FORMAT_VERSION = 1
-N_BOOTSTRAP = 2000
+FORMAT_VERSION = FORMAT_VERSIONS[FORMAT]
 ZERO_TOL = 1e-9
 KINDS = ("super-additive", "sub-additive", "additive")
 PAIR_COLUMNS = ["head_i", "head_j", "drop_i", "drop_j", "drop_ij", "interaction", "low", "high", "kind"]
@@ -129,23 +132,17 @@ class Interactions:
         name = metric or self.metric
         if name not in self._boot:
             m = get_metric(name)
-            idx = torch.randint(0, self.n_samples, (self.n_boot, self.n_samples),
-                                generator=torch.Generator().manual_seed(0))
+            idx = paired_bootstrap(self.n_samples, self.n_boot)
             self._boot[name] = (m.resampled(self.baseline, idx).double(),
                                 [m.resampled(s, idx).double() for s in self.singles],
                                 {p: m.resampled(r, idx).double() for p, r in self.pairs.items()})
         return self._boot[name]
 
-    def _quantiles(self, values: Tensor) -> tuple[float, float]:
-        q = torch.tensor([(1 - self.level) / 2, (1 + self.level) / 2], dtype=torch.float64)
-        lo, hi = torch.quantile(values, q).tolist()
-        return lo, hi
-
     def intervals(self, metric: str | None = None) -> dict[tuple[int, int], tuple[float, float]]:
         """Paired bootstrap interval of each pair's interaction at :attr:`level`: ``{(i, j): (low, high)}``; on each
         resample ``b`` of the samples, ``interaction_b = m_b({h_i}) + m_b({h_j}) - m_b(∅) - m_b({h_i, h_j})``."""
         base, single, pair = self._resampled(metric)
-        return {(i, j): self._quantiles(single[i] + single[j] - base - v) for (i, j), v in pair.items()}
+        return {(i, j): interval(single[i] + single[j] - base - v, self.level) for (i, j), v in pair.items()}
 
     @staticmethod
     def kind(low: float, high: float) -> str:
@@ -183,7 +180,7 @@ class Interactions:
         ok = den > 0
         if not bool(ok.any()):
             return (math.nan, math.nan)
-        return self._quantiles(-num[ok] / den[ok])  # R = -Σ interaction / Σ (drop_i + drop_j)
+        return interval(-num[ok] / den[ok], self.level)  # R = -Σ interaction / Σ (drop_i + drop_j)
 
     def counts(self, metric: str | None = None) -> dict[str, int]:
         """How many pairs are super-additive, sub-additive and additive (by their intervals)."""
@@ -244,6 +241,16 @@ class Interactions:
         if any(len(v) != n for r in [*singles, *pairs.values()] for v in r.values()):
             raise InputError(f"{FORMAT}: per-sample lists differ in length from the baseline's {n}")
         return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write :meth:`to_dict` to ``path`` (a ``.json`` file, or a folder: its ``interactions.json``), atomically;
+        return the file."""
+        return write_json(file_in(path, INTERACTIONS_JSON), FORMAT, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Interactions":
+        """Read what :meth:`save` wrote (the file, or the folder holding it)."""
+        return cls.from_dict(read_json(file_in(path, INTERACTIONS_JSON), FORMAT))
 
     # ---- display -----------------------------------------------------------------------------------
     def summary(self) -> str:

@@ -59,6 +59,7 @@ from torch import Tensor
 
 from gna_interp.engine.head import head_logprobs
 from gna_interp.engine.replay import KeyValues, Prefix, ReplayMismatch, default_stack, prefixes_for, replay
+from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import (AblationMethod, Replacement, ablation_hooks, check_method,
                                                flat_channels, replacements)
@@ -72,7 +73,6 @@ from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_
 
 POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "other", "all")
 LOGITS = "logits"
-N_BOOTSTRAP = 2000
 
 __all__ = ["LOGITS", "POSITIONS", "Edge", "PathEffects", "PathPatcher", "path_effects"]
 
@@ -660,10 +660,9 @@ class PathEffects:
         check_level(self.level)
         m = get_metric(self.metric)
         n = len(next(iter(self.baseline.values())))
-        idx = torch.randint(0, n, (n_boot, n), generator=torch.Generator().manual_seed(0))
+        idx = paired_bootstrap(n, n_boot)
         base = m.resampled(self.baseline, idx).double()
-        q = torch.tensor([(1 - self.level) / 2, (1 + self.level) / 2], dtype=torch.float64)
-        self._ci = [tuple(torch.quantile(base - m.resampled(p, idx).double(), q).tolist()) for p in self.patched]
+        self._ci = [interval(base - m.resampled(p, idx).double(), self.level) for p in self.patched]
         return self._ci
 
     def to_frame(self) -> pd.DataFrame:

@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from gna_interp.engine.replay import SetAblation
+from gna_interp.bootstrap import interval, paired_bootstrap
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
@@ -157,15 +158,13 @@ class Faithfulness:
         """Paired bootstrap interval (fixed seed) of the logit-difference fraction at :attr:`level`."""
         m = get_metric("logit_diff")
         n = len(next(iter(self.intact.values())))
-        idx = torch.randint(0, n, (self.n_boot, n), generator=torch.Generator().manual_seed(0))
+        idx = paired_bootstrap(n, self.n_boot)
         full, none = m.resampled(self.intact, idx).double(), m.resampled(self.empty, idx).double()
         frac = (m.resampled(kept, idx).double() - none) / (full - none)
         frac = frac[torch.isfinite(frac)]
         if not len(frac):
             return math.nan, math.nan
-        q = torch.tensor([(1 - self.level) / 2, (1 + self.level) / 2], dtype=torch.float64)
-        lo, hi = torch.quantile(frac, q).tolist()
-        return lo, hi
+        return interval(frac, self.level)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per point: columns :data:`FAITHFULNESS_COLUMNS` (``logit_diff`` / ``accuracy``: the metric with

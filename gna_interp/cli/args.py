@@ -10,12 +10,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from gna_interp.constants import MAX_SAMPLES, MAX_SEEDS, REPORT_FILE
 from gna_interp.errors import GnaError, InputError
-from gna_interp.run_folder import RunFolder
+from gna_interp.run_folder import RESULTS, RunFolder
 
 COUNT_CAP = 1_000_000  # the default upper bound of a count argument
-MAX_SEEDS = 1_000  # random draws: each costs an evaluation of the task
-MAX_SAMPLES = 100_000  # prompts: all are built and tokenized before the first forward
 
 
 def at_least(minimum: int, why: str = "", at_most: int = COUNT_CAP,
@@ -125,7 +124,8 @@ def resume_args(p: argparse.ArgumentParser, resume: str, fresh: str) -> None:
     again.add_argument("--fresh", action="store_true", help=fresh)
 
 
-FORMATS = ("official", "completion", "stated", "letters")  # tasks.choice.FORMATS (not imported: keeps start-up light)
+# the shipped task kinds' formats (tasks.kinds.format_kinds, not imported: it would load torch at start-up)
+FORMATS = ("official", "completion", "stated", "letters")
 
 
 TASK_FLAGS: dict[str, Callable[[], dict[str, Any]]] = {
@@ -312,3 +312,10 @@ def say_figures(folder: str | Path) -> None:
     note = png_note(folder)
     if note:
         print(f"note: {note}", flush=True)
+
+
+def wrote(out: Path, command: str) -> str:
+    """The files ``gna COMMAND`` writes in ``out`` (its :data:`~gna_interp.run_folder.RESULTS`, tables first, and its
+    page), joined for the command's closing ``wrote ...`` line."""
+    tables = sorted(RESULTS[command], key=lambda name: not name.endswith(".csv"))
+    return ", ".join(str(out / name) for name in (*tables, REPORT_FILE))

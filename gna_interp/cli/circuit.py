@@ -9,7 +9,9 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
+from gna_interp.constants import EDGES_CSV, EDGE_GRAPH_HTML, EDGE_SCREEN_CSV, FAITHFULNESS_HTML, ROLES_CSV
 from gna_interp.cli import command
+from gna_interp.constants import CIRCUIT_JSON, CONTROL_CKPT, EDGE_FAITHFULNESS, SCAN_CKPT, WHOLE_DIR
 from gna_interp.cli.args import at_least, claim_out, compute_args, load_for, model_arg, seeds_arg
 
 if TYPE_CHECKING:
@@ -131,32 +133,29 @@ def run_circuit(args: argparse.Namespace) -> int:
     with folder.hold(args.fresh):
         written = fx.write(folder.path)
         if edges is not None and roles is not None:
-            for name, frame in (("edges.csv", edges), ("roles.csv", roles)):
+            for name, frame in ((EDGES_CSV, edges), (ROLES_CSV, roles)):
                 frame.to_csv(folder.path / name, index=False)
                 written.append(folder.path / name)
         if screen is not None:
             from gna_interp.viz.edge_graph import edge_graph
 
-            screen.table.to_csv(folder.path / "edge_screen.csv", index=False)
+            screen.table.to_csv(folder.path / EDGE_SCREEN_CSV, index=False)
             edge_graph(screen, title=f"{model.name}: the strongest edges of the whole graph").write_html(
-                folder.path / "edge_graph.html", include_plotlyjs=True)
-            written += [folder.path / "edge_screen.csv", folder.path / "edge_graph.html"]
-        html = folder.path / "faithfulness.html"
+                folder.path / EDGE_GRAPH_HTML, include_plotlyjs=True)
+            written += [folder.path / EDGE_SCREEN_CSV, folder.path / EDGE_GRAPH_HTML]
+        html = folder.path / FAITHFULNESS_HTML
         faithfulness_curve(fx, title=f"{model.name}: faithfulness of the scanned circuit").write_html(
             html, include_plotlyjs=True)
         written.append(html)
         if efx is not None:
-            written += efx.write(folder.path, stem="edge_faithfulness")
-            html = folder.path / "edge_faithfulness.html"
+            written += efx.write(folder.path, stem=EDGE_FAITHFULNESS)
+            html = folder.path / f"{EDGE_FAITHFULNESS}.html"
             faithfulness_curve(efx, title=f"{model.name}: faithfulness of edge circuits").write_html(
                 html, include_plotlyjs=True)
             written.append(html)
             written += _whole_report(args.scan, folder.path / WHOLE_DIR, efx, roles, model.n_layers)
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
-
-
-WHOLE_DIR = "whole_circuit"
 
 
 def _edge_circuit(args: argparse.Namespace, model: Any, task: Any, screen: "EdgeScreen") -> Any:
@@ -194,14 +193,14 @@ def _whole_report(scan: str, out: "Path", efx: Any, roles: "pd.DataFrame | None"
     out.mkdir(exist_ok=True)
     src = Path(scan)
     for f in src.iterdir():
-        if f.is_file() and f.suffix in (".json", ".pt", ".csv") and not f.name.startswith("scan.ckpt"):
+        if f.is_file() and f.suffix in (".json", ".pt", ".csv") and f.name not in (SCAN_CKPT, CONTROL_CKPT):
             shutil.copy2(f, out / f.name)
-    doc = json.loads((src / "circuit.json").read_text(encoding="utf-8"))
+    doc = json.loads((src / CIRCUIT_JSON).read_text(encoding="utf-8"))
     doc["whole"] = whole
-    (out / "circuit.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    (out / CIRCUIT_JSON).write_text(json.dumps(doc, indent=1), encoding="utf-8")
     from gna_interp.report.build import build_report
 
-    return [out / "circuit.json", build_report(out, png=False)]
+    return [out / CIRCUIT_JSON, build_report(out, png=False)]
 
 
 def _edge_report(edges: "pd.DataFrame", roles: "pd.DataFrame") -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gna_interp.constants import CIRCUIT_JSON, SCAN_CKPT
 from gna_interp.cli import command
 from gna_interp.cli.args import (at_least, check_pairs, claim_run, compute_args, output_args, removal_args, run_options,
-                                 set_threads, task_args, task_options)
+                                 set_threads, task_args, task_options, wrote)
 from gna_interp.cli.signals import run_held
 from gna_interp.errors import InputError
 
@@ -67,7 +68,7 @@ def run_compare_families(args: argparse.Namespace) -> int:
     out = Path(args.out)
     cdirs = [out / CIRCUITS_DIR / slug(s) for s in args.model]
     folder = claim_run(args, "compare", CKPT,
-                       also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")])
+                       also=[p for c in cdirs for p in (c / SCAN_CKPT, c / CIRCUIT_JSON)])
     check_pairs(args.pairs, args.max_value)
     circuits = args.circuit if args.circuit is not None else [None] * len(args.model)
     if len(circuits) != len(args.model):
@@ -82,7 +83,7 @@ def run_compare_families(args: argparse.Namespace) -> int:
                            sharp_samples=args.sharp_samples, pool=args.pool, device=getattr(args, "device", None),
                            dtype=args.dtype)
     result = run_held(args, folder, lambda: compare(args.model, circuits, out, config), out / CKPT,
-                      *(c / "scan.ckpt.json" for c in cdirs))
+                      *(c / SCAN_CKPT for c in cdirs))
     print(result.summary())
-    print(f"wrote {out / 'families.csv'}, {out / 'families.json'}, {out / 'report.html'} ({result.seconds:.0f}s)")
+    print(f"wrote {wrote(out, 'compare')} ({result.seconds:.0f}s)")
     return 0

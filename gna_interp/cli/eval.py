@@ -9,9 +9,10 @@ import math
 import sys
 from pathlib import Path
 
+from gna_interp.constants import CIRCUIT_JSON
 from gna_interp.cli import command
 from gna_interp.cli.args import (at_least, claim_run, compute_args, folder_args, load_for, model_arg, run_options,
-                                 seeds_arg)
+                                 seeds_arg, wrote)
 from gna_interp.cli.signals import run_held
 from gna_interp.errors import InputError
 
@@ -81,7 +82,7 @@ def run_eval(args: argparse.Namespace) -> int:
         d = Path(args.circuit)
         if not d.is_dir():
             raise InputError(f"--circuit {args.circuit!r} is not a folder; pass a `gna scan` output folder")
-        if not (d / "circuit.json").is_file():
+        if not (d / CIRCUIT_JSON).is_file():
             raise InputError(f"--circuit {args.circuit!r} holds no circuit.json; pass a `gna scan` output folder "
                              f"(gna scan --model M --out DIR)")
         from gna_interp.circuits import Circuit
@@ -99,7 +100,7 @@ def run_eval(args: argparse.Namespace) -> int:
                       out / CONDITIONS_DIR, what="conditions")
     print()
     print(result.format_table())
-    print(f"wrote {out / 'eval.csv'}, {out / 'eval_summary.csv'}, {out / 'eval.json'}, {out / 'report.html'}")
+    print(f"wrote {wrote(out, 'eval')}")
     return 0
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from gna_interp.cli import command
-from gna_interp.cli.args import COUNT_CAP, at_least, claim_out, model_arg
+from gna_interp.cli.args import COUNT_CAP, at_least, claim_out, model_arg, wrote
 from gna_interp.errors import InputError
 
 SUBCOMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -123,5 +123,5 @@ def run_plan(args: argparse.Namespace) -> int:
             ResultFolder(out, FORMAT).write(plan.to_frame(), plan.to_dict(), title=head[0], notes=[n[2:] for n in head[1:]],
                                             sections=["<h2>Memory by k kept heads (MB = 10^6 bytes; x = full / hybrid)"
                                                       "</h2>", plan.wide_html()], png=False)
-        print(f"wrote {out / (FORMAT + '.csv')}, {out / (FORMAT + '.json')}, {out / 'report.html'}")
+        print(f"wrote {wrote(out, 'hybrid plan')}")
     return 0

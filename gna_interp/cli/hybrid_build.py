@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gna_interp.constants import CIRCUIT_JSON, SCAN_CKPT
 from gna_interp.cli.args import (at_least, choice_list, claim_run, model_arg, output_args, run_options, samples_arg,
-                                 seeds_arg)
+                                 seeds_arg, wrote)
 from gna_interp.cli.signals import run_held
 from gna_interp.cli.hybrid import int_list, subcommand
 
@@ -50,7 +51,7 @@ def run_build(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     folder = claim_run(args, "hybrid build", CKPT,
-                       also=[out / STUDENTS, out / CIRCUIT_DIR / "circuit.json", out / CIRCUIT_DIR / "scan.ckpt.json"])
+                       also=[out / STUDENTS, out / CIRCUIT_DIR / CIRCUIT_JSON, out / CIRCUIT_DIR / SCAN_CKPT])
     if args.scan is not None and not Path(args.scan).exists():  # before any loading
         from gna_interp.errors import InputError
 
@@ -61,6 +62,6 @@ def run_build(args: argparse.Namespace) -> int:
                                                          loss=args.loss, train_teacher_parts=args.train_teacher_parts),
                       out / CKPT, out / STUDENTS)
     print(result.summary())
-    print(f"wrote {out / 'hybrid_build.csv'}, {out / 'hybrid_build.json'}, {out / 'report.html'} and the students in "
+    print(f"wrote {wrote(out, 'hybrid build')} and the students in "
           f"{out / STUDENTS} ({result.seconds:.0f}s)")
     return 0

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gna_interp.constants import CIRCUIT_JSON
 from gna_interp.cli import command
 from gna_interp.cli.args import (CIRCUIT_MODEL_HELP, at_least, check_pairs, claim_run, compute_args, folder_args,
-                                 load_for, model_arg, run_options, seeds_arg, task_args, task_options, word_or)
+                                 load_for, model_arg, run_options, seeds_arg, task_args, task_options, word_or,
+                                 wrote)
 from gna_interp.cli.signals import run_held
 from gna_interp.errors import InputError
 
@@ -51,8 +53,8 @@ def run_mask(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     folder = claim_run(args, "mask", CHECKPOINT, also=checkpoint_files(out)[1:])
-    if args.circuit is not None and not (Path(args.circuit) / "circuit.json").is_file() \
-            and not str(args.circuit).endswith("circuit.json"):
+    if args.circuit is not None and not (Path(args.circuit) / CIRCUIT_JSON).is_file() \
+            and not str(args.circuit).endswith(CIRCUIT_JSON):
         raise InputError(f"--circuit {args.circuit!r} is not a `gna scan` folder (no circuit.json in it)")
     if args.pairs is not None and args.max_value is not None:
         check_pairs(args.pairs, args.max_value)
@@ -69,5 +71,5 @@ def run_mask(args: argparse.Namespace) -> int:
     result = run_held(args, folder, lambda: mask_experiment(model, args.circuit, args.heads, out, config),
                       *checkpoint_files(out))
     print(result.summary())
-    print(f"wrote {out / 'mask.csv'}, {out / 'mask.json'}, {out / 'report.html'}")
+    print(f"wrote {wrote(out, 'mask')}")
     return 0

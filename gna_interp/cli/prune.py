@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gna_interp.constants import KEEP_CSV, PRUNE_CSV, PRUNE_JSON, REPORT_FILE
 from gna_interp.cli import command
 from gna_interp.cli.args import (at_least, check_pairs, check_questions_reachable, choice_list, claim_run, compute_args,
                                  folder_args, load_for, model_arg, run_options, task_args, task_options)
@@ -63,6 +64,6 @@ def run_prune(args: argparse.Namespace) -> int:
     model = load_for(args)
     result = run_held(args, folder, lambda: prune(model, out, config), out / CHECKPOINT)
     print(result.summary())
-    written = [out / f for f in ("prune.csv", "keep.csv", "prune.json", "report.html") if (out / f).exists()]
+    written = [out / f for f in (PRUNE_CSV, KEEP_CSV, PRUNE_JSON, REPORT_FILE) if (out / f).exists()]
     print(f"wrote {', '.join(map(str, written))}")
     return 0

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gna_interp.constants import CIRCUIT_JSON, CONTROL_SUFFIX, REPORT_FILE, SCAN_CKPT
 from gna_interp.cli import command
 from gna_interp.cli.args import (FORMATS, at_least, check_pairs, check_questions_reachable, choice_list, claim_out,
                                  compute_args, load_for, model_arg, resume_args, say_figures, seeds_arg, task_args,
@@ -95,7 +96,7 @@ def run_scan(args: argparse.Namespace) -> int:
         return 0
     print(circuit_summary(circuit, top=10))
     print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
-    with heartbeat(lambda line: print(line, flush=True), f"writing {out / 'report.html'}"):
+    with heartbeat(lambda line: print(line, flush=True), f"writing {out / REPORT_FILE}"):
         report = build_report(out, circuit=circuit)
     print(f"wrote {report} and {out / SUMMARY_FILE}")
     say_figures(out)
@@ -107,11 +108,11 @@ def scan_choice(args: argparse.Namespace) -> Any:
     model could be given, a missing ``--questions`` file or an unreachable hub source is refused here)."""
     from gna_interp.tasks.choice import TaskChoice
 
-    if args.task == "kv" and args.pairs is not None and args.max_value is not None:
+    if args.pairs is not None and args.max_value is not None:  # refused for every kind; named as flags here
         check_pairs(args.pairs, args.max_value)
     choice = task_options(args, kind=args.task, calibrate=args.calibrate, formats=tuple(args.formats),
                           batch_size=args.batch_size, cls=TaskChoice)
-    if choice.kind != "kv" or any(f in ("stated", "letters") for f in choice.formats):
+    if choice.reads_questions:
         check_questions_reachable(choice.questions)
     return choice
 
@@ -121,12 +122,12 @@ def _claim_scan(args: argparse.Namespace, out: Path) -> tuple[Any, list[Path]]:
     ``--resume`` or ``--fresh`` says what to do with them)."""
     from gna_interp.circuits.distributed import rank_files
 
-    ckpt = out / "scan.ckpt.json"
+    ckpt = out / SCAN_CKPT
     lead = os.environ.get("RANK", "0").strip() in ("", "0")  # under torchrun only rank 0 locks --out
-    folder = claim_out(args, "scan", checkpoints=[ckpt, ckpt.with_suffix(".control.json")], lead=lead)
-    stale = [f for f in (ckpt, ckpt.with_suffix(".control.json")) if f.exists()] + rank_files(ckpt)
+    folder = claim_out(args, "scan", checkpoints=[ckpt, ckpt.with_suffix(CONTROL_SUFFIX)], lead=lead)
+    stale = [f for f in (ckpt, ckpt.with_suffix(CONTROL_SUFFIX)) if f.exists()] + rank_files(ckpt)
     if stale and not (args.resume or args.fresh):
-        done = "a finished scan and its checkpoint" if (out / "circuit.json").exists() else \
+        done = "a finished scan and its checkpoint" if (out / CIRCUIT_JSON).exists() else \
             "the checkpoint of an unfinished scan"
         raise InputError(f"{out} holds {done} ({', '.join(f.name for f in stale)}); --resume continues it (or "
                          f"rebuilds the outputs), --fresh deletes it and starts over, or pick another --out")
@@ -143,7 +144,7 @@ def _discover(args: argparse.Namespace, model: Any, choice: Any, folder: Any, st
     from gna_interp.tasks.choice import choose_task
 
     out = Path(args.out)
-    ckpt = out / "scan.ckpt.json"
+    ckpt = out / SCAN_CKPT
     chosen = choose_task(model, choice, progress=lambda line: print(line, flush=True))
     for note in chosen.notes:
         print(f"note: {note}", flush=True)

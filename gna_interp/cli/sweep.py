@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gna_interp.constants import CIRCUIT_JSON, N_BOOTSTRAP, SCAN_CKPT
 from gna_interp.cli import command
 from gna_interp.cli.args import (CIRCUIT_MODEL_HELP, at_least, check_pairs, claim_run, compute_args, first_default,
-                                 model_arg, output_args, removal_args, run_options, set_threads, task_args, task_options)
+                                 model_arg, output_args, removal_args, run_options, set_threads, task_args, task_options,
+                                 wrote)
 from gna_interp.cli.signals import run_held
 
 PAPER_PAIRS = "10,15,20,25,30,35,40,45,50"
@@ -62,8 +64,8 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
                    help="single heads, each removed alone as one more condition: head names (L16H0,L18H6) and/or "
                         "gather, aggregate (the circuit's gather/aggregate pair); head names only and no --circuit: "
                         "nothing is discovered and only intact and these heads are measured")
-    p.add_argument("--bootstrap", type=at_least(0), default=2000,
-                   help="resamples of the prompts for the drop slopes' 95%% interval (default 2000; 0: none)")
+    p.add_argument("--bootstrap", type=at_least(0), default=N_BOOTSTRAP,
+                   help=f"resamples of the prompts for the drop slopes' 95%% interval (default {N_BOOTSTRAP}; 0: none)")
     task_args(p, samples=(48, "prompts per dictionary size (default 48)"),
               max_value=(99, "values are 0..MAX (default 99, the paper's range; must be at least the largest size - 1)"),
               seed=(0, "seed of the prompts (discovery uses seed+1)"),
@@ -79,7 +81,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     folder = claim_run(args, "sweep", CKPT,
-                       also=[out / CIRCUIT_DIR / "scan.ckpt.json", out / CIRCUIT_DIR / "circuit.json"])
+                       also=[out / CIRCUIT_DIR / SCAN_CKPT, out / CIRCUIT_DIR / CIRCUIT_JSON])
     check_pairs(max(args.pairs), args.max_value)
     circuit = Circuit.load(args.circuit) if args.circuit else None  # a bad folder fails before loading the model
     found = circuit.kv_args if circuit is not None else {}
@@ -91,7 +93,7 @@ def run_sweep(args: argparse.Namespace) -> int:
                          k=args.top_k, seeds=args.seeds, heads=args.heads, bootstrap=args.bootstrap,
                          device=getattr(args, "device", None), dtype=args.dtype)
     result = run_held(args, folder, lambda: sweep(spec, circuit=circuit, out=out, config=config), out / CKPT,
-                      out / CIRCUIT_DIR / "scan.ckpt.json")
+                      out / CIRCUIT_DIR / SCAN_CKPT)
     print(result.summary())
-    print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'report.html'} ({result.seconds:.0f}s)")
+    print(f"wrote {wrote(out, 'sweep')} ({result.seconds:.0f}s)")
     return 0

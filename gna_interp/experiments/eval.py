@@ -53,6 +53,7 @@ from typing import Any, Sequence
 import pandas as pd
 from gna_interp.progress import tqdm
 
+from gna_interp.constants import EVAL_SUMMARY_CSV
 from gna_interp.errors import InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
@@ -70,7 +71,6 @@ TABLE_COLUMNS = ["condition", "seed", "task", "metric", "filter", "value", "stde
                  "n_heads", "heads"]
 SUMMARY_COLUMNS = ["task", "metric", "filter", "intact", "intact_stderr", "removed", "removed_stderr", "random_mean",
                    "random_std", "random_min", "random_max", "random_stderr", "random_seeds"]
-SUMMARY_FILE = "eval_summary.csv"
 CONDITIONS_DIR = "conditions"
 CIRCUIT_DIR = "circuit"
 SCAN_CKPT = f"{CIRCUIT_DIR}/scan.ckpt.json"  # the discovery's checkpoint, when neither heads nor a circuit are given
@@ -161,7 +161,7 @@ class EvalResult:
         folder = ResultFolder(out, "eval")
         summary = self.summary
         folder.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(folder.path / SUMMARY_FILE, summary.to_csv(index=False))
+        atomic_write(folder.path / EVAL_SUMMARY_CSV, summary.to_csv(index=False))
         doc = {"model": self.model, "tasks": self.tasks, "heads": self.heads, "random_heads": self.random_heads,
                "settings": self.settings, "notes": self.notes, "seconds": self.seconds,
                "summary": records(summary)}

@@ -63,6 +63,7 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 
+from gna_interp.constants import CIRCUIT_JSON, SCAN_CKPT
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.engine.replay import SetAblation
 from gna_interp.circuits.offsets import intact_at, pick_offset
@@ -486,7 +487,7 @@ def compare(models: str | Sequence[Model | str], circuits: Sequence[Circuit | st
     names = [s if isinstance(s, str) else s.name for s in specs]
     cdirs = [folder / CIRCUITS_DIR / slug(n) for n in names] if folder is not None else []
     if folder is not None:
-        open_folder(folder, CKPT, cfg, also=[p for c in cdirs for p in (c / "scan.ckpt.json", c / "circuit.json")],
+        open_folder(folder, CKPT, cfg, also=[p for c in cdirs for p in (c / SCAN_CKPT, c / CIRCUIT_JSON)],
                     circuits=cdirs)
     settings = {"pairs": cfg.pairs, "samples": cfg.samples, "max_value": cfg.max_value, "template": cfg.template,
                 "seed": cfg.seed, "k": cfg.k, "seeds": cfg.seeds, "sharp_samples": cfg.sharp_samples, "pool": cfg.pool,

@@ -47,6 +47,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
+from gna_interp.constants import CARD_JSON, CIRCUIT_JSON, SCAN_CKPT
 from gna_interp.circuits.hybrid import load_ranking
 from gna_interp.errors import InputError
 from gna_interp.experiments.options import FolderOptions
@@ -334,8 +335,8 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
     cfg = HybridConfig.build(config, **overrides)
     folder = Path(out)
     cfolder = folder / CIRCUIT_DIR
-    stale_files(folder, CKPT, opts.resume, opts.fresh, also=[folder / STUDENTS, cfolder / "circuit.json",
-                                                             cfolder / "scan.ckpt.json"])
+    stale_files(folder, CKPT, opts.resume, opts.fresh, also=[folder / STUDENTS, cfolder / CIRCUIT_JSON,
+                                                             cfolder / SCAN_CKPT])
     if opts.fresh:
         (folder / CKPT).unlink(missing_ok=True)
         if (folder / STUDENTS).is_dir():
@@ -402,7 +403,7 @@ def _students(m: Model, plan: list[tuple[str, int, list[HeadRef]]], points: Chec
 
     students = {f"{c}/{s}": folder / STUDENTS / f"{c}-s{s}" for c, s, _ in plan}
     for key, where in students.items():
-        if key in points and not (where / "card.json").is_file():
+        if key in points and not (where / CARD_JSON).is_file():
             points.drop(key)
     run_points(points, [Point(f"{c}/{s}", partial(build, i, c, s, heads, students[f"{c}/{s}"]))
                         for i, (c, s, heads) in enumerate(plan)], "hybrid build", progress=False)

@@ -67,6 +67,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from gna_interp.constants import CONTROL_CKPT, SCAN_CKPT
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.offsets import OFFSET_TOLERANCE, conv_width, pick_offset, reach, shifted_items
 from gna_interp.circuits.roles import RoleRule, ScoreOptions, offset_scores
@@ -662,8 +663,8 @@ def _masked_heads(model: Model, circuit: Circuit | None, given: Any, kv: MaskCon
 
 def checkpoint_files(folder: Path) -> list[Path]:
     """The checkpoints a mask run may leave in ``folder``: its own and its discovery's."""
-    return [folder / CHECKPOINT, folder / CIRCUIT_DIR / "scan.ckpt.json",
-            folder / CIRCUIT_DIR / "scan.ckpt.control.json"]
+    return [folder / CHECKPOINT, folder / CIRCUIT_DIR / SCAN_CKPT,
+            folder / CIRCUIT_DIR / CONTROL_CKPT]
 
 
 def _check_chance(row: Mapping[str, Any], task: Task, allow_chance: bool, notes: list[str]) -> None:

@@ -23,14 +23,13 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from gna_interp.constants import FIGURES_DIR, REPORT_FILE
 from gna_interp.errors import InputError, ReportWarning
 from gna_interp.options import Options, options
 from gna_interp.store import atomic_write, read_json, records, write_json
 from gna_interp.viz.export import png_export_problem, write_pngs
 from gna_interp.viz.html import IsolatedParts, figure_div, one_line, page
 
-REPORT_FILE = "report.html"
-FIGURES_DIR = "figures"
 
 __all__ = ["FIGURES_DIR", "PageParts", "REPORT_FILE", "ResultFolder", "table_html"]
 

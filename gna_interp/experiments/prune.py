@@ -40,6 +40,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from gna_interp.constants import KEEP_CSV
 from gna_interp.circuits.prune import COLUMNS as CURVE_COLUMNS
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
@@ -330,7 +331,7 @@ class PruneResult:
             figures["keep"] = kf
             piv = self.keep_table().reset_index()
             sections = ["<h2>Head keeping</h2>", table_html(piv)]
-            atomic_write(folder.path / "keep.csv", self.keep.to_csv(index=False))
+            atomic_write(folder.path / KEEP_CSV, self.keep.to_csv(index=False))
         return folder.write(self.frame, self.to_doc(), title=f"Layer pruning: {self.model}", figures=figures,
                             notes=self.summary().splitlines(), sections=sections, png=png)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from gna_interp.constants import CIRCUIT_JSON, CONTROL_CKPT, REPORT_FILE, SCAN_CKPT
 from gna_interp.circuits.circuit import FILES as CIRCUIT_FILES
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import RANDOM_SALT, curve_k, random_orders
@@ -85,12 +86,12 @@ def find_circuit(model: Model, circuit: Circuit | str | os.PathLike | None, fold
     if circuit is not None:
         return Circuit.load(circuit), "path"
     how = discovery or Discovery()
-    if folder is not None and how.reuse and (folder / "circuit.json").exists():
+    if folder is not None and how.reuse and (folder / CIRCUIT_JSON).exists():
         return Circuit.load(folder), "saved"
     if how.say is not None:
         print(how.say, flush=True)
     found = discover(model, how.how(), k=how.k, batch_size=how.batch_size, allow_chance=how.allow_chance,
-                     checkpoint=folder / "scan.ckpt.json" if folder is not None else None, progress=how.progress)
+                     checkpoint=folder / SCAN_CKPT if folder is not None else None, progress=how.progress)
     if folder is not None:
         found.save(folder)
     return found, "discovered"
@@ -133,7 +134,7 @@ def removed_k(circuit: Circuit, k: int) -> int:
 
 def clear_circuit(folder: Path) -> None:
     """Delete what :func:`find_circuit` saved in ``folder`` (the circuit files and the scan's checkpoints)."""
-    for name in (*CIRCUIT_FILES, "scan.ckpt.json", "scan.ckpt.control.json", "report.html"):
+    for name in (*CIRCUIT_FILES, SCAN_CKPT, CONTROL_CKPT, REPORT_FILE):
         (folder / name).unlink(missing_ok=True)
 
 

@@ -63,6 +63,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pandas as pd
 
+from gna_interp.constants import CIRCUIT_JSON, N_BOOTSTRAP, SCAN_CKPT
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.engine.replay import SetAblation
 from gna_interp.errors import HeadError, InputError
@@ -308,7 +309,7 @@ class Sweep:
         ``shrinks`` (below) or ``flat`` (holds 0). The interval counts the prompts' sampling noise only.
         """
         d = self.drops()
-        b = int(self.settings.get("bootstrap", 2000) if resamples is None else resamples)
+        b = int(self.settings.get("bootstrap", N_BOOTSTRAP) if resamples is None else resamples)
         check_int("resamples", b, 0)
         rng = np.random.default_rng([int(self.settings.get("seed", 0) or 0), 7919])
         x = np.array(self.pairs, dtype=float)
@@ -393,7 +394,7 @@ class Sweep:
         sl = self.slopes()
         if sl.empty or len(self.pairs) < 2:
             return []
-        b = int(self.settings.get("bootstrap", 2000))
+        b = int(self.settings.get("bootstrap", N_BOOTSTRAP))
         ci = (f"{LEVEL:.0%} bootstrap interval over the prompts, {b} resamples" if b else "no bootstrap interval")
         labels = {c: self.label(c) for c in sl["condition"]}
         width = max(9, *(len(v) for v in labels.values()))
@@ -528,7 +529,7 @@ class Sweep:
         notes = [f"Heads: {self.source}.", f"{conds} Zero ablation; {st.get('samples')} prompts per size, values "
                  f"0-{st.get('max_value')}, seed {st.get('seed')}."]
         notes += ([self._drop_line()] if self.heads else []) + self.notes
-        bs = int(st.get("bootstrap", 2000))
+        bs = int(st.get("bootstrap", N_BOOTSTRAP))
         section = ["<h2>Accuracy by dictionary size</h2>", table_html(b),
                    "<h2>Drop slope over dictionary size</h2>",
                    f'<p class="note">Least-squares slope of each condition\'s drop from intact against the number of '
@@ -592,7 +593,7 @@ class SweepConfig(TaskOptions, RunOptions):
     k: int = 5
     seeds: int = 5
     heads: Any = None
-    bootstrap: int = 2000
+    bootstrap: int = N_BOOTSTRAP
     device: str | None = None
     dtype: str = "float32"
     on_point: Callable[[dict[str, Any]], None] | None = None
@@ -715,7 +716,7 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
     folder = Path(out) if out is not None else None
     cfolder = folder / CIRCUIT_DIR if folder is not None else None
     if cfolder is not None:
-        open_folder(folder, CKPT, cfg, also=[cfolder / "scan.ckpt.json", cfolder / "circuit.json"], circuits=[cfolder])
+        open_folder(folder, CKPT, cfg, also=[cfolder / SCAN_CKPT, cfolder / CIRCUIT_JSON], circuits=[cfolder])
     wanted = parse_single(cfg.heads)
     m = model_of(model, cfg.device, cfg.dtype)
     named = [h for h in wanted if isinstance(h, HeadRef)]

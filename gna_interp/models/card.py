@@ -7,9 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gna_interp.constants import CARD_JSON
 from gna_interp.errors import InputError, ModelPathError
-
-CARD_JSON = "card.json"
 
 
 def read_card(path: str | os.PathLike) -> dict[str, Any]:

@@ -553,7 +553,8 @@ CPU_UNEMBED_GBS = 16.0
 
 
 def _check_estimate_args(samples: int, tokens: int, cfg: EstimateOptions) -> None:
-    from gna_interp.schemas import MAX_INT, MAX_SAMPLES, MAX_TOKENS
+    from gna_interp.constants import MAX_SAMPLES
+    from gna_interp.schemas import MAX_INT, MAX_TOKENS
 
     for name, value, low, high in (("samples", samples, 1, MAX_SAMPLES), ("tokens", tokens, 1, MAX_TOKENS),
                                    ("batch_size", cfg.batch_size, 1, MAX_SAMPLES),

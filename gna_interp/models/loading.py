@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from gna_interp.constants import HF_CONFIG
 from gna_interp.errors import (
     GGUFError,
     GnaError,
@@ -115,7 +116,7 @@ def configs_dir() -> Path:
 def shipped_configs() -> list[str]:
     """Names of the shipped config-only models (each a folder with a ``config.json``, no weights)."""
     root = configs_dir()
-    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
+    return sorted(p.name for p in root.iterdir() if (p / HF_CONFIG).is_file()) if root.is_dir() else []
 
 
 def _resolve(spec: str | os.PathLike) -> ResolvedSpec:
@@ -123,7 +124,7 @@ def _resolve(spec: str | os.PathLike) -> ResolvedSpec:
     if isinstance(spec, str) and spec.strip().startswith(CONFIG_PREFIX):
         name = spec.strip()[len(CONFIG_PREFIX):]
         d = configs_dir() / name
-        if not name or not (d / "config.json").is_file():
+        if not name or not (d / HF_CONFIG).is_file():
             raise UnknownModelError(f"no shipped config {name!r}; shipped configs: "
                                     f"{', '.join(CONFIG_PREFIX + n for n in shipped_configs()) or 'none'}")
         return ResolvedSpec(spec.strip(), "dir", str(d))
@@ -151,7 +152,7 @@ def check_config(location: str | os.PathLike, spec: str = "") -> None:
     """Refuse a ``config.json`` (in folder ``location``) that cannot describe a model, naming the file and the field:
     unreadable JSON, or a layer / head / width / vocabulary count (:data:`CONFIG_BOUNDS`, also inside a
     ``text_config``) that is not a positive integer or is past its bound. Reads nothing else."""
-    path = Path(location) / "config.json"
+    path = Path(location) / HF_CONFIG
     if not path.is_file():
         return
     name = f"{spec!r} ({path})" if spec else repr(str(path))
@@ -267,7 +268,7 @@ def cached_snapshot(repo_id: str) -> str | None:
             path = snapshot_download(repo_id, local_files_only=True)
     except Exception:  # not cached (huggingface_hub raises several types): the caller says what to do
         return None
-    return path if (Path(path) / "config.json").is_file() else None
+    return path if (Path(path) / HF_CONFIG).is_file() else None
 
 
 def _check_cache_writable(folder: Path) -> None:
@@ -345,7 +346,7 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     if magic != b"GGUF":
         raise GGUFError(f"{str(path)!r} is not a GGUF file (it does not start with the 'GGUF' magic bytes).")
     target = cache_dir() / "gguf" / _gguf_cache_key(path)
-    if (target / "config.json").is_file() and not refresh:
+    if (target / HF_CONFIG).is_file() and not refresh:
         return target
     _check_cache_writable(target.parent)
     _check_gguf_has_model(path)
@@ -652,14 +653,14 @@ def _meta_model(resolved: ResolvedSpec, location: str, dtype: torch.dtype) -> tu
 
 def _model_type(location: str) -> str:
     try:
-        return str(json.loads((Path(location) / "config.json").read_text()).get("model_type", "missing"))
+        return str(json.loads((Path(location) / HF_CONFIG).read_text()).get("model_type", "missing"))
     except (OSError, ValueError):
         return "unreadable"
 
 
 def _architectures(location: str) -> str:
     try:
-        cfg = json.loads((Path(location) / "config.json").read_text())
+        cfg = json.loads((Path(location) / HF_CONFIG).read_text())
         return "/".join(cfg.get("architectures") or [cfg.get("model_type", "unknown")])
     except (OSError, ValueError):
         return "unknown-architecture"

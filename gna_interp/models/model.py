@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from gna_interp.constants import TOKENIZER_CONFIG
 from gna_interp.errors import BridgeOnlyError, HeadError, InputError
 from gna_interp.models.arch import LayerSpec, detect_layers
 from gna_interp.models.heads import HeadRef, parse_heads
@@ -166,12 +167,12 @@ def _saved_add_bos(source: str) -> Any:
     import json
     from pathlib import Path
 
-    path: Any = Path(source) / "tokenizer_config.json" if source and Path(source).is_dir() else None
+    path: Any = Path(source) / TOKENIZER_CONFIG if source and Path(source).is_dir() else None
     if path is None and source:
         try:
             from huggingface_hub import try_to_load_from_cache
 
-            path = try_to_load_from_cache(source, "tokenizer_config.json")
+            path = try_to_load_from_cache(source, TOKENIZER_CONFIG)
         except Exception:  # not a hub id
             path = None
     try:

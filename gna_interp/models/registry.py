@@ -7,10 +7,11 @@ import re
 
 from gna_interp.errors import HeadError
 from gna_interp.models.mixer import MixerAdapter
+from gna_interp.registry import Registry
 
 __all__ = ["adapter", "kind_of_letter", "kinds", "register_kind", "registered", "unregister_kind"]
 
-_REGISTRY: dict[str, MixerAdapter] = {}
+_REGISTRY: Registry[MixerAdapter] = Registry("head kind", HeadError)
 
 
 def register_kind(adapter_: MixerAdapter) -> MixerAdapter:
@@ -19,43 +20,34 @@ def register_kind(adapter_: MixerAdapter) -> MixerAdapter:
     Models loaded afterwards list the kind's heads. A kind or letter already taken is refused.
     """
     kind, letter = getattr(adapter_, "kind", None), getattr(adapter_, "letter", None)
-    if not isinstance(kind, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", kind):
-        raise HeadError(f"a head kind needs a lower-case name, got {kind!r}")
     if not isinstance(letter, str) or not re.fullmatch(r"[A-Z]", letter):
         raise HeadError(f"head kind {kind!r} needs a single capital display letter, got {letter!r}")
-    if kind in _REGISTRY:
-        raise HeadError(f"head kind {kind!r} is already registered ({_REGISTRY[kind]!r})")
-    taken = [a.kind for a in _REGISTRY.values() if a.letter == letter]
+    taken = [a.kind for a in _REGISTRY.entries() if a.letter == letter and a.kind != kind]
     if taken:
         raise HeadError(f"display letter {letter!r} is already used by head kind {taken[0]!r}")
-    _REGISTRY[kind] = adapter_
-    return adapter_
+    return _REGISTRY.add(kind, adapter_)
 
 
 def unregister_kind(kind: str) -> None:
     """Forget a registered head kind (models already loaded keep their layer list)."""
-    if _REGISTRY.pop(kind, None) is None:
-        raise HeadError(f"head kind {kind!r} is not registered; registered: {kinds()}")
+    _REGISTRY.remove(kind)
 
 
 def kinds() -> tuple[str, ...]:
     """Registered head kinds, in registration (detection) order."""
-    return tuple(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def adapter(kind: str) -> MixerAdapter:
     """The adapter of a registered head kind; a clear error for an unknown one."""
-    try:
-        return _REGISTRY[kind]
-    except KeyError:
-        raise HeadError(f"unknown head kind {kind!r}; registered kinds: {kinds()}") from None
+    return _REGISTRY.get(kind)
 
 
 def kind_of_letter(letter: str) -> str | None:
     """The registered kind displayed with ``letter`` (``H`` -> ``attn``), or None."""
-    return next((a.kind for a in _REGISTRY.values() if a.letter == letter), None)
+    return next((a.kind for a in _REGISTRY.entries() if a.letter == letter), None)
 
 
 def registered() -> list[MixerAdapter]:
     """The registered adapters, in registration (detection) order."""
-    return list(_REGISTRY.values())
+    return _REGISTRY.entries()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from gna_interp.constants import HF_CONFIG
 from gna_interp.errors import ModelPathError, ModelUnavailableError, UnknownModelError
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -72,7 +73,7 @@ def zoo_dir() -> Path:
 def zoo_names() -> list[str]:
     """Names of the shipped zoo checkpoints (directories with a ``config.json``)."""
     root = zoo_dir()
-    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
+    return sorted(p.name for p in root.iterdir() if (p / HF_CONFIG).is_file()) if root.is_dir() else []
 
 
 def resolve_spec(spec: str | os.PathLike) -> ResolvedSpec:
@@ -111,7 +112,7 @@ def resolve_spec(spec: str | os.PathLike) -> ResolvedSpec:
         if not path.is_dir():
             raise ModelPathError(f"{s!r} is neither a file nor a folder (a device, FIFO or socket); pass a .gguf file "
                                  f"or a Hugging Face model directory.")
-        if not (path / "config.json").is_file():
+        if not (path / HF_CONFIG).is_file():
             raise ModelPathError(
                 f"{s!r} is a directory without config.json, so it is not a Hugging Face model directory; "
                 f"point at the folder that holds config.json and the weights (save_pretrained output)."

@@ -29,6 +29,9 @@ letters or cloze; hub, local file or synthetic questions; optional chat template
 in-context retrieval: :class:`Knowledge` (zero-shot completions of well-known facts, scored over answers
 of the same kind) and :class:`NeutralText` (plain-text LM loss).
 
+Kinds: :func:`~gna_interp.tasks.choice.choose_task` builds the task of a registered :class:`TaskKind` (``kv``,
+``mc``, ``cloze``; more with :func:`register_task_kind`).
+
 Saving: ``task.to_dict()`` is strict-JSON data (``format_version``, ``kind`` and the constructor
 arguments, the questions, or the samples); :func:`task_from_dict` rebuilds the same samples in
 another process, e.g. to re-evaluate a saved circuit on its own task.
@@ -37,6 +40,7 @@ another process, e.g. to re-evaluate a saved circuit on its own task.
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.evaluation import Evaluation, evaluate
 from gna_interp.tasks.io import task_from_dict
+from gna_interp.tasks.kinds import TaskKind, register_task_kind, task_kinds, unregister_task_kind
 from gna_interp.tasks.knowledge import Fact, Knowledge, fact_categories, facts
 from gna_interp.tasks.kv import PAPER_SIZES, KVRetrieval
 from gna_interp.tasks.mmlu import MultipleChoice, Question, file_questions, hub_questions, synthetic_questions
@@ -57,7 +61,7 @@ from gna_interp.tasks.text import NeutralText, lm_loss
 from gna_interp.tasks.words import word_list
 
 __all__ = ["PAPER_SIZES", "CandidateScores", "CharSegments", "Chunk", "Evaluation", "Fact", "KVRetrieval", "Knowledge",
-           "MultipleChoice", "NeutralText", "Question", "Sample", "ScoreTable", "ScoringPlan", "Segments", "Span", "Task", "TextBuilder",
+           "MultipleChoice", "NeutralText", "Question", "Sample", "ScoreTable", "ScoringPlan", "Segments", "Span", "Task", "TaskKind", "TextBuilder",
            "annotate", "evaluate", "fact_categories", "facts", "file_questions", "hub_questions", "layout_chunks",
-           "lm_loss", "plan_scoring", "read_logprobs", "run_plan",
-           "score_candidates", "synthetic_questions", "task_from_dict", "word_list"]
+           "lm_loss", "plan_scoring", "read_logprobs", "register_task_kind", "run_plan",
+           "score_candidates", "synthetic_questions", "task_from_dict", "task_kinds", "unregister_task_kind", "word_list"]

@@ -23,21 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gna_interp.errors import InputError, OptionError
+from gna_interp.errors import OptionError
 from gna_interp.options import check_choice, check_int, check_pairs_fit, options
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.calibration import Calibration, kv_forms
-from gna_interp.tasks.kv import MAX_PAIRS, MAX_SAMPLES
+from gna_interp.tasks.calibration import Calibration
+from gna_interp.tasks.kinds import KNOWLEDGE_SAMPLES, KV_UNCALIBRATED, format_kinds, task_kind, task_kinds
+from gna_interp.constants import MAX_PAIRS, MAX_SAMPLES
 from gna_interp.tasks.mmlu import QUESTION_SOURCES
 from gna_interp.tasks.calibration import calibrate as measure_forms
 from gna_interp.tasks.options import TaskOptions
 
-KINDS: tuple[str, ...] = ("kv", "mc", "cloze")
-FORMATS: tuple[str, ...] = ("official", "completion", "stated", "letters")
-KV_UNCALIBRATED: dict[str, Any] = {"template": "completion", "max_value": 99, "n_pairs": 10}  # SmolLM2's choice
-KNOWLEDGE_SAMPLES = 32
-
-__all__ = ["FORMATS", "KINDS", "KNOWLEDGE_SAMPLES", "KV_UNCALIBRATED", "ChosenTask", "TaskChoice", "build_task",
+__all__ = ["KNOWLEDGE_SAMPLES", "KV_UNCALIBRATED", "ChosenTask", "TaskChoice", "build_task",
            "calibrate", "check_knobs", "choose_task", "prompt_tokens"]
 
 
@@ -70,13 +66,15 @@ class TaskChoice(TaskOptions):
     """How :func:`choose_task` chooses (the task knobs of :class:`~gna_interp.tasks.options.TaskOptions` plus these).
 
     Attributes:
-        kind: ``kv`` (KV retrieval), ``mc`` (multiple choice scored on the letters) or ``cloze`` (on the texts).
+        kind: ``kv`` (KV retrieval), ``mc`` (multiple choice scored on the letters), ``cloze`` (on the texts) or
+            another kind registered with :func:`~gna_interp.tasks.kinds.register_task_kind`.
         pairs, max_value, template: KV knobs; None: chosen by calibration.
         mc_form: multiple-choice form (``letters`` / ``stated``); None: chosen by calibration.
         samples: prompts of the task (24, as ``gna scan``).
         calibrate: prompts per form when calibrating; 0: no calibration (unnamed knobs take completion / 99 /
             10 pairs / stated).
-        formats: other retrieval formats to build beside the task (:data:`FORMATS`).
+        formats: other retrieval formats to build beside the task (``official``, ``completion``, ``stated``,
+            ``letters``: the formats of the registered kinds, :func:`~gna_interp.tasks.kinds.format_kinds`).
         knowledge: build the task's knowledge twin.
         batch_size: sequences per forward while calibrating.
     """
@@ -93,22 +91,25 @@ class TaskChoice(TaskOptions):
     batch_size: int = 16
 
     def validate(self) -> None:
-        check_choice("kind", self.kind, KINDS)
+        check_choice("kind", self.kind, task_kinds())
         check_int("calibrate", self.calibrate, 0)
         check_int("batch_size", self.batch_size, 1)
         if self.template is not None:
             check_choice("template", self.template, ("official", "completion"))
         if self.mc_form is not None:
             check_choice("mc_form", self.mc_form, ("letters", "stated"))
-        bad = [f for f in self.formats if f not in FORMATS]
+        owners = format_kinds()
+        bad = [f for f in self.formats if f not in owners]
         if isinstance(self.formats, str) or bad:
-            raise OptionError(f"formats must be a tuple of {FORMATS}, got {self.formats!r}")
-        check_knobs(self, questions=self.kind != "kv" or any(f in ("stated", "letters") for f in self.formats))
-        if self.kind == "kv":
-            try:  # the knobs left unnamed are chosen from a grid: some form of it must fit the named ones
-                kv_forms({"template": self.template, "max_value": self.max_value, "n_pairs": self.pairs})
-            except InputError as e:
-                raise OptionError(str(e)) from None
+            raise OptionError(f"formats must be a tuple of {tuple(owners)}, got {self.formats!r}")
+        check_knobs(self, questions=self.reads_questions)
+        task_kind(self.kind).check(self)
+
+    @property
+    def reads_questions(self) -> bool:
+        """Whether the task or one of its formats reads the multiple-choice question source (``questions``)."""
+        owners = format_kinds()
+        return task_kind(self.kind).questions or any(owners[f].questions for f in self.formats if f in owners)
 
 
 @dataclass
@@ -136,33 +137,14 @@ def build_task(model: Any, choice: TaskChoice, form: dict[str, Any], seed: int |
     ``samples`` prompts and seed ``seed`` (default: the choice's)."""
     seed = choice.seed if seed is None else seed
     opts = choice.task_options().replace(samples=samples or choice.samples, seed=seed)
-    if choice.kind == "kv":
-        return opts.replace(pairs=form["n_pairs"], template=form["template"],
-                            max_value=form["max_value"]).kv(getattr(model, "kv_words", None))
-    if seed != choice.seed and not opts.generated:
-        raise InputError(f"a second set of questions (seed {seed}) is needed, which questions={choice.questions!r} "
-                         f"does not generate; use zero ablation or questions='categories' / 'synthetic'")
-    return opts.multiple_choice(opts.question_pool(), "cloze" if choice.kind == "cloze" else form["mc_form"])
-
-
-def _forms(choice: TaskChoice) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-    """``(named knobs, forms to measure, the form taken without calibration)``."""
-    if choice.kind == "kv":
-        named = {"template": choice.template, "max_value": choice.max_value, "n_pairs": choice.pairs}
-        fallback = {k: named[k] if named[k] is not None else v for k, v in KV_UNCALIBRATED.items()}
-        return named, kv_forms(named), fallback
-    named = {"mc_form": choice.mc_form}
-    forms = [{"mc_form": f} for f in ((choice.mc_form,) if choice.mc_form else ("letters", "stated"))]
-    return named, forms, {"mc_form": choice.mc_form or "stated"}
+    return task_kind(choice.kind).build(model, opts, form, seed == choice.seed)
 
 
 def _calibrate_form(model: Any, choice: TaskChoice, progress: Callable[[str], None] | None
                     ) -> tuple[Calibration | None, dict[str, Any]]:
-    """The calibration of the task form (None when every knob was named, ``calibrate=0`` or the task is cloze) and
-    the form chosen."""
-    if choice.kind == "cloze":
-        return None, {}
-    named, forms, fallback = _forms(choice)
+    """The calibration of the task form (None when every knob was named, ``calibrate=0`` or the kind has one form)
+    and the form chosen."""
+    named, forms, fallback = task_kind(choice.kind).forms(choice)
     if len(forms) == 1 or choice.calibrate == 0:
         return None, forms[0] if len(forms) == 1 else fallback
     n = min(choice.calibrate, choice.samples)
@@ -188,41 +170,21 @@ def calibrate(model: Any, choice: TaskChoice | None = None, progress: Callable[[
 
 
 def _twin(model: Any, choice: TaskChoice, notes: list[str]) -> Task | None:
-    """The knowledge twin of the task (see the module docstring), or None with a note."""
-    if not choice.knowledge or choice.kind == "cloze":
-        return None
-    if choice.kind == "kv":
-        from gna_interp.tasks.knowledge import Knowledge
-
-        twin = Knowledge(n_samples=KNOWLEDGE_SAMPLES, seed=choice.seed)
-        try:
-            model.tokenize(twin.prompts)
-        except InputError:
-            notes.append(f"no knowledge control: {model.name}'s vocabulary cannot write the facts of the zero-shot "
-                         f"knowledge task")
-            return None
-        return twin
-    try:
-        return build_task(model, choice.replace(kind="cloze"), {})
-    except InputError as e:  # e.g. a question repeating an option text, which cloze cannot score
-        notes.append(f"no knowledge twin (the cloze form of these questions cannot be scored: {e})")
-        return None
+    """The knowledge twin of the task (see the module docstring), or None (with a note when it cannot be built)."""
+    return task_kind(choice.kind).twin(model, choice, notes) if choice.knowledge else None
 
 
 def _format_tasks(model: Any, choice: TaskChoice, form: dict[str, Any], notes: list[str]) -> tuple[Task, ...]:
+    """The tasks of ``choice.formats`` beside the task of ``form``, each built by the kind that offers it; the
+    task's own format is dropped with a note."""
     out = []
-    kv = {k: form.get(k, v) for k, v in KV_UNCALIBRATED.items()}
+    own = task_kind(choice.kind)
     for f in choice.formats:
-        if f in ("official", "completion"):
-            if choice.kind == "kv" and f == form.get("template"):
-                notes.append(f"formats: {f} is the task's own template; not scanned twice")
-                continue
-            out.append(build_task(model, choice.replace(kind="kv"), {**kv, "template": f}))
-        else:
-            if choice.kind == "mc" and f == form.get("mc_form"):
-                notes.append(f"formats: {f} is the task's own form; not scanned twice")
-                continue
-            out.append(build_task(model, choice.replace(kind="mc"), {"mc_form": f}))
+        owner = format_kinds()[f]
+        if owner is own and f == own.own_format(form):
+            notes.append(f"formats: {f} is the task's own {own.format_word}; not scanned twice")
+            continue
+        out.append(build_task(model, choice.replace(kind=owner.name), owner.format_form(f, form)))
     return tuple(out)
 
 
@@ -245,6 +207,6 @@ def prompt_tokens(model: Any, choice: TaskChoice | None = None, **overrides: Any
     """Mean tokens per prompt of the task :func:`choose_task` builds without calibrating (unnamed knobs: completion,
     values 0-99, 10 pairs), counted with ``model``'s tokenizer: what a cost estimate assumes a prompt costs."""
     choice = TaskChoice.build(choice, **overrides)
-    task = build_task(model, choice, _forms(choice)[2])
+    task = build_task(model, choice, task_kind(choice.kind).forms(choice)[2])
     lens = [len(model.tokenizer(s.prompt)["input_ids"]) for s in task.samples]
     return -(-sum(lens) // len(lens))

@@ -19,6 +19,7 @@ from numbers import Integral
 
 from typing import Any, Literal, Sequence
 
+from gna_interp.constants import MAX_LINES, MAX_PAIRS, MAX_SAMPLES, MAX_VALUE
 from gna_interp.errors import InputError
 from gna_interp.tasks.base import FORMAT_VERSION, Task
 from gna_interp.tasks.sample import Sample
@@ -37,10 +38,6 @@ PAPER_SIZES: tuple[int, ...] = (10, 15, 20, 25, 30, 35, 40, 45, 50)
 DEFAULT_VALUE_SUFFIX = {"official": "", "completion": "\n"}
 
 
-MAX_SAMPLES = 100_000  # prompts of one task: far beyond what a scan runs, far below what hangs a machine
-MAX_PAIRS = 10_000  # lines of one dictionary (the paper's largest is 50; past this no context holds a prompt)
-MAX_VALUE = 10**9  # largest value of a line (a value is a few tokens; past this it is a long number, not a value)
-MAX_LINES = 250_000  # dictionary lines of all prompts together (n_pairs x n_samples): about 3 s to build
 
 
 class KVRetrieval(Task):

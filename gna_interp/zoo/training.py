@@ -37,12 +37,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from gna_interp.constants import CARD_MD
 from gna_interp.errors import InputError, UnknownModelError
 from gna_interp.models.card import CARD_JSON, read_card
 from gna_interp.options import Options, options
 
 DEFAULT_EVAL_SIZES: tuple[int, ...] = (5, 8, 10, 20, 40)
-CARD_MD = "MODEL_CARD.md"
 
 
 @dataclass(frozen=True)

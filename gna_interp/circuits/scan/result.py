@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from gna_interp.bootstrap import interval, paired_bootstrap
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.options import check_level, check_n_boot
@@ -26,10 +27,9 @@ from gna_interp.tasks.metrics import RESULT_DTYPES, Results, get_metric
 
 COLUMNS = ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank", "source", "est_drop", "est_mass",
            "drop_lo", "drop_hi", "screen_drop"]
-N_BOOTSTRAP = 1000
 SCREEN_Z = 3.0  # a screened head's bound: mean + SCREEN_Z bootstrap standard deviations of its drop
 
-__all__ = ["COLUMNS", "N_BOOTSTRAP", "SCREEN_Z", "HeadScan"]
+__all__ = ["COLUMNS", "SCREEN_Z", "HeadScan"]
 
 
 @dataclass
@@ -93,7 +93,7 @@ class HeadScan:
         base = {k: v[idx] for k, v in self.baseline.items()}
         per = self.screened[head]
         m = len(idx)
-        boot = torch.randint(0, m, (n_boot, m), generator=torch.Generator().manual_seed(0))
+        boot = paired_bootstrap(m, n_boot)
         est = get_metric(self.estimand)
         d = (est.resampled(base, boot) - est.resampled(per, boot)).double()
         mean = est.value(base) - est.value(per)
@@ -118,7 +118,7 @@ class HeadScan:
         """Attribution estimate of the drop of :attr:`estimand` when ``head`` is ablated (NaN if none)."""
         return self._value(self.baseline, self.estimand) - self.estimates[head] if head in self.estimates else math.nan
 
-    def intervals(self, level: float = 0.95, n_boot: int = N_BOOTSTRAP) -> dict[HeadRef, tuple[float, float]]:
+    def intervals(self, level: float = 0.95, n_boot: int = 1000) -> dict[HeadRef, tuple[float, float]]:
         """Bootstrap interval (over samples, paired with the baseline; fixed seed) of each exactly run
         head's drop: ``{head: (low, high)}`` at ``level``."""
         n_boot, level = check_n_boot(n_boot), check_level(level)
@@ -129,14 +129,10 @@ class HeadScan:
         if cached is not None and cached[0] == key:
             return cached[1]
         n = len(next(iter(self.baseline.values())))
-        idx = torch.randint(0, n, (n_boot, n), generator=torch.Generator().manual_seed(0))
+        idx = paired_bootstrap(n, n_boot)
         metric = get_metric(self.metric)
         base = metric.resampled(self.baseline, idx)
-        q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
-        out = {}
-        for h, per in self.exact.items():
-            lo, hi = torch.quantile((base - metric.resampled(per, idx)).double(), q).tolist()
-            out[h] = (lo, hi)
+        out = {h: interval(base - metric.resampled(per, idx), level) for h, per in self.exact.items()}
         self._intervals = (key, out)
         return out
 
