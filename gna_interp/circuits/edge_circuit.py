@@ -234,9 +234,11 @@ class EdgeCircuit:
 
     def from_screen(self, table: pd.DataFrame) -> pd.DataFrame:
         """The screened edges (:class:`~gna_interp.circuits.edge_screen.EdgeScreen` rows) as wires with their
-        scores (``wire``, ``sender``, ``receiver``, ``positions``, ``score``), strongest first; the rows of the
-        heads that share an input (a KV group) add up, as the gradient through a shared input is the sum over its
-        readers."""
+        scores (``wire``, ``sender``, ``receiver``, ``positions``, ``score``), largest ``|score|`` first (an edge
+        whose first-order estimate is negative can still be one the circuit needs once the rest is ablated: ordered
+        by ``|score|``, the zoo Mamba-2's smallest edge circuit is 58 edges, by signed score the whole graph); the
+        rows of the heads that share an input (a KV group) add up, as the gradient through a shared input is the sum
+        over its readers."""
         rows = []
         for r in table.itertuples():
             if self._index[r.sender] in self._fixed:
@@ -251,7 +253,8 @@ class EdgeCircuit:
         df = pd.DataFrame(rows, columns=["sender", "receiver", "positions", "score"])
         df = df.groupby(["sender", "receiver", "positions"], as_index=False, sort=False)["score"].sum()
         df["wire"] = [Wire(s, r, p) for s, r, p in zip(df.sender, df.receiver, df.positions)]
-        return df.sort_values("score", ascending=False, kind="stable").reset_index(drop=True)
+        order = df["score"].abs().sort_values(ascending=False, kind="stable").index
+        return df.loc[order].reset_index(drop=True)
 
     # ---- running --------------------------------------------------------------------------
     def _stream_means(self, reference: Any) -> dict[str, Tensor]:
