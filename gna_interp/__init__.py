@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and the API docs
         ablation_curve,
         compare_circuits,
         discover,
+        edge_faithfulness,
         faithfulness,
         path_effects,
         prune_curve,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and the API docs
 __version__ = "0.1.0"
 __all__ = ["ChosenTask", "Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "Evaluation", "GnaError", "HeadRef", "HeadScan", "KVRetrieval", "MaskOptions",
            "MixerAdapter", "Model", "MultipleChoice", "PathEffects", "PatternOptions", "PatternSet", "RoleRule", "Sample",
-           "ScanConfig", "Task", "TaskChoice", "ablate", "ablation_curve", "calibrate", "choose_task", "compare_circuits", "discover", "evaluate", "faithfulness", "load_model", "mask_pattern",
+           "ScanConfig", "Task", "TaskChoice", "ablate", "ablation_curve", "calibrate", "choose_task", "compare_circuits", "discover", "edge_faithfulness", "evaluate", "faithfulness", "load_model", "mask_pattern",
            "path_effects", "patterns", "prune_curve", "reference_scan", "register_kind", "role_scores", "scan_heads", "skip_layers",
            "task_from_dict"]
 
@@ -67,6 +68,7 @@ _EXPORTS = {
     "compare_circuits": "gna_interp.circuits",
     "discover": "gna_interp.circuits",
     "faithfulness": "gna_interp.circuits",
+    "edge_faithfulness": "gna_interp.circuits",
     "prune_curve": "gna_interp.circuits",
     "reference_scan": "gna_interp.circuits",
     "role_scores": "gna_interp.circuits",

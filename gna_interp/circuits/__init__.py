@@ -4,7 +4,7 @@ with its ablation curve and report views, layer pruning, and retrieval-guided hy
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import CurveConfig, ablation_curve
 from gna_interp.circuits.discovery import DiscoverConfig, discover
-from gna_interp.circuits.sufficiency import Faithfulness, FaithfulnessConfig, faithfulness
+from gna_interp.circuits.sufficiency import Faithfulness, FaithfulnessConfig, edge_faithfulness, faithfulness
 from gna_interp.circuits.comparison import CircuitComparison, compare_circuits
 from gna_interp.circuits.hybrid import HybridPlan, plan_hybrid
 from gna_interp.circuits.paths import Edge, PathEffects, PathOptions, PathPatcher, path_effects
@@ -18,4 +18,4 @@ from gna_interp.circuits.views import CardViews, card_heads, card_views
 __all__ = ["CardViews", "Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "HeadScan", "PathEffects", "PathOptions", "PathPatcher", "HybridPlan", "RoleRule", "ScanConfig", "ablation_curve", "reference_scan",
            "card_heads", "card_views", "compare_circuits", "discover", "path_effects", "plan_hybrid", "prune_curve", "role_scores", "scan_heads"]
 from gna_interp.circuits.interactions import Interactions, head_interactions
-__all__ += ["Interactions", "head_interactions", "Faithfulness", "FaithfulnessConfig", "faithfulness"]
+__all__ += ["Interactions", "head_interactions", "Faithfulness", "FaithfulnessConfig", "edge_faithfulness", "faithfulness"]
