@@ -61,6 +61,7 @@ def mlp_name(layer: int) -> str:
     """The node name of block ``layer``'s MLP."""
     return f"MLP{layer}"
 
+
 SCOPES: tuple[str, ...] = ("heads", "all")
 
 
@@ -76,6 +77,7 @@ class Wire:
 
     @property
     def name(self) -> str:
+        """``SENDER -> RECEIVER@POSITIONS``, e.g. ``L0H3 -> L1H3.k@items``; parses back with :meth:`parse`."""
         return f"{self.sender} -> {self.receiver}@{self.positions}"
 
     @classmethod
@@ -110,6 +112,9 @@ class EdgeCircuit:
 
     def __init__(self, model: Model, task: Task, method: AblationMethod = "mean", reference: Any = None,
                  batch_size: int = 8, senders: str = "heads") -> None:
+        from gna_interp.models.model import check_model
+
+        check_model(model)
         if senders not in SCOPES:
             raise InputError(f"senders must be one of {SCOPES} (which edges a circuit may leave out), got {senders!r}")
         if method not in ("zero", "mean"):
