@@ -127,6 +127,15 @@ def _graph_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
     graph, fig = graph_section(circuit)
     if fig is not None:
         figures["circuit_graph"] = fig
+    if circuit.whole is not None:
+        return ["<h2>How the heads work together: the whole circuit</h2>", _note(circuit.whole.sentence()), _note(
+            "Nodes: the embeddings (left), the heads at their layer (colour: causal role; size: the head's drop), "
+            "the MLPs (squares, half a layer after their block's heads) and the answer logits (right). Each edge is "
+            "the drop of the logit difference when only that path is removed (its width; the screen score where it "
+            "was not measured exactly, drawn with an open diamond), coloured by the input it reaches (a head's "
+            "query, key or value, an MLP's input, the logits) and dashed by where it acts (solid: the lines' tokens; "
+            "dashed: the decision position; dotted: every position). Faint edges were only screened, or their 95% "
+            "interval reaches 0."), graph]
     return ["<h2>How the heads work together</h2>", _note(
         "Path patching among the top heads: each edge is the drop of the logit difference when only that path is "
         "removed -- the sender's write into one later head's keys or values at the lines' tokens (gather -> "
