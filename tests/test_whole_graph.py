@@ -134,6 +134,8 @@ def test_the_report_states_what_the_whole_circuit_keeps(zoo_whole):
     data = json.loads(page[start:page.index("</script>", start)])
     assert len(data["edges"]) == 8 and data["nodes"]["MLP1"]["kind"] == "mlp"
     assert data["edges"][1]["effect"] is None and data["edges"][1]["score"] == 0.2
+    summary = (zoo_whole / "summary.md").read_text(encoding="utf-8")
+    assert "- whole circuit: The whole circuit keeps 85%" in summary and "Strongest edges: " in summary
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
