@@ -1,4 +1,11 @@
-"""Self-contained HTML pages: the circuitsvis and plotly JavaScript embedded once per page, no network."""
+"""Self-contained HTML pages: the circuitsvis and plotly JavaScript embedded once per page, no network.
+
+Every piece of HTML is a Jinja2 template under ``gna_interp/viz/templates`` rendered with one escaping rule: a
+value written into a template is escaped (``html.escape``, quotes included) unless it is markup that a template,
+plotly or a shipped asset made (:class:`markupsafe.Markup`). The page's JavaScript and CSS are files under
+``gna_interp/viz/static`` (:func:`asset`), inlined into the page so it needs no network; JSON data goes into
+``<script type="application/json">`` through :func:`script_json` (the ``script_json`` filter of the templates).
+"""
 
 from __future__ import annotations
 
@@ -11,13 +18,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-# The iframe document sizes its <iframe> to its content (srcdoc frames share the notebook's origin). It measures
-# the body, not documentElement.scrollHeight, which never drops below the frame's own height and so only grows.
-_FIT_FRAME = ("<script>(function(){var f=window.frameElement;if(!f)return;var b=document.body;"
-              "function fit(){var m=parseFloat(getComputedStyle(b).marginBottom)||0;"
-              "f.style.height=Math.ceil(b.getBoundingClientRect().bottom+m+window.scrollY)+'px';}"
-              "new ResizeObserver(fit).observe(b);window.addEventListener('load',fit);fit();})();</script>")
+import jinja2
+from markupsafe import Markup
 
+_HERE = Path(__file__).parent
 
 # Inside <script>, the HTML parser ends the element at the first "</script" (and "<!--" changes how it scans), whatever
 # JavaScript would make of it. Writing <, > and & as JSON escapes leaves the value the same and the script unbreakable;
@@ -31,6 +35,46 @@ def script_json(value: Any) -> str:
     ``</script><script>alert(1)</script>``, say) can end the element or start markup; JavaScript reads the
     same value."""
     return json.dumps(value).translate(_SCRIPT_SAFE)
+
+
+def _escape(value: Any) -> Markup:
+    """The one escaping rule of every template: markup passes as it is, anything else is text (quotes escaped)."""
+    return value if isinstance(value, Markup) else Markup(html.escape(str(value), quote=True))
+
+
+def _json_filter(value: Any) -> Markup:
+    return Markup(script_json(value))
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True, finalize=_escape,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["script_json"] = _json_filter
+    env.globals["asset"] = asset
+    return env
+
+
+@lru_cache(maxsize=None)
+def asset(name: str) -> Markup:
+    """The shipped static file ``gna_interp/viz/static/<name>`` (JavaScript or CSS), as markup to inline into a
+    ``<script>`` or ``<style>`` element; a file that could end that element early is refused."""
+    text = (_HERE / "static" / name).read_text(encoding="utf-8")
+    if "</script" in text.lower() or "</style" in text.lower():
+        raise ValueError(f"static file {name} holds a closing tag, which would end its element early")
+    return Markup(text)
+
+
+def render(template: str, **context: Any) -> str:
+    """The template ``gna_interp/viz/templates/<template>`` rendered with ``context`` (escaped unless
+    :class:`~markupsafe.Markup`)."""
+    return str(_environment().get_template(template).render(**context))
+
+
+def part(macro: str, *args: Any, **kwargs: Any) -> str:
+    """One macro of ``templates/parts.html`` (``heading``, ``note``, ``table``, ``links``): a small piece of a
+    page, its text escaped."""
+    return str(getattr(_environment().get_template("parts.html").module, macro)(*args, **kwargs))
 
 
 @lru_cache(maxsize=1)
@@ -50,10 +94,10 @@ def circuitsvis_widget(element: str, **props: Any) -> str:
     """
     from circuitsvis.utils.convert_props import convert_prop_type
 
-    div_id = f"cv-{uuid.uuid4().hex[:12]}"
-    data = script_json({k: convert_prop_type(v) for k, v in props.items() if v is not None})
-    return (f'<div id="{div_id}" class="cv-widget" style="margin: 15px 0;"></div>\n'
-            f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{element}, {data});</script>')
+    if not element.isidentifier():
+        raise ValueError(f"a circuitsvis element is a JavaScript name, got {element!r}")
+    return render("cv_widget.html", div_id=f"cv-{uuid.uuid4().hex[:12]}", element=element,
+                  props={k: convert_prop_type(v) for k, v in props.items() if v is not None})
 
 
 def figure_div(fig: Any, div_id: str | None = None) -> str:
@@ -104,11 +148,9 @@ class HTMLView:
 
     def _repr_html_(self) -> str:
         """Notebook display: an iframe whose ``srcdoc`` is :meth:`page` (plus a script that fits its height)."""
-        doc = page(self.title, [self.fragment, _FIT_FRAME], circuitsvis=self.circuitsvis, plotly=self.plotly,
-                   heading=self.heading)
-        return (f'<iframe class="gna-view" title="{html.escape(self.title, quote=True)}" '
-                f'style="width:100%;height:{int(self.frame_height)}px;border:0" '
-                f'srcdoc="{html.escape(doc, quote=True)}"></iframe>')
+        doc = page(self.title, [self.fragment, render("script.html", name="fit_frame.js")],
+                   circuitsvis=self.circuitsvis, plotly=self.plotly, heading=self.heading)
+        return render("iframe.html", title=self.title, height=int(self.frame_height), doc=doc)
 
     def __str__(self) -> str:
         return self.fragment
@@ -128,18 +170,14 @@ def page(title: str, sections: Sequence[str | HTMLView], *, circuitsvis: bool = 
     views = [s for s in sections if isinstance(s, HTMLView)]
     circuitsvis = circuitsvis or any(v.circuitsvis for v in views)
     plotly = plotly or any(v.plotly for v in views)
-    head = [f"<title>{html.escape(title)}</title>", '<meta charset="utf-8">',
-            "<style>body{font-family:system-ui,sans-serif;margin:24px;max-width:1200px}"
-            "h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}.note{color:#555}</style>"]
-    if circuitsvis:
-        head.append(f"<script>{circuitsvis_bundle()}</script>")
+    plotly_js = ""
     if plotly:
         from plotly.offline import get_plotlyjs
 
-        head.append(f"<script>{get_plotlyjs()}</script>")
-    body = ([f"<h1>{html.escape(title)}</h1>"] if heading else []) + [str(s) for s in sections]
-    return "<!DOCTYPE html>\n<html><head>" + "\n".join(head) + "</head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+        plotly_js = get_plotlyjs()
+    return render("page.html", title=title, heading=heading, sections=[Markup(str(s)) for s in sections],
+                  circuitsvis_js=Markup(circuitsvis_bundle()) if circuitsvis else None,
+                  plotly_js=Markup(plotly_js) if plotly else None)
 
 
 class IsolatedParts:
@@ -170,7 +208,7 @@ class IsolatedParts:
         why = one_line(error)
         self.failed.append(f"{title}: {why}")
         text = note if note is not None else f"Not drawn: {why}. The results files are complete."
-        self.sections += [f"<h2>{html.escape(title)}</h2>", f'<p class="note">{html.escape(text)}</p>']
+        self.sections += [part("heading", title), part("note", text)]
 
 
 def one_line(error: BaseException | str, limit: int = 300) -> str:
