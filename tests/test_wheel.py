@@ -119,7 +119,7 @@ def test_the_wheel_holds_the_package_data(installed: Installed):
     assert not missing, f"files of gna_interp/ missing from the wheel (package-data in pyproject.toml?): {missing}"
     for f in ("gna_interp/py.typed", "gna_interp/data/eval_tasks/gna_kv_mc.yaml",
               "gna_interp/data/eval_tasks/gna_kv_mc.jsonl", "gna_interp/data/eval_tasks/gna_local.py",
-              "gna_interp/viz/templates/page.html", "gna_interp/viz/static/graph.js",
+              "gna_interp/templates/page.html", "gna_interp/viz/static/graph.js",
               "gna_interp/viz/static/head_view.js"):
         assert f in names, f
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))

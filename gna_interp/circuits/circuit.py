@@ -432,9 +432,8 @@ class Circuit:
             parts.append(html_repr.Raw(_curve_table(self.curve, cs.get("metric", "accuracy"))))
         parts.append(html_repr.Raw(drop_heatmap(df, self.scan.metric)))
         if self.notes:
-            parts.append("<ul style='font-size:12px;margin:4px 0'>" +
-                         "".join(f"<li>{html_repr.esc(n)}</li>" for n in self.notes) + "</ul>")
-        return "<div>" + "".join(parts) + "</div>"
+            parts.append(html_repr.bullets(self.notes))
+        return html_repr.block(parts)
 
 
 def _curve_table(curve: pd.DataFrame, metric: str) -> str:

@@ -26,7 +26,7 @@ from markupsafe import Markup
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.viz.head_view import head_explorer
-from gna_interp.viz.html import HTMLView, figure_div, part, render
+from gna_interp.viz.html import HTMLView, asset, figure_div, part, render
 
 __all__ = ["GRAPH_ID", "POSITION_DASHES", "circuit_graph", "graph_figure", "graph_section", "node_positions",
            "whole_figure"]
@@ -278,7 +278,7 @@ def graph_section(circuit: Any, graph_id: str = GRAPH_ID) -> tuple[str, Any]:
               "and values, the decision position for a query) next to the receiver's row at the decision position"
             + (f" (card sample {sample})." if views is not None else "; this circuit has no stored patterns."))
     return render("graph.html", figure=Markup(figure_div(fig, div_id=graph_id)), note=note, box_id=_EDGE_BOX,
-                  data=data), fig
+                  data=data, script=asset("graph.js")), fig
 
 
 def _number(v: Any) -> float | None:

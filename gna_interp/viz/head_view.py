@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from gna_interp.circuits.views import LEVELS, CardViews
-from gna_interp.viz.html import part, render
+from gna_interp.viz.html import asset, part, render
 
 __all__ = ["HEATMAP_ID", "head_explorer"]
 
@@ -71,4 +71,4 @@ def head_explorer(frame: pd.DataFrame, views: CardViews | None, heatmap_id: str 
             f"{stored} of {len(rows)} heads have a stored pattern ({every.nbytes:,} bytes in views.pt, budget "
             f"{every.budget:,})" + (f"; {len(every.omitted or [])} lower-ranked heads were left out to stay within it."
                                    if every.omitted else "."))
-    return render("head_explorer.html", note=note, box_id=_BOX_ID, data=data)
+    return render("head_explorer.html", note=note, box_id=_BOX_ID, data=data, script=asset("head_view.js"))

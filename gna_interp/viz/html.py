@@ -1,16 +1,12 @@
 """Self-contained HTML pages: the circuitsvis and plotly JavaScript embedded once per page, no network.
 
-Every piece of HTML is a Jinja2 template under ``gna_interp/viz/templates`` rendered with one escaping rule: a
-value written into a template is escaped (``html.escape``, quotes included) unless it is markup that a template,
-plotly or a shipped asset made (:class:`markupsafe.Markup`). The page's JavaScript and CSS are files under
-``gna_interp/viz/static`` (:func:`asset`), inlined into the page so it needs no network; JSON data goes into
-``<script type="application/json">`` through :func:`script_json` (the ``script_json`` filter of the templates).
+Every piece of HTML is a template of :mod:`gna_interp.templates`, rendered with its one escaping rule; the pages'
+own JavaScript and CSS are files under ``gna_interp/viz/static`` (:func:`asset`), inlined into the page so it needs
+no network.
 """
 
 from __future__ import annotations
 
-import html
-import json
 import os
 import uuid
 from dataclasses import dataclass
@@ -18,42 +14,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-import jinja2
-from markupsafe import Markup
+from gna_interp.templates import Markup, part, render, script_json
+
+__all__ = ["HTMLView", "IsolatedParts", "asset", "circuitsvis_bundle", "circuitsvis_widget", "figure_div", "one_line",
+           "page", "part", "render", "script_json"]
 
 _HERE = Path(__file__).parent
-
-# Inside <script>, the HTML parser ends the element at the first "</script" (and "<!--" changes how it scans), whatever
-# JavaScript would make of it. Writing <, > and & as JSON escapes leaves the value the same and the script unbreakable;
-# U+2028/2029 are line ends to older JavaScript parsers. A JSON text holds these characters only inside strings.
-_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
-                              "\u2029": "\\u2029"})
-
-
-def script_json(value: Any) -> str:
-    """``value`` as JSON that is safe to write inside a ``<script>`` element: no string in it (a token
-    ``</script><script>alert(1)</script>``, say) can end the element or start markup; JavaScript reads the
-    same value."""
-    return json.dumps(value).translate(_SCRIPT_SAFE)
-
-
-def _escape(value: Any) -> Markup:
-    """The one escaping rule of every template: markup passes as it is, anything else is text (quotes escaped)."""
-    return value if isinstance(value, Markup) else Markup(html.escape(str(value), quote=True))
-
-
-def _json_filter(value: Any) -> Markup:
-    return Markup(script_json(value))
-
-
-@lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True, finalize=_escape,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters["script_json"] = _json_filter
-    env.globals["asset"] = asset
-    return env
-
 
 @lru_cache(maxsize=None)
 def asset(name: str) -> Markup:
@@ -63,18 +29,6 @@ def asset(name: str) -> Markup:
     if "</script" in text.lower() or "</style" in text.lower():
         raise ValueError(f"static file {name} holds a closing tag, which would end its element early")
     return Markup(text)
-
-
-def render(template: str, **context: Any) -> str:
-    """The template ``gna_interp/viz/templates/<template>`` rendered with ``context`` (escaped unless
-    :class:`~markupsafe.Markup`)."""
-    return str(_environment().get_template(template).render(**context))
-
-
-def part(macro: str, *args: Any, **kwargs: Any) -> str:
-    """One macro of ``templates/parts.html`` (``heading``, ``note``, ``table``, ``links``): a small piece of a
-    page, its text escaped."""
-    return str(getattr(_environment().get_template("parts.html").module, macro)(*args, **kwargs))
 
 
 @lru_cache(maxsize=1)
@@ -148,7 +102,7 @@ class HTMLView:
 
     def _repr_html_(self) -> str:
         """Notebook display: an iframe whose ``srcdoc`` is :meth:`page` (plus a script that fits its height)."""
-        doc = page(self.title, [self.fragment, render("script.html", name="fit_frame.js")],
+        doc = page(self.title, [self.fragment, render("script.html", script=asset("fit_frame.js"))],
                    circuitsvis=self.circuitsvis, plotly=self.plotly, heading=self.heading)
         return render("iframe.html", title=self.title, height=int(self.frame_height), doc=doc)
 
@@ -175,8 +129,8 @@ def page(title: str, sections: Sequence[str | HTMLView], *, circuitsvis: bool = 
         from plotly.offline import get_plotlyjs
 
         plotly_js = get_plotlyjs()
-    return render("page.html", title=title, heading=heading, sections=[Markup(str(s)) for s in sections],
-                  circuitsvis_js=Markup(circuitsvis_bundle()) if circuitsvis else None,
+    return render("page.html", title=title, css=asset("page.css"), heading=heading,
+                  sections=[Markup(str(s)) for s in sections], circuitsvis_js=Markup(circuitsvis_bundle()) if circuitsvis else None,
                   plotly_js=Markup(plotly_js) if plotly else None)
 
 
