@@ -13,7 +13,7 @@ from gna_interp.circuits import Circuit, WholeCircuit
 from gna_interp.cli import main
 from gna_interp.errors import InputError
 from gna_interp.viz.graph import POSITION_DASHES, whole_figure
-from browser import CHROMIUM, GRAPH_POINT, graph_page
+from browser import CHROMIUM, click_point, graph_page
 from made_up import edited_copy
 
 
@@ -77,6 +77,7 @@ def test_the_whole_circuit_round_trips_with_its_circuit(zoo_whole, tmp_path):
     assert again.whole == whole
     again.whole = None
     assert "whole" not in again.to_dict()  # a plain scan's circuit.json has no such key
+    assert "whole circuit" in circuit._repr_html_() and "keeps 85%" in circuit._repr_html_()
     text = whole.sentence()
     assert "keeps 85% (95% interval 76% to 97%)" in text and "7 nodes (3 heads, 2 MLPs) and 8 edges" in text
 
@@ -147,22 +148,13 @@ def test_clicks_on_the_whole_graph_show_edges_heads_and_mlps(zoo_whole):
     e = circuit.whole.edges[target]
     errors = []
     with graph_page(zoo_whole / "report.html", errors) as page:
-        at = page.evaluate(GRAPH_POINT, ["edges", target])
-        page.mouse.click(at["x"], at["y"])
-        page.wait_for_function("document.querySelectorAll('#gna-edge-detail .js-plotly-plot').length >= 2",
-                               timeout=60_000)
+        click_point(page, "edges", target, "document.querySelectorAll('#gna-edge-detail .js-plotly-plot').length >= 2")
         edge = page.evaluate("[document.getElementById('gna-edge-detail').dataset.edge, "
                              "document.getElementById('gna-edge-detail').innerText]")
         page.screenshot(path=str(zoo_whole / "whole_edge.png"), full_page=True)
-        at = page.evaluate(GRAPH_POINT, ["nodes", "MLP0"])
-        page.mouse.click(at["x"], at["y"])
-        page.wait_for_function("document.getElementById('gna-edge-detail').dataset.node === 'MLP0'",
-                               timeout=60_000)
+        click_point(page, "nodes", "MLP0", "document.getElementById('gna-edge-detail').dataset.node === 'MLP0'")
         mlp = page.evaluate("document.getElementById('gna-edge-detail').innerText")
-        at = page.evaluate(GRAPH_POINT, ["heads", e.receiver])
-        page.mouse.click(at["x"], at["y"])
-        page.wait_for_function("document.getElementById('gna-head-detail').dataset.head !== undefined",
-                               timeout=60_000)
+        click_point(page, "heads", e.receiver, "document.getElementById('gna-head-detail').dataset.head !== undefined")
         head = page.evaluate("document.getElementById('gna-head-detail').dataset.head")
         page.screenshot(path=str(zoo_whole / "whole_graph.png"), full_page=True)
     assert not errors, errors

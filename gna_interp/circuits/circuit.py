@@ -399,6 +399,8 @@ class Circuit:
                                                     "; edges not measured)")))
         else:
             facts.append(("gather -> aggregate", "none found"))
+        if self.whole is not None:
+            facts.append(("whole circuit", self.whole.sentence()))
         cs = self.curve_summary()
         if cs:
             facts.append(("ablation curve", f"top {cs['k']} removed: {cs['metric']} {html_repr.fmt(cs['top'])}; "
