@@ -118,14 +118,14 @@ CALIBRATION = obj({"rows": arr(obj({"form": {"type": "object"}, "task": STR, "ac
 # circuit.json's "whole": an edge set of the whole graph (gna_interp.circuits.whole_circuit checks its meaning)
 WHOLE_NODE = obj({"name": {"type": "string", "pattern": f"^(?:{HEAD_NAME[1:-1]}|MLP[0-9]{{1,9}}|embed|logits)$"},
                   "kind": {"enum": ["head", "mlp", "embed", "logits"]},
-                  "layer": {"type": "integer", "minimum": -1, "maximum": 999_999_999}}, {"role": nullable(STR)},
-                 closed=True)
+                  "layer": {"type": "integer", "minimum": -1, "maximum": 999_999_999}}, {"role": nullable(STR)})
 WHOLE_EDGE = obj({"sender": STR, "receiver": STR, "input": {"enum": ["q", "k", "v", "other", "mlp", "logits"]},
-                  "positions": {"enum": ["items", "decision", "summary", "all"]}},
-                 {"score": NUM_NULL, "effect": NUM_NULL, "low": NUM_NULL, "high": NUM_NULL}, closed=True)
+                  "positions": {"enum": ["items", "decision", "summary", "other", "all"]}},
+                 {"score": NUM_NULL, "effect": NUM_NULL, "low": NUM_NULL, "high": NUM_NULL})
 WHOLE = obj({"metric": STR, "method": STR, "nodes": arr(WHOLE_NODE, maxItems=MAX_UNITS),
              "edges": arr(WHOLE_EDGE, maxItems=MAX_UNITS)},
-            {"threshold": NUM_NULL, "kept": NUM_NULL, "low": NUM_NULL, "high": NUM_NULL}, closed=True)
+            {"threshold": NUM_NULL, "kept": NUM_NULL, "low": NUM_NULL, "high": NUM_NULL,
+             "n_edges": nullable(UNITS)})
 
 CIRCUIT = obj({"model": {"type": "string", "maxLength": 4096}, "task": TASK, "baseline": METRICS, "rule": ROLE_RULE,
                "scan_rows": UNITS, "run_id": RUN},

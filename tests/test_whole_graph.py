@@ -162,3 +162,17 @@ def test_clicks_on_the_whole_graph_show_edges_heads_and_mlps(zoo_whole):
     assert "into MLP0 (1)" in mlp and "out of MLP0 (1)" in mlp and "screened only: screen score 0.200" in mlp
     assert head == e.receiver
     print(f"screenshots: {zoo_whole / 'whole_edge.png'} {zoo_whole / 'whole_graph.png'}")
+
+
+def test_a_whole_circuit_as_gna_circuit_writes_it_loads():
+    """The search's own count of edges (a shared key/value input is one edge there, one per head here) and edges at
+    the other tokens are read, kept and said."""
+    doc = whole_doc("L2H1", "L5H0", "L1H3", 8)
+    doc["n_edges"] = 7
+    doc["edges"].append({"sender": "L1H3", "receiver": "L5H0", "input": "other", "positions": "other", "score": 0.1,
+                         "effect": None, "low": None, "high": None})
+    whole = WholeCircuit.from_dict(doc)
+    assert whole.n_edges == 7 and whole.to_dict() == doc
+    assert "from 7 edges of the searched graph" in whole.sentence()
+    lines = [t for t in whole_figure(whole).data if t.mode == "lines" and t.x[0] is not None]
+    assert lines[-1].line.dash == POSITION_DASHES["other"][0]

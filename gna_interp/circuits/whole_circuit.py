@@ -4,7 +4,7 @@ The whole graph has four kinds of node -- the embeddings (``embed``), every head
 (``MLP3``) and the answer logits (``logits``) -- and an edge runs from an earlier node into one input of a later
 one: a head's query, key or value (``q`` / ``k`` / ``v``; ``other`` for the inputs of other head kinds), an MLP's
 input (``mlp``) or the logits (``logits``), at a position class (``items``: the lines' tokens; ``decision``: the
-decision position; ``all``). A whole circuit is such an edge set with the fraction of the intact metric it keeps
+decision position; ``other``: every other token; ``all``). A whole circuit is such an edge set with the fraction of the intact metric it keeps
 when everything outside it is ablated (``kept``, with its interval ``low`` .. ``high``), and each edge's screen
 ``score`` and, where it was measured exactly by path patching, its ``effect`` with a 95 % interval.
 
@@ -38,7 +38,7 @@ EMBED = "embed"
 LOGITS = "logits"
 NODE_KINDS = ("head", "mlp", "embed", "logits")
 WHOLE_INPUTS = ("q", "k", "v", "other", "mlp", "logits")
-WHOLE_POSITIONS = ("items", "decision", "summary", "all")
+WHOLE_POSITIONS = ("items", "decision", "summary", "other", "all")
 _RECEIVES = {"head": ("q", "k", "v", "other"), "mlp": ("mlp",), "logits": ("logits",), "embed": ()}
 
 
@@ -105,7 +105,9 @@ class WholeEdge:
 class WholeCircuit:
     """An edge set of the whole graph and the share of the intact ``metric`` it keeps with everything outside it
     ablated (``method``): ``kept`` with its interval ``low`` .. ``high`` (None: not measured); ``threshold`` the
-    share the search aimed for."""
+    share the search aimed for; ``n_edges`` the edges of the search's own graph, where an input that several heads
+    share (a key/value group) is one edge drawn here into each of its heads (None: as many as :attr:`edges`).
+    Fields of the document not named here are not kept."""
 
     metric: str
     method: str
@@ -115,6 +117,7 @@ class WholeCircuit:
     kept: float | None = None
     low: float | None = None
     high: float | None = None
+    n_edges: int | None = None
 
     def node(self, name: str) -> WholeNode:
         """The node called ``name`` (KeyError when there is none)."""
@@ -130,8 +133,10 @@ class WholeCircuit:
     def sentence(self) -> str:
         """What the circuit keeps and its size, in one sentence."""
         metric = {"logit_diff": "logit difference"}.get(self.metric, self.metric)
+        drawn = ("" if self.n_edges in (None, len(self.edges)) else
+                 f", from {self.n_edges} edges of the searched graph, a shared key/value input drawn into each head")
         size = (f"{len(self.nodes)} nodes ({self.count('head')} heads, {self.count('mlp')} MLPs) and "
-                f"{len(self.edges)} edges ({sum(e.measured for e in self.edges)} measured exactly by path patching)")
+                f"{len(self.edges)} edges ({sum(e.measured for e in self.edges)} measured exactly{drawn})")
         if self.kept is None:
             return f"The whole circuit has {size}; the share of the intact {metric} it keeps was not measured."
         interval = (f" (95% interval {self.low:.0%} to {self.high:.0%})" if self.low is not None and self.high is not None
@@ -151,8 +156,8 @@ class WholeCircuit:
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (circuit.json's ``whole``)."""
         return {"metric": self.metric, "method": self.method, "threshold": self.threshold, "kept": self.kept,
-                "low": self.low, "high": self.high, "nodes": [n.to_dict() for n in self.nodes],
-                "edges": [e.to_dict() for e in self.edges]}
+                "low": self.low, "high": self.high, **({"n_edges": self.n_edges} if self.n_edges is not None else {}),
+                "nodes": [n.to_dict() for n in self.nodes], "edges": [e.to_dict() for e in self.edges]}
 
     @classmethod
     def from_dict(cls, doc: Any, heads: Iterable[HeadRef] | None = None,
@@ -170,7 +175,8 @@ class WholeCircuit:
             _unique({e.name: e for e in edges}, [e.name for e in edges], "edge")
             kept = _bounded(doc, ("kept", "low", "high"), "")
             out = cls(metric=_text(doc, "metric"), method=_text(doc, "method"), nodes=nodes, edges=edges,
-                      threshold=_number(doc.get("threshold"), "threshold"), **kept)
+                      threshold=_number(doc.get("threshold"), "threshold"), n_edges=_count(doc.get("n_edges")),
+                      **kept)
         except (InputError, HeadError) as e:
             raise InputError(f"{where}: {e}; the file was edited or comes from elsewhere: rerun `gna circuit`") from None
         return out
@@ -197,6 +203,14 @@ def _number(value: Any, name: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InputError(f"{name} must be a finite number or null, got {value!r:.80}")
     return float(value)
+
+
+def _count(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"n_edges must be a count or null, got {value!r:.80}")
+    return value
 
 
 def _bounded(doc: dict[str, Any], keys: tuple[str, str, str], prefix: str) -> dict[str, float | None]:

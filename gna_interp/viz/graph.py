@@ -40,7 +40,8 @@ INPUT_COLOURS = {"k": "#1f77b4", "v": "#17becf", "q": "#9467bd", "other": "#8c56
 _OFFSET = {"k": -0.12, "v": 0.0, "q": 0.12, "other": 0.06, "mlp": 0.0, "logits": 0.0}
 # the whole circuit's edges: the line's dash says where the edge acts (legend text beside each)
 POSITION_DASHES = {"items": ("solid", "at the lines' tokens"), "summary": ("dashdot", "at the lines' last tokens"),
-                   "decision": ("dash", "at the decision position"), "all": ("dot", "at every position")}
+                   "decision": ("dash", "at the decision position"), "other": ("longdashdot", "at the other tokens"),
+                   "all": ("dot", "at every position")}
 _NODE_SYMBOLS = {"mlp": ("square", "#e377c2", "MLP"), "embed": ("triangle-right", "#bbbbbb", "embeddings"),
                  "logits": ("circle", ROLE_COLOURS["logits"], "logits")}
 
@@ -240,8 +241,10 @@ def _rows(seg: Any) -> dict[str, list[int]]:
     if seg is None:
         return {}
     decision = list(range(int(seg.final), int(seg.n_tokens)))
-    return {"summary": list(seg.summaries), "items": [p for sp in seg.items for p in range(sp.start, sp.stop)],
-            "decision": decision, "all": list(range(int(seg.n_tokens)))}
+    items = [p for sp in seg.items for p in range(sp.start, sp.stop)]
+    rest = sorted(set(range(int(seg.n_tokens))) - set(items) - set(decision))
+    return {"summary": list(seg.summaries), "items": items, "decision": decision, "other": rest,
+            "all": list(range(int(seg.n_tokens)))}
 
 
 def graph_section(circuit: Any, graph_id: str = GRAPH_ID) -> tuple[str, Any]:
