@@ -2,29 +2,36 @@
 a table and a heatmap grid, all plain static HTML with inline styles (so nbconvert and notebook viewers show
 them as they are) and every piece of text escaped (model, task and head names come from users and files).
 
-Imports nothing from the package: every layer may use it.
+The markup comes from the macros of ``gna_interp/templates/repr.html`` (:mod:`gna_interp.templates`, whose one
+escaping rule :func:`esc` is). Imports nothing from the package but :mod:`gna_interp.templates`: every layer may use
+it.
 """
 
 from __future__ import annotations
 
-import html
 import math
 import numbers
 from typing import Any, Iterable, Sequence
 
-__all__ = ["Raw", "esc", "facts", "fmt", "grid", "shade", "table", "title"]
+from gna_interp.templates import escape, part
 
-_TABLE = "border-collapse:collapse;font-size:12px;margin:4px 0"
-_CELL = "padding:1px 6px;border-bottom:1px solid #ddd"
+__all__ = ["Raw", "block", "bullets", "esc", "facts", "fmt", "grid", "shade", "table", "title"]
 
 
 class Raw(str):
     """Markup built here (already escaped): :func:`table` and :func:`facts` put it in as it is."""
 
+    def __html__(self) -> str:
+        return str(self)
+
 
 def esc(value: Any) -> str:
-    """``value`` as text, escaped for HTML (quotes included: safe inside attributes too)."""
-    return value if isinstance(value, Raw) else html.escape(str(value), quote=True)
+    """``value`` as text, escaped for HTML (quotes included: safe inside attributes too); :class:`Raw` as it is."""
+    return str(escape(value))
+
+
+def _piece(macro: str, *args: Any) -> Raw:
+    return Raw(part(macro, *args, library="repr.html"))
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -41,28 +48,30 @@ def fmt(value: Any, digits: int = 3) -> str:
 
 def title(text: Any, note: Any = "") -> Raw:
     """A bold title line with an optional plain note after it."""
-    tail = f" <span style='color:#666'>{esc(note)}</span>" if note != "" else ""
-    return Raw(f"<div style='margin:2px 0'><b>{esc(text)}</b>{tail}</div>")
+    return _piece("title", text, note)
 
 
 def facts(items: Iterable[tuple[Any, Any]]) -> Raw:
     """``key: value`` lines (a two-column table without borders)."""
-    rows = "".join(f"<tr><td style='padding:0 8px 0 0;color:#555'>{esc(k)}</td><td style='padding:0'>{esc(v)}</td></tr>"
-                   for k, v in items)
-    return Raw(f"<table style='{_TABLE}'>{rows}</table>")
+    return _piece("facts", list(items))
 
 
 def table(header: Sequence[Any], rows: Iterable[Sequence[Any]], styles: Iterable[str] | None = None) -> Raw:
     """A table: ``header`` cells, then ``rows`` (each cell escaped unless :class:`Raw`); ``styles``, one per row,
     is extra CSS for that row (e.g. the chosen row in bold)."""
-    head = "".join(f"<th style='{_CELL};text-align:left'>{esc(h)}</th>" for h in header)
     row_styles = list(styles) if styles is not None else []
-    body = []
-    for i, row in enumerate(rows):
-        extra = row_styles[i] if i < len(row_styles) else ""
-        cells = "".join(f"<td style='{_CELL}'>{esc(c)}</td>" for c in row)
-        body.append(f"<tr style='{esc(extra)}'>{cells}</tr>" if extra else f"<tr>{cells}</tr>")
-    return Raw(f"<table style='{_TABLE}'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+    return _piece("table", list(header), [(list(row), row_styles[i] if i < len(row_styles) else "")
+                                          for i, row in enumerate(rows)])
+
+
+def bullets(items: Iterable[Any]) -> Raw:
+    """A small bulleted list of sentences (each escaped unless :class:`Raw`)."""
+    return _piece("bullets", list(items))
+
+
+def block(parts: Iterable[str]) -> str:
+    """A whole display: ``parts``, markup built by the pieces here (or by a figure), in one ``<div>``."""
+    return str(_piece("block", [Raw(p) for p in parts]))
 
 
 def shade(value: float, scale: float) -> str:
@@ -80,15 +89,8 @@ def grid(rows: Sequence[tuple[Any, Sequence[tuple[Any, float]]]], scale: float, 
     """A heatmap as a table of coloured cells: one row per ``(label, [(cell title, value), ...])``; each cell's
     colour is :func:`shade` of its value, its title (the hover text) the cell title; ``columns`` labels the
     columns (a header row)."""
-    out = []
+    header = None
     if columns is not None:  # every label when they fit over their cells, else every step-th (left-aligned)
         step = max(1, math.ceil(6 * max((len(str(c)) for c in columns), default=1) / (cell_px + 2)))
-        out.append("<tr><td></td>" + "".join(f"<td style='padding:0;font-size:9px;color:#777;text-align:"
-                                              f"{'center' if step == 1 else 'left'};white-space:nowrap;overflow:visible;"
-                                              f"max-width:{cell_px}px'>{esc(c) if i % step == 0 else ''}</td>"
-                                              for i, c in enumerate(columns)) + "</tr>")
-    for label, cells in rows:
-        tds = "".join(f"<td title='{esc(t)}' style='width:{cell_px}px;height:{cell_px}px;padding:0;"
-                      f"border:1px solid #fff;background:{shade(v, scale)}'></td>" for t, v in cells)
-        out.append(f"<tr><td style='padding:0 6px 0 0;font-size:11px;color:#555'>{esc(label)}</td>{tds}</tr>")
-    return Raw(f"<table style='border-collapse:collapse;margin:4px 0'>{''.join(out)}</table>")
+        header = [(c if i % step == 0 else "", step == 1) for i, c in enumerate(columns)]
+    return _piece("grid", [(label, [(t, shade(v, scale)) for t, v in cells]) for label, cells in rows], cell_px, header)

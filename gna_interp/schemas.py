@@ -116,6 +116,18 @@ CALIBRATION = obj({"rows": arr(obj({"form": {"type": "object"}, "task": STR, "ac
                   {"named": {"type": "object"}, "saturated": PROB, "seconds": SECONDS,
                    "skipped": arr({"type": "object"})})
 
+# circuit.json's "whole": an edge set of the whole graph (gna_interp.circuits.whole_circuit checks its meaning)
+WHOLE_NODE = obj({"name": {"type": "string", "pattern": f"^(?:{HEAD_NAME[1:-1]}|MLP[0-9]{{1,9}}|embed|logits)$"},
+                  "kind": {"enum": ["head", "mlp", "embed", "logits"]},
+                  "layer": {"type": "integer", "minimum": -1, "maximum": 999_999_999}}, {"role": nullable(STR)})
+WHOLE_EDGE = obj({"sender": STR, "receiver": STR, "input": {"enum": ["q", "k", "v", "other", "mlp", "logits"]},
+                  "positions": {"enum": ["items", "decision", "summary", "other", "all"]}},
+                 {"score": NUM_NULL, "effect": NUM_NULL, "low": NUM_NULL, "high": NUM_NULL})
+WHOLE = obj({"metric": STR, "method": STR, "nodes": arr(WHOLE_NODE, maxItems=MAX_UNITS),
+             "edges": arr(WHOLE_EDGE, maxItems=MAX_UNITS)},
+            {"threshold": NUM_NULL, "kept": NUM_NULL, "low": NUM_NULL, "high": NUM_NULL,
+             "n_edges": nullable(UNITS)})
+
 CIRCUIT = obj({"model": {"type": "string", "maxLength": 4096}, "task": TASK, "baseline": METRICS, "rule": ROLE_RULE,
                "scan_rows": UNITS, "run_id": RUN},
               {"heads": arr(HEAD_ROW), "roles": arr(ROLE_ROW), "n_samples": nullable(SAMPLES), "chance": PROB_NULL,
@@ -132,7 +144,8 @@ CIRCUIT = obj({"model": {"type": "string", "maxLength": 4096}, "task": TASK, "ba
                                           "positions": {"enum": ["summary", "items", "decision", "all"]},
                                           "effect": NUM, "low": NUM, "high": NUM}))),
                "pair_from": {"enum": [None, "edges", "patterns"]}, "path": nullable({"type": "object"}),
-               "formats": arr(obj({"name": STR, "scan": STR}, {"task": nullable({"type": "object"})}))})
+               "formats": arr(obj({"name": STR, "scan": STR}, {"task": nullable({"type": "object"})})),
+               "whole": nullable(WHOLE)})
 
 SEGMENTS = obj({"items": arr(arr(NAT, minItems=2, maxItems=2)), "final": NAT,
                 "n_tokens": {"type": "integer", "minimum": 0, "maximum": MAX_TOKENS}, "aligned": BOOL},

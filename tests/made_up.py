@@ -68,6 +68,19 @@ def write_scan_folder(folder: Path, model: Any, heads: list[HeadRef], n_pairs: i
     return made_up_circuit(model, heads, n_pairs, n_cards).save(folder)
 
 
+def edited_copy(source: Path, folder: Path, change: Any) -> Path:
+    """A copy of the result folder ``source`` at ``folder`` whose circuit.json went through ``change(doc)`` (which
+    edits the document in place), as a user's hand or a hostile file would leave it."""
+    import json
+    import shutil
+
+    shutil.copytree(source, folder)
+    doc = json.loads((folder / "circuit.json").read_text())
+    change(doc)
+    (folder / "circuit.json").write_text(json.dumps(doc))
+    return folder
+
+
 class held_lock:
     """A second process holding ``folder``'s gna lock (an OS lock on ``.gna.lock``) for the ``with`` block, as a
     running gna command does."""

@@ -19,6 +19,7 @@ from gna_interp.circuits.paths import INPUTS, LOGITS, POSITIONS, Edge
 from gna_interp.cli import main
 from gna_interp.errors import GnaError, HeadError, InputError
 from gna_interp.models.heads import HeadRef
+from made_up import edited_copy
 
 HEADS = [HeadRef(layer, head) for layer in range(3) for head in range(4)]
 NAMES = [h.name for h in HEADS]
@@ -104,11 +105,7 @@ def edge_folder(tiny_models, tmp_path_factory) -> Path:
     (lambda e: e[1].update(receiver="L9H9"), "not among the"),
 ])
 def test_a_circuit_json_edge_table_without_meaning_is_refused(change, needle, edge_folder, tmp_path, capsys):
-    folder = tmp_path / "run"
-    shutil.copytree(edge_folder, folder)
-    doc = json.loads((folder / "circuit.json").read_text())
-    change(doc["edges"])
-    (folder / "circuit.json").write_text(json.dumps(doc))
+    folder = edited_copy(edge_folder, tmp_path / "run", lambda doc: change(doc["edges"]))
     before = (folder / "report.html").read_bytes() if (folder / "report.html").exists() else None
     assert main(["report", str(folder), "--no-png"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -17,6 +17,7 @@ from gna_interp.mixing import patterns
 from gna_interp.models.heads import HeadRef
 from gna_interp.report import build_report
 from gna_interp.tasks import KVRetrieval
+from browser import GRAPH_POINT, graph_page
 from made_up import made_up_scan, write_scan_folder
 
 CHROMIUM = os.environ.get("GNA_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -253,7 +254,6 @@ def test_clicking_an_edge_draws_both_patterns_and_a_node_its_head(graph_report):
     """Real mouse clicks on the circuit graph: an edge's marker draws the sender's pattern at the edge's positions on
     the card sample (equal to views.pt's, decoded in the browser) beside the receiver's row at the decision position; a node
     shows that head in the head box."""
-    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
     circuit = Circuit.load(graph_report.parent)
     edges = circuit.edges
     drawn = edges[(edges["receiver"] != "logits") & (edges["effect"] > 0)]  # edges with a positive effect are drawn
@@ -266,36 +266,21 @@ def test_clicking_an_edge_draws_both_patterns_and_a_node_its_head(graph_report):
     want_s = every.decode([row["sender"]])[0][rows]
     want_r = every.decode([row["receiver"]])[0][seg.final]
     errors = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(graph_report.as_uri(), wait_until="load", timeout=120_000)
-            page.wait_for_function("document.querySelector('#gna-graph .scatterlayer') !== null", timeout=120_000)
-            page.evaluate("document.getElementById('gna-graph').scrollIntoView()")
-            where = """([trace, key]) => {
-                const gd = document.getElementById('gna-graph');
-                const t = gd.data.findIndex(d => d.name === trace), d = gd.data[t];
-                const i = d.customdata.indexOf(key), fl = gd._fullLayout, box = gd.getBoundingClientRect();
-                return {x: box.left + fl.xaxis._offset + fl.xaxis.d2p(d.x[i]),
-                        y: box.top + fl.yaxis._offset + fl.yaxis.d2p(d.y[i])}; }"""
-            at = page.evaluate(where, ["edges", target])
-            page.mouse.click(at["x"], at["y"])
-            page.wait_for_function("document.querySelectorAll('#gna-edge-detail .js-plotly-plot').length >= 1",
-                                   timeout=60_000)
-            seen = page.evaluate("""() => {
-                const box = document.getElementById('gna-edge-detail');
-                const s = document.getElementById('gna-edge-sender'), r = document.getElementById('gna-edge-receiver');
-                return {edge: box.dataset.edge, text: box.innerText, s: s.data[0].z, r: r.data ? r.data[0].z : null}; }""")
-            at = page.evaluate(where, ["heads", str(row["receiver"])])
-            page.mouse.click(at["x"], at["y"])
-            page.wait_for_function("document.getElementById('gna-head-detail').dataset.head !== undefined",
-                                   timeout=60_000)
-            head = page.evaluate("document.getElementById('gna-head-detail').dataset.head")
-            page.screenshot(path=str(graph_report.parent / "graph.png"), full_page=True)
-        finally:
-            browser.close()
+    with graph_page(graph_report, errors) as page:
+        at = page.evaluate(GRAPH_POINT, ["edges", target])
+        page.mouse.click(at["x"], at["y"])
+        page.wait_for_function("document.querySelectorAll('#gna-edge-detail .js-plotly-plot').length >= 1",
+                               timeout=60_000)
+        seen = page.evaluate("""() => {
+            const box = document.getElementById('gna-edge-detail');
+            const s = document.getElementById('gna-edge-sender'), r = document.getElementById('gna-edge-receiver');
+            return {edge: box.dataset.edge, text: box.innerText, s: s.data[0].z, r: r.data ? r.data[0].z : null}; }""")
+        at = page.evaluate(GRAPH_POINT, ["heads", str(row["receiver"])])
+        page.mouse.click(at["x"], at["y"])
+        page.wait_for_function("document.getElementById('gna-head-detail').dataset.head !== undefined",
+                               timeout=60_000)
+        head = page.evaluate("document.getElementById('gna-head-detail').dataset.head")
+        page.screenshot(path=str(graph_report.parent / "graph.png"), full_page=True)
     assert not errors, errors
     assert seen["edge"] == row["edge"] and f"{float(row['effect']):.3f}" in seen["text"]
     assert torch.allclose(torch.tensor(seen["s"]), want_s, atol=1e-6)

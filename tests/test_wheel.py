@@ -118,7 +118,9 @@ def test_the_wheel_holds_the_package_data(installed: Installed):
     missing = sorted(here - names)
     assert not missing, f"files of gna_interp/ missing from the wheel (package-data in pyproject.toml?): {missing}"
     for f in ("gna_interp/py.typed", "gna_interp/data/eval_tasks/gna_kv_mc.yaml",
-              "gna_interp/data/eval_tasks/gna_kv_mc.jsonl", "gna_interp/data/eval_tasks/gna_local.py"):
+              "gna_interp/data/eval_tasks/gna_kv_mc.jsonl", "gna_interp/data/eval_tasks/gna_local.py",
+              "gna_interp/templates/page.html", "gna_interp/viz/static/graph.js",
+              "gna_interp/viz/static/head_view.js"):
         assert f in names, f
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     metadata = zipfile.ZipFile(installed.wheel).read(meta).decode()
@@ -141,6 +143,8 @@ def test_gna_scan_runs_from_the_wheel(installed: Installed):
     for f in ("circuit.json", "scan.csv", "summary.md", "report.html"):
         assert (folder / f).is_file(), (f, out[-2000:])
     assert "L0H3" in (folder / "summary.md").read_text(encoding="utf-8")  # the zoo Transformer's gather head
+    page = (folder / "report.html").read_text(encoding="utf-8")
+    assert "window.gnaShowHead = show;" in page and "window.gnaShowEdge = showEdge;" in page  # the shipped scripts
 
 
 def test_gna_lm_eval_finds_the_shipped_tasks(installed: Installed):

@@ -14,8 +14,9 @@ from gna_interp.circuits.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import ScanConfig, scan_heads
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.circuits.views import CardViews, card_heads, card_views
+from gna_interp.circuits.whole_circuit import WholeCircuit
 
 __all__ = ["CardViews", "Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "HeadScan", "PathEffects", "PathOptions", "PathPatcher", "HybridPlan", "RoleRule", "ScanConfig", "ablation_curve", "reference_scan",
            "card_heads", "card_views", "compare_circuits", "discover", "path_effects", "plan_hybrid", "prune_curve", "role_scores", "scan_heads"]
 from gna_interp.circuits.interactions import Interactions, head_interactions
-__all__ += ["Interactions", "head_interactions", "Faithfulness", "FaithfulnessConfig", "edge_faithfulness", "faithfulness"]
+__all__ += ["WholeCircuit", "Interactions", "head_interactions", "Faithfulness", "FaithfulnessConfig", "edge_faithfulness", "faithfulness"]

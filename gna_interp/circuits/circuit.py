@@ -29,6 +29,7 @@ from gna_interp.circuits.roles import RoleRule
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.circuits.specificity import DEFAULT_GENERIC_FRACTION, specificity_frame
 from gna_interp.circuits.views import CardViews
+from gna_interp.circuits.whole_circuit import WholeCircuit
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.spec import IN_MEMORY_PREFIX
@@ -90,6 +91,9 @@ class Circuit:
             :data:`~gna_interp.circuits.causal.EDGE_COLUMNS`, effects with 95 % intervals), measured by path
             patching; the frame's ``causal_role`` / ``causal_reason`` / ``direct_*`` columns and :meth:`pair` come
             from it (None: not measured).
+        whole: the smallest edge set of the whole graph (embeddings, heads, MLPs, logits) that keeps a threshold
+            share of the intact metric, with that share (:class:`~gna_interp.circuits.whole_circuit.WholeCircuit`;
+            None: not searched, as in a plain scan).
     """
 
     model: str
@@ -112,6 +116,7 @@ class Circuit:
     formats: dict[str, HeadScan] = field(default_factory=dict)
     format_tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
     edges: pd.DataFrame | None = None
+    whole: WholeCircuit | None = None
 
     @property
     def heads(self) -> list[HeadRef]:
@@ -283,6 +288,7 @@ class Circuit:
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
             "formats": [{"name": n, "task": self.format_tasks.get(n), "scan": f"format{i}.json"}
                         for i, n in enumerate(self.formats)],
+            **({"whole": self.whole.to_dict()} if self.whole is not None else {}),
         }
 
     def save(self, out: str | os.PathLike) -> Path:
@@ -349,7 +355,9 @@ class Circuit:
             calibration=Calibration.from_dict(doc["calibration"]) if doc.get("calibration") else None,
             formats=dict(formats or {}), format_tasks=dict(format_tasks or {}),
             edges=check_edge_table(doc["edges"], scan.heads, "circuit field 'edges'") if doc.get("edges") is not None
-            else None)
+            else None,
+            whole=WholeCircuit.from_dict(doc["whole"], scan.heads, "circuit field 'whole'")
+            if doc.get("whole") is not None else None)
 
     def __repr__(self) -> str:
         pair = self.pair()
@@ -392,6 +400,8 @@ class Circuit:
                                                     "; edges not measured)")))
         else:
             facts.append(("gather -> aggregate", "none found"))
+        if self.whole is not None:
+            facts.append(("whole circuit", self.whole.sentence()))
         cs = self.curve_summary()
         if cs:
             facts.append(("ablation curve", f"top {cs['k']} removed: {cs['metric']} {html_repr.fmt(cs['top'])}; "
@@ -425,9 +435,8 @@ class Circuit:
             parts.append(html_repr.Raw(_curve_table(self.curve, cs.get("metric", "accuracy"))))
         parts.append(html_repr.Raw(drop_heatmap(df, self.scan.metric)))
         if self.notes:
-            parts.append("<ul style='font-size:12px;margin:4px 0'>" +
-                         "".join(f"<li>{html_repr.esc(n)}</li>" for n in self.notes) + "</ul>")
-        return "<div>" + "".join(parts) + "</div>"
+            parts.append(html_repr.bullets(self.notes))
+        return html_repr.block(parts)
 
 
 def _curve_table(curve: pd.DataFrame, metric: str) -> str:
@@ -480,6 +489,8 @@ def _check_heads(d: Path, doc: dict[str, Any], scan: HeadScan) -> None:
                                  f"scanned); the file was edited: rerun `gna scan`")
     if doc.get("edges") is not None:
         check_edge_table(doc["edges"], scan.heads, f"{d / CIRCUIT_JSON}: field 'edges'")
+    if doc.get("whole") is not None:
+        WholeCircuit.from_dict(doc["whole"], scan.heads, f"{d / CIRCUIT_JSON}: field 'whole'")
     try:
         task_from_dict(doc["task"])
     except (InputError, OverflowError, ValueError, TypeError, KeyError) as e:

@@ -50,6 +50,7 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores
 from gna_interp.tasks.metrics import ACCURACY, raw
 from gna_interp.tasks.text import lm_loss
+from gna_interp.templates import part
 
 
 FORMAT = "delegation"
@@ -167,14 +168,11 @@ class Delegation:
                    list(doc.get("notes") or []), float(doc.get("seconds") or 0.0))
 
     def _repr_html_(self) -> str:
-        import html
-
+        
         cols = ["title", "heads", "aggregate_heads", "gather_heads", "retrieval_intact", "retrieval_removed",
                 "retrieval_random", "knowledge_intact", "knowledge_removed"]
-        head = "".join(f"<th>{c}</th>" for c in cols)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(_f(r[c]) if isinstance(r[c], float) else str(r[c]))}</td>"
-                                        for c in cols) + "</tr>" for _, r in self.kinds.iterrows())
-        return f"<p><b>Delegation in {html.escape(self.model)}</b></p><table><tr>{head}</tr>{body}</table>"
+        rows = [[_f(r[c]) if isinstance(r[c], float) else str(r[c]) for c in cols] for _, r in self.kinds.iterrows()]
+        return part("lead", f"Delegation in {self.model}") + part("table", cols, rows)
 
     def __repr__(self) -> str:
         parts = [f"{k}: {v['aggregate_heads']} aggregate" for k, v in self.metrics.items()]

@@ -55,7 +55,6 @@ which has no weights to scan).
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
@@ -77,6 +76,7 @@ from gna_interp.models.registry import adapter
 from gna_interp.models.model import Model
 from gna_interp.options import Options, options
 from gna_interp.store import as_path, read_json, records, write_json
+from gna_interp.templates import Markup, render
 
 DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 40)
 DEFAULT_LENGTHS: tuple[int, ...] = (128, 2048, 4096)
@@ -244,8 +244,8 @@ class HybridPlan:
 
     def _repr_html_(self) -> str:
         head = self.header()
-        items = "".join(f"<li>{html.escape(line[2:])}</li>" for line in head[1:])
-        return f"<div><b>{html.escape(head[0])}</b><ul>{items}</ul>{self.wide_html()}</div>"
+        return render("summary_block.html", lead=head[0], items=[line[2:] for line in head[1:]], pre=None,
+                      table=Markup(self.wide_html()))
 
     def __repr__(self) -> str:
         return (f"HybridPlan({self.model!r}, {self.n_heads} heads, {self.n_kv_heads} KV heads, ks={self.ks}, "

@@ -23,7 +23,6 @@ same measurement reads out under any metric (``logit_diff``, ``accuracy``, ``log
 
 from __future__ import annotations
 
-import html
 import itertools
 import math
 import os
@@ -50,6 +49,7 @@ from gna_interp.store import FORMAT_VERSIONS, clean_json, file_in, read_json, wr
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import ScoringPlan
+from gna_interp.templates import part
 
 FORMAT = "interactions"
 FORMAT_VERSION = FORMAT_VERSIONS[FORMAT]
@@ -264,10 +264,8 @@ class Interactions:
 
     def _repr_html_(self) -> str:  # offline: the summary and the pair table (viz.interaction_heatmap draws the matrix)
         df = self.to_frame()
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(f'{v:.3f}' if isinstance(v, float) else str(v))}</td>"
-                                        for v in row) + "</tr>" for row in df.itertuples(index=False))
-        return f"<pre>{html.escape(self.summary())}</pre><table><tr>{head}</tr>{body}</table>"
+        rows = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in df.itertuples(index=False)]
+        return part("pre", self.summary()) + part("table", list(df.columns), rows)
 
     def __repr__(self) -> str:
         return (f"Interactions({self.model!r}, {self.k} heads, {len(self.pairs)} pairs, {self.metric}, "

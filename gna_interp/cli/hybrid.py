@@ -94,6 +94,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 def run_plan(args: argparse.Namespace) -> int:
     from gna_interp.circuits.hybrid import FORMAT, plan_hybrid
     from gna_interp.experiments.output import ResultFolder
+    from gna_interp.viz.html import part
     from gna_interp.models import load_model
 
     out = Path(args.out) if args.out is not None else None
@@ -121,7 +122,7 @@ def run_plan(args: argparse.Namespace) -> int:
         with folder.hold(args.fresh):
             head = plan.header()
             ResultFolder(out, FORMAT).write(plan.to_frame(), plan.to_dict(), title=head[0], notes=[n[2:] for n in head[1:]],
-                                            sections=["<h2>Memory by k kept heads (MB = 10^6 bytes; x = full / hybrid)"
-                                                      "</h2>", plan.wide_html()], png=False)
+                                            sections=[part("heading", "Memory by k kept heads (MB = 10^6 bytes; "
+                                                                    "x = full / hybrid)"), plan.wide_html()], png=False)
         print(f"wrote {wrote(out, 'hybrid plan')}")
     return 0

@@ -62,6 +62,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import options
 from gna_interp.store import atomic_write
+from gna_interp.viz.html import part
 
 __all__ = ["CONDITIONS", "SUMMARY_COLUMNS", "TABLE_COLUMNS", "EvalConfig", "EvalResult", "condition_files", "eval_figure",
            "eval_heads", "metric_rows", "resolve_tasks", "summarize"]
@@ -171,7 +172,7 @@ class EvalResult:
                     if self.random_heads else "") + "."] + list(self.notes)
         if self.settings.get("limit") is not None:
             notes.append(f"limit {self.settings['limit']}: only the first documents of each task were evaluated.")
-        sections = ["<h2>Summary</h2>", table_html(summary)]
+        sections = [part("heading", "Summary"), table_html(summary)]
         return folder.write(self.table, doc, title=f"{self.model}: benchmarks with heads removed",
                             figures={"eval": self.figure}, notes=notes, sections=sections, png=png)
 

@@ -86,6 +86,7 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
 from gna_interp.tasks.segments import Segments
+from gna_interp.viz.html import part
 
 __all__ = ["AGGREGATION_COLUMNS", "Aggregation", "CURVE_COLUMNS", "FamilyComparison", "TABLE_COLUMNS",
            "CompareConfig", "aggregation_scores", "compare"]
@@ -322,15 +323,15 @@ class FamilyComparison:
         ``report.html`` and ``figures/families.png`` into ``out``."""
         d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
-        for part, df in (("curve", self.curve), ("heads", self.heads), ("kinds", self.kinds)):
-            atomic_write(d / f"{NAME}_{part}.csv", df.to_csv(index=False))
+        for table, df in (("curve", self.curve), ("heads", self.heads), ("kinds", self.kinds)):
+            atomic_write(d / f"{NAME}_{table}.csv", df.to_csv(index=False))
         st = self.settings
         notes = [f"Measured on KV retrieval, {st.get('pairs')} lines, {st.get('samples')} prompts, values "
                  f"0-{st.get('max_value')}, seed {st.get('seed')}; zero ablation; aggregation scores on "
                  f"{st.get('sharp_samples')} prompts, line shifts {st.get('shifts')}."]
         notes += [f"{m}: heads from {src}." for m, src in self.sources.items()] + self.notes
-        sections = ["<h2>Per mixer kind</h2>", table_html(self.kinds),
-                    "<h2>Heads (aggregation scores)</h2>", table_html(self.heads)]
+        sections = [part("heading", "Per mixer kind"), table_html(self.kinds),
+                    part("heading", "Heads (aggregation scores)"), table_html(self.heads)]
         return ResultFolder(d, NAME).write(self.table, self.to_dict(), title="G&A across model families",
                                            figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
 
@@ -344,7 +345,7 @@ class FamilyComparison:
                    float(doc.get("seconds") or 0.0))
 
     def _repr_html_(self) -> str:
-        return "<p><b>G&amp;A across families</b></p>" + table_html(self.table)
+        return part("lead", "G&A across families") + table_html(self.table)
 
     def __repr__(self) -> str:
         parts = [f"{m}: cost_1 {v['cost_1']:.3f}, gold share {v['gold_share']:.3f}" for m, v in self.metrics.items()]

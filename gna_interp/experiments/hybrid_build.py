@@ -35,7 +35,6 @@ checkpoint and discovered circuit.
 
 from __future__ import annotations
 
-import html
 import math
 import os
 import shutil
@@ -59,6 +58,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, options
 from gna_interp.tasks import KVRetrieval, evaluate
+from gna_interp.viz.html import part
 from gna_interp.zoo.hybrid_build import HybridConfig, build_hybrid, is_attention, random_heads
 from gna_interp.zoo.training import DEFAULT_EVAL_SIZES, TrainingRun
 
@@ -242,9 +242,9 @@ class HybridBuild:
                  f"teacher parts {'trained' if cfg.get('train_teacher_parts') else 'frozen'}; "
                  f"{self.settings.get('samples')} prompts per size.", self.summary().splitlines()[-1]] + self.notes
         wide = self.by_condition()
-        sections = ["<h2>Accuracy by condition and dictionary size (over seeds)</h2>", table_html(wide),
-                    "<h2>Reference</h2>", table_html(self.reference),
-                    "<h2>Metrics</h2>", "<pre>" + html.escape(self.summary()) + "</pre>"]
+        sections = [part("heading", "Accuracy by condition and dictionary size (over seeds)"), table_html(wide),
+                    part("heading", "Reference"), table_html(self.reference),
+                    part("heading", "Metrics"), part("pre", self.summary())]
         return ResultFolder(out, NAME).write(self.table, self.to_dict(), title=f"Hybrid build: {self.teacher}",
                                              figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
 
@@ -258,7 +258,7 @@ class HybridBuild:
                    list(doc.get("notes") or []), float(doc.get("seconds") or 0.0))
 
     def _repr_html_(self) -> str:
-        return f"<p><b>Hybrid build from {html.escape(self.teacher)}</b></p>" + table_html(self.by_condition())
+        return part("lead", f"Hybrid build from {self.teacher}") + table_html(self.by_condition())
 
     def __repr__(self) -> str:
         m = self.metrics

@@ -53,7 +53,6 @@ rule is recorded per head (``source``). Heads can also be given explicitly with 
 from __future__ import annotations
 
 import functools
-import html
 import math
 import os
 import random
@@ -87,6 +86,7 @@ from gna_interp.tasks.options import TaskOptions
 from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
                                      read_chunks)
 from gna_interp.tasks.segments import Segments
+from gna_interp.viz.html import part
 
 ROLES: tuple[str, ...] = ("gather", "aggregate")
 CONDITIONS: tuple[str, ...] = ("intact", "ga_masked", "ga_pattern", "ga_pattern_unshifted", "random_masked",
@@ -367,9 +367,9 @@ class MaskResult:
         """Write ``mask.csv``, ``mask.json``, ``report.html`` and ``figures/mask.png`` into ``out``."""
         heads = pd.DataFrame([{**h.to_dict(), "seed": -1} for h in self.heads]
                              + [{**h.to_dict(), "seed": s} for s, hs in self.random.items() for h in hs])
-        sections = ["<h2>Masked heads</h2>", table_html(heads)]
+        sections = [part("heading", "Masked heads"), table_html(heads)]
         if len(self.scores):
-            sections += ["<h2>Role scores by summary offset</h2>", table_html(self.scores)]
+            sections += [part("heading", "Role scores by summary offset"), table_html(self.scores)]
         return ResultFolder(out, "mask").write(
             self.frame, self.to_doc(), title=f"Keep-only-G&A masks: {self.model}",
             figures={"mask": self.figure}, notes=self.summary().splitlines(), sections=sections, png=png)
@@ -384,7 +384,7 @@ class MaskResult:
                    dict(doc.get("settings") or {}), list(doc.get("notes") or []), doc.get("circuit"))
 
     def _repr_html_(self) -> str:  # offline: the summary and the table (``.figure()`` displays the chart)
-        return f"<pre>{html.escape(self.summary())}</pre>" + table_html(self.frame)
+        return part("pre", self.summary()) + table_html(self.frame)
 
 
 def mask_figure(result: MaskResult) -> Any:

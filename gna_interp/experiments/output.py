@@ -15,7 +15,6 @@ Every file is written atomically; the JSON document is written last (it vouches 
 
 from __future__ import annotations
 
-import html
 import os
 import warnings
 from pathlib import Path
@@ -28,7 +27,7 @@ from gna_interp.errors import InputError, ReportWarning
 from gna_interp.options import Options, options
 from gna_interp.store import atomic_write, read_json, records, write_json
 from gna_interp.viz.export import png_export_problem, write_pngs
-from gna_interp.viz.html import IsolatedParts, figure_div, one_line, page
+from gna_interp.viz.html import IsolatedParts, figure_div, one_line, page, part
 
 
 __all__ = ["FIGURES_DIR", "PageParts", "REPORT_FILE", "ResultFolder", "table_html"]
@@ -36,19 +35,14 @@ __all__ = ["FIGURES_DIR", "PageParts", "REPORT_FILE", "ResultFolder", "table_htm
 
 def table_html(df: pd.DataFrame, digits: int = 3, max_rows: int = 200) -> str:
     """A plain HTML table of ``df`` (floats to ``digits`` places, at most ``max_rows`` rows)."""
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    rows = []
-    for _, r in df.head(max_rows).iterrows():
-        cells = []
-        for v in r:
-            if isinstance(v, float):
-                text = "" if pd.isna(v) else f"{v:.{digits}f}"
-            else:
-                text = html.escape(str(v))
-            cells.append(f"<td>{text}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    more = f'<p class="note">{len(df) - max_rows} more rows in the CSV</p>' if len(df) > max_rows else ""
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>{more}"
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "" if pd.isna(v) else f"{v:.{digits}f}"
+        return str(v)
+
+    rows = [[cell(v) for v in r] for _, r in df.head(max_rows).iterrows()]
+    more = part("note", f"{len(df) - max_rows} more rows in the CSV") if len(df) > max_rows else ""
+    return part("table", [str(c) for c in df.columns], rows) + more
 
 
 def _draw(name: str, fig: Any, drawn: dict[str, Any]) -> list[str]:
@@ -108,12 +102,12 @@ class ResultFolder:
         atomic_write(self.csv, table.to_csv(index=False))
         figures = dict(figures or {})
         parts = IsolatedParts()  # each figure and the table built in isolation: one that fails is a note
-        parts.sections += [f'<p class="note">{html.escape(str(n))}</p>' for n in notes]
+        parts.sections += [part("note", n) for n in notes]
         drawn: dict[str, Any] = {}
         for name, fig in figures.items():
             parts.add(f"Figure {name}", lambda name=name, fig=fig: _draw(name, fig, drawn))
         parts.sections += list(sections)
-        parts.add("Table", lambda: ["<h2>Table</h2>", table_html(table)])
+        parts.add("Table", lambda: [part("heading", "Table"), table_html(table)])
         if png and drawn:
             problem = png_export_problem()
             if problem is None:
@@ -122,7 +116,7 @@ class ResultFolder:
                 except Exception as e:  # noqa: BLE001 -- the page has the same figures
                     parts.fail("PNG figures", e, note=f"PNG figures not written: {one_line(e.args[0] if isinstance(e, RuntimeError) and e.args else e)}")
             else:
-                parts.sections.append(f'<p class="note">PNG figures not written: {html.escape(problem)}</p>')
+                parts.sections.append(part("note", f"PNG figures not written: {problem}"))
         atomic_write(self.report, page(title, parts.sections, plotly=bool(drawn)))
         write_json(self.json, self.name, {**doc, "table": records(table)})
         for failed in parts.failed:

@@ -29,7 +29,6 @@ numbers. With no task left the run is refused.
 from __future__ import annotations
 
 import functools
-import html
 import os
 import random
 import time
@@ -57,6 +56,7 @@ from gna_interp.tasks.calibration import ChanceVerdict
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
 from gna_interp.tasks.scoring import ScoringPlan, plan_scoring, run_plan
+from gna_interp.viz.html import part
 
 TASKS: tuple[str, ...] = ("kv", "mc", "cloze")
 MODES: tuple[str, ...] = ("from_end", "single")
@@ -330,7 +330,7 @@ class PruneResult:
         if kf is not None:
             figures["keep"] = kf
             piv = self.keep_table().reset_index()
-            sections = ["<h2>Head keeping</h2>", table_html(piv)]
+            sections = [part("heading", "Head keeping"), table_html(piv)]
             atomic_write(folder.path / KEEP_CSV, self.keep.to_csv(index=False))
         return folder.write(self.frame, self.to_doc(), title=f"Layer pruning: {self.model}", figures=figures,
                             notes=self.summary().splitlines(), sections=sections, png=png)
@@ -344,7 +344,7 @@ class PruneResult:
                    int(doc["n_layers"]), dict(doc.get("settings") or {}), list(doc.get("notes") or []))
 
     def _repr_html_(self) -> str:  # offline: the summary (``.figure()`` displays the curves)
-        return f"<pre>{html.escape(self.summary())}</pre>"
+        return part("pre", self.summary())
 
 
 def prune_figure(result: PruneResult) -> Any:

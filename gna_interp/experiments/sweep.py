@@ -52,7 +52,6 @@ deletes it and the discovered circuit); a checkpoint is never overwritten silent
 from __future__ import annotations
 
 import functools
-import html
 import math
 import os
 import time
@@ -79,6 +78,7 @@ from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.kv import PAPER_SIZES, TEMPLATES
 from gna_interp.tasks.options import TaskOptions
+from gna_interp.viz.html import part
 
 __all__ = ["COLUMNS", "CONDITIONS", "ROLES", "SLOPE_COLUMNS", "Sweep", "SweepConfig", "parse_pairs", "parse_single",
            "sweep"]
@@ -530,12 +530,12 @@ class Sweep:
                  f"0-{st.get('max_value')}, seed {st.get('seed')}."]
         notes += ([self._drop_line()] if self.heads else []) + self.notes
         bs = int(st.get("bootstrap", N_BOOTSTRAP))
-        section = ["<h2>Accuracy by dictionary size</h2>", table_html(b),
-                   "<h2>Drop slope over dictionary size</h2>",
-                   f'<p class="note">Least-squares slope of each condition\'s drop from intact against the number of '
-                   f'pairs, per 10 pairs (accuracy; ld_: mean logit difference); lo-hi: '
-                   + (f"{LEVEL:.0%} percentile bootstrap interval over the prompts ({bs} resamples)" if bs else
-                      "no bootstrap (bootstrap=0)") + "; trend: grows / shrinks when the interval excludes 0.</p>",
+        section = [part("heading", "Accuracy by dictionary size"), table_html(b),
+                   part("heading", "Drop slope over dictionary size"),
+                   part("note", "Least-squares slope of each condition's drop from intact against the number of "
+                        "pairs, per 10 pairs (accuracy; ld_: mean logit difference); lo-hi: "
+                        + (f"{LEVEL:.0%} percentile bootstrap interval over the prompts ({bs} resamples)" if bs else
+                           "no bootstrap (bootstrap=0)") + "; trend: grows / shrinks when the interval excludes 0."),
                    table_html(self.slopes())]
         return ResultFolder(out, NAME).write(self.table, self.to_dict(), title=f"Dictionary sweep: {self.model}",
                                              figures={"sweep": self.figure, "drops": self.drop_figure},
@@ -555,9 +555,9 @@ class Sweep:
                    dict(doc.get("per_sample") or {}))
 
     def _repr_html_(self) -> str:
-        what = (f"top {self.k} heads {html.escape(', '.join(h.name for h in self.heads))}" if self.heads else
-                f"single heads {html.escape(', '.join(self.label(c) for c in self.single))}")
-        return f"<p><b>Dictionary sweep of {html.escape(self.model)}</b>: {what}</p>" + table_html(self.by_pairs())
+        what = (f"top {self.k} heads {', '.join(h.name for h in self.heads)}" if self.heads else
+                f"single heads {', '.join(self.label(c) for c in self.single)}")
+        return part("lead", f"Dictionary sweep of {self.model}", what) + table_html(self.by_pairs())
 
     def __repr__(self) -> str:
         m = self.metrics

@@ -98,7 +98,7 @@ class PatternSet:
             shown = " | ".join(repr(t) for t in first[:_TOKENS]) + (f" ... (+{len(first) - _TOKENS})"
                                                                      if len(first) > _TOKENS else "")
             parts.append(html_repr.facts([("sample 0 tokens", shown)]))
-        return "<div>" + "".join(parts) + "</div>"
+        return html_repr.block(parts)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per head: ``name, layer, head, kind``."""

@@ -321,7 +321,7 @@ class Model:
         if bad:
             parts.append(_html.title(f"{len(bad)} mixer(s) not supported (no heads listed)",
                                      ", ".join(sorted({s.hf_class for s in bad}))))
-        return "<div>" + "".join(parts) + "</div>"
+        return _html.block(parts)
 
     # ---- heads ----------------------------------------------------------------------------
     def layer_kinds(self) -> list[str]:

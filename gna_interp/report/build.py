@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import time
 import warnings
 from collections import Counter
@@ -26,7 +25,7 @@ from gna_interp.viz.delegation import delegation_figure
 from gna_interp.viz.export import png_export_problem, write_pngs
 from gna_interp.viz.graph import graph_section
 from gna_interp.viz.head_view import HEATMAP_ID, head_explorer
-from gna_interp.viz.html import IsolatedParts, figure_div, page
+from gna_interp.viz.html import IsolatedParts, figure_div, page, part
 from gna_interp.viz.scores import score_heatmap
 from gna_interp.viz.stability import stability_plot
 
@@ -67,18 +66,18 @@ def build_report(out_dir: str | Path, *, png: bool = True, circuit: Circuit | No
     heads = _frame(circuit, parts)
     parts.add("Model and task", lambda: [_summary(circuit)])
     if circuit.calibration is not None:
-        parts.add("Task form", lambda: ["<h2>Task form</h2>", _calibration_table(circuit.calibration)])
+        parts.add("Task form", lambda: [_h("Task form"), _calibration_table(circuit.calibration)])
     parts.add("Where the heads are", lambda: _into(figures, lambda f: _heatmap_section(circuit, heads, f)))
-    parts.add("Top heads and their roles", lambda: ["<h2>Top heads and their roles</h2>", _top_table(heads)])
+    parts.add("Top heads and their roles", lambda: [_h("Top heads and their roles"), _top_table(heads)])
     parts.add("How the heads work together", lambda: _into(figures, lambda f: _graph_section(circuit, f)))
     if circuit.formats:
-        parts.add("Retrieval formats", lambda: ["<h2>Retrieval formats</h2>", _formats_table(heads, circuit)])
+        parts.add("Retrieval formats", lambda: [_h("Retrieval formats"), _formats_table(heads, circuit)])
     parts.add("Delegation", lambda: _into(figures, lambda f: _delegation_section(circuit, f)))
     parts.add("Ablation curve", lambda: _into(figures, lambda f: _curve_section(circuit, f)))
     parts.add("Rank stability", lambda: _into(figures, lambda f: _stability_section(circuit, f)))
     if circuit.views is None:
         parts.add("G&A cards and patterns", lambda: [
-            "<h2>G&amp;A cards and patterns</h2>",
+            _h("G&A cards and patterns"),
             _note("Not drawn: the circuit was saved without views (discover with n_cards >= 1 keeps them).")])
     else:
         parts.add("G&A cards and patterns", lambda: _into(figures, lambda f: _view_sections(circuit.views, f)))
@@ -114,7 +113,7 @@ def _frame(circuit: Circuit, parts: IsolatedParts) -> pd.DataFrame:
 
 def _heatmap_section(circuit: Circuit, heads: pd.DataFrame, figures: dict[str, Any]) -> list[str]:
     fig = score_heatmap(heads, title=f"Ablation drop per head: {circuit.model}")
-    out = ["<h2>Where the heads are</h2>", _note(
+    out = [_h("Where the heads are"), _note(
         "Drop of the task metric when each head alone is ablated (red = the head matters). "
         "G / A mark heads labelled gather / aggregate; #k marks the top-ranked heads. Hover for numbers; click a "
         "cell for the head's pattern and numbers below."),
@@ -127,7 +126,16 @@ def _graph_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
     graph, fig = graph_section(circuit)
     if fig is not None:
         figures["circuit_graph"] = fig
-    return ["<h2>How the heads work together</h2>", _note(
+    if circuit.whole is not None:
+        return [_h("How the heads work together: the whole circuit"), _note(circuit.whole.sentence()), _note(
+            "Nodes: the embeddings (left), the heads at their layer (colour: causal role; size: the head's drop), "
+            "the MLPs (squares, half a layer after their block's heads) and the answer logits (right). Each edge is "
+            "the drop of the logit difference when only that path is removed (its width; the screen score where it "
+            "was not measured exactly, drawn with an open diamond), coloured by the input it reaches (a head's "
+            "query, key or value, an MLP's input, the logits) and dashed by where it acts (solid: the lines' tokens; "
+            "dashed: the decision position; dotted: every position). Faint edges were only screened, or their 95% "
+            "interval reaches 0."), graph]
+    return [_h("How the heads work together"), _note(
         "Path patching among the top heads: each edge is the drop of the logit difference when only that path is "
         "removed -- the sender's write into one later head's keys or values at the lines' tokens (gather -> "
         "aggregate), into its query at the decision position, or straight into the answer logits -- with its 95% "
@@ -136,10 +144,10 @@ def _graph_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
 
 def _curve_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
     if circuit.curve.empty:
-        return ["<h2>Ablation curve</h2>", _note("The circuit has no ablation curve (run `gna scan`, which computes it).")]
+        return [_h("Ablation curve"), _note("The circuit has no ablation curve (run `gna scan`, which computes it).")]
     fig = ablation_curve(circuit)
     figures["ablation_curve"] = fig
-    return ["<h2>Ablation curve</h2>", _note(
+    return [_h("Ablation curve"), _note(
         "Task accuracy as the top-k circuit heads are removed together, beside k random heads (median and min-max "
         "over seeds) and the generic heads; the right panel, when present, is the LM loss on neutral text for the "
         "same removals (the control)."), figure_div(fig)]
@@ -151,7 +159,7 @@ def _stability_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
         return []
     fig = stability_plot(stability)
     figures["stability"] = fig
-    return ["<h2>Rank stability</h2>", _note(
+    return [_h("Rank stability"), _note(
         "Each exactly run head's drop on the even samples against the odd samples: a ranking that holds up puts the "
         "same heads at the top of both halves. scan.csv's drop_lo / drop_hi give each drop's 95% bootstrap "
         "interval."), figure_div(fig)]
@@ -175,34 +183,30 @@ def _formats_table(heads: pd.DataFrame, circuit: Circuit) -> str:
     names = [circuit.task.get("name", "task"), *circuit.formats]
     top = heads[heads["circuit_rank"].notna()].sort_values("circuit_rank").head(N_TOP)
     cols = ["circuit_rank", "name", "consistent"] + [f"rel_drop_{n}" for n in names]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in cols) + "</tr>"
-                   for _, r in top.iterrows())
-    return f"<table><tr>{head}</tr>{body}</table>" + "".join(_note(t.lstrip("- ")) for t in format_lines(circuit))
+    rows = [[_fmt(r[c]) for c in cols] for _, r in top.iterrows()]
+    return part("table", cols, rows) + "".join(_note(t.lstrip("- ")) for t in format_lines(circuit))
 
 
 def _calibration_table(cal: Calibration) -> str:
     """The grid of task forms the intact model was measured on, the chosen one in bold, and the rule."""
     keys = list(dict.fromkeys(k for r in cal.rows for k in r.form))
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in keys + ["task", "accuracy", "chance", "prompt tokens",
-                                                                  "verdict"])
-    body = ""
-    for r in cal.rows:
-        cells = [str(r.form.get(k, "")) for k in keys] + [r.task, f"{r.accuracy:.3f}", f"{r.chance:.3f}",
-                                                          f"{r.tokens:.0f}", r.verdict]
-        style = " style='font-weight:bold'" if r.verdict == "chosen" else ""
-        body += f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
-    return f"<table><tr>{head}</tr>{body}</table>" + "".join(_note(t) for t in cal.sentences())
+    rows = [[str(r.form.get(k, "")) for k in keys] + [r.task, f"{r.accuracy:.3f}", f"{r.chance:.3f}", f"{r.tokens:.0f}",
+                                                      r.verdict] for r in cal.rows]
+    styles = ["font-weight:bold" if r.verdict == "chosen" else None for r in cal.rows]
+    return (part("table", keys + ["task", "accuracy", "chance", "prompt tokens", "verdict"], rows, styles=styles)
+            + "".join(_note(t) for t in cal.sentences()))
+
+
+def _h(text: str, level: int = 2) -> str:
+    return part("heading", text, level)
 
 
 def _note(text: str) -> str:
-    return f'<p class="note">{html.escape(text)}</p>'
+    return part("note", text)
 
 
 def _kv_table(rows: Sequence[tuple[str, Any]]) -> str:
-    body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>"
-                   f"{html.escape(_fmt(v))}</td></tr>" for k, v in rows if v not in (None, "", {}))
-    return f"<table>{body}</table>"
+    return part("table", None, [[k, _fmt(v)] for k, v in rows if v not in (None, "", {})], row_heads=True, left=True)
 
 
 def _fmt(v: Any) -> str:
@@ -231,7 +235,7 @@ def _summary(circuit: Circuit) -> str:
          if circuit.twin else None),
         ("notes", " | ".join(circuit.notes) or None),
         ("written", time.strftime("%Y-%m-%d %H:%M"))]
-    return "<h2>Model and task</h2>" + _kv_table(rows)
+    return _h("Model and task") + _kv_table(rows)
 
 
 def _top_table(heads: pd.DataFrame) -> str:
@@ -239,10 +243,8 @@ def _top_table(heads: pd.DataFrame) -> str:
     top = heads.head(N_TOP)
     cols = [c for c in _TABLE_COLUMNS if c in top and top[c].notna().any()
             and not (c == "offset" and (top[c].fillna(0) == 0).all())]  # offsets only where some head reads late
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]) if r[c] == r[c] else '')}</td>" for c in cols) + "</tr>"
-                   for _, r in top.iterrows())
-    return f"<div style='overflow-x:auto'><table class='top-heads'><tr>{head}</tr>{body}</table></div>"
+    rows = [[_fmt(r[c]) if r[c] == r[c] else "" for c in cols] for _, r in top.iterrows()]
+    return part("table", cols, rows, cls="top-heads", scroll=True)
 
 
 def _delegation_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
@@ -251,10 +253,10 @@ def _delegation_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
     d = circuit.delegation
     if d is None:
         if {h.adapter.normalized_rows for h in circuit.scan.heads} == {True, False}:
-            return ["<h2>Delegation</h2>", _note("Not measured: this circuit was saved without it (discover with "
+            return [_h("Delegation"), _note("Not measured: this circuit was saved without it (discover with "
                                                   "delegation=True, the default, measures it on hybrids; rerun `gna scan`).")]
         return []
-    out = ["<h2>Delegation: which kind of head takes which role</h2>", _note(
+    out = [_h("Delegation: which kind of head takes which role"), _note(
         "A hybrid's heads grouped by kind. Roles from the pattern scores, each head read at its summary offset "
         "(+d: the lines read d tokens after their end, where an SSM convolution carries them). Then each kind's "
         "aggregate heads are removed together (zero ablation), beside as many random heads of the same kind "
@@ -271,11 +273,9 @@ def _delegation_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
             ("aggregate: mean / max", lambda k: f"{_fmt(k['aggregate_mean'])} / {_fmt(k['aggregate_max'])}"),
             ("selectivity: mean / max", lambda k: f"{_fmt(k['selectivity_mean'])} / {_fmt(k['selectivity_max'])}"),
             ("gather: mean / max", lambda k: f"{_fmt(k['gather_mean'])} / {_fmt(k['gather_max'])}")]
-    head = "<th></th>" + "".join(f"<th>{html.escape(str(k['title']))}</th>" for _, k in kinds.iterrows())
-    body = "".join(f"<tr><th style='text-align:left'>{html.escape(name)}</th>"
-                   + "".join(f"<td>{html.escape(fn(k))}</td>" for _, k in kinds.iterrows()) + "</tr>"
-                   for name, fn in rows)
-    out.append(f"<table class='delegation-roles'><tr>{head}</tr>{body}</table>")
+    out.append(part("table", [""] + [str(k["title"]) for _, k in kinds.iterrows()],
+                    [[name] + [fn(k) for _, k in kinds.iterrows()] for name, fn in rows], cls="delegation-roles",
+                    row_heads=True))
     know = d.knowledge
     unit = ("LM loss, nats/token" if know["metric"] == "lm_loss" else know["metric"]) if know else ""
     cols = ["kind", "heads removed", "retrieval: intact", "removed", "random (median)"]
@@ -289,10 +289,9 @@ def _delegation_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
         if know:
             cells += [_fmt(k["knowledge_intact"]), _fmt(k["knowledge_removed"]),
                       _fmt(k["knowledge_random"]) if k["random_draws"] else ""]
-        lines.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+        lines.append(cells)
     if lines:
-        out += ["<h3>Removing each kind's aggregate heads</h3>", "<table class='delegation-removal'><tr>"
-                + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>" + "".join(lines) + "</table>"]
+        out += [_h("Removing each kind's aggregate heads", 3), part("table", cols, lines, cls="delegation-removal")]
         figures["delegation"] = delegation_figure(d)
         out.append(figure_div(figures["delegation"]))
     else:
@@ -304,7 +303,7 @@ def _delegation_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
 
 def _view_sections(views: CardViews, figures: dict[str, Any]) -> list[str]:
     pair, ps = views.pair, views.patterns
-    out = ["<h2>G&amp;A cards</h2>", _note(views.why + (" One card per sample." if pair else ""))]
+    out = [_h("G&A cards"), _note(views.why + (" One card per sample." if pair else ""))]
     if pair is not None:
         for i, seg in enumerate(views.segments):
             name = f"ga_card_{i}"
@@ -312,7 +311,7 @@ def _view_sections(views: CardViews, figures: dict[str, Any]) -> list[str]:
                                     candidates=views.candidates[i])
             out.append(figure_div(figures[name]))
     view = views.view
-    out += ["<h2>Patterns of the top heads</h2>", _note(
+    out += [_h("Patterns of the top heads"), _note(
         f"Sample 0, the {len(view)} best-ranked heads. Attention heads: softmax pattern. SSM heads: implicit "
         f"attention (form={ps.options.form}) shown row-normalised, |M[t,s]| / sum_s |M[t,s]|. Hover a head to "
         f"enlarge it."), attention_heads(ps, view, sample=0).fragment]
@@ -320,7 +319,7 @@ def _view_sections(views: CardViews, figures: dict[str, Any]) -> list[str]:
     implicit = [h for h in view if not h.adapter.normalized_rows]
     if soft and implicit:
         figures["compare"] = compare_heads(ps, soft[0], ps, implicit[0], sample=0)
-        out += ["<h2>Attention vs SSM</h2>", figure_div(figures["compare"])]
+        out += [_h("Attention vs SSM"), figure_div(figures["compare"])]
     return out
 
 
@@ -329,12 +328,11 @@ def _png_section(folder: Path, figures: dict[str, Any], parts: IsolatedParts) ->
     that failed, or wrote only some: a part not drawn)."""
     problem = png_export_problem()
     if problem is not None:
-        parts.sections += ["<h2>PNG files</h2>", _note(f"Not written: {problem}")]
+        parts.sections += [_h("PNG files"), _note(f"Not written: {problem}")]
         return
     try:
         paths = write_pngs(figures, folder / FIGURES_DIR)
     except Exception as e:  # noqa: BLE001 -- the HTML page has the same figures
         parts.fail("PNG files", e)
         return
-    links = "".join(f"<li><a href='{FIGURES_DIR}/{html.escape(p.name)}'>{html.escape(p.name)}</a></li>" for p in paths)
-    parts.sections.append(f"<h2>PNG files</h2><ul>{links}</ul>")
+    parts.sections += [_h("PNG files"), part("links", [(f"{FIGURES_DIR}/{p.name}", p.name) for p in paths])]

@@ -94,6 +94,10 @@ def circuit_summary(circuit: Circuit, top: int = 10) -> str:
         lines += format_lines(circuit)
     if circuit.edges is not None:
         lines += edge_lines(circuit)
+    if circuit.whole is not None:
+        strongest = sorted(circuit.whole.edges, key=lambda e: -e.weight)[:5]
+        lines.append(f"- whole circuit: {md_escape(circuit.whole.sentence())} Strongest edges: "
+                     + ", ".join(f"{e.name} {e.weight:+.3f}" + ("" if e.measured else " (screened)") for e in strongest))
     if pair and circuit.path() is None:
         lines.append(f"- gather/aggregate pair (from pattern roles, not a measured path): {pair[0].name} -> "
                      f"{pair[1].name}")

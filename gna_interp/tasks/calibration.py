@@ -203,9 +203,8 @@ class Calibration:
                  html_repr.table(["form", *keys, "task", "accuracy", "chance", "prompt tokens", "prompts", "verdict"],
                              rows, styles)]
         if 0 <= self.chosen < len(self.rows):
-            parts.append("<ul style='font-size:12px;margin:4px 0'>" +
-                         "".join(f"<li>{html_repr.esc(t)}</li>" for t in self.sentences()) + "</ul>")
-        return "<div>" + "".join(parts) + "</div>"
+            parts.append(html_repr.bullets(self.sentences()))
+        return html_repr.block(parts)
 
 
 def choose(rows: Sequence[FormResult], saturated: float = SATURATED) -> int:

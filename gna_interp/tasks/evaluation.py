@@ -77,7 +77,7 @@ class Evaluation:
             parts.append(html_repr.table(["sample", "answer", "predicted", "correct", "logit_diff", "gold_prob"],
                                      [[r.sample, repr(r.answer), repr(r.predicted), "✓" if r.correct else "✗",
                                        html_repr.fmt(r.logit_diff), html_repr.fmt(r.gold_prob)] for r in df.itertuples()]))
-        return "<div>" + "".join(parts) + "</div>"
+        return html_repr.block(parts)
 
 
 _SHOWN = 5  # samples an Evaluation shows in Jupyter

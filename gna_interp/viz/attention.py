@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 from typing import Sequence
 
 from jaxtyping import Float
@@ -11,7 +10,7 @@ from torch import Tensor
 from gna_interp.circuits.views import row_normalised
 from gna_interp.models.heads import HeadRef
 from gna_interp.mixing.pattern_set import PatternSet
-from gna_interp.viz.html import HTMLView, circuitsvis_widget
+from gna_interp.viz.html import HTMLView, circuitsvis_widget, render
 
 
 def display_rows(pattern: Float[Tensor, "n q k"], heads: Sequence[HeadRef]) -> Float[Tensor, "n q k"]:
@@ -47,9 +46,5 @@ def patterns_page(patterns: PatternSet, title: str, heads: Sequence[HeadRef | st
     """
     hs = [HeadRef.parse(h) for h in (heads if heads is not None else patterns.heads)]
     text = "".join(patterns.str_tokens[sample])
-    intro = (f'<p class="note">{html.escape(note)}</p>' if note else "") + \
-        f"<p><b>Prompt</b> ({len(patterns.str_tokens[sample])} tokens):</p><pre>{html.escape(text)}</pre>" + \
-        "<p class=\"note\">Attention heads: softmax pattern (rows sum to 1). SSM heads: implicit attention " \
-        "shown row-normalised, |M[t,s]| / &Sigma;<sub>s</sub> |M[t,s]|. Hover a head to enlarge it; " \
-        "click tokens to inspect.</p>"
+    intro = render("patterns_intro.html", note=note, n_tokens=len(patterns.str_tokens[sample]), text=text)
     return HTMLView(intro + "\n" + attention_heads(patterns, hs, sample).fragment, title=title, circuitsvis=True)

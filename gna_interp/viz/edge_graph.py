@@ -14,22 +14,9 @@ import math
 from typing import Any
 
 from gna_interp.errors import InputError
-from gna_interp.models.heads import HeadRef
-from gna_interp.viz.graph import INPUT_COLOURS
+from gna_interp.viz.graph import INPUT_COLOURS, node_positions
 
 __all__ = ["edge_graph"]
-
-_COLOURS = {**INPUT_COLOURS, "mlp": "#e377c2"}
-
-
-def _node_x(name: str, n_layers: int) -> float:
-    if name == "embed":
-        return -1.0
-    if name == "logits":
-        return float(n_layers)
-    if name.startswith("MLP"):
-        return int(name[3:]) + 0.5
-    return float(HeadRef.parse(name).layer)
 
 
 def edge_graph(screen: Any, top: int = 40, title: str | None = None) -> Any:
@@ -44,22 +31,13 @@ def edge_graph(screen: Any, top: int = 40, title: str | None = None) -> Any:
     t["value"] = t["effect"].where(t["effect"].notna(), t["score"])
     t = t.reindex(t["value"].abs().sort_values(ascending=False).index).head(top)
     names = sorted(set(t["sender"]) | set(t["receiver"]))
-    layers = [int(_node_x(n, 0)) for n in names if n not in ("embed", "logits")]
-    n_layers = max(layers, default=0) + 1
-    by_x: dict[float, list[str]] = {}
-    for n in names:
-        if not n.startswith("MLP") and n not in ("embed", "logits"):
-            by_x.setdefault(_node_x(n, n_layers), []).append(n)
-    pos = {n: (x, i - (len(ns) - 1) / 2) for x, ns in by_x.items() for i, n in enumerate(sorted(ns))}
-    low = min((y for _, y in pos.values()), default=0.0) - 1.5  # the MLPs in a row of their own, below the heads
-    pos.update({n: (_node_x(n, n_layers), low) for n in names if n.startswith("MLP")})
-    pos.update({n: (_node_x(n, n_layers), 0.0) for n in names if n in ("embed", "logits")})
+    pos = node_positions(names)
     biggest = max(float(t["value"].abs().max()), 1e-12) if len(t) else 1.0
     fig = go.Figure()
     for row in t.itertuples():
         (x0, y0), (x1, y1) = pos[row.sender], pos[row.receiver]
         verified = not math.isnan(row.effect)
-        colour = _COLOURS.get(row.input, "#7f7f7f")
+        colour = INPUT_COLOURS.get(row.input, "#7f7f7f")
         where = "" if row.receiver == "logits" else f".{row.input}@{row.positions}"
         exact = f"{row.effect:+.3f} [{row.low:+.3f}, {row.high:+.3f}]" if verified else "not verified"
         fig.add_trace(go.Scatter(
@@ -78,7 +56,7 @@ def edge_graph(screen: Any, top: int = 40, title: str | None = None) -> Any:
                                      textfont=dict(size=9 if kind == "MLPs" else 11), name=kind,
                                      marker=dict(symbol=symbol, size=14, color="#ffffff",
                                                  line=dict(color="#333333", width=1.5))))
-    for inp, colour in _COLOURS.items():
+    for inp, colour in INPUT_COLOURS.items():
         if inp in set(t["input"]):
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=colour, width=3),
                                      name=f"into {inp}"))

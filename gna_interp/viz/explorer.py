@@ -11,7 +11,6 @@ The Python side is :class:`Explorer` (``select``, ``set_method``, ``set_sample``
 
 from __future__ import annotations
 
-import html
 import math
 import numbers
 from typing import Any, Sequence
@@ -26,6 +25,7 @@ from gna_interp.models.model import Model, check_model
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores
 from gna_interp.viz.attention import attention_heads
+from gna_interp.viz.html import part, render
 
 __all__ = ["Explorer", "explore"]
 
@@ -186,32 +186,18 @@ class Explorer:
     def _render(self) -> None:
         st = self.state
         removed = ", ".join(st["removed"]) or "none"
-        self._metrics.value = (
-            f'<table style="border-collapse:collapse">'
-            f'<tr><th style="text-align:left;padding-right:1em">removed ({html.escape(st["method"])})</th>'
-            f'<td class="gna-removed">{html.escape(removed)}</td></tr>'
-            f'<tr><th style="text-align:left">accuracy</th><td class="gna-accuracy">{_fmt(st["accuracy"])}</td>'
-            f'<td style="color:#777;padding-left:1em">intact {_fmt(st["clean_accuracy"])}</td></tr>'
-            f'<tr><th style="text-align:left">logit difference</th>'
-            f'<td class="gna-logit-diff">{_fmt(st["logit_diff"])}</td>'
-            f'<td style="color:#777;padding-left:1em">intact {_fmt(st["clean_logit_diff"])}</td></tr>'
-            f'<tr><th style="text-align:left">samples</th><td>{st["n_samples"]}</td></tr></table>')
-        rows = []
-        for j, (cand, p, p0) in enumerate(zip(st["candidates"], st["probs"], st["clean_probs"])):
-            mark = " ✓" if j == st["gold"] else ""
-            rows.append(f'<tr><td style="font-family:monospace;white-space:pre">{html.escape(repr(cand))}{mark}</td>'
-                        f'<td style="width:12em"><div style="background:#c0392b;height:0.9em;width:{100 * p:.1f}%">'
-                        f'</div></td><td class="gna-prob">{p:.3f}</td>'
-                        f'<td style="color:#777;padding-left:0.5em">intact {p0:.3f}</td></tr>')
-        prompt = html.escape(st["prompt"][-160:])
-        self._dist.value = (f'<div><b>prompt {st["sample"]}</b> (candidate probabilities, renormalised over the '
-                            f'candidates)<pre style="font-size:85%;max-height:8em;overflow:auto">{prompt}</pre>'
-                            f'<table>{"".join(rows)}</table></div>')
+        self._metrics.value = render("explorer_metrics.html", method=st["method"], removed=removed,
+                                     accuracy=_fmt(st["accuracy"]), clean_accuracy=_fmt(st["clean_accuracy"]),
+                                     logit_diff=_fmt(st["logit_diff"]), clean_logit_diff=_fmt(st["clean_logit_diff"]),
+                                     n_samples=st["n_samples"])
+        rows = [(repr(cand), j == st["gold"], p, p0)
+                for j, (cand, p, p0) in enumerate(zip(st["candidates"], st["probs"], st["clean_probs"]))]
+        self._dist.value = render("explorer_candidates.html", sample=st["sample"], prompt=st["prompt"][-160:], rows=rows)
         if self.removed:
             pats = patterns(self.model, st["prompt"], self.removed)
             self._patterns.value = attention_heads(pats, self.removed)._repr_html_()
         else:
-            self._patterns.value = "<i>remove heads to see their patterns on this prompt</i>"
+            self._patterns.value = part("note", "remove heads to see their patterns on this prompt")
 
 
 def explore(model: Model, task: Task, heads: Sequence[HeadRef | str] | None = None, method: str = "zero",

@@ -1,9 +1,12 @@
-"""Self-contained HTML pages: the circuitsvis and plotly JavaScript embedded once per page, no network."""
+"""Self-contained HTML pages: the circuitsvis and plotly JavaScript embedded once per page, no network.
+
+Every piece of HTML is a template of :mod:`gna_interp.templates`, rendered with its one escaping rule; the pages'
+own JavaScript and CSS are files under ``gna_interp/viz/static`` (:func:`asset`), inlined into the page so it needs
+no network.
+"""
 
 from __future__ import annotations
 
-import html
-import json
 import os
 import uuid
 from dataclasses import dataclass
@@ -11,26 +14,21 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-# The iframe document sizes its <iframe> to its content (srcdoc frames share the notebook's origin). It measures
-# the body, not documentElement.scrollHeight, which never drops below the frame's own height and so only grows.
-_FIT_FRAME = ("<script>(function(){var f=window.frameElement;if(!f)return;var b=document.body;"
-              "function fit(){var m=parseFloat(getComputedStyle(b).marginBottom)||0;"
-              "f.style.height=Math.ceil(b.getBoundingClientRect().bottom+m+window.scrollY)+'px';}"
-              "new ResizeObserver(fit).observe(b);window.addEventListener('load',fit);fit();})();</script>")
+from gna_interp.templates import Markup, part, render, script_json
 
+__all__ = ["HTMLView", "IsolatedParts", "asset", "circuitsvis_bundle", "circuitsvis_widget", "figure_div", "one_line",
+           "page", "part", "render", "script_json"]
 
-# Inside <script>, the HTML parser ends the element at the first "</script" (and "<!--" changes how it scans), whatever
-# JavaScript would make of it. Writing <, > and & as JSON escapes leaves the value the same and the script unbreakable;
-# U+2028/2029 are line ends to older JavaScript parsers. A JSON text holds these characters only inside strings.
-_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
-                              "\u2029": "\\u2029"})
+_HERE = Path(__file__).parent
 
-
-def script_json(value: Any) -> str:
-    """``value`` as JSON that is safe to write inside a ``<script>`` element: no string in it (a token
-    ``</script><script>alert(1)</script>``, say) can end the element or start markup; JavaScript reads the
-    same value."""
-    return json.dumps(value).translate(_SCRIPT_SAFE)
+@lru_cache(maxsize=None)
+def asset(name: str) -> Markup:
+    """The shipped static file ``gna_interp/viz/static/<name>`` (JavaScript or CSS), as markup to inline into a
+    ``<script>`` or ``<style>`` element; a file that could end that element early is refused."""
+    text = (_HERE / "static" / name).read_text(encoding="utf-8")
+    if "</script" in text.lower() or "</style" in text.lower():
+        raise ValueError(f"static file {name} holds a closing tag, which would end its element early")
+    return Markup(text)
 
 
 @lru_cache(maxsize=1)
@@ -50,10 +48,10 @@ def circuitsvis_widget(element: str, **props: Any) -> str:
     """
     from circuitsvis.utils.convert_props import convert_prop_type
 
-    div_id = f"cv-{uuid.uuid4().hex[:12]}"
-    data = script_json({k: convert_prop_type(v) for k, v in props.items() if v is not None})
-    return (f'<div id="{div_id}" class="cv-widget" style="margin: 15px 0;"></div>\n'
-            f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{element}, {data});</script>')
+    if not element.isidentifier():
+        raise ValueError(f"a circuitsvis element is a JavaScript name, got {element!r}")
+    return render("cv_widget.html", div_id=f"cv-{uuid.uuid4().hex[:12]}", element=element,
+                  props={k: convert_prop_type(v) for k, v in props.items() if v is not None})
 
 
 def figure_div(fig: Any, div_id: str | None = None) -> str:
@@ -104,11 +102,9 @@ class HTMLView:
 
     def _repr_html_(self) -> str:
         """Notebook display: an iframe whose ``srcdoc`` is :meth:`page` (plus a script that fits its height)."""
-        doc = page(self.title, [self.fragment, _FIT_FRAME], circuitsvis=self.circuitsvis, plotly=self.plotly,
-                   heading=self.heading)
-        return (f'<iframe class="gna-view" title="{html.escape(self.title, quote=True)}" '
-                f'style="width:100%;height:{int(self.frame_height)}px;border:0" '
-                f'srcdoc="{html.escape(doc, quote=True)}"></iframe>')
+        doc = page(self.title, [self.fragment, render("script.html", script=asset("fit_frame.js"))],
+                   circuitsvis=self.circuitsvis, plotly=self.plotly, heading=self.heading)
+        return render("iframe.html", title=self.title, height=int(self.frame_height), doc=doc)
 
     def __str__(self) -> str:
         return self.fragment
@@ -128,18 +124,14 @@ def page(title: str, sections: Sequence[str | HTMLView], *, circuitsvis: bool = 
     views = [s for s in sections if isinstance(s, HTMLView)]
     circuitsvis = circuitsvis or any(v.circuitsvis for v in views)
     plotly = plotly or any(v.plotly for v in views)
-    head = [f"<title>{html.escape(title)}</title>", '<meta charset="utf-8">',
-            "<style>body{font-family:system-ui,sans-serif;margin:24px;max-width:1200px}"
-            "h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}.note{color:#555}</style>"]
-    if circuitsvis:
-        head.append(f"<script>{circuitsvis_bundle()}</script>")
+    plotly_js = ""
     if plotly:
         from plotly.offline import get_plotlyjs
 
-        head.append(f"<script>{get_plotlyjs()}</script>")
-    body = ([f"<h1>{html.escape(title)}</h1>"] if heading else []) + [str(s) for s in sections]
-    return "<!DOCTYPE html>\n<html><head>" + "\n".join(head) + "</head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+        plotly_js = get_plotlyjs()
+    return render("page.html", title=title, css=asset("page.css"), heading=heading,
+                  sections=[Markup(str(s)) for s in sections], circuitsvis_js=Markup(circuitsvis_bundle()) if circuitsvis else None,
+                  plotly_js=Markup(plotly_js) if plotly else None)
 
 
 class IsolatedParts:
@@ -170,7 +162,7 @@ class IsolatedParts:
         why = one_line(error)
         self.failed.append(f"{title}: {why}")
         text = note if note is not None else f"Not drawn: {why}. The results files are complete."
-        self.sections += [f"<h2>{html.escape(title)}</h2>", f'<p class="note">{html.escape(text)}</p>']
+        self.sections += [part("heading", title), part("note", text)]
 
 
 def one_line(error: BaseException | str, limit: int = 300) -> str:

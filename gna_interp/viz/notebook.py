@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gna_interp.templates import Markup
+from gna_interp.viz.html import asset, render
+
 RENDERER = "gna_offline"
 _DEFAULT = f"plotly_mimetype+{RENDERER}"
 _MISSING = ("plotly.js is not loaded on this page: run gna_interp.viz.notebook_mode() in an earlier cell "
@@ -33,9 +36,8 @@ def _renderer_class() -> type:
 
             div = pio.to_html(fig_dict, config=self.config, include_plotlyjs=False, include_mathjax=False,
                               full_html=False, default_width="100%", default_height=525, validate=False)
-            guard = ("<script>if (typeof window.Plotly === 'undefined') { document.currentScript.previousElementSibling"
-                     f".insertAdjacentText('beforeend', {_MISSING!r}); }}</script>")
-            return {"text/html": f'<div class="gna-plotly">{div}</div>{guard}'}
+            return {"text/html": render("notebook_figure.html", div=Markup(div), missing=_MISSING,
+                                        script=asset("plotly_guard.js"))}
 
     return OfflineHtmlRenderer
 
@@ -44,8 +46,7 @@ def plotly_bundle_html() -> str:
     """plotly.js (the copy inside the installed ``plotly`` package) as one inline ``<script>``."""
     from plotly.offline import get_plotlyjs
 
-    return ("<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>\n"
-            f"<script>{get_plotlyjs()}</script>")
+    return render("plotly_bundle.html", config=asset("plotly_config.js"), plotly=Markup(get_plotlyjs()))
 
 
 def notebook_mode(show: bool = True) -> None:

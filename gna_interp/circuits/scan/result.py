@@ -265,7 +265,7 @@ class HeadScan:
                  ("seconds", html_repr.fmt(self.seconds, 1))]
         parts = [html_repr.title(f"HeadScan of {self.model} on {self.task}", f"{len(self.heads)} heads"),
                  html_repr.facts(facts), html_repr.Raw(_top_table(df, TOP_HEADS, self.metric)), html_repr.Raw(drop_heatmap(df, self.metric))]
-        return "<div>" + "".join(parts) + "</div>"
+        return html_repr.block(parts)
 
 
 TOP_HEADS = 10
