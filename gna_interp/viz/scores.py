@@ -13,6 +13,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.registry import adapter, kinds
 from gna_interp.models.mixer import MixerAdapter
 ROLE_MARKS = {"gather": "G", "aggregate": "A"}
+_MARK_KEY = "cell labels: G gather head, A aggregate head (pattern roles); #n the head's rank (top {k} marked)"
 _HIDDEN = {"layer", "head", "kind", "name", "width"}
 _MAX_TICKS = 40
 
@@ -132,8 +133,11 @@ def score_heatmap(scan: Any, roles: pd.DataFrame | None = None, value: str = "dr
         fig.update_yaxes(title_text="layer", tickvals=list(range(0, len(layers), lstep)),
                          ticktext=[f"L{layers[i]}" for i in range(0, len(layers), lstep)], row=r, col=1)
     label = value.replace("_", " ")
+    heading = title or f"Ablation {label} per head (higher = the head matters more)"
+    if (df["rank"] <= mark_top).any() or df.get("role", pd.Series(dtype=str)).isin(list(ROLE_MARKS)).any():
+        heading += f"<br><sup>{_MARK_KEY.format(k=mark_top)}</sup>"
     fig.update_layout(
-        title=dict(text=title or f"Ablation {label} per head (higher = the head matters more)"),
+        title=dict(text=heading),
         coloraxis=dict(colorscale="RdBu_r", cmid=0, colorbar=dict(title=dict(text=label))),
         height=_height(n_layers), margin=dict(l=70, r=40, t=80, b=60),
         template="plotly_white")
