@@ -109,3 +109,30 @@ def test_the_forward_stops_at_the_final_norm(tiny_dirs):
     torch.testing.assert_close(got, cache[model.FINAL_NORM_INPUT], atol=0, rtol=0)
     zero = model.final_residual(batch, [(model.block_output_hook(model.n_layers - 1), lambda x, hook: x * 0)])
     assert float(zero.abs().max()) == 0.0
+
+
+def test_the_blockwise_loop_does_not_grow_the_heap_once_the_mmap_threshold_is_pinned():
+    """A loop that makes one large temporary per vocabulary block and keeps a small row of each (the blockwise head's
+    shape) stays within a few blocks of memory in a process whose mmap threshold is pinned (what ``gna`` does)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import resource, torch
+        from gna_interp.allocator import pin_mmap_threshold
+        assert pin_mmap_threshold()
+        torch.set_num_threads(1)
+        x, w = torch.randn(1500, 16), torch.randn(96 * 2048, 16)
+        torch.logsumexp(x @ w[:2048].T, -1)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        kept = [torch.logsumexp(x @ w[k:k + 2048].T, -1) for k in range(0, w.shape[0], 2048)]
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+    """)
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the mmap threshold is glibc's")
+    got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert got.returncode == 0, got.stderr
+    grown_mb = int(got.stdout.split()[-1])
+    assert grown_mb < 100, f"the heap grew by {grown_mb} MB over 96 blocks of 12 MB"
