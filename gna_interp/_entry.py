@@ -4,7 +4,10 @@ moment, while the command modules import (torch and all) as much as during the w
 
 A reader that goes away (``gna scan | head -1``) does not stop the work either: once a write to stdout or stderr
 finds its pipe closed, that stream is pointed at the null device, the command finishes (a scan writes its whole
-run folder) and exits with its own code, without a ``BrokenPipeError`` traceback."""
+run folder) and exits with its own code, without a ``BrokenPipeError`` traceback.
+
+The process keeps glibc's mmap threshold fixed (:func:`gna_interp.allocator.pin_mmap_threshold`), so the large
+temporaries of the blockwise head go back to the system when freed instead of growing the heap."""
 
 from __future__ import annotations
 
@@ -73,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Meant for the console script: once the command has ended, Ctrl-C gets its default action back (the process
     ends at once, with the shell's 130 and no traceback), so nothing after can print a half-finished trace.
     """
+    from gna_interp.allocator import pin_mmap_threshold
+
+    pin_mmap_threshold()  # large temporaries back to the system when freed (gna_interp.allocator)
     err = _Stderr(sys.stderr)
     out = _Stream(sys.stdout)
     sys.stderr, sys.stdout = err, out

@@ -122,6 +122,43 @@ def _check_claims_are_measured(nb) -> None:
         assert data and PLOTLY_JSON in data[0] and "text/html" in data[0], c.source
 
 
+# What a reader would call broken on the exported page, listed by the browser: tables with a multi-level header, an
+# empty row or wider than their output area; subplot titles that repeat themselves ("a · a"); legend entries of one
+# figure that share a swatch (same trace type, colour, pattern, line and symbol: opacity alone does not tell them apart).
+PAGE_DEFECTS = """
+() => {
+  const out = [];
+  // tables: one header row (a flat index), no row without any text, none wider than its output area
+  document.querySelectorAll('table.dataframe').forEach((t, i) => {
+    const head = t.querySelectorAll('thead tr').length;
+    if (head > 1) out.push(`table ${i}: ${head} header rows (a multi-level index or columns)`);
+    t.querySelectorAll('tbody tr').forEach((r, j) => {
+      if (![...r.cells].some(c => c.textContent.trim())) out.push(`table ${i}: row ${j} is empty`);
+    });
+    const box = t.closest('.jp-OutputArea-output') || t.parentElement;
+    if (t.getBoundingClientRect().width > box.getBoundingClientRect().width + 1)
+      out.push(`table ${i}: ${Math.round(t.getBoundingClientRect().width)} px wide in a ${Math.round(box.getBoundingClientRect().width)} px output`);
+  });
+  document.querySelectorAll('.js-plotly-plot').forEach((gd, i) => {
+    const L = gd._fullLayout || {};
+    (L.annotations || []).forEach(a => {
+      const parts = String(a.text || '').split(' · ');
+      if (new Set(parts).size < parts.length) out.push(`figure ${i}: title '${a.text}' repeats itself`);
+    });
+    const seen = {};
+    (gd._fullData || []).filter(t => t.showlegend && t.visible === true).forEach(t => {
+      const m = t.marker || {}, l = t.line || {};
+      const key = JSON.stringify([t.type, m.color, (m.pattern || {}).shape, l.color, l.dash,
+                                  t.mode, t.fillcolor, m.symbol]);
+      if (key in seen) out.push(`figure ${i}: legend entries '${seen[key]}' and '${t.name}' share one swatch`);
+      else seen[key] = t.name;
+    });
+  });
+  return out;
+}
+"""
+
+
 def _figure_outputs(nb) -> tuple[int, int]:
     """(plotly figures, gna HTML views) among the executed notebook's displayed outputs."""
     data = [o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs
@@ -134,13 +171,17 @@ def _figure_outputs(nb) -> tuple[int, int]:
 
 
 def _check_export_shows_every_figure(nb, out: Path) -> None:
-    """nbconvert's HTML of the executed notebook, opened in headless Chromium with every request off this machine
-    refused (no network, no kernel), draws each plotly figure the notebook showed and fills each gna view frame."""
+    """nbconvert's HTML of the executed notebook shows no error and no unknown token, and, opened in headless Chromium
+    with every request off this machine refused (no network, no kernel), draws each plotly figure the notebook showed,
+    fills each gna view frame and has none of the :data:`PAGE_DEFECTS`."""
     nbconvert = pytest.importorskip("nbconvert")
     n_figures, n_views = _figure_outputs(nb)
     assert n_figures + n_views > 0, "the notebook shows no figure"
     body, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
     out.write_text(body, encoding="utf-8")
+    assert "Traceback (most recent call last)" not in body, "the exported page shows an error"
+    assert '"[UNK]"' not in body and ">[UNK]<" not in body, "a figure or table shows the unknown token [UNK]"
+    assert body.count("Plotly.newPlot(") >= n_figures
     if CHROMIUM is None:
         pytest.skip("needs Debian's chromium (apt-get install chromium) to check the exported HTML: .ci/run has it")
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
@@ -166,9 +207,11 @@ def _check_export_shows_every_figure(nb, out: Path) -> None:
                     gd => gd.querySelector('svg.main-svg') && gd._fullData && gd._fullData.length > 0
                           && gd.getBoundingClientRect().height > 100).length,
                 views: document.querySelectorAll('iframe.gna-view').length})""")
+            defects = page.evaluate(PAGE_DEFECTS)
             page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()
     print(f"{out.name}: {seen}; screenshot {shot}")
     assert seen == {"plots": n_figures, "drawn": n_figures, "views": n_views}, (seen, n_figures, n_views)
+    assert not defects, defects
     assert not [e for e in errors if "Plotly" in e or "CircuitsVis" in e], errors

@@ -488,8 +488,9 @@ def test_stages_share_one_clean_pass_per_task(tiny_models, monkeypatch):
 
 
 def test_attribution_records_the_clean_prefixes_it_passes_through(tiny_models):
-    """Given the plan's Prefixes, attribution's forward (a clean pass) keeps each chunk's block inputs and read
-    logits: equal to a capture's, detached, and used by later replays instead of a clean forward of their own."""
+    """Given the plan's Prefixes, attribution's forward (a clean pass) keeps each chunk's block inputs and the clean
+    log-probabilities of its reads: equal to a capture's, detached, and used by later replays instead of a clean
+    forward of their own."""
     model = tiny_models["llama"]
     plan = plan_scoring(model, TASK.samples)
     chunks = layout_chunks(plan, 2)
@@ -497,9 +498,9 @@ def test_attribution_records_the_clean_prefixes_it_passes_through(tiny_models):
     att = attribution_estimates(model, plan, prefixes, replacements(model, model.heads()[:3], "zero", None))
     assert all(prefixes.has(i) for i in range(len(chunks)))
     for i, c in enumerate(chunks):
-        got, want = prefixes.get(i), replay_mod.capture(model, c.batch, (c.read_row, c.read_pos))
-        torch.testing.assert_close(got.logits, want.logits, atol=1e-6, rtol=0)
-        assert torch.equal(got.inverse, want.inverse)
+        got, want = prefixes.get(i), replay_mod.capture(model, c.batch, c.reads, c.read_tok)
+        assert got.logits is None and want.logits is None and not got.logprobs.requires_grad
+        torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-6, rtol=0)
         for layer in range(model.n_layers):
             assert not got.hidden(layer).requires_grad
             torch.testing.assert_close(got.hidden(layer), want.hidden(layer), atol=1e-6, rtol=0)

@@ -58,6 +58,39 @@ def test_control_scan_measures_the_lm_loss_rise_per_head(tiny_models):
     assert set(auto.exact) == set(auto.heads)  # every head could pass a threshold that low: all settled exactly
 
 
+def test_the_control_loss_is_read_a_few_rows_at_a_time_and_equals_the_full_computation(tiny_models, monkeypatch):
+    """The control reads every position of its text, so no step may hold a ``reads x vocabulary`` matrix: the clean
+    pass keeps each read's log-probability only, the head runs over a few rows (here 4) and vocabulary columns at a
+    time, and only the replay check reads whole logit rows, a bounded spread of them. The LM loss, intact and with a
+    head removed, equals the full computation's (``log_softmax`` over the whole vocabulary at every read) to 1e-6."""
+    from gna_interp.engine import head as head_mod
+    from gna_interp.engine import replay as replay_mod
+
+    model = tiny_models["llama"]
+    task = NeutralText(n_paragraphs=3)
+    plan = plan_scoring(model, task.samples)
+    heads = model.heads()[:2]
+    want = [lm_loss(run_plan(model, plan))]
+    for h in heads:
+        with gna.ablate(model, [h]):
+            want.append(lm_loss(run_plan(model, plan)))
+    monkeypatch.setitem(head_mod.VOCAB_BLOCK, "cpu", 64)
+    monkeypatch.setitem(head_mod.HEAD_VALUES, "cpu", 4 * 64)
+    asked, read_logits = [], model.read_logits
+
+    def counted(batch, rows, pos, *args, **kwargs):
+        asked.append(rows.numel())
+        return read_logits(batch, rows, pos, *args, **kwargs)
+
+    monkeypatch.setattr(model, "read_logits", counted)
+    replay_mod._VERIFIED.pop(model, None)  # check the replays again, under the count
+    runner = replay_mod.SetAblation(model, task, batch_size=2)
+    got = [lm_loss(runner.clean())] + [lm_loss(runner.run([h])) for h in heads]
+    assert got == pytest.approx(want, abs=1e-6)
+    n_reads = sum(len(t.tokens) for t in plan.targets)
+    assert asked and max(asked) <= replay_mod.VERIFY_READS < n_reads
+
+
 def test_generic_heads_are_labelled_and_left_out(tiny_models):
     model = tiny_models["llama"]
     scan = gna.scan_heads(model, TASK, strategy="exact", batch_size=3, progress=False)

@@ -121,18 +121,16 @@ def _head_terms(r: Replacement, rec: _Recorder, grad: Tensor | None, proj: Tenso
     return est, size, mass
 
 
-def _read(model: Model, chunk: Chunk, hooks: list[tuple[str, Callable[..., Tensor]]], want_logits: bool
-          ) -> tuple[Tensor, Tensor | None]:
-    """The differentiable log-probabilities of ``chunk``'s reads from one forward with ``hooks``, and (if wanted) the
-    detached logits at its distinct read positions. The forward stops at the final norm and the head runs block by
-    block, its backward too (:func:`~gna_interp.engine.head.head_logprobs_grad`); a model without a hook there
-    reads the bridge's own logits and differentiates them in full."""
+def _read(model: Model, chunk: Chunk, hooks: list[tuple[str, Callable[..., Tensor]]]) -> Tensor:
+    """The differentiable log-probabilities of ``chunk``'s reads from one forward with ``hooks``. The forward stops at
+    the final norm and the head runs block by block, its backward too
+    (:func:`~gna_interp.engine.head.head_logprobs_grad`); a model without a hook there reads the bridge's own logits
+    and differentiates them in full."""
     rows, pos, inverse = chunk.reads
     hidden = model.final_residual(chunk.batch, hooks, grad=True)
     if hidden is not None:
-        return head_logprobs_grad(model, at_reads(hidden, rows, pos), chunk.read_tok, inverse, keep_logits=want_logits)
-    logits = model.read_logits(chunk.batch, rows, pos, hooks, grad=True)
-    return read_logprobs(logits, chunk.read_tok, inverse), logits.detach()
+        return head_logprobs_grad(model, at_reads(hidden, rows, pos), chunk.read_tok, inverse)
+    return read_logprobs(model.read_logits(chunk.batch, rows, pos, hooks, grad=True), chunk.read_tok, inverse)
 
 
 def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chunk] | Prefixes,
@@ -165,13 +163,12 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
     for i, chunk in enumerate(chunks):
         rec = _Recorder(model, hooks_at, layers)
         with _inputs_only_grad(model), torch.enable_grad():
-            inverse = chunk.reads[2]
             record = keep is not None and not keep.has(i)
             with recording(model, chunk.size) if record else nullcontext([]) as got:
-                logp, logits = _read(model, chunk, rec.hooks(), want_logits=record)
+                logp = _read(model, chunk, rec.hooks())
             rec.check()
             if got:
-                got[0].logits, got[0].inverse = logits, inverse
+                got[0].logprobs = logp.detach()
                 keep.put(i, got[0])  # type: ignore[union-attr]
             clean.add(chunk, logp.detach())
             w = weights if weights is not None else LOGIT_DIFF.target_weights(plan, clean.result())

@@ -4,7 +4,9 @@ A replay ends in the residual stream; a score needs ``log p(token)`` at a few po
 computes it without the ``reads x vocabulary`` logits matrix: the unembedding runs over blocks of
 :data:`VOCAB_BLOCK` rows of its weight, each block's log-sum-exp is kept (float64 when combined) and each read's
 own logit is taken from the block that holds its token, so the vocabulary is paid once per distinct read position
-in cache-sized pieces. The blocks and their sums are those of :func:`~gna_interp.tasks.scoring.log_normaliser`,
+in cache-sized pieces. The rows are taken a piece at a time too (:func:`~gna_interp.tasks.scoring.row_step`), so however
+many positions are read -- every position of a paragraph, for stacked copies -- at most
+:data:`~gna_interp.tasks.scoring.HEAD_VALUES` logits live at once. The blocks and their sums are those of :func:`~gna_interp.tasks.scoring.log_normaliser`,
 which scores full logits (the clean forward's), so a replay's scores and the clean ones differ only by the logits'
 own rounding. It equals ``read_logprobs(final_logits(...))`` at the reads, which :func:`head_logprobs` checks once
 per model on a probe (a head the blocks do not reproduce -- a transform that is not elementwise, an
@@ -14,8 +16,8 @@ output layer that is not a plain linear map -- is then read in full, as before).
 never touches the vocabulary. The gradient of ``log p(t) = l_t - logsumexp(l)`` with respect to the normed residual
 ``x`` (``l = T(x W^T + b)``, ``T`` the family's elementwise output transform) is ``T'(z_t) W_t - E_p[T'(z) W]``; the
 forward, while it runs over the vocabulary blocks, also accumulates that expectation (each block's local softmax
-times ``T'`` times the block's rows, the blocks combined with the weights of their log-sum-exps), so the backward is
-an ``n x d_model`` gather, with no ``reads x vocabulary`` matrix and no gradient for the unembedding weight.
+times ``T'`` times the block's rows, rescaled to the log-sum-exp of the blocks so far as an online softmax does), so
+the backward is an ``n x d_model`` gather, with no ``reads x vocabulary`` matrix and no gradient for the unembedding weight.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from gna_interp.models.model import Model
-from gna_interp.tasks.scoring import VOCAB_BLOCK, combine_lse, read_logprobs, vocab_step
+from gna_interp.tasks.scoring import HEAD_VALUES, VOCAB_BLOCK, combine_lse, read_logprobs, row_pieces, row_step, vocab_step
 
-__all__ = ["VOCAB_BLOCK", "at_reads", "final_logits", "head_logprobs", "head_logprobs_grad", "logit_atol"]
+__all__ = ["HEAD_VALUES", "VOCAB_BLOCK", "at_reads", "final_logits", "head_logprobs", "head_logprobs_grad", "logit_atol"]
 
 _BLOCKWISE: "weakref.WeakKeyDictionary[Model, bool]" = weakref.WeakKeyDictionary()
 
@@ -59,27 +61,35 @@ def final_logits(model: Model, hidden: Float[Tensor, "rows pos d_model"], rows: 
 
 def _blockwise(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],
                at: Int[Tensor, " n_reads"]) -> Float[Tensor, " n_reads"]:
-    """Log-probabilities of ``tokens`` at ``resid[at]``, the unembedding run block by block (see the module)."""
+    """Log-probabilities of ``tokens`` at ``resid[at]``, the unembedding run block by block over the vocabulary and
+    piece by piece over the rows (see the module)."""
     out_layer = model.hf_model.get_output_embeddings()
     weight, bias = out_layer.weight, getattr(out_layer, "bias", None)
     normed, transform = model.final_norm(resid[None])[0], model.output_transform
     step = vocab_step(normed.device)
-    own = torch.empty(tokens.shape[0], dtype=torch.float32, device=normed.device)
-    lse = []
-    for k in range(0, weight.shape[0], step):
-        block = torch.nn.functional.linear(normed, weight[k:k + step], None if bias is None else bias[k:k + step])
-        block = (transform(block) if transform is not None else block).float()
-        lse.append(torch.logsumexp(block, -1))
-        here = (tokens >= k) & (tokens < k + step)
-        if here.any():
-            own[here] = block[at[here], tokens[here] - k]
-    return (own.double() - combine_lse(lse)[at]).float()
+    out = torch.empty(tokens.shape[0], dtype=torch.float32, device=normed.device)
+    for start, stop, mine in row_pieces(normed.shape[0], at, row_step(normed.device, step)):
+        x, tok, loc = normed[start:stop], tokens[mine], at[mine] - start
+        own = torch.empty(tok.shape[0], dtype=torch.float32, device=normed.device)
+        lse = []
+        for k in range(0, weight.shape[0], step):
+            block = torch.nn.functional.linear(x, weight[k:k + step], None if bias is None else bias[k:k + step])
+            block = (transform(block) if transform is not None else block).float()
+            lse.append(torch.logsumexp(block, -1))
+            here = (tok >= k) & (tok < k + step)
+            if here.any():
+                own[here] = block[loc[here], tok[here] - k]
+        out[mine] = (own.double() - combine_lse(lse)[loc]).float()
+    return out
 
 
 def _full(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],
           at: Int[Tensor, " n_reads"]) -> Float[Tensor, " n_reads"]:
-    """The same from the whole ``n x vocabulary`` logits (the fallback)."""
-    return read_logprobs(model.unembed(resid[None])[0], tokens, at)
+    """The same from the whole vocabulary's logits (the fallback), a piece of rows at a time."""
+    out = torch.empty(tokens.shape[0], dtype=torch.float32, device=resid.device)
+    for start, stop, mine in row_pieces(resid.shape[0], at, row_step(resid.device, model.d_vocab)):
+        out[mine] = read_logprobs(model.unembed(resid[None, start:stop])[0], tokens[mine], at[mine] - start)
+    return out
 
 
 def _blocks_reproduce(model: Model, resid: Float[Tensor, "n d_model"]) -> bool:
@@ -149,74 +159,70 @@ class _HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, normed: Tensor, weight: Tensor, bias: Tensor | None, transform, tokens: Tensor,  # type: ignore[override]
-                at: Tensor, sink: list) -> Tensor:
+                at: Tensor) -> Tensor:
         step = vocab_step(normed.device)
-        n_reads = tokens.shape[0]
-        own = torch.empty(n_reads, dtype=torch.float32, device=normed.device)
-        own_dir = torch.empty(n_reads, normed.shape[-1], dtype=torch.float32, device=normed.device)
-        lse, expect = [], []
-        full = None
-        for k in range(0, weight.shape[0], step):
-            w = weight[k:k + step]
-            z = torch.nn.functional.linear(normed, w, None if bias is None else bias[k:k + step])
-            block = (transform(z) if transform is not None else z)
-            if sink is not None:
-                if full is None:
-                    full = torch.empty(normed.shape[0], weight.shape[0], dtype=block.dtype, device=block.device)
-                full[:, k:k + step] = block
-            block = block.float()
-            part = torch.logsumexp(block, -1)
-            lse.append(part)
-            p = torch.exp(block - part[:, None])  # the block's own softmax
-            if transform is not None:
-                p = _transform_slopes(transform, z, p)
-            expect.append(p.to(w.dtype) @ w)
-            here = (tokens >= k) & (tokens < k + step)
-            if here.any():
-                idx = tokens[here] - k
-                own[here] = block[at[here], idx]
-                slope = 1.0
+        out = torch.empty(tokens.shape[0], dtype=torch.float32, device=normed.device)
+        own_dir = torch.empty(tokens.shape[0], normed.shape[-1], dtype=torch.float32, device=normed.device)
+        e = torch.empty(normed.shape[0], normed.shape[-1], dtype=torch.float32, device=normed.device)
+        for start, stop, mine in row_pieces(normed.shape[0], at, row_step(normed.device, step)):
+            x, tok, loc = normed[start:stop], tokens[mine], at[mine] - start
+            own = torch.empty(tok.shape[0], dtype=torch.float32, device=normed.device)
+            lse: list[Tensor] = []
+            seen = acc = None  # log-sum-exp of the blocks so far (float64) and their softmax-weighted rows
+            for k in range(0, weight.shape[0], step):
+                w = weight[k:k + step]
+                z = torch.nn.functional.linear(x, w, None if bias is None else bias[k:k + step])
+                block = (transform(z) if transform is not None else z).float()
+                part = torch.logsumexp(block, -1)
+                lse.append(part)
+                p = torch.exp(block - part[:, None])  # the block's own softmax
                 if transform is not None:
-                    one = torch.zeros_like(block)
-                    one[at[here], idx] = 1.0
-                    slope = _transform_slopes(transform, z, one)[at[here], idx][:, None]
-                own_dir[here] = w[idx].float() * slope
-        total = combine_lse(lse)
-        share = torch.exp(torch.stack(lse, 0).double() - total[None]).float()  # each block's probability mass
-        e = sum(share[b][:, None] * expect[b].float() for b in range(len(expect)))
+                    p = _transform_slopes(transform, z, p)
+                expect = (p.to(w.dtype) @ w).float()
+                if seen is None:
+                    seen, acc = part.double(), expect
+                else:  # rescale what came before to the new total, as an online softmax does
+                    total = torch.logaddexp(seen, part.double())
+                    acc = acc * torch.exp(seen - total).float()[:, None] + torch.exp(part.double() - total).float()[:, None] * expect
+                    seen = total
+                here = (tok >= k) & (tok < k + step)
+                if here.any():
+                    idx = tok[here] - k
+                    own[here] = block[loc[here], idx]
+                    slope = 1.0
+                    if transform is not None:
+                        one = torch.zeros_like(block)
+                        one[loc[here], idx] = 1.0
+                        slope = _transform_slopes(transform, z, one)[loc[here], idx][:, None]
+                    own_dir[mine[here]] = w[idx].float() * slope
+            out[mine] = (own.double() - combine_lse(lse)[loc]).float()
+            e[start:stop] = acc
         ctx.save_for_backward(own_dir, e, at)
         ctx.in_dtype = normed.dtype
-        if sink is not None:
-            sink.append(full)
-        return (own.double() - total[at]).float()
+        return out
 
     @staticmethod
     def backward(ctx, g: Tensor):  # type: ignore[override]
         own_dir, e, at = ctx.saved_tensors
         d = g.float()[:, None] * (own_dir - e[at])
         grad = torch.zeros_like(e).index_add_(0, at, d)
-        return grad.to(ctx.in_dtype), None, None, None, None, None, None
+        return grad.to(ctx.in_dtype), None, None, None, None, None
 
 
 def head_logprobs_grad(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],
-                       inverse: Int[Tensor, " n_reads"] | None = None, keep_logits: bool = False
-                       ) -> tuple[Float[Tensor, " n_reads"], Float[Tensor, "n vocab"] | None]:
+                       inverse: Int[Tensor, " n_reads"] | None = None) -> Float[Tensor, " n_reads"]:
     """:func:`head_logprobs` under autograd: ``log p(tokens[i])`` at ``resid[inverse[i]]``, differentiable with respect
-    to ``resid`` (through the final norm), its backward blockwise (see the module). With ``keep_logits`` also the
-    logits at ``resid``'s rows (``n x vocabulary``, not part of the graph: for a caller that stores them), else None.
-    A head that the blocks do not reproduce is differentiated in full (``model.unembed``)."""
+    to ``resid`` (through the final norm), its backward blockwise (see the module). A head that the blocks do not
+    reproduce is differentiated in full (``model.unembed``)."""
     device = resid.device
     tokens = tokens.to(device)
     at = inverse.to(device) if inverse is not None else torch.arange(tokens.shape[0], device=device)
     with torch.no_grad():
         blockwise = tokens.shape[0] > 0 and _blocks_reproduce(model, resid.detach())
     if not blockwise:
-        logits = model.unembed(resid[None])[0]
-        return read_logprobs(logits, tokens, at), (logits.detach() if keep_logits else None)
+        return read_logprobs(model.unembed(resid[None])[0], tokens, at)
     out_layer = model.hf_model.get_output_embeddings()
     weight, bias = out_layer.weight.detach(), getattr(out_layer, "bias", None)
     bias = bias.detach() if bias is not None else None
     normed = model.final_norm(resid[None])[0]
-    sink: list | None = [] if keep_logits else None
-    logp = _HeadLogprobs.apply(normed, weight, bias, _active_transform(model, weight.dtype), tokens, at, sink)
-    return logp, (sink[0] if sink else None)
+    return _HeadLogprobs.apply(normed, weight, bias, _active_transform(model, weight.dtype), tokens, at)

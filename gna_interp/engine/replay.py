@@ -48,6 +48,7 @@ __all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "
            "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
+VERIFY_READS = 64  # reads Prefixes.verify compares at most (each costs three rows of logits over the vocabulary)
 
 
 class ReplayMismatch(RuntimeError):
@@ -56,14 +57,17 @@ class ReplayMismatch(RuntimeError):
 
 @dataclass
 class Prefix:
-    """Clean per-block inputs of one batch: ``inputs[i] = (args, kwargs)`` of block ``i``; ``logits``
-    are the bridge's clean logits, ``[batch, pos, vocab]`` or, when captured with reads, those at the reads' distinct
-    positions (:func:`~gna_interp.tasks.scoring.distinct_reads`; read ``i`` is at ``logits[inverse[i]]``)."""
+    """Clean per-block inputs of one batch: ``inputs[i] = (args, kwargs)`` of block ``i``, and what the clean forward
+    read (:func:`capture`): ``logprobs``, the clean log-probability of each read's token (a chunk's prefix: no
+    vocabulary-wide row is kept), or ``logits``, the bridge's clean logits -- ``[batch, pos, vocab]``, or those at
+    the reads' distinct positions (:func:`~gna_interp.tasks.scoring.distinct_reads`; read ``i`` is at
+    ``logits[inverse[i]]``)."""
 
     batch_size: int
     inputs: list[tuple[tuple[Any, ...], dict[str, Any]]]
-    logits: Float[Tensor, "batch pos vocab"] | Float[Tensor, "n_distinct vocab"]
+    logits: Float[Tensor, "batch pos vocab"] | Float[Tensor, "n_distinct vocab"] | None = None
     inverse: Int[Tensor, " n_reads"] | None = None  # with reads: read i's row of ``logits``
+    logprobs: Float[Tensor, " n_reads"] | None = None
 
     def hidden(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
         """The residual stream entering block ``layer``."""
@@ -89,8 +93,8 @@ def _strip_caches(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str,
 @contextmanager
 def recording(model: Model, batch_size: int) -> Iterator[list[Prefix]]:
     """Inside the block, the forward of a batch of ``batch_size`` rows records every block's input arguments
-    (detached, without caches); on exit the yielded list holds its :class:`Prefix` (``logits`` still empty: the
-    caller sets them). Used by :func:`capture` and by attribution's forward, whose clean pass is the same."""
+    (detached, without caches); on exit the yielded list holds its :class:`Prefix` (what the forward read is left for
+    the caller to set). Used by :func:`capture` and by attribution's forward, whose clean pass is the same."""
     inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
     handles = []
     out: list[Prefix] = []
@@ -108,27 +112,37 @@ def recording(model: Model, batch_size: int) -> Iterator[list[Prefix]]:
             h.remove()
     if len(inputs) != model.n_layers:
         raise RuntimeError(f"only {len(inputs)} of {model.n_layers} blocks of {model.name} ran in the forward pass")
-    out.append(Prefix(batch_size, [inputs[i] for i in range(model.n_layers)], torch.empty(0)))
+    out.append(Prefix(batch_size, [inputs[i] for i in range(model.n_layers)]))
 
 
 @torch.no_grad()
-def capture(model: Model, batch: TokenBatch,
-            reads: tuple[Tensor | None, ...] | None = None) -> Prefix:
-    """One clean forward of ``batch`` recording every block's input arguments; keeps the logits of
-    every position, or only those at ``reads``: ``(rows, positions)`` (their distinct pairs,
-    :func:`~gna_interp.tasks.scoring.distinct_reads`), or ``(rows, positions, inverse)`` already distinct with where each
-    read is among them (a chunk's :attr:`~gna_interp.tasks.scoring.Chunk.reads`; inverse None: the reads as they are)."""
+def capture(model: Model, batch: TokenBatch, reads: tuple[Tensor | None, ...] | None = None,
+            tokens: Int[Tensor, " n_reads"] | None = None) -> Prefix:
+    """One clean forward of ``batch`` recording every block's input arguments. Without ``reads`` it keeps the logits
+    of every position. ``reads`` are ``(rows, positions)`` (their distinct pairs are taken,
+    :func:`~gna_interp.tasks.scoring.distinct_reads`) or ``(rows, positions, inverse)`` already distinct with where each
+    read is among them (a chunk's :attr:`~gna_interp.tasks.scoring.Chunk.reads`; inverse None: the reads as they
+    are); with them it keeps the logits at the distinct positions or, given ``tokens`` (the token each read scores,
+    e.g. ``chunk.read_tok``), only each read's clean log-probability, from the residual stream entering the final norm
+    through the blockwise head (:func:`~gna_interp.engine.head.head_logprobs`): the vocabulary is never held for all
+    the reads at once."""
     if reads is not None and len(reads) == 2:
         reads = distinct_reads(*reads)
-    inverse = None
+    logits = inverse = logprobs = None
     with recording(model, int(batch.ids.shape[0])) as got:
         if reads is None:
             logits = model.forward(batch)
         else:
             rows, pos, inverse = reads
-            logits = model.read_logits(batch, rows, pos)
+            hidden = model.final_residual(batch) if tokens is not None else None
+            if hidden is not None:
+                logprobs = head_logprobs(model, at_reads(hidden, rows, pos), tokens, inverse)
+            else:
+                logits = model.read_logits(batch, rows, pos)
+                if tokens is not None:  # a model without a hook before its final norm: its own logits
+                    logprobs, logits = read_logprobs(logits, tokens, inverse), None
     prefix = got[0]
-    prefix.logits, prefix.inverse = logits, inverse
+    prefix.logits, prefix.inverse, prefix.logprobs = logits, inverse, logprobs
     return prefix
 
 
@@ -316,6 +330,7 @@ def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos:
     prefix = capture(model, batch, (rows, pos, None))
     hidden = replay(model, prefix, 0, copies=2)
     b = prefix.batch_size
+    assert prefix.logits is not None
     want = prefix.logits.float()
     if atol is None:
         atol = logit_atol(model.dtype, want.abs().max().item())
@@ -346,8 +361,9 @@ class Prefixes:
         self._store: dict[int, Prefix] = {}
 
     def verify(self) -> None:
-        """Check that replays reproduce the model (on the first and last row of the first batch), once per model and
-        kind of attention mask (packed trees or plain rows); raises :class:`ReplayMismatch` otherwise."""
+        """Check that replays reproduce the model (on the first and last row of the first batch, at a spread of at most
+        :data:`VERIFY_READS` of their reads), once per model and kind of attention mask (packed trees or plain rows);
+        raises :class:`ReplayMismatch` otherwise."""
         c = self.chunks[0]
         kind = c.batch.tree is not None
         done = _VERIFIED.setdefault(self.model, set())
@@ -355,7 +371,9 @@ class Prefixes:
             return
         pick = torch.tensor(sorted({0, c.size - 1}))
         rows, pos, _ = c.reads
-        sel = torch.isin(rows, pick)
+        sel = torch.isin(rows, pick).nonzero()[:, 0]
+        if sel.numel() > VERIFY_READS:  # a spread of the reads: the check holds no more than these logit rows
+            sel = sel[torch.linspace(0, sel.numel() - 1, VERIFY_READS).round().long()]
         verify_replay(self.model, c.batch.select(pick), torch.searchsorted(pick, rows[sel]), pos[sel])
         done.add(kind)
 
@@ -375,7 +393,7 @@ class Prefixes:
             return self._store[i]
         self.verify()
         c = self.chunks[i]
-        p = capture(self.model, c.batch, c.reads)
+        p = capture(self.model, c.batch, c.reads, c.read_tok)
         if self.keep:
             self._store[i] = p
         return p
@@ -385,8 +403,16 @@ class Prefixes:
         table = ScoreTable(plan)
         for i, chunk in enumerate(self.chunks):
             prefix = self.get(i)
-            table.add(chunk, read_logprobs(prefix.logits, chunk.read_tok, prefix.inverse))
+            table.add(chunk, _clean_logprobs(prefix, chunk))
         return table.result()
+
+
+def _clean_logprobs(prefix: Prefix, chunk: Chunk) -> Float[Tensor, " n_reads"]:
+    """The clean log-probability of each of ``chunk``'s reads, from its prefix."""
+    if prefix.logprobs is not None:
+        return prefix.logprobs
+    assert prefix.logits is not None
+    return read_logprobs(prefix.logits, chunk.read_tok, prefix.inverse)
 
 
 def default_stack(model: Model, chunks: Sequence[Chunk], max_prefix_bytes: int = DEFAULT_PREFIX_BYTES) -> int:
@@ -485,7 +511,7 @@ def nested_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Seq
     for i, chunk in enumerate(prefixes.chunks):
         prefix = prefixes.get(i)
         rows, pos, inverse = chunk.reads
-        logp = read_logprobs(prefix.logits, chunk.read_tok, prefix.inverse)  # the intact model's
+        logp = _clean_logprobs(prefix, chunk)  # the intact model's
         state: dict[int, Tensor] = {}  # residual entering a layer a later step starts at, under the latest set
         for k, (group, start) in enumerate(steps):
             if start < n_layers:  # (else the set adds nothing: the previous scores)

@@ -273,6 +273,11 @@ class Model:
         return int(getattr(self.cfg, "n_ctx", 0) or 0)
 
     @property
+    def d_vocab(self) -> int:
+        """Width of the model's logits: the config's vocabulary (else the tokenizer's)."""
+        return int(getattr(self.cfg, "d_vocab", 0) or len(self.tokenizer))
+
+    @property
     def architecture(self) -> str:
         return type(self.hf_model).__name__
 
@@ -581,7 +586,7 @@ class Model:
         if ids.dim() != 2 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             raise InputError(f"token ids must be an integer tensor [batch, pos] (or [pos]), got {ids.dtype} of shape "
                              f"{tuple(ids.shape)}")
-        vocab = int(getattr(self.cfg, "d_vocab", 0) or len(self.tokenizer))
+        vocab = self.d_vocab
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             bad = ids[(ids < 0) | (ids >= vocab)].unique()[:5].tolist()
             raise InputError(f"token ids {bad} are outside the vocabulary of {self.name} (0..{vocab - 1})")
@@ -623,7 +628,7 @@ class Model:
             ids = [int(i) for i in tokens]
         else:
             raise InputError(f"to_str_tokens takes text, a tensor of ids or a list of ints, got {type(tokens).__name__}")
-        vocab = int(getattr(self.cfg, "d_vocab", 0) or len(self.tokenizer))
+        vocab = self.d_vocab
         outside = [i for i in ids if not 0 <= i < vocab]
         if outside:
             raise InputError(f"token ids {outside[:5]} are outside the vocabulary of {self.name} (0..{vocab - 1})")

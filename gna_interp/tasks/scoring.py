@@ -186,10 +186,11 @@ which sample sits where."""
 Intervention = Callable[[Chunk], ContextManager[Any]]
 """What runs around one chunk's forward (e.g. ``lambda chunk: mask_pattern(model, masks_for(chunk))``)."""
 
-__all__ = ["METHODS", "VOCAB_BLOCK", "CandidateScores", "Chunk", "ChunkHooks", "ChunkReads", "Intervention", "Method",
-           "Row", "RunOptions", "ScoreTable", "ScoringPlan", "Target", "combine_lse", "distinct_reads", "layout_chunks",
-           "for_model", "log_normaliser", "log_softmax_rows", "plan_scoring", "read_chunks", "read_logprobs",
-           "row_chunks", "run_plan", "score_candidates", "vocab_step", "whole_samples"]
+__all__ = ["HEAD_VALUES", "METHODS", "VOCAB_BLOCK", "CandidateScores", "Chunk", "ChunkHooks", "ChunkReads",
+           "Intervention", "Method", "Row", "RunOptions", "ScoreTable", "ScoringPlan", "Target", "combine_lse",
+           "distinct_reads", "layout_chunks", "for_model", "log_normaliser", "log_softmax_rows", "plan_scoring",
+           "read_chunks", "read_logprobs", "row_chunks", "row_pieces", "row_step", "run_plan", "score_candidates",
+           "vocab_step", "whole_samples"]
 
 
 def _candidate_tokens(tokenizer: Any, prompt_ids: list[int], prompt: str, cands: Sequence[str],
@@ -475,6 +476,27 @@ VOCAB_BLOCK: dict[str, int] = {"cpu": 2048}  # vocabulary columns per log-sum-ex
 def vocab_step(device: torch.device) -> int:
     """Columns of one vocabulary block on ``device`` (:data:`VOCAB_BLOCK`; 32768 where not listed)."""
     return VOCAB_BLOCK.get(torch.device(device).type, 32768)
+
+
+HEAD_VALUES: dict[str, int] = {"cpu": 1 << 24}  # logits alive at once in a head computed by rows, by device type
+# (else 1 << 27): the rows of one piece times the vocabulary columns it spans
+
+
+def row_step(device: torch.device, columns: int) -> int:
+    """Rows of one piece of a head that spans ``columns`` vocabulary columns on ``device``: at most
+    :data:`HEAD_VALUES` logits (``1 << 27`` where not listed) live at once, at least one row."""
+    return max(1, HEAD_VALUES.get(torch.device(device).type, 1 << 27) // max(1, columns))
+
+
+def row_pieces(n_rows: int, at: Int[Tensor, " n_reads"], rows: int
+               ) -> Iterator[tuple[int, int, Int[Tensor, " n_piece_reads"]]]:
+    """Consecutive pieces ``start..stop-1`` of ``n_rows`` rows, ``rows`` at a time, each with the indices of the reads
+    ``i`` whose row ``at[i]`` lies in it (pieces no read falls in are skipped)."""
+    for start in range(0, n_rows, rows):
+        stop = min(n_rows, start + rows)
+        mine = ((at >= start) & (at < stop)).nonzero()[:, 0]
+        if mine.numel():
+            yield start, stop, mine
 
 
 def combine_lse(parts: Sequence[Float[Tensor, " n"]]) -> Float[Tensor, " n"]:

@@ -40,7 +40,7 @@ def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | st
     from the segment's summary token onto each token of that segment, the token text written in its
     cell; the row label gives the share of the summary token's whole row that stays inside its own
     segment. Right: the ``aggregate`` head's final-row weight on each segment, split into the summary
-    token (dark) and the rest of the segment (light); gold green, a wrong prediction red. SSM heads
+    token (dark) and the rest of the segment (light, hatched); gold green, a wrong prediction red. SSM heads
     are shown as ``|M| / Σ|M|`` per row (as in :func:`~gna_interp.viz.attention.attention_heads`).
 
     ``segments`` index the sample's own tokens (``sample.segments(tokenizer)``); ``answer``
@@ -90,7 +90,8 @@ def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | st
     fig.add_trace(go.Bar(x=summ, y=ys, orientation="h", marker_color=colours, name="on the summary token",
                          customdata=labels, hovertemplate="%{customdata}<br>on the summary token %{x:.3f}<extra></extra>"),
                   row=1, col=2)
-    fig.add_trace(go.Bar(x=rest, y=ys, orientation="h", marker_color=colours, marker_opacity=0.4,
+    fig.add_trace(go.Bar(x=rest, y=ys, orientation="h", marker=dict(color=colours, opacity=0.4,
+                                                                     pattern=dict(shape="/", solidity=0.5)),
                          name="on the rest of the segment", text=[f"{v:.3f}" for v in total], textposition="outside",
                          cliponaxis=False, customdata=labels,
                          hovertemplate="%{customdata}<br>on the rest of the segment %{x:.3f}<extra></extra>"),

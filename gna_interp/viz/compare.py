@@ -42,6 +42,13 @@ class FigureText(Options):
     title: str | None = None
 
 
+def _form_note(label: str, form: str | None, head: HeadRef) -> str:
+    """`` · form=F`` after a panel's label for a head whose pattern has forms, unless the label says it already."""
+    if not form or head.adapter.normalized_rows or f"form={form}" in label:
+        return ""
+    return f" · form={form}"
+
+
 def compare_heads(left: PatternSet, left_head: HeadRef | str, right: PatternSet, right_head: HeadRef | str,
                   sample: int = 0, text: FigureText | None = None, **overrides: Any) -> Any:
     """Plotly figure: ``left_head`` of ``left`` and ``right_head`` of ``right`` on sample ``sample``,
@@ -70,7 +77,7 @@ def compare_heads(left: PatternSet, left_head: HeadRef | str, right: PatternSet,
         toks.append(ps.str_tokens[sample])
     fig = make_subplots(rows=2, cols=2, row_heights=[0.66, 0.34], vertical_spacing=0.14, horizontal_spacing=0.1,
                         specs=[[{"type": "heatmap"}, {"type": "heatmap"}], [{"type": "table", "colspan": 2}, None]],
-                        subplot_titles=[html.escape(n, quote=False) + (f" · form={form[i]}" if not hs[i].adapter.normalized_rows and form[i] else "")
+                        subplot_titles=[html.escape(n, quote=False) + _form_note(n, form[i], hs[i])
                                         for i, n in enumerate(names)])
     for c, (pat, tk) in enumerate(zip(mats, toks), start=1):
         ticks = [_tick(t, p) for p, t in enumerate(tk)]

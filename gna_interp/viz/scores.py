@@ -13,6 +13,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.registry import adapter, kinds
 from gna_interp.models.mixer import MixerAdapter
 ROLE_MARKS = {"gather": "G", "aggregate": "A"}
+_MARK_KEY = "cell labels: G gather head, A aggregate head (pattern roles); #n the head's rank (top {k} marked)"
 _HIDDEN = {"layer", "head", "kind", "name", "width"}
 _MAX_TICKS = 40
 
@@ -75,7 +76,8 @@ def score_heatmap(scan: Any, roles: pd.DataFrame | None = None, value: str = "dr
     groups), each with the layers that have that kind on the y axis and the head / SSM head /
     channel-group start on the x axis, so hybrids show their attention and SSM layers apart.
     Colour is centred at 0 (red = ablating hurts). Cells are marked ``G`` / ``A`` for heads whose
-    ``role`` is gather / aggregate, and the ``mark_top`` best-ranked heads carry their rank.
+    ``role`` is gather / aggregate, and the ``mark_top`` best-ranked heads carry their rank; the default title says so
+    in a second line.
     Hover shows a few lines (:data:`HOVER`: rank, roles, drop with its interval, control effect, role scores; the
     report's click view shows every column); each trace's ``meta.names[y][x]`` is
     the head name of cell ``(x, y)`` (``""`` where no head was scanned), for scripts that react to a click.
@@ -132,8 +134,11 @@ def score_heatmap(scan: Any, roles: pd.DataFrame | None = None, value: str = "dr
         fig.update_yaxes(title_text="layer", tickvals=list(range(0, len(layers), lstep)),
                          ticktext=[f"L{layers[i]}" for i in range(0, len(layers), lstep)], row=r, col=1)
     label = value.replace("_", " ")
+    heading = title or f"Ablation {label} per head (higher = the head matters more)"
+    if title is None and ((df["rank"] <= mark_top).any() or df.get("role", pd.Series(dtype=str)).isin(list(ROLE_MARKS)).any()):
+        heading += f"<br><sup>{_MARK_KEY.format(k=mark_top)}</sup>"
     fig.update_layout(
-        title=dict(text=title or f"Ablation {label} per head (higher = the head matters more)"),
+        title=dict(text=heading),
         coloraxis=dict(colorscale="RdBu_r", cmid=0, colorbar=dict(title=dict(text=label))),
         height=_height(n_layers), margin=dict(l=70, r=40, t=80, b=60),
         template="plotly_white")
