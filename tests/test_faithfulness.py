@@ -170,3 +170,9 @@ def test_edge_circuits_curve_smallest_minimality_and_round_trip(models, tmp_path
     assert pd_equal
     assert [len(m) for _, _, m, _ in back.points] == [len(m) for _, _, m, _ in fx.points]
     assert "edges" in fx.report() and f"{n} edges" in fx.report()
+    # first: the edges out of the named senders lead the order, each part in its own order
+    lead = fx.smallest[-1].sender
+    led = edge_faithfulness(model, _task(), ranked, sizes=[1], seeds=0, minimality=0, batch_size=16, first=[lead])
+    k = sum(w.sender == lead for w in every)
+    assert {w.sender for w in led.order[:k]} == {lead} and lead not in {w.sender for w in led.order[k:]}
+    assert [w for w in led.order if w.sender != lead] == [w for w in fx.order if w.sender != lead]

@@ -29,7 +29,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 
 import pandas as pd
 import torch
@@ -362,7 +362,8 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
 
 
 def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence[Wire] | Any",
-                      config: FaithfulnessConfig | None = None, senders: str = "heads", **overrides: Any) -> Faithfulness:
+                      config: FaithfulnessConfig | None = None, senders: str = "heads",
+                      first: Collection[str] | None = None, **overrides: Any) -> Faithfulness:
     """The faithfulness curve of edge circuits: the first ``k`` edges of ``ranked`` kept, every other edge of the
     model's whole graph ablated (:class:`~gna_interp.circuits.edge_circuit.EdgeCircuit`), ``k`` over ``sizes``
     (default: powers of 4 from 1), beside ``seeds`` random edge circuits of each size; the smallest ranked edge circuit
@@ -371,7 +372,10 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
     ``ranked``: an :class:`~gna_interp.circuits.edge_screen.EdgeScreen` (or its table), ordered by screen score
     (the edges of a shared KV group's rows add up), or wires in order; edges it leaves out join last. ``senders``:
     which edges a circuit may leave out (:class:`~gna_interp.circuits.edge_circuit.EdgeCircuit`; default the
-    edges out of heads, the embeddings' and MLPs' always kept)."""
+    edges out of heads, the embeddings' and MLPs' always kept). ``first``: senders whose edges come before every
+    other edge, each part in its own order -- e.g. the heads of the smallest node circuit (:func:`faithfulness`), so
+    that the search for the smallest edge circuit starts inside it (every edge out of a node circuit's heads is that
+    node circuit)."""
     from gna_interp.circuits.edge_circuit import EdgeCircuit
 
     cfg = FaithfulnessConfig.build(config, **overrides)
@@ -385,6 +389,9 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
     order = list(dict.fromkeys(order))
     listed = set(order)
     order += [w for w in every if w not in listed]
+    if first:
+        lead = {str(getattr(h, "name", h)) for h in first}
+        order = [w for w in order if w.sender in lead] + [w for w in order if w.sender not in lead]
     n = len(every)
     grid = [0] + [4 ** i for i in range(n.bit_length()) if 4 ** i < n] + [n]
     sizes = sorted(set(grid if cfg.sizes is None else [int(k) for k in cfg.sizes]) | {0, n})

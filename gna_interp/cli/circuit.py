@@ -127,7 +127,7 @@ def run_circuit(args: argparse.Namespace) -> int:
         print(_screen_report(screen, 20))
     efx = None
     if screen is not None:
-        efx = _edge_circuit(args, model, circuit.load_task(), screen)
+        efx = _edge_circuit(args, model, circuit.load_task(), screen, fx.smallest)
     from gna_interp.viz.faithfulness import faithfulness_curve
 
     with folder.hold(args.fresh):
@@ -158,9 +158,10 @@ def run_circuit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _edge_circuit(args: argparse.Namespace, model: Any, task: Any, screen: "EdgeScreen") -> Any:
-    """The edge faithfulness curve in screen order and the smallest edge circuit (None, with a line saying why,
-    where the model's blocks do not allow edge circuits)."""
+def _edge_circuit(args: argparse.Namespace, model: Any, task: Any, screen: "EdgeScreen", heads: Any) -> Any:
+    """The edge faithfulness curve -- the edges out of the smallest node circuit's ``heads`` first, each part in
+    screen order -- and the smallest edge circuit (None, with a line saying why, where the model's blocks do not
+    allow edge circuits)."""
     from gna_interp.circuits.sufficiency import edge_faithfulness
     from gna_interp.errors import UnsupportedArchitectureError
 
@@ -168,7 +169,7 @@ def _edge_circuit(args: argparse.Namespace, model: Any, task: Any, screen: "Edge
         try:
             efx = edge_faithfulness(model, task, screen, method=args.method, threshold=args.threshold,
                                     seeds=args.edge_seeds, minimality=args.edge_minimality,
-                                    precision=args.edge_precision,
+                                    precision=args.edge_precision, first=heads or None,
                                     batch_size=args.batch_size)
         except UnsupportedArchitectureError as e:
             print(f"no edge circuit: {e}")
