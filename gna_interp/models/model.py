@@ -755,15 +755,22 @@ class Model:
         (the caller then reads logits, :meth:`read_logits`)."""
         if not self.has_hook(self.FINAL_NORM_INPUT):
             return None
+        done: list[bool] = []  # the last block has run: a norm module the bridge also calls earlier (nanochat's
+        # parameter-free norm after the embeddings) is not yet the final norm
 
         def stop(x: Tensor, hook: Any = None) -> Tensor:
-            raise _Stopped(x)
+            if done:
+                raise _Stopped(x)
+            return x
 
+        last = self.blocks()[-1].register_forward_hook(lambda *_: done.append(True))
         try:
             self.run(inputs, [*fwd_hooks, (self.FINAL_NORM_INPUT, stop)], grad=grad)
         except _Stopped as got:
             return got.resid
-        return None  # the hook never fired: a model that does not route its output through it
+        finally:
+            last.remove()
+        return None  # the hook never fired after the last block: a model that does not route its output through it
 
     def run_with_cache(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
                        names_filter: Callable[[str], bool] | Sequence[str] | str | None = None,
