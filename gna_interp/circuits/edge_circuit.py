@@ -51,7 +51,7 @@ from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.scoring import CandidateScores, ScoreTable
 
-__all__ = ["CLASSES", "EMBED", "EdgeCircuit", "Wire", "mlp_name", "whole_circuit"]
+__all__ = ["CLASSES", "EMBED", "EdgeCircuit", "Wire", "head_inputs", "mlp_name", "whole_circuit"]
 
 CLASSES: tuple[str, ...] = ("items", "decision", "other")  # position classes: they partition the tokens
 EMBED = "embed"
@@ -101,6 +101,37 @@ class _Input:
     sites: tuple[InputSite, ...]
 
 
+def head_inputs(model: Model, skip: bool = False) -> list[_Input]:
+    """Every receiver input of every head of ``model``, in layer order; channels several heads read (a KV or B/C
+    group) are one input, named by its heads. A head whose kind cannot receive, or a channel read by two different
+    inputs, is refused (:class:`UnsupportedArchitectureError`); with ``skip`` such heads are left out and channels
+    not checked."""
+    groups: dict[tuple[int, str, tuple], list[HeadRef]] = {}
+    for head in model.heads():
+        spec = model.layer_spec(head.layer, head.kind)
+        try:
+            inputs = spec.adapter.receiver_inputs(model, spec, head)
+        except UnsupportedArchitectureError as e:
+            if skip:
+                continue
+            raise UnsupportedArchitectureError(f"an edge circuit needs every head to receive: {e}") from None
+        for inp, sites in inputs.items():
+            if sites:
+                key = (head.layer, inp, tuple((x.hook, x.start, x.stop) for x in sites))
+                groups.setdefault(key, []).append(head)
+    out, owner = [], {}
+    for (layer, inp, key), heads in groups.items():
+        name = "+".join(h.name for h in heads) + f".{inp}"
+        for hook, a, b in () if skip else key:
+            for c in range(a, b):
+                if owner.setdefault((hook, c), name) != name:
+                    raise UnsupportedArchitectureError(
+                        f"an edge circuit needs each input channel read by one receiver input, but channel {c} of "
+                        f"{hook} feeds both {owner[(hook, c)]} and {name}")
+        out.append(_Input(name, layer, tuple(heads), inp, tuple(InputSite(*x) for x in key)))
+    return sorted(out, key=lambda i: (i.layer, i.name))
+
+
 class EdgeCircuit:
     """Scores of a task with only sets of :class:`Wire` kept (the rest ablated): :meth:`run`.
 
@@ -125,7 +156,7 @@ class EdgeCircuit:
         self.pp = PathPatcher(model, task, method, reference, batch_size)
         self.heads = model.heads()
         self._check_blocks()
-        self.inputs = self._head_inputs()
+        self.inputs = head_inputs(model)
         self._input_of = {(h.name, i.input): i.name for i in self.inputs for h in i.heads}
         self.senders = [EMBED] + [n for layer in range(model.n_layers)
                                   for n in [*(h.name for h in self.heads if h.layer == layer)]
@@ -154,31 +185,6 @@ class EdgeCircuit:
                     f"an edge circuit gives each MLP its own input at the stream before it, but block {layer} of "
                     f"{model.name} has no hook there (its MLP reads the block's input): the MLP input cannot be "
                     f"separated from the mixer's")
-
-    def _head_inputs(self) -> list[_Input]:
-        """Every receiver input of every head; channels several heads read (a KV or B/C group) are one input."""
-        model, groups = self.model, {}
-        for head in self.heads:
-            spec = model.layer_spec(head.layer, head.kind)
-            try:
-                inputs = spec.adapter.receiver_inputs(model, spec, head)
-            except UnsupportedArchitectureError as e:
-                raise UnsupportedArchitectureError(f"an edge circuit needs every head to receive: {e}") from None
-            for inp, sites in inputs.items():
-                if sites:
-                    key = (head.layer, inp, tuple((s.hook, s.start, s.stop) for s in sites))
-                    groups.setdefault(key, []).append(head)
-        out, owner = [], {}
-        for (layer, inp, key), heads in groups.items():
-            name = "+".join(h.name for h in heads) + f".{inp}"
-            for hook, a, b in key:
-                for c in range(a, b):
-                    if owner.setdefault((hook, c), name) != name:
-                        raise UnsupportedArchitectureError(
-                            f"an edge circuit needs each input channel read by one receiver input, but channel {c} of "
-                            f"{hook} feeds both {owner[(hook, c)]} and {name}")
-            out.append(_Input(name, layer, tuple(heads), inp, tuple(InputSite(*s) for s in key)))
-        return sorted(out, key=lambda i: (i.layer, i.name))
 
     def receivers(self) -> list[str]:
         """Every receiver input's name, in layer order (MLP inputs after their block's heads, the logits last)."""

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from gna_interp.circuits.edge_circuit import CLASSES, EMBED, EdgeCircuit, Wire, mlp_name
+from gna_interp.circuits.edge_circuit import CLASSES, EMBED, EdgeCircuit, Wire, head_inputs, mlp_name
 from gna_interp.circuits.paths import LOGITS, Edge, PathEffects, PathPatcher, linear_write, path_effects
 from gna_interp.engine.attribution import inputs_only_grad
 from gna_interp.errors import InputError, UnsupportedArchitectureError
@@ -218,16 +218,7 @@ def _edge_circuit(model: Model, task: Task, method: str, reference: Any, batch_s
 def _shared_inputs(model: Model) -> set[tuple[str, str]]:
     """``(head, input)`` pairs whose channels other heads read too (a KV or B/C group): the edge circuit leaves the
     group's input out, not one head's, so such rows are verified by path patching only."""
-    seen: dict[tuple[str, str, tuple], list[str]] = {}
-    for head in model.heads():
-        spec = model.layer_spec(head.layer, head.kind)
-        try:
-            inputs = spec.adapter.receiver_inputs(model, spec, head)
-        except UnsupportedArchitectureError:
-            continue
-        for inp, sites in inputs.items():
-            seen.setdefault((inp, str(head.layer), tuple((x.hook, x.start, x.stop) for x in sites)), []).append(head.name)
-    return {(h, inp) for (inp, _, _), hs in seen.items() if len(hs) > 1 for h in hs}
+    return {(h.name, i.input) for i in head_inputs(model, skip=True) if len(i.heads) > 1 for h in i.heads}
 
 
 def _wire(row: Any) -> Wire:
