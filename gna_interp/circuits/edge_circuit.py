@@ -41,6 +41,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.circuits.paths import LOGITS, PathPatcher, linear_write, read_block
+from gna_interp.circuits.whole_circuit import EMBED
 from gna_interp.engine.head import head_logprobs
 from gna_interp.engine.replay import replay
 from gna_interp.errors import InputError, UnsupportedArchitectureError
@@ -54,7 +55,6 @@ from gna_interp.tasks.scoring import CandidateScores, ScoreTable
 __all__ = ["CLASSES", "EMBED", "EdgeCircuit", "Wire", "head_inputs", "mlp_name", "whole_circuit"]
 
 CLASSES: tuple[str, ...] = ("items", "decision", "other")  # position classes: they partition the tokens
-EMBED = "embed"
 
 
 def mlp_name(layer: int) -> str:

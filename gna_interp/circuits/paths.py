@@ -57,6 +57,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from gna_interp.circuits.whole_circuit import LOGITS
 from gna_interp.engine.head import head_logprobs
 from gna_interp.engine.replay import KeyValues, Prefix, ReplayMismatch, default_stack, prefixes_for, replay
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
@@ -72,7 +73,6 @@ from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_chunks, plan_scoring
 
 POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "other", "all")
-LOGITS = "logits"
 
 __all__ = ["LOGITS", "POSITIONS", "Edge", "PathEffects", "PathPatcher", "path_effects"]
 
