@@ -459,6 +459,42 @@ def test_nested_sets_equal_each_set_replayed_alone(tiny_models, family):
         runner.run_nested([order[:2], order[1:3]])
 
 
+@pytest.mark.parametrize("family", ["llama", "mamba2", "bamba"])
+def test_each_added_head_equals_its_set_replayed_alone(tiny_models, family):
+    """run_added replays each extra head from its own layer, from the base set's residual stream there: its scores
+    equal each set (the base, the base plus one head) run on its own, for fewer blocks; extras at and above the
+    base's layers, and with no base; an extra already in the base is refused."""
+    model = tiny_models[family]
+    runner = SetAblation(model, TASK, batch_size=2)
+    heads = model.heads()
+    mid = len(heads) // 2
+    base = [heads[0], heads[mid]]
+    extras = [heads[1], heads[mid + 1], heads[-1]]
+    calls = []
+    real = replay_mod.replay
+
+    def counted(model, prefix, start, copies=1, hidden=None, stop=None):
+        calls.append((start, model.n_layers if stop is None else stop))
+        return real(model, prefix, start, copies, hidden, stop)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(replay_mod, "replay", counted)
+        got = runner.run_added(base, extras)
+        added_blocks = sum(b - a for a, b in calls)
+        calls.clear()
+        want = [runner.run(base)] + [runner.run([*base, h]) for h in extras]
+        alone_blocks = sum(b - a for a, b in calls)
+    assert len(got) == len(extras) + 1
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.scores, w.scores, atol=1e-5, rtol=0)
+    assert not torch.equal(want[1].scores, want[0].scores)
+    assert added_blocks < alone_blocks
+    empty = runner.run_added([], [heads[-1]])  # no base: the clean scores, then the one head
+    torch.testing.assert_close(empty[1].scores, runner.run([heads[-1]]).scores, atol=1e-5, rtol=0)
+    with pytest.raises(InputError, match="outside the base"):
+        runner.run_added(base, [heads[0]])
+
+
 def test_stages_share_one_clean_pass_per_task(tiny_models, monkeypatch):
     """Inside shared_prefixes, a scan, a SetAblation and a path patcher of the same task capture its clean
     prefixes once; outside, each captures its own; another batch layout is another capture."""

@@ -357,8 +357,12 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
         got = dict(zip(ks, (results(s) for s in runner.run_nested(complements))))
         return [got[k] for k in sorted(set(ks))]
 
+    def each_left_out(circuit: Sequence[HeadRef], members: Sequence[HeadRef]) -> list[Results]:
+        """``circuit`` with each of ``members`` left out: one more head ablated each, replayed from its layer."""
+        return [results(r) for r in runner.run_added(_outside(every, circuit), members)[1:]]
+
     return _measure(runner.method, "heads", order, every, sizes, cfg, series,
-                    lambda circuit: results(runner.run(_outside(every, circuit))))
+                    lambda circuit: results(runner.run(_outside(every, circuit))), each_left_out)
 
 
 def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence[Wire] | Any",
@@ -413,10 +417,12 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
 
 def _measure(method: str, unit: str, order: list[Any], pool: list[Any], sizes: list[int], cfg: FaithfulnessConfig,
              series: Callable[[Sequence[Any], Sequence[int]], list[Results]],
-             kept: Callable[[Sequence[Any]], Results]) -> Faithfulness:
+             kept: Callable[[Sequence[Any]], Results],
+             left_out: Callable[[Sequence[Any], Sequence[Any]], list[Results]] | None = None) -> Faithfulness:
     """The curve over ``sizes`` of the prefixes of ``order`` and of ``cfg.seeds`` random orders of ``pool``
     (``series(order, ks)``: the results of ``order[:k]`` kept, everything else ablated; ``kept(members)``: of one
-    circuit), the smallest ranked circuit and its minimality."""
+    circuit; ``left_out(circuit, members)``: of ``circuit`` with each of ``members`` left out, where the unit has a
+    quicker way than one ``kept`` each), the smallest ranked circuit and its minimality."""
     n = len(pool)
     by_size = dict(zip(sizes, series(order, sizes)))
     fx = Faithfulness("logit_diff", method, n, by_size[n], by_size[0], [], float(cfg.threshold), n_boot=cfg.n_boot,
@@ -427,7 +433,7 @@ def _measure(method: str, unit: str, order: list[Any], pool: list[Any], sizes: l
         perm = shuffled(pool, seed)
         for k, res in zip(inner, series(perm, inner)):
             fx.points.append(("random", seed, perm[:k], res))
-    _smallest(fx, kept, order, by_size, cfg.minimality, float(cfg.precision))
+    _smallest(fx, kept, order, by_size, cfg.minimality, float(cfg.precision), left_out)
     return fx
 
 
@@ -438,7 +444,8 @@ def _outside(every: list[HeadRef], circuit: Sequence[HeadRef]) -> list[HeadRef]:
 
 
 def _smallest(fx: Faithfulness, run: Callable[[Sequence[Any]], Results], order: list[Any],
-              by_size: dict[int, Results], minimality: int | None, precision: float = 0.0) -> None:
+              by_size: dict[int, Results], minimality: int | None, precision: float = 0.0,
+              left_out: Callable[[Sequence[Any], Sequence[Any]], list[Results]] | None = None) -> None:
     """The smallest ``k`` whose ranked circuit keeps the threshold (grid, then bisection between the bracketing
     sizes, assuming the fraction grows with ``k`` between them, until the bracket is within ``precision`` of its
     upper end), and the minimality of its first ``minimality`` members."""
@@ -464,6 +471,8 @@ def _smallest(fx: Faithfulness, run: Callable[[Sequence[Any]], Results], order: 
     res = kept(hi)
     fx.points.append(("smallest", 0, circuit, res))
     ld = get_metric("logit_diff")
-    for h in circuit[:minimality]:
-        without = run([x for x in circuit if x != h])
+    members = circuit[:minimality]
+    withouts = (left_out(circuit, members) if left_out is not None and members
+                else [run([x for x in circuit if x != h]) for h in members])
+    for h, without in zip(members, withouts):
         fx.minimality[h] = ld.value(res) - ld.value(without)

@@ -527,6 +527,42 @@ def nested_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Seq
     return [t.result() for t in tables]
 
 
+@torch.no_grad()
+def added_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, base: Sequence[Replacement],
+                 extras: Sequence[Replacement]) -> list[CandidateScores]:
+    """Scores of ``plan`` with ``base`` removed and then with ``base`` plus each of ``extras`` (one head more each):
+    ``len(extras) + 1`` results, ``base`` alone first. The base replay keeps the residual stream entering each
+    layer an extra sits at, and each extra replays from its own layer only (e.g. a circuit's heads left out one at a
+    time). Numbers equal :func:`replay_scores` of each set alone."""
+    n_layers = model.n_layers
+    starts = sorted({r.site.head.layer for r in extras})
+    base_start = min((r.site.head.layer for r in base), default=n_layers)
+    tables = [ScoreTable(plan) for _ in range(len(extras) + 1)]
+    for i, chunk in enumerate(prefixes.chunks):
+        prefix = prefixes.get(i)
+        rows, pos, inverse = chunk.reads
+        state: dict[int, Tensor] = {}
+        if base_start < n_layers:
+            cuts = [s for s in starts if s > base_start]
+            x = prefix.hidden(base_start)
+            with model.hooks(ablation_hooks(list(base))):
+                for a, b in zip([base_start] + cuts, cuts + [n_layers]):
+                    x = replay(model, prefix, a, hidden=x, stop=b)
+                    if b < n_layers:
+                        state[b] = x
+            logp = head_logprobs(model, at_reads(x, rows, pos), chunk.read_tok, inverse)
+        else:
+            logp = _clean_logprobs(prefix, chunk)
+        tables[0].add(chunk, logp)
+        for k, extra in enumerate(extras, start=1):
+            start = extra.site.head.layer
+            x = state[start] if start in state else prefix.hidden(start)  # below the base: the clean stream
+            with model.hooks(ablation_hooks([*base, extra])):
+                x = replay(model, prefix, start, hidden=x)
+            tables[k].add(chunk, head_logprobs(model, at_reads(x, rows, pos), chunk.read_tok, inverse))
+    return [t.result() for t in tables]
+
+
 class SetAblation:
     """A task's scores with sets of heads removed together: the clean prefix of every batch is captured
     once and each set re-runs only the blocks from its earliest layer on (:func:`replay_scores`); where
@@ -597,6 +633,21 @@ class SetAblation:
         if self.prefixes is not None:
             return nested_scores(self.model, self.plan, self.prefixes, replaced)
         return [self.run(s) for s in sets]
+
+    def run_added(self, base: Sequence[HeadRef | str], extras: Sequence[HeadRef | str]) -> list[CandidateScores]:
+        """Scores with ``base`` removed, then with ``base`` and each of ``extras`` removed (``len(extras) + 1``
+        results): each extra replays from its own layer, from the base's residual stream there
+        (:func:`added_scores`)."""
+        replaced, more = self._replaced(base), self._replaced(extras)
+        if len(more) != len(list(extras)):
+            raise InputError("run_added takes distinct extra heads")
+        inside = {r.site.head for r in replaced} & {r.site.head for r in more}
+        if inside:
+            raise InputError(f"run_added's extras must be outside the base set; {sorted(h.name for h in inside)} "
+                             f"are in both")
+        if self.prefixes is not None:
+            return added_scores(self.model, self.plan, self.prefixes, replaced, more)
+        return [self.run(list(base))] + [self.run([*base, h]) for h in extras]
 
     def run(self, heads: Sequence[HeadRef | str]) -> CandidateScores:
         """Scores with ``heads`` removed together (none: the intact model)."""
