@@ -131,6 +131,29 @@ def test_gna_circuit_writes_its_folder(tiny_models, tmp_path):
     assert main(["circuit", str(scan), "--out", str(scan)]) == 2  # the scan's own folder holds another command's results
 
 
+def test_gna_circuit_quick_takes_the_light_counts_unless_given(tiny_models, tmp_path):
+    """``--quick``: one random series, no minimality, the scan's own edge table, 20 verified edges, no random edge
+    series; an option given beside it keeps its value."""
+    import pandas as pd
+
+    from gna_interp.cli import main
+    from made_up import write_scan_folder
+
+    model = tiny_models["llama"]
+    scan = write_scan_folder(tmp_path / "scan", model, model.heads())
+    out = tmp_path / "quick"
+    assert main(["circuit", str(scan), "--out", str(out), "--quick", "--sizes", "1,2", "--edge-minimality", "1",
+                 "--threshold", "0.5"]) == 0
+    fx = Faithfulness.load(out)
+    assert fx.minimality == {} and {seed for s, seed, *_ in fx.points if s == "random"} == {0}
+    assert not (out / "edges.csv").exists()
+    screen = pd.read_csv(out / "edge_screen.csv")
+    assert screen["effect"].notna().sum() == min(20, len(screen))
+    efx = Faithfulness.load(out / "edge_faithfulness.json")
+    assert not any(s == "random" for s, *_ in efx.points)
+    assert len(efx.minimality) == (1 if efx.smallest else 0)
+
+
 def test_edge_circuits_curve_smallest_minimality_and_round_trip(models, tmp_path):
     """The edge form: each point is the edge circuit measured on its own (EdgeCircuit, itself checked against a
     by-hand forward); the smallest circuit keeps the threshold and one edge fewer does not; minimality and the

@@ -103,10 +103,11 @@ class FaithfulnessConfig(Options):
 
 
 def size_grid(n: int) -> list[int]:
-    """Circuit sizes from 0 to ``n``: every size up to 8, then roughly doubling (1.5x), then ``n``."""
-    out, k = list(range(min(n, 8) + 1)), 8
+    """Circuit sizes from 0 to ``n``: every size up to 4, then doubling, then ``n`` (a random circuit's point costs
+    about one forward of the task once it holds more than a few heads)."""
+    out, k = list(range(min(n, 4) + 1)), 4
     while k < n:
-        k = max(k + 1, int(round(k * 1.5)))
+        k *= 2
         out.append(min(k, n))
     return sorted(set(out))
 

@@ -64,40 +64,52 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=_fraction, default=0.8,
                    help="fraction of the intact logit difference the smallest circuit keeps (default 0.8)")
     p.add_argument("--sizes", type=_sizes, default=None,
-                   help="circuit sizes of the curve, e.g. 1,2,5,10 (default: 0-8, then x1.5 up to every head)")
-    p.add_argument("--seeds", type=seeds_arg(0), default=3, help="random circuits at each size (default 3)")
-    p.add_argument("--minimality", type=at_least(0), default=30,
-                   help="measure the own contribution of the smallest circuit's first N heads, one run each "
-                        "(default 30)")
-    p.add_argument("--edges", type=at_least(0), default=10,
-                   help="measure the edge table among the first N heads of the circuit (the ranking without its generic heads) by path patching (k/v at the "
-                        "lines and at the decision, q at the decision, each head's direct path), with each head's "
-                        "causal role (default 10; 0: none)")
-    p.add_argument("--verify", type=at_least(0), default=40,
+                   help="circuit sizes of the curve, e.g. 1,2,5,10 (default: 0-4, then doubling up to every head)")
+    p.add_argument("--quick", action="store_true",
+                   help="the light defaults for the options below (a rough third of the forwards; see each option): "
+                        "one random series, no minimality, the scan's own edge table, 20 verified edges")
+    p.add_argument("--seeds", type=seeds_arg(0), default=None, help="random circuits at each size (default 3; --quick 1)")
+    p.add_argument("--minimality", type=at_least(0), default=None,
+                   help="measure the own contribution of the smallest circuit's first N heads, each replayed from its "
+                        "layer (default 30; --quick 0)")
+    p.add_argument("--edges", type=at_least(0), default=None,
+                   help="measure the edge table among the first N heads of the circuit (the ranking without its generic "
+                        "heads) by path patching (k/v at the lines and at the decision, q at the decision, each head's "
+                        "direct path), with each head's causal role (default 5; 0, the --quick default: the scan's own "
+                        "edge table and roles)")
+    p.add_argument("--verify", type=at_least(0), default=None,
                    help="screen every edge of the whole graph (embeddings, heads, MLPs -> heads' q/k/v, MLPs, logits) "
-                        "by edge attribution and measure the N strongest by exact path patching (default 40; the top-20 "
-                        "overlap of screen and exact is read among them; 0: no screen)")
+                        "by edge attribution and measure the N strongest by exact path patching (default 40, --quick 20; "
+                        "the top-20 overlap of screen and exact is read among them; 0: no screen)")
     p.add_argument("--ig-steps", type=at_least(0), default=0,
                    help="score the screen's edges with integrated gradients along the ablation path at N points "
                         "(EAP-IG; default 0: the gradient of the intact model, plain EAP)")
-    p.add_argument("--edge-seeds", type=seeds_arg(0), default=1,
-                   help="random edge circuits at each size of the edge curve (default 1)")
+    p.add_argument("--edge-seeds", type=seeds_arg(0), default=None,
+                   help="random edge circuits at each size of the edge curve (default 1; --quick 0)")
     p.add_argument("--edge-precision", type=_share, default=0.05,
                    help="stop the search for the smallest edge circuit once it is known to within this share of its "
                         "size (default 0.05)")
-    p.add_argument("--edge-minimality", type=at_least(0), default=8,
+    p.add_argument("--edge-minimality", type=at_least(0), default=None,
                    help="measure the own contribution of the smallest edge circuit's first N edges, one run each "
-                        "(default 8)")
+                        "(default 8; --quick 0)")
     compute_args(p)
     p.add_argument("--out", default="gna_circuit", help="output folder (default gna_circuit)")
     p.add_argument("--fresh", action="store_true", help="--out may hold another command's results: delete them first")
     p.set_defaults(run=run_circuit)
 
 
+# The options --quick sets when they are not given: (default, quick).
+PRESETS = {"seeds": (3, 1), "minimality": (30, 0), "edges": (5, 0), "verify": (40, 20), "edge_seeds": (1, 0),
+           "edge_minimality": (8, 0)}
+
+
 def run_circuit(args: argparse.Namespace) -> int:
     from gna_interp.circuits import Circuit, faithfulness
     from gna_interp.progress import quiet
 
+    for name, (full, light) in PRESETS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, light if args.quick else full)
     folder = claim_out(args, "circuit")  # before the model loads
     circuit = Circuit.load(args.scan)
     model = load_for(args, args.model or circuit.model)
@@ -116,6 +128,10 @@ def run_circuit(args: argparse.Namespace) -> int:
                                   batch_size=args.batch_size)
         roles = causal_roles(edges, circuit.edge_drops())
         print(_edge_report(edges, roles))
+    elif circuit.edges is not None and len(circuit.edges):
+        from gna_interp.circuits.causal import causal_roles
+
+        roles = causal_roles(circuit.edges, circuit.edge_drops())  # the scan's own edge table
     screen = None
     if args.verify:
         from gna_interp.circuits.edge_screen import screen_edges
