@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from gna_interp.models.tiny import FAMILIES, build_tiny
 # One thread: the tiny test models are too small to gain from more, and a shared or loaded
 # machine makes multi-threaded small ops many times slower.
 torch.set_num_threads(1)
+if os.environ.get("PYTEST_XDIST_WORKER"):  # under pytest -n: the commands a test starts share the cores too
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
