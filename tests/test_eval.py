@@ -443,6 +443,32 @@ def test_zoo_transformer_loses_retrieval_with_its_ga_heads(tmp_path):
     assert s.loc["gna_kv_gen", "removed"] == pytest.approx(sum(hits) / len(hits))
 
 
+def test_zoo_model_refuses_the_shipped_tasks_words_and_says_to_rebuild_them(tmp_path):
+    """The shipped gna_kv_mc prompts draw keys from the whole word list, which the zoo Transformer does not know:
+    every request reaches tok_encode, which refuses the unknown words (scored as [UNK] they gave chance accuracy)
+    and says how to rebuild the tasks with the model's own words; `gna eval` on them exits with that message."""
+    from gna_interp.models import load_model, zoo_names
+
+    if "transformer-kv" not in zoo_names():
+        pytest.skip("the zoo Transformer is not installed")
+    model = load_model("zoo:transformer-kv")
+    row = json.loads((SHIPPED / "gna_kv_mc.jsonl").read_text().splitlines()[0])
+    lm = GnaLM(model, progress=False)
+    rebuild = (r"an lm-eval request holds text outside zoo:transformer-kv's vocabulary \(it becomes '\[UNK\]'\): "
+               r"\[.+\]; this model knows only its own keys \(model\.kv_words, 64 words\): rebuild the tasks with them "
+               r"\(python -m gna_interp\.experiments\.eval_tasks --model zoo:transformer-kv --out DIR, or "
+               r"eval_tasks\.write_task_folder\(DIR, model\.kv_words\)\) and pass --include-path DIR")
+    with pytest.raises(InputError, match=rebuild):
+        lm.tok_encode(row["prompt"])
+    with pytest.raises(InputError, match=rebuild):
+        lm.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=(row["prompt"], c), idx=i)
+                          for i, c in enumerate(row["choices"])], disable_tqdm=True)
+    own = KVRetrieval(n_pairs=4, n_samples=1, max_value=9, seed=0, words=model.kv_words).samples[0].prompt
+    assert lm.tok_encode(own) == model.to_tokens(own)[0].tolist()
+    assert main(["eval", "--model", "zoo:transformer-kv", "--tasks", "gna_kv_mc", "--limit", "2",
+                 "--out", str(tmp_path / "o")]) == 2
+
+
 def test_lm_evals_own_cli_finds_the_gna_model(tiny_dirs, monkeypatch, capsys):
     """`gna lm-eval run ...` hands its arguments to lm-eval's own parser with model class "gna" registered; the
     model built from what that parser made carries the heads (running the tasks themselves is what
