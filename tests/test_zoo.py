@@ -187,7 +187,7 @@ def test_unknown_text_is_refused_wherever_it_enters() -> None:
     model = load_model("zoo:transformer-kv", device="cpu")
     stranger = word_list()[N_KEYS]  # a shipped word outside the zoo's keys
     text = f"apple:12\n{stranger}:7\napple:"
-    for enter in (model.to_str_tokens, model.to_tokens, model.run_with_cache,
+    for enter in (model.to_str_tokens, model.token_labels, model.to_tokens, model.run_with_cache,
                   lambda t: patterns(model, t, heads="L0H3")):
         with pytest.raises(InputError, match=rf"the prompt holds text outside zoo:transformer-kv's vocabulary "
                                              rf"\(it becomes '\[UNK\]'\): \['{stranger}'\]; .*model\.kv_words"):
@@ -195,7 +195,7 @@ def test_unknown_text_is_refused_wherever_it_enters() -> None:
     with pytest.raises(InputError, match=rf"sample 0: candidate ' {stranger}' holds text outside"):
         plan_scoring(model, [Sample("apple:12\napple:", (" 12", f" {stranger}"), 0)])
     assert model.to_str_tokens("apple [UNK]") == ["apple", " ", "[UNK]"]  # the unknown token written out is text
-    assert model.to_str_tokens(KVRetrieval(2, 1, seed=0, words=model.kv_words).prompts[0])  # known words pass
+    assert model.token_labels(KVRetrieval(2, 1, seed=0, words=model.kv_words).prompts[0])  # known words pass
 
 
 def test_discover_finds_the_zoo_transformers_circuit() -> None:

@@ -23,7 +23,7 @@ from gna_interp.models.heads import HeadRef, parse_heads
 from gna_interp.models.hf import quiet_transformers, unwrap
 from gna_interp.models.mixer import HeadSite
 from gna_interp.models.spec import ResolvedSpec
-from gna_interp.models.tokens import token_offsets
+from gna_interp.models.tokens import token_labels as text_labels, token_offsets
 
 Hooks = Sequence[tuple[Any, Callable[..., Any]]]
 
@@ -576,7 +576,7 @@ class Model:
         text ``what``, names the words and ends with ``hint`` (default: for a model with :attr:`kv_words`, how to
         build tasks from them).
         Every way text enters a model calls it: :meth:`tokenize` (so :meth:`to_tokens` and every run on text),
-        :meth:`to_str_tokens` of text, the scoring engine's prompts and candidates and the
+        :meth:`to_str_tokens` and :meth:`token_labels` of text, the scoring engine's prompts and candidates and the
         lm-eval model's ``tok_encode``."""
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if unk is None or unk not in ids or str(self.tokenizer.unk_token) in text:
@@ -626,7 +626,8 @@ class Model:
         to_str_tokens(tokenize(text).ids[0])``: the positions :meth:`run_with_cache` sees, with a BOS token only
         where the tokenizer adds one, or as ``prepend_bos`` says, see :meth:`tokenize`), ids of one sequence
         (``[pos]`` or ``[1, pos]``) or a list of ints (``prepend_bos`` is refused with ids: they are shown as given).
-        Text outside the vocabulary is refused (:meth:`check_known`)."""
+        Text outside the vocabulary is refused (:meth:`check_known`). These are the decoded tokens, as in
+        TransformerLens; figures label positions with :meth:`token_labels`, which also show what a tokenizer drops."""
         if prepend_bos is not None and not isinstance(tokens, str):
             raise InputError(_BOS_WITH_IDS)
         if isinstance(tokens, str):
@@ -660,6 +661,27 @@ class Model:
         for i in set(ids) - cache.keys():
             cache[i] = self.tokenizer.decode([i])
         return [cache[i] for i in ids]
+
+    def token_labels(self, tokens: str | Int[Tensor, "pos"] | Sequence[int],
+                     prepend_bos: bool | None = None) -> list[str]:
+        """The labels figures show, one per position of :meth:`to_str_tokens` of the same input.
+
+        With text the labels cover the whole text: a token's label runs from its start to the next token's start
+        (:func:`~gna_interp.models.tokens.token_labels`), so what the tokenizer drops (the zoo's ``":"`` and line
+        breaks) shows with the token before it and ``"".join(labels)`` is the text (after a BOS label where one is
+        fed). For a tokenizer that drops nothing they equal ``to_str_tokens(text)``. Ids carry no text: their labels
+        are ``to_str_tokens(ids)``. ``prepend_bos`` as in :meth:`to_str_tokens`; text outside the vocabulary is
+        refused (:class:`InputError`)."""
+        if not isinstance(tokens, str):
+            return self.to_str_tokens(tokens, prepend_bos)
+        ids, labels = text_labels(self.tokenizer, tokens)
+        self.check_known(ids, tokens)
+        if prepend_bos is None:
+            return labels
+        fed = self.to_tokens(tokens, prepend_bos=prepend_bos)[0].tolist()
+        if fed == ids:
+            return labels
+        return self.to_str_tokens(fed[:1]) + labels if fed[1:] == ids else labels[1:]
 
     def as_batch(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
                  attention_mask: Tensor | None = None, prepend_bos: bool | None = None,
