@@ -666,12 +666,12 @@ class Model:
                      prepend_bos: bool | None = None) -> list[str]:
         """The labels figures show, one per position of :meth:`to_str_tokens` of the same input.
 
-        With text the labels cover the whole text: a token's label runs from its start to the next token's start
-        (:func:`~gna_interp.models.tokens.token_labels`), so what the tokenizer drops (the zoo's ``":"`` and line
-        breaks) shows with the token before it and ``"".join(labels)`` is the text (after a BOS label where one is
-        fed). For a tokenizer that drops nothing they equal ``to_str_tokens(text)``. Ids carry no text: their labels
-        are ``to_str_tokens(ids)``. ``prepend_bos`` as in :meth:`to_str_tokens`; text outside the vocabulary is
-        refused (:class:`InputError`)."""
+        For a tokenizer that drops nothing (its tokens decoded together give the text back) they are
+        ``to_str_tokens(text)``. Where it drops some of the text (the zoo's ``":"`` and line breaks) a token's label
+        runs from its start to the next token's start (:func:`~gna_interp.models.tokens.token_labels`): what was
+        dropped shows with the token before it and ``"".join(labels)`` is the text (after a BOS label where one is
+        fed). Ids carry no text: their labels are ``to_str_tokens(ids)``. ``prepend_bos`` as in
+        :meth:`to_str_tokens`; text outside the vocabulary is refused (:class:`InputError`)."""
         if not isinstance(tokens, str):
             return self.to_str_tokens(tokens, prepend_bos)
         ids, labels = text_labels(self.tokenizer, tokens)

@@ -5,8 +5,9 @@ A tokenizer may drop text. The zoo's word-level tokenizer removes the dictionary
 (:mod:`gna_interp.zoo.tokenizer`), so its tokens decoded one by one read ``apple 12 banana 7`` where the prompt
 reads ``apple:12\\nbanana:7``. A token label covers the text from the token's start up to the next token's
 start: text that belongs to no token shows with the token before it (``apple:``, ``12\\n``), and the labels of
-a prompt joined give the prompt back. For a tokenizer that drops nothing the labels are the tokens decoded one
-by one, exactly :meth:`~gna_interp.models.model.Model.to_str_tokens`.
+a prompt joined give the prompt back. For a tokenizer that drops nothing (its tokens decoded together give the
+text back) the labels are the tokens decoded one by one, exactly
+:meth:`~gna_interp.models.model.Model.to_str_tokens`.
 """
 
 from __future__ import annotations
