@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -421,8 +422,6 @@ def test_zoo_transformer_loses_retrieval_with_its_ga_heads(tmp_path):
     """The shipped tasks rebuilt with the zoo Transformer's key words (eval_tasks.write_task_folder): intact it solves both;
     its two G&A heads removed, both fall near chance (0.1) while two random heads cost little -- the paper's
     table on a model small enough for CI. The generation score is the model's own greedy answers."""
-    import re
-
     from gna_interp.models import load_model, zoo_names
 
     if "transformer-kv" not in zoo_names():
@@ -441,6 +440,34 @@ def test_zoo_transformer_loses_retrieval_with_its_ga_heads(tmp_path):
     outs = lm.generate([lm.tok_encode(r["prompt"]) for r in rows], ["\n", "."], 4)
     hits = [bool(m) and m.group(0) == r["answer"] for m, r in zip((re.search(r"\d", o) for o in outs), rows)]
     assert s.loc["gna_kv_gen", "removed"] == pytest.approx(sum(hits) / len(hits))
+
+
+def test_zoo_model_refuses_the_shipped_tasks_words_and_says_to_rebuild_them(tmp_path, capsys):
+    """The shipped gna_kv_mc prompts draw keys from the whole word list, which the zoo Transformer does not know:
+    every request reaches tok_encode, which refuses the unknown words (scored as [UNK] they gave chance accuracy)
+    and says how to rebuild the tasks with the model's own words; `gna eval` on them exits with that message."""
+    from gna_interp.models import load_model, zoo_names
+
+    if "transformer-kv" not in zoo_names():
+        pytest.skip("the zoo Transformer is not installed")
+    model = load_model("zoo:transformer-kv")
+    row = json.loads((SHIPPED / "gna_kv_mc.jsonl").read_text().splitlines()[0])
+    lm = GnaLM(model, progress=False)
+    rebuild = (r"an lm-eval request holds text outside zoo:transformer-kv's vocabulary \(it becomes '\[UNK\]'\): "
+               r"\[.+\]; this model knows only its own keys \(model\.kv_words, 64 words\): rebuild the tasks with them "
+               r"\(python -m gna_interp\.experiments\.eval_tasks --model zoo:transformer-kv --out DIR, or "
+               r"eval_tasks\.write_task_folder\(DIR, model\.kv_words\)\) and pass --include-path DIR")
+    with pytest.raises(InputError, match=rebuild):
+        lm.tok_encode(row["prompt"])
+    with pytest.raises(InputError, match=rebuild):
+        lm.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=(row["prompt"], c), idx=i)
+                          for i, c in enumerate(row["choices"])], disable_tqdm=True)
+    own = KVRetrieval(n_pairs=4, n_samples=1, max_value=9, seed=0, words=model.kv_words).samples[0].prompt
+    assert lm.tok_encode(own) == model.to_tokens(own)[0].tolist()
+    capsys.readouterr()
+    assert main(["eval", "--model", "zoo:transformer-kv", "--tasks", "gna_kv_mc", "--ablate", "L0H3,L1H3",
+                 "--random-k", "0", "--limit", "2", "--out", str(tmp_path / "o")]) == 2
+    assert re.search(rebuild, capsys.readouterr().err)
 
 
 def test_lm_evals_own_cli_finds_the_gna_model(tiny_dirs, monkeypatch, capsys):

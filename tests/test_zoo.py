@@ -10,11 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gna_interp import load_model
+from gna_interp import load_model, patterns
 from gna_interp.cli import main
 from gna_interp.errors import InputError, UnknownModelError
 from gna_interp.models import zoo_dir, zoo_names
-from gna_interp.tasks import KVRetrieval, evaluate
+from gna_interp.tasks import KVRetrieval, Sample, evaluate
+from gna_interp.tasks.scoring import plan_scoring
+from gna_interp.tasks.words import word_list
 from gna_interp.zoo import RECIPES, build_tokenizer, read_card, recipe, train, training_batch
 from gna_interp.zoo.tokenizer import DROPPED, N_KEYS, zoo_keys
 
@@ -177,6 +179,23 @@ def test_zoo_model_refuses_keys_outside_its_vocabulary() -> None:
     with pytest.raises(InputError, match="outside"):
         model.tokenize(outside)
     evaluate(model, KVRetrieval(10, 4, seed=0, words=model.kv_words), progress=False)  # its own keys are fine
+
+
+def test_unknown_text_is_refused_wherever_it_enters() -> None:
+    """Every way text enters a zoo model refuses a word outside its vocabulary with the same message, naming the
+    word; a candidate too. Text that writes the unknown token itself is taken as written."""
+    model = load_model("zoo:transformer-kv", device="cpu")
+    stranger = word_list()[N_KEYS]  # a shipped word outside the zoo's keys
+    text = f"apple:12\n{stranger}:7\napple:"
+    for enter in (model.to_str_tokens, model.token_labels, model.to_tokens, model.run_with_cache,
+                  lambda t: patterns(model, t, heads="L0H3")):
+        with pytest.raises(InputError, match=rf"the prompt holds text outside zoo:transformer-kv's vocabulary "
+                                             rf"\(it becomes '\[UNK\]'\): \['{stranger}'\]; .*model\.kv_words"):
+            enter(text)
+    with pytest.raises(InputError, match=rf"sample 0: candidate ' {stranger}' holds text outside"):
+        plan_scoring(model, [Sample("apple:12\napple:", (" 12", f" {stranger}"), 0)])
+    assert model.to_str_tokens("apple [UNK]") == ["apple", " ", "[UNK]"]  # the unknown token written out is text
+    assert model.token_labels(KVRetrieval(2, 1, seed=0, words=model.kv_words).prompts[0])  # known words pass
 
 
 def test_discover_finds_the_zoo_transformers_circuit() -> None:

@@ -285,13 +285,26 @@ class GnaLM(TemplateLM):
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None,
                    **kwargs: Any) -> list[int]:
         """Token ids of ``string`` under the tokenizer's own special-token policy (as :class:`Model` and
-        gna_interp's scoring tokenize), without special tokens when ``string`` already starts with BOS."""
+        gna_interp's scoring tokenize), without special tokens when ``string`` already starts with BOS. Text outside
+        the vocabulary is refused (:class:`InputError`, :meth:`Model.check_known`): a task whose words a word-level
+        model does not know would otherwise be scored on unknown tokens."""
         kw: dict[str, Any] = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
         bos = getattr(self.tokenizer, "bos_token", None)
         if add_special_tokens is None and bos and string.startswith(bos):
             kw = {"add_special_tokens": False}
         ids = list(self.tokenizer(string, **kw)["input_ids"])
+        self.model.check_known(ids, string, hint=self._rebuild_hint(), what="an lm-eval request")
         return ids[-left_truncate_len:] if left_truncate_len else ids
+
+    def _rebuild_hint(self) -> str | None:
+        """What to do about an lm-eval request in words the model does not know: for a model with its own keys (a zoo
+        model), rebuild the tasks with them; otherwise :meth:`Model.check_known`'s own hint."""
+        if not self.model.kv_words:
+            return None
+        spec = "MODEL" if self.model.in_memory else self.model.name
+        return (f"this model knows only its own keys (model.kv_words, {len(self.model.kv_words)} words): rebuild the "
+                f"tasks with them (python -m gna_interp.experiments.eval_tasks --model {spec} --out DIR, or "
+                f"eval_tasks.write_task_folder(DIR, model.kv_words)) and pass --include-path DIR")
 
     def tok_decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of token ids (special tokens dropped by default, as lm-eval's Hugging Face model decodes)."""

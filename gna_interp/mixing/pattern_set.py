@@ -28,8 +28,9 @@ class PatternSet:
     """Patterns of some heads on one batch.
 
     ``by_layer[(layer, kind)]`` is ``(heads, tensor [batch, n, q, k])``. Rows and columns at padding
-    positions are zero; :meth:`sample` trims them away. ``str_tokens[b]`` are the real tokens of
-    sample ``b``; ``options`` how the patterns were read.
+    positions are zero; :meth:`sample` trims them away. ``str_tokens[b]`` label the real tokens of
+    sample ``b`` (:meth:`Model.token_labels <gna_interp.models.model.Model.token_labels>`: from text, labels
+    that cover the whole prompt, separators a tokenizer drops included); ``options`` how the patterns were read.
     """
 
     batch: TokenBatch
@@ -155,7 +156,9 @@ def patterns(model: Model, inputs: str | Sequence[str] | Tensor | TokenBatch,
     """Per-head patterns ``[batch, q, k]`` of ``heads`` (default: :meth:`Model.default_heads`).
 
     One forward with only the needed hooks cached, stopped after the last layer of ``heads``. Left padding is handled through the attention
-    mask: the patterns of real tokens equal those of the unpadded prompt. ``options`` (a
+    mask: the patterns of real tokens equal those of the unpadded prompt. The token labels (``str_tokens``) are
+    :meth:`Model.token_labels <gna_interp.models.model.Model.token_labels>` of each text (of each row's ids when
+    ids are given). ``options`` (a
     :class:`~gna_interp.models.mixer.PatternOptions`) or keyword overrides of its fields
     (``form="exact"``, ``group_reduce``, ``block_elems``, ``query_block``) say how SSM heads are read;
     an unknown keyword raises an error naming the closest option.
@@ -179,5 +182,7 @@ def patterns(model: Model, inputs: str | Sequence[str] | Tensor | TokenBatch,
         spec = specs[key]
         pat = spec.adapter.pattern(model, spec, cache, hs, batch, opts)
         by_layer[key] = (hs, pat * keep.to(pat.device))
-    str_tokens = [model.to_str_tokens(ids[m.bool()]) for ids, m in zip(batch.ids, batch.attention_mask)]
+    texts = [inputs] if isinstance(inputs, str) else list(inputs) if isinstance(inputs, (list, tuple)) else None
+    str_tokens = [model.token_labels(t) for t in texts] if texts is not None else \
+        [model.to_str_tokens(ids[m.bool()]) for ids, m in zip(batch.ids, batch.attention_mask)]
     return PatternSet(batch, str_tokens, wanted, by_layer, opts)

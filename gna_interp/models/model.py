@@ -23,6 +23,7 @@ from gna_interp.models.heads import HeadRef, parse_heads
 from gna_interp.models.hf import quiet_transformers, unwrap
 from gna_interp.models.mixer import HeadSite
 from gna_interp.models.spec import ResolvedSpec
+from gna_interp.models.tokens import token_labels as text_labels, token_offsets
 
 Hooks = Sequence[tuple[Any, Callable[..., Any]]]
 
@@ -569,17 +570,35 @@ class Model:
                              f"{[self.tokenizer.decode([i]) for i in ids]}")
         return int(ids[0])
 
-    def check_known(self, ids: Sequence[int], text: str) -> None:
-        """Raise :class:`InputError` if ``text`` (tokenised to ``ids``) holds words outside the vocabulary."""
+    def check_known(self, ids: Sequence[int], text: str, hint: str | None = None, what: str = "the prompt") -> None:
+        """Raise :class:`InputError` if ``text`` (tokenised to ``ids``) holds words outside the vocabulary, i.e. some
+        id is the unknown token while ``text`` does not hold the unknown-token string itself. The message calls the
+        text ``what``, names the words and ends with ``hint`` (default: for a model with :attr:`kv_words`, how to
+        build tasks from them).
+        Every way text enters a model calls it: :meth:`tokenize` (so :meth:`to_tokens` and every run on text),
+        :meth:`to_str_tokens` and :meth:`token_labels` of text, the scoring engine's prompts and candidates and the
+        lm-eval model's ``tok_encode``."""
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if unk is None or unk not in ids or str(self.tokenizer.unk_token) in text:
             return
-        known = set(self.tokenizer.get_vocab())
-        words = sorted({w for w in re.findall(r"[A-Za-z]+", text) if w not in known and f" {w}" not in known})
-        hint = (f"; this model was trained on the keys in model.kv_words ({len(self.kv_words)} words): build tasks "
-                f"with KVRetrieval(..., words=model.kv_words)" if self.kv_words else "")
-        raise InputError(f"the prompt holds text outside {self.name}'s vocabulary (it becomes "
+        words = self._unknown_words(text, unk)
+        if hint is None:
+            hint = (f"this model was trained on the keys in model.kv_words ({len(self.kv_words)} words): build tasks "
+                    f"with KVRetrieval(..., words=model.kv_words)" if self.kv_words else "")
+        hint = f"; {hint}" if hint else ""
+        raise InputError(f"{what} holds text outside {self.name}'s vocabulary (it becomes "
                          f"{self.tokenizer.unk_token!r}): {words[:8] or text[:60]!r}{hint}")
+
+    def _unknown_words(self, text: str, unk: int) -> list[str]:
+        """The pieces of ``text`` that become the unknown token (by the tokenizer's offsets; without offsets, the
+        words that are no vocabulary entry)."""
+        if getattr(self.tokenizer, "is_fast", False):
+            ids, offsets = token_offsets(self.tokenizer, text)
+            found = sorted({text[a:b].strip() for i, (a, b) in zip(ids, offsets) if i == unk and b > a} - {""})
+            if found:
+                return found
+        known = set(self.tokenizer.get_vocab())
+        return sorted({w for w in re.findall(r"[A-Za-z]+", text) if w not in known and f" {w}" not in known})
 
     def check_ids(self, ids: Tensor) -> None:
         """Raise :class:`InputError` unless ``ids`` are integer token ids inside the vocabulary, ``[batch, pos]``."""
@@ -606,12 +625,15 @@ class Model:
         ``tokens`` is text (tokenised as :meth:`tokenize` does, so ``to_str_tokens(text) ==
         to_str_tokens(tokenize(text).ids[0])``: the positions :meth:`run_with_cache` sees, with a BOS token only
         where the tokenizer adds one, or as ``prepend_bos`` says, see :meth:`tokenize`), ids of one sequence
-        (``[pos]`` or ``[1, pos]``) or a list of ints (``prepend_bos`` is refused with ids: they are shown as given)."""
+        (``[pos]`` or ``[1, pos]``) or a list of ints (``prepend_bos`` is refused with ids: they are shown as given).
+        Text outside the vocabulary is refused (:meth:`check_known`). These are the decoded tokens, as in
+        TransformerLens; figures label positions with :meth:`token_labels`, which also show what a tokenizer drops."""
         if prepend_bos is not None and not isinstance(tokens, str):
             raise InputError(_BOS_WITH_IDS)
         if isinstance(tokens, str):
             ids = (list(self.tokenizer(tokens)["input_ids"]) if prepend_bos is None
                    else self.to_tokens(tokens, prepend_bos=prepend_bos)[0].tolist())
+            self.check_known(ids, tokens)
         elif isinstance(tokens, Tensor):
             if tokens.dim() == 2 and tokens.shape[0] == 1:
                 tokens = tokens[0]
@@ -639,6 +661,27 @@ class Model:
         for i in set(ids) - cache.keys():
             cache[i] = self.tokenizer.decode([i])
         return [cache[i] for i in ids]
+
+    def token_labels(self, tokens: str | Int[Tensor, "pos"] | Sequence[int],
+                     prepend_bos: bool | None = None) -> list[str]:
+        """The labels figures show, one per position of :meth:`to_str_tokens` of the same input.
+
+        For a tokenizer that drops nothing (its tokens decoded together give the text back) they are
+        ``to_str_tokens(text)``. Where it drops some of the text (the zoo's ``":"`` and line breaks) a token's label
+        runs from its start to the next token's start (:func:`~gna_interp.models.tokens.token_labels`): what was
+        dropped shows with the token before it and ``"".join(labels)`` is the text (after a BOS label where one is
+        fed). Ids carry no text: their labels are ``to_str_tokens(ids)``. ``prepend_bos`` as in
+        :meth:`to_str_tokens`; text outside the vocabulary is refused (:class:`InputError`)."""
+        if not isinstance(tokens, str):
+            return self.to_str_tokens(tokens, prepend_bos)
+        ids, labels = text_labels(self.tokenizer, tokens)
+        self.check_known(ids, tokens)
+        if prepend_bos is None:
+            return labels
+        fed = self.to_tokens(tokens, prepend_bos=prepend_bos)[0].tolist()
+        if fed == ids:
+            return labels
+        return self.to_str_tokens(fed[:1]) + labels if fed[1:] == ids else labels[1:]
 
     def as_batch(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
                  attention_mask: Tensor | None = None, prepend_bos: bool | None = None,

@@ -229,6 +229,8 @@ def plan_scoring(model: Model, samples: Sequence[Sample], method: Method = "auto
         if not p_ids:
             raise InputError(f"sample {i}: the prompt tokenizes to nothing; pass non-empty text")
         cand_toks = _candidate_tokens(tok, p_ids, s.prompt, s.candidates, i)
+        for c, t in zip(s.candidates, cand_toks):
+            model.check_known(t, c, what=f"sample {i}: candidate {c!r}")
         if method == "first_token":
             firsts = [t[0] for t in cand_toks]
             if len(set(firsts)) != len(firsts):
@@ -262,7 +264,8 @@ def for_model(model: Model, plan: ScoringPlan) -> ScoringPlan:
     """``plan`` with how ``model`` lays it out: its pad token, and whether it packs (some sample needs several rows
     and every mixer of ``model`` honours a tree-shaped attention mask for rows this long: attention-only models;
     with a sliding window, rows shorter than it, :meth:`~gna_interp.models.model.Model.packs_rows_up_to`). The
-    prompts are checked for text outside the vocabulary and the rows to fit the context and the vocabulary."""
+    prompts are checked for text outside the vocabulary (:func:`plan_scoring` checks the candidates) and the rows to
+    fit the context and the vocabulary."""
     for s, ids in zip(plan.samples, plan.prompt_ids):
         if s.prompt:  # a plan in token space (the lm-eval harness's) has no text to check
             model.check_known(ids, s.prompt)

@@ -18,8 +18,11 @@ Why these choices (measured while building the zoo, 2-layer d=64 Llama, 1 CPU th
 words as keys, or with any token between a key and its value (``":"``), or with the value predicted
 one or two tokens after the asked key (``"' is"``), the transformer stayed at chance for 3000 steps
 and more, while with the layout above it went from chance to 99% at 8 pairs between steps 1300 and 1700.
-Text outside the vocabulary maps to ``[UNK]``. Decoding concatenates token strings, so it reproduces a
-text without the dropped pieces.
+Decoding concatenates token strings, so it reproduces a text without the dropped pieces; figures label tokens
+with the text itself (:meth:`Model.token_labels <gna_interp.models.model.Model.token_labels>`: a token's label runs
+to the next token's start), so a pattern page reads ``apple:``, ``12\n``, ``banana:``, ``7\n``. Text outside the
+vocabulary would map to ``[UNK]``; a :class:`~gna_interp.models.model.Model` refuses it wherever text enters
+(:meth:`Model.check_known <gna_interp.models.model.Model.check_known>`), unless the text writes ``[UNK]`` itself.
 """
 
 from __future__ import annotations
