@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from gna_interp.models.tiny import FAMILIES, build_tiny
 torch.set_num_threads(1)
 if os.environ.get("PYTEST_XDIST_WORKER"):  # under pytest -n: the commands a test starts share the cores too
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # a worker ignores SIGINT, and the commands it starts would inherit that: the Ctrl-C tests need the default
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
