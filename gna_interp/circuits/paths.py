@@ -214,6 +214,16 @@ class _Clean:
     writes: dict[HeadRef, Tensor] = field(default_factory=dict)
 
 
+def _added_key(layer: int) -> str:
+    """Where a clean pass's values keep what block ``layer`` added to the stream besides its MLP (no hook name)."""
+    return f"added@{layer}"
+
+
+def _write_key(layer: int, kind: str) -> str:
+    """Where a clean pass's values keep the output of block ``layer``'s ``kind`` output projection (no hook name)."""
+    return f"write@{layer}:{kind}"
+
+
 class PathPatcher:
     """Scores of a task with sets of edges removed (:func:`path_effects` reads effects off them).
 
@@ -307,9 +317,9 @@ class PathPatcher:
         if layer in self._as_is:
             return
         mixers = [s for s in self.model.layers if s.layer == layer and s.supported]
-        added = values[f"blocks.{layer}.__added"]
+        added = values[_added_key(layer)]
         as_is = False
-        out = values.get(f"{mixers[0].bridge_path}.__write") if len(mixers) == 1 else None
+        out = values.get(_write_key(layer, mixers[0].kind)) if len(mixers) == 1 else None
         if out is not None:
             scale = max(1.0, float(added.abs().max()))
             dtype = self.model.dtype  # half precision rounds the residual sum: 16 units in the last place of its scale
@@ -368,9 +378,9 @@ class PathPatcher:
         unchecked = sorted({s.layer for s in senders if s.layer not in self._as_is})
         for layer in unchecked:
             for spec in (s for s in model.layers if s.layer == layer and s.supported):
-                out_hook = model.head_site(HeadRef(layer, 0, spec.kind)).hook.rsplit(".", 1)[0] + ".hook_out"
-                if model.has_hook(out_hook):
-                    keep(out_hook, f"{spec.bridge_path}.__write")
+                out_hook = model.mixer_output_hook(layer, spec.kind)
+                if out_hook is not None:
+                    keep(out_hook, _write_key(layer, spec.kind))
             stream, mlp_out = model.mixed_stream_hook(layer), model.mlp_hook(layer, "out")
             for name in (model.block_input_hook(layer), stream,
                          mlp_out if stream == model.block_output_hook(layer) else None):
@@ -388,7 +398,7 @@ class PathPatcher:
             added = values[stream] - values[model.block_input_hook(layer)]
             if stream == model.block_output_hook(layer) and mlp_out:
                 added = added - values[mlp_out]
-            values[f"blocks.{layer}.__added"] = added
+            values[_added_key(layer)] = added
             self._classify(layer, values)
         return _Clean(values, final, keys)
 
