@@ -49,7 +49,9 @@ inputs through their block's own pre-norm, as the block computes them.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -57,10 +59,12 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.circuits.whole_circuit import LOGITS
 from gna_interp.engine.head import head_logprobs
 from gna_interp.engine.replay import KeyValues, Prefix, ReplayMismatch, default_stack, prefixes_for, replay
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
+from gna_interp.constants import PATH_EFFECTS_JSON
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import (AblationMethod, Replacement, ablation_hooks, check_method,
                                                flat_channels, replacements)
@@ -68,11 +72,13 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import INPUTS, InputSite
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
+from gna_interp.store import file_in, read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_chunks, plan_scoring
 
 POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "other", "all")
+EFFECTS_FORMAT = "path_effects"  # the on-disk format of PathEffects.save
 
 __all__ = ["LOGITS", "POSITIONS", "Edge", "PathEffects", "PathPatcher", "path_effects"]
 
@@ -696,6 +702,47 @@ class PathEffects:
                         **{k: (None if isinstance(row[k], float) and not math.isfinite(row[k]) else float(row[k]))
                            for k in ("effect", "low", "high")}})
         return out
+
+    # ---- persistence -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The metric, the interval level, the intact model's per-sample results and, per edge set, its edges
+        (``sender``, ``receiver`` or null for a direct edge, ``input``, ``positions``) and its per-sample results,
+        as JSON-able data (:meth:`from_dict` reads it back)."""
+        return {"metric": self.metric, "level": self.level, "baseline": results_to_json(self.baseline),
+                "sets": [{"edges": [_edge_to_dict(e) for e in es], "results": results_to_json(r)}
+                         for es, r in zip(self.sets, self.patched)]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "path effects") -> "PathEffects":
+        """The effects :meth:`to_dict` described; :class:`InputError` (naming ``where``) for a malformed body."""
+        try:
+            sets = [[Edge(e["sender"], e["receiver"], e["input"], e["positions"]) for e in s["edges"]]
+                    for s in d["sets"]]
+            patched = [results_from_json(s["results"]) for s in d["sets"]]
+            out = cls(str(d["metric"]), results_from_json(d["baseline"]), sets, patched, float(d["level"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"{where}: not a path-effects document ({type(e).__name__}: {str(e)[:120]})") from None
+        n = {len(v) for r in (out.baseline, *out.patched) for v in r.values()}
+        if len(n) > 1:
+            raise InputError(f"{where}: per-sample lists differ in length ({sorted(n)})")
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write :meth:`to_dict` as a ``path_effects`` document to ``path`` (a ``.json`` file, or a folder: its
+        ``path_effects.json``), atomically; return the file. :meth:`effects`, :meth:`intervals` and
+        :meth:`to_frame` read the same numbers after :meth:`load`."""
+        return write_json(file_in(path, PATH_EFFECTS_JSON), EFFECTS_FORMAT, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "PathEffects":
+        """Read what :meth:`save` wrote (the file, or the folder holding it)."""
+        p = file_in(path, PATH_EFFECTS_JSON)
+        return cls.from_dict(read_json(p, EFFECTS_FORMAT), str(p))
+
+
+def _edge_to_dict(e: Edge) -> dict[str, Any]:
+    return {"sender": e.sender.name, "receiver": e.receiver.name if e.receiver else None, "input": e.input,
+            "positions": e.positions}
 
 
 @options
