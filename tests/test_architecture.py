@@ -57,6 +57,24 @@ def test_only_models_touches_the_bridge_and_compares_kinds():
     assert not kind_cmp, f"head kinds compared to string literals outside models/: {kind_cmp}"
 
 
+def test_only_models_builds_hook_names():
+    """Outside models/, no string literal that is a piece of a hook name (``"blocks."``, ``f"blocks.{l}..."``,
+    ``".hook_out"``, ``"ln_final.hook_in"``): hook names come from `Model` and the adapters. Docstrings may name
+    hooks in prose."""
+    built = []
+    for path in _sources_outside_models():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                text = node.value
+                if text.startswith(("blocks.", "hook_")) or ".hook_" in text:
+                    built.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {text[:40]!r}")
+    assert not built, f"hook names built outside models/: {built}"
+
+
 def test_top_level_api_reads_like_the_paper_and_shadows_no_subpackage():
     for name in ("load_model", "patterns", "ablate", "evaluate", "scan_heads", "discover", "KVRetrieval",
                  "MultipleChoice", "Circuit", "HeadRef", "Model", "mask_pattern"):

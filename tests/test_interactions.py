@@ -117,3 +117,43 @@ def test_a_runner_made_for_another_model_is_refused(models):
         interactions(llama, TASK, ["L0H1", "L1H0"], runner=other)
     with pytest.raises(InputError, match="made for"):
         ablation_curve(llama, other, llama.heads()[:2], llama.heads(), k=2)
+
+
+@pytest.mark.parametrize("family", sorted(HEADS))
+@pytest.mark.parametrize("stack", [None, 2])
+def test_run_many_equals_each_set_alone(models, family, stack):
+    """`SetAblation.run_many` stacks sets that start at different layers (each joining the replay at its earliest
+    head) and returns, in the order given, what `run` of each set alone returns, to 1e-5: singles and pairs over
+    every layer, a repeated set, the empty set, in one stack or in stacks of two; the stacked run replays fewer
+    blocks than the one-by-one runs."""
+    from gna_interp.engine import replay as replay_mod
+    from gna_interp.engine.replay import SetAblation
+
+    model = models(family)
+    runner = SetAblation(model, TASK, batch_size=2, stack=stack)
+    heads = model.check_heads(HEADS[family])
+    sets = [[h] for h in heads] + [[heads[i], heads[j]] for i, j in itertools.combinations(range(3), 2)]
+    sets = [sets[-1], [], *sets, sets[0]]
+    calls = []
+    real = replay_mod.replay
+
+    def counted(model, prefix, start, copies=1, hidden=None, stop=None):
+        calls.append(copies)
+        return real(model, prefix, start, copies, hidden, stop)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(replay_mod, "replay", counted)
+        got = runner.run_many(sets)
+        stacked = len(calls)
+        calls.clear()
+        want = [runner.run(s) for s in sets]
+        alone = len(calls)
+    assert len(got) == len(sets)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.scores, w.scores, atol=1e-5, rtol=0)
+        assert torch.equal(g.correct, w.correct)
+    assert torch.equal(got[1].scores, runner.clean().scores)
+    assert not torch.equal(want[2].scores, want[1].scores)  # the sets change the scores
+    assert stacked < alone  # fewer replays: the sets ran stacked
+    with pytest.raises(InputError, match="stack"):
+        SetAblation(model, TASK, batch_size=2, stack=0)

@@ -50,6 +50,27 @@ def test_path_effects_round_trip(gen, tmp_path):
     assert load_path_effects(path).sets == fx.sets               # the file itself loads too
 
 
+def test_path_effects_methods_round_trip(gen, tmp_path):
+    """`PathEffects.save` / `.load` write and read the document the store's functions do: each reads the other's."""
+    a, b = HeadRef.parse("L1H0"), HeadRef.parse("L2H1")
+    sets = [[Edge(a, b, "k", "summary")], [Edge(a, b, "v", "items"), Edge(b)]]
+    fx = PathEffects("accuracy", _results(gen), sets, [_results(gen) for _ in sets], level=0.8)
+    path = fx.save(tmp_path)                                     # a folder: its path_effects.json
+    assert path == tmp_path / "path_effects.json"
+    for back in (PathEffects.load(tmp_path), PathEffects.load(path), load_path_effects(path)):
+        assert back.metric == fx.metric and back.level == fx.level and back.sets == fx.sets
+        _same_results(back.baseline, fx.baseline)
+        for p, q in zip(back.patched, fx.patched):
+            _same_results(p, q)
+        assert back.effects() == fx.effects() and back.intervals() == fx.intervals()
+        pd.testing.assert_frame_equal(back.to_frame(), fx.to_frame())
+    other = save_path_effects(fx, tmp_path / "fx.json")
+    assert PathEffects.load(other).sets == fx.sets
+    assert PathEffects.from_dict(fx.to_dict()).sets == fx.sets
+    with pytest.raises(InputError, match="not a path-effects document"):
+        PathEffects.from_dict({"metric": "logit_diff"})
+
+
 def test_interactions_round_trip(gen, tmp_path):
     heads = [HeadRef.parse(n) for n in ("L1H0", "L2H1", "L3H2")]
     pairs = {(i, j): _results(gen) for i in range(3) for j in range(i + 1, 3)}

@@ -16,7 +16,8 @@ the heads of ``S`` are removed together (``m(∅)``: the intact model)::
 - a pair is called **additive** when the paired bootstrap interval of its interaction contains 0.
 
 Every number comes from ONE :class:`~gna_interp.engine.replay.SetAblation` (the clean prefixes captured once,
-each set replaying only the blocks from its earliest head on), so pair drops equal ``ablate(model, [h_i, h_j])`` +
+each set replaying only the blocks from its earliest head on, the ``k + k(k-1)/2`` sets stacked in one replay
+by :meth:`~gna_interp.engine.replay.SetAblation.run_many`), so pair drops equal ``ablate(model, [h_i, h_j])`` +
 :func:`~gna_interp.tasks.scoring.run_plan` to float noise. The per-sample results of every set are kept, so the
 same measurement reads out under any metric (``logit_diff``, ``accuracy``, ``logprob``).
 """
@@ -302,8 +303,8 @@ def interactions(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef
 
     ``config`` (:class:`InteractionOptions`) or keyword ``overrides`` of its fields: ``metric``, ``batch_size``,
     ``method``, ``reference``, ``level``, ``n_boot``. ``k`` heads cost ``1 + k + k(k-1)/2`` set ablations, all
-    through one :class:`SetAblation` (pass ``runner``, one made for ``task`` with ``method``, to reuse its clean
-    prefixes). Example::
+    through one :class:`SetAblation`, the sets stacked in its replays (:meth:`SetAblation.run_many`; pass
+    ``runner``, one made for ``task`` with ``method``, to reuse its clean prefixes). Example::
 
         res = interactions(model, KVRetrieval(10, 24, template="completion", max_value=99),
                            ["L16H0", "L18H6", "L16H2", "L19H8", "L17H8"])
@@ -322,9 +323,9 @@ def interactions(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef
     start = time.perf_counter()
     runner = SetAblation.of(model, runner if runner is not None else task, method, reference, batch_size)
     baseline = results(runner.clean())
-    singles = [results(runner.run([h])) for h in parsed]
-    pairs = {(i, j): results(runner.run([parsed[i], parsed[j]]))
-             for i, j in itertools.combinations(range(len(parsed)), 2)}
+    combos = list(itertools.combinations(range(len(parsed)), 2))
+    scored = [results(s) for s in runner.run_many([[h] for h in parsed] + [[parsed[i], parsed[j]] for i, j in combos])]
+    singles, pairs = scored[:len(parsed)], dict(zip(combos, scored[len(parsed):]))
     name = task.name if isinstance(task, Task) else "samples"
     return Interactions(model.name, name, metric, runner.method, parsed, baseline, singles, pairs, level, n_boot,
                         time.perf_counter() - start)

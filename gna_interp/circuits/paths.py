@@ -49,7 +49,9 @@ inputs through their block's own pre-norm, as the block computes them.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -57,10 +59,12 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.circuits.whole_circuit import LOGITS
 from gna_interp.engine.head import head_logprobs
 from gna_interp.engine.replay import KeyValues, Prefix, ReplayMismatch, default_stack, prefixes_for, replay
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
+from gna_interp.constants import PATH_EFFECTS_JSON
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import (AblationMethod, Replacement, ablation_hooks, check_method,
                                                flat_channels, replacements)
@@ -68,11 +72,13 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import INPUTS, InputSite
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
+from gna_interp.store import file_in, read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_chunks, plan_scoring
 
 POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "other", "all")
+EFFECTS_FORMAT = "path_effects"  # the on-disk format of PathEffects.save
 
 __all__ = ["LOGITS", "POSITIONS", "Edge", "PathEffects", "PathPatcher", "path_effects"]
 
@@ -214,6 +220,16 @@ class _Clean:
     writes: dict[HeadRef, Tensor] = field(default_factory=dict)
 
 
+def _added_key(layer: int) -> str:
+    """Where a clean pass's values keep what block ``layer`` added to the stream besides its MLP (no hook name)."""
+    return f"added@{layer}"
+
+
+def _write_key(layer: int, kind: str) -> str:
+    """Where a clean pass's values keep the output of block ``layer``'s ``kind`` output projection (no hook name)."""
+    return f"write@{layer}:{kind}"
+
+
 class PathPatcher:
     """Scores of a task with sets of edges removed (:func:`path_effects` reads effects off them).
 
@@ -307,9 +323,9 @@ class PathPatcher:
         if layer in self._as_is:
             return
         mixers = [s for s in self.model.layers if s.layer == layer and s.supported]
-        added = values[f"blocks.{layer}.__added"]
+        added = values[_added_key(layer)]
         as_is = False
-        out = values.get(f"{mixers[0].bridge_path}.__write") if len(mixers) == 1 else None
+        out = values.get(_write_key(layer, mixers[0].kind)) if len(mixers) == 1 else None
         if out is not None:
             scale = max(1.0, float(added.abs().max()))
             dtype = self.model.dtype  # half precision rounds the residual sum: 16 units in the last place of its scale
@@ -368,9 +384,9 @@ class PathPatcher:
         unchecked = sorted({s.layer for s in senders if s.layer not in self._as_is})
         for layer in unchecked:
             for spec in (s for s in model.layers if s.layer == layer and s.supported):
-                out_hook = model.head_site(HeadRef(layer, 0, spec.kind)).hook.rsplit(".", 1)[0] + ".hook_out"
-                if model.has_hook(out_hook):
-                    keep(out_hook, f"{spec.bridge_path}.__write")
+                out_hook = model.mixer_output_hook(layer, spec.kind)
+                if out_hook is not None:
+                    keep(out_hook, _write_key(layer, spec.kind))
             stream, mlp_out = model.mixed_stream_hook(layer), model.mlp_hook(layer, "out")
             for name in (model.block_input_hook(layer), stream,
                          mlp_out if stream == model.block_output_hook(layer) else None):
@@ -388,7 +404,7 @@ class PathPatcher:
             added = values[stream] - values[model.block_input_hook(layer)]
             if stream == model.block_output_hook(layer) and mlp_out:
                 added = added - values[mlp_out]
-            values[f"blocks.{layer}.__added"] = added
+            values[_added_key(layer)] = added
             self._classify(layer, values)
         return _Clean(values, final, keys)
 
@@ -686,6 +702,47 @@ class PathEffects:
                         **{k: (None if isinstance(row[k], float) and not math.isfinite(row[k]) else float(row[k]))
                            for k in ("effect", "low", "high")}})
         return out
+
+    # ---- persistence -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The metric, the interval level, the intact model's per-sample results and, per edge set, its edges
+        (``sender``, ``receiver`` or null for a direct edge, ``input``, ``positions``) and its per-sample results,
+        as JSON-able data (:meth:`from_dict` reads it back)."""
+        return {"metric": self.metric, "level": self.level, "baseline": results_to_json(self.baseline),
+                "sets": [{"edges": [_edge_to_dict(e) for e in es], "results": results_to_json(r)}
+                         for es, r in zip(self.sets, self.patched)]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "path effects") -> "PathEffects":
+        """The effects :meth:`to_dict` described; :class:`InputError` (naming ``where``) for a malformed body."""
+        try:
+            sets = [[Edge(e["sender"], e["receiver"], e["input"], e["positions"]) for e in s["edges"]]
+                    for s in d["sets"]]
+            patched = [results_from_json(s["results"]) for s in d["sets"]]
+            out = cls(str(d["metric"]), results_from_json(d["baseline"]), sets, patched, float(d["level"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"{where}: not a path-effects document ({type(e).__name__}: {str(e)[:120]})") from None
+        n = {len(v) for r in (out.baseline, *out.patched) for v in r.values()}
+        if len(n) > 1:
+            raise InputError(f"{where}: per-sample lists differ in length ({sorted(n)})")
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write :meth:`to_dict` as a ``path_effects`` document to ``path`` (a ``.json`` file, or a folder: its
+        ``path_effects.json``), atomically; return the file. :meth:`effects`, :meth:`intervals` and
+        :meth:`to_frame` read the same numbers after :meth:`load`."""
+        return write_json(file_in(path, PATH_EFFECTS_JSON), EFFECTS_FORMAT, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "PathEffects":
+        """Read what :meth:`save` wrote (the file, or the folder holding it)."""
+        p = file_in(path, PATH_EFFECTS_JSON)
+        return cls.from_dict(read_json(p, EFFECTS_FORMAT), str(p))
+
+
+def _edge_to_dict(e: Edge) -> dict[str, Any]:
+    return {"sender": e.sender.name, "receiver": e.receiver.name if e.receiver else None, "input": e.input,
+            "positions": e.positions}
 
 
 @options

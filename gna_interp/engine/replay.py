@@ -13,10 +13,11 @@ The bridge's ``start_at_layer`` still runs the earlier blocks internally, hence 
 the bridge's own logits (it would not for a model that does work between its blocks).
 
 On top of it: :class:`Prefixes` keeps the clean prefix of every batch of a scoring plan,
-:func:`replay_scores` scores several head sets (each removed together) in one stacked replay that
-starts at their earliest layer, and :class:`SetAblation` is what the ablation curve, the knowledge
-twin and the control use: a task's scores with any set of heads removed, the clean prefix captured
-once (a full forward per set where replays do not reproduce the model). Inside :func:`shared_prefixes` (as
+:func:`replay_scores` scores several head sets (each removed together) in one stacked replay, each set's
+copies joining it at the set's earliest layer, and :class:`SetAblation` is what the ablation curve, the knowledge
+twin, the control and the pairwise interactions use: a task's scores with any set of heads removed, the clean
+prefix captured once, many sets stacked in one replay (:meth:`SetAblation.run_many`; a full forward per set where
+replays do not reproduce the model). Inside :func:`shared_prefixes` (as
 during :func:`~gna_interp.circuits.discover`), every stage that asks :func:`prefixes_for` the prefixes of the same
 model and the same chunks gets one :class:`Prefixes`: a task's clean pass is paid once per run, not once per stage.
 """
@@ -36,7 +37,8 @@ from transformers.cache_utils import DynamicCache
 
 from gna_interp.engine.head import at_reads, final_logits, head_logprobs, logit_atol
 from gna_interp.errors import InputError
-from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, check_method, replacements
+from gna_interp.interventions.ablation import (AblationMethod, Replacement, ablation_hooks, check_method, replacements,
+                                              stacked_ablation_hooks)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.tasks.base import Task
@@ -467,25 +469,42 @@ def prefixes_for(model: Model, chunks: list[Chunk], max_bytes: int = DEFAULT_PRE
 @torch.no_grad()
 def replay_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Sequence[Sequence[Replacement]]
                   ) -> list[CandidateScores]:
-    """Scores of ``plan`` with each of ``sets`` removed (each set's heads together), all sets stacked as
-    copies of every batch in one replay from the earliest layer any of them touches."""
+    """Scores of ``plan`` with each of ``sets`` removed (each set's heads together), all sets stacked as copies of
+    every batch in one replay per chunk. A set joins the stack at the earliest layer it touches (the copy enters
+    there with the clean prefix's residual stream), so each set runs only the blocks from its earliest head on,
+    as it would alone; a set of no heads reads the clean scores. Numbers equal a replay of each set alone to float
+    noise (the blocks see a larger batch)."""
     if not any(sets):
         clean = prefixes.clean(plan)
         return [clean for _ in sets]
-    start = min(r.site.head.layer for group in sets for r in group)
-    n = len(sets)
+    n_layers = model.n_layers
+    starts = [min((r.site.head.layer for r in group), default=n_layers) for group in sets]
+    live = sorted((g for g in range(len(sets)) if starts[g] < n_layers), key=lambda g: starts[g])  # stack order
+    joins = sorted({starts[g] for g in live})
+    n = len(live)
     tables = [ScoreTable(plan) for _ in sets]
     for i, chunk in enumerate(prefixes.chunks):
         prefix = prefixes.get(i)
-        b = chunk.size
-        hooks = [hk for g, group in enumerate(sets) for hk in ablation_hooks(list(group), rows=slice(g * b, (g + 1) * b))]
-        with model.hooks(hooks):
-            hidden = replay(model, prefix, start, copies=n)
+        b = prefix.batch_size
+        x: Tensor | None = None
+        with model.hooks(stacked_ablation_hooks([sets[g] for g in live], b)):
+            for a, z in zip(joins, joins[1:] + [n_layers]):  # copies of the sets starting at ``a`` join there
+                have = 0 if x is None else int(x.shape[0]) // b
+                copies = sum(starts[g] <= a for g in live)
+                fresh = _repeat(prefix.hidden(a), b, copies - have)
+                x = fresh if x is None else torch.cat([x, fresh])
+                x = replay(model, prefix, a, copies=copies, hidden=x, stop=z)
+        assert x is not None
         rows, pos, inverse = chunk.stacked_reads(n)
-        logp = head_logprobs(model, at_reads(hidden, rows, pos), chunk.read_tok.repeat(n), inverse)
+        logp = head_logprobs(model, at_reads(x, rows, pos), chunk.read_tok.repeat(n), inverse)
         per = logp.shape[0] // n
-        for g, t in enumerate(tables):
-            t.add(chunk, logp[g * per:(g + 1) * per])
+        for k, g in enumerate(live):
+            tables[g].add(chunk, logp[k * per:(k + 1) * per])
+        if n < len(sets):
+            clean = _clean_logprobs(prefix, chunk)
+            for g in range(len(sets)):
+                if starts[g] >= n_layers:
+                    tables[g].add(chunk, clean)
     return [t.result() for t in tables]
 
 
@@ -565,25 +584,31 @@ def added_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, base: Sequ
 
 class SetAblation:
     """A task's scores with sets of heads removed together: the clean prefix of every batch is captured
-    once and each set re-runs only the blocks from its earliest layer on (:func:`replay_scores`); where
-    replays do not reproduce the model (or under resampling, which aligns activations per forward), each
-    set costs one full forward of the task instead. Numbers equal ``ablate`` + ``run_plan`` to float noise.
+    once and each set re-runs only the blocks from its earliest layer on (:func:`replay_scores`), many sets
+    stacked in one replay (:meth:`run_many`); where replays do not reproduce the model (or under resampling,
+    which aligns activations per forward), each set costs one full forward of the task instead. Numbers equal
+    ``ablate`` + ``run_plan`` to float noise.
 
     ``task`` is a :class:`~gna_interp.tasks.base.Task` or a :class:`ScoringPlan`; ``method`` and
     ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s (replacements are computed once
-    per head and reused).
+    per head and reused); ``stack`` caps the sets :meth:`run_many` replays together (default
+    :func:`default_stack`).
     """
 
     def __init__(self, model: Model, task: Task | ScoringPlan, method: AblationMethod = "zero", reference: Any = None,
-                 batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES) -> None:
+                 batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES, *, stack: int | None = None
+                 ) -> None:
         check_method(method, reference)  # before the task is planned
+        if stack is not None and (isinstance(stack, bool) or not isinstance(stack, int) or stack < 1):
+            raise InputError(f"stack must be an integer >= 1, got {stack!r}")
         if isinstance(task, Task):
             task = plan_scoring(model, task.samples)
         if not isinstance(task, ScoringPlan):
             raise InputError(f"SetAblation needs a Task or a ScoringPlan, got {type(task).__name__}")
         task.check_model(model)
         self.model, self.plan, self.method, self.reference = model, task, method, reference
-        self.batch_size = batch_size
+        self.batch_size, self.max_prefix_bytes = batch_size, max_prefix_bytes
+        self._stack = stack
         self._repl: dict[HeadRef, Replacement] = {}
         self.prefixes: Prefixes | None = None
         if method != "resample":
@@ -599,6 +624,13 @@ class SetAblation:
     def fast(self) -> bool:
         """Whether sets are scored by replaying the later blocks (else one full forward per set)."""
         return self.prefixes is not None
+
+    @property
+    def stack(self) -> int:
+        """Sets :meth:`run_many` replays together: the ``stack`` given, else :func:`default_stack` of the chunks."""
+        if self._stack is None:
+            self._stack = default_stack(self.model, self.prefixes.chunks, self.max_prefix_bytes) if self.prefixes else 1
+        return self._stack
 
     @classmethod
     def of(cls, model: Model, task: "Task | ScoringPlan | SetAblation", method: AblationMethod = "zero",
@@ -648,6 +680,24 @@ class SetAblation:
         if self.prefixes is not None:
             return added_scores(self.model, self.plan, self.prefixes, replaced, more)
         return [self.run(list(base))] + [self.run([*base, h]) for h in extras]
+
+    def run_many(self, sets: Sequence[Sequence[HeadRef | str]]) -> list[CandidateScores]:
+        """Scores with each of ``sets`` removed (each set's heads together), in the order given: the numbers of
+        :meth:`run` of each, with the sets replayed :attr:`stack` at a time as stacked copies of every batch
+        (:func:`replay_scores`; the sets sorted by their earliest layer, so the copies of one replay join it close
+        together). Without fast replays, one full forward per set."""
+        replaced = [self._replaced(s) for s in sets]
+        if self.prefixes is None:
+            return [self.run(s) for s in sets]
+        n_layers = self.model.n_layers
+        order = sorted(range(len(sets)), key=lambda g: min((r.site.head.layer for r in replaced[g]), default=n_layers))
+        out: list[CandidateScores | None] = [None] * len(sets)
+        for k in range(0, len(order), self.stack):
+            part = order[k:k + self.stack]
+            for g, scores in zip(part, replay_scores(self.model, self.plan, self.prefixes, [replaced[g] for g in part])):
+                out[g] = scores
+        assert all(o is not None for o in out)
+        return out  # type: ignore[return-value]
 
     def run(self, heads: Sequence[HeadRef | str]) -> CandidateScores:
         """Scores with ``heads`` removed together (none: the intact model)."""

@@ -42,7 +42,8 @@ from gna_interp.models.model import Model, check_model
 AblationMethod = Literal["zero", "mean", "resample"]
 METHODS: tuple[str, ...] = ("zero", "mean", "resample")
 
-__all__ = ["METHODS", "Ablation", "AblationMethod", "Replacement", "ablate", "ablation_hooks", "check_method", "flat_channels", "replacements"]
+__all__ = ["METHODS", "Ablation", "AblationMethod", "Replacement", "ablate", "ablation_hooks", "check_method", "flat_channels", "replacements",
+           "stacked_ablation_hooks"]
 
 
 def flat_channels(x: Tensor, site: HeadSite) -> Tensor:
@@ -120,18 +121,36 @@ def replacements(model: Model, heads: str | HeadRef | Sequence[str | HeadRef], m
 def ablation_hooks(replaced: Sequence[Replacement], rows: slice | None = None) -> list[tuple[str, Callable[..., Tensor]]]:
     """TransformerLens forward hooks applying ``replaced``; with ``rows``, only those batch rows are
     touched (for resampling, the first of them counts as row 0)."""
-    by_hook: dict[str, list[Replacement]] = {}
-    for r in replaced:
-        by_hook.setdefault(r.site.hook, []).append(r)
+    return _hooks([(rows, list(replaced))])
 
-    def make(entries: list[Replacement]) -> Callable[..., Tensor]:
+
+def stacked_ablation_hooks(sets: Sequence[Sequence[Replacement]], batch: int
+                           ) -> list[tuple[str, Callable[..., Tensor]]]:
+    """Forward hooks for ``len(sets)`` copies of a batch of ``batch`` rows stacked in one forward: copy ``g`` (rows
+    ``g*batch..(g+1)*batch-1``) gets ``sets[g]`` applied, as :func:`ablation_hooks` with those ``rows`` would. One
+    hook a hook point, which copies the tensor once whatever the number of sets that cut there."""
+    return _hooks([(slice(g * batch, (g + 1) * batch), list(group)) for g, group in enumerate(sets)])
+
+
+def _hooks(parts: Sequence[tuple[slice | None, list[Replacement]]]) -> list[tuple[str, Callable[..., Tensor]]]:
+    """One hook per hook point, applying each part's replacements to its rows (None: every row)."""
+    by_hook: dict[str, list[tuple[slice | None, list[Replacement]]]] = {}
+    for rows, replaced in parts:
+        grouped: dict[str, list[Replacement]] = {}
+        for r in replaced:
+            grouped.setdefault(r.site.hook, []).append(r)
+        for name, entries in grouped.items():
+            by_hook.setdefault(name, []).append((rows, entries))
+
+    def make(entries: list[tuple[slice | None, list[Replacement]]]) -> Callable[..., Tensor]:
         def hook(x: Tensor, hook: Any = None) -> Tensor:
             x = x.clone(memory_format=torch.contiguous_format)  # contiguous: the flat view below writes into x
-            flat = flat_channels(x, entries[0].site)
-            part = flat if rows is None else flat[rows]
-            for r in entries:
-                val = r.value(part.shape[0], part.shape[1])
-                part[..., r.site.columns] = val.to(part.device, part.dtype) if isinstance(val, Tensor) else val
+            flat = flat_channels(x, entries[0][1][0].site)
+            for rows, replaced in entries:
+                part = flat if rows is None else flat[rows]
+                for r in replaced:
+                    val = r.value(part.shape[0], part.shape[1])
+                    part[..., r.site.columns] = val.to(part.device, part.dtype) if isinstance(val, Tensor) else val
             return x
 
         return hook

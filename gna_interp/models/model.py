@@ -923,6 +923,14 @@ class Model:
         mid = f"blocks.{layer}.hook_resid_mid"
         return mid if self.has_hook(mid) else self.block_output_hook(layer)
 
+    def mixer_output_hook(self, layer: int, kind: str) -> str | None:
+        """Hook on the output of block ``layer``'s output projection for its ``kind`` mixer (the projection whose
+        input :meth:`head_site` names: what the mixer writes before any post-norm or scale of its block), or None
+        when the bridge has no such hook."""
+        spec = self.layer_spec(layer, kind)
+        name = spec.adapter.output_hook(spec).rsplit(".", 1)[0] + ".hook_out"
+        return name if self.has_hook(name) else None
+
     def scaled_blocks(self) -> list[int]:
         """Blocks that multiply the whole residual stream, input included, by a factor other than 1 (Gemma-4's
         ``layer_scalar``): there the stream is no longer the sum of what each part wrote."""
