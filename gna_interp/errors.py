@@ -59,3 +59,26 @@ def terminal_text(text: str) -> str:
     carriage returns and tabs kept."""
     return "".join(c if c in "\n\r\t" or c.isprintable() or c == " "
                    else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}" for c in text)
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that adds gna_interp's optional dependencies ``extra`` (an extra of pyproject.toml) to the
+    installation this code runs from, as its ``direct_url.json`` records it: the source folder or wheel file it was
+    installed from (``pip install '/src/gna_interp[figures]'``; ``-e`` for an editable install), the URL, else the
+    package's name (``pip install 'gna-interp[figures]'``, for an install from a package index)."""
+    import json
+    import shlex
+    from importlib.metadata import PackageNotFoundError, distribution
+    from urllib.parse import unquote, urlparse
+
+    try:
+        info = json.loads(distribution("gna-interp").read_text("direct_url.json") or "{}")
+    except (PackageNotFoundError, OSError, ValueError):
+        info = {}
+    url = info.get("url") if isinstance(info, dict) else None
+    if not isinstance(url, str) or not url:
+        return f"pip install 'gna-interp[{extra}]'"
+    if url.startswith("file://"):
+        editable = "-e " if isinstance(info.get("dir_info"), dict) and info["dir_info"].get("editable") else ""
+        return f"pip install {editable}{shlex.quote(unquote(urlparse(url).path) + f'[{extra}]')}"
+    return f"pip install {shlex.quote(f'gna-interp[{extra}] @ {url}')}"

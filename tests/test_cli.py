@@ -93,11 +93,12 @@ def test_every_stage_says_it_ran_and_a_long_one_keeps_saying_so(monkeypatch):
 def test_a_missing_png_export_names_the_extra(monkeypatch, tmp_path):
     import sys
 
+    from gna_interp.errors import install_hint
     from gna_interp.viz.export import png_note
 
     monkeypatch.setitem(sys.modules, "kaleido", None)  # as if not installed
     note = png_note(tmp_path)
-    assert note is not None and "pip install 'gna-interp[figures]'" in note
+    assert note is not None and f"{install_hint('figures')} adds it" in note and "[figures]" in note
     (tmp_path / "figures").mkdir()
     (tmp_path / "figures" / "scores.png").write_bytes(b"\x89PNG")
     assert png_note(tmp_path) is None

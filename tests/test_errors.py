@@ -236,3 +236,41 @@ def test_api_raises_a_typed_error_naming_the_bad_value(case, llama, files):
 
 def test_the_table_is_large_enough():
     assert len(CLI_CASES) + len(API_CASES) >= 40
+
+
+@pytest.mark.parametrize("direct_url, hint", [
+    ('{"url": "file:///src/gna_interp", "dir_info": {}}', "pip install '/src/gna_interp[figures]'"),
+    ('{"url": "file:///src/gna%20interp", "dir_info": {"editable": true}}', "pip install -e '/src/gna interp[figures]'"),
+    ('{"url": "file:///dl/gna_interp-0.1.0-py3-none-any.whl", "archive_info": {}}',
+     "pip install '/dl/gna_interp-0.1.0-py3-none-any.whl[figures]'"),
+    ('{"url": "https://example.org/gna_interp-0.1.0.tar.gz", "archive_info": {}}',
+     "pip install 'gna-interp[figures] @ https://example.org/gna_interp-0.1.0.tar.gz'"),
+    (None, "pip install 'gna-interp[figures]'"),  # from a package index: no direct_url.json
+    ("not json", "pip install 'gna-interp[figures]'"),
+])
+def test_install_hint_names_where_the_package_was_installed_from(monkeypatch, direct_url, hint):
+    """The command that adds an extra works for the way gna_interp was installed: the README installs it from its
+    source folder (``pip install .``), where ``pip install 'gna-interp[figures]'`` would look for it on an index."""
+    import importlib.metadata
+
+    from gna_interp.errors import install_hint
+
+    class Dist:
+        def read_text(self, name):
+            assert name == "direct_url.json"
+            return direct_url
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: Dist())
+    assert install_hint("figures") == hint
+
+
+def test_install_hint_without_an_installed_distribution(monkeypatch):
+    import importlib.metadata
+
+    from gna_interp.errors import install_hint
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    assert install_hint("eval") == "pip install 'gna-interp[eval]'"

@@ -50,7 +50,7 @@ from jaxtyping import Float
 from torch import Tensor
 from gna_interp.progress import tqdm
 
-from gna_interp.errors import InputError
+from gna_interp.errors import InputError, install_hint
 from gna_interp.interventions.ablation import AblationMethod, ablation_hooks, replacements
 from gna_interp.interventions.masking import mask_pattern
 from gna_interp.models.heads import HeadRef
@@ -60,16 +60,13 @@ from gna_interp.options import Options, options
 from gna_interp.tasks.sample import Sample
 from gna_interp.tasks.scoring import Row, ScoringPlan, Target, for_model, layout_chunks, read_chunks
 
-LM_EVAL_HINT = 'pip install "gna_interp[eval]"'
-
-
 def require_lm_eval() -> str:
     """The installed lm-eval version; :class:`InputError` saying how to install it when it is missing."""
     try:
         import lm_eval  # noqa: F401
     except ImportError:
         raise InputError(f"lm-evaluation-harness (the lm-eval package) is not installed; it runs the benchmarks "
-                         f"of gna eval: {LM_EVAL_HINT}") from None
+                         f"of gna eval: {install_hint('eval')}") from None
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -84,7 +81,7 @@ from lm_eval import utils as lm_utils  # noqa: E402
 from lm_eval.api.model import TemplateLM  # noqa: E402
 from lm_eval.api.registry import register_model  # noqa: E402
 
-__all__ = ["ABLATION_METHODS", "DEFAULT_MAX_LENGTH", "FullMask", "GnaLM", "HarnessConfig", "LM_EVAL_HINT", "LM_EVAL_VERSION",
+__all__ = ["ABLATION_METHODS", "DEFAULT_MAX_LENGTH", "FullMask", "GnaLM", "HarnessConfig", "LM_EVAL_VERSION",
            "MaskFn", "neutral_reference", "parse_heads_arg", "require_lm_eval"]
 
 log = logging.getLogger(__name__)

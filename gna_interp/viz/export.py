@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from gna_interp.errors import install_hint
 from gna_interp.store import atomic_write
 
 EXPORT_WIDTH = 1100
@@ -37,8 +38,8 @@ def png_export_problem() -> str | None:
     try:
         import kaleido  # noqa: F401
     except ImportError:
-        return (f"kaleido is not installed: pip install 'gna-interp[{FIGURES_EXTRA}]' adds it (only the PNG files need "
-                f"it; report.html draws every figure without it)")
+        return (f"kaleido is not installed: {install_hint(FIGURES_EXTRA)} adds it (only the PNG files need it; "
+                f"report.html draws every figure without it)")
     try:
         from choreographer.browsers.chromium import Chromium
 
