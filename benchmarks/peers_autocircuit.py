@@ -8,9 +8,10 @@ Imports no gna_interp. ``JOB.json`` holds ``model_dir`` (a Hugging Face Llama fo
 ``hf_config`` (the Llama configuration's numbers, read by ``peers.py`` with the project's transformers),
 ``samples`` (each ``prompt`` ids, ``cands`` lists of ids -- one token each here --, ``gold``), ``tool`` (one of
 :data:`TOOLS`), ``ig_steps``, ``edge_sets`` (``ac-exact``: ``{name: [edges]}``, each set left out at once, one set
-at a time), ``threads``, ``device`` and ``batch`` (prompts a forward). ``OUT.json`` gets ``clean`` (the intact
-metric), ``scores`` (``{"L0H1 -> L1H2.q": score}``, auto-circuit's edges in the project's names), ``others`` (each
-prompt's best other candidate), ``n_edges``, ``wall_s``, ``cpu_s``, ``peak_mib`` and the versions.
+at a time), ``threads``, ``device``, ``batch`` (prompts a forward) and ``grad_batch`` (prompts a forward of EAP and
+EAP-IG). ``OUT.json`` gets ``clean`` (the intact metric), ``scores`` (``{"L0H1 -> L1H2.q": score}``,
+auto-circuit's edges in the project's names), ``others`` (each prompt's best other candidate), ``n_edges``,
+``wall_s``, ``cpu_s``, ``peak_mib`` and the versions.
 
 The model: the folder's weights in ``transformers.LlamaForCausalLM`` (an explicit ``LlamaConfig``: the project's
 config.json is written by a newer transformers), converted by TransformerLens's own ``convert_llama_weights`` into
@@ -106,8 +107,8 @@ def edge_key(edge: Any) -> str:
     return f"{node_name(edge.src.name)} -> {node_name(edge.dest.name)}"
 
 
-def batches(job: dict, others: list[int]) -> list[tuple[float, list[int], Any]]:
-    """(share of the prompts, the prompts, a one-batch ``PromptDataLoader`` of them) per group of at most ``batch``
+def batches(job: dict, others: list[int], size: int) -> list[tuple[float, list[int], Any]]:
+    """(share of the prompts, the prompts, a one-batch ``PromptDataLoader`` of them) per group of at most ``size``
     prompts of one length."""
     from auto_circuit.data import PromptDataLoader, PromptDataset
 
@@ -117,8 +118,8 @@ def batches(job: dict, others: list[int]) -> list[tuple[float, list[int], Any]]:
         by_len.setdefault(len(s["prompt"]), []).append(i)
     out = []
     for _, idx in sorted(by_len.items()):
-        for k in range(0, len(idx), job["batch"]):
-            part = idx[k:k + job["batch"]]
+        for k in range(0, len(idx), size):
+            part = idx[k:k + size]
             prompts = [torch.tensor(samples[i]["prompt"]) for i in part]
             answers = [torch.tensor([samples[i]["cands"][samples[i]["gold"]][0]]) for i in part]
             wrong = [torch.tensor([samples[i]["cands"][others[i]][0]]) for i in part]
@@ -145,7 +146,7 @@ def run(job: dict) -> dict:
     from auto_circuit.types import AblationType
     from auto_circuit.utils.graph_utils import patch_mode, patchable_model
 
-    samples = job["samples"]
+    samples, tool = job["samples"], job["tool"]
     if any(len(c) != 1 for s in samples for c in s["cands"]):
         raise ValueError("auto-circuit reads one position's logits (slice_output='last_seq'): every candidate must "
                          "be one token")
@@ -159,9 +160,8 @@ def run(job: dict) -> dict:
             others += o
     pm = patchable_model(model, factorized=True, slice_output="last_seq", separate_qkv=True,
                          device=torch.device(job["device"]))
-    loaders = batches(job, others)
+    loaders = batches(job, others, job["batch"] if tool == "ac-exact" else job.get("grad_batch", job["batch"]))
     edges = sorted(pm.edges, key=lambda e: (e.dest.module_name, e.patch_idx))
-    tool = job["tool"]
     if tool == "ac-exact":
         from auto_circuit.utils.ablation_activations import src_ablations
 
