@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -275,6 +276,27 @@ def llama_config(folder: str) -> dict:
             "hidden_act": c.hidden_act, "attention_bias": False, "mlp_bias": False}
 
 
+def one_token_task(args: argparse.Namespace, template: str, model: Any) -> Any:
+    """KV retrieval with values 0-9 and each candidate cut before its line break (``"5"``, not ``"5\\n"``): one
+    token per candidate where digits are tokens of their own (SmolLM2), as auto-circuit's metrics need."""
+    task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template=template, seed=args.seed, max_value=9,
+                       words=getattr(model, "kv_words", None))
+    task.samples = tuple(dataclasses.replace(s, candidates=tuple(c.rstrip("\n") for c in s.candidates))
+                         for s in task.samples)
+    return task
+
+
+def shared_first_tokens(sample: dict) -> dict:
+    """``sample`` with the first tokens that all its candidates share moved to its prompt (SmolLM2's space before a
+    digit): they add the same log-probability to every candidate, so the logit difference, its gradient and every
+    ablation's effect on it are unchanged, and auto-circuit, which reads one position's logits, can take it."""
+    cands = sample["cands"]
+    n = 0
+    while all(len(c) > n + 1 for c in cands) and len({c[n] for c in cands}) == 1:
+        n += 1
+    return {**sample, "prompt": sample["prompt"] + cands[0][:n], "cands": [c[n:] for c in cands]}
+
+
 def exact_items(model: Any, screens: list[dict[str, float]], limit: int) -> dict[str, tuple[list, list[str]]]:
     """The edges to leave out one at a time, keyed by the edge circuit's names (a grouped-query KV group's input is
     one receiver, ``S -> L5H0+L5H1+L5H2.k``), each with its wires (every position class) and the per-head edges it
@@ -325,7 +347,7 @@ def edge_rows(model: Any, task: Any, tools: list[str], args: argparse.Namespace,
                          "drops": screen_scores(scr.table), "ig_steps": ig, **t}
     error, job = why, {}
     if any(t in AC_TOOLS for t in tools) and ac_py is not None:
-        samples = export_task(model, task)
+        samples = [shared_first_tokens(smp) for smp in export_task(model, task)]
         try:
             job = {"model_dir": model_dir(model), "hf_config": llama_config(model_dir(model)), "samples": samples,
                    "threads": args.threads, "device": args.device, "batch": batch, "ig_steps": args.ig_steps,
@@ -528,8 +550,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ac-grad-batch", type=int, default=0, help="prompts a forward of auto-circuit's EAP and EAP-IG "
                                                                  "(0: as ours; its backward keeps every receiver's "
                                                                  "differences to all its senders)")
-    ap.add_argument("--edge-max-value", type=int, default=0, help="the edge rows' task: values 0..N (0: the scan's "
-                                                                  "task; SmolLM2 needs 9 for one-token answers)")
+    ap.add_argument("--edge-one-token", action="store_true", help="the edge rows' task: values 0-9, each candidate "
+                                                                  "without the line break after it (one token on "
+                                                                  "SmolLM2; auto-circuit reads one position)")
     ap.add_argument("--peers-venv", default=str(cache_dir() / "peers-venv"))
     ap.add_argument("--ac-venv", default=str(cache_dir() / "auto-circuit-venv"),
                     help="auto-circuit's environment (built on first use; TransformerLens 2)")
@@ -604,9 +627,7 @@ def main(argv: list[str] | None = None) -> int:
             found = [{"tool": t, "error": "auto-circuit's graphs are HookedTransformer's (TransformerLens 2 has no "
                       "Mamba-2)" if t in AC_TOOLS else "not measured on Mamba-2 here"} for t in edge_tools]
         elif edge_tools:
-            et = task if not args.edge_max_value else KVRetrieval(
-                n_pairs=args.pairs, n_samples=args.samples, template=task.template, seed=args.seed,
-                max_value=args.edge_max_value, words=getattr(model, "kv_words", None))
+            et = task if not args.edge_one_token else one_token_task(args, task.template, model)
             found = edge_rows(model, et, edge_tools, args, tmp, sizes["batch"], ac_py, ac_why)
         for r in found if edge_tools else []:
             r["model"] = label
@@ -626,6 +647,11 @@ def main(argv: list[str] | None = None) -> int:
         if path:
             done = {(r["model"], r["tool"]) for r in rows}
             rows += [r for r in json.loads(Path(path).read_text()) if (r["model"], r["tool"]) not in done]
+    for r in rows:  # the edge rows against the references and exact effects of every run read (--include too)
+        if r["tool"] in EDGE_TOOLS and "error" not in r:
+            same = {x["tool"]: x for x in rows if x["model"] == r["model"] and "error" not in x}
+            exact = same.get("gna-edge-exact", same.get("ac-exact"))
+            r.update(edge_agreement(r, same.get(EDGE_REF[r["tool"]], r), exact))
     lines = table(rows)
     print("\n" + "\n".join(lines))
     if any(r["tool"] in EDGE_TOOLS and "error" not in r for r in rows):
@@ -659,14 +685,19 @@ NOTES_HEAD = """# gna scan beside its peers
 The per-head zero-ablation scan of one model on one task, measured with each tool in one run
 (`benchmarks/peers.py`; each tool in a process of its own). Drops are the intact metric (mean over prompts of the
 gold candidate's summed log-probability minus the best other candidate's) minus the metric with the head's output
-set to zero."""
+set to zero. The edge rows score the edges of the whole graph instead of heads -- edge attribution (EAP, EAP-IG) and
+each edge left out alone, ours beside auto-circuit's -- with their agreement in full in the second table."""
 
 NOTES_TAIL = """Columns: *heads* the heads a row measured; *wall s* / *CPU s* the whole row (CPU: `time.process_time`, the
 fair clock on shared cores); *peak MiB* the resident-set growth during the row (the tool's process, the model
 already loaded); *max abs diff* against `gna exact`'s drops on the heads both measured (attribution rows: against
 `gna attribution`'s estimates; pattern rows: against `gna patterns()` at real tokens); *top-10 overlap* where both
 ranked 10 heads or more; *CPU vs gna* the row's CPU seconds over the reference's (per head for scans, total for
-attribution and patterns: one pass covers every head).
+attribution and patterns: one pass covers every head). Edge rows: *heads* the edges scored or left out, *CPU s/head*
+per edge, *max abs diff* and *top-10 overlap* (by |score|) against our row of the same kind (`gna edge screen (EAP)`,
+`(EAP-IG)`, `EdgeCircuit.run_without`), *CPU vs gna* total over total. The second table adds Spearman's rank
+correlation and the top-20 overlap, and each estimate against the exact effects of the edges left out one at a time
+(ours).
 
 ## How each tool was called
 
@@ -693,21 +724,75 @@ attribution and patterns: one pass covers every head).
   `logits_to_keep` passed in `base`.
 - **gna**: `scan_heads(model, task, heads=..., strategy="exact" | "auto" | "attribution")` (attribution rows: its
   `est_drop`), `patterns(model, batch, heads=...)`.
-- **auto-circuit** 1.0.1 (edge attribution, EAP / EAP-IG) is not in the table: it works on TransformerLens 1-2's
-  `HookedTransformer` (removed in TransformerLens 4), so it needs an environment of its own with an older
-  TransformerLens and the model converted to a `HookedTransformer`; not built yet.
+- **gna**, edges: `screen_edges(model, task, "zero", verify=0, ig_steps=0 | 10)` (its scores summed over the
+  position classes items / decision / other: auto-circuit's edges cover every position at once), and
+  `EdgeCircuit(model, task, "zero", senders="all").run_without([...])`, one set per edge: its wires at every position
+  class.
+- **auto-circuit** 1.0.1 (`benchmarks/peers_autocircuit.py`, from an environment of its own with TransformerLens
+  2.18.0 and transformers 4.57.6: auto-circuit wraps TransformerLens 2's `HookedTransformer`, which TransformerLens 4
+  removed): the model folder's safetensors in `transformers.LlamaForCausalLM`, converted by TransformerLens's
+  `convert_llama_weights` into a `HookedTransformer` with `use_attn_result`, `use_split_qkv_input`,
+  `use_hook_mlp_in` (and `ungroup_grouped_query_attention` for grouped-query attention), no weight processing;
+  `patchable_model(model, factorized=True, slice_output="last_seq", separate_qkv=True)`; a `PromptDataset` of the
+  same token ids with the gold candidate as the answer and the intact model's best other candidate as the wrong
+  answer, one batch per prompt length (its forward takes no attention mask, so a batch holds no padding), each
+  batch's mean weighted by its share of the prompts. *EAP*: `mask_gradient_prune_scores(grad_function="logit",
+  answer_function="avg_diff", mask_val=0.0, ablation_type=AblationType.ZERO)` (with one answer and one wrong answer
+  the logit difference is the log-probability difference); *EAP-IG*: the same with `integrated_grad_samples=10`
+  (auto-circuit sums the gradients at the 11 mask values 0, 0.1, ..., 1; the table divides by 11); *each edge*:
+  `patch_mode(model, src_ablations(model, ids, AblationType.ZERO), edges=[edge])` and a forward, one per edge.
+  Names: `Resid Start` is `embed`, `A1.2` is `L1H2`, `A1.2.Q` is `L1H2.q`, `MLP 0` is `MLP0`, `Resid End` is
+  `logits`. SmolLM2's rows use values 0-9 and candidates without their line break (`--edge-one-token`): its digits
+  are tokens of their own, and auto-circuit's metrics read one position.
+
+## Edge attribution beside auto-circuit
+
+Both score the same graph -- senders the embeddings, every head, every MLP; receivers every head's q, k and v input,
+every MLP's input and the logits -- with the same first-order formula, `(write - ablated write) . d metric / d
+receiver input`, so with zero ablation and the same metric the EAP scores should agree to float precision, and they
+do, as do the exact effects of leaving one edge out (every other edge kept). Where they differ:
+
+- **Positions.** Ours splits every edge into three classes of positions (the items, the decision, every other
+  token; edges into the logits are read at the decision); auto-circuit's edges cover every position at once, or, for
+  prompts of one length, each token position alone (`seq_len`). The rows sum ours over the classes.
+- **Grouped-query attention.** auto-circuit gives each query head its own K and V inputs: it needs TransformerLens's
+  `ungroup_grouped_query_attention`, without which its masks do not fit the grouped `hook_k_input` (a shape error in
+  its forward). That is the per-head K/V edge of our screen (the head's own path). Our edge circuit has one K and one
+  V input per group, so on SmolLM2 an edge into a group's K or V is left out of every head of the group, in both
+  tools (auto-circuit: its edges into each head of the group at once); the screens' estimate of it is the sum over
+  the group's heads.
+- **EAP-IG with zero ablation.** Both integrate the gradient along the path from the ablated model to the intact
+  one, ours at `ig_steps` midpoints (`α = (k + ½) / n`) of sender outputs scaled by `α`, auto-circuit at the
+  `n + 1` mask values `0, 1/n, ..., 1` of every edge, both ends included. With zero ablation on a pre-norm model
+  the path is degenerate: every block reads a normalised stream, so scaling all writes by `α` scales the whole
+  stream by `α`, the model computes the same function and the gradient at the receivers grows as `1/α`. EAP-IG is
+  then very nearly EAP times a constant -- ours `Σ_k 1/(k + ½)` (4.27 at 10 steps), auto-circuit's `Σ_{k<n} n/(n - k) / (n +
+  1)` (2.66 at 10 samples) -- and ranks the edges as EAP does, except where auto-circuit's end point `m = 1` (every
+  receiver reads zero) meets a norm: the final RMSNorm's gradient at zero is `1/√eps`, so `embed -> logits` takes a
+  score hundreds of times its EAP score and tops auto-circuit's ranking. Mean ablation, or auto-circuit's default
+  (a corrupt prompt's activations), moves between two different streams and does not collapse the path.
+- **What neither sees.** An edge from the embeddings into a layer-0 head's q, k or v is that input's whole stream:
+  zero-ablating it zeroes the head's input, but a pre-norm input is scale-free (`x · ∂f/∂x = 0`), so its first-order
+  score is zero in both tools while leaving it out is the largest exact effect of the zoo transformer's graph.
+- **Cost.** auto-circuit's backward keeps, for every receiver module, the difference of its input to each sender's
+  ablation (`[senders, batch, positions, d_model]`): on SmolLM2 its EAP ran one prompt a forward
+  (`--ac-grad-batch 1`). Our screen's time includes building the edge table's `verifiable` column (an
+  `EdgeCircuit`, even with `verify=0`) and tokenising the prompts, which on the zoo transformer cost more than its
+  forward and backward.
 
 ## What each can and cannot do
 
-| | TransformerLens 4.3 | nnsight 0.8 | pyvene 0.1.8 | gna_interp |
-|---|---|---|---|---|
-| attention heads, GQA | yes (`hook_z` per query head) | yes (any module's input/output) | yes for the model types it maps (Llama, GPT-2, ...) | yes |
-| Mamba-2 / SSM heads | yes: the mixer's `out_proj.hook_in` columns | yes: any module | no: no mapping for Mamba (a row of the table) | yes (`ssm2` heads, implicit attention) |
-| hybrids (Jamba, Bamba, ...) | adapters for several | any module | no | yes |
-| multi-token candidates | by hand (the metric reads the logits) | by hand | by hand | planned rows, packed per prompt |
-| several heads per forward | by hand (batch copies, hooks index them) | by hand, or one invoke per copy | per-example unit locations | stacked replays |
-| prompt reuse across heads | no: each ablation reruns the prompt | no | no | clean prefix, replay from the head's layer |
-| attribution | backward hooks on any hook | `.grad` inside `loss.backward()` | trainable interventions (DAS), not gradient attribution | one pass, with the cancellation mass and a bound |
+| | TransformerLens 4.3 | nnsight 0.8 | pyvene 0.1.8 | auto-circuit 1.0.1 | gna_interp |
+|---|---|---|---|---|---|
+| attention heads, GQA | yes (`hook_z` per query head) | yes (any module's input/output) | yes for the model types it maps (Llama, GPT-2, ...) | TransformerLens 2's `HookedTransformer` only; GQA with `ungroup_grouped_query_attention` | yes |
+| Mamba-2 / SSM heads | yes: the mixer's `out_proj.hook_in` columns | yes: any module | no: no mapping for Mamba (a row of the table) | no: TransformerLens 2 has no Mamba (a row of the table) | yes (`ssm2` heads, implicit attention) |
+| hybrids (Jamba, Bamba, ...) | adapters for several | any module | no | no | yes |
+| multi-token candidates | by hand (the metric reads the logits) | by hand | by hand | no: its metrics read one position's logits | planned rows, packed per prompt |
+| several heads per forward | by hand (batch copies, hooks index them) | by hand, or one invoke per copy | per-example unit locations | any set of edges a forward (its masks), one set a forward | stacked replays |
+| prompt reuse across heads | no: each ablation reruns the prompt | no | no | a cached prefix that clean and corrupt prompts share | clean prefix, replay from the head's layer |
+| attribution | backward hooks on any hook | `.grad` inside `loss.backward()` | trainable interventions (DAS), not gradient attribution | edges: EAP, EAP-IG (mask gradients), ACDC, subnetwork probing | one pass, with the cancellation mass and a bound |
+| edges of the whole graph | by hand (split q/k/v inputs, per-head results) | by hand | no | every position at once, or each position of equal-length prompts | three position classes; exact edge circuits and path patching |
+| padding | attention masks | attention masks | attention masks | none: a batch holds prompts of one length | attention masks |
 """
 
 

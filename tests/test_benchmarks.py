@@ -131,3 +131,11 @@ def test_autocircuit_edge_attribution_equals_the_edge_screen(tmp_path):
     assert "error" not in rows["ac-eap"] and "error" not in rows["ac-exact"], done.stdout[-2000:]
     assert rows["ac-eap"]["compared_heads"] == len(rows["gna-eap"]["drops"]) > 0
     assert rows["ac-eap"]["max_abs_diff"] < 1e-4 and rows["ac-exact"]["max_abs_diff"] < 1e-4, done.stdout[-2000:]
+
+
+def test_the_first_tokens_every_candidate_shares_join_the_prompt():
+    peers = _benchmark("peers")
+    got = peers.shared_first_tokens({"prompt": [1, 2], "cands": [[9, 5], [9, 6], [9, 7, 8]], "gold": 0})
+    assert got == {"prompt": [1, 2, 9], "cands": [[5], [6], [7, 8]], "gold": 0}
+    same = {"prompt": [1], "cands": [[9], [9, 4]], "gold": 1}  # a candidate keeps one token at least
+    assert peers.shared_first_tokens(same) == same
