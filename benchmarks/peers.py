@@ -766,11 +766,12 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
   `n + 1` mask values `0, 1/n, ..., 1` of every edge, both ends included. With zero ablation on a pre-norm model
   the path is degenerate: every block reads a normalised stream, so scaling all writes by `α` scales the whole
   stream by `α`, the model computes the same function and the gradient at the receivers grows as `1/α`. EAP-IG is
-  then very nearly EAP times a constant -- ours `Σ_k 1/(k + ½)` (4.27 at 10 steps), auto-circuit's `Σ_{k<n} n/(n - k) / (n +
-  1)` (2.66 at 10 samples) -- and ranks the edges as EAP does, except where auto-circuit's end point `m = 1` (every
-  receiver reads zero) meets a norm: the final RMSNorm's gradient at zero is `1/√eps`, so `embed -> logits` takes a
-  score hundreds of times its EAP score and tops auto-circuit's ranking. Mean ablation, or auto-circuit's default
-  (a corrupt prompt's activations), moves between two different streams and does not collapse the path.
+  then very nearly EAP times a constant -- ours `Σ_k 1/(k + ½)` (4.27 at 10 steps), auto-circuit's
+  `Σ_{k<n} n/(n - k) / (n + 1)` (2.66 at 10 samples) -- and ranks the edges as EAP does, except where
+  auto-circuit's end point `m = 1` (every receiver reads zero) meets a norm: the final RMSNorm's gradient at zero is
+  `1/√eps`, so `embed -> logits` takes a score hundreds of times its EAP score and tops auto-circuit's ranking.
+  Mean ablation, or auto-circuit's default (a corrupt prompt's activations), moves between two different streams and
+  does not collapse the path.
 - **What neither sees.** An edge from the embeddings into a layer-0 head's q, k or v is that input's whole stream:
   zero-ablating it zeroes the head's input, but a pre-norm input is scale-free (`x · ∂f/∂x = 0`), so its first-order
   score is zero in both tools while leaving it out is the largest exact effect of the zoo transformer's graph.
