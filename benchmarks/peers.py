@@ -18,12 +18,24 @@ Rows (each in a process of its own, ``benchmarks/peers_worker.py``, so that peak
   generic_activation_patch`` with an ablation setter; ``TransformerLens best``: the bridge's ``hooks`` context,
   heads stacked over batch copies, the prompt's key/value cache continued by the candidates, logits at the reads;
 - ``nnsight plain`` / ``best``, ``pyvene plain`` / ``best``: the same two forms in each tool's idiom (see
-  ``peers_worker.py``).
+  ``peers_worker.py``);
+- edge rows (Llama models; ``benchmarks/peers_autocircuit.py``): edge attribution over the whole graph (embeddings,
+  heads, MLPs -> each head's q/k/v, each MLP's input, the logits), zero ablation, the logit difference of the gold
+  candidate and the intact model's best other one: ``gna edge screen`` (:func:`gna_interp.circuits.edge_screen.
+  screen_edges` with ``verify=0``, EAP and EAP-IG with ``--ig-steps``) against auto-circuit's
+  ``mask_gradient_prune_scores`` (``mask_val=0`` and ``integrated_grad_samples``) on the same token ids, then each
+  edge left out alone by both (:meth:`gna_interp.circuits.edge_circuit.EdgeCircuit.run_without`, auto-circuit's
+  ``patch_mode``): every edge up to ``--edge-exact``, else the screens' strongest. Our scores are summed over the
+  position classes (auto-circuit's edges cover every position at once).
 
 TransformerLens is a dependency of the project and always runs; nnsight and pyvene run from a virtual environment
 this script builds on first use (``--peers-venv``, default ``$GNA_CACHE/peers-venv`` or ``~/.cache/gna_interp/
 peers-venv``: torch 2.13.0 first, then transformers 5.23.0, nnsight 0.8.1, pyvene 0.1.8), or are skipped with the
-reason when it cannot be built (``--no-build``: use it only if it is there).
+reason when it cannot be built (``--no-build``: use it only if it is there). auto-circuit 1.0.1 wraps TransformerLens
+2's ``HookedTransformer``, which TransformerLens 4 no longer has: it runs from an environment of its own
+(``--ac-venv``, default ``$GNA_CACHE/auto-circuit-venv``: torch 2.13.0, then transformers 4.57.6, transformer-lens
+2.18.0, auto-circuit 1.0.1, and pyarrow 21.0.0, which loads with the NumPy 1 that TransformerLens 2 pins where the
+newest pyarrow does not), built and skipped alike.
 
 The plain forms cost the same per head whatever head they remove, so on SmolLM2 they run on ``--plain-heads`` heads
 (the best forms and ours on ``--heads``); the table gives seconds per head. Agreement: max |drop difference| against
@@ -35,7 +47,10 @@ resident-set growth during the scan.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
+import math
 import os
 import platform
 import subprocess
@@ -43,7 +58,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -70,6 +85,17 @@ LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "Transfo
 PATTERNS = ("gna-patterns", "tl-cache-plain", "tl-cache-best")
 MAMBA_TOOLS = ("gna-exact", "gna-auto", "tl-plain", "nnsight-plain", "pyvene-plain")
 ATTRIBUTION = ("gna-attribution", "tl-attr", "nnsight-attr")  # estimates: compared with gna attribution
+# edge attribution over the whole graph (ours: gna_interp.circuits.edge_screen; auto-circuit in its own environment)
+AC_PINS = ["transformers==4.57.6", "transformer-lens==2.18.0", "auto-circuit==1.0.1", "pyarrow==21.0.0"]
+AC_TOOLS = ("ac-eap", "ac-eapig", "ac-exact")
+EDGE_TOOLS = ("gna-eap", "gna-eapig", "gna-edge-exact") + AC_TOOLS
+EDGE_REF = {"gna-eap": "gna-eap", "ac-eap": "gna-eap", "gna-eapig": "gna-eapig", "ac-eapig": "gna-eapig",
+            "gna-edge-exact": "gna-edge-exact", "ac-exact": "gna-edge-exact"}
+LABELS.update({"gna-eap": "gna edge screen (EAP)", "gna-eapig": "gna edge screen (EAP-IG)",
+               "gna-edge-exact": "gna EdgeCircuit.run_without (each edge)",
+               "ac-eap": "auto-circuit EAP (mask_gradient_prune_scores)",
+               "ac-eapig": "auto-circuit EAP-IG (integrated_grad_samples)",
+               "ac-exact": "auto-circuit patch_mode (each edge)"})
 
 
 # ---- the peers' environment ---------------------------------------------------------------------------------------
@@ -83,6 +109,25 @@ def peers_python(venv: Path, build: bool) -> tuple[Path | None, str]:
     print(f"building the peers' environment at {venv} (torch 2.13.0, {', '.join(PEER_PINS)}) ...", flush=True)
     steps = [[sys.executable, "-m", "venv", str(venv)], [str(py), "-m", "pip", "install", "-q", "torch==2.13.0"],
              [str(py), "-m", "pip", "install", "-q", *PEER_PINS]]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True)
+        if done.returncode != 0:
+            return None, f"building {venv} failed at {' '.join(step[-3:])}: {done.stderr.strip()[-300:]}"
+    return py, ""
+
+
+def autocircuit_python(venv: Path, build: bool) -> tuple[Path | None, str]:
+    """auto-circuit's interpreter (building its environment on first use: TransformerLens 2, whose
+    ``HookedTransformer`` auto-circuit wraps, cannot share the project's TransformerLens 4) or None and why not."""
+    py = venv / "bin" / "python"
+    probe = "import auto_circuit.prune_algos.mask_gradient, transformer_lens.HookedTransformer"
+    if py.exists() and subprocess.run([str(py), "-c", probe], capture_output=True).returncode == 0:
+        return py, ""
+    if not build:
+        return None, f"no auto-circuit environment at {venv} (run without --no-build to build it)"
+    print(f"building auto-circuit's environment at {venv} (torch 2.13.0, {', '.join(AC_PINS)}) ...", flush=True)
+    steps = [[sys.executable, "-m", "venv", str(venv)], [str(py), "-m", "pip", "install", "-q", "torch==2.13.0"],
+             [str(py), "-m", "pip", "install", "-q", *AC_PINS]]
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True)
         if done.returncode != 0:
@@ -108,12 +153,12 @@ def export_task(model: Any, task: Any) -> list[dict]:
     return out
 
 
-def run_worker(python: Path, job: dict, tmp: Path) -> dict:
+def run_worker(python: Path, job: dict, tmp: Path, script: str = "peers_worker.py") -> dict:
     """One tool's scan in a fresh process; its JSON, or ``{"error": ...}``."""
     path, out = tmp / f"{job['tool']}-job.json", tmp / f"{job['tool']}-out.json"
     path.write_text(json.dumps(job))
     env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([str(python), str(HERE / "peers_worker.py"), str(path), str(out)], capture_output=True,
+    done = subprocess.run([str(python), str(HERE / script), str(path), str(out)], capture_output=True,
                           text=True, env=env)
     if done.returncode != 0:
         return {"tool": job["tool"], "error": done.stderr.strip().splitlines()[-1][:300] if done.stderr else "failed"}
@@ -185,6 +230,235 @@ def pattern_rows(model: Any, task_prompts: list[str], heads: list) -> list[dict]
     return out
 
 
+# ---- edge attribution over the whole graph: ours against auto-circuit ----------------------------------------------
+def timed(fn: Callable[[], Any]) -> tuple[Any, dict]:
+    """``fn()`` and its wall and CPU seconds and resident-set growth, as the workers measure them."""
+    sys.path.insert(0, str(HERE))
+    from peers_worker import reset_peak, rss_mib
+
+    base, _ = rss_mib()
+    reset_peak()
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    _, peak = rss_mib()
+    return out, {"wall_s": wall, "cpu_s": cpu, "peak_mib": max(0.0, peak - base)}
+
+
+def screen_scores(table: Any) -> dict[str, float]:
+    """An edge screen's scores summed over the position classes (auto-circuit's edges cover every position at
+    once), keyed ``SENDER -> HEAD.INPUT``, ``SENDER -> MLPl`` or ``SENDER -> logits``."""
+    out: dict[str, float] = {}
+    for sender, receiver, inp, score in zip(table["sender"], table["receiver"], table["input"], table["score"]):
+        key = f"{sender} -> {receiver}" if inp in ("mlp", "logits") else f"{sender} -> {receiver}.{inp}"
+        out[key] = out.get(key, 0.0) + float(score)
+    return out
+
+
+def llama_config(folder: str) -> dict:
+    """The numbers of a Llama folder's configuration, from which auto-circuit's worker rebuilds the model under its
+    own transformers (ValueError for another architecture or a scaled RoPE)."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(folder)
+    if c.model_type != "llama":
+        raise ValueError(f"the auto-circuit rows convert Llama models to a HookedTransformer; this is {c.model_type}")
+    rope = dict(getattr(c, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default" or (getattr(c, "rope_scaling", None) or {}).get(
+            "rope_type", "default") != "default":
+        raise ValueError(f"a scaled RoPE ({rope.get('rope_type')}) is not converted here")
+    return {"vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads or c.num_attention_heads,
+            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+            "rms_norm_eps": c.rms_norm_eps, "rope_theta": float(rope.get("rope_theta", getattr(c, "rope_theta", 1e4))),
+            "max_position_embeddings": c.max_position_embeddings, "tie_word_embeddings": bool(c.tie_word_embeddings),
+            "hidden_act": c.hidden_act, "attention_bias": False, "mlp_bias": False}
+
+
+def one_token_task(args: argparse.Namespace, template: str, model: Any) -> Any:
+    """KV retrieval with values 0-9 and each candidate cut before its line break (``"5"``, not ``"5\\n"``): one
+    token per candidate where digits are tokens of their own (SmolLM2), as auto-circuit's metrics need."""
+    task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template=template, seed=args.seed, max_value=9,
+                       words=getattr(model, "kv_words", None))
+    task.samples = tuple(dataclasses.replace(s, candidates=tuple(c.rstrip("\n") for c in s.candidates))
+                         for s in task.samples)
+    return task
+
+
+def shared_first_tokens(sample: dict) -> dict:
+    """``sample`` with the first tokens that all its candidates share moved to its prompt (SmolLM2's space before a
+    digit): they add the same log-probability to every candidate, so the logit difference, its gradient and every
+    ablation's effect on it are unchanged, and auto-circuit, which reads one position's logits, can take it."""
+    cands = sample["cands"]
+    n = 0
+    while all(len(c) > n + 1 for c in cands) and len({c[n] for c in cands}) == 1:
+        n += 1
+    return {**sample, "prompt": sample["prompt"] + cands[0][:n], "cands": [c[n:] for c in cands]}
+
+
+def exact_items(model: Any, screens: list[dict[str, float]], limit: int) -> dict[str, tuple[list, list[str]]]:
+    """The edges to leave out one at a time, keyed by the edge circuit's names (a grouped-query KV group's input is
+    one receiver, ``S -> L5H0+L5H1+L5H2.k``), each with its wires (every position class) and the per-head edges it
+    covers (auto-circuit's, whose K and V inputs are one per query head): every edge up to ``limit``, else the
+    union of each screen's strongest by |score| (a group scored by the sum over its heads)."""
+    from gna_interp.circuits.edge_circuit import CLASSES, Wire, head_inputs
+
+    group: dict[str, tuple[str, list[str]]] = {}
+    for inp in head_inputs(model, skip=True):
+        for h in inp.heads:
+            group[f"{h.name}.{inp.input}"] = (inp.name, [f"{g.name}.{inp.input}" for g in inp.heads])
+    items: dict[str, tuple[list, list[str]]] = {}
+    for key in dict.fromkeys(k for sc in screens for k in sc):
+        sender, receiver = key.split(" -> ")
+        name, members = group.get(receiver, (receiver, [receiver]))
+        ikey = f"{sender} -> {name}"
+        if ikey not in items:
+            wires = [Wire(sender, name, "all")] if name == "logits" else [Wire(sender, name, c) for c in CLASSES]
+            items[ikey] = (wires, [f"{sender} -> {m}" for m in members])
+    if len(items) <= limit:
+        return items
+    keep: set[str] = set()
+    for sc in screens:
+        ranked = sorted(items, key=lambda k: -abs(sum(sc.get(m, 0.0) for m in items[k][1])))
+        keep |= set(ranked[:max(1, limit // len(screens))])
+    return {k: v for k, v in items.items() if k in keep}
+
+
+def edge_rows(model: Any, task: Any, tools: list[str], args: argparse.Namespace, tmp: Path, batch: int,
+              ac_py: Path | None, why: str) -> list[dict]:
+    """Edge attribution of the whole graph (zero ablation, the logit difference): our screen
+    (:func:`~gna_interp.circuits.edge_screen.screen_edges`, ``verify=0``: the estimates alone; EAP and EAP-IG) and
+    auto-circuit's ``mask_gradient_prune_scores`` on the same token ids, then each edge of :func:`exact_items` left
+    out alone by both (our :meth:`~gna_interp.circuits.edge_circuit.EdgeCircuit.run_without`, auto-circuit's
+    ``patch_mode``). Ours run in this process after a warm-up on two prompts."""
+    from gna_interp.circuits.edge_circuit import EdgeCircuit
+    from gna_interp.circuits.edge_screen import screen_edges
+    from gna_interp.tasks.metrics import LOGIT_DIFF, results
+
+    warm = copy.copy(task)
+    warm.samples = task.samples[:2]
+    out: dict[str, dict] = {}
+    for tool, ig in (("gna-eap", 0), ("gna-eapig", args.ig_steps)):
+        if tool in tools:
+            screen_edges(model, warm, "zero", verify=0, batch_size=batch, ig_steps=ig)
+            scr, t = timed(lambda: screen_edges(model, task, "zero", verify=0, batch_size=batch, ig_steps=ig))
+            out[tool] = {"tool": tool, "version": "gna_interp (this tree)", "clean": scr.intact,
+                         "drops": screen_scores(scr.table), "ig_steps": ig, **t}
+    error, job = why, {}
+    if any(t in AC_TOOLS for t in tools) and ac_py is not None:
+        samples = [shared_first_tokens(smp) for smp in export_task(model, task)]
+        try:
+            job = {"model_dir": model_dir(model), "hf_config": llama_config(model_dir(model)), "samples": samples,
+                   "threads": args.threads, "device": args.device, "batch": batch, "ig_steps": args.ig_steps,
+                   "grad_batch": args.ac_grad_batch or batch}
+        except ValueError as e:
+            error = str(e)
+        if not error and any(len(c) != 1 for smp in samples for c in smp["cands"]):
+            error = ("auto-circuit reads one position's logits (slice_output='last_seq'): this task has candidates "
+                     "of several tokens")
+    for tool in ("ac-eap", "ac-eapig"):
+        if tool in tools:
+            r = {"tool": tool, "error": error} if error else run_worker(ac_py, {**job, "tool": tool}, tmp,
+                                                                           "peers_autocircuit.py")
+            if "scores" in r:
+                r["drops"] = r.pop("scores")
+                r["ig_steps"] = args.ig_steps if tool == "ac-eapig" else 0
+            out[tool] = r
+    if "gna-edge-exact" in tools or "ac-exact" in tools:
+        screens = [r["drops"] for r in out.values() if "drops" in r]
+        if not screens:
+            return list(out.values()) + [{"tool": t, "error": "no screen ran to choose the edges"} for t in
+                                         ("gna-edge-exact", "ac-exact") if t in tools]
+        items = exact_items(model, screens, args.edge_exact)
+        if "gna-edge-exact" in tools:
+            def ours(on: Any, sets: list) -> tuple[float, list]:
+                ec = EdgeCircuit(model, on, "zero", None, batch, senders="all")
+                base = LOGIT_DIFF.value(results(ec.clean()))
+                return base, [base - LOGIT_DIFF.value(results(g)) for g in ec.run_without(sets)]
+
+            ours(warm, [next(iter(items.values()))[0]])
+            (base, effects), t = timed(lambda: ours(task, [w for w, _ in items.values()]))
+            out["gna-edge-exact"] = {"tool": "gna-edge-exact", "version": "gna_interp (this tree)", "clean": base,
+                                     "drops": dict(zip(items, effects)), **t}
+        if "ac-exact" in tools:
+            out["ac-exact"] = ({"tool": "ac-exact", "error": error} if error else run_worker(
+                ac_py, {**job, "tool": "ac-exact", "edge_sets": {k: m for k, (_, m) in items.items()}}, tmp,
+                "peers_autocircuit.py"))
+            if "scores" in out["ac-exact"]:
+                out["ac-exact"]["drops"] = out["ac-exact"].pop("scores")
+    rows = [out[t] for t in EDGE_TOOLS if t in out]
+    exact = out.get("gna-edge-exact", out.get("ac-exact"))
+    for r in rows:
+        if "error" not in r:
+            r.update(edge_agreement(r, out.get(EDGE_REF[r["tool"]], r), exact if "drops" in (exact or {}) else None))
+    return rows
+
+
+def edge_agreement(row: dict, ref: dict, exact: dict | None) -> dict:
+    """Against ``ref`` on the edges both score: max |difference|, Spearman's rank correlation, the overlap of the
+    top 10 and top 20 by |score|; against ``exact`` (effects of leaving each measured edge out): the same, an
+    estimate for a KV group's input being the sum over its heads."""
+    import pandas as pd
+
+    def compare(a: dict[str, float], b: dict[str, float]) -> dict:
+        common = [k for k in a if k in b]
+        if not common:
+            return {"n": 0, "max_abs_diff": math.nan, "spearman": math.nan, "top10": math.nan, "top20": math.nan}
+        x, y = pd.Series([a[k] for k in common]), pd.Series([b[k] for k in common])
+        top = {}
+        for k in (10, 20):
+            if len(common) >= k:
+                ta = set(sorted(common, key=lambda e: -abs(a[e]))[:k])
+                top[k] = len(ta & set(sorted(common, key=lambda e: -abs(b[e]))[:k]))
+        return {"n": len(common), "max_abs_diff": float((x - y).abs().max()),
+                "spearman": float(x.rank().corr(y.rank())) if len(common) > 1 else math.nan,
+                "top10": top.get(10, math.nan), "top20": top.get(20, math.nan)}
+
+    vs = compare(row["drops"], ref["drops"])
+    got = {"max_abs_diff": vs["max_abs_diff"], "top10_overlap": vs["top10"], "top20_overlap": vs["top20"],
+           "spearman": vs["spearman"], "compared_heads": vs["n"], "reference": ref["tool"]}
+    if exact is not None:
+        if row["tool"] in ("gna-edge-exact", "ac-exact"):
+            est = row["drops"]
+        else:
+            members = {k: [f"{k.split(' -> ')[0]} -> {m}" for m in _members(k.split(" -> ")[1])]
+                       for k in exact["drops"]}
+            est = {k: sum(row["drops"][m] for m in ms) for k, ms in members.items()
+                   if all(m in row["drops"] for m in ms)}
+        ex = compare(est, exact["drops"])
+        got.update({f"exact_{k}": v for k, v in ex.items()})
+    return got
+
+
+def _members(receiver: str) -> list[str]:
+    """The per-head receiver inputs of an edge circuit's receiver (``L5H0+L5H1.k`` -> ``L5H0.k``, ``L5H1.k``)."""
+    if "+" not in receiver:
+        return [receiver]
+    heads, inp = receiver.rsplit(".", 1)
+    return [f"{h}.{inp}" for h in heads.split("+")]
+
+
+def edge_table(rows: list[dict]) -> list[str]:
+    """The edge rows' agreement in full: against the reference row (``gna`` EAP, EAP-IG, exact) and against the
+    exact effects of the edges measured one at a time."""
+    lines = ["| model | tool | edges | against | max abs diff | Spearman | top-10 | top-20 | edges left out | "
+             "max abs diff vs exact | Spearman vs exact | top-10 vs exact |", "|" + "---|" * 12]
+
+    def f(v: Any, fmt: str) -> str:
+        return "-" if v is None or v != v else format(v, fmt)
+
+    for r in rows:
+        if r["tool"] not in EDGE_TOOLS or "error" in r:
+            continue
+        lines.append(f"| {r['model']} | {LABELS[r['tool']]} | {len(r['drops'])} | {LABELS[r['reference']]} | "
+                     f"{f(r['max_abs_diff'], '.1e')} | {f(r['spearman'], '.4f')} | {f(r['top10_overlap'], '.0f')} | "
+                     f"{f(r['top20_overlap'], '.0f')} | {f(r.get('exact_n'), 'd')} | "
+                     f"{f(r.get('exact_max_abs_diff'), '.1e')} | {f(r.get('exact_spearman'), '.4f')} | "
+                     f"{f(r.get('exact_top10'), '.0f')} |")
+    return lines
+
+
 # ---- agreement and the table --------------------------------------------------------------------------------------
 def agreement(row: dict, ref: dict) -> dict:
     """Max |drop difference| against ``ref`` on the heads both measured exactly; top-10 overlap where both have 10."""
@@ -208,7 +482,8 @@ def table(rows: list[dict]) -> list[str]:
     lines = [head, "|" + "---|" * 10]
     ref_cpu: dict[tuple[str, str], float] = {}
     for r in rows:
-        if r["tool"] in ("gna-exact", "gna-attribution", "gna-patterns") and "cpu_s" in r:
+        if r["tool"] in ("gna-exact", "gna-attribution", "gna-patterns", "gna-eap", "gna-eapig",
+                         "gna-edge-exact") and "cpu_s" in r:
             per = r["cpu_s"] / max(1, len(r["drops"])) if r["tool"] == "gna-exact" else r["cpu_s"]
             ref_cpu[(r["model"], r["tool"])] = per
     for r in rows:
@@ -217,9 +492,9 @@ def table(rows: list[dict]) -> list[str]:
             lines.append(f"| {r['model']} | {name} | - | - | - | - | - | not run: {r['error']} | - | - |")
             continue
         n = max(1, len(r["drops"]))
-        attr = r["tool"] in ATTRIBUTION + PATTERNS
+        attr = r["tool"] in ATTRIBUTION + PATTERNS + EDGE_TOOLS
         ref = ref_cpu.get((r["model"], "gna-attribution" if r["tool"] in ATTRIBUTION else
-                           "gna-patterns" if r["tool"] in PATTERNS else "gna-exact"))
+                           "gna-patterns" if r["tool"] in PATTERNS else EDGE_REF.get(r["tool"], "gna-exact")))
         mine = r["cpu_s"] if attr else r["cpu_s"] / n
         speed = f"{mine / ref:.1f}x" if ref else "-"
         top = "-" if r["top10_overlap"] != r["top10_overlap"] else f"{int(r['top10_overlap'])}/10"
@@ -266,12 +541,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tools", default=",".join(("gna-exact", "gna-auto", "gna-attribution") + TL_TOOLS + PEER_TOOLS
-                                                + ("patterns",)))
+                                                + ("patterns",) + EDGE_TOOLS))
     ap.add_argument("--pattern-prompts", type=int, default=64, help="prompts of the patterns rows")
+    ap.add_argument("--ig-steps", type=int, default=10, help="EAP-IG: our ig_steps, auto-circuit's "
+                                                             "integrated_grad_samples")
+    ap.add_argument("--edge-exact", type=int, default=200, help="edges left out one at a time by each tool (every "
+                                                                "edge up to this many, else the screens' strongest)")
+    ap.add_argument("--ac-grad-batch", type=int, default=0, help="prompts a forward of auto-circuit's EAP and EAP-IG "
+                                                                 "(0: as ours; its backward keeps every receiver's "
+                                                                 "differences to all its senders)")
+    ap.add_argument("--edge-one-token", action="store_true", help="the edge rows' task: values 0-9, each candidate "
+                                                                  "without the line break after it (one token on "
+                                                                  "SmolLM2; auto-circuit reads one position)")
     ap.add_argument("--peers-venv", default=str(cache_dir() / "peers-venv"))
-    ap.add_argument("--no-build", action="store_true", help="do not build the peers' environment")
+    ap.add_argument("--ac-venv", default=str(cache_dir() / "auto-circuit-venv"),
+                    help="auto-circuit's environment (built on first use; TransformerLens 2)")
+    ap.add_argument("--no-build", action="store_true", help="do not build the peers' or auto-circuit's environment")
     ap.add_argument("--smallest", action="store_true", help="seconds: the zoo transformer, 4 prompts, 3 pairs, "
-                                                            "no environment built, no nnsight / pyvene plain loops")
+                                                            "no environment built, no nnsight / pyvene plain loops, "
+                                                            "no auto-circuit, no edge left out")
     ap.add_argument("--markdown", nargs="?", const=str(HERE.parent / "docs" / "peers.md"), default=None,
                     help="write the table and notes as Markdown (default docs/peers.md)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
@@ -281,13 +569,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.smallest:
         args.models, args.samples, args.pairs, args.no_build, args.pattern_prompts = "zoo", 4, 3, True, 8
-        if args.tools == ap.get_default("tools"):  # the peers' plain loops are the tools' idiom of the TL loop
-            args.tools = ",".join(t for t in args.tools.split(",") if t not in ("nnsight-plain", "pyvene-plain"))
+        if args.tools == ap.get_default("tools"):  # the peers' plain loops are the tools' idiom of the TL loop;
+            # auto-circuit's rows and the edges left out one at a time take a minute more (tests/test_benchmarks.py
+            # runs them on their own)
+            args.tools = ",".join(t for t in args.tools.split(",") if t not in ("nnsight-plain", "pyvene-plain",
+                                                                                 "gna-edge-exact", *AC_TOOLS))
     torch.set_num_threads(args.threads)
     tools = args.tools.split(",")
     peer_py, why = (None, "")
     if any(t in PEER_TOOLS for t in tools):
         peer_py, why = peers_python(Path(args.peers_venv), not args.no_build)
+    ac_py, ac_why = (None, "")
+    if any(t in AC_TOOLS for t in tools):
+        ac_py, ac_why = autocircuit_python(Path(args.ac_venv), not args.no_build)
     tmp = Path(tempfile.mkdtemp(prefix="gna-peers-"))
     rows: list[dict] = []
     print(f"per-head zero-ablation scan, KV retrieval {args.pairs} pairs, {args.samples} prompts; "
@@ -304,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         site = model.head_site(heads[0])
         job = {"model_dir": model_dir(model), "samples": samples, "threads": args.threads, "device": args.device,
                "kind": heads[0].kind, "head_dim": site.stop - site.start, **sizes}
-        for tool in [t for t in tools if t != "patterns"]:
+        for tool in [t for t in tools if t != "patterns" and t not in EDGE_TOOLS]:
             if name == "mamba2" and tool not in MAMBA_TOOLS:
                 r = {"tool": tool, "error": "not measured on Mamba-2 here (the plain forms show which tools hook it)"}
             elif tool.startswith("gna-"):
@@ -328,6 +622,17 @@ def main(argv: list[str] | None = None) -> int:
                 r.update(agreement(r, ref))
             rows.append(r)
             print(table([r])[-1], flush=True)
+        edge_tools = [t for t in tools if t in EDGE_TOOLS]
+        if edge_tools and name == "mamba2":
+            found = [{"tool": t, "error": "auto-circuit's graphs are HookedTransformer's (TransformerLens 2 has no "
+                      "Mamba-2)" if t in AC_TOOLS else "not measured on Mamba-2 here"} for t in edge_tools]
+        elif edge_tools:
+            et = task if not args.edge_one_token else one_token_task(args, task.template, model)
+            found = edge_rows(model, et, edge_tools, args, tmp, sizes["batch"], ac_py, ac_why)
+        for r in found if edge_tools else []:
+            r["model"] = label
+            rows.append(r)
+            print(table([r])[-1], flush=True)
         if "patterns" in tools and name != "mamba2":
             pt = KVRetrieval(n_pairs=args.pairs, n_samples=args.pattern_prompts, template=task.template,
                              seed=args.seed, words=getattr(model, "kv_words", None))
@@ -342,8 +647,15 @@ def main(argv: list[str] | None = None) -> int:
         if path:
             done = {(r["model"], r["tool"]) for r in rows}
             rows += [r for r in json.loads(Path(path).read_text()) if (r["model"], r["tool"]) not in done]
+    for r in rows:  # the edge rows against the references and exact effects of every run read (--include too)
+        if r["tool"] in EDGE_TOOLS and "error" not in r:
+            same = {x["tool"]: x for x in rows if x["model"] == r["model"] and "error" not in x}
+            exact = same.get("gna-edge-exact", same.get("ac-exact"))
+            r.update(edge_agreement(r, same.get(EDGE_REF[r["tool"]], r), exact))
     lines = table(rows)
     print("\n" + "\n".join(lines))
+    if any(r["tool"] in EDGE_TOOLS and "error" not in r for r in rows):
+        print("\nedge attribution agreement\n" + "\n".join(edge_table(rows)))
     versions = sorted({r.get("version", "") for r in rows if "error" not in r})
     print(f"\nversions: {'; '.join(v for v in versions if v)}; torch {torch.__version__}; python "
           f"{platform.python_version()}; command: python benchmarks/peers.py {' '.join(argv or sys.argv[1:])}")
@@ -373,14 +685,19 @@ NOTES_HEAD = """# gna scan beside its peers
 The per-head zero-ablation scan of one model on one task, measured with each tool in one run
 (`benchmarks/peers.py`; each tool in a process of its own). Drops are the intact metric (mean over prompts of the
 gold candidate's summed log-probability minus the best other candidate's) minus the metric with the head's output
-set to zero."""
+set to zero. The edge rows score the edges of the whole graph instead of heads -- edge attribution (EAP, EAP-IG) and
+each edge left out alone, ours beside auto-circuit's -- with their agreement in full in the second table."""
 
 NOTES_TAIL = """Columns: *heads* the heads a row measured; *wall s* / *CPU s* the whole row (CPU: `time.process_time`, the
 fair clock on shared cores); *peak MiB* the resident-set growth during the row (the tool's process, the model
 already loaded); *max abs diff* against `gna exact`'s drops on the heads both measured (attribution rows: against
 `gna attribution`'s estimates; pattern rows: against `gna patterns()` at real tokens); *top-10 overlap* where both
 ranked 10 heads or more; *CPU vs gna* the row's CPU seconds over the reference's (per head for scans, total for
-attribution and patterns: one pass covers every head).
+attribution and patterns: one pass covers every head). Edge rows: *heads* the edges scored or left out, *CPU s/head*
+per edge, *max abs diff* and *top-10 overlap* (by |score|) against our row of the same kind (`gna edge screen (EAP)`,
+`(EAP-IG)`, `EdgeCircuit.run_without`), *CPU vs gna* total over total. The second table adds Spearman's rank
+correlation and the top-20 overlap, and each estimate against the exact effects of the edges left out one at a time
+(ours).
 
 ## How each tool was called
 
@@ -407,21 +724,76 @@ attribution and patterns: one pass covers every head).
   `logits_to_keep` passed in `base`.
 - **gna**: `scan_heads(model, task, heads=..., strategy="exact" | "auto" | "attribution")` (attribution rows: its
   `est_drop`), `patterns(model, batch, heads=...)`.
-- **auto-circuit** 1.0.1 (edge attribution, EAP / EAP-IG) is not in the table: it works on TransformerLens 1-2's
-  `HookedTransformer` (removed in TransformerLens 4), so it needs an environment of its own with an older
-  TransformerLens and the model converted to a `HookedTransformer`; not built yet.
+- **gna**, edges: `screen_edges(model, task, "zero", verify=0, ig_steps=0 | 10)` (its scores summed over the
+  position classes items / decision / other: auto-circuit's edges cover every position at once), and
+  `EdgeCircuit(model, task, "zero", senders="all").run_without([...])`, one set per edge: its wires at every position
+  class.
+- **auto-circuit** 1.0.1 (`benchmarks/peers_autocircuit.py`, from an environment of its own with TransformerLens
+  2.18.0 and transformers 4.57.6: auto-circuit wraps TransformerLens 2's `HookedTransformer`, which TransformerLens 4
+  removed): the model folder's safetensors in `transformers.LlamaForCausalLM`, converted by TransformerLens's
+  `convert_llama_weights` into a `HookedTransformer` with `use_attn_result`, `use_split_qkv_input`,
+  `use_hook_mlp_in` (and `ungroup_grouped_query_attention` for grouped-query attention), no weight processing;
+  `patchable_model(model, factorized=True, slice_output="last_seq", separate_qkv=True)`; a `PromptDataset` of the
+  same token ids with the gold candidate as the answer and the intact model's best other candidate as the wrong
+  answer, one batch per prompt length (its forward takes no attention mask, so a batch holds no padding), each
+  batch's mean weighted by its share of the prompts. *EAP*: `mask_gradient_prune_scores(grad_function="logit",
+  answer_function="avg_diff", mask_val=0.0, ablation_type=AblationType.ZERO)` (with one answer and one wrong answer
+  the logit difference is the log-probability difference); *EAP-IG*: the same with `integrated_grad_samples=10`
+  (auto-circuit sums the gradients at the 11 mask values 0, 0.1, ..., 1; the table divides by 11); *each edge*:
+  `patch_mode(model, src_ablations(model, ids, AblationType.ZERO), edges=[edge])` and a forward, one per edge.
+  Names: `Resid Start` is `embed`, `A1.2` is `L1H2`, `A1.2.Q` is `L1H2.q`, `MLP 0` is `MLP0`, `Resid End` is
+  `logits`. SmolLM2's rows use values 0-9 and candidates without their line break (`--edge-one-token`): its digits
+  are tokens of their own, and auto-circuit's metrics read one position.
+
+## Edge attribution beside auto-circuit
+
+Both score the same graph -- senders the embeddings, every head, every MLP; receivers every head's q, k and v input,
+every MLP's input and the logits -- with the same first-order formula, `(write - ablated write) . d metric / d
+receiver input`, so with zero ablation and the same metric the EAP scores should agree to float precision, and they
+do, as do the exact effects of leaving one edge out (every other edge kept). Where they differ:
+
+- **Positions.** Ours splits every edge into three classes of positions (the items, the decision, every other
+  token; edges into the logits are read at the decision); auto-circuit's edges cover every position at once, or, for
+  prompts of one length, each token position alone (`seq_len`). The rows sum ours over the classes.
+- **Grouped-query attention.** auto-circuit gives each query head its own K and V inputs: it needs TransformerLens's
+  `ungroup_grouped_query_attention`, without which its masks do not fit the grouped `hook_k_input` (a shape error in
+  its forward). That is the per-head K/V edge of our screen (the head's own path). Our edge circuit has one K and one
+  V input per group, so on SmolLM2 an edge into a group's K or V is left out of every head of the group, in both
+  tools (auto-circuit: its edges into each head of the group at once); the screens' estimate of it is the sum over
+  the group's heads.
+- **EAP-IG with zero ablation.** Both integrate the gradient along the path from the ablated model to the intact
+  one, ours at `ig_steps` midpoints (`α = (k + ½) / n`) of sender outputs scaled by `α`, auto-circuit at the
+  `n + 1` mask values `0, 1/n, ..., 1` of every edge, both ends included. With zero ablation on a pre-norm model
+  the path is degenerate: every block reads a normalised stream, so scaling all writes by `α` scales the whole
+  stream by `α`, the model computes the same function and the gradient at the receivers grows as `1/α`. EAP-IG is
+  then very nearly EAP times a constant -- ours `Σ_k 1/(k + ½)` (4.27 at 10 steps), auto-circuit's
+  `Σ_{k<n} n/(n - k) / (n + 1)` (2.66 at 10 samples) -- and ranks the edges as EAP does, except where
+  auto-circuit's end point `m = 1` (every receiver reads zero) meets a norm: the final RMSNorm's gradient at zero is
+  `1/√eps`, so `embed -> logits` takes a score hundreds of times its EAP score and tops auto-circuit's ranking.
+  Mean ablation, or auto-circuit's default (a corrupt prompt's activations), moves between two different streams and
+  does not collapse the path.
+- **What neither sees.** An edge from the embeddings into a layer-0 head's q, k or v is that input's whole stream:
+  zero-ablating it zeroes the head's input, but a pre-norm input is scale-free (`x · ∂f/∂x = 0`), so its first-order
+  score is zero in both tools while leaving it out is the largest exact effect of the zoo transformer's graph.
+- **Cost.** auto-circuit's backward keeps, for every receiver module, the difference of its input to each sender's
+  ablation (`[senders, batch, positions, d_model]`): on SmolLM2 its EAP ran one prompt a forward
+  (`--ac-grad-batch 1`). Our screen's time includes building the edge table's `verifiable` column (an
+  `EdgeCircuit`, even with `verify=0`) and tokenising the prompts, which on the zoo transformer cost more than its
+  forward and backward.
 
 ## What each can and cannot do
 
-| | TransformerLens 4.3 | nnsight 0.8 | pyvene 0.1.8 | gna_interp |
-|---|---|---|---|---|
-| attention heads, GQA | yes (`hook_z` per query head) | yes (any module's input/output) | yes for the model types it maps (Llama, GPT-2, ...) | yes |
-| Mamba-2 / SSM heads | yes: the mixer's `out_proj.hook_in` columns | yes: any module | no: no mapping for Mamba (a row of the table) | yes (`ssm2` heads, implicit attention) |
-| hybrids (Jamba, Bamba, ...) | adapters for several | any module | no | yes |
-| multi-token candidates | by hand (the metric reads the logits) | by hand | by hand | planned rows, packed per prompt |
-| several heads per forward | by hand (batch copies, hooks index them) | by hand, or one invoke per copy | per-example unit locations | stacked replays |
-| prompt reuse across heads | no: each ablation reruns the prompt | no | no | clean prefix, replay from the head's layer |
-| attribution | backward hooks on any hook | `.grad` inside `loss.backward()` | trainable interventions (DAS), not gradient attribution | one pass, with the cancellation mass and a bound |
+| | TransformerLens 4.3 | nnsight 0.8 | pyvene 0.1.8 | auto-circuit 1.0.1 | gna_interp |
+|---|---|---|---|---|---|
+| attention heads, GQA | yes (`hook_z` per query head) | yes (any module's input/output) | yes for the model types it maps (Llama, GPT-2, ...) | TransformerLens 2's `HookedTransformer` only; GQA with `ungroup_grouped_query_attention` | yes |
+| Mamba-2 / SSM heads | yes: the mixer's `out_proj.hook_in` columns | yes: any module | no: no mapping for Mamba (a row of the table) | no: TransformerLens 2 has no Mamba (a row of the table) | yes (`ssm2` heads, implicit attention) |
+| hybrids (Jamba, Bamba, ...) | adapters for several | any module | no | no | yes |
+| multi-token candidates | by hand (the metric reads the logits) | by hand | by hand | no: its metrics read one position's logits | planned rows, packed per prompt |
+| several heads per forward | by hand (batch copies, hooks index them) | by hand, or one invoke per copy | per-example unit locations | any set of edges a forward (its masks), one set a forward | stacked replays |
+| prompt reuse across heads | no: each ablation reruns the prompt | no | no | a cached prefix that clean and corrupt prompts share | clean prefix, replay from the head's layer |
+| attribution | backward hooks on any hook | `.grad` inside `loss.backward()` | trainable interventions (DAS), not gradient attribution | edges: EAP, EAP-IG (mask gradients), ACDC, subnetwork probing | one pass, with the cancellation mass and a bound |
+| edges of the whole graph | by hand (split q/k/v inputs, per-head results) | by hand | no | every position at once, or each position of equal-length prompts | three position classes; exact edge circuits and path patching |
+| padding | attention masks | attention masks | attention masks | none: a batch holds prompts of one length | attention masks |
 """
 
 

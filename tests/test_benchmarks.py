@@ -71,8 +71,71 @@ def test_a_benchmark_runs_at_its_smallest(name, tmp_path):
         ran = {cells[1].strip(): cells for cells in table if "not run" not in cells[col]}
         assert {"gna exact", "gna auto", "gna attribution", "TransformerLens run_with_hooks loop",
                 "TransformerLens best", "TransformerLens patching.generic_activation_patch",
-                "TransformerLens gradient attribution"} <= set(ran), done.stdout[-3000:]
+                "TransformerLens gradient attribution", "gna edge screen (EAP)",
+                "gna edge screen (EAP-IG)"} <= set(ran), done.stdout[-3000:]
         assert all(float(cells[col]) < 1e-4 for cells in ran.values()), done.stdout[-3000:]
     if name == "scan.py":  # the stacked exact scan equals the naive loops
         diffs = re.search(r"max \|diff\| (\S+) \(scorer\), (\S+) \(full logits\)", done.stdout)
         assert diffs is not None and max(float(diffs[1]), float(diffs[2])) < 1e-4, done.stdout[-2000:]
+
+
+def _benchmark(name: str):
+    """A benchmark module, imported from ``benchmarks/`` (which the module's own imports expect on the path)."""
+    import sys
+
+    folder = str(BENCHMARKS[0].parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)
+
+
+def test_autocircuit_node_names_are_the_edge_screens():
+    ac = _benchmark("peers_autocircuit")
+    assert [ac.node_name(n) for n in ("Resid Start", "A1.2", "A0.3.Q", "A5.0.V", "MLP 4", "Resid End")] == \
+        ["embed", "L1H2", "L0H3.q", "L5H0.v", "MLP4", "logits"]
+
+
+def test_edge_agreement_compares_shared_edges_and_sums_a_kv_group_against_its_exact_effect():
+    peers = _benchmark("peers")
+    ref = {"tool": "gna-eap", "drops": {"embed -> L1H0.q": 1.0, "embed -> L1H0.k": 0.5, "embed -> L1H1.k": 0.25,
+                                        "L0H0 -> logits": -2.0, "embed -> L1H0.other": 9.0}}
+    row = {"tool": "ac-eap", "drops": {"embed -> L1H0.q": 1.0 + 1e-7, "embed -> L1H0.k": 0.5, "embed -> L1H1.k": 0.25,
+                                       "L0H0 -> logits": -2.0}}
+    exact = {"tool": "gna-edge-exact", "drops": {"embed -> L1H0+L1H1.k": 0.7, "L0H0 -> logits": -1.9}}
+    got = peers.edge_agreement(row, ref, exact)
+    assert got["compared_heads"] == 4 and got["max_abs_diff"] < 1e-6 and got["spearman"] == pytest.approx(1.0)
+    assert got["exact_n"] == 2 and got["exact_max_abs_diff"] == pytest.approx(0.1)  # the group: 0.5 + 0.25 vs 0.7
+    assert peers._members("L1H0+L1H1.k") == ["L1H0.k", "L1H1.k"] and peers._members("MLP3") == ["MLP3"]
+
+
+@pytest.mark.slow
+def test_autocircuit_edge_attribution_equals_the_edge_screen(tmp_path):
+    """auto-circuit's EAP and its edges left out one at a time equal ours on the zoo transformer (zero ablation,
+    the logit difference): needs auto-circuit's environment, which ``benchmarks/peers.py`` builds on first use."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    peers = _benchmark("peers")
+    venv = peers.cache_dir() / "auto-circuit-venv"
+    if peers.autocircuit_python(venv, build=False)[0] is None:
+        pytest.skip(f"no auto-circuit environment at {venv} (benchmarks/peers.py --models zoo builds it)")
+    out = tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS[0].parent / "peers.py"), "--models", "zoo", "--samples",
+                           "4", "--pairs", "3", "--threads", "1", "--no-build", "--edge-exact", "30", "--tools",
+                           "gna-eap,ac-eap,gna-edge-exact,ac-exact", "--json", str(out)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["tool"]: r for r in json.loads(out.read_text())}
+    assert "error" not in rows["ac-eap"] and "error" not in rows["ac-exact"], done.stdout[-2000:]
+    assert rows["ac-eap"]["compared_heads"] == len(rows["gna-eap"]["drops"]) > 0
+    assert rows["ac-eap"]["max_abs_diff"] < 1e-4 and rows["ac-exact"]["max_abs_diff"] < 1e-4, done.stdout[-2000:]
+
+
+def test_the_first_tokens_every_candidate_shares_join_the_prompt():
+    peers = _benchmark("peers")
+    got = peers.shared_first_tokens({"prompt": [1, 2], "cands": [[9, 5], [9, 6], [9, 7, 8]], "gold": 0})
+    assert got == {"prompt": [1, 2, 9], "cands": [[5], [6], [7, 8]], "gold": 0}
+    same = {"prompt": [1], "cands": [[9], [9, 4]], "gold": 1}  # a candidate keeps one token at least
+    assert peers.shared_first_tokens(same) == same
