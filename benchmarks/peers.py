@@ -99,35 +99,23 @@ LABELS.update({"gna-eap": "gna edge screen (EAP)", "gna-eapig": "gna edge screen
 
 
 # ---- the peers' environment ---------------------------------------------------------------------------------------
-def peers_python(venv: Path, build: bool) -> tuple[Path | None, str]:
-    """The peers' interpreter (building the environment on first use) or None and why not."""
-    py = venv / "bin" / "python"
-    if py.exists() and subprocess.run([str(py), "-c", "import nnsight, pyvene"], capture_output=True).returncode == 0:
-        return py, ""
-    if not build:
-        return None, f"no peer environment at {venv} (run without --no-build to build it)"
-    print(f"building the peers' environment at {venv} (torch 2.13.0, {', '.join(PEER_PINS)}) ...", flush=True)
-    steps = [[sys.executable, "-m", "venv", str(venv)], [str(py), "-m", "pip", "install", "-q", "torch==2.13.0"],
-             [str(py), "-m", "pip", "install", "-q", *PEER_PINS]]
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode != 0:
-            return None, f"building {venv} failed at {' '.join(step[-3:])}: {done.stderr.strip()[-300:]}"
-    return py, ""
+PEER_PROBE = "import nnsight, pyvene"
+AC_PROBE = "import auto_circuit.prune_algos.mask_gradient, transformer_lens.HookedTransformer"
 
 
-def autocircuit_python(venv: Path, build: bool) -> tuple[Path | None, str]:
-    """auto-circuit's interpreter (building its environment on first use: TransformerLens 2, whose
-    ``HookedTransformer`` auto-circuit wraps, cannot share the project's TransformerLens 4) or None and why not."""
+def pinned_python(venv: Path, probe: str, pins: list[str], build: bool) -> tuple[Path | None, str]:
+    """The interpreter of a virtual environment holding ``pins`` (built on first use, torch 2.13.0 first), or
+    None and why not. ``probe`` is the import that proves the environment is complete. The peers live apart
+    from the project: nnsight and pyvene pin their own transformers, and auto-circuit wraps TransformerLens 2's
+    ``HookedTransformer``, which cannot share the project's TransformerLens 4."""
     py = venv / "bin" / "python"
-    probe = "import auto_circuit.prune_algos.mask_gradient, transformer_lens.HookedTransformer"
     if py.exists() and subprocess.run([str(py), "-c", probe], capture_output=True).returncode == 0:
         return py, ""
     if not build:
-        return None, f"no auto-circuit environment at {venv} (run without --no-build to build it)"
-    print(f"building auto-circuit's environment at {venv} (torch 2.13.0, {', '.join(AC_PINS)}) ...", flush=True)
+        return None, f"no environment at {venv} (run without --no-build to build it)"
+    print(f"building {venv} (torch 2.13.0, {', '.join(pins)}) ...", flush=True)
     steps = [[sys.executable, "-m", "venv", str(venv)], [str(py), "-m", "pip", "install", "-q", "torch==2.13.0"],
-             [str(py), "-m", "pip", "install", "-q", *AC_PINS]]
+             [str(py), "-m", "pip", "install", "-q", *pins]]
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True)
         if done.returncode != 0:
@@ -578,10 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     tools = args.tools.split(",")
     peer_py, why = (None, "")
     if any(t in PEER_TOOLS for t in tools):
-        peer_py, why = peers_python(Path(args.peers_venv), not args.no_build)
+        peer_py, why = pinned_python(Path(args.peers_venv), PEER_PROBE, PEER_PINS, not args.no_build)
     ac_py, ac_why = (None, "")
     if any(t in AC_TOOLS for t in tools):
-        ac_py, ac_why = autocircuit_python(Path(args.ac_venv), not args.no_build)
+        ac_py, ac_why = pinned_python(Path(args.ac_venv), AC_PROBE, AC_PINS, not args.no_build)
     tmp = Path(tempfile.mkdtemp(prefix="gna-peers-"))
     rows: list[dict] = []
     print(f"per-head zero-ablation scan, KV retrieval {args.pairs} pairs, {args.samples} prompts; "

@@ -38,7 +38,6 @@ project's edge circuit has one input there). Ablation: ``AblationType.ZERO`` thr
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -47,7 +46,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_worker import TIMER, _version  # noqa: E402
+from peers_worker import TIMER, _version, serve  # noqa: E402
 
 TOOLS = ("ac-eap", "ac-eapig", "ac-exact")
 
@@ -198,18 +197,12 @@ def run(job: dict) -> dict:
     return {"clean": clean, "others": others, "scores": scores, "n_edges": len(pm.edges)}
 
 
-def main(argv: list[str]) -> int:
-    job = json.loads(open(argv[0]).read())
-    torch.set_num_threads(job["threads"])
-    out = run(job)
-    out.update(tool=job["tool"], version=f"auto-circuit {_version('auto-circuit')} (transformer-lens "
-               f"{_version('transformer-lens')})", **TIMER.stop(), torch=torch.__version__,
-               python=sys.version.split()[0])
-    with open(argv[1], "w") as fh:
-        json.dump(out, fh)
-    return 0
+def run_job(job: dict) -> dict:
+    """One auto-circuit edge tool's run, with the versions it ran under."""
+    return {**run(job), "version": f"auto-circuit {_version('auto-circuit')} (transformer-lens "
+            f"{_version('transformer-lens')})"}
 
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(serve(sys.argv[1:], run_job))

@@ -496,9 +496,20 @@ def run_pyvene(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str
     return clean, drops, f"pyvene {_version('pyvene')}"
 
 
-def main(argv: list[str]) -> int:
+def serve(argv: list[str], run: Callable[[dict], dict]) -> int:
+    """A worker's life: read the job (``argv[0]``), set its threads, ``run`` it, and write what it returned, with
+    the timers, torch and Python versions, as JSON (``argv[1]``)."""
     job = json.loads(open(argv[0]).read())
     torch.set_num_threads(job["threads"])
+    out = {"tool": job["tool"], **run(job)}
+    out.update(**TIMER.stop(), torch=torch.__version__, python=sys.version.split()[0])
+    with open(argv[1], "w") as fh:
+        json.dump(out, fh)
+    return 0
+
+
+def run_job(job: dict) -> dict:
+    """One scan by TransformerLens, nnsight or pyvene on the job's Hugging Face model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32)
@@ -508,13 +519,9 @@ def main(argv: list[str]) -> int:
     fn = {"tl": run_tl, "nnsight": run_nnsight, "pyvene": run_pyvene}[tool]
     with torch.no_grad():
         clean, drops, version = fn(job, hf, tok, form)
-    out = {"tool": job["tool"], "version": version, "clean": clean, "drops": drops, **TIMER.stop(),
-           "torch": torch.__version__, "python": sys.version.split()[0]}
-    with open(argv[1], "w") as fh:
-        json.dump(out, fh)
-    return 0
+    return {"version": version, "clean": clean, "drops": drops}
 
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(serve(sys.argv[1:], run_job))

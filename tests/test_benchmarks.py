@@ -119,7 +119,7 @@ def test_autocircuit_edge_attribution_equals_the_edge_screen(tmp_path):
 
     peers = _benchmark("peers")
     venv = peers.cache_dir() / "auto-circuit-venv"
-    if peers.autocircuit_python(venv, build=False)[0] is None:
+    if peers.pinned_python(venv, peers.AC_PROBE, peers.AC_PINS, build=False)[0] is None:
         pytest.skip(f"no auto-circuit environment at {venv} (benchmarks/peers.py --models zoo builds it)")
     out = tmp_path / "rows.json"
     done = subprocess.run([sys.executable, str(BENCHMARKS[0].parent / "peers.py"), "--models", "zoo", "--samples",

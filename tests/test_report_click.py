@@ -17,6 +17,7 @@ from gna_interp.mixing import patterns
 from gna_interp.models.heads import HeadRef
 from gna_interp.report import build_report
 from gna_interp.tasks import KVRetrieval
+from gna_interp.viz.html import display_tokens
 from browser import GRAPH_POINT, graph_page
 from made_up import made_up_scan, write_scan_folder
 
@@ -189,7 +190,7 @@ def test_clicking_a_heatmap_cell_outside_the_top_6_draws_that_heads_pattern(clic
     assert name in text and "(rank 9 of 12)" in text and "95% interval" in text and "role" in text
     assert f"{row['drop']:.4g}"[:5] in text
     assert seen["w"] > 100 and seen["h"] > 100 and seen["inked"] > 500, seen
-    assert seen["props"]["tokens"] == circuit.views.patterns.str_tokens[every.sample]
+    assert seen["props"]["tokens"] == display_tokens(circuit.views.patterns.str_tokens[every.sample])
     drawn = torch.tensor(seen["props"]["attention"])
     assert torch.allclose(drawn, every.decode([name])[0], atol=1e-6)
     print(f"screenshot: {shot}")

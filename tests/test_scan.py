@@ -3,6 +3,7 @@ checkpoint kill-and-resume, result frame, bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -427,6 +428,32 @@ def test_set_ablation_falls_back_to_full_forwards(tiny_models, monkeypatch):
         SetAblation(model, TASK, "mean")
 
 
+class _BlockCount:
+    """The blocks replayed since the last ``pop``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def pop(self) -> int:
+        n = sum(b - a for a, b in self.calls)
+        self.calls.clear()
+        return n
+
+
+@contextlib.contextmanager
+def replayed_blocks():
+    """Count the blocks every ``engine.replay.replay`` call runs while the context is open."""
+    count, real = _BlockCount(), replay_mod.replay
+
+    def counted(model, prefix, start, copies=1, hidden=None, stop=None):
+        count.calls.append((start, model.n_layers if stop is None else stop))
+        return real(model, prefix, start, copies, hidden, stop)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(replay_mod, "replay", counted)
+        yield count
+
+
 @pytest.mark.parametrize("family", ["llama", "mamba2", "bamba"])
 def test_nested_sets_equal_each_set_replayed_alone(tiny_models, family):
     """run_nested starts each set's replay at the heads it adds, from the residual stream the previous sets left:
@@ -437,20 +464,11 @@ def test_nested_sets_equal_each_set_replayed_alone(tiny_models, family):
     heads = model.heads()
     order = [heads[-1], heads[0], heads[len(heads) // 2], heads[1], heads[-2]]
     sets = [[]] + [order[:j] for j in (1, 2, 2, 3, 5)]
-    calls = []
-    real = replay_mod.replay
-
-    def counted(model, prefix, start, copies=1, hidden=None, stop=None):
-        calls.append((start, model.n_layers if stop is None else stop))
-        return real(model, prefix, start, copies, hidden, stop)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(replay_mod, "replay", counted)
+    with replayed_blocks() as blocks:
         got = runner.run_nested(sets)
-        nested_blocks = sum(b - a for a, b in calls)
-        calls.clear()
+        nested_blocks = blocks.pop()
         want = [runner.run(s) for s in sets]
-        alone_blocks = sum(b - a for a, b in calls)
+        alone_blocks = blocks.pop()
     for g, w in zip(got, want):
         torch.testing.assert_close(g.scores, w.scores, atol=1e-5, rtol=0)
     assert not torch.equal(want[-1].scores, want[0].scores)  # the sets change the scores
@@ -470,20 +488,11 @@ def test_each_added_head_equals_its_set_replayed_alone(tiny_models, family):
     mid = len(heads) // 2
     base = [heads[0], heads[mid]]
     extras = [heads[1], heads[mid + 1], heads[-1]]
-    calls = []
-    real = replay_mod.replay
-
-    def counted(model, prefix, start, copies=1, hidden=None, stop=None):
-        calls.append((start, model.n_layers if stop is None else stop))
-        return real(model, prefix, start, copies, hidden, stop)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(replay_mod, "replay", counted)
+    with replayed_blocks() as blocks:
         got = runner.run_added(base, extras)
-        added_blocks = sum(b - a for a, b in calls)
-        calls.clear()
+        added_blocks = blocks.pop()
         want = [runner.run(base)] + [runner.run([*base, h]) for h in extras]
-        alone_blocks = sum(b - a for a, b in calls)
+        alone_blocks = blocks.pop()
     assert len(got) == len(extras) + 1
     for g, w in zip(got, want):
         torch.testing.assert_close(g.scores, w.scores, atol=1e-5, rtol=0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from gna_interp.constants import EDGES_CSV, EDGE_GRAPH_HTML, EDGE_SCREEN_CSV, FAITHFULNESS_HTML, ROLES_CSV
 from gna_interp.cli import command
@@ -32,24 +32,21 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _share(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a share in [0, 1), got {text!r}") from None
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"expected a share in [0, 1), got {text!r}")
-    return v
+def _in_interval(name: str, ok: Callable[[float], bool], interval: str) -> Callable[[str], float]:
+    """An argparse type: a float for which ``ok`` holds, else an error naming the ``interval``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = None
+        if v is None or not ok(v):
+            raise argparse.ArgumentTypeError(f"expected a {name} in {interval}, got {text!r}")
+        return v
+    return parse
 
 
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
-    return v
+_share = _in_interval("share", lambda v: 0 <= v < 1, "[0, 1)")
+_fraction = _in_interval("fraction", lambda v: 0 < v <= 1, "(0, 1]")
 
 
 @command("circuit", "whether a scanned circuit suffices: every head outside the first k of the scan's ranking "

@@ -29,12 +29,13 @@ from torch import Tensor
 from gna_interp.errors import HeadError, InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.hf import unwrap
+from gna_interp.models.mixer import ChannelSpan
 
 __all__ = ["Address", "ablated_modules", "ablation_hooks", "edge_addresses", "head_addresses"]
 
 
 @dataclass(frozen=True)
-class Address:
+class Address(ChannelSpan):
     """One head's channels at one place of the network.
 
     ``head`` is its name (``L1H3``); ``input`` is ``"output"`` for where the head writes, or the input it reads
@@ -50,10 +51,6 @@ class Address:
     side: str
     start: int
     stop: int
-
-    @property
-    def columns(self) -> slice:
-        return slice(self.start, self.stop)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -103,7 +103,7 @@ FORMS: tuple[str, ...] = ("exact", "attention")
 GROUP_REDUCTIONS: tuple[str, ...] = ("mean", "abs_mean")
 DEFAULT_BLOCK_ELEMS = 1 << 22
 
-__all__ = ["DEFAULT_BLOCK_ELEMS", "FORMS", "INPUTS", "BatchLike", "HeadLike", "HeadSite", "InputSite", "LayerLike", "MaskOptions",
+__all__ = ["DEFAULT_BLOCK_ELEMS", "ChannelSpan", "FORMS", "INPUTS", "BatchLike", "HeadLike", "HeadSite", "InputSite", "LayerLike", "MaskOptions",
            "MixerAdapter", "ModelLike", "PatternOptions", "ReachPlan"]
 
 
@@ -151,8 +151,20 @@ class MaskOptions(Options):
         check_int("query_block", self.query_block, 1, allow_none=True)
 
 
+class ChannelSpan:
+    """A record whose ``start`` / ``stop`` name a head's channels on a tensor's last dimension."""
+
+    start: int
+    stop: int
+
+    @property
+    def columns(self) -> slice:
+        """The head's channels, ``start:stop``."""
+        return slice(self.start, self.stop)
+
+
 @dataclass(frozen=True)
-class HeadSite:
+class HeadSite(ChannelSpan):
     """Where one head's output lives: ``hook`` (a hook name at the input of the layer's output
     projection) and the head's flat channels ``start:stop`` out of ``width``."""
 
@@ -162,22 +174,15 @@ class HeadSite:
     stop: int
     width: int
 
-    @property
-    def columns(self) -> slice:
-        """The head's channels, ``start:stop``."""
-        return slice(self.start, self.stop)
-
 
 @dataclass(frozen=True)
-class InputSite:
+class InputSite(ChannelSpan):
     """Where a head reads one of its inputs (:data:`INPUTS`): a hook on the output of an input projection and the
     flat channels ``start:stop`` of it that feed the head (for grouped-query attention, the group's K/V channels)."""
 
     hook: str
     start: int
     stop: int
-
-    columns = HeadSite.columns  # the channels that feed the head, ``start:stop``
 
 
 def shared_note(spec: LayerLike) -> str:

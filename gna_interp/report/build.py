@@ -142,27 +142,28 @@ def _graph_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
         "interval; dashed edges' intervals reach 0. Node colour: the causal role; size: the head's drop."), graph]
 
 
+def _figure_section(title: str, key: str, fig: Any, note: str, figures: dict[str, Any]) -> list[str]:
+    figures[key] = fig
+    return [_h(title), _note(note), figure_div(fig)]
+
+
 def _curve_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
     if circuit.curve.empty:
         return [_h("Ablation curve"), _note("The circuit has no ablation curve (run `gna scan`, which computes it).")]
-    fig = ablation_curve(circuit)
-    figures["ablation_curve"] = fig
-    return [_h("Ablation curve"), _note(
+    return _figure_section("Ablation curve", "ablation_curve", ablation_curve(circuit), (
         "Task accuracy as the top-k circuit heads are removed together, beside k random heads (median and min-max "
         "over seeds) and the generic heads; the right panel, when present, is the LM loss on neutral text for the "
-        "same removals (the control)."), figure_div(fig)]
+        "same removals (the control)."), figures)
 
 
 def _stability_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
     stability = circuit.scan.stability()
     if not stability:
         return []
-    fig = stability_plot(stability)
-    figures["stability"] = fig
-    return [_h("Rank stability"), _note(
+    return _figure_section("Rank stability", "stability", stability_plot(stability), (
         "Each exactly run head's drop on the even samples against the odd samples: a ranking that holds up puts the "
         "same heads at the top of both halves. scan.csv's drop_lo / drop_hi give each drop's 95% bootstrap "
-        "interval."), figure_div(fig)]
+        "interval."), figures)
 
 
 def _summary_md(circuit: Circuit, parts: IsolatedParts) -> str:

@@ -175,19 +175,11 @@ def register_task_kind(kind: TaskKind) -> TaskKind:
     return _REGISTRY.add(name, kind)
 
 
-def unregister_task_kind(name: str) -> None:
-    """Forget a registered task kind."""
-    _REGISTRY.remove(name)
-
-
-def task_kinds() -> tuple[str, ...]:
-    """Registered task kinds, in registration order."""
-    return _REGISTRY.names()
-
-
-def task_kind(name: str) -> TaskKind:
-    """The registered task kind ``name``; :class:`OptionError` naming the registered ones for an unknown one."""
-    return _REGISTRY.get(name)
+# The registry's own methods, under the task kinds' names: forget a kind, the kinds' names in registration order,
+# one kind by name (an OptionError naming the registered ones for an unknown name).
+unregister_task_kind = _REGISTRY.remove
+task_kinds = _REGISTRY.names
+task_kind = _REGISTRY.get
 
 
 def format_kinds() -> dict[str, TaskKind]:

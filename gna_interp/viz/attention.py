@@ -10,7 +10,7 @@ from torch import Tensor
 from gna_interp.circuits.views import row_normalised
 from gna_interp.models.heads import HeadRef
 from gna_interp.mixing.pattern_set import PatternSet
-from gna_interp.viz.html import HTMLView, circuitsvis_widget, render
+from gna_interp.viz.html import HTMLView, circuitsvis_widget, display_tokens, render
 
 
 def display_rows(pattern: Float[Tensor, "n q k"], heads: Sequence[HeadRef]) -> Float[Tensor, "n q k"]:
@@ -31,7 +31,7 @@ def attention_heads(patterns: PatternSet, heads: Sequence[HeadRef | str] | None 
     """
     hs = [HeadRef.parse(h) for h in (heads if heads is not None else patterns.heads)]
     pat = display_rows(patterns.sample(sample, hs), hs)
-    widget = circuitsvis_widget("AttentionHeads", attention=pat.cpu().numpy(), tokens=patterns.str_tokens[sample],
+    widget = circuitsvis_widget("AttentionHeads", attention=pat.cpu().numpy(), tokens=display_tokens(patterns.str_tokens[sample]),
                                 attentionHeadNames=[h.name for h in hs])
     names = ", ".join(h.name for h in hs[:8]) + (" ..." if len(hs) > 8 else "")
     return HTMLView(widget, title=f"patterns: {names}", circuitsvis=True, heading=False)

@@ -16,10 +16,19 @@ from typing import Any, Sequence
 
 from gna_interp.templates import Markup, part, render, script_json
 
-__all__ = ["HTMLView", "IsolatedParts", "asset", "circuitsvis_bundle", "circuitsvis_widget", "figure_div", "one_line",
+__all__ = ["HTMLView", "IsolatedParts", "asset", "circuitsvis_bundle", "circuitsvis_widget", "display_tokens", "figure_div", "one_line",
            "page", "part", "render", "script_json"]
 
 _HERE = Path(__file__).parent
+
+LINE_BREAK = "\u23ce"  # ⏎: how a newline inside a token shows in a widget that draws text on one line
+
+
+def display_tokens(labels: list[str]) -> list[str]:
+    """Token labels as a one-line widget (circuitsvis) should draw them: a newline becomes ⏎, which the widget
+    would otherwise draw as a space, so the separators of ``"apple:12\\n"`` stay visible."""
+    return [t.replace("\r\n", LINE_BREAK).replace("\n", LINE_BREAK) for t in labels]
+
 
 @lru_cache(maxsize=None)
 def asset(name: str) -> Markup:
