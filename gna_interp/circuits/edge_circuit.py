@@ -132,6 +132,13 @@ def head_inputs(model: Model, skip: bool = False) -> list[_Input]:
     return sorted(out, key=lambda i: (i.layer, i.name))
 
 
+def _stream_key(keep: Tensor | None, filled: int) -> bytes:
+    """What a receiver input's stream depends on at its layer: which of the first ``filled`` senders (those that
+    have written) reach it at which position classes; receivers with equal keys read equal streams (no kept
+    edge: ``base``; every edge kept: the run's own stream)."""
+    return b"" if keep is None else b"k" + keep[:filled].to(torch.bool).numpy().tobytes()
+
+
 class EdgeCircuit:
     """Scores of a task with only sets of :class:`Wire` kept (the rest ablated): :meth:`run`.
 
@@ -347,16 +354,16 @@ class EdgeCircuit:
             inputs = [i for i in self.inputs if i.layer == layer]
             streams: list[Tensor] = []
             slot: dict[str, int] = {}
-            for i in inputs:  # receivers with no kept edge all read ``base``: one copy
-                key = i.name if i.name in keep else ""
-                if key not in slot:
-                    slot[key] = len(streams)
+            key_of = {i.name: _stream_key(keep.get(i.name), filled) for i in inputs}
+            for i in inputs:  # receivers that read the same senders at the same positions share one copy
+                if key_of[i.name] not in slot:
+                    slot[key_of[i.name]] = len(streams)
                     streams.append(self._stream(keep.get(i.name), base, buf[:filled], classes, x))
             hooks = sorted({s.hook for i in inputs for s in i.sites})
             got = read_block(model, prefix, layer, hooks, len(streams), hidden=torch.cat(streams)) if hooks else {}
             put: dict[str, list[tuple[InputSite, Tensor]]] = {}
             for i in inputs:
-                j = slot[i.name if i.name in keep else ""]
+                j = slot[key_of[i.name]]
                 for s in i.sites:
                     put.setdefault(s.hook, []).append((s, got[s.hook][j * b:(j + 1) * b, :, s.start:s.stop]))
             layer_heads = [h for h in self.heads if h.layer == layer]
