@@ -36,6 +36,7 @@ import torch
 
 from gna_interp.engine.replay import SetAblation
 from gna_interp.bootstrap import interval, paired_bootstrap
+from gna_interp.constants import FAITHFULNESS, FAITHFULNESS_JSON
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
@@ -244,7 +245,7 @@ class Faithfulness:
                          f"{r.accuracy_fraction:.3f} |")
         return "\n".join(lines) + "\n"
 
-    def write(self, folder: str | Path, stem: str = "faithfulness") -> list[Path]:
+    def write(self, folder: str | Path, stem: str = FAITHFULNESS) -> list[Path]:
         """``{stem}.json`` (:meth:`save`), ``{stem}.csv`` (:meth:`to_frame`) and ``{stem}.md`` (:meth:`report`) in
         ``folder``."""
         out = [self.save(folder, stem)]
@@ -254,7 +255,7 @@ class Faithfulness:
         return out + [csv, md]
 
     # ---- storage --------------------------------------------------------------------------
-    def save(self, path: str | Path, stem: str = "faithfulness") -> Path:
+    def save(self, path: str | Path, stem: str = FAITHFULNESS) -> Path:
         """Write ``{stem}.json`` (everything needed to rebuild this object) into the folder ``path``."""
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
@@ -279,7 +280,7 @@ class Faithfulness:
     def load(cls, path: str | Path) -> "Faithfulness":
         """Read what :meth:`save` wrote (a folder, or the json file itself)."""
         p = Path(path)
-        p = p / "faithfulness.json" if p.is_dir() else p
+        p = p / FAITHFULNESS_JSON if p.is_dir() else p
         doc = json.loads(p.read_text(encoding="utf-8"))
         if doc.get("format") != FORMAT_VERSION:
             raise InputError(f"{p}: faithfulness format {doc.get('format')!r}, this version reads {FORMAT_VERSION}")
