@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from gna_interp.engine.replay import SetAblation
-from gna_interp.bootstrap import interval, paired_bootstrap
+from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
 from gna_interp.constants import FAITHFULNESS, FAITHFULNESS_JSON
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
@@ -80,7 +80,7 @@ class FaithfulnessConfig(Options):
     sizes: Sequence[int] | None = None
     seeds: int = 3
     threshold: float = 0.8
-    n_boot: int = 1000
+    n_boot: int = N_BOOTSTRAP
     level: float = 0.95
     minimality: int | None = 30
     batch_size: int = 16
@@ -140,7 +140,7 @@ class Faithfulness:
     threshold: float = 0.8
     smallest: list[HeadRef] | None = None
     minimality: dict[HeadRef, float] = field(default_factory=dict)
-    n_boot: int = 1000
+    n_boot: int = N_BOOTSTRAP
     level: float = 0.95
     unit: str = "heads"
     order: list[Any] | None = None  # edges: the ranked order the points are prefixes (or seeded shuffles) of
