@@ -34,7 +34,9 @@ EDGE_FAITHFULNESS = "edge_faithfulness"  # the stem of gna circuit's edge curve:
 WHOLE_DIR = "whole_circuit"  # gna circuit's folder with the smallest edge circuit in its circuit.json, and its report
 PATTERNS_HTML = "patterns.html"  # gna patterns' default page
 INTERACTIONS_JSON = "interactions.json"  # Interactions.save into a folder
-PATH_EFFECTS_JSON = "path_effects.json"  # save_path_effects into a folder
+PATH_EFFECTS_JSON = "path_effects.json"  # PathEffects.save into a folder
+EVALUATION_JSON = "evaluation.json"  # Evaluation.save into a folder
+CALIBRATION_JSON = "calibration.json"  # Calibration.save into a folder
 
 
 def format_scan(i: int) -> str:
