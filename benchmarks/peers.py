@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -96,6 +97,29 @@ LABELS.update({"gna-eap": "gna edge screen (EAP)", "gna-eapig": "gna edge screen
                "ac-eap": "auto-circuit EAP (mask_gradient_prune_scores)",
                "ac-eapig": "auto-circuit EAP-IG (integrated_grad_samples)",
                "ac-exact": "auto-circuit patch_mode (each edge)"})
+
+
+# ---- what this tree is ---------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def gna_version() -> str:
+    """``gna_interp 0.1.0 (commit 1a2b3c4)``: the package's version and the commit of the checkout this script
+    runs from, ``+dirty`` when its tree differs from that commit (changed or untracked files); the version alone
+    outside a git checkout of its own."""
+    from gna_interp import __version__
+
+    root = HERE.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60,
+                              check=True).stdout.strip()
+
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != root:
+            return f"gna_interp {__version__}"
+        commit, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain")
+    except (OSError, subprocess.SubprocessError):
+        return f"gna_interp {__version__}"
+    return f"gna_interp {__version__} (commit {commit}{'+dirty' if dirty else ''})"
 
 
 # ---- the peers' environment ---------------------------------------------------------------------------------------
@@ -171,7 +195,7 @@ def run_ours(model: Any, task: Any, heads: list, strategy: str, batch: int) -> d
     else:
         drops = {h.name: float(d) for h, d in scan.drops().items()}
         exact = set(h.name for h in scan.exact)
-    return {"tool": f"gna-{strategy}", "version": "gna_interp (this tree)", "clean": float(scan.baseline_value),
+    return {"tool": f"gna-{strategy}", "version": gna_version(), "clean": float(scan.baseline_value),
             "drops": drops, "exact_heads": sorted(exact), "wall_s": wall, "cpu_s": cpu,
             "peak_mib": max(0.0, peak - base)}
 
@@ -331,7 +355,7 @@ def edge_rows(model: Any, task: Any, tools: list[str], args: argparse.Namespace,
         if tool in tools:
             screen_edges(model, warm, "zero", verify=0, batch_size=batch, ig_steps=ig)
             scr, t = timed(lambda: screen_edges(model, task, "zero", verify=0, batch_size=batch, ig_steps=ig))
-            out[tool] = {"tool": tool, "version": "gna_interp (this tree)", "clean": scr.intact,
+            out[tool] = {"tool": tool, "version": gna_version(), "clean": scr.intact,
                          "drops": screen_scores(scr.table), "ig_steps": ig, **t}
     error, job = why, {}
     if any(t in AC_TOOLS for t in tools) and ac_py is not None:
@@ -367,7 +391,7 @@ def edge_rows(model: Any, task: Any, tools: list[str], args: argparse.Namespace,
 
             ours(warm, [next(iter(items.values()))[0]])
             (base, effects), t = timed(lambda: ours(task, [w for w, _ in items.values()]))
-            out["gna-edge-exact"] = {"tool": "gna-edge-exact", "version": "gna_interp (this tree)", "clean": base,
+            out["gna-edge-exact"] = {"tool": "gna-edge-exact", "version": gna_version(), "clean": base,
                                      "drops": dict(zip(items, effects)), **t}
         if "ac-exact" in tools:
             out["ac-exact"] = ({"tool": "ac-exact", "error": error} if error else run_worker(

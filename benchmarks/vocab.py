@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gna_interp import KVRetrieval, evaluate, load_model  # noqa: E402
 from gna_interp.circuits import scan_heads  # noqa: E402
+from gna_interp.constants import CIRCUIT_JSON  # noqa: E402
 from gna_interp.models.tiny import byte_tokenizer  # noqa: E402
 
 VOCABS = (1024, 32_768, 49_152, 131_072, 262_144)
@@ -135,7 +136,7 @@ def default_runs(threads: int) -> list[dict[str, Any]]:
         subprocess.run([sys.executable, "-m", "gna_interp", "--quiet", "scan", "--model", spec, "--out", str(folder),
                         "--threads", str(threads), *extra], check=True)
         wall = time.perf_counter() - t
-        doc = json.loads((folder / "circuit.json").read_text())
+        doc = json.loads((folder / CIRCUIT_JSON).read_text())
         row = {"model": name, "wall_s": wall, "stages_s": doc.get("timings", {}),
                "top5": [h for h in doc.get("circuit", doc.get("heads", []))[:5]]}
         stages = ", ".join(f"{k} {v:.0f}" for k, v in row["stages_s"].items())

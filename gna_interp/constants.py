@@ -25,15 +25,30 @@ EVAL_SUMMARY_CSV = "eval_summary.csv"  # gna eval's summary table, beside eval.c
 # ---- other commands' results -------------------------------------------------------------------------------
 COMPARE_JSON, COMPARE_CSV, COMPARE_MD = "compare.json", "compare.csv", "compare.md"  # gna compare-circuits
 PRUNE_JSON, PRUNE_CSV, KEEP_CSV = "prune.json", "prune.csv", "keep.csv"  # gna prune
-FAITHFULNESS_JSON, FAITHFULNESS_CSV = "faithfulness.json", "faithfulness.csv"  # gna circuit
-FAITHFULNESS_MD, FAITHFULNESS_HTML = "faithfulness.md", "faithfulness.html"
+FAITHFULNESS = "faithfulness"  # the stem of gna circuit's head curve (Faithfulness.write): .json, .csv, .md, .html
+FAITHFULNESS_JSON, FAITHFULNESS_CSV = f"{FAITHFULNESS}.json", f"{FAITHFULNESS}.csv"
+FAITHFULNESS_MD, FAITHFULNESS_HTML = f"{FAITHFULNESS}.md", f"{FAITHFULNESS}.html"
 EDGES_CSV, ROLES_CSV = "edges.csv", "roles.csv"
 EDGE_SCREEN_CSV, EDGE_GRAPH_HTML = "edge_screen.csv", "edge_graph.html"
 EDGE_FAITHFULNESS = "edge_faithfulness"  # the stem of gna circuit's edge curve: .json, .csv, .md, .html
 WHOLE_DIR = "whole_circuit"  # gna circuit's folder with the smallest edge circuit in its circuit.json, and its report
 PATTERNS_HTML = "patterns.html"  # gna patterns' default page
 INTERACTIONS_JSON = "interactions.json"  # Interactions.save into a folder
-PATH_EFFECTS_JSON = "path_effects.json"  # save_path_effects into a folder
+PATH_EFFECTS_JSON = "path_effects.json"  # PathEffects.save into a folder
+EVALUATION_JSON = "evaluation.json"  # Evaluation.save into a folder
+CALIBRATION_JSON = "calibration.json"  # Calibration.save into a folder
+
+
+def format_scan(i: int) -> str:
+    """The file, in a circuit folder, of the scan on the circuit's ``i``-th extra task format: ``format{i}.json``."""
+    return f"format{i}.json"
+
+
+def result_files(name: str) -> tuple[str, str]:
+    """The JSON document and the table of experiment ``name``'s folder (``gna eval``, ``prune``, ``mask``, ``sweep``,
+    ``hybrid plan`` ...): ``NAME.json``, ``NAME.csv``."""
+    return f"{name}.json", f"{name}.csv"
+
 
 # ---- model folders -----------------------------------------------------------------------------------------
 HF_CONFIG = "config.json"  # a Hugging Face model folder's config

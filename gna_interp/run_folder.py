@@ -33,6 +33,7 @@ from gna_interp.constants import (
     CARD_MD, CIRCUIT_JSON, EDGE_FAITHFULNESS, WHOLE_DIR, COMPARE_CSV, COMPARE_JSON, COMPARE_MD, CONTROL_JSON, EDGES_CSV, EDGE_GRAPH_HTML,
     EDGE_SCREEN_CSV, EVAL_SUMMARY_CSV, FAITHFULNESS_CSV, FAITHFULNESS_HTML, FAITHFULNESS_JSON, FAITHFULNESS_MD,
     FIGURES_DIR, PATTERNS_HTML, PRUNE_CSV, PRUNE_JSON, REPORT_FILE, ROLES_CSV, SCAN_CSV, SCAN_JSON, SUMMARY_MD, VIEWS_PT,
+    result_files,
 )
 from gna_interp.errors import InputError
 
@@ -44,13 +45,13 @@ LOCK_FILE = ".gna.lock"
 # The files that mark a folder as holding a command's results (its JSON document first: it is written last).
 RESULTS: dict[str, tuple[str, ...]] = {
     "scan": (CIRCUIT_JSON, SCAN_JSON, SCAN_CSV, CONTROL_JSON, VIEWS_PT, SUMMARY_MD),
-    "hybrid plan": ("hybrid_plan.json", "hybrid_plan.csv"),
-    "hybrid build": ("hybrid_build.json", "hybrid_build.csv"),
-    "eval": ("eval.json", "eval.csv", EVAL_SUMMARY_CSV),
+    "hybrid plan": result_files("hybrid_plan"),
+    "hybrid build": result_files("hybrid_build"),
+    "eval": (*result_files("eval"), EVAL_SUMMARY_CSV),
     "prune": (PRUNE_JSON, PRUNE_CSV),
-    "mask": ("mask.json", "mask.csv"),
-    "sweep": ("sweep.json", "sweep.csv"),
-    "compare": ("families.json", "families.csv"),
+    "mask": result_files("mask"),
+    "sweep": result_files("sweep"),
+    "compare": result_files("families"),
     "compare-circuits": (COMPARE_JSON, COMPARE_CSV, COMPARE_MD),
     "circuit": (FAITHFULNESS_JSON, FAITHFULNESS_CSV, FAITHFULNESS_MD, FAITHFULNESS_HTML, EDGES_CSV, ROLES_CSV,
                 EDGE_SCREEN_CSV, EDGE_GRAPH_HTML, *(EDGE_FAITHFULNESS + x for x in (".json", ".csv", ".md", ".html")),

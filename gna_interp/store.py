@@ -21,6 +21,10 @@ format             file                                        written by
 ``hybrid_plan``    ``hybrid_plan.json``                        ``HybridPlan.save``, ``gna hybrid plan``
 ``delegation``     ``delegation.json``                         ``Delegation.save`` (in a hybrid's scan folder)
 ``hybrid_build``   ``hybrid_build.json`` (and its ``.ckpt``)   ``gna hybrid build`` (``experiments.hybrid_build``)
+``interactions``   ``interactions.json``                       ``Interactions.save``
+``path_effects``   ``path_effects.json``                       ``PathEffects.save``
+``evaluation``     ``evaluation.json``                         ``Evaluation.save``
+``calibration``    ``calibration.json``                        ``Calibration.save``
 =================  =========================================  ===========================
 
 ``scan.csv`` (the ranked table, for people and spreadsheets) and ``summary.md`` are written atomically
@@ -44,7 +48,8 @@ from gna_interp.errors import InputError
 FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 2, "views": 1, "patterns": 1,
                                    "comparison": 1, "eval": 1, "prune": 1, "mask": 1, "sweep": 1, "families": 1,
                                    "hybrid_plan": 1, "delegation": 1,
-                                   "hybrid_build": 1, "run_checkpoint": 1, "interactions": 1, "path_effects": 1}
+                                   "hybrid_build": 1, "run_checkpoint": 1, "interactions": 1, "path_effects": 1,
+                                   "evaluation": 1, "calibration": 1}
 
 __all__ = ["FORMAT_VERSIONS", "as_path", "atomic_write", "clean_json", "file_in", "read_json", "read_tensors", "records",
            "write_json", "write_tensors"]

@@ -108,6 +108,28 @@ def test_edge_agreement_compares_shared_edges_and_sums_a_kv_group_against_its_ex
     assert peers._members("L1H0+L1H1.k") == ["L1H0.k", "L1H1.k"] and peers._members("MLP3") == ["MLP3"]
 
 
+def test_peers_stamps_our_rows_with_the_version_and_the_commit(tmp_path, monkeypatch):
+    import re
+    import shutil
+    import subprocess
+
+    import gna_interp
+
+    peers = _benchmark("peers")
+    peers.gna_version.cache_clear()
+    stamp = peers.gna_version()
+    if shutil.which("git") and (peers.HERE.parent / ".git").exists():
+        head = subprocess.run(["git", "-C", str(peers.HERE.parent), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        assert re.fullmatch(rf"gna_interp {re.escape(gna_interp.__version__)} \(commit {head}(\+dirty)?\)", stamp)
+    monkeypatch.setattr(peers, "HERE", tmp_path / "benchmarks")  # a copy of the scripts outside any checkout
+    peers.gna_version.cache_clear()
+    try:
+        assert peers.gna_version() == f"gna_interp {gna_interp.__version__}"
+    finally:
+        peers.gna_version.cache_clear()
+
+
 @pytest.mark.slow
 def test_autocircuit_edge_attribution_equals_the_edge_screen(tmp_path):
     """auto-circuit's EAP and its edges left out one at a time equal ours on the zoo transformer (zero ablation,

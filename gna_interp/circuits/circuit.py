@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from gna_interp.constants import CIRCUIT_JSON, CONTROL_JSON, DELEGATION_CSV, DELEGATION_JSON, SCAN_CSV, SCAN_JSON, SUMMARY_MD, VIEWS_PT
+from gna_interp.constants import CIRCUIT_JSON, CONTROL_JSON, DELEGATION_CSV, DELEGATION_JSON, SCAN_CSV, SCAN_JSON, SUMMARY_MD, VIEWS_PT, format_scan
 from gna_interp.circuits.causal import EDGE_COLUMNS, causal_roles, check_edge_table, strongest_path
 from gna_interp.circuits.curve import CURVE_COLUMNS
 from gna_interp.circuits.delegation import Delegation
@@ -286,7 +286,7 @@ class Circuit:
             "twin": self.twin,
             "delegation": DELEGATION_JSON if self.delegation is not None else None,
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
-            "formats": [{"name": n, "task": self.format_tasks.get(n), "scan": f"format{i}.json"}
+            "formats": [{"name": n, "task": self.format_tasks.get(n), "scan": format_scan(i)}
                         for i, n in enumerate(self.formats)],
             **({"whole": self.whole.to_dict()} if self.whole is not None else {}),
         }
@@ -304,7 +304,7 @@ class Circuit:
         if self.delegation is not None:
             self.delegation.save(d, run)
         for i, fs in enumerate(self.formats.values()):
-            fs.save(d / f"format{i}.json", run)
+            fs.save(d / format_scan(i), run)
         atomic_write(d / SCAN_CSV, self.to_frame().to_csv(index=False))
         write_json(d / CIRCUIT_JSON, "circuit", {**self.to_dict(), "run_id": run})  # last: it vouches for the others
         return d
@@ -512,7 +512,7 @@ def _load_formats(d: Path, entries: list[Any], run: str | None = None
     """The format scans and tasks a ``circuit.json`` lists (files ``formatN.json`` inside the folder)."""
     scans, tasks = {}, {}
     for i, e in enumerate(entries):
-        if not isinstance(e, dict) or not isinstance(e.get("name"), str) or e.get("scan") != f"format{i}.json":
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str) or e.get("scan") != format_scan(i):
             raise InputError(f"{d / CIRCUIT_JSON}: formats entry {i} is malformed ({e!r:.80}); rerun `gna scan`")
         scans[e["name"]] = HeadScan.load(d / e["scan"], run)
         tasks[e["name"]] = e.get("task") or {}

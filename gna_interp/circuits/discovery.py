@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from gna_interp.constants import CONTROL_SUFFIX
+from gna_interp.constants import CONTROL_SUFFIX, format_scan
 from gna_interp.circuits.causal import measure_edges
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import CURVE_COLUMNS, ablation_curve, curve_k
@@ -364,7 +364,7 @@ def _format_scans(model: Model, task: Task, scan: HeadScan, cfg: DiscoverConfig,
         if verdict.near_chance:
             notes.append(f"format {name} not scanned: {line} (at chance)")
             continue
-        ckpt = Path(sc.checkpoint).with_suffix(f".format{i}.json") if sc.checkpoint is not None else None
+        ckpt = Path(sc.checkpoint).with_suffix("." + format_scan(i)) if sc.checkpoint is not None else None
         scans[name] = scan_heads(model, t, heads=scan.heads, config=sc.replace(checkpoint=ckpt))
         tasks[name] = t
         notes.append(f"format {name}: {line}")

@@ -66,7 +66,7 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 
-from gna_interp.constants import CIRCUIT_JSON, HF_CONFIG, SCAN_JSON
+from gna_interp.constants import CIRCUIT_JSON, HF_CONFIG, SCAN_JSON, result_files
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.errors import InputError
@@ -75,7 +75,7 @@ from gna_interp.models.loading import dtype_name, parse_dtype
 from gna_interp.models.registry import adapter
 from gna_interp.models.model import Model
 from gna_interp.options import Options, options
-from gna_interp.store import as_path, read_json, records, write_json
+from gna_interp.store import file_in, read_json, records, write_json
 from gna_interp.templates import Markup, render
 
 DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 40)
@@ -264,14 +264,12 @@ class HybridPlan:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the plan as a ``hybrid_plan`` JSON document (a folder gets ``hybrid_plan.json``)."""
-        p = Path(path)
-        return write_json(p / f"{FORMAT}.json" if p.is_dir() else p, FORMAT, self.to_dict())
+        return write_json(file_in(path, result_files(FORMAT)[0]), FORMAT, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "HybridPlan":
         """Read a plan written by :meth:`save` or `gna hybrid plan` (a file or a folder holding ``hybrid_plan.json``)."""
-        p = as_path(path)
-        doc = read_json(p / f"{FORMAT}.json" if p.is_dir() else p, FORMAT)
+        doc = read_json(file_in(path, result_files(FORMAT)[0]), FORMAT)
         return cls(doc["model"], doc["architecture"], [AttentionLayer(**s) for s in doc["layers"]],
                    [HeadRef.parse(n) for n in doc["ranking"]], list(doc["ks"]), list(doc["lengths"]), doc["dtype"],
                    doc["dtype_source"], int(doc["d_state"]), int(doc["d_conv"]), doc["order"], doc.get("seed"),

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -42,15 +40,16 @@ from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
 from gna_interp.constants import INTERACTIONS_JSON
 from gna_interp.errors import InputError
+from gna_interp.html_repr import fmt
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
-from gna_interp.store import FORMAT_VERSIONS, clean_json, file_in, read_json, write_json
+from gna_interp.results import Result
+from gna_interp.store import FORMAT_VERSIONS, clean_json
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import ScoringPlan
-from gna_interp.templates import part
 
 FORMAT = "interactions"
 FORMAT_VERSION = FORMAT_VERSIONS[FORMAT]
@@ -62,9 +61,10 @@ __all__ = ["KINDS", "PAIR_COLUMNS", "InteractionOptions", "Interactions", "head_
 
 
 @dataclass
-class Interactions:
+class Interactions(Result):
     """Result of :func:`interactions`: per-sample results of the intact model, of each head removed alone and of
-    each pair removed together.
+    each pair removed together. Saves to one ``interactions`` JSON file (:meth:`save` / :meth:`load`, a folder's
+    ``interactions.json``), tabulates its pairs (:meth:`to_frame`) and displays itself (:class:`Result`).
 
     Attributes:
         model, task: names of the model and the task measured.
@@ -91,6 +91,9 @@ class Interactions:
     seconds: float = 0.0
     _boot: dict[str, tuple[Tensor, list[Tensor], dict[tuple[int, int], Tensor]]] = field(default_factory=dict,
                                                                                           repr=False, compare=False)
+
+    FORMAT = FORMAT
+    FILE = INTERACTIONS_JSON
 
     def __post_init__(self) -> None:
         self.n_boot = check_n_boot(self.n_boot)  # read back from a file, or set by hand: a bounded resample count
@@ -243,16 +246,6 @@ class Interactions:
             raise InputError(f"{FORMAT}: per-sample lists differ in length from the baseline's {n}")
         return out
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`to_dict` to ``path`` (a ``.json`` file, or a folder: its ``interactions.json``), atomically;
-        return the file."""
-        return write_json(file_in(path, INTERACTIONS_JSON), FORMAT, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Interactions":
-        """Read what :meth:`save` wrote (the file, or the folder holding it)."""
-        return cls.from_dict(read_json(file_in(path, INTERACTIONS_JSON), FORMAT))
-
     # ---- display -----------------------------------------------------------------------------------
     def summary(self) -> str:
         """A few lines: the metric, the redundancy and how many pairs are of each kind."""
@@ -263,10 +256,12 @@ class Interactions:
                 f"interaction {m['mean_interaction']:.3f}; pairs: {m['super-additive']} super-additive, "
                 f"{m['sub-additive']} sub-additive, {m['additive']} additive")
 
-    def _repr_html_(self) -> str:  # offline: the summary and the pair table (viz.interaction_heatmap draws the matrix)
-        df = self.to_frame()
-        rows = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in df.itertuples(index=False)]
-        return part("pre", self.summary()) + part("table", list(df.columns), rows)
+    def _repr_title(self) -> tuple[str, str]:  # the pair table follows (viz.interaction_heatmap draws the matrix)
+        return (f"Interactions of {self.k} heads in {self.model} on {self.task}",
+                f"{self.n_samples} samples, {self.method} ablation, {self.level:.0%} paired bootstrap intervals")
+
+    def _repr_facts(self) -> list[tuple[str, Any]]:
+        return [(k, fmt(v)) for k, v in self.metrics.items()]
 
     def __repr__(self) -> str:
         return (f"Interactions({self.model!r}, {self.k} heads, {len(self.pairs)} pairs, {self.metric}, "

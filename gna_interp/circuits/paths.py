@@ -49,9 +49,7 @@ inputs through their block's own pre-norm, as the block computes them.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -66,13 +64,14 @@ from gna_interp.engine.replay import KeyValues, Prefix, ReplayMismatch, default_
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
 from gna_interp.constants import PATH_EFFECTS_JSON
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
+from gna_interp.html_repr import fmt
 from gna_interp.interventions.ablation import (AblationMethod, Replacement, ablation_hooks, check_method,
                                                flat_channels, replacements)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import INPUTS, InputSite
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
-from gna_interp.store import file_in, read_json, write_json
+from gna_interp.results import Result
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.metrics import Results, get_metric, results
 from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_chunks, plan_scoring
@@ -646,9 +645,10 @@ class PathPatcher:
 
 
 @dataclass
-class PathEffects:
+class PathEffects(Result):
     """Effects of edges (or sets of edges) on a task's metric: ``effect = metric(intact) - metric(patched)``, with
-    a paired bootstrap interval over samples.
+    a paired bootstrap interval over samples. Saves to one ``path_effects`` JSON file (:meth:`save` / :meth:`load`,
+    a folder's ``path_effects.json``), tabulates (:meth:`to_frame`) and displays itself (:class:`Result`).
 
     Attributes:
         metric: the metric's name (``logit_diff``, ``accuracy``, ``logprob``).
@@ -662,6 +662,9 @@ class PathEffects:
     patched: list[Results]
     level: float = 0.95
     _ci: list[tuple[float, float]] = field(default_factory=list, repr=False)
+
+    FORMAT = EFFECTS_FORMAT
+    FILE = PATH_EFFECTS_JSON
 
     def effects(self) -> list[float]:
         """``metric(intact) - metric(patched)`` of each set."""
@@ -727,17 +730,14 @@ class PathEffects:
             raise InputError(f"{where}: per-sample lists differ in length ({sorted(n)})")
         return out
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`to_dict` as a ``path_effects`` document to ``path`` (a ``.json`` file, or a folder: its
-        ``path_effects.json``), atomically; return the file. :meth:`effects`, :meth:`intervals` and
-        :meth:`to_frame` read the same numbers after :meth:`load`."""
-        return write_json(file_in(path, PATH_EFFECTS_JSON), EFFECTS_FORMAT, self.to_dict())
+    # ---- display -----------------------------------------------------------------------------------
+    def _repr_title(self) -> tuple[str, str]:
+        n = len(next(iter(self.baseline.values()), []))
+        return (f"Path effects on {self.metric}",
+                f"{len(self.sets)} edge sets, {n} samples, {self.level:.0%} paired bootstrap intervals")
 
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "PathEffects":
-        """Read what :meth:`save` wrote (the file, or the folder holding it)."""
-        p = file_in(path, PATH_EFFECTS_JSON)
-        return cls.from_dict(read_json(p, EFFECTS_FORMAT), str(p))
+    def _repr_facts(self) -> list[tuple[str, Any]]:
+        return [(f"{self.metric}, intact", fmt(get_metric(self.metric).value(self.baseline)))]
 
 
 def _edge_to_dict(e: Edge) -> dict[str, Any]:

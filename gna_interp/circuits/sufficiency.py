@@ -35,7 +35,8 @@ import pandas as pd
 import torch
 
 from gna_interp.engine.replay import SetAblation
-from gna_interp.bootstrap import interval, paired_bootstrap
+from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
+from gna_interp.constants import FAITHFULNESS, FAITHFULNESS_JSON
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
@@ -79,7 +80,7 @@ class FaithfulnessConfig(Options):
     sizes: Sequence[int] | None = None
     seeds: int = 3
     threshold: float = 0.8
-    n_boot: int = 1000
+    n_boot: int = N_BOOTSTRAP
     level: float = 0.95
     minimality: int | None = 30
     batch_size: int = 16
@@ -139,7 +140,7 @@ class Faithfulness:
     threshold: float = 0.8
     smallest: list[HeadRef] | None = None
     minimality: dict[HeadRef, float] = field(default_factory=dict)
-    n_boot: int = 1000
+    n_boot: int = N_BOOTSTRAP
     level: float = 0.95
     unit: str = "heads"
     order: list[Any] | None = None  # edges: the ranked order the points are prefixes (or seeded shuffles) of
@@ -244,7 +245,7 @@ class Faithfulness:
                          f"{r.accuracy_fraction:.3f} |")
         return "\n".join(lines) + "\n"
 
-    def write(self, folder: str | Path, stem: str = "faithfulness") -> list[Path]:
+    def write(self, folder: str | Path, stem: str = FAITHFULNESS) -> list[Path]:
         """``{stem}.json`` (:meth:`save`), ``{stem}.csv`` (:meth:`to_frame`) and ``{stem}.md`` (:meth:`report`) in
         ``folder``."""
         out = [self.save(folder, stem)]
@@ -254,7 +255,7 @@ class Faithfulness:
         return out + [csv, md]
 
     # ---- storage --------------------------------------------------------------------------
-    def save(self, path: str | Path, stem: str = "faithfulness") -> Path:
+    def save(self, path: str | Path, stem: str = FAITHFULNESS) -> Path:
         """Write ``{stem}.json`` (everything needed to rebuild this object) into the folder ``path``."""
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
@@ -279,7 +280,7 @@ class Faithfulness:
     def load(cls, path: str | Path) -> "Faithfulness":
         """Read what :meth:`save` wrote (a folder, or the json file itself)."""
         p = Path(path)
-        p = p / "faithfulness.json" if p.is_dir() else p
+        p = p / FAITHFULNESS_JSON if p.is_dir() else p
         doc = json.loads(p.read_text(encoding="utf-8"))
         if doc.get("format") != FORMAT_VERSION:
             raise InputError(f"{p}: faithfulness format {doc.get('format')!r}, this version reads {FORMAT_VERSION}")

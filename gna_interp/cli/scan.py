@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gna_interp.constants import CIRCUIT_JSON, CONTROL_SUFFIX, REPORT_FILE, SCAN_CKPT
+from gna_interp.constants import CIRCUIT_JSON, CONTROL_SUFFIX, REPORT_FILE, SCAN_CKPT, SUMMARY_MD
 from gna_interp.cli import command
 from gna_interp.cli.args import (FORMATS, at_least, check_pairs, check_questions_reachable, choice_list, claim_out,
                                  compute_args, load_for, model_arg, resume_args, say_figures, seeds_arg, task_args,
@@ -81,7 +81,7 @@ def run_scan(args: argparse.Namespace) -> int:
     :func:`~gna_interp.circuits.discover` (its scan resumes from the merged checkpoint) and writes the outputs."""
     from gna_interp.circuits.circuit import FILES
     from gna_interp.circuits.distributed import active, local_device
-    from gna_interp.report import SUMMARY_FILE, build_report, circuit_summary
+    from gna_interp.report import build_report, circuit_summary
 
     out = Path(args.out)
     folder, stale = _claim_scan(args, out)
@@ -98,7 +98,7 @@ def run_scan(args: argparse.Namespace) -> int:
     print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
     with heartbeat(lambda line: print(line, flush=True), f"writing {out / REPORT_FILE}"):
         report = build_report(out, circuit=circuit)
-    print(f"wrote {report} and {out / SUMMARY_FILE}")
+    print(f"wrote {report} and {out / SUMMARY_MD}")
     say_figures(out)
     return 0
 

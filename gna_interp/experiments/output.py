@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from gna_interp.constants import FIGURES_DIR, REPORT_FILE
+from gna_interp.constants import FIGURES_DIR, REPORT_FILE, result_files
 from gna_interp.errors import InputError, ReportWarning
 from gna_interp.options import Options, options
 from gna_interp.store import atomic_write, read_json, records, write_json
@@ -75,17 +75,17 @@ class ResultFolder:
 
     def __init__(self, out: str | os.PathLike, name: str) -> None:
         path = Path(out)
-        self.path, self.name = (path.parent if path.name == f"{name}.json" else path), name  # the folder or its JSON
+        self.path, self.name = (path.parent if path.name == result_files(name)[0] else path), name  # the folder or its JSON
         if self.path.exists() and not self.path.is_dir():
             raise InputError(f"--out {str(self.path)!r} is an existing file, not a folder; pick a folder path")
 
     @property
     def csv(self) -> Path:
-        return self.path / f"{self.name}.csv"
+        return self.path / result_files(self.name)[1]
 
     @property
     def json(self) -> Path:
-        return self.path / f"{self.name}.json"
+        return self.path / result_files(self.name)[0]
 
     @property
     def report(self) -> Path:

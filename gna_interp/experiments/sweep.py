@@ -29,8 +29,8 @@ discovered and the conditions are ``intact`` and the named heads.
 
 **Drop slopes** (:meth:`Sweep.slopes`): for every condition, the least-squares slope of its drop from
 intact (of accuracy, and of the mean logit difference) against the dictionary size, per 10 pairs, with a
-percentile bootstrap interval over the prompts (each size's prompts resampled with replacement, the same
-prompts for the intact model and the condition; ``bootstrap`` resamples, default 2000).
+bootstrap interval over the prompts (each size's prompts resampled with replacement, the same prompts for the
+intact model and the condition; ``bootstrap`` resamples, default :data:`~gna_interp.constants.N_BOOTSTRAP`).
 
 **Heads** come from a saved circuit (``circuit=DIR``, a ``gna scan`` folder) or are discovered first as
 ``gna scan`` discovers them (the task form the model solves, chosen by
@@ -61,7 +61,9 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
+import torch
 
+from gna_interp.bootstrap import interval, paired_bootstrap
 from gna_interp.constants import CIRCUIT_JSON, N_BOOTSTRAP, SCAN_CKPT
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.engine.replay import SetAblation
@@ -73,7 +75,7 @@ from gna_interp.experiments.run import (Discovery, Point, model_of, open_folder,
                                         run_points)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.options import check_counts, check_int, check_pairs_fit, options
+from gna_interp.options import check_counts, check_int, check_n_boot, check_pairs_fit, options
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.kv import PAPER_SIZES, TEMPLATES
@@ -302,24 +304,21 @@ class Sweep:
 
         ``drop_mean`` is the mean accuracy drop over the sizes and ``drop_slope_per_10`` its least-squares slope
         (``10 * numpy.polyfit(pairs, drop, 1)[0]``: the drop gained per 10 more pairs; the ``ld_`` columns the
-        same for the mean logit difference). ``*_lo`` / ``*_hi``: the ``level`` percentile bootstrap interval of
-        the slope over the prompts, ``resamples`` draws (default the run's ``bootstrap`` setting, 2000; 0 none):
-        each size's prompts are drawn with replacement, the same ones for the intact model and the condition
-        (the sizes' prompts are independent). ``trend`` / ``ld_trend``: ``grows`` (interval above 0),
-        ``shrinks`` (below) or ``flat`` (holds 0). The interval counts the prompts' sampling noise only.
+        same for the mean logit difference). ``*_lo`` / ``*_hi``: the ``level`` interval
+        (:func:`~gna_interp.bootstrap.interval`) of the slope over ``resamples`` bootstrap draws of the prompts
+        (default the run's ``bootstrap`` setting, :data:`~gna_interp.constants.N_BOOTSTRAP`; 0 none): the prompts
+        of the ``j``-th size are drawn by :func:`~gna_interp.bootstrap.paired_bootstrap` seeded ``seed + j``
+        (``seed``: default the run's), the same ones for the intact model and the condition (the sizes' prompts
+        are independent). ``trend`` / ``ld_trend``: ``grows`` (interval above 0), ``shrinks`` (below) or ``flat``
+        (holds 0). The interval counts the prompts' sampling noise only.
         """
         d = self.drops()
         b = int(self.settings.get("bootstrap", N_BOOTSTRAP) if resamples is None else resamples)
         check_int("resamples", b, 0)
-        rng = np.random.default_rng([int(self.settings.get("seed", 0) or 0), 7919])
         x = np.array(self.pairs, dtype=float)
-        w = (x - x.mean()) / ((x - x.mean()) ** 2).sum() * 10 if len(x) >= 2 else None
-        draws: dict[int, np.ndarray] = {}
-        if b and w is not None:
-            for n in self.pairs:
-                m = len(self.per_sample.get(f"{n}/intact/0", {}).get("correct", []))
-                draws[n] = rng.integers(0, m, size=(b, m)) if m else np.zeros((b, 0), dtype=int)
-        q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
+        w = torch.from_numpy((x - x.mean()) / ((x - x.mean()) ** 2).sum() * 10) if len(x) >= 2 else None
+        seed = int(self.settings.get("seed", 0) or 0) if seed is None else seed
+        draws = self._draws(b, seed) if b and w is not None else {}
         rows = []
         for cond in self.conditions():
             one = d[d["condition"] == cond].set_index("pairs").reindex(self.pairs)
@@ -334,14 +333,25 @@ class Sweep:
                 if all(v is not None for v in diffs) and all(len(v[key]) == draws[n].shape[1]  # type: ignore[index]
                                                             for v, n in zip(diffs, self.pairs)):
                     # drops of each resample of the prompts, one column a size; the slope is linear in them
-                    boot = np.stack([v[key][draws[n]].mean(-1) for v, n in zip(diffs, self.pairs)], axis=1)  # type: ignore[index]
-                    if np.isfinite(boot).all():
-                        lo, hi = (float(v) for v in np.percentile(boot @ w, q))
+                    boot = torch.stack([torch.from_numpy(v[key])[draws[n]].mean(-1)  # type: ignore[index]
+                                        for v, n in zip(diffs, self.pairs)], dim=1)
+                    if boot.isfinite().all():
+                        lo, hi = interval(boot @ w, level)
                 row[f"{pre}drop_slope_lo"], row[f"{pre}drop_slope_hi"] = lo, hi
             row["trend"] = _trend(row["drop_slope_lo"], row["drop_slope_hi"])
             row["ld_trend"] = _trend(row["ld_drop_slope_lo"], row["ld_drop_slope_hi"])
             rows.append(row)
         return pd.DataFrame(rows, columns=SLOPE_COLUMNS)
+
+    def _draws(self, resamples: int, seed: int) -> dict[int, torch.Tensor]:
+        """Per size, ``resamples`` draws of its prompts' indices (:func:`paired_bootstrap`, seeded ``seed + j`` for
+        the ``j``-th size)."""
+        out = {}
+        for j, n in enumerate(self.pairs):
+            m = len(self.per_sample.get(f"{n}/intact/0", {}).get("correct", []))
+            out[n] = (paired_bootstrap(m, resamples, seed + j) if m
+                      else torch.zeros((check_n_boot(resamples), 0), dtype=torch.long))
+        return out
 
     @property
     def metrics(self) -> dict[str, Any]:

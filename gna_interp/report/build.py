@@ -12,6 +12,7 @@ import pandas as pd
 
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.views import CardViews
+from gna_interp.constants import FIGURES_DIR, REPORT_FILE, SCAN_CSV, SUMMARY_MD
 from gna_interp.errors import InputError, ReportWarning
 from gna_interp.run_folder import check_writable
 from gna_interp.report.summary import circuit_summary, format_lines, md_escape
@@ -29,10 +30,6 @@ from gna_interp.viz.html import IsolatedParts, figure_div, page, part
 from gna_interp.viz.scores import score_heatmap
 from gna_interp.viz.stability import stability_plot
 
-REPORT_FILE = "report.html"
-SUMMARY_FILE = "summary.md"
-SCAN_FILE = "scan.csv"
-FIGURES_DIR = "figures"
 N_TOP = 15
 _TABLE_COLUMNS = ("rank", "circuit_rank", "name", "kind", "role", "offset", "drop", "ablated", "source", "est_drop",
                   "control_drop", "specificity", "gather", "aggregate", "gold_share", "sharpness")
@@ -53,9 +50,9 @@ def build_report(out_dir: str | Path, *, png: bool = True, circuit: Circuit | No
     holds it (it is then not read back).
     """
     folder = Path(out_dir)
-    if not (folder / SCAN_FILE).is_file():
-        raise InputError(f"{folder} has no {SCAN_FILE}: run `gna scan --out {folder}` first (the report reads its output)")
-    check_writable(folder, (REPORT_FILE, SUMMARY_FILE), (FIGURES_DIR,), "the report folder")
+    if not (folder / SCAN_CSV).is_file():
+        raise InputError(f"{folder} has no {SCAN_CSV}: run `gna scan --out {folder}` first (the report reads its output)")
+    check_writable(folder, (REPORT_FILE, SUMMARY_MD), (FIGURES_DIR,), "the report folder")
     if circuit is not None and not isinstance(circuit, Circuit):
         raise InputError(f"circuit must be the Circuit saved in {folder} (or None: read it from there), got "
                          f"{type(circuit).__name__}")
@@ -84,7 +81,7 @@ def build_report(out_dir: str | Path, *, png: bool = True, circuit: Circuit | No
     if png:
         _png_section(folder, figures, parts)
     out = folder / REPORT_FILE
-    atomic_write(folder / SUMMARY_FILE, _summary_md(circuit, parts))
+    atomic_write(folder / SUMMARY_MD, _summary_md(circuit, parts))
     atomic_write(out, page(f"G&A report: {label}", parts.sections, circuitsvis=True, plotly=True))
     for failed in parts.failed:
         warnings.warn(f"report part not drawn ({failed}); report.html and summary.md say so", ReportWarning,
@@ -172,7 +169,7 @@ def _summary_md(circuit: Circuit, parts: IsolatedParts) -> str:
     try:
         text = circuit_summary(circuit)
     except Exception as e:  # noqa: BLE001 -- the rest of the report is still written
-        parts.fail("summary.md", e)
+        parts.fail(SUMMARY_MD, e)
         text = f"# G&A circuit: {md_escape(str(circuit.model))}\n\n- the summary could not be written; the results files are complete\n"
     if parts.failed:
         text += "\n## Report notes\n\n" + "".join(f"- not drawn: {md_escape(f)}\n" for f in parts.failed)

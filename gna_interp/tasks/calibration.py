@@ -29,8 +29,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+import pandas as pd
+
+from gna_interp.constants import CALIBRATION_JSON
 from gna_interp.errors import InputError
 from gna_interp.options import Options, check_int, options
+from gna_interp.results import Result
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.evaluation import evaluate
 
@@ -115,10 +119,11 @@ class FormResult:
 
 
 @dataclass
-class Calibration:
+class Calibration(Result):
     """What :func:`calibrate` measured and chose: ``rows`` (one :class:`FormResult` a form, in grid order),
     ``chosen`` (its index), the knobs the user ``named`` (held fixed), ``saturated``, ``seconds`` and the
-    harder forms ``skipped`` because an easier one had headroom."""
+    harder forms ``skipped`` because an easier one had headroom. Saves to one ``calibration`` JSON file
+    (:meth:`save` / :meth:`load`, a folder's ``calibration.json``) and tabulates its forms (:meth:`to_frame`)."""
 
     rows: list[FormResult]
     chosen: int
@@ -126,6 +131,9 @@ class Calibration:
     saturated: float = SATURATED
     seconds: float = 0.0
     skipped: list[dict[str, Any]] = field(default_factory=list)
+
+    FORMAT = "calibration"
+    FILE = CALIBRATION_JSON
 
     @property
     def form(self) -> dict[str, Any]:
@@ -140,6 +148,8 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Calibration":
+        """The calibration :meth:`to_dict` described; :class:`InputError` for a malformed record or a choice or
+        accuracy out of range."""
         try:
             rows = [FormResult(dict(r["form"]), str(r["task"]), float(r["accuracy"]), float(r["chance"]),
                                int(r["n_samples"]), float(r["tokens"]), str(r.get("verdict", ""))) for r in d["rows"]]
@@ -156,6 +166,16 @@ class Calibration:
                                      f"rerun `gna scan`")
         return cls(rows, chosen, dict(d.get("named") or {}), float(d.get("saturated", SATURATED)),
                    float(d.get("seconds") or 0.0), [dict(f) for f in d.get("skipped") or []])
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row a form, in grid order: ``form`` (its index), its knobs, ``task``, ``accuracy``, ``chance``,
+        ``n_samples``, ``tokens`` (mean prompt tokens), ``verdict`` and ``chosen``."""
+        keys = list(dict.fromkeys(k for r in self.rows for k in r.form))
+        return pd.DataFrame([{"form": i, **{k: r.form.get(k) for k in keys}, "task": r.task, "accuracy": r.accuracy,
+                              "chance": r.chance, "n_samples": r.n_samples, "tokens": r.tokens, "verdict": r.verdict,
+                              "chosen": i == self.chosen} for i, r in enumerate(self.rows)],
+                            columns=["form", *keys, "task", "accuracy", "chance", "n_samples", "tokens", "verdict",
+                                     "chosen"])
 
     def lines(self) -> list[str]:
         """A Markdown table of the grid with the choice marked, and one sentence on the rule."""

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from gna_interp.bootstrap import interval, paired_bootstrap
+from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.options import check_level, check_n_boot
@@ -83,7 +83,7 @@ class HeadScan:
             return self.estimates[h]
         return math.nan
 
-    def screen_bound(self, head: HeadRef, z: float | None = None, n_boot: int = 400) -> tuple[float, float]:
+    def screen_bound(self, head: HeadRef, z: float | None = None, n_boot: int = N_BOOTSTRAP) -> tuple[float, float]:
         """A screened head's drop of :attr:`estimand` on the screening samples and its upper bound
         ``mean + z * sd`` (default ``z``: :data:`SCREEN_Z`) over bootstrap resamples of those samples
         (paired with the baseline)."""
@@ -118,7 +118,7 @@ class HeadScan:
         """Attribution estimate of the drop of :attr:`estimand` when ``head`` is ablated (NaN if none)."""
         return self._value(self.baseline, self.estimand) - self.estimates[head] if head in self.estimates else math.nan
 
-    def intervals(self, level: float = 0.95, n_boot: int = 1000) -> dict[HeadRef, tuple[float, float]]:
+    def intervals(self, level: float = 0.95, n_boot: int = N_BOOTSTRAP) -> dict[HeadRef, tuple[float, float]]:
         """Bootstrap interval (over samples, paired with the baseline; fixed seed) of each exactly run
         head's drop: ``{head: (low, high)}`` at ``level``."""
         n_boot, level = check_n_boot(n_boot), check_level(level)
