@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from gna_interp.circuits.edge_screen import EdgeScreen
+    from gna_interp.tasks.base import Task
 
 
 def _sizes(text: str) -> list[int]:
@@ -65,6 +66,9 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="the light defaults for the options below (a rough third of the forwards; see each option): "
                         "one random series, no minimality, the scan's own edge table, 20 verified edges")
+    p.add_argument("--samples", type=at_least(0), default=None,
+                   help="measure on the first N of the scan's prompts (default 0: all of them; --quick 12, which halves "
+                        "the default task's forwards and widens its intervals by about 1.4x)")
     p.add_argument("--seeds", type=seeds_arg(0), default=None, help="random circuits at each size (default 3; --quick 1)")
     p.add_argument("--minimality", type=at_least(0), default=None,
                    help="measure the own contribution of the smallest circuit's first N heads, each replayed from its "
@@ -96,7 +100,7 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
 
 
 # The options --quick sets when they are not given: (default, quick).
-PRESETS = {"seeds": (3, 1), "minimality": (30, 0), "edges": (5, 0), "verify": (40, 20), "edge_seeds": (1, 0),
+PRESETS = {"samples": (0, 12), "seeds": (3, 1), "minimality": (30, 0), "edges": (5, 0), "verify": (40, 20), "edge_seeds": (1, 0),
            "edge_minimality": (8, 0)}
 
 
@@ -110,9 +114,10 @@ def run_circuit(args: argparse.Namespace) -> int:
     folder = claim_out(args, "circuit")  # before the model loads
     circuit = Circuit.load(args.scan)
     model = load_for(args, args.model or circuit.model)
+    task = _first_samples(circuit.load_task(), args.samples)
     ranked = circuit.scan.top(len(circuit.scan.heads))
     with _stage("faithfulness: every head outside the first k of the ranking ablated"):
-        fx = faithfulness(model, circuit.load_task(), ranked, method=args.method, threshold=args.threshold,
+        fx = faithfulness(model, task, ranked, method=args.method, threshold=args.threshold,
                           sizes=args.sizes, seeds=args.seeds, minimality=args.minimality,
                           batch_size=args.batch_size)
     print(fx.report())
@@ -121,7 +126,7 @@ def run_circuit(args: argparse.Namespace) -> int:
         from gna_interp.circuits.causal import causal_roles, measure_edges
 
         with _stage(f"edges among the circuit's first {args.edges} heads (path patching)"):
-            edges = measure_edges(model, circuit.load_task(), circuit.heads[:args.edges], decision_kv=True,
+            edges = measure_edges(model, task, circuit.heads[:args.edges], decision_kv=True,
                                   batch_size=args.batch_size)
         roles = causal_roles(edges, circuit.edge_drops())
         print(_edge_report(edges, roles))
@@ -134,13 +139,13 @@ def run_circuit(args: argparse.Namespace) -> int:
         from gna_interp.circuits.edge_screen import screen_edges
 
         with _stage("the whole graph: edge attribution, then the strongest edges by path patching"):
-            screen = screen_edges(model, circuit.load_task(), args.method, circuit.load_task() if args.method == "mean"
+            screen = screen_edges(model, task, args.method, task if args.method == "mean"
                                   else None, verify=args.verify, batch_size=args.batch_size, ig_steps=args.ig_steps,
                                   progress=None if quiet() else lambda line: print(line, flush=True))
         print(_screen_report(screen, 20))
     efx = None
     if screen is not None:
-        efx = _edge_circuit(args, model, circuit.load_task(), screen, fx.smallest)
+        efx = _edge_circuit(args, model, task, screen, fx.smallest)
     from gna_interp.viz.faithfulness import faithfulness_curve
 
     with folder.hold(args.fresh):
@@ -169,6 +174,16 @@ def run_circuit(args: argparse.Namespace) -> int:
             written += _whole_report(args.scan, folder.path / WHOLE_DIR, efx, roles, model.n_layers)
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
+
+
+def _first_samples(task: "Task", n: int) -> "Task":
+    """The task's first ``n`` samples (all of them for 0 or more than it has), saying so when it is cut."""
+    if not n or n >= len(task):
+        return task
+    from gna_interp.tasks.base import Task
+
+    print(f"measuring on the first {n} of the task's {len(task)} prompts (--samples)")
+    return Task(task.name, task.samples[:n])
 
 
 def _edge_circuit(args: argparse.Namespace, model: Any, task: Any, screen: "EdgeScreen", heads: Any) -> Any:
