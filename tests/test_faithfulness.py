@@ -132,8 +132,9 @@ def test_gna_circuit_writes_its_folder(tiny_models, tmp_path):
 
 
 def test_gna_circuit_quick_takes_the_light_counts_unless_given(tiny_models, tmp_path):
-    """``--quick``: the first 12 prompts, one random series, no minimality, the scan's own edge table, 20 verified
-    edges, no random edge series; an option given beside it keeps its value; ``--samples N`` measures on N prompts."""
+    """``--quick``: the first 10 prompts, an edge precision of 0.1, one random series, no minimality, the scan's own
+    edge table, 20 verified edges, no random edge series; an option given beside it keeps its value; ``--samples N``
+    measures on N prompts."""
     import pandas as pd
 
     from gna_interp.circuits import Circuit
@@ -153,8 +154,11 @@ def test_gna_circuit_quick_takes_the_light_counts_unless_given(tiny_models, tmp_
     efx = Faithfulness.load(out / "edge_faithfulness.json")
     assert not any(s == "random" for s, *_ in efx.points)
     assert len(efx.minimality) == (1 if efx.smallest else 0)
+    report = (out / "faithfulness.md").read_text()
+    assert "nan" not in report and "not measured (minimality 0)" in report  # what was not drawn says so
+    assert "random circuits: none drawn" in (out / "edge_faithfulness.md").read_text()
     n = len(Circuit.load(scan).load_task())
-    assert len(next(iter(fx.intact.values()))) == min(12, n)  # --quick measures on the first 12 prompts at most
+    assert len(next(iter(fx.intact.values()))) == min(10, n)  # --quick measures on the first 10 prompts at most
     few = tmp_path / "few"
     assert main(["circuit", str(scan), "--out", str(few), "--sizes", "1", "--seeds", "0", "--minimality", "0",
                  "--edges", "0", "--verify", "0", "--samples", "2"]) == 0

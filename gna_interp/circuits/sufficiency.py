@@ -229,13 +229,20 @@ class Faithfulness:
             lines.append(f"- smallest ranked circuit keeping {self.threshold:.0%} of the logit difference: "
                          f"{s['size']} {u} ({_listing(self.smallest, ', ')}), fraction {s['fraction']:.3f} "
                          f"[{lo:.3f}, {hi:.3f}], accuracy fraction {s['accuracy_fraction']:.3f}")
-            lines.append(f"- each {one}'s own contribution (logit difference lost when it alone leaves the circuit"
-                         + (f"; the first {len(s['minimality'])} of the {s['size']}" if len(s["minimality"]) < s["size"]
-                            else "") + "): " + ", ".join(f"{h} {v:+.3f}" for h, v in s["minimality"].items()))
+            if s["minimality"]:
+                lines.append(f"- each {one}'s own contribution (logit difference lost when it alone leaves the circuit"
+                             + (f"; the first {len(s['minimality'])} of the {s['size']}"
+                                if len(s["minimality"]) < s["size"] else "") + "): "
+                             + ", ".join(f"{h} {v:+.3f}" for h, v in s["minimality"].items()))
+            else:
+                lines.append(f"- each {one}'s own contribution: not measured (minimality 0)")
         else:
             lines.append(f"- no ranked circuit measured keeps {self.threshold:.0%} of the logit difference")
         for name in ("ranked", "random"):
             a = sm[name]
+            if name == "random" and not any(p[0] == "random" for p in self.points):
+                lines.append("- random circuits: none drawn (seeds 0)")
+                continue
             lines.append(f"- {name} circuits: CPR {a['cpr']:.3f} (area under the curve, higher is better), CMD "
                          f"{a['cmd']:.3f} (area between the curve and 1, lower is better)")
         frame = self.to_frame()

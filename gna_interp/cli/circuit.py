@@ -67,8 +67,8 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                    help="the light defaults for the options below (a rough third of the forwards; see each option): "
                         "one random series, no minimality, the scan's own edge table, 20 verified edges")
     p.add_argument("--samples", type=at_least(0), default=None,
-                   help="measure on the first N of the scan's prompts (default 0: all of them; --quick 12, which halves "
-                        "the default task's forwards and widens its intervals by about 1.4x)")
+                   help="measure on the first N of the scan's prompts (default 0: all of them; --quick 10, which cuts the "
+                        "default task's forwards by about 60%% and widens its intervals by about 1.5x)")
     p.add_argument("--seeds", type=seeds_arg(0), default=None, help="random circuits at each size (default 3; --quick 1)")
     p.add_argument("--minimality", type=at_least(0), default=None,
                    help="measure the own contribution of the smallest circuit's first N heads, each replayed from its "
@@ -87,9 +87,9 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                         "(EAP-IG; default 0: the gradient of the intact model, plain EAP)")
     p.add_argument("--edge-seeds", type=seeds_arg(0), default=None,
                    help="random edge circuits at each size of the edge curve (default 1; --quick 0)")
-    p.add_argument("--edge-precision", type=_share, default=0.05,
+    p.add_argument("--edge-precision", type=_share, default=None,
                    help="stop the search for the smallest edge circuit once it is known to within this share of its "
-                        "size (default 0.05)")
+                        "size (default 0.05; --quick 0.1)")
     p.add_argument("--edge-minimality", type=at_least(0), default=None,
                    help="measure the own contribution of the smallest edge circuit's first N edges, one run each "
                         "(default 8; --quick 0)")
@@ -100,7 +100,8 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
 
 
 # The options --quick sets when they are not given: (default, quick).
-PRESETS = {"samples": (0, 12), "seeds": (3, 1), "minimality": (30, 0), "edges": (5, 0), "verify": (40, 20), "edge_seeds": (1, 0),
+PRESETS = {"samples": (0, 10), "edge_precision": (0.05, 0.1), "seeds": (3, 1), "minimality": (30, 0), "edges": (5, 0),
+           "verify": (40, 20), "edge_seeds": (1, 0),
            "edge_minimality": (8, 0)}
 
 
