@@ -181,8 +181,9 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     table["abs_rank"] = table["score"].abs().rank(ascending=False, method="first").astype(int)
     exact = _edge_circuit(model, task, method, reference, batch_size)
     shared = _shared_inputs(model)
-    table["verifiable"] = [(_edge(r) is not None) or (exact is not None and (r["receiver"], r["input"]) not in shared)
-                           for _, r in table.iterrows()]
+    from_head = ~(table["sender"].eq(EMBED) | table["sender"].str.startswith("MLP") | table["input"].eq("mlp"))
+    unshared = pd.Series([p not in shared for p in zip(table["receiver"], table["input"])], index=table.index)
+    table["verifiable"] = from_head | (unshared & (exact is not None))  # path patching, or an edge circuit
     table["effect"] = table["low"] = table["high"] = math.nan
     todo = table[table["verifiable"]].sort_values("abs_rank").head(verify)
     heads_todo = todo[[_edge(r) is not None for _, r in todo.iterrows()]]
