@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.engine.head import logit_atol as replay_atol
+from gna_interp.engine.unembed import logit_atol as replay_atol
 from gna_interp.engine.replay import default_stack as _default_stack
 from gna_interp.errors import InputError
 from gna_interp.models import zoo_dir, zoo_names

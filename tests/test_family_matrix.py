@@ -143,10 +143,10 @@ def test_load_and_logits_equal_hugging_face(fam, built):
 
 @pytest.mark.parametrize("fam", [f for f in _for("scan") if f.values[0].replays])
 def test_blockwise_head_log_probs_equal_hugging_face(fam, built, monkeypatch):
-    """Where the scan replays blocks, the replays' head (``engine.head``: the unembedding in vocabulary blocks, here of 7 rows) gives the plain
+    """Where the scan replays blocks, the replays' head (``engine.unembed``: the unembedding in vocabulary blocks, here of 7 rows) gives the plain
     Hugging Face forward's log-probabilities at every position, blockwise or -- where its once-per-model check
     refuses the blocks -- from the full logits."""
-    from gna_interp.engine import head as head_mod
+    from gna_interp.engine import unembed as head_mod
 
     b = built(fam)
     monkeypatch.setitem(head_mod.VOCAB_BLOCK, "cpu", 7)

@@ -63,7 +63,7 @@ def test_the_control_loss_is_read_a_few_rows_at_a_time_and_equals_the_full_compu
     pass keeps each read's log-probability only, the head runs over a few rows (here 4) and vocabulary columns at a
     time, and only the replay check reads whole logit rows, a bounded spread of them. The LM loss, intact and with a
     head removed, equals the full computation's (``log_softmax`` over the whole vocabulary at every read) to 1e-6."""
-    from gna_interp.engine import head as head_mod
+    from gna_interp.engine import unembed as head_mod
     from gna_interp.engine import replay as replay_mod
 
     model = tiny_models["llama"]

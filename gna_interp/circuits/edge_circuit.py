@@ -43,7 +43,7 @@ from torch import Tensor
 
 from gna_interp.circuits.paths import LOGITS, PathPatcher, linear_write, read_block
 from gna_interp.circuits.whole_circuit import EMBED
-from gna_interp.engine.head import head_logprobs
+from gna_interp.engine.unembed import head_logprobs
 from gna_interp.engine.replay import replay
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements

@@ -59,7 +59,7 @@ from torch import Tensor
 
 from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.circuits.whole_circuit import LOGITS
-from gna_interp.engine.head import head_logprobs
+from gna_interp.engine.unembed import head_logprobs
 from gna_interp.engine.replay import KeyValues, Prefix, ReplayMismatch, default_stack, prefixes_for, replay
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
 from gna_interp.constants import PATH_EFFECTS_JSON

@@ -3,7 +3,7 @@
 - :mod:`gna_interp.engine.replay`: clean prefixes captured once per chunk (shared by every stage of a run),
   stacked replays of the blocks after the earliest removed head, nested sets replayed from the heads they add,
   and :class:`~gna_interp.engine.replay.SetAblation` (a task's scores with any set of heads removed);
-- :mod:`gna_interp.engine.head`: the model's head at the read positions, ``log p(token)`` from the unembedding run
+- :mod:`gna_interp.engine.unembed`: the language-model head (final norm and unembedding) at the read positions, ``log p(token)`` from the unembedding run
   in vocabulary blocks (no ``reads x vocabulary`` logits), checked once per model against the full head;
 - :mod:`gna_interp.engine.attribution`: attribution patching, every head's first-order estimate from one forward
   and one backward per chunk.

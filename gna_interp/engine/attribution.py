@@ -31,7 +31,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.engine.head import at_reads, head_logprobs_grad
+from gna_interp.engine.unembed import at_reads, head_logprobs_grad
 from gna_interp.engine.replay import Prefixes, recording
 from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
@@ -124,7 +124,7 @@ def _head_terms(r: Replacement, rec: _Recorder, grad: Tensor | None, proj: Tenso
 def _read(model: Model, chunk: Chunk, hooks: list[tuple[str, Callable[..., Tensor]]]) -> Tensor:
     """The differentiable log-probabilities of ``chunk``'s reads from one forward with ``hooks``. The forward stops at
     the final norm and the head runs block by block, its backward too
-    (:func:`~gna_interp.engine.head.head_logprobs_grad`); a model without a hook there reads the bridge's own logits
+    (:func:`~gna_interp.engine.unembed.head_logprobs_grad`); a model without a hook there reads the bridge's own logits
     and differentiates them in full."""
     rows, pos, inverse = chunk.reads
     hidden = model.final_residual(chunk.batch, hooks, grad=True)

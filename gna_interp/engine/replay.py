@@ -35,7 +35,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
-from gna_interp.engine.head import at_reads, final_logits, head_logprobs, logit_atol
+from gna_interp.engine.unembed import at_reads, final_logits, head_logprobs, logit_atol
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import (AblationMethod, Replacement, ablation_hooks, check_method, replacements,
                                               stacked_ablation_hooks)
@@ -126,7 +126,7 @@ def capture(model: Model, batch: TokenBatch, reads: tuple[Tensor | None, ...] | 
     read is among them (a chunk's :attr:`~gna_interp.tasks.scoring.Chunk.reads`; inverse None: the reads as they
     are); with them it keeps the logits at the distinct positions or, given ``tokens`` (the token each read scores,
     e.g. ``chunk.read_tok``), only each read's clean log-probability, from the residual stream entering the final norm
-    through the blockwise head (:func:`~gna_interp.engine.head.head_logprobs`): the vocabulary is never held for all
+    through the blockwise head (:func:`~gna_interp.engine.unembed.head_logprobs`): the vocabulary is never held for all
     the reads at once."""
     if reads is not None and len(reads) == 2:
         reads = distinct_reads(*reads)
@@ -327,7 +327,7 @@ def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos:
                   atol: float | None = None) -> float:
     """Capture ``batch`` (keep it small: two rows do), replay it from block 0 as two stacked copies and
     return the largest deviation from the bridge's own logits at the reads ``(rows, pos)`` (distinct ones are the
-    cheapest); raises :class:`ReplayMismatch` above ``atol`` (default :func:`~gna_interp.engine.head.logit_atol` of
+    cheapest); raises :class:`ReplayMismatch` above ``atol`` (default :func:`~gna_interp.engine.unembed.logit_atol` of
     the model's dtype)."""
     prefix = capture(model, batch, (rows, pos, None))
     hidden = replay(model, prefix, 0, copies=2)

@@ -510,7 +510,7 @@ def combine_lse(parts: Sequence[Float[Tensor, " n"]]) -> Float[Tensor, " n"]:
 def log_normaliser(logits: Float[Tensor, "n vocab"]) -> Float[Tensor, " n"]:
     """``logsumexp`` of each row (float64), summed block by block (:func:`vocab_step` columns in float32, the blocks
     combined in float64): the same sums, in the same order, as the blockwise head of the replays
-    (:func:`gna_interp.engine.head.head_logprobs`), so scores from full logits and from replays differ only by the
+    (:func:`gna_interp.engine.unembed.head_logprobs`), so scores from full logits and from replays differ only by the
     logits' own rounding."""
     step = vocab_step(logits.device)
     return combine_lse([torch.logsumexp(logits[:, k:k + step].float(), -1) for k in range(0, logits.shape[-1], step)])

@@ -1,4 +1,4 @@
-"""The blockwise head (``engine.head``): log-probabilities at the reads from vocabulary blocks equal the full
+"""The blockwise head (``engine.unembed``): log-probabilities at the reads from vocabulary blocks equal the full
 ``log_softmax`` of the model's own logits, across block boundaries, with shared read positions and with the rows
 taken a few at a time; a head the blocks cannot reproduce is read in full, a few rows at a time too."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from gna_interp import load_model
-from gna_interp.engine import head as head_mod
-from gna_interp.engine.head import head_logprobs
+from gna_interp.engine import unembed as head_mod
+from gna_interp.engine.unembed import head_logprobs
 
 
 def _reads(model, n_tokens: int = 40):
@@ -74,7 +74,7 @@ def test_blockwise_gradient_equals_the_full_heads(tiny_dirs, monkeypatch, block,
     """The differentiable head (:func:`head_logprobs_grad`) gives the full head's log-probabilities and their gradient
     with respect to the residual stream (through the final norm), with and without an elementwise output transform
     (a Gemma-2-style soft-cap), the rows taken whole or a few at a time."""
-    from gna_interp.engine.head import head_logprobs_grad
+    from gna_interp.engine.unembed import head_logprobs_grad
 
     model = load_model(tiny_dirs["llama"], device="cpu")
     monkeypatch.setitem(head_mod.VOCAB_BLOCK, "cpu", block)
