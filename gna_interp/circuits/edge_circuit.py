@@ -27,8 +27,9 @@ block on stacked copies of the distinct receiver streams, stopped once the input
 each receiver input its channels (receiver inputs that read the same senders at the same positions read the same
 stream and share a copy: leaving one edge out runs two copies at its receiver's layer and one elsewhere); one run of
 the block on the current stream overwrites them, records the heads' outputs and gives the MLP its own input at the
-stream before it (``hook_resid_mid``, which feeds the MLP's norm and not the residual sum). This needs blocks that add their mixer's output and their MLP's as is (Llama, GPT-2, Mamba-2,
-Bamba, ...); a block that normalises or scales them first (Gemma-2/3, OLMo-2, Granite) is refused with the reason.
+stream before it (``hook_resid_mid``, which feeds the MLP's norm and not the residual sum). This needs blocks that
+add their mixer's output and their MLP's as is (Llama, GPT-2, Mamba-2, Bamba, ...); a block that normalises or
+scales them first (Gemma-2/3, OLMo-2, Granite) is refused with the reason.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ def head_explorer(frame: pd.DataFrame, views: CardViews | None, heatmap_id: str 
               if c in frame.columns]
     data = {"heatmap": heatmap_id, "rows": rows, "n_heads": len(rows), "scores": scores,
             "stored": [h.name for h in every.heads], "omitted": [h.name for h in every.omitted or []],
-            "sample": every.sample, "n_tokens": every.n_tokens, "tokens": display_tokens(views.patterns.str_tokens[every.sample]),
+            "sample": every.sample, "n_tokens": every.n_tokens,
+            "tokens": display_tokens(views.patterns.str_tokens[every.sample]),
             "levels": LEVELS, "budget": every.budget,
             "codes": _b64(every.codes.numpy()), "scales": _b64(every.scales.numpy().astype("<f4")),
             "what": "attention heads: softmax pattern; SSM heads: |M| row-normalised. Stored as 8-bit codes "
