@@ -70,7 +70,7 @@ from gna_interp import KVRetrieval, load_model  # noqa: E402
 from gna_interp.circuits.scan import scan_heads  # noqa: E402
 from gna_interp.models.loading import convert_gguf  # noqa: E402
 from gna_interp.models.spec import cache_dir  # noqa: E402
-from gna_interp.tasks import plan_scoring  # noqa: E402
+from gna_interp.engine import plan_scoring  # noqa: E402
 
 PEER_PINS = ["transformers==5.23.0", "nnsight==0.8.1", "pyvene==0.1.8"]
 PEER_TOOLS = ("nnsight-plain", "nnsight-best", "pyvene-plain", "pyvene-best", "nnsight-attr")
@@ -156,7 +156,7 @@ def model_dir(model: Any) -> str:
 
 def export_task(model: Any, task: Any) -> list[dict]:
     """Each sample's prompt ids, candidates' token ids (in candidate order) and gold index, as ``gna scan`` reads
-    them (:func:`gna_interp.tasks.plan_scoring`)."""
+    them (:func:`gna_interp.engine.plan_scoring`)."""
     plan = plan_scoring(model, task.samples)
     out = [{"prompt": list(plan.prompt_ids[i]), "cands": [None] * len(s.candidates), "gold": int(s.gold)}
            for i, s in enumerate(plan.samples)]
@@ -355,7 +355,7 @@ def edge_rows(model: Any, task: Any, tools: list[str], args: argparse.Namespace,
     ``patch_mode``). Ours run in this process after a warm-up on two prompts."""
     from gna_interp.circuits.edge_circuit import EdgeCircuit
     from gna_interp.circuits.edge_screen import screen_edges
-    from gna_interp.tasks.metrics import LOGIT_DIFF, results
+    from gna_interp.engine.metrics import LOGIT_DIFF, results
 
     warm = copy.copy(task)
     warm.samples = task.samples[:2]

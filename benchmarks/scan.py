@@ -13,7 +13,7 @@ SmolLM2 (completion template, values 0-99, 10 pairs, 24 samples: multi-token val
 
 - **naive (full logits)**: the textbook loop -- per head one full forward with one ablation hook and
   the logits of every position, scores read from them;
-- **naive (scorer)**: ``strategy="naive"`` -- per head :func:`gna_interp.tasks.run_plan` with the hook,
+- **naive (scorer)**: ``strategy="naive"`` -- per head :func:`gna_interp.engine.run_plan` with the hook,
   which already asks the model for the last few positions' logits only;
 - **exact**: prefix reuse + stacked ablations + logits only at the reads;
 - **attribution**: one forward + one backward per batch;
@@ -55,14 +55,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from implicit_attention import enable_cpu_accounting, peak_memory  # noqa: E402
 
 from gna_interp import HeadRef  # noqa: E402
-from gna_interp.tasks.scoring import ScoreTable, layout_chunks, read_logprobs  # noqa: E402
+from gna_interp.engine.forward import ScoreTable  # noqa: E402
+from gna_interp.engine.layout import layout_chunks  # noqa: E402
+from gna_interp.engine.unembed import read_logprobs  # noqa: E402
 from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, default_stack  # noqa: E402
 from gna_interp.circuits.scan import scan_heads  # noqa: E402
 from gna_interp.models.estimate import measure_row_bytes, replay_row_bytes  # noqa: E402
 from gna_interp.interventions.ablation import ablation_hooks, replacements  # noqa: E402
 from gna_interp.models import AttentionAdapter, load_model  # noqa: E402
 from gna_interp.models.hf import unwrap  # noqa: E402
-from gna_interp.tasks import KVRetrieval, plan_scoring  # noqa: E402
+from gna_interp.tasks import KVRetrieval  # noqa: E402
+from gna_interp.engine import plan_scoring  # noqa: E402
 
 
 def spearman(a: list[float], b: list[float]) -> float:

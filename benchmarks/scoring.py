@@ -28,7 +28,8 @@ from gna_interp import load_model
 from gna_interp.circuits import prune_curve
 from gna_interp.models import smollm2_gguf_path
 from gna_interp.models.tiny import build_tiny
-from gna_interp.tasks import KVRetrieval, plan_scoring, run_plan
+from gna_interp.tasks import KVRetrieval
+from gna_interp.engine import plan_scoring, run_plan
 
 
 

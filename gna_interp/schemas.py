@@ -100,7 +100,7 @@ SCAN = obj({"model": STR, "task": STR, "method": STR, "metric": STR, "strategy":
             "masses": HEAD_VALUES, "seconds": SECONDS, "unsettled": NAT, "screen_index": arr(NAT),
             "screened": HEAD_SAMPLES, "run_id": RUN})
 
-# what each metric reads from a per-sample record (tasks.metrics): a scan's records must hold it
+# what each metric reads from a per-sample record (engine.metrics): a scan's records must hold it
 METRIC_KEYS = {"logit_diff": ["logit_diff"], "accuracy": ["correct"], "logprob": ["gold_score", "n_gold"]}
 SCAN["allOf"] = [{"if": {"properties": {"metric": {"const": metric}}, "required": ["metric"]},
                   "then": {"properties": {"baseline": {"type": ["object", "null"], "required": keys},

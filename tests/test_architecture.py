@@ -75,6 +75,31 @@ def test_only_models_builds_hook_names():
     assert not built, f"hook names built outside models/: {built}"
 
 
+def test_no_module_keeps_per_model_state():
+    """What is learnt about one model (a check passed, a shortcut allowed) lives on that model (``Model.facts``), not in
+    a module-level ``WeakKeyDictionary`` above ``models/`` (which marks the bridge's own torch modules that way)."""
+    kept = []
+    for path in _sources_outside_models():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, ast.Call) and "WeakKeyDictionary" in ast.unparse(value.func):
+                kept.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not kept, f"per-model state in module globals: {kept}"
+
+
+def test_the_engine_keeps_what_it_learns_on_the_model(tiny_dirs):
+    """A replay check and the blockwise head run once per model and are remembered on that model only."""
+    from gna_interp.engine import unembed
+    from gna_interp.engine.replay import VERIFIED, SetAblation
+
+    model, other = (gna.load_model(tiny_dirs["llama"], device="cpu") for _ in range(2))
+    assert model.facts == {}
+    runner = SetAblation(model, gna.KVRetrieval(n_pairs=3, n_samples=4, seed=0), batch_size=2)
+    runner.run(["L0H0"])
+    assert runner.fast and model.facts[VERIFIED] and unembed.BLOCKWISE in model.facts
+    assert other.facts == {}
+
+
 def test_top_level_api_reads_like_the_paper_and_shadows_no_subpackage():
     for name in ("load_model", "patterns", "ablate", "evaluate", "scan_heads", "discover", "KVRetrieval",
                  "MultipleChoice", "Circuit", "HeadRef", "Model", "mask_pattern"):

@@ -67,7 +67,7 @@ def test_calibrate_measures_each_form_as_evaluate_does_and_round_trips():
 def test_gna_scan_calibrates_the_unnamed_knobs_and_records_the_grid(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--device", "cpu", "scan", "--model", "zoo:transformer-kv", "--max-value", "99", "--template", "official",
-            "--samples", "6", "--calibrate", "4", "--top-k", "1", "--seeds", "1", "--no-control", "--out", str(out)]
+            "--samples", "6", "--calibrate", "4", "--top-k", "1", "--seeds", "1", "--no-control", "--no-png", "--out", str(out)]
     assert main(argv) == 0
     assert "calibrating the task form: 2 forms on 4 prompts each" in capsys.readouterr().out
     c = Circuit.load(out)
@@ -92,7 +92,7 @@ def test_gna_scan_mc_calibrates_letters_against_stated(tiny_dirs, tmp_path):
     out = tmp_path / "mc"
     assert main(["--device", "cpu", "scan", "--allow-chance", "--model", str(tiny_dirs["llama"]), "--task", "mc",
                  "--samples", "4", "--calibrate", "4", "--shots", "1", "--top-k", "1", "--seeds", "1", "--no-control",
-                 "--out", str(out)]) == 0
+                 "--no-png", "--out", str(out)]) == 0
     c = Circuit.load(out)
     assert [r.form for r in c.calibration.rows] == [{"mc_form": "letters"}, {"mc_form": "stated"}]
     assert c.load_task().name == f"categories-{c.calibration.form['mc_form']}"

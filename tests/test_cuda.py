@@ -33,7 +33,8 @@ from gna_interp.models.estimate import (CPU_REPLAY_TOKENS, STACK_MEMORY_SHARE, m
 from gna_interp.models.model import Model
 from gna_interp.models.ssm import layer_terms
 from gna_interp.models.ssm_kernel import mixer_output
-from gna_interp.tasks.scoring import layout_chunks, plan_scoring
+from gna_interp.engine.layout import layout_chunks
+from gna_interp.engine.plan import plan_scoring
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 ZOO = ["transformer-kv", "mamba2-kv"]

@@ -111,7 +111,7 @@ def test_pair_prefers_an_earlier_gather_head():
 def test_gna_scan_command(tiny_dirs, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--device", "cpu", "scan", "--allow-chance", "--model", str(tiny_dirs["mamba2"]), "--pairs", "3", "--samples", "3",
-            "--max-value", "20", "--top-k", "2", "--seeds", "1", "--batch-size", "3", "--out", str(out)]
+            "--max-value", "20", "--top-k", "2", "--seeds", "1", "--batch-size", "3", "--no-png", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "| rank | head |" in printed and "wrote" in printed
@@ -200,7 +200,7 @@ def test_mc_scan_measures_its_cloze_twin_and_compare_circuits_removes_each_on_th
     from gna_interp.tasks.mmlu import questions_from
 
     common = ["--device", "cpu", "scan", "--allow-chance", "--model", str(tiny_dirs["llama"]), "--samples", "4",
-              "--top-k", "2", "--seeds", "2", "--batch-size", "4", "--no-control"]
+              "--top-k", "2", "--seeds", "2", "--batch-size", "4", "--no-control", "--no-png"]
     mc, kv = tmp_path / "mc", tmp_path / "kv"
     assert main(common + ["--task", "mc", "--mc-form", "stated", "--shots", "1", "--out", str(mc)]) == 0
     assert main(common + ["--pairs", "3", "--max-value", "20", "--out", str(kv)]) == 0

@@ -145,7 +145,7 @@ def test_torchrun_scan_writes_the_single_process_scan_csv(tmp_path):
     """`torchrun --nproc-per-node 2 -m gna_interp scan` (auto: attribution on every rank, exact heads split)
     writes the bytes of `scan.csv` that one process writes."""
     args = ["scan", "--model", "zoo:transformer-kv", "--samples", "8", "--pairs", "6", "--no-control", "--seeds", "1",
-            "--top-k", "1"]
+            "--top-k", "1", "--no-png"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                              "-m", "gna_interp", *args, "--out", str(tmp_path / "two")],

@@ -14,8 +14,8 @@ from gna_interp.circuits.edge_circuit import CLASSES, EdgeCircuit, Wire
 from gna_interp.engine.replay import SetAblation
 from gna_interp.errors import InputError
 from gna_interp.tasks import KVRetrieval
-from gna_interp.tasks.metrics import get_metric, results
-from gna_interp.tasks.scoring import read_logprobs
+from gna_interp.engine.metrics import get_metric, results
+from gna_interp.engine.unembed import read_logprobs
 
 
 def _task():

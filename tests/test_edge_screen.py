@@ -13,7 +13,7 @@ import test_paths as tp
 from gna_interp import HeadRef, KVRetrieval
 from gna_interp.circuits.edge_screen import EDGE_SCREEN_COLUMNS, screen_edges
 from gna_interp.circuits.paths import Edge, PathPatcher, path_effects
-from gna_interp.tasks.metrics import LOGIT_DIFF
+from gna_interp.engine.metrics import LOGIT_DIFF
 
 H = HeadRef.parse
 
@@ -93,7 +93,7 @@ def test_mlp_and_embedding_edges_are_verified_by_an_edge_circuit(tiny_models):
     left out: the effect equals the intact metric minus the metric of that edge circuit."""
     from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire
     from gna_interp.tasks import KVRetrieval
-    from gna_interp.tasks.metrics import LOGIT_DIFF, results
+    from gna_interp.engine.metrics import LOGIT_DIFF, results
 
     model = tiny_models["llama"]
     task = KVRetrieval(3, 3, seed=1, max_value=9)

@@ -24,7 +24,7 @@ from gna_interp.errors import GnaError, HeadError, InputError, ModelPathError, O
 from gna_interp.tasks import Question
 
 SCAN = ["scan", "--allow-chance", "--samples", "3", "--pairs", "3", "--max-value", "20", "--top-k", "2", "--seeds", "1",
-        "--batch-size", "3", "--no-control"]
+        "--batch-size", "3", "--no-control", "--no-png"]
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,8 @@ from gna_interp.experiments.eval import SUMMARY_COLUMNS, TABLE_COLUMNS, EvalResu
 from gna_interp.experiments.eval_tasks import TASKS_DIR, task_paths, write_jsonl, write_task_folder  # noqa: E402
 from gna_interp.experiments.harness import FullMask, GnaLM  # noqa: E402
 from gna_interp.interventions import ablate, mask_pattern  # noqa: E402
-from gna_interp.tasks import KVRetrieval, Sample, evaluate, score_candidates  # noqa: E402
+from gna_interp.tasks import KVRetrieval, Sample, evaluate  # noqa: E402
+from gna_interp.engine import score_candidates  # noqa: E402
 
 SHIPPED = TASKS_DIR  # gna_interp/data/eval_tasks: package data of the wheel
 # multi-digit values: " 4" is a prefix of " 42" on the byte tokenizer, so rows are shared and deduplicated

@@ -171,7 +171,7 @@ def test_edge_circuits_curve_smallest_minimality_and_round_trip(models, tmp_path
     saved file agree with direct runs."""
     from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire
     from gna_interp.circuits.sufficiency import edge_faithfulness, shuffled
-    from gna_interp.tasks.metrics import get_metric, results
+    from gna_interp.engine.metrics import get_metric, results
 
     model = models("llama")
     ec = EdgeCircuit(model, _task(), "mean", batch_size=16)

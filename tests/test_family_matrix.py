@@ -150,7 +150,7 @@ def test_blockwise_head_log_probs_equal_hugging_face(fam, built, monkeypatch):
 
     b = built(fam)
     monkeypatch.setitem(head_mod.VOCAB_BLOCK, "cpu", 7)
-    monkeypatch.delitem(head_mod._BLOCKWISE, b.model, raising=False)
+    monkeypatch.delitem(b.model.facts, head_mod.BLOCKWISE, raising=False)
     want = torch.log_softmax(b.hf_logits()[0], -1)
     _, cache = b.model.run_with_cache(b.batch, names_filter=lambda n: n == b.model.FINAL_NORM_INPUT)
     resid = cache[b.model.FINAL_NORM_INPUT][0]
@@ -158,8 +158,8 @@ def test_blockwise_head_log_probs_equal_hugging_face(fam, built, monkeypatch):
     tokens = torch.stack([b.batch.ids[0], torch.full_like(b.batch.ids[0], want.shape[-1] - 1)], 1).reshape(-1)
     got = head_mod.head_logprobs(b.model, resid, tokens, at)
     err = (got - want[at, tokens]).abs().max().item()
-    assert err <= 1e-5 * max(1.0, b.hf_logits().abs().max().item()), (fam.key, head_mod._BLOCKWISE[b.model], err)
-    monkeypatch.delitem(head_mod._BLOCKWISE, b.model)
+    assert err <= 1e-5 * max(1.0, b.hf_logits().abs().max().item()), (fam.key, b.model.facts[head_mod.BLOCKWISE], err)
+    monkeypatch.delitem(b.model.facts, head_mod.BLOCKWISE)
 
 
 def _hf_twin(b: Built, path: str) -> torch.nn.Module:
@@ -234,7 +234,7 @@ def test_path_patching_equals_hugging_face(fam, built):
     MLPs silenced) taken off the last layer's output; edges into a later head's key and value inputs run (where the
     family's heads can receive them: else :func:`test_limits_are_reported` asserts the refusal)."""
     from gna_interp.circuits.paths import Edge, PathPatcher
-    from gna_interp.tasks.scoring import read_logprobs
+    from gna_interp.engine.unembed import read_logprobs
 
     b = built(fam)
     task = gna.KVRetrieval(n_pairs=3, n_samples=2, seed=1, max_value=9)
@@ -277,7 +277,9 @@ def test_sliding_window_families_pack_rows_shorter_than_the_window(fam, built, t
     KV rows are longer) the rows stay unpacked."""
     import dataclasses
 
-    from gna_interp.tasks.scoring import ScoreTable, layout_chunks, plan_scoring, read_chunks
+    from gna_interp.engine.forward import read_chunks, ScoreTable
+    from gna_interp.engine.layout import layout_chunks
+    from gna_interp.engine.plan import plan_scoring
 
     task = gna.KVRetrieval(n_pairs=3, n_samples=3, seed=1, max_value=99, template="completion")
     assert not plan_scoring(built(fam).model, task.samples).packs
@@ -398,7 +400,8 @@ def test_suffix_replay_reproduces_the_later_positions_or_is_off(fam, built):
     """Where a family's blocks take the recorded keys and values (:class:`KeyValues`), a replay of the positions from
     a column on equals the full replay there, from every block; elsewhere suffix replays are off."""
     from gna_interp.engine.replay import KeyValues, capture, replay
-    from gna_interp.tasks.scoring import layout_chunks, plan_scoring
+    from gna_interp.engine.layout import layout_chunks
+    from gna_interp.engine.plan import plan_scoring
 
     b = built(fam)
     task = gna.KVRetrieval(n_pairs=3, n_samples=2, seed=1, max_value=9)

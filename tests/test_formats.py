@@ -58,7 +58,7 @@ def test_gna_scan_formats_option(tmp_path):
     out = tmp_path / "f"
     assert main(["--device", "cpu", "scan", "--model", "zoo:transformer-kv", "--template", "official", "--pairs", "6",
                  "--max-value", "99", "--samples", "6", "--formats", "completion,official", "--top-k", "1",
-                 "--seeds", "1", "--no-control", "--out", str(out)]) == 0
+                 "--seeds", "1", "--no-control", "--no-png", "--out", str(out)]) == 0
     c = Circuit.load(out)
     assert list(c.formats) == ["kv6-completion"]  # official is the task's own template: not scanned twice
     assert "rel_drop_kv6-completion" in (out / "scan.csv").read_text().splitlines()[0]

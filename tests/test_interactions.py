@@ -14,8 +14,9 @@ import gna_interp
 from gna_interp.circuits import Interactions, head_interactions
 from gna_interp.circuits.interactions import interactions
 from gna_interp.errors import GnaError, InputError
-from gna_interp.tasks import KVRetrieval, plan_scoring, run_plan
-from gna_interp.tasks.metrics import get_metric, results
+from gna_interp.tasks import KVRetrieval
+from gna_interp.engine import plan_scoring, run_plan
+from gna_interp.engine.metrics import get_metric, results
 from gna_interp.viz import interaction_heatmap
 
 TASK = KVRetrieval(3, 4, seed=0, max_value=9)

@@ -15,7 +15,7 @@ from gna_interp.errors import HeadError, InputError
 from gna_interp.interventions import ablate
 from gna_interp.models.hf import unwrap
 from gna_interp.tasks import KVRetrieval
-from gna_interp.tasks.scoring import read_logprobs
+from gna_interp.engine.unembed import read_logprobs
 
 H = HeadRef.parse
 
@@ -390,10 +390,11 @@ def test_every_path_removed_is_the_plain_ablation(tiny_dirs, family, index):
     every = [Edge(s, r, i, "all") for r in later for i in inputs] + [Edge(s, None)]
     task = _task()
     pe = path_effects(model, task, [every, [Edge(s, None)]])
-    from gna_interp.tasks.scoring import run_plan, plan_scoring
+    from gna_interp.engine.forward import run_plan
+    from gna_interp.engine.plan import plan_scoring
     with ablate(model, [s]):
         ablated = run_plan(model, plan_scoring(model, task.samples))
-    from gna_interp.tasks.metrics import results
+    from gna_interp.engine.metrics import results
     want = results(ablated)["logit_diff"]
     got = pe.patched[0]["logit_diff"]
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()

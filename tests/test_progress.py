@@ -16,7 +16,7 @@ from gna_interp.cli import main
 # tqdm's time stamp, in its bars and in our plain lines alike: "[00:03<00:10, " or "[00:03, "
 BAR = re.compile(r"\[\d+:\d\d(<|, )")
 CHEAP_SCAN = ["scan", "--model", "zoo:transformer-kv", "--samples", "6", "--pairs", "6", "--calibrate", "0",
-              "--strategy", "exact", "--top-k", "1", "--seeds", "1", "--no-control", "--threads", "1"]
+              "--strategy", "exact", "--top-k", "1", "--seeds", "1", "--no-control", "--threads", "1", "--no-png"]
 
 
 @pytest.fixture(autouse=True)
@@ -99,3 +99,4 @@ def test_gna_scan_prints_no_bar_with_tqdm_disable_or_quiet(tmp_path, capsys, mon
     assert not _bars(quiet.err + quiet.out), _bars(quiet.err + quiet.out)
     assert not progress.quiet()  # --quiet lasts for its command only
     assert quiet.out.strip() and (tmp_path / "quiet" / "scan.csv").is_file()
+    assert (tmp_path / "quiet" / "report.html").is_file() and not (tmp_path / "quiet" / "figures").exists()  # --no-png

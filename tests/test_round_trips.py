@@ -23,7 +23,7 @@ from gna_interp.results import REPR_ROWS, Result
 from gna_interp.tasks.calibration import Calibration, FormResult
 from gna_interp.tasks.evaluation import Evaluation
 from gna_interp.tasks.sample import Sample
-from gna_interp.tasks.scoring import CandidateScores
+from gna_interp.engine.plan import CandidateScores
 
 HOSTILE = "<script>alert('x')</script>&<b>"
 

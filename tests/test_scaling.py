@@ -19,7 +19,9 @@ from gna_interp.errors import InputError, ModelPathError, OptionError, UnknownMo
 from gna_interp.models.estimate import DEVICES, Device, check_hooks, estimate_scan, forward_flops, get_device
 from gna_interp.models.loading import MissingTokenizer, configs_dir, parse_dtype, shipped_configs
 from gna_interp.models.hf import unwrap
-from gna_interp.tasks.scoring import plan_scoring, read_logprobs, run_plan
+from gna_interp.engine.forward import run_plan
+from gna_interp.engine.plan import plan_scoring
+from gna_interp.engine.unembed import read_logprobs
 
 GiB = 1 << 30
 

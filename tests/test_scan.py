@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import weakref
 
 import pytest
 import torch
@@ -20,15 +19,16 @@ from gna_interp.circuits import scan as scan_mod
 from gna_interp.circuits.scan import policy as scan_policy, result as scan_result
 from gna_interp.engine.attribution import attribution_estimates
 from gna_interp.circuits.scan.policy import next_to_verify as _next_to_verify
-from gna_interp.tasks.metrics import LOGIT_DIFF
+from gna_interp.engine.metrics import LOGIT_DIFF
 
 metric_weights = LOGIT_DIFF.target_weights  # the logit difference's target weights
-from gna_interp.tasks.scoring import layout_chunks
+from gna_interp.engine.layout import layout_chunks
 from gna_interp.engine import replay as replay_mod
 from gna_interp.engine.replay import ReplayMismatch, SetAblation
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import Replacement, ablation_hooks, replacements
-from gna_interp.tasks import KVRetrieval, plan_scoring, run_plan
+from gna_interp.tasks import KVRetrieval
+from gna_interp.engine import plan_scoring, run_plan
 
 TASK = KVRetrieval(n_pairs=3, n_samples=3, max_value=20, seed=1)
 HEADS = {
@@ -208,7 +208,7 @@ def test_fallback_to_naive_when_replay_does_not_reproduce_the_model(tiny_models,
         raise ReplayMismatch("simulated: work between blocks")
 
     monkeypatch.setattr(replay_mod, "verify_replay", broken)
-    monkeypatch.setattr(replay_mod, "_VERIFIED", weakref.WeakKeyDictionary())  # forget the model passed before
+    monkeypatch.delitem(model.facts, replay_mod.VERIFIED, raising=False)  # forget that the model passed before
     with pytest.warns(RuntimeWarning, match="falling back"):
         scan = scan_heads(model, TASK, heads=["L1H1"], strategy="exact", batch_size=4, progress=False)
     naive = scan_heads(model, TASK, heads=["L1H1"], strategy="naive", batch_size=4, progress=False)
@@ -332,7 +332,8 @@ def test_multi_token_candidates_are_packed_one_sequence_per_sample(tiny_models, 
     as a tree under one mask) and replays it, and its numbers equal the full-row naive loop's and an
     `evaluate` under `ablate`; attribution reads its metric weights chunk by chunk."""
     from gna_interp.interventions import ablate
-    from gna_interp.tasks import evaluate, plan_scoring
+    from gna_interp.tasks import evaluate
+    from gna_interp.engine import plan_scoring
 
     model = tiny_models["llama"]
     task = KVRetrieval(n_pairs=6, n_samples=3, seed=2)  # values 0..99: byte tokens, many rows per sample
@@ -418,7 +419,7 @@ def test_set_ablation_falls_back_to_full_forwards(tiny_models, monkeypatch):
         raise ReplayMismatch("simulated: work between blocks")
 
     monkeypatch.setattr(replay_mod, "verify_replay", broken)
-    monkeypatch.setattr(replay_mod, "_VERIFIED", weakref.WeakKeyDictionary())  # forget the model passed before
+    monkeypatch.delitem(model.facts, replay_mod.VERIFIED, raising=False)  # forget that the model passed before
     slow = SetAblation(model, TASK, batch_size=2)
     assert not slow.fast
     with ablate(model, ["L1H1"]):

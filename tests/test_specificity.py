@@ -14,7 +14,7 @@ from gna_interp.circuits.curve import curve_k
 from gna_interp.circuits.discovery import check_solvable
 from gna_interp.circuits.specificity import control_task, specificity_frame
 from gna_interp.errors import InputError
-from gna_interp.tasks import plan_scoring, run_plan
+from gna_interp.engine import plan_scoring, run_plan
 from gna_interp.tasks.text import NeutralText, lm_loss
 
 TASK = gna.KVRetrieval(n_pairs=3, n_samples=6, max_value=20, seed=4)
@@ -83,7 +83,7 @@ def test_the_control_loss_is_read_a_few_rows_at_a_time_and_equals_the_full_compu
         return read_logits(batch, rows, pos, *args, **kwargs)
 
     monkeypatch.setattr(model, "read_logits", counted)
-    replay_mod._VERIFIED.pop(model, None)  # check the replays again, under the count
+    model.facts.pop(replay_mod.VERIFIED, None)  # check the replays again, under the count
     runner = replay_mod.SetAblation(model, task, batch_size=2)
     got = [lm_loss(runner.clean())] + [lm_loss(runner.run([h])) for h in heads]
     assert got == pytest.approx(want, abs=1e-6)

@@ -9,7 +9,8 @@ import pytest
 
 from gna_interp.errors import InputError, ModelUnavailableError
 from gna_interp.models import loading
-from gna_interp.tasks import MultipleChoice, Question, evaluate, file_questions, plan_scoring, synthetic_questions
+from gna_interp.tasks import MultipleChoice, Question, evaluate, file_questions, synthetic_questions
+from gna_interp.engine import plan_scoring
 
 QS = [Question("What is the capital of France?", ("Berlin", "Paris", "Rome", "Madrid"), 1, "geography"),
       Question("2 + 2 =", ("3", "4", "5", "22"), 1, "math")]

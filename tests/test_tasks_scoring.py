@@ -11,9 +11,11 @@ import torch
 from gna_interp.errors import InputError
 from gna_interp.models import smollm2_gguf_path
 from gna_interp.models.model import Model
-from gna_interp.tasks.scoring import ScoreTable, layout_chunks, read_chunks, read_logprobs
-from gna_interp.tasks import (KVRetrieval, MultipleChoice, Sample, evaluate, plan_scoring, run_plan, score_candidates,
-                              word_list)
+from gna_interp.engine.forward import read_chunks, ScoreTable
+from gna_interp.engine.layout import layout_chunks
+from gna_interp.engine.unembed import read_logprobs
+from gna_interp.tasks import KVRetrieval, MultipleChoice, Sample, evaluate, word_list
+from gna_interp.engine import plan_scoring, run_plan, score_candidates
 from spm_tokenizer import spm_tokenizer
 
 
@@ -275,7 +277,8 @@ def test_reads_at_one_position_share_one_normaliser():
     distinct (row, position)."""
     import torch
 
-    from gna_interp.tasks.scoring import distinct_reads, read_logprobs
+    from gna_interp.engine.layout import distinct_reads
+    from gna_interp.engine.unembed import read_logprobs
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 7, 50, generator=g)
@@ -292,7 +295,7 @@ def test_the_unembedding_is_paid_once_per_distinct_read(tiny_models, fam):
     """Evaluation and attribution apply the model's head to the distinct read
     positions only (not to every position of a batch): the vocabulary's cost does not grow with the prompts."""
     from gna_interp.circuits import scan_heads
-    from gna_interp.tasks.scoring import distinct_reads
+    from gna_interp.engine.layout import distinct_reads
 
     model = tiny_models[fam]
     task = KVRetrieval(n_pairs=3, n_samples=5, max_value=20, seed=3)  # two-token values: several reads per sample
@@ -333,7 +336,7 @@ def test_read_logprobs_normalise_block_by_block_to_float64_accuracy():
     """The log-normaliser of full logits is summed in vocabulary blocks (float32 within a block, float64 across): at a
     70,000-token vocabulary it matches a float64 ``log_softmax`` to the float32 rounding of the result (values near
     -20: 2e-6), the blocks' edges included."""
-    from gna_interp.tasks.scoring import log_softmax_rows, read_logprobs
+    from gna_interp.engine.unembed import log_softmax_rows, read_logprobs
 
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(5, 70_000, generator=g) * 4
@@ -349,7 +352,7 @@ def test_read_logprobs_normalise_block_by_block_to_float64_accuracy():
 def test_read_logprobs_with_gradients_give_the_same_values_and_softmax_gradients():
     """Under autograd (attribution's backward from the reads) the values are the blockwise ones and the gradient is
     ``onehot - softmax`` of the row, as for ``log_softmax``."""
-    from gna_interp.tasks.scoring import read_logprobs
+    from gna_interp.engine.unembed import read_logprobs
 
     g = torch.Generator().manual_seed(4)
     logits = (torch.randn(3, 5_000, generator=g) * 3).requires_grad_(True)
@@ -393,7 +396,7 @@ def test_a_plan_carries_its_models_layout_and_refuses_another_model(tiny_models)
 def test_a_chunks_reads_equal_distinct_reads_of_its_reads_and_of_stacked_copies(tiny_models):
     """``Chunk.reads`` is :func:`distinct_reads` of the chunk's reads, and ``Chunk.stacked_reads(n)`` is
     :func:`distinct_reads` of ``n`` copies stacked along the rows (copy ``g``'s rows offset by ``g * size``)."""
-    from gna_interp.tasks.scoring import distinct_reads
+    from gna_interp.engine.layout import distinct_reads
 
     model = tiny_models["llama"]
     plan = plan_scoring(model, KVRetrieval(n_pairs=4, n_samples=5, seed=2, template="completion").samples)

@@ -37,7 +37,7 @@ def test_blockwise_log_probs_equal_the_full_head(tiny_dirs, monkeypatch, block, 
     monkeypatch.setitem(head_mod.HEAD_VALUES, "cpu", values)
     resid, tokens, at, want = _reads(model)
     got = head_logprobs(model, resid, tokens, at)
-    assert head_mod._BLOCKWISE[model] is True
+    assert model.facts[head_mod.BLOCKWISE] is True
     torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
     # without ``inverse``: one read per row
     torch.testing.assert_close(head_logprobs(model, resid[at], tokens), want, atol=2e-6, rtol=0)
@@ -56,7 +56,7 @@ def test_a_head_the_blocks_do_not_reproduce_is_read_in_full(tiny_dirs, monkeypat
     want = torch.log_softmax(model.unembed(resid[None])[0].float(), -1)[at, tokens]
     assert not torch.allclose(head_mod._blockwise(model, resid, tokens, at), want, atol=1e-3)
     got = head_logprobs(model, resid, tokens, at)
-    assert head_mod._BLOCKWISE[model] is False
+    assert model.facts[head_mod.BLOCKWISE] is False
     torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
 
 
@@ -87,7 +87,7 @@ def test_blockwise_gradient_equals_the_full_heads(tiny_dirs, monkeypatch, block,
     want, want_grad = _plain_grad(model, resid, tokens, at, weights)
     x = resid.detach().clone().requires_grad_(True)
     got = head_logprobs_grad(model, x, tokens, at)
-    assert head_mod._BLOCKWISE[model] is True
+    assert model.facts[head_mod.BLOCKWISE] is True
     (grad,) = torch.autograd.grad((got * weights).sum(), x)
     torch.testing.assert_close(got.detach(), want, atol=2e-6, rtol=0)
     torch.testing.assert_close(grad, want_grad, atol=1e-5, rtol=1e-4)

@@ -15,7 +15,7 @@ from gna_interp.cli import main
 from gna_interp.errors import InputError, UnknownModelError
 from gna_interp.models import zoo_dir, zoo_names
 from gna_interp.tasks import KVRetrieval, Sample, evaluate
-from gna_interp.tasks.scoring import plan_scoring
+from gna_interp.engine.plan import plan_scoring
 from gna_interp.tasks.words import word_list
 from gna_interp.zoo import RECIPES, build_tokenizer, read_card, recipe, train, training_batch
 from gna_interp.zoo.tokenizer import DROPPED, N_KEYS, zoo_keys

@@ -47,8 +47,8 @@ from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, options
 from gna_interp.store import as_path, atomic_write, read_json, records, write_json
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import CandidateScores
-from gna_interp.tasks.metrics import ACCURACY, raw
+from gna_interp.engine.plan import CandidateScores
+from gna_interp.engine.metrics import ACCURACY, raw
 from gna_interp.tasks.text import lm_loss
 from gna_interp.templates import part
 

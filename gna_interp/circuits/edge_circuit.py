@@ -52,7 +52,8 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import InputSite
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import CandidateScores, ScoreTable
+from gna_interp.engine.forward import ScoreTable
+from gna_interp.engine.plan import CandidateScores
 
 __all__ = ["CLASSES", "EMBED", "EdgeCircuit", "Wire", "head_inputs", "mlp_name", "whole_circuit"]
 

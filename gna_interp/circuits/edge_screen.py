@@ -44,8 +44,8 @@ from gna_interp.interventions.ablation import AblationMethod, flat_channels, rep
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.metrics import LOGIT_DIFF, results
-from gna_interp.tasks.scoring import read_logprobs
+from gna_interp.engine.metrics import LOGIT_DIFF, results
+from gna_interp.engine.unembed import read_logprobs
 
 __all__ = ["EDGE_SCREEN_COLUMNS", "EdgeScreen", "screen_edges"]
 

@@ -21,7 +21,7 @@ from gna_interp.circuits.scan import HeadScan, ScanConfig, scan_heads
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.metrics import LOGIT_DIFF
+from gna_interp.engine.metrics import LOGIT_DIFF
 
 __all__ = ["ONE_FORMAT_RATIO", "consistency_order", "cross_format", "format_frame", "one_format_heads"]
 

@@ -1,7 +1,7 @@
 """Pairwise interactions between heads: does removing two heads together cost more or less than the sum of
 removing each alone?
 
-For heads ``h_1..h_k`` and a task metric ``m`` (:mod:`gna_interp.tasks.metrics`), with ``m(S)`` the metric when
+For heads ``h_1..h_k`` and a task metric ``m`` (:mod:`gna_interp.engine.metrics`), with ``m(S)`` the metric when
 the heads of ``S`` are removed together (``m(∅)``: the intact model)::
 
     drop(i)        = m(∅) - m({h_i})
@@ -18,7 +18,7 @@ the heads of ``S`` are removed together (``m(∅)``: the intact model)::
 Every number comes from ONE :class:`~gna_interp.engine.replay.SetAblation` (the clean prefixes captured once,
 each set replaying only the blocks from its earliest head on, the ``k + k(k-1)/2`` sets stacked in one replay
 by :meth:`~gna_interp.engine.replay.SetAblation.run_many`), so pair drops equal ``ablate(model, [h_i, h_j])`` +
-:func:`~gna_interp.tasks.scoring.run_plan` to float noise. The per-sample results of every set are kept, so the
+:func:`~gna_interp.engine.forward.run_plan` to float noise. The per-sample results of every set are kept, so the
 same measurement reads out under any metric (``logit_diff``, ``accuracy``, ``logprob``).
 """
 
@@ -48,8 +48,8 @@ from gna_interp.options import Options, check_int, check_level, check_n_boot, op
 from gna_interp.results import Result
 from gna_interp.store import FORMAT_VERSIONS, clean_json
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.metrics import Results, get_metric, results
-from gna_interp.tasks.scoring import ScoringPlan
+from gna_interp.engine.metrics import Results, get_metric, results
+from gna_interp.engine.plan import ScoringPlan
 
 FORMAT = "interactions"
 FORMAT_VERSION = FORMAT_VERSIONS[FORMAT]

@@ -25,7 +25,7 @@ norm for a Mamba-2 layer), unless two of them read a shared channel (a KV group,
 different streams. ``S`` removed from every input of every later head of a model
 whose MLPs write nothing, plus the direct edge, is the plain ablation of ``S`` (tested).
 
-How it runs (every number through the one scoring engine, :mod:`gna_interp.tasks.scoring`): the clean prefix of
+How it runs (every number through the one scoring engine, :mod:`gna_interp.engine`): the clean prefix of
 each batch (:mod:`gna_interp.engine.replay`), one clean replay from the earliest layer involved that records
 the senders' outputs, the receivers' input projections, the final residual stream and (where the model's blocks
 take them, :class:`~gna_interp.engine.replay.KeyValues`) every later block's clean keys and values; per receiver
@@ -60,21 +60,22 @@ from torch import Tensor
 from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.circuits.whole_circuit import LOGITS
 from gna_interp.engine.unembed import head_logprobs
-from gna_interp.engine.replay import KeyValues, Prefix, ReplayMismatch, default_stack, prefixes_for, replay
+from gna_interp.engine.replay import KeyValues, PlanRunner, Prefix, replay
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
 from gna_interp.constants import PATH_EFFECTS_JSON
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.html_repr import fmt
-from gna_interp.interventions.ablation import (AblationMethod, Replacement, ablation_hooks, check_method,
-                                               flat_channels, replacements)
+from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, flat_channels
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import INPUTS, InputSite
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
 from gna_interp.results import Result
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.metrics import Results, get_metric, results
-from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoreTable, layout_chunks, plan_scoring
+from gna_interp.engine.metrics import Results, get_metric, results
+from gna_interp.engine.forward import ScoreTable
+from gna_interp.engine.layout import Chunk
+from gna_interp.engine.plan import CandidateScores
 
 POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "other", "all")
 EFFECTS_FORMAT = "path_effects"  # the on-disk format of PathEffects.save
@@ -229,11 +230,13 @@ def _write_key(layer: int, kind: str) -> str:
     return f"write@{layer}:{kind}"
 
 
-class PathPatcher:
+class PathPatcher(PlanRunner):
     """Scores of a task with sets of edges removed (:func:`path_effects` reads effects off them).
 
     ``method`` / ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s: what replaces a sender's
     output along its edges. Sets are replayed in stacks of :func:`~gna_interp.engine.replay.default_stack` copies.
+    The set-up (plan, chunks, clean prefixes, replacements) is :class:`~gna_interp.engine.replay.PlanRunner`'s; path
+    patching needs the replays, so a model they do not reproduce is refused.
     """
 
     def __init__(self, model: Model, task: Task, method: AblationMethod = "zero", reference: Any = None,
@@ -251,21 +254,13 @@ class PathPatcher:
                 f"path patching needs a residual stream that is the sum of what each part writes, but block(s) "
                 f"{', '.join(map(str, scaled))} of {model.name} multiply the whole stream (layer_scalar); a sender's "
                 f"write has no single value along its paths there")
-        self.model, self.task, self.method, self.reference = model, task, method, reference
-        check_method(method, reference)  # before any forward
-        self.plan = plan_scoring(model, task.samples)
-        self.chunks = layout_chunks(self.plan, batch_size)
-        self.prefixes = prefixes_for(model, self.chunks)
-        try:
-            self.prefixes.verify()
-        except ReplayMismatch as e:
-            raise UnsupportedArchitectureError(f"path patching replays blocks from recorded inputs: {e}") from e
+        super().__init__(model, task, method, reference, batch_size, who="path patching")
+        if self.prefixes is None:
+            raise UnsupportedArchitectureError(f"path patching replays blocks from recorded inputs: {self.mismatch}")
+        self.task = task
         self.suffix = KeyValues.supported(model, self.prefixes.get(0))  # before any hook is attached
-        self.stack = default_stack(model, self.chunks)  # sets replayed together, as the scan stacks heads
         self._summaries = self._summary_positions()
-        self._repl: dict[HeadRef, Replacement] = {}
         self._as_is: dict[int, bool] = {}  # layer -> its block adds its mixer's output as is
-        self._clean: CandidateScores | None = None
 
     # ---- positions ------------------------------------------------------------------------
     def _summary_positions(self) -> list[tuple[list[int], list[int]]]:
@@ -306,9 +301,7 @@ class PathPatcher:
 
     # ---- pieces ---------------------------------------------------------------------------
     def _replacement(self, head: HeadRef) -> Replacement:
-        if head not in self._repl:
-            self._repl[head] = replacements(self.model, [head], self.method, self.reference)[0]
-        return self._repl[head]
+        return self.replaced([head])[0]
 
     def _write(self, head: HeadRef, z: Float[Tensor, "b p w"]) -> Float[Tensor, "b p d_model"]:
         """What removing ``head`` takes out of the residual stream where its block adds its mixer's output as is:

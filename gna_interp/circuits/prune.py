@@ -12,7 +12,8 @@ from gna_interp.interventions.layers import check_layers, skip_layers
 from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, check_int, options
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import Method, ScoringPlan, plan_scoring, run_plan
+from gna_interp.engine.forward import run_plan
+from gna_interp.engine.plan import Method, plan_scoring, ScoringPlan
 
 PruneMode = Literal["from_end", "single"]
 COLUMNS = ["mode", "k", "layer", "skipped", "skipped_kinds", "task", "accuracy", "logit_diff", "gold_prob",
@@ -62,7 +63,7 @@ def _settings(model: Model, mode: str, ks: Iterable[int] | None,
 @options
 class PruneScoring(Options):
     """How :func:`prune_curve` scores each point: ``batch_size`` prompts a forward, the scoring ``method``
-    (:func:`~gna_interp.tasks.scoring.plan_scoring`), a ``progress`` bar."""
+    (:func:`~gna_interp.engine.plan.plan_scoring`), a ``progress`` bar."""
 
     batch_size: int = 16
     method: Method = "auto"

@@ -1,7 +1,7 @@
 """`reference_scan`: the plain loop every fast scan is tested against.
 
 For each head: remove it with :func:`~gna_interp.interventions.ablate` (undone on exit), score every sample of the
-task from scratch with :func:`~gna_interp.tasks.score_candidates` (no shared prefix, no replay, no attribution), and
+task from scratch with :func:`~gna_interp.engine.score_candidates` (no shared prefix, no replay, no attribution), and
 keep the per-sample results. Nothing is cached between heads, so it is slow (one full pass of the task a head) and
 obviously right; ``scan_heads(strategy="exact")`` replays only the blocks after each head from cached prefixes and
 must give the same numbers to float noise (``tests/test_reference.py``).
@@ -18,8 +18,8 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, options
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.metrics import Results, results
-from gna_interp.tasks.scoring import score_candidates
+from gna_interp.engine.metrics import Results, results
+from gna_interp.engine.forward import score_candidates
 
 __all__ = ["ReferenceOptions", "reference_scan"]
 

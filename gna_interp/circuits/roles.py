@@ -51,7 +51,7 @@ from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.sample import Sample
-from gna_interp.tasks.scoring import plan_scoring
+from gna_interp.engine.plan import plan_scoring
 from gna_interp.tasks.segments import Segments, Span
 
 SCORE_COLUMNS = ["gather", "gather_prev", "line_tokens", "aggregate", "to_summaries", "to_items", "gold_share",

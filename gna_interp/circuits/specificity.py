@@ -31,9 +31,9 @@ import pandas as pd
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.models.model import Model
-from gna_interp.tasks.scoring import plan_scoring
+from gna_interp.engine.plan import plan_scoring
 from gna_interp.tasks.text import NeutralText
-from gna_interp.tasks.metrics import LOGIT_DIFF
+from gna_interp.engine.metrics import LOGIT_DIFF
 
 DEFAULT_GENERIC_FRACTION = 0.02
 

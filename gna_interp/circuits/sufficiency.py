@@ -43,7 +43,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.metrics import Results, get_metric, results
+from gna_interp.engine.metrics import Results, get_metric, results
 
 if TYPE_CHECKING:
     from gna_interp.circuits.edge_circuit import Wire
@@ -291,7 +291,7 @@ class Faithfulness:
         doc = json.loads(p.read_text(encoding="utf-8"))
         if doc.get("format") != FORMAT_VERSION:
             raise InputError(f"{p}: faithfulness format {doc.get('format')!r}, this version reads {FORMAT_VERSION}")
-        from gna_interp.tasks.metrics import RESULT_DTYPES
+        from gna_interp.engine.metrics import RESULT_DTYPES
 
         def dec(d: dict[str, list]) -> Results:
             return {k: torch.tensor(v, dtype=RESULT_DTYPES[k]) for k, v in d.items()}

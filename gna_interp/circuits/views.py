@@ -28,7 +28,7 @@ from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, options
 from gna_interp.store import read_tensors, write_tensors
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import score_candidates
+from gna_interp.engine.forward import score_candidates
 from gna_interp.tasks.segments import Segments
 
 N_VIEW = 6

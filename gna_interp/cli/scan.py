@@ -72,6 +72,8 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-control", action="store_true", help="skip the LM-loss control scan (no generic labels)")
     p.add_argument("--allow-chance", action="store_true",
                    help="scan even when the intact model is near chance on the task (refused by default)")
+    p.add_argument("--no-png", action="store_true",
+                   help="do not export the report's figures as PNG files (report.html draws every one)")
     p.set_defaults(run=run_scan)
 
 
@@ -97,9 +99,10 @@ def run_scan(args: argparse.Namespace) -> int:
     print(circuit_summary(circuit, top=10))
     print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
     with heartbeat(lambda line: print(line, flush=True), f"writing {out / REPORT_FILE}"):
-        report = build_report(out, circuit=circuit)
+        report = build_report(out, png=not args.no_png, circuit=circuit)
     print(f"wrote {report} and {out / SUMMARY_MD}")
-    say_figures(out)
+    if not args.no_png:
+        say_figures(out)
     return 0
 
 

@@ -35,9 +35,11 @@ from gna_interp.engine.unembed import at_reads, head_logprobs_grad
 from gna_interp.engine.replay import Prefixes, recording
 from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
-from gna_interp.tasks.metrics import LOGIT_DIFF
-from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, read_logprobs,
-                                      whole_samples)
+from gna_interp.engine.metrics import LOGIT_DIFF
+from gna_interp.engine.forward import ScoreTable
+from gna_interp.engine.layout import Chunk, whole_samples
+from gna_interp.engine.plan import CandidateScores, ScoringPlan
+from gna_interp.engine.unembed import read_logprobs
 
 __all__ = ["Attribution", "attribution_estimates", "inputs_only_grad"]
 
@@ -141,7 +143,7 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
     the same forwards.
 
     One forward (with gradients) and one backward per chunk, for all heads at once. ``weights`` are
-    :meth:`Metric.target_weights <gna_interp.tasks.metrics.Metric.target_weights>` of a clean run; ``None`` derives them from each chunk's own clean scores,
+    :meth:`Metric.target_weights <gna_interp.engine.metrics.Metric.target_weights>` of a clean run; ``None`` derives them from each chunk's own clean scores,
     which needs every sample's rows to sit in one chunk (true when each sample has one row, or is packed).
     ``chunks`` may be the plan's :class:`~gna_interp.engine.replay.Prefixes`: each forward (a clean pass) then records
     its chunk's prefix there, so later replays do not pay a clean forward of their own.

@@ -25,7 +25,6 @@ model and the same chunks gets one :class:`Prefixes`: a task's clean pass is pai
 from __future__ import annotations
 
 import hashlib
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -41,11 +40,12 @@ from gna_interp.interventions.ablation import (AblationMethod, Replacement, abla
                                               stacked_ablation_hooks)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, TokenBatch
-from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, distinct_reads, layout_chunks,
-                                      plan_scoring, read_logprobs, run_plan)
+from gna_interp.engine.forward import run_plan, ScoreTable
+from gna_interp.engine.layout import Chunk, distinct_reads, layout_chunks
+from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_of
+from gna_interp.engine.unembed import read_logprobs
 
-__all__ = ["KeyValues", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack",
+__all__ = ["KeyValues", "PlanRunner", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack",
            "nested_scores", "prefixes_for", "recording", "replay", "replay_scores", "shared_prefixes",
            "verify_replay"]
 
@@ -62,7 +62,7 @@ class Prefix:
     """Clean per-block inputs of one batch: ``inputs[i] = (args, kwargs)`` of block ``i``, and what the clean forward
     read (:func:`capture`): ``logprobs``, the clean log-probability of each read's token (a chunk's prefix: no
     vocabulary-wide row is kept), or ``logits``, the bridge's clean logits -- ``[batch, pos, vocab]``, or those at
-    the reads' distinct positions (:func:`~gna_interp.tasks.scoring.distinct_reads`; read ``i`` is at
+    the reads' distinct positions (:func:`~gna_interp.engine.layout.distinct_reads`; read ``i`` is at
     ``logits[inverse[i]]``)."""
 
     batch_size: int
@@ -122,8 +122,8 @@ def capture(model: Model, batch: TokenBatch, reads: tuple[Tensor | None, ...] | 
             tokens: Int[Tensor, " n_reads"] | None = None) -> Prefix:
     """One clean forward of ``batch`` recording every block's input arguments. Without ``reads`` it keeps the logits
     of every position. ``reads`` are ``(rows, positions)`` (their distinct pairs are taken,
-    :func:`~gna_interp.tasks.scoring.distinct_reads`) or ``(rows, positions, inverse)`` already distinct with where each
-    read is among them (a chunk's :attr:`~gna_interp.tasks.scoring.Chunk.reads`; inverse None: the reads as they
+    :func:`~gna_interp.engine.layout.distinct_reads`) or ``(rows, positions, inverse)`` already distinct with where each
+    read is among them (a chunk's :attr:`~gna_interp.engine.layout.Chunk.reads`; inverse None: the reads as they
     are); with them it keeps the logits at the distinct positions or, given ``tokens`` (the token each read scores,
     e.g. ``chunk.read_tok``), only each read's clean log-probability, from the residual stream entering the final norm
     through the blockwise head (:func:`~gna_interp.engine.unembed.head_logprobs`): the vocabulary is never held for all
@@ -250,7 +250,7 @@ class _Tap(DynamicCache):
         return torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=-2)
 
 
-_SUFFIX_OK: "weakref.WeakKeyDictionary[Model, bool]" = weakref.WeakKeyDictionary()
+SUFFIX_OK = "replay.suffix"  # Model.facts key: whether replays run on a recorded key-value cache reproduce it
 
 
 class KeyValues:
@@ -292,10 +292,9 @@ class KeyValues:
     @staticmethod
     def supported(model: Model, prefix: Prefix) -> bool:
         """Whether suffix replays reproduce ``model`` (checked once per model, on ``prefix``'s last two blocks)."""
-        ok = _SUFFIX_OK.get(model)
-        if ok is None:
-            ok = _SUFFIX_OK[model] = _check_suffix(model, prefix)
-        return ok
+        if SUFFIX_OK not in model.facts:
+            model.facts[SUFFIX_OK] = _check_suffix(model, prefix)
+        return model.facts[SUFFIX_OK]
 
 
 def _tapped(model: Model, prefix: Prefix, start: int) -> tuple[dict[int, tuple[Tensor, Tensor]] | None, Tensor]:
@@ -349,7 +348,7 @@ def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos:
     return worst
 
 
-_VERIFIED: "weakref.WeakKeyDictionary[Model, set[bool]]" = weakref.WeakKeyDictionary()  # mask kinds replays reproduce
+VERIFIED = "replay.verified"  # Model.facts key: the kinds of attention mask (tree or not) replays reproduce
 
 
 class Prefixes:
@@ -368,7 +367,7 @@ class Prefixes:
         raises :class:`ReplayMismatch` otherwise."""
         c = self.chunks[0]
         kind = c.batch.tree is not None
-        done = _VERIFIED.setdefault(self.model, set())
+        done = self.model.facts.setdefault(VERIFIED, set())
         if kind in done:
             return
         pick = torch.tensor(sorted({0, c.size - 1}))
@@ -582,43 +581,40 @@ def added_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, base: Sequ
     return [t.result() for t in tables]
 
 
-class SetAblation:
-    """A task's scores with sets of heads removed together: the clean prefix of every batch is captured
-    once and each set re-runs only the blocks from its earliest layer on (:func:`replay_scores`), many sets
-    stacked in one replay (:meth:`run_many`); where replays do not reproduce the model (or under resampling,
-    which aligns activations per forward), each set costs one full forward of the task instead. Numbers equal
-    ``ablate`` + ``run_plan`` to float noise.
+class PlanRunner:
+    """A task's plan on one model, laid out once, with the clean prefix of every chunk recorded once and checked to be
+    replayable: the set-up every runner of interventions shares (:class:`SetAblation` for head sets,
+    :class:`~gna_interp.circuits.paths.PathPatcher` for edge sets).
 
-    ``task`` is a :class:`~gna_interp.tasks.base.Task` or a :class:`ScoringPlan`; ``method`` and
-    ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s (replacements are computed once
-    per head and reused); ``stack`` caps the sets :meth:`run_many` replays together (default
-    :func:`default_stack`).
+    ``task`` is a :class:`~gna_interp.tasks.base.Task` or a :class:`ScoringPlan` (``who`` names the runner in the error
+    for anything else); ``method`` and ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s
+    (replacements are computed once per head and reused: :meth:`replaced`); ``stack`` caps the copies one replay
+    stacks (default :func:`default_stack`). :attr:`prefixes` is None where replays do not reproduce the model
+    (:attr:`mismatch` says why) or under resampling, which aligns activations per forward.
     """
 
-    def __init__(self, model: Model, task: Task | ScoringPlan, method: AblationMethod = "zero", reference: Any = None,
-                 batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES, *, stack: int | None = None
-                 ) -> None:
+    def __init__(self, model: Model, task: Any, method: AblationMethod = "zero", reference: Any = None,
+                 batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES, *, stack: int | None = None,
+                 who: str = "this runner") -> None:
         check_method(method, reference)  # before the task is planned
         if stack is not None and (isinstance(stack, bool) or not isinstance(stack, int) or stack < 1):
             raise InputError(f"stack must be an integer >= 1, got {stack!r}")
-        if isinstance(task, Task):
-            task = plan_scoring(model, task.samples)
-        if not isinstance(task, ScoringPlan):
-            raise InputError(f"SetAblation needs a Task or a ScoringPlan, got {type(task).__name__}")
-        task.check_model(model)
-        self.model, self.plan, self.method, self.reference = model, task, method, reference
+        self.plan = plan_of(model, task, who=who)
+        self.model, self.method, self.reference = model, method, reference
         self.batch_size, self.max_prefix_bytes = batch_size, max_prefix_bytes
+        self.chunks = layout_chunks(self.plan, batch_size)
         self._stack = stack
         self._repl: dict[HeadRef, Replacement] = {}
+        self._clean: CandidateScores | None = None
         self.prefixes: Prefixes | None = None
+        self.mismatch: ReplayMismatch | None = None
         if method != "resample":
-            prefixes = prefixes_for(model, layout_chunks(task, batch_size), max_prefix_bytes)
+            prefixes = prefixes_for(model, self.chunks, max_prefix_bytes)
             try:
                 prefixes.verify()
                 self.prefixes = prefixes
-            except ReplayMismatch:
-                pass
-        self._clean: CandidateScores | None = None
+            except ReplayMismatch as e:
+                self.mismatch = e
 
     @property
     def fast(self) -> bool:
@@ -627,13 +623,35 @@ class SetAblation:
 
     @property
     def stack(self) -> int:
-        """Sets :meth:`run_many` replays together: the ``stack`` given, else :func:`default_stack` of the chunks."""
+        """Sets replayed together: the ``stack`` given, else :func:`default_stack` of the chunks (1 without replays)."""
         if self._stack is None:
-            self._stack = default_stack(self.model, self.prefixes.chunks, self.max_prefix_bytes) if self.prefixes else 1
+            self._stack = default_stack(self.model, self.chunks, self.max_prefix_bytes) if self.prefixes else 1
         return self._stack
 
+    def replaced(self, heads: Sequence[HeadRef | str]) -> list[Replacement]:
+        """What replaces each of ``heads`` (checked against the model, duplicates dropped), computed once per head."""
+        parsed = list(dict.fromkeys(self.model.check_heads(list(heads)))) if heads else []
+        missing = [h for h in parsed if h not in self._repl]
+        if missing:
+            self._repl.update({r.site.head: r for r in replacements(self.model, missing, self.method, self.reference)})
+        return [self._repl[h] for h in parsed]
+
+
+class SetAblation(PlanRunner):
+    """A task's scores with sets of heads removed together: the clean prefix of every batch is captured
+    once and each set re-runs only the blocks from its earliest layer on (:func:`replay_scores`), many sets
+    stacked in one replay (:meth:`run_many`); where replays do not reproduce the model (or under resampling,
+    which aligns activations per forward), each set costs one full forward of the task instead. Numbers equal
+    ``ablate`` + ``run_plan`` to float noise. Arguments as :class:`PlanRunner`'s.
+    """
+
+    def __init__(self, model: Model, task: Any, method: AblationMethod = "zero", reference: Any = None,
+                 batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES, *, stack: int | None = None
+                 ) -> None:
+        super().__init__(model, task, method, reference, batch_size, max_prefix_bytes, stack=stack, who="SetAblation")
+
     @classmethod
-    def of(cls, model: Model, task: "Task | ScoringPlan | SetAblation", method: AblationMethod = "zero",
+    def of(cls, model: Model, task: "Any", method: AblationMethod = "zero",
            reference: Any = None, batch_size: int = 16) -> "SetAblation":
         """``task`` itself when it is a runner made for ``model`` (handed in to reuse its clean prefixes), else a new
         runner for it. A runner made for another model is refused: it measures its own model, whose numbers would
@@ -645,13 +663,6 @@ class SetAblation:
                              f"({model.name}); make it with SetAblation(model, task, ...)")
         return task
 
-    def _replaced(self, heads: Sequence[HeadRef | str]) -> list[Replacement]:
-        parsed = list(dict.fromkeys(self.model.check_heads(list(heads)))) if heads else []
-        missing = [h for h in parsed if h not in self._repl]
-        if missing:
-            self._repl.update({r.site.head: r for r in replacements(self.model, missing, self.method, self.reference)})
-        return [self._repl[h] for h in parsed]
-
     def clean(self) -> CandidateScores:
         """Scores of the intact model."""
         if self._clean is None:
@@ -661,7 +672,7 @@ class SetAblation:
     def run_nested(self, sets: Sequence[Sequence[HeadRef | str]]) -> list[CandidateScores]:
         """Scores with each of ``sets`` removed, each set containing the one before it (e.g. the first ``j`` heads
         of a ranking): the same numbers as :meth:`run` of each, for less (:func:`nested_scores`)."""
-        replaced = [self._replaced(s) for s in sets]
+        replaced = [self.replaced(s) for s in sets]
         if self.prefixes is not None:
             return nested_scores(self.model, self.plan, self.prefixes, replaced)
         return [self.run(s) for s in sets]
@@ -670,7 +681,7 @@ class SetAblation:
         """Scores with ``base`` removed, then with ``base`` and each of ``extras`` removed (``len(extras) + 1``
         results): each extra replays from its own layer, from the base's residual stream there
         (:func:`added_scores`)."""
-        replaced, more = self._replaced(base), self._replaced(extras)
+        replaced, more = self.replaced(base), self.replaced(extras)
         if len(more) != len(list(extras)):
             raise InputError("run_added takes distinct extra heads")
         inside = {r.site.head for r in replaced} & {r.site.head for r in more}
@@ -686,7 +697,7 @@ class SetAblation:
         :meth:`run` of each, with the sets replayed :attr:`stack` at a time as stacked copies of every batch
         (:func:`replay_scores`; the sets sorted by their earliest layer, so the copies of one replay join it close
         together). Without fast replays, one full forward per set."""
-        replaced = [self._replaced(s) for s in sets]
+        replaced = [self.replaced(s) for s in sets]
         if self.prefixes is None:
             return [self.run(s) for s in sets]
         n_layers = self.model.n_layers
@@ -701,7 +712,7 @@ class SetAblation:
 
     def run(self, heads: Sequence[HeadRef | str]) -> CandidateScores:
         """Scores with ``heads`` removed together (none: the intact model)."""
-        replaced = self._replaced(heads)
+        replaced = self.replaced(heads)
         if self.prefixes is not None:
             return replay_scores(self.model, self.plan, self.prefixes, [replaced])[0]
         share = False if self.method == "resample" else None

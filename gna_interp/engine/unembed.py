@@ -4,9 +4,9 @@ A replay ends in the residual stream; a score needs ``log p(token)`` at a few po
 computes it without the ``reads x vocabulary`` logits matrix: the unembedding runs over blocks of
 :data:`VOCAB_BLOCK` rows of its weight, each block's log-sum-exp is kept (float64 when combined) and each read's
 own logit is taken from the block that holds its token, so the vocabulary is paid once per distinct read position
-in cache-sized pieces. The rows are taken a piece at a time too (:func:`~gna_interp.tasks.scoring.row_step`), so however
+in cache-sized pieces. The rows are taken a piece at a time too (:func:`row_step`), so however
 many positions are read -- every position of a paragraph, for stacked copies -- at most
-:data:`~gna_interp.tasks.scoring.HEAD_VALUES` logits live at once. The blocks and their sums are those of :func:`~gna_interp.tasks.scoring.log_normaliser`,
+:data:`HEAD_VALUES` logits live at once. The blocks and their sums are those of :func:`log_normaliser`,
 which scores full logits (the clean forward's), so a replay's scores and the clean ones differ only by the logits'
 own rounding. It equals ``read_logprobs(final_logits(...))`` at the reads, which :func:`head_logprobs` checks once
 per model on a probe (a head the blocks do not reproduce -- a transform that is not elementwise, an
@@ -22,18 +22,80 @@ the backward is an ``n x d_model`` gather, with no ``reads x vocabulary`` matrix
 
 from __future__ import annotations
 
-import weakref
+from typing import Iterator, Sequence
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from gna_interp.models.model import Model
-from gna_interp.tasks.scoring import HEAD_VALUES, VOCAB_BLOCK, combine_lse, read_logprobs, row_pieces, row_step, vocab_step
 
-__all__ = ["HEAD_VALUES", "VOCAB_BLOCK", "at_reads", "final_logits", "head_logprobs", "head_logprobs_grad", "logit_atol"]
+__all__ = ["HEAD_VALUES", "VOCAB_BLOCK", "at_reads", "combine_lse", "final_logits", "head_logprobs", "head_logprobs_grad",
+           "log_normaliser", "log_softmax_rows", "logit_atol", "read_logprobs", "row_pieces", "row_step", "vocab_step"]
 
-_BLOCKWISE: "weakref.WeakKeyDictionary[Model, bool]" = weakref.WeakKeyDictionary()
+VOCAB_BLOCK: dict[str, int] = {"cpu": 2048}  # vocabulary columns per log-sum-exp block, by device type (else 32768)
+
+
+def vocab_step(device: torch.device) -> int:
+    """Columns of one vocabulary block on ``device`` (:data:`VOCAB_BLOCK`; 32768 where not listed)."""
+    return VOCAB_BLOCK.get(torch.device(device).type, 32768)
+
+
+HEAD_VALUES: dict[str, int] = {"cpu": 1 << 24}  # logits alive at once in a head computed by rows, by device type
+# (else 1 << 27): the rows of one piece times the vocabulary columns it spans
+
+
+def row_step(device: torch.device, columns: int) -> int:
+    """Rows of one piece of a head that spans ``columns`` vocabulary columns on ``device``: at most
+    :data:`HEAD_VALUES` logits (``1 << 27`` where not listed) live at once, at least one row."""
+    return max(1, HEAD_VALUES.get(torch.device(device).type, 1 << 27) // max(1, columns))
+
+
+def row_pieces(n_rows: int, at: Int[Tensor, " n_reads"], rows: int
+               ) -> Iterator[tuple[int, int, Int[Tensor, " n_piece_reads"]]]:
+    """Consecutive pieces ``start..stop-1`` of ``n_rows`` rows, ``rows`` at a time, each with the indices of the reads
+    ``i`` whose row ``at[i]`` lies in it (pieces no read falls in are skipped)."""
+    for start in range(0, n_rows, rows):
+        stop = min(n_rows, start + rows)
+        mine = ((at >= start) & (at < stop)).nonzero()[:, 0]
+        if mine.numel():
+            yield start, stop, mine
+
+
+def combine_lse(parts: Sequence[Float[Tensor, " n"]]) -> Float[Tensor, " n"]:
+    """The log-normaliser from the log-sum-exps of consecutive vocabulary blocks, combined in float64."""
+    return torch.logsumexp(torch.stack(list(parts), -1).double(), -1)
+
+
+def log_normaliser(logits: Float[Tensor, "n vocab"]) -> Float[Tensor, " n"]:
+    """``logsumexp`` of each row (float64), summed block by block (:func:`vocab_step` columns in float32, the blocks
+    combined in float64): the same sums, in the same order, as the blockwise head of the replays
+    (:func:`gna_interp.engine.unembed.head_logprobs`), so scores from full logits and from replays differ only by the
+    logits' own rounding."""
+    step = vocab_step(logits.device)
+    return combine_lse([torch.logsumexp(logits[:, k:k + step].float(), -1) for k in range(0, logits.shape[-1], step)])
+
+
+def read_logprobs(logits: Float[Tensor, "n vocab"], tokens: Int[Tensor, " n_reads"],
+                  inverse: Int[Tensor, " n_reads"] | None = None) -> Float[Tensor, " n_reads"]:
+    """Log-probability (float32) of each read's token (e.g. ``chunk.read_tok``) from the logits at the reads, or --
+    with ``inverse`` from :func:`distinct_reads` -- from the logits at the distinct read positions (read ``i`` is at
+    ``logits[inverse[i]]``); the normaliser is :func:`log_normaliser`'s."""
+    tok = tokens.to(logits.device)
+    at = inverse.to(logits.device) if inverse is not None else torch.arange(tok.shape[0], device=logits.device)
+    lse = log_normaliser(logits.detach())
+    if logits.requires_grad:  # the value above with one logsumexp's gradient (sliced blocks under autograd would
+        fast = torch.logsumexp(logits.float(), -1).double()  # write a whole zero row per block in the backward)
+        lse = fast + (lse - fast).detach()
+    return (logits[at, tok].double() - lse[at]).float()
+
+
+def log_softmax_rows(logits: Float[Tensor, "n vocab"]) -> Float[Tensor, "n vocab"]:
+    """``log_softmax`` of each row (float32) with :func:`log_normaliser`'s normaliser."""
+    return (logits.double() - log_normaliser(logits)[:, None]).float()
+
+
+BLOCKWISE = "unembed.blockwise"  # Model.facts key: whether the head reads in vocabulary blocks
 
 
 def logit_atol(dtype: torch.dtype, scale: float) -> float:
@@ -95,7 +157,7 @@ def _full(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, "
 def _blocks_reproduce(model: Model, resid: Float[Tensor, "n d_model"]) -> bool:
     """Whether :func:`_blockwise` reproduces the model's own head (once per model, on two of ``resid``'s rows): the
     same vocabulary, and the log-probabilities of the first, last and a spread of tokens within :func:`logit_atol`."""
-    if model not in _BLOCKWISE:
+    if BLOCKWISE not in model.facts:
         probe = resid[:2]
         vocab = model.hf_model.get_output_embeddings().weight.shape[0]
         tokens = torch.linspace(0, vocab - 1, 64, device=probe.device).long()
@@ -109,8 +171,8 @@ def _blocks_reproduce(model: Model, resid: Float[Tensor, "n d_model"]) -> bool:
                 full.abs().max())))
         except (AttributeError, TypeError, RuntimeError, IndexError):
             ok = False  # an output layer without a plain weight (or bias) to slice
-        _BLOCKWISE[model] = ok
-    return _BLOCKWISE[model]
+        model.facts[BLOCKWISE] = ok
+    return model.facts[BLOCKWISE]
 
 
 @torch.no_grad()
@@ -118,7 +180,7 @@ def head_logprobs(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[T
                   inverse: Int[Tensor, " n_reads"] | None = None) -> Float[Tensor, " n_reads"]:
     """``log p(tokens[i])`` under the model's head (final norm, unembedding, the family's output transform) at the
     residual-stream vectors ``resid[inverse[i]]`` (``inverse`` from
-    :func:`~gna_interp.tasks.scoring.distinct_reads`; None: ``resid[i]``), without materialising the logits (see the
+    :func:`~gna_interp.engine.layout.distinct_reads`; None: ``resid[i]``), without materialising the logits (see the
     module). Equals ``log_softmax(model.unembed(resid))`` at the reads to float32 rounding."""
     device = resid.device
     tokens = tokens.to(device)
@@ -137,7 +199,7 @@ def _transform_slopes(transform, z: Tensor, weights: Tensor) -> Tensor:
         return torch.autograd.grad(transform(zz).float(), zz, weights.to(torch.float32))[0]
 
 
-_IDENTITY: "weakref.WeakKeyDictionary[Model, bool]" = weakref.WeakKeyDictionary()
+IDENTITY = "unembed.identity_transform"  # Model.facts key: whether the output transform is the identity
 
 
 def _active_transform(model: Model, dtype: torch.dtype):
@@ -147,10 +209,10 @@ def _active_transform(model: Model, dtype: torch.dtype):
     transform = model.output_transform
     if transform is None:
         return None
-    if model not in _IDENTITY:
+    if IDENTITY not in model.facts:
         probe = (torch.linspace(-200.0, 200.0, 401)[None] * torch.tensor([[1.0], [0.01]])).to(dtype)
-        _IDENTITY[model] = bool(torch.equal(transform(probe.clone()), probe))
-    return None if _IDENTITY[model] else transform
+        model.facts[IDENTITY] = bool(torch.equal(transform(probe.clone()), probe))
+    return None if model.facts[IDENTITY] else transform
 
 
 class _HeadLogprobs(torch.autograd.Function):

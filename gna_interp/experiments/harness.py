@@ -10,7 +10,7 @@ request                  how it is computed
 ``loglikelihood``        ``(context, continuation)`` encoded as lm-eval's ``TemplateLM`` does
                          (whole string, then split; an empty context becomes the BOS/EOS token);
                          requests sharing a context are laid out by gna_interp's scoring engine
-                         (:func:`~gna_interp.tasks.scoring.layout_chunks`: one forward per batch,
+                         (:func:`~gna_interp.engine.layout.layout_chunks`: one forward per batch,
                          the continuations of one context packed behind it under a tree mask on
                          attention-only models, full left-padded rows otherwise); the log-prob is
                          the sum over the continuation's tokens of the float32 log-softmax (``read_logprobs``),
@@ -58,7 +58,9 @@ from gna_interp.models.mixer import MaskOptions
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.options import Options, options
 from gna_interp.tasks.sample import Sample
-from gna_interp.tasks.scoring import Row, ScoringPlan, Target, for_model, layout_chunks, read_chunks
+from gna_interp.engine.forward import read_chunks
+from gna_interp.engine.layout import layout_chunks
+from gna_interp.engine.plan import for_model, Row, ScoringPlan, Target
 
 def require_lm_eval() -> str:
     """The installed lm-eval version; :class:`InputError` saying how to install it when it is missing."""
@@ -510,7 +512,7 @@ def _token_plan(pairs: Sequence[tuple[tuple[int, ...], tuple[int, ...]]]
 
     Pairs sharing a context form one plan sample (its candidates the distinct continuations), so the
     scoring engine runs the context once for all of them; rows are deduplicated as
-    :func:`~gna_interp.tasks.scoring.plan_scoring` does (a continuation whose fed tokens are a prefix of
+    :func:`~gna_interp.engine.plan.plan_scoring` does (a continuation whose fed tokens are a prefix of
     another's is read from the longer row). The plan's samples only carry the candidate counts (their text
     is not needed: the tokens are given).
     """

@@ -83,8 +83,9 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import ChanceVerdict
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
-from gna_interp.tasks.scoring import (CandidateScores, Chunk, ScoreTable, ScoringPlan, layout_chunks, plan_scoring,
-                                     read_chunks)
+from gna_interp.engine.forward import read_chunks, ScoreTable
+from gna_interp.engine.layout import Chunk, layout_chunks
+from gna_interp.engine.plan import CandidateScores, plan_scoring, ScoringPlan
 from gna_interp.tasks.segments import Segments
 from gna_interp.viz.html import part
 

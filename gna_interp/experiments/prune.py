@@ -55,7 +55,8 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import ChanceVerdict
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
-from gna_interp.tasks.scoring import ScoringPlan, plan_scoring, run_plan
+from gna_interp.engine.forward import run_plan
+from gna_interp.engine.plan import plan_scoring, ScoringPlan
 from gna_interp.viz.html import part
 
 TASKS: tuple[str, ...] = ("kv", "mc", "cloze")

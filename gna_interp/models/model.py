@@ -111,7 +111,7 @@ class TokenBatch:
     """Token ids and the matching attention mask (1 = real token, 0 = padding).
 
     A *packed* batch (several continuations of one prompt in one row, see
-    :func:`~gna_interp.tasks.scoring.layout_chunks`) also carries ``tree``: ``tree[b, q, k]`` is True
+    :func:`~gna_interp.engine.layout.layout_chunks`) also carries ``tree``: ``tree[b, q, k]`` is True
     where position ``q`` may attend to position ``k`` (its prompt and its own branch), and
     ``positions``, the position id of every token (siblings share one).
     """
@@ -205,6 +205,9 @@ class Model:
         # keys a zoo model was trained with (its card's "keys"); tasks for it must draw keys from these
         self.kv_words: tuple[str, ...] | None = None
         self._by_layer_kind = {(s.layer, s.kind): s for s in self.layers if s.supported}
+        # what the engine established about this model once (e.g. whether its head reads in vocabulary blocks), by
+        # the engine's own keys; kept here so that it lives and dies with the model
+        self.facts: dict[str, Any] = {}
 
     def __getattr__(self, name: str) -> Any:
         """TransformerLens names a Model does not carry raise :class:`BridgeOnlyError` (an ``AttributeError``) that

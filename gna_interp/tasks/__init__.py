@@ -1,4 +1,4 @@
-"""Tasks that G&A discovery runs on, segment annotation, and scoring from shared forwards.
+"""Tasks that G&A discovery runs on, segment annotation, and their evaluation through the plan engine.
 
 The task interface (what circuit code consumes)
 ------------------------------------------------
@@ -16,13 +16,11 @@ so the same seed gives the same prompts everywhere. A :class:`Sample` holds:
 ``query``, ``final``. For KV retrieval and letter-format multiple choice, ``candidates[i]`` belongs to
 ``items[i]``, so the Aggregate head's target is ``items[gold].summary`` seen from ``final``.
 
-Scoring: :func:`evaluate` (or :func:`plan_scoring` once + :func:`run_plan` many times, e.g. under
-ablation hooks) scores every candidate by the summed log-prob of its tokens (the official scorer),
-from batched forwards rather than one per candidate: attention-only models run each prompt once with
-the candidates packed behind it under a tree-shaped mask; SSMs and hybrids batch full teacher-forced rows. Hooks
-that need positions are given as a callable ``Chunk -> hooks`` (full rows, pad offsets per row).
-Results are :class:`CandidateScores` (accuracy, logit difference gold minus best other, gold
-probability, a per-sample DataFrame).
+Scoring: :func:`evaluate` scores every candidate by the summed log-prob of its tokens (the official scorer) through
+the plan engine (:mod:`gna_interp.engine`: :func:`~gna_interp.engine.plan_scoring` once +
+:func:`~gna_interp.engine.run_plan` many times, e.g. under ablation hooks), from batched forwards rather than one per
+candidate. Results are :class:`~gna_interp.engine.CandidateScores` (accuracy, logit difference gold minus best other,
+gold probability, a per-sample DataFrame).
 
 Tasks: :class:`KVRetrieval` (official and completion templates), :class:`MultipleChoice` (MMLU format;
 letters or cloze; hub, local file or synthetic questions; optional chat template); controls that need no
@@ -45,23 +43,11 @@ from gna_interp.tasks.knowledge import Fact, Knowledge, fact_categories, facts
 from gna_interp.tasks.kv import PAPER_SIZES, KVRetrieval
 from gna_interp.tasks.mmlu import MultipleChoice, Question, file_questions, hub_questions, synthetic_questions
 from gna_interp.tasks.sample import Sample
-from gna_interp.tasks.scoring import (
-    CandidateScores,
-    Chunk,
-    ScoreTable,
-    ScoringPlan,
-    layout_chunks,
-    plan_scoring,
-    read_logprobs,
-    run_plan,
-    score_candidates,
-)
 from gna_interp.tasks.segments import CharSegments, Segments, Span, TextBuilder, annotate
 from gna_interp.tasks.text import NeutralText, lm_loss
 from gna_interp.tasks.words import word_list
 
-__all__ = ["PAPER_SIZES", "CandidateScores", "CharSegments", "Chunk", "Evaluation", "Fact", "KVRetrieval", "Knowledge",
-           "MultipleChoice", "NeutralText", "Question", "Sample", "ScoreTable", "ScoringPlan", "Segments", "Span", "Task", "TaskKind", "TextBuilder",
-           "annotate", "evaluate", "fact_categories", "facts", "file_questions", "hub_questions", "layout_chunks",
-           "lm_loss", "plan_scoring", "read_logprobs", "register_task_kind", "run_plan",
-           "score_candidates", "synthetic_questions", "task_from_dict", "task_kinds", "unregister_task_kind", "word_list"]
+__all__ = ["PAPER_SIZES", "CharSegments", "Evaluation", "Fact", "KVRetrieval", "Knowledge", "MultipleChoice", "NeutralText",
+           "Question", "Sample", "Segments", "Span", "Task", "TaskKind", "TextBuilder", "annotate", "evaluate",
+           "fact_categories", "facts", "file_questions", "hub_questions", "lm_loss", "register_task_kind",
+           "synthetic_questions", "task_from_dict", "task_kinds", "unregister_task_kind", "word_list"]

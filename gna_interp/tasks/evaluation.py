@@ -17,8 +17,8 @@ from gna_interp.models.model import Model, check_model
 from gna_interp.results import Result
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.io import sample_from_dict
-from gna_interp.tasks.scoring import (CandidateScores, ChunkHooks, Method, RunOptions, ScoringPlan, plan_scoring,
-                                     run_plan)
+from gna_interp.engine.forward import ChunkHooks, run_plan, RunOptions
+from gna_interp.engine.plan import CandidateScores, Method, ScoringPlan, plan_of
 
 
 @dataclass
@@ -131,18 +131,16 @@ def evaluate(model: Model, task: Task | ScoringPlan, batch_size: int = 16, metho
     """Score every sample of ``task`` on ``model`` (CPU or GPU, wherever the model lives).
 
     ``batch_size`` is the number of sequences per forward pass; ``config``
-    (:class:`~gna_interp.tasks.scoring.RunOptions`) or keyword ``overrides`` of its fields: ``progress`` (a bar,
+    (:class:`~gna_interp.engine.forward.RunOptions`) or keyword ``overrides`` of its fields: ``progress`` (a bar,
     default on) and ``share_prefix`` (how a sample's several rows are run, see
-    :func:`~gna_interp.tasks.scoring.run_plan`: packed by default).
+    :func:`~gna_interp.engine.forward.run_plan`: packed by default).
     Pass a :class:`ScoringPlan` (from :func:`plan_scoring` on this model, where it lives now) instead of a task to skip
     re-tokenizing when evaluating many times, e.g. under different ablations given as ``fwd_hooks``; a plan made for
     another model or device is refused (:meth:`ScoringPlan.check_model`; :func:`for_model` lays it out again).
     """
     check_model(model, runnable=False)  # a meta model: refused below, once its prompts are tokenised
-    if not isinstance(task, (Task, ScoringPlan)):
-        raise InputError(f"evaluate needs a Task (e.g. KVRetrieval(...)) or a ScoringPlan, got {type(task).__name__}")
     check_int("batch_size", batch_size, 1)
-    plan = task if isinstance(task, ScoringPlan) else plan_scoring(model, task.samples, method)
+    plan = plan_of(model, task, method, "evaluate")
     model.check_runnable()  # after tokenising: a meta model without tokenizer files says that first
     name = getattr(task, "name", "samples")
     start = time.perf_counter()

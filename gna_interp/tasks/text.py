@@ -16,8 +16,8 @@ from pathlib import Path
 from gna_interp.errors import InputError
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.sample import Sample
-from gna_interp.tasks.scoring import CandidateScores
-from gna_interp.tasks.metrics import LOGPROB, raw
+from gna_interp.engine.plan import CandidateScores
+from gna_interp.engine.metrics import LOGPROB, raw
 
 NEUTRAL_FILE = Path(__file__).resolve().parent.parent / "data" / "neutral.txt"
 

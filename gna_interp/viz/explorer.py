@@ -23,7 +23,7 @@ from gna_interp.mixing import patterns
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.scoring import CandidateScores
+from gna_interp.engine.plan import CandidateScores
 from gna_interp.viz.attention import attention_heads
 from gna_interp.viz.html import part, render
 

@@ -8,10 +8,10 @@ Strategies:
   unembedding is applied only where the metric reads. When candidates span several tokens (several
   scoring rows per sample) on an attention-only model, each sample's rows are *packed* into one
   sequence -- the prompt once, the continuations as a tree under a tree-shaped attention mask
-  (:func:`~gna_interp.tasks.scoring.layout_chunks`) -- so a multi-token task costs what a single-token
+  (:func:`~gna_interp.engine.layout.layout_chunks`) -- so a multi-token task costs what a single-token
   one does. Its numbers equal ``naive``'s to float noise.
 - ``naive``: one full forward of the task per head with one ablation hook (the reference; full
-  rows through :func:`gna_interp.tasks.run_plan`, no KV-cached prompt).
+  rows through :func:`gna_interp.engine.run_plan`, no KV-cached prompt).
 - ``attribution``: attribution patching (:mod:`gna_interp.engine.attribution`) -- a first-order
   estimate for all heads from one forward and one backward per batch.
 - ``auto``: ``attribution``, then ``exact`` runs until the leading ``certify`` heads are settled: first
@@ -27,7 +27,7 @@ Strategies:
   heads.
 
 Metrics: ``logit_diff`` (mean over samples of the gold candidate's score minus the best other's;
-scores are summed log-probs, see :mod:`gna_interp.tasks.scoring`) or ``accuracy``. ``drop`` is
+scores are summed log-probs, see :mod:`gna_interp.engine.plan`) or ``accuracy``. ``drop`` is
 ``baseline - ablated``; rank 1 is the largest drop. Attribution estimates the logit difference only:
 under ``metric="accuracy"`` heads that were not run exactly have ``ablated``/``drop`` NaN and are
 ranked, after the exact ones, by their estimated logit-difference drop.
@@ -36,7 +36,7 @@ How it reads: :func:`scan_heads` is four stages on one :class:`_Run` -- **plan**
 prefixes, the store and the executor), **attribute** (estimates for every head), **verify** (the first exact
 heads) and **settle** (``auto``: exact runs until the leading heads cannot change). The pieces live beside it:
 the result :class:`~gna_interp.circuits.scan.result.HeadScan` (drops, intervals, the ranked table), the metrics
-(:mod:`gna_interp.tasks.metrics`), the pure ``auto`` policy (:mod:`gna_interp.circuits.scan.policy`), the
+(:mod:`gna_interp.engine.metrics`), the pure ``auto`` policy (:mod:`gna_interp.circuits.scan.policy`), the
 checkpoint (:mod:`gna_interp.circuits.scan.store`), one process or torchrun ranks
 (:mod:`gna_interp.circuits.scan.executor`), and the plain reference loop the fast paths are tested against
 (:func:`~gna_interp.circuits.reference.reference_scan`).
@@ -80,10 +80,11 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_choice, check_int, options
 from gna_interp.tasks.base import Task
-from gna_interp.tasks.metrics import METRICS as METRIC_OBJECTS
-from gna_interp.tasks.metrics import get_metric, results
-from gna_interp.tasks.scoring import CandidateScores, Chunk, ScoringPlan, layout_chunks, plan_scoring, run_plan, \
-    whole_samples
+from gna_interp.engine.metrics import METRICS as METRIC_OBJECTS
+from gna_interp.engine.metrics import get_metric, results
+from gna_interp.engine.forward import run_plan
+from gna_interp.engine.layout import Chunk, layout_chunks, whole_samples
+from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_of, plan_scoring
 
 Strategy = Literal["exact", "naive", "attribution", "auto"]
 Metric = Literal["logit_diff", "accuracy", "logprob"]
@@ -121,7 +122,7 @@ class ScanConfig(Options):
             (mean + ``3`` bootstrap standard deviations) could still reach the leading heads.
         stack: ablations per replay (default: on CPU as many as keep a replay within 2,048 tokens; on CUDA as
             many as fit in half the free GPU memory, see :func:`~gna_interp.models.estimate.replay_stack`).
-        scoring: candidate scoring method of :func:`~gna_interp.tasks.scoring.plan_scoring`
+        scoring: candidate scoring method of :func:`~gna_interp.engine.plan.plan_scoring`
             (``auto`` or ``first_token``).
         progress: show a progress bar.
         max_prefix_bytes: keep the clean prefixes of all batches in memory up to this size.
@@ -199,7 +200,7 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
                config: ScanConfig | None = None, **overrides: Any) -> HeadScan:
     """Ablate each head of ``heads`` (default: every head of ``model``) on its own and measure the metric.
 
-    ``task`` is a task (or a :class:`~gna_interp.tasks.scoring.ScoringPlan` made from one); ``config`` a
+    ``task`` is a task (or a :class:`~gna_interp.engine.plan.ScoringPlan` made from one); ``config`` a
     :class:`ScanConfig`, or keyword overrides of its fields (``strategy="auto"``, ``method``,
     ``metric``, ``batch_size``, ``checkpoint``, ...); an unknown keyword raises naming the closest one.
     Under ``torchrun`` (``WORLD_SIZE > 1``) the exact ablations are split over the ranks and every rank
@@ -371,12 +372,7 @@ def _groups(replaced: list[Replacement], stack: int) -> list[list[Replacement]]:
 
 
 def _as_plan(model: Model, task: Task | ScoringPlan, scoring: Any) -> tuple[ScoringPlan, str]:
-    if isinstance(task, ScoringPlan):
-        task.check_model(model)
-        return task, "samples"
-    if not isinstance(task, Task):
-        raise InputError(f"scan_heads needs a Task (e.g. KVRetrieval(...)) or a ScoringPlan, got {type(task).__name__}")
-    return plan_scoring(model, task.samples, scoring), task.name  # type: ignore[arg-type]
+    return plan_of(model, task, scoring, "scan_heads"), "samples" if isinstance(task, ScoringPlan) else task.name
 
 
 def _replay_cost(model: Model) -> Callable[[Unit], float]:

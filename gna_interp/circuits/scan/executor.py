@@ -17,8 +17,8 @@ from gna_interp.engine.replay import Prefixes, ReplayMismatch
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.interventions.ablation import Replacement
 from gna_interp.models.heads import HeadRef
-from gna_interp.tasks.metrics import Results
-from gna_interp.tasks.scoring import CandidateScores
+from gna_interp.engine.metrics import Results
+from gna_interp.engine.plan import CandidateScores
 
 __all__ = ["Executor", "Unit"]
 

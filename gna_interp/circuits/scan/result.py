@@ -1,7 +1,7 @@
 """`HeadScan`: the result of a head scan -- every head's per-sample results, attribution estimates and the
 numbers read from them (drops, bootstrap intervals, rank stability, the ranked table).
 
-What one head's drop is: ``drop(head)`` = the scan's metric (:mod:`gna_interp.tasks.metrics`) on the intact
+What one head's drop is: ``drop(head)`` = the scan's metric (:mod:`gna_interp.engine.metrics`) on the intact
 model's per-sample results minus the same metric with the head ablated; exact for a head run exactly, the
 attribution estimate otherwise. ``drops()`` gives every head's, and :meth:`HeadScan.to_frame` the ranked table
 with 95 % bootstrap intervals. ``save`` / ``load`` write and read the ``scan`` document (every per-sample result).
@@ -23,7 +23,7 @@ from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.options import check_level, check_n_boot
 from gna_interp.store import read_json, write_json
-from gna_interp.tasks.metrics import RESULT_DTYPES, Results, get_metric
+from gna_interp.engine.metrics import RESULT_DTYPES, Results, get_metric
 
 COLUMNS = ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank", "source", "est_drop", "est_mass",
            "drop_lo", "drop_hi", "screen_drop"]
@@ -62,7 +62,7 @@ class HeadScan:
 
     @property
     def estimand(self) -> str:
-        """What attribution estimates for this scan (:attr:`Metric.estimand <gna_interp.tasks.metrics.Metric>`):
+        """What attribution estimates for this scan (:attr:`Metric.estimand <gna_interp.engine.metrics.Metric>`):
         ``logprob`` for a ``logprob`` scan, else ``logit_diff``."""
         return get_metric(self.metric).estimand
 

@@ -23,7 +23,7 @@ from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.store import read_json, write_json
-from gna_interp.tasks.scoring import ScoringPlan
+from gna_interp.engine.plan import ScoringPlan
 
 __all__ = ["ScanStore", "fingerprint"]
 

@@ -38,7 +38,7 @@ RESULT_DTYPES: dict[str, torch.dtype] = {"logit_diff": torch.float64, "correct":
 
 
 class Scored(Protocol):
-    """What the metrics read of scored candidates (:class:`~gna_interp.tasks.scoring.CandidateScores`)."""
+    """What the metrics read of scored candidates (:class:`~gna_interp.engine.plan.CandidateScores`)."""
 
     scores: Tensor
     gold: Tensor
@@ -49,7 +49,7 @@ class Scored(Protocol):
 
 
 class Planned(Protocol):
-    """What the target weights read of a scoring plan (:class:`~gna_interp.tasks.scoring.ScoringPlan`)."""
+    """What the target weights read of a scoring plan (:class:`~gna_interp.engine.plan.ScoringPlan`)."""
 
     samples: Sequence[Any]
     targets: Sequence[Any]
