@@ -463,13 +463,17 @@ def _curve_table(curve: pd.DataFrame, metric: str) -> str:
 
 
 def _own_files(d: Path, names: list[str]) -> None:
-    """Refuse a circuit folder whose files are symbolic links (to another run's files, to ``/etc/passwd``): a folder
-    keeps its own files; nothing is opened before this check."""
+    """Refuse a circuit folder whose files are symbolic links (to another run's files, to ``/etc/passwd``) or folders
+    (a loader given a folder would look inside it): a folder keeps its own files; nothing is opened before this
+    check."""
     for name in names:
         p = d / name
         if p.is_symlink():
             raise InputError(f"{str(p)!r} is a symbolic link (to {os.readlink(p)[:80]!r}); a circuit folder keeps its "
                              f"own files: copy the file in, or rerun `gna scan`")
+        if p.is_dir():
+            raise InputError(f"{str(p)!r} is a folder, not a file; a circuit folder keeps its {name} as a file: rerun "
+                             f"`gna scan`")
 
 
 def _check_heads(d: Path, doc: dict[str, Any], scan: HeadScan) -> None:
