@@ -52,7 +52,8 @@ class Result:
 
     Subclasses set :attr:`FORMAT` and :attr:`FILE` and write :meth:`to_dict` / :meth:`from_dict`; ``save(path)``
     then writes one JSON file (``path`` a ``.json`` file, or a folder: its :attr:`FILE`) and ``load(path)`` reads it
-    back, so ``type(r).load(r.save(p)).to_dict() == r.to_dict()``.
+    back, so ``type(r).load(r.save(p)).to_dict() == r.to_dict()``. A subclass with a ``figure(...)`` method gets
+    :meth:`plot`; one without names in :attr:`DRAWN_BY` the function of a higher layer that draws it.
     """
 
     FORMAT: ClassVar[str]  # the document's format, a key of store.FORMAT_VERSIONS
