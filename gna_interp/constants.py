@@ -33,6 +33,7 @@ EDGE_SCREEN_CSV, EDGE_GRAPH_HTML = "edge_screen.csv", "edge_graph.html"
 EDGE_FAITHFULNESS = "edge_faithfulness"  # the stem of gna circuit's edge curve: .json, .csv, .md, .html
 WHOLE_DIR = "whole_circuit"  # gna circuit's folder with the smallest edge circuit in its circuit.json, and its report
 PATTERNS_HTML = "patterns.html"  # gna patterns' default page
+PATTERNS_PT = "patterns.pt"  # PatternSet.save into a folder
 INTERACTIONS_JSON = "interactions.json"  # Interactions.save into a folder
 PATH_EFFECTS_JSON = "path_effects.json"  # PathEffects.save into a folder
 EVALUATION_JSON = "evaluation.json"  # Evaluation.save into a folder

@@ -34,7 +34,8 @@ from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.spec import IN_MEMORY_PREFIX
 from gna_interp.options import Options, options
-from gna_interp.store import as_path, atomic_write, read_json, records, write_json
+from gna_interp.results import Result, folder_of
+from gna_interp.store import as_path, atomic_write, read_json, records
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import Calibration, chance_margin
 from gna_interp.tasks.io import task_from_dict
@@ -59,8 +60,9 @@ class CircuitParts(Options):
 
 
 @dataclass
-class Circuit:
-    """Result of :func:`~gna_interp.circuits.discovery.discover`.
+class Circuit(Result):
+    """Result of :func:`~gna_interp.circuits.discovery.discover`: a folder result (:meth:`save` / :meth:`load`); its
+    figures are drawn a layer up (:meth:`plot` names them).
 
     Attributes:
         model: the model's name (its spec when loaded by spec; ``<in-memory ARCH>`` for a model wrapped from memory,
@@ -95,6 +97,10 @@ class Circuit:
             share of the intact metric, with that share (:class:`~gna_interp.circuits.whole_circuit.WholeCircuit`;
             None: not searched, as in a plain scan).
     """
+
+    FORMAT = "circuit"
+    FILE = CIRCUIT_JSON
+    DRAWN_BY = "gna_interp.viz.score_heatmap(circuit) or gna_interp.viz.ablation_curve(circuit)"
 
     model: str
     task: dict[str, Any]
@@ -291,9 +297,10 @@ class Circuit:
             **({"whole": self.whole.to_dict()} if self.whole is not None else {}),
         }
 
-    def save(self, out: str | os.PathLike) -> Path:
-        """Write the circuit into folder ``out`` (:data:`FILES`, each atomically); return the folder."""
-        d = Path(out)
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the circuit into the folder ``path`` (or the folder of ``path`` naming its ``circuit.json``):
+        :data:`FILES`, each atomically; return the folder."""
+        d = folder_of(path, CIRCUIT_JSON)
         d.mkdir(parents=True, exist_ok=True)
         run = uuid.uuid4().hex  # written into every file of this save: Circuit.load refuses a file from another run
         self.scan.save(d / SCAN_JSON, run)
@@ -306,14 +313,13 @@ class Circuit:
         for i, fs in enumerate(self.formats.values()):
             fs.save(d / format_scan(i), run)
         atomic_write(d / SCAN_CSV, self.to_frame().to_csv(index=False))
-        write_json(d / CIRCUIT_JSON, "circuit", {**self.to_dict(), "run_id": run})  # last: it vouches for the others
+        self._write(d, run_id=run)  # circuit.json, last: it vouches for the others
         return d
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Circuit":
         """Read a circuit saved by :meth:`save` (a folder, or its ``circuit.json``); no model needed."""
-        d = as_path(path, "Circuit.load's path")
-        d = d.parent if d.name == CIRCUIT_JSON else d
+        d = folder_of(as_path(path, "Circuit.load's path"), CIRCUIT_JSON)
         _own_files(d, [CIRCUIT_JSON, SCAN_JSON, VIEWS_PT, CONTROL_JSON, DELEGATION_JSON] +
                    [p.name for p in d.glob("format*.json")])
         doc = read_json(d / CIRCUIT_JSON, "circuit")  # checked against its schema (gna_interp.schemas)
@@ -336,7 +342,7 @@ class Circuit:
                              f"rerun `gna scan`") from None
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], scan: HeadScan, parts: CircuitParts | None = None,
+    def from_dict(cls, doc: dict[str, Any], scan: HeadScan, parts: CircuitParts | None = None,  # type: ignore[override]
                   **overrides: Any) -> "Circuit":
         """The circuit :meth:`to_dict` described, with the parts it keeps in files of their own: the ``scan``, and
         ``parts`` (:class:`CircuitParts`) or keyword ``overrides`` of its fields (``views``, ``control``,
@@ -457,13 +463,17 @@ def _curve_table(curve: pd.DataFrame, metric: str) -> str:
 
 
 def _own_files(d: Path, names: list[str]) -> None:
-    """Refuse a circuit folder whose files are symbolic links (to another run's files, to ``/etc/passwd``): a folder
-    keeps its own files; nothing is opened before this check."""
+    """Refuse a circuit folder whose files are symbolic links (to another run's files, to ``/etc/passwd``) or folders
+    (a loader given a folder would look inside it): a folder keeps its own files; nothing is opened before this
+    check."""
     for name in names:
         p = d / name
         if p.is_symlink():
             raise InputError(f"{str(p)!r} is a symbolic link (to {os.readlink(p)[:80]!r}); a circuit folder keeps its "
                              f"own files: copy the file in, or rerun `gna scan`")
+        if p.is_dir():
+            raise InputError(f"{str(p)!r} is a folder, not a file; a circuit folder keeps its {name} as a file: rerun "
+                             f"`gna scan`")
 
 
 def _check_heads(d: Path, doc: dict[str, Any], scan: HeadScan) -> None:

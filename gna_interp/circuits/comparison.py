@@ -27,11 +27,13 @@ from gna_interp.constants import COMPARE_CSV, COMPARE_JSON, COMPARE_MD
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError
+from gna_interp.html_repr import fmt
 from gna_interp.options import check_int
 from gna_interp.interventions.ablation import ablate
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
-from gna_interp.store import as_path, atomic_write, read_json, write_json
+from gna_interp.results import Result, folder_of
+from gna_interp.store import as_path, atomic_write
 from gna_interp.tasks.evaluation import evaluate
 
 __all__ = ["CircuitComparison", "compare_circuits"]
@@ -40,12 +42,13 @@ COLUMNS = ["task", "removed", "accuracy", "drop", "heads"]
 
 
 @dataclass
-class CircuitComparison:
+class CircuitComparison(Result):
     """Result of :func:`compare_circuits`.
 
     ``rows`` (:meth:`to_frame`) has one row per (task, removed set): ``task`` (``A`` or ``B`` and its
     name), ``removed`` (``none``, ``A top k``, ``B top k``, ``random k`` = the median draw), ``accuracy``,
-    ``drop`` (from intact) and the ``heads`` removed; ``metrics`` the overlap and rank correlation.
+    ``drop`` (from intact) and the ``heads`` removed; ``metrics`` the overlap and rank correlation. A folder result
+    (:meth:`save`: ``compare.json``, ``.csv``, ``.md``; :meth:`load`); no figure.
     """
 
     names: tuple[str, str]
@@ -53,13 +56,35 @@ class CircuitComparison:
     metrics: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
 
+    FORMAT = "comparison"
+    FILE = COMPARE_JSON
+
     @property
     def heads(self) -> list[HeadRef]:
         """The heads in both circuits' top ``k``."""
         return [HeadRef.parse(n) for n in self.metrics["shared_top_k"]]
 
     def to_frame(self) -> pd.DataFrame:
+        """One row per (task, removed set): :data:`COLUMNS`."""
         return pd.DataFrame(self.rows, columns=COLUMNS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``comparison`` document's body (``compare.json``)."""
+        return {"names": list(self.names), "k": self.k, "metrics": self.metrics, "rows": self.rows}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CircuitComparison":
+        """The comparison :meth:`to_dict` described."""
+        return cls(tuple(d["names"]), int(d["k"]), dict(d["metrics"]), list(d["rows"]))  # type: ignore[arg-type]
+
+    def _repr_title(self) -> tuple[str, str]:
+        return f"Circuits compared: A = {self.names[0]}, B = {self.names[1]}", f"top {self.k} heads"
+
+    def _repr_facts(self) -> list[tuple[str, Any]]:
+        m = self.metrics
+        shared = ", ".join(m.get("shared_top_k") or []) or "none"
+        return [("top-k overlap", f"{m.get('top_k_overlap')}/{self.k} ({shared})"),
+                ("Spearman of the drops", f"{fmt(m.get('spearman'))} over {m.get('n_ranked')} heads")]
 
     def summary(self) -> str:
         """Markdown: the overlap, the correlation and the cross-removal table."""
@@ -74,21 +99,15 @@ class CircuitComparison:
                   for r in self.rows]
         return "\n".join(lines) + "\n"
 
-    def save(self, out: str | os.PathLike) -> Path:
-        """Write ``compare.json``, ``compare.csv`` and ``compare.md`` into folder ``out``."""
-        d = Path(out)
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write ``compare.json``, ``compare.csv`` and ``compare.md`` into the folder ``path`` (or the folder of
+        ``path`` naming its ``compare.json``); return the folder. :meth:`load` reads the folder or the file."""
+        d = folder_of(path, COMPARE_JSON)
         d.mkdir(parents=True, exist_ok=True)
         atomic_write(d / COMPARE_CSV, self.to_frame().to_csv(index=False))
         atomic_write(d / COMPARE_MD, self.summary())
-        write_json(d / COMPARE_JSON, "comparison", {"names": list(self.names), "k": self.k, "metrics": self.metrics,
-                                                       "rows": self.rows})
+        self._write(d)
         return d
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "CircuitComparison":
-        d = as_path(path)
-        doc = read_json(d / COMPARE_JSON if d.is_dir() else d, "comparison")
-        return cls(tuple(doc["names"]), int(doc["k"]), dict(doc["metrics"]), list(doc["rows"]))  # type: ignore[arg-type]
 
 
 def _fmt(v: float) -> str:

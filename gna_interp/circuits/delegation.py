@@ -45,7 +45,8 @@ from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, options
-from gna_interp.store import as_path, atomic_write, read_json, records, write_json
+from gna_interp.results import Result, folder_of
+from gna_interp.store import atomic_write, records
 from gna_interp.tasks.base import Task
 from gna_interp.engine.plan import CandidateScores
 from gna_interp.engine.metrics import ACCURACY, raw
@@ -71,8 +72,9 @@ def is_hybrid(model: Model) -> bool:
 
 
 @dataclass
-class Delegation:
-    """Result of :func:`delegation` (see the module docstring for the tables).
+class Delegation(Result):
+    """Result of :func:`delegation` (see the module docstring for the tables): a folder result (:meth:`save` /
+    :meth:`load`); its figure is drawn a layer up (:meth:`plot` names it).
 
     Attributes:
         model: the model's name; task: the retrieval task (``Task.to_dict``).
@@ -93,6 +95,10 @@ class Delegation:
     settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+    FORMAT = FORMAT
+    FILE = DELEGATION_JSON
+    DRAWN_BY = "gna_interp.viz.delegation.delegation_figure(delegation)"
 
     def to_frame(self) -> pd.DataFrame:
         """The per-kind table, :data:`KIND_COLUMNS`."""
@@ -139,20 +145,24 @@ class Delegation:
                 "roles": records(self.roles), "kinds": records(self.kinds), "removal": records(self.removal),
                 "settings": self.settings, "notes": list(self.notes), "seconds": round(self.seconds, 2)}
 
-    def save(self, out: str | os.PathLike, run_id: str | None = None) -> Path:
-        """Write ``delegation.json`` and ``delegation.csv`` (the per-kind table) into folder ``out``; return it."""
-        d = Path(out)
+    def save(self, path: str | os.PathLike, run_id: str | None = None) -> Path:
+        """Write ``delegation.json`` and ``delegation.csv`` (the per-kind table) into the folder ``path`` (or the
+        folder of ``path`` naming its ``delegation.json``); return the folder."""
+        d = folder_of(path, DELEGATION_JSON)
         d.mkdir(parents=True, exist_ok=True)
         atomic_write(d / DELEGATION_CSV, self.kinds.to_csv(index=False))
-        write_json(d / DELEGATION_JSON, FORMAT, {**self.to_dict(), **({"run_id": run_id} if run_id else {})})
+        self._write(d, **({"run_id": run_id} if run_id else {}))
         return d
 
     @classmethod
     def load(cls, path: str | os.PathLike, run_id: str | None = None) -> "Delegation":
-        """Read a result written by :meth:`save` (the folder or its ``delegation.json``)."""
-        p = as_path(path)
-        p = p / DELEGATION_JSON if p.is_dir() else p
-        doc = read_json(p, FORMAT, run_id)
+        """Read a result written by :meth:`save` (the folder or its ``delegation.json``; given ``run_id``, the
+        document must carry it)."""
+        return cls._read(path, run_id)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "Delegation":
+        """The result :meth:`to_dict` described."""
 
         def frame(key: str, columns: list[str], text: tuple[str, ...]) -> pd.DataFrame:
             df = pd.DataFrame(doc[key], columns=columns)

@@ -94,6 +94,7 @@ class Interactions(Result):
 
     FORMAT = FORMAT
     FILE = INTERACTIONS_JSON
+    DRAWN_BY = "gna_interp.viz.interaction_heatmap(interactions)"
 
     def __post_init__(self) -> None:
         self.n_boot = check_n_boot(self.n_boot)  # read back from a file, or set by hand: a bounded resample count

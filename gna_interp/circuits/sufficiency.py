@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
+from gna_interp.results import Result
+from gna_interp.store import as_path, file_in
 from gna_interp.tasks.base import Task
 from gna_interp.engine.metrics import Results, get_metric, results
 
@@ -114,8 +117,10 @@ def size_grid(n: int) -> list[int]:
 
 
 @dataclass
-class Faithfulness:
-    """A faithfulness curve: per point, the heads kept (all others ablated) and the per-sample results.
+class Faithfulness(Result):
+    """A faithfulness curve: per point, the heads kept (all others ablated) and the per-sample results. Saves to
+    one JSON file of its own format (:meth:`save` / :meth:`load`, a folder's ``faithfulness.json``); its figure is
+    drawn a layer up (:meth:`plot` names it).
 
     Attributes:
         metric: ``logit_diff`` (the fraction) -- accuracy fractions are reported beside it.
@@ -145,6 +150,9 @@ class Faithfulness:
     unit: str = "heads"
     order: list[Any] | None = None  # edges: the ranked order the points are prefixes (or seeded shuffles) of
     scores: dict[Any, float] | None = field(default=None, repr=False)  # edges: each one's screen score (not saved)
+
+    FILE = FAITHFULNESS_JSON
+    DRAWN_BY = "gna_interp.viz.faithfulness.faithfulness_curve(fx)"
 
     # ---- numbers --------------------------------------------------------------------------
     def _fraction(self, kept: Results, name: str) -> float:
@@ -262,35 +270,45 @@ class Faithfulness:
         return out + [csv, md]
 
     # ---- storage --------------------------------------------------------------------------
-    def save(self, path: str | Path, stem: str = FAITHFULNESS) -> Path:
-        """Write ``{stem}.json`` (everything needed to rebuild this object) into the folder ``path``."""
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
+    def save(self, path: str | os.PathLike, stem: str = FAITHFULNESS) -> Path:
+        """Write ``{stem}.json`` (everything needed to rebuild this object, :meth:`to_dict`) into the folder ``path``,
+        or to ``path`` itself when it names a ``.json`` file; return the file."""
+        p = as_path(path)
+        out = p if p.suffix == ".json" and not p.is_dir() else p / f"{stem}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"format": FORMAT_VERSION, **self.to_dict()}
+        out.write_text(json.dumps(doc, indent=1, allow_nan=True), encoding="utf-8")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The document's body: settings, per-sample results of every point, the smallest circuit, its minimality
+        and :meth:`summary` (a non-finite value stays NaN: the file is written with ``allow_nan``)."""
 
         def enc(res: Results) -> dict[str, list]:
             return {k: v.tolist() for k, v in res.items()}
 
-        doc = {"format": FORMAT_VERSION, "metric": self.metric, "method": self.method, "n_heads": self.n_heads,
-               "threshold": self.threshold, "n_boot": self.n_boot, "level": self.level,
-               "intact": enc(self.intact), "empty": enc(self.empty),
-               "unit": self.unit, "order": [w.name for w in self.order] if self.order is not None else None,
-               "points": [{"series": s, "seed": seed, "size": len(hs), "results": enc(r),
-                           **({"heads": [h.name for h in hs]} if self.unit == "heads" else {})}
-                          for s, seed, hs, r in self.points],
-               "smallest": [h.name for h in self.smallest] if self.smallest is not None else None,
-               "minimality": {h.name: v for h, v in self.minimality.items()}, "summary": self.summary()}
-        out = folder / f"{stem}.json"
-        out.write_text(json.dumps(doc, indent=1, allow_nan=True), encoding="utf-8")
-        return out
+        return {"metric": self.metric, "method": self.method, "n_heads": self.n_heads,
+                "threshold": self.threshold, "n_boot": self.n_boot, "level": self.level,
+                "intact": enc(self.intact), "empty": enc(self.empty),
+                "unit": self.unit, "order": [w.name for w in self.order] if self.order is not None else None,
+                "points": [{"series": s, "seed": seed, "size": len(hs), "results": enc(r),
+                            **({"heads": [h.name for h in hs]} if self.unit == "heads" else {})}
+                           for s, seed, hs, r in self.points],
+                "smallest": [h.name for h in self.smallest] if self.smallest is not None else None,
+                "minimality": {h.name: v for h, v in self.minimality.items()}, "summary": self.summary()}
 
     @classmethod
-    def load(cls, path: str | Path) -> "Faithfulness":
-        """Read what :meth:`save` wrote (a folder, or the json file itself)."""
-        p = Path(path)
-        p = p / FAITHFULNESS_JSON if p.is_dir() else p
+    def load(cls, path: str | os.PathLike) -> "Faithfulness":
+        """Read what :meth:`save` wrote (a folder: its ``faithfulness.json``, or the json file itself)."""
+        p = file_in(path, cls.FILE)
         doc = json.loads(p.read_text(encoding="utf-8"))
         if doc.get("format") != FORMAT_VERSION:
             raise InputError(f"{p}: faithfulness format {doc.get('format')!r}, this version reads {FORMAT_VERSION}")
+        return cls.from_dict(doc)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "Faithfulness":
+        """The curve :meth:`to_dict` described."""
         from gna_interp.engine.metrics import RESULT_DTYPES
 
         def dec(d: dict[str, list]) -> Results:

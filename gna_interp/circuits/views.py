@@ -21,12 +21,14 @@ import torch
 from jaxtyping import Float, UInt8
 from torch import Tensor
 
+from gna_interp.constants import VIEWS_PT
 from gna_interp.errors import InputError
 from gna_interp.mixing import PatternOptions, PatternSet, patterns
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, options
-from gna_interp.store import read_tensors, write_tensors
+from gna_interp.results import Result
+from gna_interp.store import file_in, read_tensors, write_tensors
 from gna_interp.tasks.base import Task
 from gna_interp.engine.forward import score_candidates
 from gna_interp.tasks.segments import Segments
@@ -168,7 +170,7 @@ def head_patterns(model: Model, prompt: str, ranked: Sequence[HeadRef], sample: 
 
 
 @dataclass
-class CardViews:
+class CardViews(Result):
     """Patterns and annotations of a few task samples for the report's G&A cards and pattern views.
 
     Attributes:
@@ -179,7 +181,14 @@ class CardViews:
         view: the best-ranked heads shown in the pattern view.
         all_heads: every scanned head's pattern on sample ``all_heads.sample``, compressed (the report's click
             view), or None (views saved before it existed, or made with ``budget=0``).
+
+    Saves to one ``views`` tensor bundle (:meth:`save` / :meth:`load`, a folder's ``views.pt``); its tensors make it
+    no JSON document (no :meth:`to_dict`), and it has no plotly figure (:func:`gna_interp.viz.ga_card` draws a card).
     """
+
+    FORMAT = "views"
+    FILE = VIEWS_PT
+    DRAWN_BY = "gna_interp.viz.ga_card(views.patterns, gather, aggregate, views.segments[i])"
 
     patterns: PatternSet
     segments: list[Segments]
@@ -215,9 +224,14 @@ class CardViews:
                               "n_tokens": s.n_tokens}
                              for i, (g, p, c, s) in enumerate(zip(self.gold, self.pred, self.candidates, self.segments))])
 
+    def _repr_facts(self) -> list[tuple[str, Any]]:
+        return [*self.metrics.items(), ("pair", " -> ".join(h.name for h in self.pair) if self.pair else "–"),
+                ("why", self.why), ("view", ", ".join(h.name for h in self.view) or "–")]
+
     def save(self, path: str | os.PathLike, run_id: str | None = None) -> Path:
-        """Write the views to ``path`` (a ``views`` tensor bundle; ``run_id``: the saved result it belongs to)."""
-        return write_tensors(path, "views", {**({"run_id": run_id} if run_id else {}),
+        """Write the views to ``path`` (a file, or a folder: its ``views.pt``) as a ``views`` tensor bundle
+        (``run_id``: the saved result it belongs to); return the file."""
+        return write_tensors(file_in(path, self.FILE), self.FORMAT, {**({"run_id": run_id} if run_id else {}),
             "patterns": self.patterns.to_state(), "segments": [s.to_dict() for s in self.segments],
             "gold": list(self.gold), "pred": list(self.pred), "candidates": [list(c) for c in self.candidates],
             "pair": [h.name for h in self.pair] if self.pair else None, "why": self.why,
@@ -226,8 +240,10 @@ class CardViews:
 
     @classmethod
     def load(cls, path: str | os.PathLike, run_id: str | None = None) -> "CardViews":
-        """Read views written by :meth:`save` (given ``run_id``, the bundle must carry that id)."""
-        d = read_tensors(path, "views", run_id)
+        """Read views written by :meth:`save` (the file, or the folder holding its ``views.pt``; given ``run_id``,
+        the bundle must carry that id)."""
+        path = file_in(path, cls.FILE)
+        d = read_tensors(path, cls.FORMAT, run_id)
         pair = d["pair"]
         try:
             ps = PatternSet.from_state(d["patterns"])

@@ -53,7 +53,7 @@ from typing import Any, Sequence
 import pandas as pd
 from gna_interp.progress import tqdm
 
-from gna_interp.constants import EVAL_SUMMARY_CSV
+from gna_interp.constants import EVAL_SUMMARY_CSV, result_files
 from gna_interp.errors import InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
@@ -61,7 +61,8 @@ from gna_interp.experiments.run import Discovery, model_of, open_folder, random_
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import options
-from gna_interp.store import atomic_write
+from gna_interp.results import Result
+from gna_interp.store import atomic_write, records
 from gna_interp.viz.html import part
 
 __all__ = ["CONDITIONS", "SUMMARY_COLUMNS", "TABLE_COLUMNS", "EvalConfig", "EvalResult", "condition_files", "eval_figure",
@@ -78,8 +79,9 @@ SCAN_CKPT = f"{CIRCUIT_DIR}/scan.ckpt.json"  # the discovery's checkpoint, when 
 
 
 @dataclass
-class EvalResult:
-    """Result of :func:`eval_heads`.
+class EvalResult(Result):
+    """Result of :func:`eval_heads`: a folder result (:meth:`save` / :meth:`load`) with a figure (:meth:`figure`,
+    :meth:`plot`).
 
     Attributes:
         model: the model's name; ``tasks`` the benchmark names asked for.
@@ -99,6 +101,9 @@ class EvalResult:
     settings: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+
+    FORMAT = "eval"
+    FILE = result_files(FORMAT)[0]
 
     def to_frame(self) -> pd.DataFrame:
         """The long table (:data:`TABLE_COLUMNS`)."""
@@ -154,18 +159,30 @@ class EvalResult:
         """The bar chart (:func:`eval_figure`)."""
         return eval_figure(self)
 
-    def save(self, out: str | Path, png: bool = True) -> Path:
-        """Write the result folder (see the module docstring); return it."""
-        from gna_interp.experiments.output import ResultFolder, table_html
-        from gna_interp.store import records
+    def to_dict(self) -> dict[str, Any]:
+        """The ``eval`` document's body: settings, heads, draws, the summary and the long table (last)."""
+        return {"model": self.model, "tasks": self.tasks, "heads": self.heads, "random_heads": self.random_heads,
+                "settings": self.settings, "notes": self.notes, "seconds": self.seconds,
+                "summary": records(self.summary), "table": records(self.table)}
 
-        folder = ResultFolder(out, "eval")
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EvalResult":
+        """The result :meth:`to_dict` described."""
+        from gna_interp.experiments.output import doc_table
+
+        return cls(d["model"], list(d["tasks"]), doc_table(d, TABLE_COLUMNS), list(d["heads"]),
+                   [list(h) for h in d.get("random_heads") or []], dict(d.get("settings") or {}),
+                   list(d.get("notes") or []), dict(d.get("seconds") or {}))
+
+    def save(self, path: str | os.PathLike, png: bool = True) -> Path:
+        """Write the result folder (see the module docstring) into ``path`` (or the folder of ``path`` naming its
+        ``eval.json``); return the folder. :meth:`load` reads the folder or the file."""
+        from gna_interp.experiments.output import ResultFolder, table_html
+
+        folder = ResultFolder(path, "eval")
         summary = self.summary
         folder.path.mkdir(parents=True, exist_ok=True)
         atomic_write(folder.path / EVAL_SUMMARY_CSV, summary.to_csv(index=False))
-        doc = {"model": self.model, "tasks": self.tasks, "heads": self.heads, "random_heads": self.random_heads,
-               "settings": self.settings, "notes": self.notes, "seconds": self.seconds,
-               "summary": records(summary)}
         notes = [f"{self.model}: {', '.join(self.tasks)} through lm-evaluation-harness {self.settings.get('lm_eval')}; "
                  f"{self.settings.get('method')} ablation of {len(self.heads)} heads ({', '.join(self.heads)})"
                  + (f" against {len(self.random_heads)} random draws of {len(self.random_heads[0])} heads"
@@ -173,19 +190,8 @@ class EvalResult:
         if self.settings.get("limit") is not None:
             notes.append(f"limit {self.settings['limit']}: only the first documents of each task were evaluated.")
         sections = [part("heading", "Summary"), table_html(summary)]
-        return folder.write(self.table, doc, title=f"{self.model}: benchmarks with heads removed",
+        return folder.write(self.table, self.to_dict(), title=f"{self.model}: benchmarks with heads removed",
                             figures={"eval": self.figure}, notes=notes, sections=sections, png=png)
-
-    @classmethod
-    def load(cls, out: str | Path) -> "EvalResult":
-        """Read a folder written by :meth:`save`."""
-        from gna_interp.experiments.output import ResultFolder
-
-        doc = ResultFolder(out, "eval").load()
-        table = doc["frame"].reindex(columns=TABLE_COLUMNS)
-        return cls(doc["model"], list(doc["tasks"]), table, list(doc["heads"]),
-                   [list(h) for h in doc.get("random_heads") or []], dict(doc.get("settings") or {}),
-                   list(doc.get("notes") or []), dict(doc.get("seconds") or {}))
 
 
 def resolve_tasks(tasks: str | Sequence[str], include_path: str | Path | Sequence[str | Path] | None = None) -> tuple[list[str], Any]:

@@ -63,14 +63,14 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 
-from gna_interp.constants import CIRCUIT_JSON, SCAN_CKPT
+from gna_interp.constants import CIRCUIT_JSON, SCAN_CKPT, result_files
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.engine.replay import SetAblation
 from gna_interp.circuits.offsets import intact_at, pick_offset
 from gna_interp.circuits.roles import ScoreOptions, decision_inputs, item_masses
 from gna_interp.errors import InputError
 from gna_interp.experiments.options import RunOptions
-from gna_interp.experiments.output import ResultFolder, table_html
+from gna_interp.experiments.output import ResultFolder, doc_table, table_html
 from gna_interp.store import records
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, settings_fingerprint
 from gna_interp.experiments.run import (Discovery, Point, model_of, open_folder, random_draws, removed_k,
@@ -80,6 +80,7 @@ from gna_interp.mixing.sharpness import row_distribution, sharpness
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, check_pairs_fit, options
+from gna_interp.results import Result
 from gna_interp.store import atomic_write
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.base import Task
@@ -200,8 +201,9 @@ def aggregation_scores(model: Model, task: Task, heads: Sequence[HeadRef | str],
 
 # ---- the result -----------------------------------------------------------------------------------------------
 @dataclass
-class FamilyComparison:
-    """Result of :func:`compare`.
+class FamilyComparison(Result):
+    """Result of :func:`compare`: a folder result (:meth:`save` / :meth:`load`) with a figure (:meth:`figure`,
+    :meth:`plot`).
 
     Attributes:
         models: the model names, in the order given.
@@ -225,6 +227,9 @@ class FamilyComparison:
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+    FORMAT = NAME
+    FILE = result_files(NAME)[0]
 
     @property
     def metrics(self) -> dict[str, dict[str, Any]]:
@@ -313,15 +318,25 @@ class FamilyComparison:
         return fig
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document's body (the per-model table is added by :meth:`save`)."""
+        """The ``families`` document's body: models, settings, sources, notes, the curve, heads, samples and kinds
+        tables, and the per-model table (``table``, last)."""
         return {"models": self.models, "settings": self.settings, "sources": self.sources, "notes": self.notes,
                 "seconds": round(self.seconds, 2), "curve": records(self.curve), "heads": records(self.heads),
-                "samples": records(self.samples), "kinds": records(self.kinds)}
+                "samples": records(self.samples), "kinds": records(self.kinds), "table": records(self.table)}
 
-    def save(self, out: str | os.PathLike, png: bool = True) -> Path:
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "FamilyComparison":
+        """The comparison :meth:`to_dict` described."""
+        return cls(list(d["models"]), doc_table(d), pd.DataFrame(d["curve"], columns=CURVE_COLUMNS),
+                   pd.DataFrame(d["heads"]), pd.DataFrame(d["samples"]), pd.DataFrame(d["kinds"]),
+                   dict(d["settings"]), dict(d.get("sources") or {}), list(d.get("notes") or []),
+                   float(d.get("seconds") or 0.0))
+
+    def save(self, path: str | os.PathLike, png: bool = True) -> Path:
         """Write ``families.csv`` (+ ``_curve``, ``_heads``, ``_kinds`` CSVs), ``families.json``,
-        ``report.html`` and ``figures/families.png`` into ``out``."""
-        d = Path(out)
+        ``report.html`` and ``figures/families.png`` into the folder ``path`` (or the folder of ``path`` naming its
+        ``families.json``); return the folder. :meth:`load` reads the folder or the file."""
+        d = ResultFolder(path, NAME).path
         d.mkdir(parents=True, exist_ok=True)
         for table, df in (("curve", self.curve), ("heads", self.heads), ("kinds", self.kinds)):
             atomic_write(d / f"{NAME}_{table}.csv", df.to_csv(index=False))
@@ -334,15 +349,6 @@ class FamilyComparison:
                     part("heading", "Heads (aggregation scores)"), table_html(self.heads)]
         return ResultFolder(d, NAME).write(self.table, self.to_dict(), title="G&A across model families",
                                            figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "FamilyComparison":
-        """Read a comparison written by :meth:`save` (the folder or its ``families.json``)."""
-        doc = ResultFolder(path, NAME).load()
-        return cls(list(doc["models"]), doc["frame"], pd.DataFrame(doc["curve"], columns=CURVE_COLUMNS),
-                   pd.DataFrame(doc["heads"]), pd.DataFrame(doc["samples"]), pd.DataFrame(doc["kinds"]),
-                   dict(doc["settings"]), dict(doc.get("sources") or {}), list(doc.get("notes") or []),
-                   float(doc.get("seconds") or 0.0))
 
     def _repr_html_(self) -> str:
         return part("lead", "G&A across families") + table_html(self.table)

@@ -46,17 +46,19 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from gna_interp.constants import CARD_JSON, CIRCUIT_JSON, SCAN_CKPT
+from gna_interp.constants import CARD_JSON, CIRCUIT_JSON, SCAN_CKPT, result_files
 from gna_interp.circuits.hybrid import load_ranking
 from gna_interp.errors import InputError
 from gna_interp.experiments.options import FolderOptions
-from gna_interp.experiments.output import ResultFolder, table_html
+from gna_interp.experiments.output import ResultFolder, doc_table, table_html
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.run import Discovery, Point, clear_circuit, model_of, resolve_circuit, run_points
 from gna_interp.interventions import ablate
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, options
+from gna_interp.results import Result
+from gna_interp.store import records
 from gna_interp.tasks import KVRetrieval, evaluate
 from gna_interp.viz.html import part
 from gna_interp.zoo.hybrid_build import HybridConfig, build_hybrid, is_attention, random_heads
@@ -90,8 +92,9 @@ def kept_heads(condition: str, k: int, seed: int, ranking: Sequence[HeadRef], te
 
 
 @dataclass
-class HybridBuild:
-    """Result of :func:`hybrid_build`.
+class HybridBuild(Result):
+    """Result of :func:`hybrid_build`: a folder result (:meth:`save` / :meth:`load`) with a figure
+    (:meth:`figure`, :meth:`plot`).
 
     Attributes:
         teacher: the teacher's name.
@@ -116,6 +119,9 @@ class HybridBuild:
     students: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+    FORMAT = NAME
+    FILE = result_files(NAME)[0]
 
     @property
     def conditions(self) -> list[str]:
@@ -226,15 +232,25 @@ class HybridBuild:
         return fig
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document's body (the table is added by :meth:`save`)."""
+        """The ``hybrid_build`` document's body: teacher, ranking, settings, students, metrics, the per-condition
+        summary, the reference and the per-student rows (``table``, last)."""
         return {"teacher": self.teacher, "k": self.k, "pairs": self.pairs, "ranking": self.ranking,
                 "source": self.source, "settings": self.settings, "students": self.students, "notes": self.notes,
                 "seconds": round(self.seconds, 1), "metrics": self.metrics,
                 "by_condition": self.by_condition().to_dict(orient="records"),
-                "reference": self.reference.to_dict(orient="records")}
+                "reference": self.reference.to_dict(orient="records"), "table": records(self.table)}
 
-    def save(self, out: str | os.PathLike, png: bool = True) -> Path:
-        """Write ``hybrid_build.csv``, ``hybrid_build.json``, ``report.html`` and the figure into ``out``."""
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HybridBuild":
+        """The result :meth:`to_dict` described."""
+        return cls(d["teacher"], int(d["k"]), [int(n) for n in d["pairs"]], doc_table(d, COLUMNS),
+                   pd.DataFrame(d["reference"]), list(d["ranking"]), d.get("source", ""), dict(d["settings"]),
+                   dict(d.get("students") or {}), list(d.get("notes") or []), float(d.get("seconds") or 0.0))
+
+    def save(self, path: str | os.PathLike, png: bool = True) -> Path:
+        """Write ``hybrid_build.csv``, ``hybrid_build.json``, ``report.html`` and the figure into the folder
+        ``path`` (or the folder of ``path`` naming its ``hybrid_build.json``); return the folder. :meth:`load`
+        reads the folder or the file."""
         cfg = self.settings.get("config", {})
         notes = [f"Teacher {self.teacher}; ranking: {self.source}.",
                  f"Students: Falcon-H1, Mamba-2 in every layer beside the kept attention heads "
@@ -245,17 +261,8 @@ class HybridBuild:
         sections = [part("heading", "Accuracy by condition and dictionary size (over seeds)"), table_html(wide),
                     part("heading", "Reference"), table_html(self.reference),
                     part("heading", "Metrics"), part("pre", self.summary())]
-        return ResultFolder(out, NAME).write(self.table, self.to_dict(), title=f"Hybrid build: {self.teacher}",
-                                             figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "HybridBuild":
-        """Read a result written by :meth:`save` (the folder or its ``hybrid_build.json``)."""
-        doc = ResultFolder(path, NAME).load()
-        return cls(doc["teacher"], int(doc["k"]), [int(n) for n in doc["pairs"]],
-                   doc["frame"].reindex(columns=COLUMNS), pd.DataFrame(doc["reference"]), list(doc["ranking"]),
-                   doc.get("source", ""), dict(doc["settings"]), dict(doc.get("students") or {}),
-                   list(doc.get("notes") or []), float(doc.get("seconds") or 0.0))
+        return ResultFolder(path, NAME).write(self.table, self.to_dict(), title=f"Hybrid build: {self.teacher}",
+                                              figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
 
     def _repr_html_(self) -> str:
         return part("lead", f"Hybrid build from {self.teacher}") + table_html(self.by_condition())

@@ -66,19 +66,21 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.constants import CONTROL_CKPT, SCAN_CKPT
+from gna_interp.constants import CONTROL_CKPT, SCAN_CKPT, result_files
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.offsets import OFFSET_TOLERANCE, conv_width, pick_offset, reach, shifted_items
 from gna_interp.circuits.roles import RoleRule, ScoreOptions, offset_scores
 from gna_interp.errors import HeadError, InputError, OptionError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.options import RunOptions
-from gna_interp.experiments.output import ResultFolder, table_html
+from gna_interp.experiments.output import ResultFolder, doc_table, table_html
 from gna_interp.experiments.run import Discovery, Point, find_circuit, model_of, open_folder, run_points
 from gna_interp.interventions.masking import mask_pattern
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, check_pairs_fit, options
+from gna_interp.results import Result
+from gna_interp.store import records
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import ChanceVerdict
 from gna_interp.tasks.choice import check_knobs
@@ -284,8 +286,9 @@ def _row(condition: str, seed: int, heads: Sequence[MaskedHead], scores: Candida
 # ---- result ----------------------------------------------------------------------------------------
 
 @dataclass
-class MaskResult:
-    """What :func:`mask_experiment` measured.
+class MaskResult(Result):
+    """What :func:`mask_experiment` measured: a folder result (:meth:`save` / :meth:`load`) with a figure
+    (:meth:`figure`, :meth:`plot`).
 
     Attributes:
         model: the model's name.
@@ -308,6 +311,9 @@ class MaskResult:
     settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     circuit: str | None = None
+
+    FORMAT = "mask"
+    FILE = result_files(FORMAT)[0]
 
     def to_frame(self) -> pd.DataFrame:
         """The condition table (columns :data:`COLUMNS`)."""
@@ -358,31 +364,34 @@ class MaskResult:
         """The bar chart of :func:`mask_figure`."""
         return mask_figure(self)
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The ``mask`` document's body: task, heads, random draws, role scores, settings, notes, metrics and the
+        condition table (``table``, last)."""
         return {"model": self.model, "task": self.task, "heads": [h.to_dict() for h in self.heads],
                 "random": {str(s): [h.to_dict() for h in hs] for s, hs in self.random.items()},
                 "scores": self.scores.to_dict(orient="records"), "settings": self.settings, "notes": self.notes,
-                "circuit": self.circuit, "metrics": self.metrics}
+                "circuit": self.circuit, "metrics": self.metrics, "table": records(self.frame)}
 
-    def save(self, out: str | os.PathLike, png: bool = True) -> Path:
-        """Write ``mask.csv``, ``mask.json``, ``report.html`` and ``figures/mask.png`` into ``out``."""
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "MaskResult":
+        """The result :meth:`to_dict` described."""
+        return cls(d["model"], d["task"], [MaskedHead.from_dict(h) for h in d["heads"]],
+                   {int(s): [MaskedHead.from_dict(h) for h in hs] for s, hs in d["random"].items()},
+                   doc_table(d, COLUMNS), pd.DataFrame(d.get("scores") or [], columns=SCORE_COLUMNS),
+                   dict(d.get("settings") or {}), list(d.get("notes") or []), d.get("circuit"))
+
+    def save(self, path: str | os.PathLike, png: bool = True) -> Path:
+        """Write ``mask.csv``, ``mask.json``, ``report.html`` and ``figures/mask.png`` into the folder ``path`` (or
+        the folder of ``path`` naming its ``mask.json``); return the folder. :meth:`load` reads the folder or the
+        file."""
         heads = pd.DataFrame([{**h.to_dict(), "seed": -1} for h in self.heads]
                              + [{**h.to_dict(), "seed": s} for s, hs in self.random.items() for h in hs])
         sections = [part("heading", "Masked heads"), table_html(heads)]
         if len(self.scores):
             sections += [part("heading", "Role scores by summary offset"), table_html(self.scores)]
-        return ResultFolder(out, "mask").write(
-            self.frame, self.to_doc(), title=f"Keep-only-G&A masks: {self.model}",
+        return ResultFolder(path, "mask").write(
+            self.frame, self.to_dict(), title=f"Keep-only-G&A masks: {self.model}",
             figures={"mask": self.figure}, notes=self.summary().splitlines(), sections=sections, png=png)
-
-    @classmethod
-    def load(cls, out: str | os.PathLike) -> "MaskResult":
-        """The result saved in folder ``out`` by :meth:`save` (no model needed)."""
-        doc = ResultFolder(out, "mask").load()
-        return cls(doc["model"], doc["task"], [MaskedHead.from_dict(h) for h in doc["heads"]],
-                   {int(s): [MaskedHead.from_dict(h) for h in hs] for s, hs in doc["random"].items()},
-                   doc["frame"].reindex(columns=COLUMNS), pd.DataFrame(doc.get("scores") or [], columns=SCORE_COLUMNS),
-                   dict(doc.get("settings") or {}), list(doc.get("notes") or []), doc.get("circuit"))
 
     def _repr_html_(self) -> str:  # offline: the summary and the table (``.figure()`` displays the chart)
         return part("pre", self.summary()) + table_html(self.frame)

@@ -25,12 +25,20 @@ import pandas as pd
 from gna_interp.constants import FIGURES_DIR, REPORT_FILE, result_files
 from gna_interp.errors import InputError, ReportWarning
 from gna_interp.options import Options, options
+from gna_interp.results import folder_of
 from gna_interp.store import atomic_write, read_json, records, write_json
 from gna_interp.viz.export import png_export_problem, write_pngs
 from gna_interp.viz.html import IsolatedParts, figure_div, one_line, page, part
 
 
-__all__ = ["FIGURES_DIR", "PageParts", "REPORT_FILE", "ResultFolder", "table_html"]
+__all__ = ["FIGURES_DIR", "PageParts", "REPORT_FILE", "ResultFolder", "doc_table", "table_html"]
+
+
+def doc_table(doc: Mapping[str, Any], columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """The ``table`` records of a result document (what :meth:`ResultFolder.write` adds) as a DataFrame, with
+    ``columns`` in their order when given (a column the records lack is NaN)."""
+    df = pd.DataFrame(doc.get("table") or [])
+    return df.reindex(columns=list(columns)) if columns is not None else df
 
 
 def table_html(df: pd.DataFrame, digits: int = 3, max_rows: int = 200) -> str:
@@ -74,8 +82,7 @@ class ResultFolder:
     """
 
     def __init__(self, out: str | os.PathLike, name: str) -> None:
-        path = Path(out)
-        self.path, self.name = (path.parent if path.name == result_files(name)[0] else path), name  # the folder or its JSON
+        self.path, self.name = folder_of(out, result_files(name)[0]), name  # the folder or its JSON
         if self.path.exists() and not self.path.is_dir():
             raise InputError(f"--out {str(self.path)!r} is an existing file, not a folder; pick a folder path")
 
@@ -126,5 +133,5 @@ class ResultFolder:
     def load(self) -> dict[str, Any]:
         """The JSON document written by :meth:`write` (its table as a DataFrame under ``"frame"``)."""
         doc = read_json(self.json, self.name)
-        doc["frame"] = pd.DataFrame(doc.get("table") or [])
+        doc["frame"] = doc_table(doc)
         return doc

@@ -39,18 +39,20 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from gna_interp.constants import KEEP_CSV
+from gna_interp.constants import KEEP_CSV, PRUNE_JSON
 from gna_interp.circuits.prune import COLUMNS as CURVE_COLUMNS
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
-from gna_interp.experiments.output import ResultFolder, table_html
+from gna_interp.experiments.output import ResultFolder, doc_table, table_html
 from gna_interp.experiments.run import Point, model_of, open_folder, run_points
 from gna_interp.interventions.ablation import ablate
 from gna_interp.interventions.layers import check_layers, skip_layers
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, options
+from gna_interp.results import Result
+from gna_interp.store import records
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import ChanceVerdict
 from gna_interp.tasks.choice import check_knobs
@@ -216,8 +218,9 @@ def keep_rows(model: Model, keep_layers: int | str | Sequence[int] | None,
 # ---- result ------------------------------------------------------------------------------------------
 
 @dataclass
-class PruneResult:
-    """What :func:`prune` measured.
+class PruneResult(Result):
+    """What :func:`prune` measured: a folder result (:meth:`save` / :meth:`load`) with a figure (:meth:`figure`,
+    :meth:`plot`; :meth:`keep_figure` the head-keeping bars).
 
     Attributes:
         model: the model's name.
@@ -237,6 +240,9 @@ class PruneResult:
     n_layers: int
     settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    FORMAT = "prune"
+    FILE = PRUNE_JSON
 
     def to_frame(self) -> pd.DataFrame:
         """The pruning curves (columns :data:`COLUMNS`)."""
@@ -314,17 +320,26 @@ class PruneResult:
                           legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0), margin=dict(b=160))
         return fig
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The ``prune`` document's body: tasks, settings, notes, metrics, the head-keeping rows and the curves
+        (``table``, last)."""
         return {"model": self.model, "n_layers": self.n_layers, "tasks": self.tasks, "settings": self.settings,
                 "notes": self.notes, "metrics": self.metrics,
-                "keep": self.keep.to_dict(orient="records")}
+                "keep": self.keep.to_dict(orient="records"), "table": records(self.frame)}
 
-    def save(self, out: str | os.PathLike, png: bool = True) -> Path:
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PruneResult":
+        """The result :meth:`to_dict` described."""
+        return cls(d["model"], doc_table(d, COLUMNS), pd.DataFrame(d.get("keep") or [], columns=KEEP_COLUMNS),
+                   dict(d["tasks"]), int(d["n_layers"]), dict(d.get("settings") or {}), list(d.get("notes") or []))
+
+    def save(self, path: str | os.PathLike, png: bool = True) -> Path:
         """Write ``prune.csv`` (curves), ``keep.csv`` (head keeping, when asked), ``prune.json``,
-        ``report.html`` and ``figures/*.png`` into ``out``."""
+        ``report.html`` and ``figures/*.png`` into the folder ``path`` (or the folder of ``path`` naming its
+        ``prune.json``); return the folder. :meth:`load` reads the folder or the file."""
         from gna_interp.store import atomic_write
 
-        folder = ResultFolder(out, "prune")
+        folder = ResultFolder(path, "prune")
         figures: dict[str, Any] = {"prune": self.figure}
         sections: list[str] = []
         kf = self.keep_figure()
@@ -333,16 +348,8 @@ class PruneResult:
             piv = self.keep_table().reset_index()
             sections = [part("heading", "Head keeping"), table_html(piv)]
             atomic_write(folder.path / KEEP_CSV, self.keep.to_csv(index=False))
-        return folder.write(self.frame, self.to_doc(), title=f"Layer pruning: {self.model}", figures=figures,
+        return folder.write(self.frame, self.to_dict(), title=f"Layer pruning: {self.model}", figures=figures,
                             notes=self.summary().splitlines(), sections=sections, png=png)
-
-    @classmethod
-    def load(cls, out: str | os.PathLike) -> "PruneResult":
-        """The result saved in folder ``out`` by :meth:`save` (no model needed)."""
-        doc = ResultFolder(out, "prune").load()
-        return cls(doc["model"], doc["frame"].reindex(columns=COLUMNS),
-                   pd.DataFrame(doc.get("keep") or [], columns=KEEP_COLUMNS), dict(doc["tasks"]),
-                   int(doc["n_layers"]), dict(doc.get("settings") or {}), list(doc.get("notes") or []))
 
     def _repr_html_(self) -> str:  # offline: the summary (``.figure()`` displays the curves)
         return part("pre", self.summary())

@@ -64,18 +64,20 @@ import pandas as pd
 import torch
 
 from gna_interp.bootstrap import interval, paired_bootstrap
-from gna_interp.constants import CIRCUIT_JSON, N_BOOTSTRAP, SCAN_CKPT
+from gna_interp.constants import CIRCUIT_JSON, N_BOOTSTRAP, SCAN_CKPT, result_files
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.engine.replay import SetAblation
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
-from gna_interp.experiments.output import ResultFolder, table_html
+from gna_interp.experiments.output import ResultFolder, doc_table, table_html
 from gna_interp.experiments.run import (Discovery, Point, model_of, open_folder, random_draws, removed_k, resolve_circuit,
                                         run_points)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, check_int, check_n_boot, check_pairs_fit, options
+from gna_interp.results import Result
+from gna_interp.store import records
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.kv import PAPER_SIZES, TEMPLATES
@@ -178,8 +180,9 @@ def _per_sample(scores: Any) -> dict[str, list[float]]:
 
 # ---- the result ----------------------------------------------------------------------------------------
 @dataclass
-class Sweep:
-    """Result of :func:`sweep`.
+class Sweep(Result):
+    """Result of :func:`sweep`: a folder result (:meth:`save` / :meth:`load`) with a figure (:meth:`figure`,
+    :meth:`plot`; :meth:`drop_figure` the drops).
 
     Attributes:
         model: the model's name (its spec when loaded by spec).
@@ -209,6 +212,9 @@ class Sweep:
     seconds: float = 0.0
     single: dict[str, HeadRef] = field(default_factory=dict)
     per_sample: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+
+    FORMAT = NAME
+    FILE = result_files(NAME)[0]
 
     @property
     def k(self) -> int:
@@ -516,17 +522,32 @@ class Sweep:
         return fig
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document's body (without the table, which :meth:`save` adds)."""
+        """The ``sweep`` document's body: heads, draws, settings, metrics, the per-size summary, the slopes, each
+        point's per-prompt results and the points (``table``, last)."""
         return {"model": self.model, "pairs": self.pairs, "heads": [h.name for h in self.heads],
                 "random": [[h.name for h in d] for d in self.random], "settings": self.settings,
                 "source": self.source, "notes": self.notes, "seconds": round(self.seconds, 2),
                 "metrics": self.metrics, "by_pairs": self.by_pairs().to_dict(orient="records"),
                 "single": {c: h.name for c, h in self.single.items()},
-                "slopes": self.slopes().to_dict(orient="records"), "per_sample": self.per_sample}
+                "slopes": self.slopes().to_dict(orient="records"), "per_sample": self.per_sample,
+                "table": records(self.table)}
 
-    def save(self, out: str | os.PathLike, png: bool = True) -> Path:
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Sweep":
+        """The sweep :meth:`to_dict` described."""
+        table = doc_table(d, COLUMNS)
+        if len(table):
+            table["heads"] = table["heads"].fillna("")
+        return cls(d["model"], [int(n) for n in d["pairs"]], [HeadRef.parse(h) for h in d["heads"]],
+                   [[HeadRef.parse(h) for h in r] for r in d["random"]], table, dict(d["settings"]),
+                   d.get("source", ""), list(d.get("notes") or []), float(d.get("seconds") or 0.0),
+                   {c: HeadRef.parse(h) for c, h in (d.get("single") or {}).items()},
+                   dict(d.get("per_sample") or {}))
+
+    def save(self, path: str | os.PathLike, png: bool = True) -> Path:
         """Write ``sweep.csv``, ``sweep.json``, ``report.html`` and ``figures/sweep.png``, ``figures/drops.png``
-        into ``out``."""
+        into the folder ``path`` (or the folder of ``path`` naming its ``sweep.json``); return the folder.
+        :meth:`load` reads the folder or the file."""
         b = self.by_pairs()
         st, top = self.settings, ", ".join(h.name for h in self.heads)
         single = "; ".join(f"{self.label(c)} removed alone" for c in self.single)
@@ -547,22 +568,9 @@ class Sweep:
                         + (f"{LEVEL:.0%} percentile bootstrap interval over the prompts ({bs} resamples)" if bs else
                            "no bootstrap (bootstrap=0)") + "; trend: grows / shrinks when the interval excludes 0."),
                    table_html(self.slopes())]
-        return ResultFolder(out, NAME).write(self.table, self.to_dict(), title=f"Dictionary sweep: {self.model}",
-                                             figures={"sweep": self.figure, "drops": self.drop_figure},
-                                             notes=notes, sections=section, png=png)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Sweep":
-        """Read a sweep written by :meth:`save` (the folder or its ``sweep.json``)."""
-        doc = ResultFolder(path, NAME).load()
-        table = doc["frame"].reindex(columns=COLUMNS)
-        if len(table):
-            table["heads"] = table["heads"].fillna("")
-        return cls(doc["model"], [int(n) for n in doc["pairs"]], [HeadRef.parse(h) for h in doc["heads"]],
-                   [[HeadRef.parse(h) for h in d] for d in doc["random"]], table, dict(doc["settings"]),
-                   doc.get("source", ""), list(doc.get("notes") or []), float(doc.get("seconds") or 0.0),
-                   {c: HeadRef.parse(h) for c, h in (doc.get("single") or {}).items()},
-                   dict(doc.get("per_sample") or {}))
+        return ResultFolder(path, NAME).write(self.table, self.to_dict(), title=f"Dictionary sweep: {self.model}",
+                                              figures={"sweep": self.figure, "drops": self.drop_figure},
+                                              notes=notes, sections=section, png=png)
 
     def _repr_html_(self) -> str:
         what = (f"top {self.k} heads {', '.join(h.name for h in self.heads)}" if self.heads else

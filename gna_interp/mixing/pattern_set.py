@@ -7,6 +7,7 @@ into ``[batch, n, q, k]`` for the requested heads of one layer.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -16,22 +17,31 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from gna_interp.constants import PATTERNS_PT
 from gna_interp.errors import HeadError, InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import PatternOptions
 from gna_interp.models.model import Model, TokenBatch, check_model
-from gna_interp.store import read_tensors, write_tensors
+from gna_interp.results import Result
+from gna_interp.store import file_in, read_tensors, write_tensors
 
 
 @dataclass
-class PatternSet:
+class PatternSet(Result):
     """Patterns of some heads on one batch.
 
     ``by_layer[(layer, kind)]`` is ``(heads, tensor [batch, n, q, k])``. Rows and columns at padding
     positions are zero; :meth:`sample` trims them away. ``str_tokens[b]`` label the real tokens of
     sample ``b`` (:meth:`Model.token_labels <gna_interp.models.model.Model.token_labels>`: from text, labels
     that cover the whole prompt, separators a tokenizer drops included); ``options`` how the patterns were read.
+    Saves to one ``patterns`` tensor bundle (:meth:`save` / :meth:`load`, a folder's ``patterns.pt``); its tensors
+    make it no JSON document (no :meth:`to_dict`), and its views are HTML (:func:`gna_interp.viz.attention_heads`),
+    not a plotly figure.
     """
+
+    FORMAT = "patterns"
+    FILE = PATTERNS_PT
+    DRAWN_BY = "gna_interp.viz.attention_heads(patterns) (an HTML view)"
 
     batch: TokenBatch
     str_tokens: list[list[str]]
@@ -123,14 +133,16 @@ class PatternSet:
         return cls(TokenBatch(state["ids"], state["attention_mask"]), [list(t) for t in state["str_tokens"]], heads,
                    by_layer, PatternOptions(**state["options"]))
 
-    def save(self, path: str | Path) -> Path:
-        """Write this pattern set (tensors, tokens, heads, options) to ``path`` atomically; see :meth:`load`."""
-        return write_tensors(path, "patterns", self.to_state())
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write this pattern set (tensors, tokens, heads, options) to ``path`` (a file, or a folder: its
+        ``patterns.pt``) atomically; return the file. See :meth:`load`."""
+        return write_tensors(file_in(path, self.FILE), self.FORMAT, self.to_state())
 
     @classmethod
-    def load(cls, path: str | Path) -> "PatternSet":
-        """Read a pattern set written by :meth:`save` (no model needed)."""
-        return cls.from_state(read_tensors(path, "patterns"))
+    def load(cls, path: str | os.PathLike) -> "PatternSet":
+        """Read a pattern set written by :meth:`save` (the file, or the folder holding its ``patterns.pt``; no model
+        needed)."""
+        return cls.from_state(read_tensors(file_in(path, cls.FILE), cls.FORMAT))
 
 
 _NAMED = 6  # heads a pattern set names in its repr

@@ -19,10 +19,12 @@ import pandas as pd
 import torch
 
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
+from gna_interp.constants import SCAN_JSON
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.options import check_level, check_n_boot
-from gna_interp.store import read_json, write_json
+from gna_interp.results import Result
+from gna_interp.store import file_in, read_json
 from gna_interp.engine.metrics import RESULT_DTYPES, Results, get_metric
 
 COLUMNS = ["layer", "head", "kind", "name", "baseline", "ablated", "drop", "rank", "source", "est_drop", "est_mass",
@@ -33,7 +35,7 @@ __all__ = ["COLUMNS", "SCREEN_Z", "HeadScan"]
 
 
 @dataclass
-class HeadScan:
+class HeadScan(Result):
     """Result of :func:`scan_heads`.
 
     ``baseline`` / ``exact[head]`` hold per-sample ``logit_diff`` and ``correct`` tensors (clean run /
@@ -41,8 +43,15 @@ class HeadScan:
     difference, ``sizes[head]`` the relative size of its ablation and ``masses[head]`` the estimate's
     absolute mass, its per-token terms summed without cancellation (see
     :mod:`gna_interp.engine.attribution`).
-    :meth:`to_frame` has one row per head with columns :data:`COLUMNS`.
+    :meth:`to_frame` has one row per head with columns :data:`COLUMNS`. Saves to one ``scan`` JSON file
+    (:meth:`save` / :meth:`load`, a folder's ``scan.json``); :meth:`plot` has no figure of its own
+    (:func:`gna_interp.viz.score_heatmap` draws one).
     """
+
+    FORMAT = "scan"
+    FILE = SCAN_JSON
+    INDENT = None  # every per-sample result: one line
+    DRAWN_BY = "gna_interp.viz.score_heatmap(scan)"
 
     model: str
     task: str
@@ -233,15 +242,26 @@ class HeadScan:
         self.screen_index = [int(i) for i in state.get("screen_index") or []]
         self.screened = {HeadRef.parse(k): results_from_json(v) for k, v in (state.get("screened") or {}).items()}
 
+    def to_dict(self) -> dict[str, Any]:
+        """The ``scan`` document's body: :meth:`to_state`."""
+        return self.to_state()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HeadScan":
+        """The scan :meth:`to_dict` described (:meth:`from_state`)."""
+        return cls.from_state(d, where="the scan document")
+
     def save(self, path: str | os.PathLike, run_id: str | None = None) -> Path:
-        """Write the scan (every per-sample result) to ``path`` as a ``scan`` JSON document (``run_id``: the id
-        of the saved result it belongs to)."""
-        return write_json(path, "scan", {**self.to_state(), **({"run_id": run_id} if run_id else {})}, indent=None)
+        """Write the scan (every per-sample result) to ``path`` (a file, or a folder: its ``scan.json``) as a
+        ``scan`` JSON document (``run_id``: the id of the saved result it belongs to); return the file."""
+        return self._write(path, **({"run_id": run_id} if run_id else {}))
 
     @classmethod
     def load(cls, path: str | os.PathLike, run_id: str | None = None) -> "HeadScan":
-        """Read a scan written by :meth:`save` (given ``run_id``, it must carry that id)."""
-        return cls.from_state(read_json(path, "scan", run_id), where=str(path))
+        """Read a scan written by :meth:`save` (the file, or the folder holding its ``scan.json``; given
+        ``run_id``, it must carry that id)."""
+        p = file_in(path, cls.FILE)
+        return cls.from_state(read_json(p, cls.FORMAT, run_id), where=str(p))
 
     def __repr__(self) -> str:
         return (f"HeadScan({self.model!r}, {self.task!r}, {len(self.heads)} heads, {self.strategy}, "
