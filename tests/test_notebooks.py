@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
-CELL_TIMEOUT_S = 600  # a cell; 03_paper_claims runs SmolLM2 cells when it is installed (about 90 s alone at 1 thread,
-# several times that on cores shared with the other test workers)
+CELL_TIMEOUT_S = 600  # a cell; 03_paper_claims runs SmolLM2 cells when it is installed (under a minute alone)
 PLOTLY_JSON = "application/vnd.plotly.v1+json"
 CHROMIUM = os.environ.get("GNA_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -65,7 +64,9 @@ def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path):
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     nb = _load(path)
-    env_threads = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "TQDM_DISABLE": "1"}
+    # one thread: beside the other test workers, a kernel whose OpenMP threads fight them for the cores ran
+    # 03_paper_claims about 7x slower than alone
+    env_threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
     old = {k: os.environ.get(k) for k in env_threads}
     os.environ.update(env_threads)
     start = time.perf_counter()
