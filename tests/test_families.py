@@ -27,7 +27,6 @@ KW = dict(k=2, seeds=2, pairs=6, samples=8, seed=2, sharp_samples=4, pool=32, pr
 
 @pytest.fixture(scope="module")
 def models():
-    torch.set_num_threads(2)
     return {n: gna.load_model(f"zoo:{n}", device="cpu") for n in ("transformer-kv", "hybrid-kv")}
 
 

@@ -25,7 +25,6 @@ SAMPLES = 8
 
 @pytest.fixture(scope="module")
 def model():
-    torch.set_num_threads(2)
     return gna.load_model("zoo:transformer-kv", device="cpu")
 
 
