@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 import gna_interp as gna
 from gna_interp.circuits.roles import decision_inputs, role_scores

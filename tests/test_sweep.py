@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 import gna_interp as gna
 from gna_interp.bootstrap import N_BOOTSTRAP, paired_bootstrap
