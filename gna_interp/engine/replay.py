@@ -651,7 +651,7 @@ class SetAblation(PlanRunner):
         super().__init__(model, task, method, reference, batch_size, max_prefix_bytes, stack=stack, who="SetAblation")
 
     @classmethod
-    def of(cls, model: Model, task: "Any", method: AblationMethod = "zero",
+    def of(cls, model: Model, task: Any, method: AblationMethod = "zero",
            reference: Any = None, batch_size: int = 16) -> "SetAblation":
         """``task`` itself when it is a runner made for ``model`` (handed in to reuse its clean prefixes), else a new
         runner for it. A runner made for another model is refused: it measures its own model, whose numbers would
