@@ -29,12 +29,11 @@ from gna_interp.circuits.curve import random_orders
 from gna_interp.errors import InputError
 from gna_interp.html_repr import fmt
 from gna_interp.options import check_int
-from gna_interp.interventions.ablation import ablate
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
 from gna_interp.results import Result, folder_of
 from gna_interp.store import as_path, atomic_write
-from gna_interp.tasks.evaluation import evaluate
+from gna_interp.engine.replay import SetAblation
 
 __all__ = ["CircuitComparison", "compare_circuits"]
 
@@ -160,10 +159,10 @@ def compare_circuits(model: Model, a: Circuit | str | os.PathLike, b: Circuit | 
     out = CircuitComparison((a.task.get("name", "A"), b.task.get("name", "B")), k, metrics)
     for label, circuit in (("A", a), ("B", b)):
         task = circuit.load_task()
+        runner = SetAblation(model, task, batch_size=batch_size, replay=False)
 
         def acc(heads: list[HeadRef]) -> float:
-            with ablate(model, heads):
-                return evaluate(model, task, batch_size=batch_size, progress=False).accuracy
+            return runner.run(heads).metrics["accuracy"]
 
         intact = acc([])
         rnd = [acc(d) for d in draws]

@@ -8,12 +8,12 @@ import pandas as pd
 from gna_interp.progress import tqdm
 
 from gna_interp.errors import InputError
-from gna_interp.interventions.layers import check_layers, skip_layers
+from gna_interp.interventions.layers import LayerSkip, check_layers
 from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, check_int, options
 from gna_interp.tasks.base import Task
-from gna_interp.engine.forward import run_plan
-from gna_interp.engine.plan import Method, plan_scoring, ScoringPlan
+from gna_interp.engine.replay import PlanRunner
+from gna_interp.engine.plan import Method, plan_scoring
 
 PruneMode = Literal["from_end", "single"]
 COLUMNS = ["mode", "k", "layer", "skipped", "skipped_kinds", "task", "accuracy", "logit_diff", "gold_prob",
@@ -90,17 +90,17 @@ def prune_curve(model: Model, tasks: Task | Sequence[Task] | Mapping[str, Task],
     batch_size, method, progress = cfg.batch_size, cfg.method, cfg.progress
     named = _named_tasks(tasks)
     points = _settings(model, mode, ks, layers)
-    plans: dict[str, ScoringPlan] = {name: plan_scoring(model, t.samples, method) for name, t in named.items()}
+    runners = {name: PlanRunner(model, plan_scoring(model, t.samples, method), batch_size=batch_size, replay=False)
+               for name, t in named.items()}
     kinds = model.layer_kinds()
     records = []
     for k, layer, skipped in tqdm(points, desc=f"prune {mode}", unit="point", disable=not progress):
-        with skip_layers(model, skipped):
-            for name, plan in plans.items():
-                m = run_plan(model, plan, batch_size).metrics
-                records.append({"mode": mode, "k": k, "layer": -1 if layer is None else layer,
-                                "skipped": ",".join(map(str, skipped)),
-                                "skipped_kinds": ",".join(sorted({kinds[i] for i in skipped})), "task": name,
-                                **{c: m[c] for c in ("accuracy", "logit_diff", "gold_prob", "chance", "n_samples")}})
+        for name, runner in runners.items():
+            m = runner.run_under([LayerSkip(tuple(skipped))]).metrics
+            records.append({"mode": mode, "k": k, "layer": -1 if layer is None else layer,
+                            "skipped": ",".join(map(str, skipped)),
+                            "skipped_kinds": ",".join(sorted({kinds[i] for i in skipped})), "task": name,
+                            **{c: m[c] for c in ("accuracy", "logit_diff", "gold_prob", "chance", "n_samples")}})
     df = pd.DataFrame(records)
     base = df[df["skipped"] == ""].drop_duplicates("task").set_index("task")
     df["accuracy_drop"] = df["task"].map(base["accuracy"]) - df["accuracy"]

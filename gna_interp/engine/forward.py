@@ -27,15 +27,15 @@ from gna_interp.models.model import Hooks, Model, TokenBatch
 from gna_interp.options import Options, options
 from gna_interp.progress import tqdm
 
-__all__ = ["ChunkHooks", "ChunkReads", "Intervention", "RunOptions", "ScoreTable", "read_chunks", "run_plan",
+__all__ = ["ChunkContext", "ChunkHooks", "ChunkReads", "RunOptions", "ScoreTable", "read_chunks", "run_plan",
            "score_candidates"]
 
 ChunkHooks = Hooks | Callable[[Chunk], Hooks]
 """Forward hooks for a plan's chunks: one list ``[(hook name, fn), ...]`` for every chunk (a
 :data:`~gna_interp.models.model.Hooks`), or a callable ``Chunk -> hooks`` for hooks that need to know
 which sample sits where."""
-Intervention = Callable[[Chunk], ContextManager[Any]]
-"""What runs around one chunk's forward (e.g. ``lambda chunk: mask_pattern(model, masks_for(chunk))``)."""
+ChunkContext = Callable[[Chunk], ContextManager[Any]]
+"""What runs around one chunk's forward (e.g. ``lambda chunk: applied(model, [PatternMask(masks_for(chunk))])``)."""
 
 class ScoreTable:
     """Candidate scores of a whole plan, filled chunk by chunk (one table per run or ablation)."""
@@ -92,7 +92,7 @@ class ChunkReads:
 
 
 def read_chunks(model: Model, chunks: Iterable[Chunk], hooks: ChunkHooks = (),
-                intervention: Intervention | None = None) -> Iterator[ChunkReads]:
+                intervention: ChunkContext | None = None) -> Iterator[ChunkReads]:
     """The chunk runner: for each chunk, one forward without gradients with ``hooks`` (a list, or ``Chunk -> list``)
     inside the chunk's ``intervention`` (a context manager, e.g. a pattern mask), the model's head applied at the
     distinct read positions only (:meth:`Model.read_logits <gna_interp.models.model.Model.read_logits>`: the

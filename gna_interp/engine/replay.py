@@ -25,9 +25,10 @@ model and the same chunks gets one :class:`Prefixes`: a task's clean pass is pai
 from __future__ import annotations
 
 import hashlib
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from functools import cached_property
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -36,20 +37,26 @@ from transformers.cache_utils import DynamicCache
 
 from gna_interp.engine.unembed import at_reads, final_logits, head_logprobs, logit_atol
 from gna_interp.errors import InputError
-from gna_interp.interventions.ablation import (AblationMethod, Replacement, ablation_hooks, check_method, replacements,
-                                              stacked_ablation_hooks)
+from gna_interp.interventions.ablation import (AblationMethod, HeadAblation, Replacement, ablation_hooks, check_method,
+                                              replacements, stacked_ablation_hooks)
+from gna_interp.interventions.base import Intervention, check_interventions
 from gna_interp.models.heads import HeadRef
+from gna_interp.models.mixer import Hook
 from gna_interp.models.model import Model, TokenBatch
-from gna_interp.engine.forward import run_plan, ScoreTable
+from gna_interp.engine.forward import ChunkReads, read_chunks, run_plan, ScoreTable
 from gna_interp.engine.layout import Chunk, distinct_reads, layout_chunks
 from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_of
 from gna_interp.engine.unembed import read_logprobs
 
-__all__ = ["KeyValues", "PlanRunner", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack",
+__all__ = ["Interventions", "KeyValues", "PlanRunner", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack",
            "nested_scores", "prefixes_for", "recording", "replay", "replay_scores", "shared_prefixes",
            "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
+Interventions = Sequence[Intervention] | Callable[[Chunk], Sequence[Intervention]]
+"""What :meth:`PlanRunner.run_under` applies: a list of :class:`~gna_interp.interventions.Intervention` values for
+every forward, or a callable ``Chunk -> list`` for values written in one chunk's coordinates (e.g. pattern masks of
+that chunk's rows)."""
 VERIFY_READS = 64  # reads Prefixes.verify compares at most (each costs three rows of logits over the vocabulary)
 
 
@@ -590,31 +597,39 @@ class PlanRunner:
     for anything else); ``method`` and ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s
     (replacements are computed once per head and reused: :meth:`replaced`); ``stack`` caps the copies one replay
     stacks (default :func:`default_stack`). :attr:`prefixes` is None where replays do not reproduce the model
-    (:attr:`mismatch` says why) or under resampling, which aligns activations per forward.
+    (:attr:`mismatch` says why), under resampling, which aligns activations per forward, and with ``replay=False``
+    (a runner of full forwards only, which records no clean prefix).
+
+    :meth:`run_under` scores the task under any list of intervention values (:mod:`gna_interp.interventions`):
+    head ablations replay the later blocks where they can, anything else runs full forwards.
     """
 
     def __init__(self, model: Model, task: Any, method: AblationMethod = "zero", reference: Any = None,
                  batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES, *, stack: int | None = None,
-                 who: str = "this runner") -> None:
+                 replay: bool = True, who: str = "this runner") -> None:
         check_method(method, reference)  # before the task is planned
         if stack is not None and (isinstance(stack, bool) or not isinstance(stack, int) or stack < 1):
             raise InputError(f"stack must be an integer >= 1, got {stack!r}")
         self.plan = plan_of(model, task, who=who)
         self.model, self.method, self.reference = model, method, reference
         self.batch_size, self.max_prefix_bytes = batch_size, max_prefix_bytes
-        self.chunks = layout_chunks(self.plan, batch_size)
         self._stack = stack
         self._repl: dict[HeadRef, Replacement] = {}
         self._clean: CandidateScores | None = None
         self.prefixes: Prefixes | None = None
         self.mismatch: ReplayMismatch | None = None
-        if method != "resample":
+        if method != "resample" and replay:
             prefixes = prefixes_for(model, self.chunks, max_prefix_bytes)
             try:
                 prefixes.verify()
                 self.prefixes = prefixes
             except ReplayMismatch as e:
                 self.mismatch = e
+
+    @cached_property
+    def chunks(self) -> list[Chunk]:
+        """The plan's chunks as replays run them (:func:`~gna_interp.engine.layout.layout_chunks`), laid out once."""
+        return layout_chunks(self.plan, self.batch_size)
 
     @property
     def fast(self) -> bool:
@@ -627,6 +642,61 @@ class PlanRunner:
         if self._stack is None:
             self._stack = default_stack(self.model, self.chunks, self.max_prefix_bytes) if self.prefixes else 1
         return self._stack
+
+    def run_under(self, interventions: Interventions) -> CandidateScores:
+        """The task's scores with ``interventions`` applied (:data:`Interventions`; none: the intact model). Head
+        ablations alone replay the blocks from their earliest layer on (:func:`replay_scores`, where the runner
+        replays); anything else runs one full forward per chunk with every value's hooks -- packed rows where no value
+        depends on positions (:attr:`~gna_interp.interventions.Intervention.positional`), else plain rows. Numbers
+        equal ``run_plan`` inside :func:`~gna_interp.interventions.applied` to float noise (exactly, for full
+        forwards)."""
+        if callable(interventions):
+            table = ScoreTable(self.plan)
+            for read in self.reads_under(interventions):
+                table.add(read.chunk, read.logprobs())
+            return table.result()
+        values = check_interventions(interventions)
+        if self.prefixes is not None and all(isinstance(v, HeadAblation) and v.method != "resample" for v in values):
+            replaced = [r for v in values for r in self._replacements(v)]
+            return replay_scores(self.model, self.plan, self.prefixes, [replaced])[0]
+        with ExitStack() as stack:
+            hooks = self._hooks(values, stack)
+            return run_plan(self.model, self.plan, self.batch_size, fwd_hooks=hooks,
+                            share_prefix=False if any(v.positional for v in values) else None)
+
+    def reads_under(self, interventions: Interventions, on_layout: Callable[[int], Any] | None = None
+                    ) -> Iterator[ChunkReads]:
+        """One full forward per chunk of the plan with ``interventions`` applied, yielding the logits at the chunk's
+        reads (:func:`~gna_interp.engine.forward.read_chunks`): for callers that read more than scores. The chunks are
+        packed as the plan allows unless the values depend on positions (or are given per chunk); ``on_layout`` is
+        called with their number once they are laid out (e.g. a progress bar's ``reset``)."""
+        fixed = None if callable(interventions) else check_interventions(interventions)
+        plain = fixed is None or any(v.positional for v in fixed)
+        chunks = layout_chunks(self.plan, 1 if self.plan.method == "per_candidate" else self.batch_size,
+                               pack=False if plain else None)
+        if on_layout is not None:
+            on_layout(len(chunks))
+
+        @contextmanager
+        def around(chunk: Chunk) -> Iterator[None]:
+            values = fixed if fixed is not None else check_interventions(interventions(chunk))  # type: ignore[operator]
+            with ExitStack() as stack:
+                stack.enter_context(self.model.hooks(self._hooks(values, stack)))
+                yield
+
+        yield from read_chunks(self.model, chunks, intervention=around)
+
+    def _replacements(self, value: HeadAblation) -> list[Replacement]:
+        """``value``'s replacements: the runner's own (computed once per head) when it ablates with the runner's method
+        and reference, else the value's."""
+        if value.method == self.method and value.reference is self.reference:
+            return self.replaced(list(value.heads))
+        return value.replacements(self.model)
+
+    def _hooks(self, values: Sequence[Intervention], stack: ExitStack) -> list[Hook]:
+        """The forward hooks of ``values``, in order."""
+        return [h for v in values for h in (ablation_hooks(self._replacements(v)) if isinstance(v, HeadAblation)
+                                            else v.hooks(self.model, stack))]
 
     def replaced(self, heads: Sequence[HeadRef | str]) -> list[Replacement]:
         """What replaces each of ``heads`` (checked against the model, duplicates dropped), computed once per head."""
@@ -646,9 +716,10 @@ class SetAblation(PlanRunner):
     """
 
     def __init__(self, model: Model, task: Any, method: AblationMethod = "zero", reference: Any = None,
-                 batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES, *, stack: int | None = None
-                 ) -> None:
-        super().__init__(model, task, method, reference, batch_size, max_prefix_bytes, stack=stack, who="SetAblation")
+                 batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES, *, stack: int | None = None,
+                 replay: bool = True) -> None:
+        super().__init__(model, task, method, reference, batch_size, max_prefix_bytes, stack=stack, replay=replay,
+                         who="SetAblation")
 
     @classmethod
     def of(cls, model: Model, task: Any, method: AblationMethod = "zero",
@@ -711,10 +782,6 @@ class SetAblation(PlanRunner):
         return out  # type: ignore[return-value]
 
     def run(self, heads: Sequence[HeadRef | str]) -> CandidateScores:
-        """Scores with ``heads`` removed together (none: the intact model)."""
-        replaced = self.replaced(heads)
-        if self.prefixes is not None:
-            return replay_scores(self.model, self.plan, self.prefixes, [replaced])[0]
-        share = False if self.method == "resample" else None
-        return run_plan(self.model, self.plan, self.batch_size, fwd_hooks=ablation_hooks(replaced) if replaced else (),
-                        share_prefix=share)
+        """Scores with ``heads`` removed together (none: the intact model): :meth:`run_under` of their
+        :class:`~gna_interp.interventions.HeadAblation`."""
+        return self.run_under([HeadAblation(tuple(heads), self.method, self.reference)])

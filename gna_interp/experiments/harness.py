@@ -27,9 +27,10 @@ Contexts longer than ``max_length`` (default: the model's context, else 2048) ar
 as lm-eval's Hugging Face model does.
 
 The intervention holds for the whole run: ``heads=`` (or ``circuit=DIR`` with ``top_k``) are
-ablated (:func:`~gna_interp.interventions.ablation.ablate`: ``zero``, or ``mean`` over a reference
-text) in every forward, and ``mask=`` restricts patterns
-(:func:`~gna_interp.interventions.masking.mask_pattern`), rebuilt for every forward's tokens.
+ablated (:class:`~gna_interp.interventions.HeadAblation`: ``zero``, or ``mean`` over a reference
+text) in every forward, and ``mask=`` restricts patterns (:class:`~gna_interp.interventions.PatternMask`), rebuilt
+for every forward's tokens; scoring runs through :meth:`PlanRunner.reads_under
+<gna_interp.engine.replay.PlanRunner.reads_under>`.
 
 Importing this module registers the class with lm-eval as ``"gna"``::
 
@@ -39,11 +40,10 @@ Importing this module registers the class with lm-eval as ``"gna"``::
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from jaxtyping import Float
@@ -51,15 +51,15 @@ from torch import Tensor
 from gna_interp.progress import tqdm
 
 from gna_interp.errors import InputError, install_hint
-from gna_interp.interventions.ablation import AblationMethod, ablation_hooks, replacements
-from gna_interp.interventions.masking import mask_pattern
+from gna_interp.interventions.ablation import AblationMethod, HeadAblation, ablation_hooks
+from gna_interp.interventions.base import Intervention, applied
+from gna_interp.interventions.masking import PatternMask
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import MaskOptions
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.options import Options, options
 from gna_interp.tasks.sample import Sample
-from gna_interp.engine.forward import read_chunks
-from gna_interp.engine.layout import layout_chunks
+from gna_interp.engine.replay import PlanRunner
 from gna_interp.engine.plan import for_model, Row, ScoringPlan, Target
 
 def require_lm_eval() -> str:
@@ -219,8 +219,8 @@ class GnaLM(TemplateLM):
         self.heads: list[HeadRef] = list(dict.fromkeys(model.check_heads(named))) if named else []
         if method == "mean" and self.heads and reference is None:
             reference = neutral_reference()
-        self._hooks = ablation_hooks(replacements(model, self.heads, method, reference if method != "zero" else None)) \
-            if self.heads else []
+        self.ablation = HeadAblation(tuple(self.heads), method, reference if method != "zero" else None)
+        self._hooks = ablation_hooks(self.ablation.replacements(model)) if self.heads else []
         if mask is not None and not callable(mask):
             mask = FullMask(tuple(model.check_heads(parse_heads_arg(mask))))
         self.mask: MaskFn | None = mask  # type: ignore[assignment]
@@ -310,19 +310,17 @@ class GnaLM(TemplateLM):
         return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
 
     # ---- the intervention ------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _masked(self, batch: TokenBatch) -> Iterator[None]:
-        if self.mask is None:
-            yield
-            return
-        with mask_pattern(self.model, self.mask(batch), self.mask_options):
-            yield
+    def interventions(self, batch: TokenBatch) -> list[Intervention]:
+        """The run's interventions for a forward of ``batch``: the head ablation, and the pattern masks of its
+        tokens."""
+        masks = [PatternMask(self.mask(batch), self.mask_options)] if self.mask is not None else []
+        return [self.ablation, *masks]
 
     def logits(self, batch: TokenBatch, **kwargs: Any) -> Float[Tensor, "batch pos vocab"]:
         """Logits of one forward of ``batch`` with the run's intervention (``kwargs`` go to the bridge,
         e.g. ``logits_to_keep``)."""
-        with self._masked(batch):
-            return self.model.run_with_hooks(batch, self._hooks, **kwargs)
+        with applied(self.model, self.interventions(batch)):
+            return self.model.run_with_hooks(batch, (), **kwargs)
 
     # ---- loglikelihood ---------------------------------------------------------------------
     def _loglikelihood_tokens(self, requests: Sequence[tuple[Any, Sequence[int], Sequence[int]]],
@@ -333,12 +331,14 @@ class GnaLM(TemplateLM):
         prepared = [self._fit(ctx, cont) for _, ctx, cont in requests]
         plan, where = _token_plan(prepared)
         plan = for_model(self.model, plan)
-        chunks = layout_chunks(plan, self.batch_size, pack=self.mask is None and plan.packs)
+        runner = PlanRunner(self.model, plan, batch_size=self.batch_size, replay=False)
+        values = (lambda chunk: self.interventions(chunk.batch)) if self.mask is not None else [self.ablation]
         total = torch.zeros(len(plan.targets), dtype=torch.float64)
         missed = torch.zeros(len(plan.targets), dtype=torch.long)
-        bar = tqdm(chunks, desc="gna loglikelihood", unit="batch", leave=False, disable=disable_tqdm or not self.progress)
-        with torch.no_grad():
-            for read in read_chunks(self.model, bar, self._hooks, lambda chunk: self._masked(chunk.batch)):
+        with torch.no_grad(), tqdm(desc="gna loglikelihood", unit="batch", leave=False,
+                                   disable=disable_tqdm or not self.progress) as bar:
+            for read in runner.reads_under(values, bar.reset):
+                bar.update()
                 chunk = read.chunk
                 total.index_add_(0, chunk.read_target, read.logprobs().double().cpu())
                 miss = read.at_reads.float().argmax(-1).cpu() != chunk.read_tok

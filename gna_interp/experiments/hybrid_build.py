@@ -53,13 +53,13 @@ from gna_interp.experiments.options import FolderOptions
 from gna_interp.experiments.output import ResultFolder, doc_table, table_html
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.run import Discovery, Point, clear_circuit, model_of, resolve_circuit, run_points
-from gna_interp.interventions import ablate
+from gna_interp.engine.replay import SetAblation
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, options
 from gna_interp.results import Result
 from gna_interp.store import records
-from gna_interp.tasks import KVRetrieval, evaluate
+from gna_interp.tasks import KVRetrieval
 from gna_interp.viz.html import part
 from gna_interp.zoo.hybrid_build import HybridConfig, build_hybrid, is_attention, random_heads
 from gna_interp.zoo.training import DEFAULT_EVAL_SIZES, TrainingRun
@@ -279,11 +279,9 @@ def _reference(m: Model, top: list[HeadRef], pairs: list[int], samples: int) -> 
     others = [h for h in m.heads() if is_attention(h) and h not in set(top)]
     for n in pairs:
         task = KVRetrieval(n, samples, seed=0, template="official", words=m.kv_words)
-        full = evaluate(m, task, batch_size=32, progress=False).metrics
-        only = math.nan
-        if top:
-            with ablate(m, others):
-                only = evaluate(m, task, batch_size=32, progress=False).metrics["accuracy"]
+        runner = SetAblation(m, task, batch_size=32, replay=False)
+        full = runner.run([]).metrics
+        only = runner.run(others).metrics["accuracy"] if top else math.nan
         rows.append({"pairs": n, "teacher": round(full["accuracy"], 4), "teacher_top_only": round(only, 4),
                      "chance": round(full["chance"], 4)})
     return rows

@@ -2,7 +2,7 @@
 "masking shows SSMs use G&A" experiment), for attention and SSM heads alike.
 
 Per sample, every G&A head gets a custom mask of its mixing pattern
-(:func:`~gna_interp.interventions.mask_pattern`: attention ``A ⊙ mask``, SSM ``(M ⊙ mask) x + D x``):
+(:class:`~gna_interp.interventions.PatternMask`: attention ``A ⊙ mask``, SSM ``(M ⊙ mask) x + D x``):
 
 - a **Gather** head keeps only what each dictionary line reads inside its own line
   (``mask[q, k] = 1`` when ``k <= q`` lie in the same line; every other row sees nothing);
@@ -59,7 +59,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ContextManager, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -75,7 +75,7 @@ from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_fil
 from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, doc_table, table_html
 from gna_interp.experiments.run import Discovery, Point, find_circuit, model_of, open_folder, run_points
-from gna_interp.interventions.masking import mask_pattern
+from gna_interp.interventions.masking import MaskOptions, PatternMask
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, check_pairs_fit, options
@@ -85,8 +85,8 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import ChanceVerdict
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
-from gna_interp.engine.forward import read_chunks, ScoreTable
-from gna_interp.engine.layout import Chunk, layout_chunks
+from gna_interp.engine.layout import Chunk
+from gna_interp.engine.replay import PlanRunner
 from gna_interp.engine.plan import CandidateScores, plan_scoring, ScoringPlan
 from gna_interp.tasks.segments import Segments
 from gna_interp.viz.html import part
@@ -241,14 +241,12 @@ def _score(model: Model, plan: ScoringPlan, segs: Sequence[Segments], heads: Seq
            batch_size: int, renormalize: bool) -> CandidateScores:
     """Every candidate's score with ``heads`` masked: ``none`` (no mask), ``zero`` (see nothing),
     ``pattern`` (keep-only-G&A at each head's offset) or ``unshifted`` (the same at offset 0)."""
-    table = ScoreTable(plan)
+    options = MaskOptions(renormalize=renormalize)
 
-    def masked(chunk: Chunk) -> ContextManager[Model]:
-        return mask_pattern(model, _chunk_masks(model, chunk, segs, heads, mode), renormalize=renormalize)
+    def masked(chunk: Chunk) -> list[PatternMask]:
+        return [PatternMask(_chunk_masks(model, chunk, segs, heads, mode), options)]
 
-    for read in read_chunks(model, layout_chunks(plan, batch_size, pack=False), intervention=masked):
-        table.add(read.chunk, read.logprobs())
-    return table.result()
+    return PlanRunner(model, plan, batch_size=batch_size, replay=False).run_under(masked)
 
 
 def _chunk_masks(model: Model, chunk: Chunk, segs: Sequence[Segments], heads: Sequence[MaskedHead],

@@ -13,8 +13,9 @@ of layers ``A+1..B`` and retrieval stays, remove one of those heads and it falls
   stay; later blocks removed); the same *without* each listed head in turn; and, per seed, the same
   number of *random* heads of those layers kept instead.
 
-A removed block passes its input on unchanged (:func:`~gna_interp.interventions.layers.skip_layers`),
-heads are zero-ablated (:func:`~gna_interp.interventions.ablate`); the curves are the points of
+A removed block passes its input on unchanged (:class:`~gna_interp.interventions.LayerSkip`), heads are
+zero-ablated (:class:`~gna_interp.interventions.HeadAblation`), both run by a
+:class:`~gna_interp.engine.replay.PlanRunner` of full forwards; the curves are the points of
 :func:`~gna_interp.circuits.prune.prune_curve` (same columns, same scoring), measured one point at a time
 so that a long run is checkpointed point by point.
 
@@ -32,7 +33,6 @@ import functools
 import os
 import random
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -46,8 +46,8 @@ from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ResultFolder, doc_table, table_html
 from gna_interp.experiments.run import Point, model_of, open_folder, run_points
-from gna_interp.interventions.ablation import ablate
-from gna_interp.interventions.layers import check_layers, skip_layers
+from gna_interp.interventions.ablation import HeadAblation
+from gna_interp.interventions.layers import LayerSkip, check_layers
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, options
@@ -57,7 +57,7 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import ChanceVerdict
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
-from gna_interp.engine.forward import run_plan
+from gna_interp.engine.replay import PlanRunner
 from gna_interp.engine.plan import plan_scoring, ScoringPlan
 from gna_interp.viz.html import part
 
@@ -395,17 +395,14 @@ def prune_figure(result: PruneResult) -> Any:
 
 def _evaluate(model: Model, plans: Mapping[str, ScoringPlan], skipped: Sequence[int], ablated: Sequence[HeadRef],
               batch_size: int) -> dict[str, dict[str, float]]:
-    """Metrics of every task with blocks ``skipped`` and heads ``ablated`` (both undone on exit)."""
-    with ExitStack() as stack:
-        if skipped:
-            stack.enter_context(skip_layers(model, skipped))
-        if ablated:
-            stack.enter_context(ablate(model, ablated))
-        out = {}
-        for name, plan in plans.items():
-            m = run_plan(model, plan, batch_size).metrics
-            out[name] = {c: m[c] for c in _METRICS}
-        return out
+    """Metrics of every task with blocks ``skipped`` and heads ``ablated`` (full forwards, the model restored after
+    each)."""
+    values = [LayerSkip(tuple(skipped)), HeadAblation(tuple(ablated))]
+    out = {}
+    for name, plan in plans.items():
+        m = PlanRunner(model, plan, batch_size=batch_size, replay=False).run_under(values).metrics
+        out[name] = {c: m[c] for c in _METRICS}
+    return out
 
 
 def _names(v: Any, what: str) -> list[str]:

@@ -27,22 +27,25 @@ Hooks live only inside the ``with`` block; they are removed on exit, exceptions 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+import weakref
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
-from gna_interp.models.heads import HeadRef
-from gna_interp.models.mixer import HeadSite
+from gna_interp.interventions.base import Intervention
+from gna_interp.models.heads import HeadRef, parse_heads
+from gna_interp.models.mixer import Hook, HeadSite
 from gna_interp.models.model import Model, check_model
 
 AblationMethod = Literal["zero", "mean", "resample"]
 METHODS: tuple[str, ...] = ("zero", "mean", "resample")
 
-__all__ = ["METHODS", "Ablation", "AblationMethod", "Replacement", "ablate", "ablation_hooks", "check_method", "flat_channels", "replacements",
+__all__ = ["METHODS", "Ablation", "AblationMethod", "HeadAblation", "Replacement", "ablate", "ablation_hooks", "check_method", "flat_channels", "replacements",
            "stacked_ablation_hooks"]
 
 
@@ -158,14 +161,73 @@ def _hooks(parts: Sequence[tuple[slice | None, list[Replacement]]]) -> list[tupl
     return [(name, make(entries)) for name, entries in by_hook.items()]
 
 
+@dataclass(frozen=True, eq=False)
+class HeadAblation(Intervention):
+    """Heads removed together, as a value: ``heads`` (HeadRefs, names, or ``"L3H1,L5S2"``) with ``method``
+    ``zero``, ``mean`` or ``resample`` and, for the last two, the ``reference`` (prompts, a TokenBatch or a Task) whose
+    activations replace theirs. What replaces each head is computed once per model (:meth:`replacements`).
+    :meth:`to_dict` writes a reference of prompts as their list (a Task as its prompts); a TokenBatch cannot be
+    written."""
+
+    heads: tuple[HeadRef, ...]
+    method: AblationMethod = "zero"
+    reference: Any = None
+    _cache: Any = field(default_factory=weakref.WeakKeyDictionary, repr=False, compare=False)
+    kind: ClassVar[str] = "head_ablation"
+
+    def __post_init__(self) -> None:
+        check_method(self.method, self.reference)
+        if not isinstance(self.heads, (str, HeadRef, Sequence)):
+            raise HeadError(f"heads must be a head name, a HeadRef or a list of them, got {type(self.heads).__name__}")
+        heads = parse_heads(self.heads) if self.heads else []  # type: ignore[arg-type]
+        object.__setattr__(self, "heads", tuple(heads))
+
+    @property
+    def positional(self) -> bool:  # type: ignore[override]
+        """Resampling aligns reference rows with the forward's rows: it needs plain left-padded rows."""
+        return self.method == "resample"
+
+    def replacements(self, model: Model) -> list[Replacement]:
+        """What replaces each head's output in ``model`` (validated; computed on first use, then kept)."""
+        if model not in self._cache:
+            self._cache[model] = replacements(model, list(self.heads), self.method, self.reference)
+        return self._cache[model]
+
+    def layers(self, model: Model) -> list[int]:
+        return sorted({h.layer for h in model.check_heads(list(self.heads))}) if self.heads else []
+
+    def hooks(self, model: Model, stack: ExitStack) -> list[Hook]:
+        return ablation_hooks(self.replacements(model)) if self.heads else []
+
+    def to_dict(self) -> dict[str, Any]:
+        ref = self.reference
+        if ref is not None:
+            prompts = getattr(ref, "prompts", ref)
+            if isinstance(prompts, str) or not isinstance(prompts, Sequence) or \
+                    not all(isinstance(p, str) for p in prompts):
+                raise InputError(f"a {self.method} ablation whose reference is a {type(ref).__name__} cannot be "
+                                 f"written; give the reference as a list of prompts")
+            ref = list(prompts)
+        return {"kind": self.kind, "heads": [h.name for h in self.heads], "method": self.method, "reference": ref}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> "HeadAblation":
+        return cls(tuple(fields["heads"]), fields.get("method", "zero"), fields.get("reference"))
+
+
 class Ablation:
     """What :func:`ablate` returns: heads removed while inside ``with``, a value you can name, pass around and enter
-    again once the block is left. The heads are validated (and mean / resample values computed) when it is made."""
+    again once the block is left. The heads are validated (and mean / resample values computed) when it is made;
+    :attr:`intervention` is the :class:`HeadAblation` it applies."""
 
     def __init__(self, model: Model, heads: str | HeadRef | Sequence[str | HeadRef], method: AblationMethod = "zero",
                  reference: Any = None) -> None:
         self.model = model
-        self.replaced = replacements(model, heads, method, reference)
+        check_method(method, reference)
+        if not isinstance(heads, (str, HeadRef, Sequence)):
+            raise HeadError(f"heads must be a head name, a HeadRef or a list of them, got {type(heads).__name__}")
+        self.intervention = HeadAblation(tuple(dict.fromkeys(model.check_heads(heads))), method, reference)
+        self.replaced = self.intervention.replacements(model)
         self.heads = [r.site.head for r in self.replaced]
         self._active: Any = None
 
@@ -173,7 +235,7 @@ class Ablation:
         if self._active is not None:
             raise InputError(f"this ablation of {', '.join(h.name for h in self.heads) or 'no heads'} is already "
                              f"active: leave its `with` block before entering it again (or make a second ablate(...))")
-        active = self.model.hooks(ablation_hooks(self.replaced))
+        active = self.intervention.applied(self.model)
         active.__enter__()
         self._active = active
         return list(self.heads)

@@ -1,4 +1,5 @@
-"""`skip_layers(model, layers)`: run the model with whole blocks removed (identity on the residual stream).
+"""`LayerSkip` and `skip_layers(model, layers)`: run the model with whole blocks removed (identity on the residual
+stream).
 
 A skipped block hands its input residual stream on unchanged, whatever its mixer (attention, Mamba-1,
 Mamba-2, or a hybrid's block). It is done with two temporary hooks per block on the bridge's
@@ -8,13 +9,16 @@ Weights are never touched, and the hooks are removed when the context exits, exc
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable, Iterator, Mapping
 
 from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.errors import InputError
+from gna_interp.interventions.base import Intervention
+from gna_interp.models.mixer import Hook
 from gna_interp.models.model import Model, check_model
 
 
@@ -36,33 +40,63 @@ def check_layers(model: Model, layers: int | Iterable[int]) -> list[int]:
     return sorted(out)
 
 
+@dataclass(frozen=True)
+class LayerSkip(Intervention):
+    """Whole blocks removed, as a value: each of ``blocks`` (negative indices count from the end) hands its
+    input residual stream on unchanged."""
+
+    blocks: tuple[int, ...]
+    kind: ClassVar[str] = "layer_skip"
+
+    def __post_init__(self) -> None:
+        raw = self.blocks
+        if isinstance(raw, Tensor) and not raw.is_floating_point() and not raw.is_complex():
+            raw = raw.tolist()
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            raw = (raw,)
+        if not isinstance(raw, (list, tuple, range, set, frozenset)):
+            raise InputError(f"layers must be a layer index or a list of them, got {type(raw).__name__} {raw!r:.40}")
+        object.__setattr__(self, "blocks", tuple(sorted(raw) if isinstance(raw, (set, frozenset)) else raw))
+
+    def layers(self, model: Model) -> list[int]:
+        return check_layers(model, list(self.blocks))
+
+    def hooks(self, model: Model, stack: ExitStack) -> list[Hook]:
+        inputs: dict[int, Tensor] = {}
+        stack.callback(inputs.clear)
+
+        def remember(layer: int) -> Any:
+            def hook(resid: Float[Tensor, "batch pos d_model"], hook: Any) -> None:
+                inputs[layer] = resid
+
+            return hook
+
+        def pass_through(layer: int) -> Any:
+            def hook(resid: Float[Tensor, "batch pos d_model"], hook: Any) -> Tensor:
+                saved = inputs.pop(layer, None)
+                if saved is None or saved.shape != resid.shape:
+                    raise RuntimeError(f"skip_layers: block {layer}'s input was not seen before its output; "
+                                       f"this architecture's blocks cannot be skipped through hook_in/hook_out")
+                return saved
+
+            return hook
+
+        return [h for layer in self.layers(model) for h in ((model.block_input_hook(layer), remember(layer)),
+                                                              (model.block_output_hook(layer), pass_through(layer)))]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "layers": list(self.blocks)}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> "LayerSkip":
+        return cls(tuple(fields["layers"]))
+
+
 @contextmanager
 def skip_layers(model: Model, layers: int | Iterable[int]) -> Iterator[list[int]]:
-    """Inside the block, blocks ``layers`` of ``model`` are the identity; yields the resolved indices."""
+    """Inside the block, blocks ``layers`` of ``model`` are the identity; yields the resolved indices. The same as
+    applying ``LayerSkip(layers)`` (:class:`LayerSkip`)."""
     check_model(model, runnable=False)
     idx = check_layers(model, layers)
-    inputs: dict[int, Tensor] = {}
-
-    def remember(layer: int) -> Any:
-        def hook(resid: Float[Tensor, "batch pos d_model"], hook: Any) -> None:
-            inputs[layer] = resid
-
-        return hook
-
-    def pass_through(layer: int) -> Any:
-        def hook(resid: Float[Tensor, "batch pos d_model"], hook: Any) -> Tensor:
-            saved = inputs.pop(layer, None)
-            if saved is None or saved.shape != resid.shape:
-                raise RuntimeError(f"skip_layers: block {layer}'s input was not seen before its output; "
-                                   f"this architecture's blocks cannot be skipped through hook_in/hook_out")
-            return saved
-
-        return hook
-
-    hooks = [h for layer in idx for h in ((model.block_input_hook(layer), remember(layer)),
-                                          (model.block_output_hook(layer), pass_through(layer)))]
-    try:
-        with model.hooks(hooks):
-            yield idx
-    finally:
-        inputs.clear()
+    with LayerSkip(tuple(idx)).applied(model):
+        yield idx

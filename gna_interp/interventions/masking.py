@@ -1,4 +1,4 @@
-"""`mask_pattern(model, {head: mask})`: run the model with some heads' mixing patterns masked.
+"""`PatternMask` and `mask_pattern(model, {head: mask})`: run the model with some heads' mixing patterns masked.
 
 This is how the G&A paper keeps "only the Gather-and-Aggregate pattern" alive in a head.
 
@@ -24,20 +24,79 @@ are never touched.
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from typing import Any, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator, Mapping
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.errors import HeadError, InputError
+from gna_interp.interventions.base import Intervention
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import Hook, MaskOptions
 from gna_interp.models.model import Model, check_model
 
-__all__ = ["MaskOptions", "mask_pattern"]
+__all__ = ["MaskOptions", "PatternMask", "mask_pattern"]
 
 MaskLike = Float[Tensor, "*batch q k"]
+
+
+@dataclass(frozen=True, eq=False)
+class PatternMask(Intervention):
+    """Heads' mixing patterns masked, as a value: ``masks`` maps heads (``HeadRef`` or names) to masks broadcastable
+    to ``[batch, q, k]`` in the coordinates of the forward they apply to (plain left-padded rows:
+    :attr:`positional`), with ``options`` (:class:`~gna_interp.models.mixer.MaskOptions`). :meth:`to_dict` writes
+    each mask as nested lists."""
+
+    masks: Mapping[HeadRef | str, MaskLike]
+    options: MaskOptions = field(default_factory=MaskOptions)
+    kind: ClassVar[str] = "pattern_mask"
+    positional: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.masks, Mapping):
+            raise HeadError(f"masks must be a mapping {{head: mask}}, got {type(self.masks).__name__}")
+        if not isinstance(self.options, MaskOptions):
+            raise InputError(f"options must be MaskOptions, got {type(self.options).__name__}")
+
+    def _by_layer(self, model: Model) -> dict[tuple[int, str], dict[HeadRef, Any]]:
+        """The masks checked against ``model`` and grouped by layer and kind."""
+        by_layer: dict[tuple[int, str], dict[HeadRef, Any]] = {}
+        for key, mask in self.masks.items():
+            h = model.check_head(key)
+            group = by_layer.setdefault((h.layer, h.kind), {})
+            if h in group:
+                raise HeadError(f"{h.name} is given twice in the masks")
+            overlap = [o.name for o in group if set(o.channels) & set(h.channels)]
+            if overlap:
+                raise HeadError(f"{h.name} overlaps {overlap}: a channel can carry only one mask")
+            if isinstance(mask, torch.Tensor) and mask.is_floating_point() and not bool(torch.isfinite(mask).all()):
+                bad = int((~torch.isfinite(mask)).sum())
+                raise InputError(f"the mask of {h.name} holds {bad} NaN or infinite value(s); a mask must be finite "
+                                 f"(0 removes a position, 1 keeps it)")
+            group[h] = mask
+        return by_layer
+
+    def layers(self, model: Model) -> list[int]:
+        return sorted({layer for layer, _ in self._by_layer(model)})
+
+    def hooks(self, model: Model, stack: ExitStack) -> list[Hook]:
+        out: list[Hook] = []
+        for (layer, kind), heads in sorted(self._by_layer(model).items()):
+            spec = model.layer_spec(layer, kind)
+            out.extend(spec.adapter.mask_hooks(model, spec, heads, stack, self.options))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "masks": {HeadRef.parse(h).name: torch.as_tensor(m).tolist()
+                                             for h, m in self.masks.items()},
+                "options": self.options.to_dict()}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> "PatternMask":
+        return cls({h: torch.tensor(m, dtype=torch.float32) for h, m in fields["masks"].items()},
+                   MaskOptions.build(None, **fields.get("options", {})))
 
 
 @contextmanager
@@ -49,30 +108,8 @@ def mask_pattern(model: Model, masks: Mapping[HeadRef | str, MaskLike], options:
     broadcastable to ``[batch, q, k]``. Attention: post-softmax pattern ``* mask`` (rows rescaled
     to sum 1 with ``renormalize=True``). SSM heads/channels: scan output ``(M ⊙ mask) x + D x``.
     ``options`` (:class:`~gna_interp.models.mixer.MaskOptions`) or keyword overrides of its fields.
-    All hooks are removed on exit, exceptions included.
+    The same as applying :class:`PatternMask`. All hooks are removed on exit, exceptions included.
     """
     check_model(model, runnable=False)
-    opts = MaskOptions.build(options, **overrides)
-    if not isinstance(masks, Mapping):
-        raise HeadError(f"masks must be a mapping {{head: mask}}, got {type(masks).__name__}")
-    by_layer: dict[tuple[int, str], dict[HeadRef, Any]] = {}
-    for key, mask in masks.items():
-        h = model.check_head(key)
-        group = by_layer.setdefault((h.layer, h.kind), {})
-        if h in group:
-            raise HeadError(f"{h.name} is given twice in the masks")
-        overlap = [o.name for o in group if set(o.channels) & set(h.channels)]
-        if overlap:
-            raise HeadError(f"{h.name} overlaps {overlap}: a channel can carry only one mask")
-        if isinstance(mask, torch.Tensor) and mask.is_floating_point() and not bool(torch.isfinite(mask).all()):
-            bad = int((~torch.isfinite(mask)).sum())
-            raise InputError(f"the mask of {h.name} holds {bad} NaN or infinite value(s); a mask must be finite "
-                             f"(0 removes a position, 1 keeps it)")
-        group[h] = mask
-    with ExitStack() as stack:
-        fwd_hooks: list[Hook] = []
-        for (layer, kind), heads in sorted(by_layer.items()):
-            spec = model.layer_spec(layer, kind)
-            fwd_hooks.extend(spec.adapter.mask_hooks(model, spec, heads, stack, opts))
-        stack.enter_context(model.hooks(fwd_hooks))
+    with PatternMask(masks, MaskOptions.build(options, **overrides)).applied(model):
         yield model
