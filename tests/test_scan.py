@@ -276,9 +276,9 @@ def test_killed_scan_resumes_without_redoing_finished_heads(tiny_dirs, tiny_mode
     computed: list[str] = []
     real_group = scan_mod._exact_group
 
-    def counting(model_, plan, prefixes, group):
+    def counting(runner, group):
         computed.extend(r.site.head.name for r in group)
-        return real_group(model_, plan, prefixes, group)
+        return real_group(runner, group)
 
     monkeypatch.setattr(scan_mod, "_exact_group", counting)
     resumed = scan_heads(model, TASK, strategy="exact", stack=2, batch_size=2, checkpoint=ckpt, progress=False)
@@ -403,14 +403,15 @@ def test_set_ablation_equals_ablate_and_evaluate(tiny_models, family):
 
 
 def test_set_ablation_falls_back_to_full_forwards(tiny_models, monkeypatch):
-    """Resampling, and models whose replays do not reproduce the forward, score each set in full."""
+    """Resampling replays on plain rows (each row meets the reference row a full forward gives it); models whose
+    replays do not reproduce the forward score each set in full."""
     from gna_interp.interventions import ablate
     from gna_interp.tasks import evaluate
 
     model = tiny_models["llama"]
     ref = KVRetrieval(n_pairs=3, n_samples=2, max_value=20, seed=7)
     runner = SetAblation(model, TASK, "resample", ref, batch_size=2)
-    assert not runner.fast
+    assert runner.fast and runner.pack is False
     with ablate(model, ["L0H1", "L2H0"], "resample", ref):
         want = evaluate(model, TASK, batch_size=2, progress=False).scores
     torch.testing.assert_close(runner.run(["L0H1", "L2H0"]).logit_diff, want.logit_diff, atol=1e-5, rtol=0)

@@ -596,9 +596,10 @@ class PlanRunner:
     ``task`` is a :class:`~gna_interp.tasks.base.Task` or a :class:`ScoringPlan` (``who`` names the runner in the error
     for anything else); ``method`` and ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s
     (replacements are computed once per head and reused: :meth:`replaced`); ``stack`` caps the copies one replay
-    stacks (default :func:`default_stack`). :attr:`prefixes` is None where replays do not reproduce the model
-    (:attr:`mismatch` says why), under resampling, which aligns activations per forward, and with ``replay=False``
-    (a runner of full forwards only, which records no clean prefix).
+    stacks (default :func:`default_stack`); ``pack`` how the plan's rows are laid out (None: as the plan allows;
+    False: plain left-padded rows, always under resampling, whose reference rows align with a forward's rows).
+    :attr:`store` holds the clean prefixes (None with ``replay=False``: a runner of full forwards only);
+    :attr:`prefixes` is the same once checked to replay the model, else None (:attr:`mismatch` says why).
 
     :meth:`run_under` scores the task under any list of intervention values (:mod:`gna_interp.interventions`):
     head ablations replay the later blocks where they can, anything else runs full forwards.
@@ -606,30 +607,42 @@ class PlanRunner:
 
     def __init__(self, model: Model, task: Any, method: AblationMethod = "zero", reference: Any = None,
                  batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES, *, stack: int | None = None,
-                 replay: bool = True, who: str = "this runner") -> None:
+                 replay: bool = True, pack: bool | None = None, who: str = "this runner") -> None:
         check_method(method, reference)  # before the task is planned
-        if stack is not None and (isinstance(stack, bool) or not isinstance(stack, int) or stack < 1):
-            raise InputError(f"stack must be an integer >= 1, got {stack!r}")
         self.plan = plan_of(model, task, who=who)
         self.model, self.method, self.reference = model, method, reference
         self.batch_size, self.max_prefix_bytes = batch_size, max_prefix_bytes
-        self._stack = stack
+        self.replay, self.pack = replay, False if method == "resample" else pack
+        self._stack: int | None = None
+        if stack is not None:
+            self.stack = stack
         self._repl: dict[HeadRef, Replacement] = {}
         self._clean: CandidateScores | None = None
+        self.store: Prefixes | None = prefixes_for(model, self.chunks, max_prefix_bytes) if replay else None
         self.prefixes: Prefixes | None = None
         self.mismatch: ReplayMismatch | None = None
-        if method != "resample" and replay:
-            prefixes = prefixes_for(model, self.chunks, max_prefix_bytes)
+        if self.store is not None:
             try:
-                prefixes.verify()
-                self.prefixes = prefixes
+                self.store.verify()
+                self.prefixes = self.store
             except ReplayMismatch as e:
                 self.mismatch = e
+
+    def on(self, task: Any, *, replay: bool | None = None, pack: bool | None = None) -> Any:
+        """A runner like this one (model, method, reference, sizes; ``replay`` and ``pack`` unless given) on another
+        task or plan -- e.g. a subset of the samples -- sharing the replacements computed so far; of this runner's
+        class."""
+        other = type(self).__new__(type(self))
+        PlanRunner.__init__(other, self.model, task, self.method, self.reference, self.batch_size,
+                            self.max_prefix_bytes, stack=self._stack, replay=self.replay if replay is None else replay,
+                            pack=self.pack if pack is None else pack)
+        other._repl = self._repl
+        return other
 
     @cached_property
     def chunks(self) -> list[Chunk]:
         """The plan's chunks as replays run them (:func:`~gna_interp.engine.layout.layout_chunks`), laid out once."""
-        return layout_chunks(self.plan, self.batch_size)
+        return layout_chunks(self.plan, self.batch_size, pack=self.pack)
 
     @property
     def fast(self) -> bool:
@@ -640,8 +653,14 @@ class PlanRunner:
     def stack(self) -> int:
         """Sets replayed together: the ``stack`` given, else :func:`default_stack` of the chunks (1 without replays)."""
         if self._stack is None:
-            self._stack = default_stack(self.model, self.chunks, self.max_prefix_bytes) if self.prefixes else 1
+            self._stack = default_stack(self.model, self.chunks, self.max_prefix_bytes) if self.replay else 1
         return self._stack
+
+    @stack.setter
+    def stack(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"stack must be an integer >= 1, got {value!r}")
+        self._stack = value
 
     def run_under(self, interventions: Interventions) -> CandidateScores:
         """The task's scores with ``interventions`` applied (:data:`Interventions`; none: the intact model). Head
@@ -656,13 +675,14 @@ class PlanRunner:
                 table.add(read.chunk, read.logprobs())
             return table.result()
         values = check_interventions(interventions)
-        if self.prefixes is not None and all(isinstance(v, HeadAblation) and v.method != "resample" for v in values):
+        if self.prefixes is not None and all(isinstance(v, HeadAblation) and (not v.positional or self.pack is False)
+                                             for v in values):
             replaced = [r for v in values for r in self._replacements(v)]
             return replay_scores(self.model, self.plan, self.prefixes, [replaced])[0]
         with ExitStack() as stack:
             hooks = self._hooks(values, stack)
             return run_plan(self.model, self.plan, self.batch_size, fwd_hooks=hooks,
-                            share_prefix=False if any(v.positional for v in values) else None)
+                            share_prefix=False if self.pack is False or any(v.positional for v in values) else None)
 
     def reads_under(self, interventions: Interventions, on_layout: Callable[[int], Any] | None = None
                     ) -> Iterator[ChunkReads]:
@@ -671,7 +691,7 @@ class PlanRunner:
         packed as the plan allows unless the values depend on positions (or are given per chunk); ``on_layout`` is
         called with their number once they are laid out (e.g. a progress bar's ``reset``)."""
         fixed = None if callable(interventions) else check_interventions(interventions)
-        plain = fixed is None or any(v.positional for v in fixed)
+        plain = fixed is None or self.pack is False or any(v.positional for v in fixed)
         chunks = layout_chunks(self.plan, 1 if self.plan.method == "per_candidate" else self.batch_size,
                                pack=False if plain else None)
         if on_layout is not None:
@@ -710,16 +730,17 @@ class PlanRunner:
 class SetAblation(PlanRunner):
     """A task's scores with sets of heads removed together: the clean prefix of every batch is captured
     once and each set re-runs only the blocks from its earliest layer on (:func:`replay_scores`), many sets
-    stacked in one replay (:meth:`run_many`); where replays do not reproduce the model (or under resampling,
-    which aligns activations per forward), each set costs one full forward of the task instead. Numbers equal
-    ``ablate`` + ``run_plan`` to float noise. Arguments as :class:`PlanRunner`'s.
+    stacked in one replay (:meth:`run_many`); where replays do not reproduce the model (or with ``replay=False``),
+    each set costs one full forward of the task instead. Under resampling the rows are laid out plain, as a full
+    forward lays them out, so that each row meets the same reference row either way. Numbers equal ``ablate`` +
+    ``run_plan`` to float noise. Arguments as :class:`PlanRunner`'s.
     """
 
     def __init__(self, model: Model, task: Any, method: AblationMethod = "zero", reference: Any = None,
                  batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES, *, stack: int | None = None,
-                 replay: bool = True) -> None:
+                 replay: bool = True, pack: bool | None = None) -> None:
         super().__init__(model, task, method, reference, batch_size, max_prefix_bytes, stack=stack, replay=replay,
-                         who="SetAblation")
+                         pack=pack, who="SetAblation")
 
     @classmethod
     def of(cls, model: Model, task: Any, method: AblationMethod = "zero",

@@ -69,21 +69,20 @@ from gna_interp.progress import tqdm
 
 from gna_interp.engine.attribution import attribution_estimates
 from gna_interp.circuits.distributed import active, check_world
-from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, Prefixes, default_stack, prefixes_for, replay_scores
+from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, SetAblation
 from gna_interp.circuits.scan.executor import Executor, Unit
 from gna_interp.circuits.scan.policy import DEFAULT_CERTIFY, default_verify, initial_exact, next_to_verify
 from gna_interp.circuits.scan.result import COLUMNS, HeadScan
 from gna_interp.circuits.scan.store import ScanStore, fingerprint
 from gna_interp.errors import InputError, OptionError
-from gna_interp.interventions.ablation import METHODS, AblationMethod, Replacement, ablation_hooks, replacements
+from gna_interp.interventions.ablation import METHODS, AblationMethod, Replacement
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_choice, check_int, options
 from gna_interp.tasks.base import Task
 from gna_interp.engine.metrics import METRICS as METRIC_OBJECTS
 from gna_interp.engine.metrics import get_metric, results
-from gna_interp.engine.forward import run_plan
-from gna_interp.engine.layout import Chunk, layout_chunks, whole_samples
+from gna_interp.engine.layout import whole_samples
 from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_of, plan_scoring
 
 Strategy = Literal["exact", "naive", "attribution", "auto"]
@@ -166,16 +165,21 @@ class _Run:
 
     model: Model
     cfg: ScanConfig
-    plan: ScoringPlan
-    chunks: list[Chunk]
-    prefixes: Prefixes
+    runner: SetAblation
     by_head: dict[HeadRef, Replacement]
-    stack: int
     scan: HeadScan
     store: ScanStore
     executor: Executor
     focus: set[HeadRef] | None
     bar: Any = None
+
+    @property
+    def plan(self) -> ScoringPlan:
+        return self.runner.plan
+
+    @property
+    def stack(self) -> int:
+        return self.runner.stack
 
     def record_exact(self, scored: dict[HeadRef, CandidateScores]) -> None:
         """Keep finished heads' per-sample results, save the checkpoint, advance the bar."""
@@ -239,9 +243,10 @@ def _plan(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str]
         check_world(shard.world, len(head_list))
     executor = Executor(shard)
     plan, task_name = _as_plan(model, task, cfg.scoring)
-    replaced = replacements(model, head_list, cfg.method, cfg.reference)
-    chunks = layout_chunks(plan, cfg.batch_size, pack=False if cfg.method == "resample" else None)
-    stack = executor.broadcast(cfg.stack or default_stack(model, chunks, cfg.max_prefix_bytes))  # rank 0's
+    runner = SetAblation(model, plan, cfg.method, cfg.reference, cfg.batch_size, cfg.max_prefix_bytes,
+                         stack=cfg.stack, replay=cfg.strategy != "naive")
+    replaced = runner.replaced(head_list)
+    runner.stack = executor.broadcast(runner.stack)  # rank 0's
     path = Path(cfg.checkpoint) if cfg.checkpoint is not None else None
     store = ScanStore(path, fingerprint(model, plan, cfg.method, head_list, cfg.reference), shard)
     state = store.resume()
@@ -249,23 +254,23 @@ def _plan(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str]
     if state is not None:
         scan.restore(state)
     focus = set(model.check_heads(list(cfg.focus))) if cfg.focus is not None else None
-    return _Run(model, cfg, plan, chunks, prefixes_for(model, chunks, cfg.max_prefix_bytes),
-                {r.site.head: r for r in replaced}, stack, scan, store, executor, focus)
+    return _Run(model, cfg, runner, {r.site.head: r for r in replaced}, scan, store, executor, focus)
 
 
 def _attribute(run: _Run) -> None:
     """Attribute: every head's estimate (and the baseline, if missing) from one forward + backward per chunk."""
-    scan, plan, chunks = run.scan, run.plan, run.chunks
+    scan, plan, chunks, prefixes = run.scan, run.plan, run.runner.chunks, run.runner.store
+    assert prefixes is not None  # (a naive scan attributes nothing)
     estimand = get_metric(scan.estimand)
     weights = None
     if not estimand.needs_clean:
         weights = estimand.target_weights(plan, None)
     elif not whole_samples(chunks):  # a sample's rows span several chunks: weights from a clean pass first
-        weights = estimand.target_weights(plan, run.prefixes.clean(plan))
+        weights = estimand.target_weights(plan, prefixes.clean(plan))
     replaced = list(run.by_head.values())
     with tqdm(total=len(chunks), desc="attribution", unit="batch", disable=not (run.cfg.progress and run.executor.lead),
               leave=False) as bar:
-        att = attribution_estimates(run.model, plan, run.prefixes, replaced, weights, bar.update)  # records them
+        att = attribution_estimates(run.model, plan, prefixes, replaced, weights, bar.update)  # records them
     if not scan.baseline:
         scan.baseline = results(att.clean)
     base = estimand.value(scan.baseline)
@@ -280,22 +285,20 @@ def _verify(run: _Run, todo: list[HeadRef], naive: bool = False) -> None:
     """Verify: run ``todo`` exactly (fast replay of the chunks' last blocks; one full forward per head when
     ``naive`` or when replays do not reproduce the model), recording each finished group."""
     model, plan, scan = run.model, run.plan, run.scan
-    if not naive and (problem := run.executor.replay_problem(run.prefixes)) is not None:
+    if not naive and (problem := run.executor.replay_problem(run.runner)) is not None:
         warnings.warn(f"{problem}; falling back to one full forward per head", RuntimeWarning, stacklevel=3)
         naive = True
+    full = run.runner.on(plan, replay=False, pack=False) if naive else None  # plain rows, never a cached prefix
     if not scan.baseline:
-        scan.baseline = results(run_plan(model, plan, run.cfg.batch_size, share_prefix=False) if naive
-                                else run.prefixes.clean(plan))
+        scan.baseline = results(full.run([]) if full is not None else run.runner.clean())
         run.executor.agree(scan)
     run.store.save(scan)
     units = [run.by_head[h] for h in todo]
-    if naive:  # full rows, never a KV-cached prefix: one plain forward per batch and head
-        run.run_units([[r] for r in units],
-                      lambda u: {u[0].site.head: run_plan(model, plan, run.cfg.batch_size, fwd_hooks=ablation_hooks(u),
-                                                          share_prefix=False)},
+    if full is not None:  # one plain forward per batch and head
+        run.run_units([[r] for r in units], lambda u: {u[0].site.head: full.run([u[0].site.head])},
                       run.record_exact, scan.exact, lambda u: 1.0)
     else:
-        run.run_units(_groups(units, run.stack), lambda g: _exact_group(model, plan, run.prefixes, g),
+        run.run_units(_groups(units, run.stack), lambda g: _exact_group(run.runner, g),
                       run.record_exact, scan.exact, _replay_cost(model))
 
 
@@ -325,8 +328,8 @@ def _settle(run: _Run) -> None:
 class _Screen:
     """The screening stage of ``auto``: exact runs on a spread subset of the samples (see ``ScanConfig.screen``)."""
 
-    def __init__(self, plan: ScoringPlan, prefixes: Prefixes) -> None:
-        self.plan, self.prefixes = plan, prefixes
+    def __init__(self, runner: SetAblation) -> None:
+        self.runner = runner
 
     @classmethod
     def make(cls, run: _Run) -> "_Screen | None":
@@ -337,10 +340,10 @@ class _Screen:
             return None
         scan.screen_index = scan.screen_index or [int(i) for i in torch.linspace(0, n - 1, m).round().long()]
         sub = plan_scoring(model, [plan.samples[i] for i in scan.screen_index], plan.method)  # type: ignore[arg-type]
-        prefixes = prefixes_for(model, layout_chunks(sub, cfg.batch_size), cfg.max_prefix_bytes)
-        if run.executor.replay_problem(prefixes) is not None:  # no fast replay: screening costs what exact runs do
+        runner = run.runner.on(sub)
+        if run.executor.replay_problem(runner) is not None:  # no fast replay: screening costs what exact runs do
             return None
-        return cls(sub, prefixes)
+        return cls(runner)
 
     def run(self, run: _Run, todo: list[Replacement]) -> None:
         """Run ``todo`` on the screening samples, recording each finished group."""
@@ -351,17 +354,17 @@ class _Screen:
                 scan.screened[h] = results(sc)
             run.store.save(scan)
             if run.bar is not None:
-                run.bar.set_postfix_str(f"screened {len(scan.screened)} on {len(self.plan.samples)} samples")
+                run.bar.set_postfix_str(f"screened {len(scan.screened)} on {len(self.runner.plan.samples)} samples")
 
-        run.run_units(_groups(todo, run.stack), lambda g: _exact_group(run.model, self.plan, self.prefixes, g), record,
+        run.run_units(_groups(todo, run.stack), lambda g: _exact_group(self.runner, g), record,
                       scan.screened, _replay_cost(run.model))
 
 
 # ---- engines ------------------------------------------------------------------------------
-def _exact_group(model: Model, plan: ScoringPlan, prefixes: Prefixes, group: list[Replacement],
-                 ) -> dict[HeadRef, CandidateScores]:
+def _exact_group(runner: SetAblation, group: list[Replacement]) -> dict[HeadRef, CandidateScores]:
     """Scores with each of ``group``'s heads (all in one layer) ablated, stacked in one replay per chunk."""
-    return {r.site.head: sc for r, sc in zip(group, replay_scores(model, plan, prefixes, [[r] for r in group]))}
+    heads = [r.site.head for r in group]
+    return dict(zip(heads, runner.run_many([[h] for h in heads])))
 
 
 def _groups(replaced: list[Replacement], stack: int) -> list[list[Replacement]]:

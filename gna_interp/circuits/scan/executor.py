@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from gna_interp.circuits.distributed import Shard, assign
-from gna_interp.engine.replay import Prefixes, ReplayMismatch
+from gna_interp.engine.replay import PlanRunner
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.interventions.ablation import Replacement
 from gna_interp.models.heads import HeadRef
@@ -66,13 +66,9 @@ class Executor:
             scan.baseline, scan.estimates, scan.sizes = self.shard.broadcast((scan.baseline, scan.estimates,
                                                                               scan.sizes))
 
-    def replay_problem(self, prefixes: Prefixes) -> str | None:
-        """None when replays reproduce the model, else why not (under a shard: rank 0's verdict)."""
-        try:
-            prefixes.verify()
-            why = None
-        except ReplayMismatch as e:
-            why = str(e)
+    def replay_problem(self, runner: PlanRunner) -> str | None:
+        """None when ``runner``'s replays reproduce the model, else why not (under a shard: rank 0's verdict)."""
+        why = None if runner.fast else str(runner.mismatch or "the runner does not replay")
         return self.shard.broadcast(why) if self.shard is not None else why
 
     def broadcast(self, value: Any) -> Any:
