@@ -35,16 +35,18 @@ if TYPE_CHECKING:  # the names below, for type checkers and the API docs
         scan_heads,
     )
     from gna_interp.errors import GnaError
-    from gna_interp.interventions import ablate, mask_pattern, skip_layers
+    from gna_interp.engine import PlanRunner
+    from gna_interp.interventions import HeadAblation, LayerSkip, PatternMask, ablate, applied, mask_pattern, skip_layers
     from gna_interp.mixing import PatternOptions, PatternSet, patterns
     from gna_interp.models import HeadRef, MaskOptions, MixerAdapter, Model, load_model, register_kind
     from gna_interp.tasks import Evaluation, KVRetrieval, MultipleChoice, Sample, Task, evaluate, task_from_dict
     from gna_interp.tasks.choice import ChosenTask, TaskChoice, calibrate, choose_task
 
 __version__ = "0.1.0"
-__all__ = ["ChosenTask", "Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "Evaluation", "GnaError", "HeadRef", "HeadScan", "KVRetrieval", "MaskOptions",
-           "MixerAdapter", "Model", "MultipleChoice", "PathEffects", "PatternOptions", "PatternSet", "RoleRule", "Sample",
-           "ScanConfig", "Task", "TaskChoice", "ablate", "ablation_curve", "calibrate", "choose_task", "compare_circuits", "discover", "edge_faithfulness", "evaluate", "faithfulness", "load_model", "mask_pattern",
+__all__ = ["ChosenTask", "Circuit", "CircuitComparison", "DiscoverConfig", "Edge", "Evaluation", "GnaError", "HeadAblation", "HeadRef", "HeadScan", "KVRetrieval", "LayerSkip", "MaskOptions",
+           "MixerAdapter", "Model", "MultipleChoice", "PathEffects", "PatternMask", "PatternOptions", "PatternSet", "PlanRunner",
+           "RoleRule", "Sample",
+           "ScanConfig", "Task", "TaskChoice", "ablate", "ablation_curve", "applied", "calibrate", "choose_task", "compare_circuits", "discover", "edge_faithfulness", "evaluate", "faithfulness", "load_model", "mask_pattern",
            "path_effects", "patterns", "prune_curve", "reference_scan", "register_kind", "role_scores", "scan_heads", "skip_layers",
            "task_from_dict"]
 
@@ -75,6 +77,11 @@ _EXPORTS = {
     "scan_heads": "gna_interp.circuits",
     "GnaError": "gna_interp.errors",
     "ablate": "gna_interp.interventions",
+    "applied": "gna_interp.interventions",
+    "HeadAblation": "gna_interp.interventions",
+    "LayerSkip": "gna_interp.interventions",
+    "PatternMask": "gna_interp.interventions",
+    "PlanRunner": "gna_interp.engine",
     "mask_pattern": "gna_interp.interventions",
     "skip_layers": "gna_interp.interventions",
     "PatternOptions": "gna_interp.mixing",

@@ -13,8 +13,10 @@ A task (``gna_interp.tasks``) gives samples; the engine turns them into a plan a
   model against the full head;
 - :mod:`gna_interp.engine.metrics`: what a score means (logit difference, accuracy, log-probability);
 - :mod:`gna_interp.engine.replay`: clean prefixes captured once per chunk (shared by every stage of a run), stacked
-  replays of the blocks after the earliest removed head, nested sets replayed from the heads they add, and
-  :class:`~gna_interp.engine.replay.SetAblation` (a task's scores with any set of heads removed);
+  replays of the blocks after the earliest removed head, nested sets replayed from the heads they add,
+  :class:`~gna_interp.engine.replay.PlanRunner`, the one runner of interventions (a task's scores under any list of
+  :mod:`gna_interp.interventions` values), and :class:`~gna_interp.engine.replay.SetAblation` (a task's scores with
+  any set of heads removed, many sets stacked in one replay);
 - :mod:`gna_interp.engine.attribution`: attribution patching, every head's first-order estimate from one forward
   and one backward per chunk.
 
@@ -26,7 +28,8 @@ run on its recorded key-value cache, which pattern masks a replay reproduces) is
 from gna_interp.engine.forward import RunOptions, ScoreTable, read_chunks, run_plan, score_candidates
 from gna_interp.engine.layout import Chunk, layout_chunks
 from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_of, plan_scoring
+from gna_interp.engine.replay import PlanRunner, SetAblation
 from gna_interp.engine.unembed import read_logprobs
 
-__all__ = ["CandidateScores", "Chunk", "RunOptions", "ScoreTable", "ScoringPlan", "layout_chunks", "plan_of",
-           "plan_scoring", "read_chunks", "read_logprobs", "run_plan", "score_candidates"]
+__all__ = ["CandidateScores", "Chunk", "PlanRunner", "RunOptions", "ScoreTable", "ScoringPlan", "SetAblation",
+           "layout_chunks", "plan_of", "plan_scoring", "read_chunks", "read_logprobs", "run_plan", "score_candidates"]
