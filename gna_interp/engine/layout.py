@@ -97,28 +97,52 @@ def layout_chunks(plan: ScoringPlan, batch_size: int, pack: bool | None = None) 
     by_row: dict[int, list[int]] = {}
     for t_idx, t in enumerate(plan.targets):
         by_row.setdefault(t.row, []).append(t_idx)
-    if plan.packs if pack is None else pack:
-        return _packed_chunks(plan, batch_size, by_row)
+    packed = plan.packs if pack is None else pack
+    laid = _packed_layouts(plan, batch_size, by_row) if packed else _row_layouts(plan, batch_size, by_row)
+    return [_chunk(plan, one) for one in laid]
+
+
+@dataclass
+class _Layout:
+    """One chunk in token space: its plan rows, the sequences its batch left-pads, every read (batch row, position,
+    token, target) and, packed, the tree mask and position ids (see :class:`~gna_interp.models.model.TokenBatch`)."""
+
+    row_ids: list[int]
+    seqs: list[Sequence[int]]
+    reads: tuple[list[int], list[int], list[int], list[int]]
+    tree: Tensor | None = None
+    positions: Tensor | None = None
+
+
+def _chunk(plan: ScoringPlan, laid: _Layout) -> Chunk:
+    """The :class:`Chunk` of ``laid``, its tensors on ``plan.device``."""
+    batch = TokenBatch.left_padded(laid.seqs, plan.pad_id, plan.device)
+    if laid.tree is not None:
+        assert laid.positions is not None
+        batch = TokenBatch(batch.ids, batch.attention_mask, laid.tree.to(plan.device), laid.positions.to(plan.device))
+    return Chunk(tuple(laid.row_ids), tuple(plan.rows[r] for r in laid.row_ids), batch,
+                 *(torch.tensor(v, dtype=torch.long) for v in laid.reads))
+
+
+def _row_layouts(plan: ScoringPlan, batch_size: int, by_row: dict[int, list[int]]) -> list[_Layout]:
+    """Each row as one left-padded sequence (:func:`row_chunks`)."""
     out = []
     for row_ids in row_chunks(plan, batch_size):
-        rows = tuple(plan.rows[r] for r in row_ids)
-        batch = TokenBatch.left_padded([r.ids for r in rows], plan.pad_id, plan.device)
-        pads = batch.pad.tolist()
+        rows = [plan.rows[r] for r in row_ids]
+        width = max(len(r.ids) for r in rows)
         rr, pp, tt, gg = [], [], [], []
         for k, (r_id, r) in enumerate(zip(row_ids, rows)):
             for t_idx in by_row.get(r_id, ()):
                 for j, tok in enumerate(plan.targets[t_idx].tokens):
                     rr.append(k)
-                    pp.append(pads[k] + r.prompt_len - 1 + j)
+                    pp.append(width - len(r.ids) + r.prompt_len - 1 + j)
                     tt.append(tok)
                     gg.append(t_idx)
-        out.append(Chunk(tuple(row_ids), rows, batch, torch.tensor(rr, dtype=torch.long),
-                         torch.tensor(pp, dtype=torch.long), torch.tensor(tt, dtype=torch.long),
-                         torch.tensor(gg, dtype=torch.long)))
+        out.append(_Layout(row_ids, [r.ids for r in rows], (rr, pp, tt, gg)))
     return out
 
 
-def _packed_chunks(plan: ScoringPlan, batch_size: int, by_row: dict[int, list[int]]) -> list[Chunk]:
+def _packed_layouts(plan: ScoringPlan, batch_size: int, by_row: dict[int, list[int]]) -> list[_Layout]:
     """Each sample's rows as one tree-masked sequence (see :func:`layout_chunks`)."""
     rows_of: dict[int, list[int]] = {}
     for r_id, r in enumerate(plan.rows):
@@ -141,8 +165,7 @@ def _packed_chunks(plan: ScoringPlan, batch_size: int, by_row: dict[int, list[in
     out = []
     for part in (order[k: k + batch_size] for k in range(0, len(order), batch_size)):
         # a packed row may be longer than the context while each of its branches fits (plan_scoring checked)
-        padded = TokenBatch.left_padded([seqs[i][0] for i in part], plan.pad_id, plan.device)
-        width = padded.ids.shape[1]
+        width = max(len(seqs[i][0]) for i in part)
         tree = torch.zeros((len(part), width, width), dtype=torch.bool)
         positions = torch.zeros((len(part), width), dtype=torch.long)
         row_ids, rr, pp, tt, gg = [], [], [], [], []
@@ -170,10 +193,7 @@ def _packed_chunks(plan: ScoringPlan, batch_size: int, by_row: dict[int, list[in
                         pp.append(pad + n - 1 if at < 0 else pad + n + at)
                         tt.append(tok)
                         gg.append(t_idx)
-        batch = TokenBatch(padded.ids, padded.attention_mask, tree.to(plan.device), positions.to(plan.device))
-        out.append(Chunk(tuple(row_ids), tuple(plan.rows[r] for r in row_ids), batch, torch.tensor(rr, dtype=torch.long),
-                         torch.tensor(pp, dtype=torch.long), torch.tensor(tt, dtype=torch.long),
-                         torch.tensor(gg, dtype=torch.long)))
+        out.append(_Layout(row_ids, [seqs[i][0] for i in part], (rr, pp, tt, gg), tree, positions))
     return out
 
 

@@ -95,13 +95,16 @@ class ScoringPlan:
     (named ``model``) lays them out (:func:`for_model`): ``pad_id`` pads a row, ``packs`` says whether
     :func:`layout_chunks` packs each sample's rows into one tree-masked sequence by default, ``device`` is where
     the model reads its tokens. :func:`layout_chunks` needs nothing else; :meth:`check_model` refuses a model the
-    layout would be wrong for."""
+    layout would be wrong for. ``prompt_ids`` and ``candidate_ids`` are each sample's prompt tokens and its
+    candidates' tokens in full (a ``first_token`` plan reads only the first; a plan in token space, the lm-eval
+    harness's, gives none), which :func:`for_model` checks against the model's vocabulary."""
 
     samples: tuple[Scorable, ...]
     rows: tuple[Row, ...]
     targets: tuple[Target, ...]
     method: str
     prompt_ids: tuple[tuple[int, ...], ...]
+    candidate_ids: tuple[tuple[tuple[int, ...], ...], ...] = ()
     pad_id: int = 0
     packs: bool = False
     model: str = ""
@@ -132,7 +135,7 @@ class ScoringPlan:
         packing that ``model`` does not honour (a plan that does not pack is right for every model), or tokens
         on another device."""
         if (self.pad_id != model.pad_id or self.device != str(model.device)
-                or (self.packs and not model.packs_rows_up_to(self.longest_row))):
+                or (self.packs and self.longest_row > model.longest_packed_row)):
             raise InputError(f"this scoring plan was laid out for {self.model or 'another model'} on {self.device}, "
                              f"whose padding, packing or device {model.name} on {model.device} does not share; lay it "
                              f"out for this model: for_model(model, plan) (or plan_scoring(model, samples) again)")
@@ -173,12 +176,12 @@ def plan_scoring(model: Model, samples: Sequence[Scorable], method: Method = "au
     prompt_ids = [list(ids) for ids in tok([s.prompt for s in samples])["input_ids"]]
     rows: list[Row] = []
     targets: list[Target] = []
+    candidate_ids: list[tuple[tuple[int, ...], ...]] = []
     for i, (s, p_ids) in enumerate(zip(samples, prompt_ids)):
         if not p_ids:
             raise InputError(f"sample {i}: the prompt tokenizes to nothing; pass non-empty text")
         cand_toks = _candidate_tokens(tok, p_ids, s.prompt, s.candidates, i)
-        for c, t in zip(s.candidates, cand_toks):
-            model.check_known(t, c, what=f"sample {i}: candidate {c!r}")
+        candidate_ids.append(tuple(cand_toks))
         if method == "first_token":
             firsts = [t[0] for t in cand_toks]
             if len(set(firsts)) != len(firsts):
@@ -205,15 +208,18 @@ def plan_scoring(model: Model, samples: Sequence[Scorable], method: Method = "au
             r = next(k for k, g in enumerate(keep) if g[: len(f)] == f)
             targets.append(Target(i, j, base + r, t))
     return for_model(model, ScoringPlan(samples, tuple(rows), tuple(targets), method,
-                                        tuple(tuple(p) for p in prompt_ids)))
+                                        tuple(tuple(p) for p in prompt_ids), tuple(candidate_ids)))
 
 
 def for_model(model: Model, plan: ScoringPlan) -> ScoringPlan:
     """``plan`` with how ``model`` lays it out: its pad token, and whether it packs (some sample needs several rows
     and every mixer of ``model`` honours a tree-shaped attention mask for rows this long: attention-only models;
-    with a sliding window, rows shorter than it, :meth:`~gna_interp.models.model.Model.packs_rows_up_to`). The
-    prompts are checked for text outside the vocabulary (:func:`plan_scoring` checks the candidates) and the rows to
-    fit the context and the vocabulary."""
+    with a sliding window, rows shorter than it, :meth:`~gna_interp.models.model.Model.packs_rows_up_to`). Every check
+    of the plan against ``model`` is made here: the candidates and the prompts for text outside the vocabulary, and
+    the rows to fit the context and the vocabulary."""
+    for i, (s, cand_ids) in enumerate(zip(plan.samples, plan.candidate_ids)):
+        for c, ids in zip(s.candidates, cand_ids):
+            model.check_known(ids, c, what=f"sample {i}: candidate {c!r}")
     for s, ids in zip(plan.samples, plan.prompt_ids):
         if s.prompt:  # a plan in token space (the lm-eval harness's) has no text to check
             model.check_known(ids, s.prompt)

@@ -121,13 +121,11 @@ def final_logits(model: Model, hidden: Float[Tensor, "rows pos d_model"], rows: 
     return model.unembed(at_reads(hidden, rows, pos)[None])[0]
 
 
-def _blockwise(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],
-               at: Int[Tensor, " n_reads"]) -> Float[Tensor, " n_reads"]:
-    """Log-probabilities of ``tokens`` at ``resid[at]``, the unembedding run block by block over the vocabulary and
-    piece by piece over the rows (see the module)."""
-    out_layer = model.hf_model.get_output_embeddings()
-    weight, bias = out_layer.weight, getattr(out_layer, "bias", None)
-    normed, transform = model.final_norm(resid[None])[0], model.output_transform
+def _blockwise(normed: Float[Tensor, "n d_model"], weight: Float[Tensor, "vocab d_model"], bias: Tensor | None,
+               transform, tokens: Int[Tensor, " n_reads"], at: Int[Tensor, " n_reads"]) -> Float[Tensor, " n_reads"]:
+    """Log-probabilities of ``tokens`` at ``normed[at]`` (the residual stream through the final norm) under the output
+    layer's ``weight`` and ``bias`` and the family's output ``transform`` (None: none), the unembedding run block by
+    block over the vocabulary and piece by piece over the rows (see the module)."""
     step = vocab_step(normed.device)
     out = torch.empty(tokens.shape[0], dtype=torch.float32, device=normed.device)
     for start, stop, mine in row_pieces(normed.shape[0], at, row_step(normed.device, step)):
@@ -154,25 +152,41 @@ def _full(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, "
     return out
 
 
-def _blocks_reproduce(model: Model, resid: Float[Tensor, "n d_model"]) -> bool:
-    """Whether :func:`_blockwise` reproduces the model's own head (once per model, on two of ``resid``'s rows): the
-    same vocabulary, and the log-probabilities of the first, last and a spread of tokens within :func:`logit_atol`."""
+def _output_layer(model: Model) -> tuple[Float[Tensor, "vocab d_model"], Tensor | None]:
+    """The weight and the bias (None without one) of the model's output layer, which :func:`_blockwise` slices."""
+    out_layer = model.hf_model.get_output_embeddings()
+    return out_layer.weight, getattr(out_layer, "bias", None)
+
+
+def _head_input(model: Model, resid: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_model"] | None:
+    """``resid`` through the model's final norm, what :func:`_blockwise` reads, or None where the blocks do not
+    reproduce the model's own head (its logits are then read in full, :func:`_full`). Whether they do is checked once
+    per model (:func:`_reproduces`, on two of ``resid``'s rows, without gradients); the final norm keeps the
+    caller's."""
+    normed = model.final_norm(resid[None])[0]
     if BLOCKWISE not in model.facts:
-        probe = resid[:2]
-        vocab = model.hf_model.get_output_embeddings().weight.shape[0]
-        tokens = torch.linspace(0, vocab - 1, 64, device=probe.device).long()
-        at = torch.arange(probe.shape[0], device=probe.device).repeat_interleave(tokens.numel())
-        tokens = tokens.repeat(probe.shape[0])
-        try:
-            full = model.unembed(probe[None])[0].float()
-            want = read_logprobs(full, tokens, at)
-            got = _blockwise(model, probe, tokens, at)
-            ok = full.shape[-1] == vocab and bool((got - want).abs().max() <= logit_atol(model.dtype, float(
-                full.abs().max())))
-        except (AttributeError, TypeError, RuntimeError, IndexError):
-            ok = False  # an output layer without a plain weight (or bias) to slice
+        with torch.no_grad():
+            try:
+                full = model.unembed(resid[None, :2])[0].float()
+                ok = _reproduces(model, full, normed[:2])
+            except (AttributeError, TypeError, RuntimeError, IndexError):
+                ok = False  # an output layer without a plain weight (or bias) to slice
         model.facts[BLOCKWISE] = ok
-    return model.facts[BLOCKWISE]
+    return normed if model.facts[BLOCKWISE] else None
+
+
+def _reproduces(model: Model, full: Float[Tensor, "n vocab"], normed: Float[Tensor, "n d_model"]) -> bool:
+    """Whether :func:`_blockwise` of ``normed`` gives what the model's own logits there, ``full``, give: the same
+    vocabulary, and the log-probabilities of the first, last and a spread of tokens within :func:`logit_atol`."""
+    weight, bias = _output_layer(model)
+    vocab = weight.shape[0]
+    tokens = torch.linspace(0, vocab - 1, 64, device=normed.device).long()
+    at = torch.arange(normed.shape[0], device=normed.device).repeat_interleave(tokens.numel())
+    tokens = tokens.repeat(normed.shape[0])
+    want = read_logprobs(full, tokens, at)
+    got = _blockwise(normed, weight, bias, model.output_transform, tokens, at)
+    return full.shape[-1] == vocab and bool((got - want).abs().max() <= logit_atol(model.dtype, float(
+        full.abs().max())))
 
 
 @torch.no_grad()
@@ -187,8 +201,9 @@ def head_logprobs(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[T
     at = inverse.to(device) if inverse is not None else torch.arange(tokens.shape[0], device=device)
     if tokens.shape[0] == 0:
         return torch.zeros(0, dtype=torch.float32, device=device)
-    if _blocks_reproduce(model, resid):
-        return _blockwise(model, resid, tokens, at)
+    normed = _head_input(model, resid)
+    if normed is not None:
+        return _blockwise(normed, *_output_layer(model), model.output_transform, tokens, at)
     return _full(model, resid, tokens, at)
 
 
@@ -279,12 +294,9 @@ def head_logprobs_grad(model: Model, resid: Float[Tensor, "n d_model"], tokens: 
     device = resid.device
     tokens = tokens.to(device)
     at = inverse.to(device) if inverse is not None else torch.arange(tokens.shape[0], device=device)
-    with torch.no_grad():
-        blockwise = tokens.shape[0] > 0 and _blocks_reproduce(model, resid.detach())
-    if not blockwise:
+    normed = _head_input(model, resid) if tokens.shape[0] > 0 else None
+    if normed is None:
         return read_logprobs(model.unembed(resid[None])[0], tokens, at)
-    out_layer = model.hf_model.get_output_embeddings()
-    weight, bias = out_layer.weight.detach(), getattr(out_layer, "bias", None)
-    bias = bias.detach() if bias is not None else None
-    normed = model.final_norm(resid[None])[0]
+    weight, bias = _output_layer(model)
+    weight, bias = weight.detach(), bias.detach() if bias is not None else None
     return _HeadLogprobs.apply(normed, weight, bias, _active_transform(model, weight.dtype), tokens, at)

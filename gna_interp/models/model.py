@@ -443,14 +443,21 @@ class Model:
         return self.packs_rows_up_to(math.inf)
 
     def packs_rows_up_to(self, length: float) -> bool:
-        """Whether rows of up to ``length`` tokens may be packed (:attr:`packs_rows`): also on a model whose attention
-        has a sliding window longer than every row -- the explicit tree mask replaces the window, which would never
-        bite on such rows (chunked or local attention stays unpacked)."""
+        """Whether rows of up to ``length`` tokens may be packed (:attr:`packs_rows`, :attr:`longest_packed_row`)."""
+        return length <= self.longest_packed_row
+
+    @property
+    def longest_packed_row(self) -> float:
+        """The longest row, in tokens, that may be packed (:attr:`packs_rows`): ``math.inf`` where any may, 0 where
+        none may. On a model whose attention has a sliding window, rows shorter than the window -- the explicit tree
+        mask replaces the window, which would never bite on such rows (chunked or local attention stays unpacked)."""
         conf = getattr(self.hf_model, "config", None)
         if not self.splits_prefix_cache or any(getattr(conf, a, None) for a in ("attention_chunk_size", "local_window")):
-            return False
+            return 0
         window = getattr(conf, "sliding_window", None)
-        return not window or (isinstance(window, int) and length < window)
+        if not window:
+            return math.inf
+        return window - 1 if isinstance(window, int) else 0
 
     @property
     def splits_prefix_cache(self) -> bool:
