@@ -301,7 +301,9 @@ class PathPatcher(PlanRunner):
 
     # ---- pieces ---------------------------------------------------------------------------
     def _replacement(self, head: HeadRef) -> Replacement:
-        return self.replaced([head])[0]
+        """What replaces ``head``'s output (checked against the model the first time only)."""
+        known = self._repl.get(head)
+        return known if known is not None else self.replaced([head])[0]
 
     def _write(self, head: HeadRef, z: Float[Tensor, "b p w"]) -> Float[Tensor, "b p d_model"]:
         """What removing ``head`` takes out of the residual stream where its block adds its mixer's output as is:
