@@ -277,7 +277,7 @@ def test_sliding_window_families_pack_rows_shorter_than_the_window(fam, built, t
     KV rows are longer) the rows stay unpacked."""
     import dataclasses
 
-    from gna_interp.engine.forward import read_chunks, ScoreTable
+    from gna_interp.engine.forward import ScoreTable, read_chunks
     from gna_interp.engine.layout import layout_chunks
     from gna_interp.engine.plan import plan_scoring
 

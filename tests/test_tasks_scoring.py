@@ -11,7 +11,7 @@ import torch
 from gna_interp.errors import InputError
 from gna_interp.models import smollm2_gguf_path
 from gna_interp.models.model import Model
-from gna_interp.engine.forward import read_chunks, ScoreTable
+from gna_interp.engine.forward import ScoreTable, read_chunks
 from gna_interp.engine.layout import layout_chunks
 from gna_interp.engine.unembed import read_logprobs
 from gna_interp.tasks import KVRetrieval, MultipleChoice, Sample, evaluate, word_list

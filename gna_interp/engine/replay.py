@@ -43,7 +43,7 @@ from gna_interp.interventions.base import Intervention, check_interventions
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import Hook
 from gna_interp.models.model import Model, TokenBatch
-from gna_interp.engine.forward import ChunkReads, read_chunks, run_plan, ScoreTable
+from gna_interp.engine.forward import ChunkReads, ScoreTable, read_chunks, run_plan
 from gna_interp.engine.layout import Chunk, distinct_reads, layout_chunks
 from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_of
 from gna_interp.engine.unembed import read_logprobs

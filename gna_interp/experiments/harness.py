@@ -60,7 +60,7 @@ from gna_interp.models.model import Model, TokenBatch
 from gna_interp.options import Options, options
 from gna_interp.tasks.sample import Sample
 from gna_interp.engine.replay import PlanRunner
-from gna_interp.engine.plan import for_model, Row, ScoringPlan, Target
+from gna_interp.engine.plan import Row, ScoringPlan, Target, for_model
 
 def require_lm_eval() -> str:
     """The installed lm-eval version; :class:`InputError` saying how to install it when it is missing."""

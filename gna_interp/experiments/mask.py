@@ -87,7 +87,7 @@ from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
 from gna_interp.engine.layout import Chunk
 from gna_interp.engine.replay import PlanRunner
-from gna_interp.engine.plan import CandidateScores, plan_scoring, ScoringPlan
+from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_scoring
 from gna_interp.tasks.segments import Segments
 from gna_interp.viz.html import part
 

@@ -58,7 +58,7 @@ from gna_interp.tasks.calibration import ChanceVerdict
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
 from gna_interp.engine.replay import PlanRunner
-from gna_interp.engine.plan import plan_scoring, ScoringPlan
+from gna_interp.engine.plan import ScoringPlan, plan_scoring
 from gna_interp.viz.html import part
 
 TASKS: tuple[str, ...] = ("kv", "mc", "cloze")

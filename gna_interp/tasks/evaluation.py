@@ -17,7 +17,7 @@ from gna_interp.models.model import Model, check_model
 from gna_interp.results import Result
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.io import sample_from_dict
-from gna_interp.engine.forward import ChunkHooks, run_plan, RunOptions
+from gna_interp.engine.forward import ChunkHooks, RunOptions, run_plan
 from gna_interp.engine.plan import CandidateScores, Method, ScoringPlan, plan_of
 
 
