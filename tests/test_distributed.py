@@ -66,11 +66,11 @@ def _counting(monkeypatch_target, log: list[str], die_after: int | None = None):
     times (after ``die_after`` finished groups)."""
     real = monkeypatch_target._exact_group
 
-    def counting(model, plan, prefixes, group):
+    def counting(runner, group):
         if die_after is not None and len(log) >= die_after * STACK:
             os.kill(os.getpid(), signal.SIGKILL)
         log.extend(r.site.head.name for r in group)
-        return real(model, plan, prefixes, group)
+        return real(runner, group)
 
     return counting
 
