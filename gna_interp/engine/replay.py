@@ -43,13 +43,13 @@ from gna_interp.interventions.base import Intervention, check_interventions
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import Hook
 from gna_interp.models.model import Model, TokenBatch
-from gna_interp.engine.forward import ChunkReads, ScoreTable, read_chunks, run_plan
+from gna_interp.engine.forward import ChunkReads, ScoreTable, read_chunks
 from gna_interp.engine.layout import Chunk, distinct_reads, layout_chunks
 from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_of
 from gna_interp.engine.unembed import read_logprobs
 
-__all__ = ["Interventions", "KeyValues", "PlanRunner", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture", "default_stack",
-           "nested_scores", "prefixes_for", "recording", "replay", "replay_scores", "shared_prefixes",
+__all__ = ["Interventions", "KeyValues", "PlanRunner", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture",
+           "default_stack", "nested_scores", "prefixes_for", "recording", "replay", "replay_scores", "shared_prefixes",
            "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
@@ -628,17 +628,6 @@ class PlanRunner:
             except ReplayMismatch as e:
                 self.mismatch = e
 
-    def on(self, task: Any, *, replay: bool | None = None, pack: bool | None = None) -> Any:
-        """A runner like this one (model, method, reference, sizes; ``replay`` and ``pack`` unless given) on another
-        task or plan -- e.g. a subset of the samples -- sharing the replacements computed so far; of this runner's
-        class."""
-        other = type(self).__new__(type(self))
-        PlanRunner.__init__(other, self.model, task, self.method, self.reference, self.batch_size,
-                            self.max_prefix_bytes, stack=self._stack, replay=self.replay if replay is None else replay,
-                            pack=self.pack if pack is None else pack)
-        other._repl = self._repl
-        return other
-
     @cached_property
     def chunks(self) -> list[Chunk]:
         """The plan's chunks as replays run them (:func:`~gna_interp.engine.layout.layout_chunks`), laid out once."""
@@ -668,21 +657,18 @@ class PlanRunner:
         replays); anything else runs one full forward per chunk with every value's hooks -- packed rows where no value
         depends on positions (:attr:`~gna_interp.interventions.Intervention.positional`), else plain rows. Numbers
         equal ``run_plan`` inside :func:`~gna_interp.interventions.applied` to float noise (exactly, for full
-        forwards)."""
-        if callable(interventions):
-            table = ScoreTable(self.plan)
-            for read in self.reads_under(interventions):
-                table.add(read.chunk, read.logprobs())
-            return table.result()
-        values = check_interventions(interventions)
-        if self.prefixes is not None and all(isinstance(v, HeadAblation) and (not v.positional or self.pack is False)
-                                             for v in values):
-            replaced = [r for v in values for r in self._replacements(v)]
-            return replay_scores(self.model, self.plan, self.prefixes, [replaced])[0]
-        with ExitStack() as stack:
-            hooks = self._hooks(values, stack)
-            return run_plan(self.model, self.plan, self.batch_size, fwd_hooks=hooks,
-                            share_prefix=False if self.pack is False or any(v.positional for v in values) else None)
+        forwards: :meth:`reads_under`)."""
+        if not callable(interventions):
+            values = check_interventions(interventions)
+            if self.prefixes is not None and all(isinstance(v, HeadAblation) and (not v.positional or self.pack is False)
+                                                 for v in values):
+                replaced = [r for v in values for r in self._replacements(v)]
+                return replay_scores(self.model, self.plan, self.prefixes, [replaced])[0]
+            interventions = values
+        table = ScoreTable(self.plan)
+        for read in self.reads_under(interventions):
+            table.add(read.chunk, read.logprobs())
+        return table.result()
 
     def reads_under(self, interventions: Interventions, on_layout: Callable[[int], Any] | None = None
                     ) -> Iterator[ChunkReads]:
@@ -754,6 +740,15 @@ class SetAblation(PlanRunner):
             raise InputError(f"this SetAblation was made for {task.model.name}, not for the model given "
                              f"({model.name}); make it with SetAblation(model, task, ...)")
         return task
+
+    def on(self, task: Any, *, replay: bool | None = None, pack: bool | None = None) -> "SetAblation":
+        """A runner like this one (model, method, reference, sizes; ``replay`` and ``pack`` unless given) on another
+        task or plan -- e.g. a subset of the samples -- sharing the replacements computed so far."""
+        other = SetAblation(self.model, task, self.method, self.reference, self.batch_size, self.max_prefix_bytes,
+                            stack=self._stack, replay=self.replay if replay is None else replay,
+                            pack=self.pack if pack is None else pack)
+        other._repl = self._repl
+        return other
 
     def clean(self) -> CandidateScores:
         """Scores of the intact model."""

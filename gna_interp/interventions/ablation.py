@@ -45,8 +45,8 @@ from gna_interp.models.model import Model, check_model
 AblationMethod = Literal["zero", "mean", "resample"]
 METHODS: tuple[str, ...] = ("zero", "mean", "resample")
 
-__all__ = ["METHODS", "Ablation", "AblationMethod", "HeadAblation", "Replacement", "ablate", "ablation_hooks", "check_method", "flat_channels", "replacements",
-           "stacked_ablation_hooks"]
+__all__ = ["METHODS", "Ablation", "AblationMethod", "HeadAblation", "Replacement", "ablate", "ablation_hooks",
+           "check_method", "flat_channels", "replacements", "stacked_ablation_hooks"]
 
 
 def flat_channels(x: Tensor, site: HeadSite) -> Tensor:
@@ -179,8 +179,7 @@ class HeadAblation(Intervention):
         check_method(self.method, self.reference)
         if not isinstance(self.heads, (str, HeadRef, Sequence)):
             raise HeadError(f"heads must be a head name, a HeadRef or a list of them, got {type(self.heads).__name__}")
-        heads = parse_heads(self.heads) if self.heads else []  # type: ignore[arg-type]
-        object.__setattr__(self, "heads", tuple(heads))
+        object.__setattr__(self, "heads", tuple(parse_heads(self.heads)))  # type: ignore[arg-type]
 
     @property
     def positional(self) -> bool:  # type: ignore[override]
@@ -223,10 +222,7 @@ class Ablation:
     def __init__(self, model: Model, heads: str | HeadRef | Sequence[str | HeadRef], method: AblationMethod = "zero",
                  reference: Any = None) -> None:
         self.model = model
-        check_method(method, reference)
-        if not isinstance(heads, (str, HeadRef, Sequence)):
-            raise HeadError(f"heads must be a head name, a HeadRef or a list of them, got {type(heads).__name__}")
-        self.intervention = HeadAblation(tuple(dict.fromkeys(model.check_heads(heads))), method, reference)
+        self.intervention = HeadAblation(heads, method, reference)  # type: ignore[arg-type]
         self.replaced = self.intervention.replacements(model)
         self.heads = [r.site.head for r in self.replaced]
         self._active: Any = None

@@ -22,17 +22,24 @@ from gna_interp.models.mixer import Hook
 from gna_interp.models.model import Model, check_model
 
 
-def check_layers(model: Model, layers: int | Iterable[int]) -> list[int]:
-    """Sorted, distinct block indices; negative ones count from the end. Clear error when out of range."""
+def layer_list(layers: int | Iterable[int]) -> list[int]:
+    """``layers`` (an index, a list, tuple, range or set of them, or an integer tensor) as a list of integers, sets
+    sorted; a clear error for anything else. Not yet checked against a model (:func:`check_layers`)."""
     if isinstance(layers, Tensor) and not layers.is_floating_point() and not layers.is_complex():
         layers = layers.tolist()  # an int for a 0-d tensor
     if not isinstance(layers, (int, list, tuple, range, set, frozenset)):
         raise InputError(f"layers must be a layer index or a list of them, got {type(layers).__name__} {layers!r:.40}")
     raw = [layers] if isinstance(layers, int) else list(layers)
-    out = set()
     for layer in raw:
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise InputError(f"layer indices must be integers, got {layer!r}")
+    return sorted(raw) if isinstance(layers, (set, frozenset)) else raw
+
+
+def check_layers(model: Model, layers: int | Iterable[int]) -> list[int]:
+    """Sorted, distinct block indices; negative ones count from the end. Clear error when out of range."""
+    out = set()
+    for layer in layer_list(layers):
         idx = layer + model.n_layers if layer < 0 else layer
         if not 0 <= idx < model.n_layers:
             raise InputError(f"layer {layer} is out of range: {model.name} has layers 0..{model.n_layers - 1}")
@@ -49,14 +56,7 @@ class LayerSkip(Intervention):
     kind: ClassVar[str] = "layer_skip"
 
     def __post_init__(self) -> None:
-        raw = self.blocks
-        if isinstance(raw, Tensor) and not raw.is_floating_point() and not raw.is_complex():
-            raw = raw.tolist()
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            raw = (raw,)
-        if not isinstance(raw, (list, tuple, range, set, frozenset)):
-            raise InputError(f"layers must be a layer index or a list of them, got {type(raw).__name__} {raw!r:.40}")
-        object.__setattr__(self, "blocks", tuple(sorted(raw) if isinstance(raw, (set, frozenset)) else raw))
+        object.__setattr__(self, "blocks", tuple(layer_list(self.blocks)))
 
     def layers(self, model: Model) -> list[int]:
         return check_layers(model, list(self.blocks))
