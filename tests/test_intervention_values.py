@@ -43,6 +43,14 @@ def test_bad_values_are_refused_clearly(tiny_models):
         from_dict({"kind": "warp"})
     with pytest.raises(InputError, match="with a 'kind'"):
         from_dict(["head_ablation"])
+    hostile = [({"kind": "layer_skip"}, "no 'layers' field"), ({"kind": "head_ablation", "heads": 3}, "cannot be read"),
+               ({"kind": "layer_skip", "layers": ["1"]}, "must be integers"),
+               ({"kind": "pattern_mask", "masks": "L0H1"}, "cannot be read"),
+               ({"kind": "pattern_mask", "masks": {"L0H1": [[1, 0], [1]]}}, "cannot be read"),
+               ({"kind": "head_ablation", "heads": ["L0H1"], "method": "mean"}, "needs a reference")]
+    for data, why in hostile:
+        with pytest.raises((InputError, HeadError), match=why):
+            from_dict(data)
     with pytest.raises(InputError, match="needs a reference"):
         HeadAblation(["L0H1"], "mean")
     with pytest.raises(HeadError, match="malformed"):

@@ -77,7 +77,13 @@ def from_dict(data: Mapping[str, Any]) -> Intervention:
     kind = data["kind"]
     if kind not in _KINDS:
         raise InputError(f"unknown intervention kind {kind!r}; known: {sorted(_KINDS)}")
-    return _KINDS[kind].from_fields({k: v for k, v in data.items() if k != "kind"})
+    try:
+        return _KINDS[kind].from_fields({k: v for k, v in data.items() if k != "kind"})
+    except KeyError as e:
+        raise InputError(f"this {kind} intervention has no {e.args[0]!r} field: {dict(data)!r:.120}") from None
+    except (TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise InputError(f"this {kind} intervention cannot be read ({type(e).__name__}: {e}): {dict(data)!r:.120}") \
+            from None
 
 
 def check_interventions(values: Any) -> list[Intervention]:
