@@ -350,7 +350,7 @@ def _sweep(gen: torch.Generator, name: str) -> Sweep:
              "logit_diff": 2 * acc, "gold_prob": acc / 2, "chance": 1 / n, "n_samples": 8, "heads": hs}
             for n in (4, 8) for c, s, acc, hs in conditions]
     return Sweep(name, [4, 8], heads[:2], [heads[2:], [heads[3], heads[1]]], pd.DataFrame(rows, columns=SWEEP_COLUMNS),
-                 {"samples": 8, "max_value": 9, "seed": 0, "bootstrap": 0}, source="made up", seconds=2.0)
+                 source="made up", seconds=2.0, settings={"samples": 8, "max_value": 9, "seed": 0, "bootstrap": 0})
 
 
 def _prune(gen: torch.Generator, name: str) -> PruneResult:
@@ -367,7 +367,8 @@ def _prune(gen: torch.Generator, name: str) -> PruneResult:
                                                                           ("random heads", "random", "L1H1", 0.3))],
                         columns=KEEP_COLUMNS)
     tasks = {"kv": {"kind": "retrieval", "chance": 0.25, "intact": 0.9, "n_samples": 8, "task": {"name": "kv4"}}}
-    return PruneResult(name, pd.DataFrame(rows, columns=PRUNE_COLUMNS), keep, tasks, 4, {"tasks": ["kv"]}, ["made up"])
+    return PruneResult(name, pd.DataFrame(rows, columns=PRUNE_COLUMNS), keep, tasks, 4, settings={"tasks": ["kv"]},
+                       notes=["made up"])
 
 
 def _mask(gen: torch.Generator, name: str) -> MaskResult:
@@ -383,7 +384,7 @@ def _mask(gen: torch.Generator, name: str) -> MaskResult:
     random = {s: [MaskedHead(h, m.role, m.offset, "random") for h, m in zip(draw, ga)]
               for s, draw in ((0, heads[1::2]), (1, heads[::-2]))}
     return MaskResult(name, {"name": "kv4", "n_samples": 8}, ga, random, pd.DataFrame(rows, columns=MASK_COLUMNS),
-                      scores, {"samples": 8}, ["made up"], None)
+                      scores, None, settings={"samples": 8}, notes=["made up"])
 
 
 def _eval(gen: torch.Generator, name: str) -> EvalResult:
@@ -392,8 +393,8 @@ def _eval(gen: torch.Generator, name: str) -> EvalResult:
             for c, s, v, hs in (("intact", 0, 0.9, ""), ("removed", 0, 0.4, "L0H0,L0H1"), ("random", 0, 0.85, "L1H0,L1H1"),
                                 ("random", 1, 0.8, "L1H1,L0H1"))]
     return EvalResult(name, ["kv"], pd.DataFrame(rows, columns=EVAL_COLUMNS), ["L0H0", "L0H1"],
-                      [["L1H0", "L1H1"], ["L1H1", "L0H1"]], {"method": "zero", "lm_eval": "0.4", "limit": 50},
-                      ["made up"], {"intact": 1.0, "removed": 1.5})
+                      [["L1H0", "L1H1"], ["L1H1", "L0H1"]], {"intact": 1.0, "removed": 1.5},
+                      settings={"method": "zero", "lm_eval": "0.4", "limit": 50}, notes=["made up"])
 
 
 def _hybrid_build(gen: torch.Generator, name: str) -> HybridBuild:
@@ -405,8 +406,9 @@ def _hybrid_build(gen: torch.Generator, name: str) -> HybridBuild:
     reference = pd.DataFrame({"pairs": [4, 8], "teacher": [0.95, 0.9], "teacher_top_only": [0.6, 0.5],
                               "chance": [0.25, 0.125]})
     return HybridBuild(name, 2, [4, 8], pd.DataFrame(rows, columns=HYBRID_COLUMNS), reference, list(NAMES), "made up",
-                       {"seeds": 2, "samples": 8, "config": {"steps": 10, "loss": "kl", "train_teacher_parts": False}},
-                       {"top/0": "students/top-0"}, ["made up"], 12.0)
+                       {"top/0": "students/top-0"}, 12.0,
+                       settings={"seeds": 2, "samples": 8, "config": {"steps": 10, "loss": "kl", "train_teacher_parts": False}},
+                       notes=["made up"])
 
 
 def _families(gen: torch.Generator, name: str) -> FamilyComparison:
@@ -431,8 +433,8 @@ def _families(gen: torch.Generator, name: str) -> FamilyComparison:
     kinds = pd.DataFrame([{"model": m, "kind": "attn", "heads": 4, "scored": 1, "best_aggregate_head": "L0H0",
                            "shift": 0, "aggregate": 0.8, "gold_share": 0.7, "line_entropy": 0.4, "top_drop_head": "L0H0",
                            "top_drop": 0.3, "top_drop_accuracy": 0.6} for m in models])
-    return FamilyComparison(models, table, curve, heads, samples, kinds, {"pairs": 4, "samples": 8, "shifts": [0]},
-                            {m: "made up" for m in models}, ["made up"], 4.0)
+    return FamilyComparison(models, table, curve, heads, samples, kinds, {m: "made up" for m in models}, 4.0,
+                            settings={"pairs": 4, "samples": 8, "shifts": [0]}, notes=["made up"])
 
 
 def _interactions(gen: torch.Generator, name: str) -> Interactions:

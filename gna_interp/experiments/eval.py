@@ -53,15 +53,15 @@ from typing import Any, Sequence
 import pandas as pd
 from gna_interp.progress import tqdm
 
-from gna_interp.constants import EVAL_SUMMARY_CSV, result_files
+from gna_interp.constants import EVAL_SUMMARY_CSV
 from gna_interp.errors import InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
+from gna_interp.experiments.output import ExperimentResult, doc_table, table_html
 from gna_interp.experiments.run import Discovery, model_of, open_folder, random_draws, resolve_circuit
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import options
-from gna_interp.results import Result
 from gna_interp.store import atomic_write, records
 from gna_interp.viz.html import part
 
@@ -79,7 +79,7 @@ SCAN_CKPT = f"{CIRCUIT_DIR}/scan.ckpt.json"  # the discovery's checkpoint, when 
 
 
 @dataclass
-class EvalResult(Result):
+class EvalResult(ExperimentResult, format="eval"):
     """Result of :func:`eval_heads`: a folder result (:meth:`save` / :meth:`load`) with a figure (:meth:`figure`,
     :meth:`plot`).
 
@@ -98,12 +98,7 @@ class EvalResult(Result):
     table: pd.DataFrame
     heads: list[str]
     random_heads: list[list[str]]
-    settings: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
-
-    FORMAT = "eval"
-    FILE = result_files(FORMAT)[0]
 
     def to_frame(self) -> pd.DataFrame:
         """The long table (:data:`TABLE_COLUMNS`)."""
@@ -168,18 +163,13 @@ class EvalResult(Result):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalResult":
         """The result :meth:`to_dict` described."""
-        from gna_interp.experiments.output import doc_table
-
         return cls(d["model"], list(d["tasks"]), doc_table(d, TABLE_COLUMNS), list(d["heads"]),
-                   [list(h) for h in d.get("random_heads") or []], dict(d.get("settings") or {}),
-                   list(d.get("notes") or []), dict(d.get("seconds") or {}))
+                   [list(h) for h in d.get("random_heads") or []], dict(d.get("seconds") or {}), **cls.run_fields(d))
 
     def save(self, path: str | os.PathLike, png: bool = True) -> Path:
         """Write the result folder (see the module docstring) into ``path`` (or the folder of ``path`` naming its
         ``eval.json``); return the folder. :meth:`load` reads the folder or the file."""
-        from gna_interp.experiments.output import ResultFolder, table_html
-
-        folder = ResultFolder(path, "eval")
+        folder = self.folder(path)
         summary = self.summary
         folder.path.mkdir(parents=True, exist_ok=True)
         atomic_write(folder.path / EVAL_SUMMARY_CSV, summary.to_csv(index=False))
@@ -466,7 +456,7 @@ def eval_heads(model: Model | str, tasks: str | Sequence[str], heads: str | Sequ
             rows.append({"condition": cond, "seed": seed, **r, "n_heads": len(hs), "heads": ",".join(names_h)})
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     result = EvalResult(model.name, names, table, [h.name for h in removed], [[h.name for h in d] for d in draws],
-                        settings, notes, seconds)
+                        seconds, settings=settings, notes=notes)
     if out_path is not None:
         result.save(out_path, png=cfg.png)
     return result

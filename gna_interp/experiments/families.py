@@ -63,14 +63,14 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 
-from gna_interp.constants import CIRCUIT_JSON, SCAN_CKPT, result_files
+from gna_interp.constants import CIRCUIT_JSON, SCAN_CKPT
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.engine.replay import SetAblation
 from gna_interp.circuits.offsets import intact_at, pick_offset
 from gna_interp.circuits.roles import ScoreOptions, decision_inputs, item_masses
 from gna_interp.errors import InputError
 from gna_interp.experiments.options import RunOptions
-from gna_interp.experiments.output import ResultFolder, doc_table, table_html
+from gna_interp.experiments.output import ExperimentResult, doc_table, table_html
 from gna_interp.store import records
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, settings_fingerprint
 from gna_interp.experiments.run import (Discovery, Point, model_of, open_folder, random_draws, removed_k,
@@ -80,7 +80,6 @@ from gna_interp.mixing.sharpness import row_distribution, sharpness
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, check_pairs_fit, options
-from gna_interp.results import Result
 from gna_interp.store import atomic_write
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.base import Task
@@ -201,7 +200,7 @@ def aggregation_scores(model: Model, task: Task, heads: Sequence[HeadRef | str],
 
 # ---- the result -----------------------------------------------------------------------------------------------
 @dataclass
-class FamilyComparison(Result):
+class FamilyComparison(ExperimentResult, format=NAME):
     """Result of :func:`compare`: a folder result (:meth:`save` / :meth:`load`) with a figure (:meth:`figure`,
     :meth:`plot`).
 
@@ -223,13 +222,8 @@ class FamilyComparison(Result):
     heads: pd.DataFrame
     samples: pd.DataFrame
     kinds: pd.DataFrame
-    settings: dict[str, Any]
     sources: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
-
-    FORMAT = NAME
-    FILE = result_files(NAME)[0]
 
     @property
     def metrics(self) -> dict[str, dict[str, Any]]:
@@ -329,14 +323,14 @@ class FamilyComparison(Result):
         """The comparison :meth:`to_dict` described."""
         return cls(list(d["models"]), doc_table(d), pd.DataFrame(d["curve"], columns=CURVE_COLUMNS),
                    pd.DataFrame(d["heads"]), pd.DataFrame(d["samples"]), pd.DataFrame(d["kinds"]),
-                   dict(d["settings"]), dict(d.get("sources") or {}), list(d.get("notes") or []),
-                   float(d.get("seconds") or 0.0))
+                   dict(d.get("sources") or {}), float(d.get("seconds") or 0.0), **cls.run_fields(d))
 
     def save(self, path: str | os.PathLike, png: bool = True) -> Path:
         """Write ``families.csv`` (+ ``_curve``, ``_heads``, ``_kinds`` CSVs), ``families.json``,
         ``report.html`` and ``figures/families.png`` into the folder ``path`` (or the folder of ``path`` naming its
         ``families.json``); return the folder. :meth:`load` reads the folder or the file."""
-        d = ResultFolder(path, NAME).path
+        folder = self.folder(path)
+        d = folder.path
         d.mkdir(parents=True, exist_ok=True)
         for table, df in (("curve", self.curve), ("heads", self.heads), ("kinds", self.kinds)):
             atomic_write(d / f"{NAME}_{table}.csv", df.to_csv(index=False))
@@ -347,8 +341,8 @@ class FamilyComparison(Result):
         notes += [f"{m}: heads from {src}." for m, src in self.sources.items()] + self.notes
         sections = [part("heading", "Per mixer kind"), table_html(self.kinds),
                     part("heading", "Heads (aggregation scores)"), table_html(self.heads)]
-        return ResultFolder(d, NAME).write(self.table, self.to_dict(), title="G&A across model families",
-                                           figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
+        return folder.write(self.table, self.to_dict(), title="G&A across model families",
+                            figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
 
     def _repr_html_(self) -> str:
         return part("lead", "G&A across families") + table_html(self.table)
@@ -533,7 +527,8 @@ class _Parts:
         samples_df = (pd.concat(self.samples, ignore_index=True) if self.samples
                       else pd.DataFrame(columns=AGGREGATION_COLUMNS + ["sample", "model"]))
         return FamilyComparison(names, table, pd.concat(self.curves, ignore_index=True), heads_df, samples_df,
-                                pd.DataFrame(self.kinds), settings, self.sources, self.notes, seconds)
+                                pd.DataFrame(self.kinds), self.sources, seconds, settings=settings,
+                                notes=self.notes)
 
 
 def _measure_model(spec: Model | str, given: Any, name: str, log: Checkpoint, folder: Path | None,

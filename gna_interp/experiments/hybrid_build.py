@@ -46,18 +46,17 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from gna_interp.constants import CARD_JSON, CIRCUIT_JSON, SCAN_CKPT, result_files
+from gna_interp.constants import CARD_JSON, CIRCUIT_JSON, SCAN_CKPT
 from gna_interp.circuits.hybrid import load_ranking
 from gna_interp.errors import InputError
 from gna_interp.experiments.options import FolderOptions
-from gna_interp.experiments.output import ResultFolder, doc_table, table_html
+from gna_interp.experiments.output import ExperimentResult, doc_table, table_html
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.run import Discovery, Point, clear_circuit, model_of, resolve_circuit, run_points
 from gna_interp.engine.replay import SetAblation
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, options
-from gna_interp.results import Result
 from gna_interp.store import records
 from gna_interp.tasks import KVRetrieval
 from gna_interp.viz.html import part
@@ -92,7 +91,7 @@ def kept_heads(condition: str, k: int, seed: int, ranking: Sequence[HeadRef], te
 
 
 @dataclass
-class HybridBuild(Result):
+class HybridBuild(ExperimentResult, format=NAME):
     """Result of :func:`hybrid_build`: a folder result (:meth:`save` / :meth:`load`) with a figure
     (:meth:`figure`, :meth:`plot`).
 
@@ -115,13 +114,8 @@ class HybridBuild(Result):
     reference: pd.DataFrame
     ranking: list[str]
     source: str
-    settings: dict[str, Any]
     students: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
-
-    FORMAT = NAME
-    FILE = result_files(NAME)[0]
 
     @property
     def conditions(self) -> list[str]:
@@ -244,8 +238,8 @@ class HybridBuild(Result):
     def from_dict(cls, d: dict[str, Any]) -> "HybridBuild":
         """The result :meth:`to_dict` described."""
         return cls(d["teacher"], int(d["k"]), [int(n) for n in d["pairs"]], doc_table(d, COLUMNS),
-                   pd.DataFrame(d["reference"]), list(d["ranking"]), d.get("source", ""), dict(d["settings"]),
-                   dict(d.get("students") or {}), list(d.get("notes") or []), float(d.get("seconds") or 0.0))
+                   pd.DataFrame(d["reference"]), list(d["ranking"]), d.get("source", ""),
+                   dict(d.get("students") or {}), float(d.get("seconds") or 0.0), **cls.run_fields(d))
 
     def save(self, path: str | os.PathLike, png: bool = True) -> Path:
         """Write ``hybrid_build.csv``, ``hybrid_build.json``, ``report.html`` and the figure into the folder
@@ -261,8 +255,8 @@ class HybridBuild(Result):
         sections = [part("heading", "Accuracy by condition and dictionary size (over seeds)"), table_html(wide),
                     part("heading", "Reference"), table_html(self.reference),
                     part("heading", "Metrics"), part("pre", self.summary())]
-        return ResultFolder(path, NAME).write(self.table, self.to_dict(), title=f"Hybrid build: {self.teacher}",
-                                              figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
+        return self.folder(path).write(self.table, self.to_dict(), title=f"Hybrid build: {self.teacher}",
+                                       figures={NAME: self.figure}, notes=notes, sections=sections, png=png)
 
     def _repr_html_(self) -> str:
         return part("lead", f"Hybrid build from {self.teacher}") + table_html(self.by_condition())
@@ -383,7 +377,8 @@ def hybrid_build(teacher: Model | str = "zoo:transformer-kv", k: int = 2, *, out
     if k == 0 and len(conds) > 1:
         notes.append("k = 0: every condition keeps no heads (the conditions differ only in name)")
     result = HybridBuild(m.name, k, sizes, pd.DataFrame(rows, columns=COLUMNS), pd.DataFrame(points.extra["reference"]),
-                         [h.name for h in ranking], source, settings, students, notes, time.perf_counter() - start)
+                         [h.name for h in ranking], source, students, time.perf_counter() - start, settings=settings,
+                         notes=notes)
     result.save(folder, png=opts.png)
     return result
 

@@ -66,20 +66,19 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.constants import CONTROL_CKPT, SCAN_CKPT, result_files
+from gna_interp.constants import CONTROL_CKPT, SCAN_CKPT
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.offsets import OFFSET_TOLERANCE, conv_width, pick_offset, reach, shifted_items
 from gna_interp.circuits.roles import RoleRule, ScoreOptions, offset_scores
 from gna_interp.errors import HeadError, InputError, OptionError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.options import RunOptions
-from gna_interp.experiments.output import ResultFolder, doc_table, table_html
+from gna_interp.experiments.output import ExperimentResult, doc_table, table_html
 from gna_interp.experiments.run import Discovery, Point, find_circuit, model_of, open_folder, run_points
 from gna_interp.interventions.masking import MaskOptions, PatternMask
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, check_pairs_fit, options
-from gna_interp.results import Result
 from gna_interp.store import records
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import ChanceVerdict
@@ -284,7 +283,7 @@ def _row(condition: str, seed: int, heads: Sequence[MaskedHead], scores: Candida
 # ---- result ----------------------------------------------------------------------------------------
 
 @dataclass
-class MaskResult(Result):
+class MaskResult(ExperimentResult, format="mask"):
     """What :func:`mask_experiment` measured: a folder result (:meth:`save` / :meth:`load`) with a figure
     (:meth:`figure`, :meth:`plot`).
 
@@ -306,12 +305,7 @@ class MaskResult(Result):
     random: dict[int, list[MaskedHead]]
     frame: pd.DataFrame
     scores: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SCORE_COLUMNS))
-    settings: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
     circuit: str | None = None
-
-    FORMAT = "mask"
-    FILE = result_files(FORMAT)[0]
 
     def to_frame(self) -> pd.DataFrame:
         """The condition table (columns :data:`COLUMNS`)."""
@@ -376,7 +370,7 @@ class MaskResult(Result):
         return cls(d["model"], d["task"], [MaskedHead.from_dict(h) for h in d["heads"]],
                    {int(s): [MaskedHead.from_dict(h) for h in hs] for s, hs in d["random"].items()},
                    doc_table(d, COLUMNS), pd.DataFrame(d.get("scores") or [], columns=SCORE_COLUMNS),
-                   dict(d.get("settings") or {}), list(d.get("notes") or []), d.get("circuit"))
+                   d.get("circuit"), **cls.run_fields(d))
 
     def save(self, path: str | os.PathLike, png: bool = True) -> Path:
         """Write ``mask.csv``, ``mask.json``, ``report.html`` and ``figures/mask.png`` into the folder ``path`` (or
@@ -387,7 +381,7 @@ class MaskResult(Result):
         sections = [part("heading", "Masked heads"), table_html(heads)]
         if len(self.scores):
             sections += [part("heading", "Role scores by summary offset"), table_html(self.scores)]
-        return ResultFolder(path, "mask").write(
+        return self.folder(path).write(
             self.frame, self.to_dict(), title=f"Keep-only-G&A masks: {self.model}",
             figures={"mask": self.figure}, notes=self.summary().splitlines(), sections=sections, png=png)
 
@@ -615,7 +609,8 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
     settings.update(samples=kv.samples, pairs=kv.pairs, max_value=kv.max_value, template=kv.template, seed=kv.seed,
                     top_k=kv.top_k, seeds=kv.seeds, offset=kv.offset, role_samples=kv.role_samples,
                     seconds=round(time.perf_counter() - started, 2))
-    result = MaskResult(model.name, task.to_dict(), ga, random_heads, frame, scores, settings, notes, source)
+    result = MaskResult(model.name, task.to_dict(), ga, random_heads, frame, scores, source, settings=settings,
+                        notes=notes)
     if folder is not None:
         result.save(folder, png=kv.png)
     return result

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
@@ -25,13 +26,13 @@ import pandas as pd
 from gna_interp.constants import FIGURES_DIR, REPORT_FILE, result_files
 from gna_interp.errors import InputError, ReportWarning
 from gna_interp.options import Options, options
-from gna_interp.results import folder_of
+from gna_interp.results import Result, folder_of
 from gna_interp.store import atomic_write, read_json, records, write_json
 from gna_interp.viz.export import png_export_problem, write_pngs
 from gna_interp.viz.html import IsolatedParts, figure_div, one_line, page, part
 
 
-__all__ = ["FIGURES_DIR", "PageParts", "REPORT_FILE", "ResultFolder", "doc_table", "table_html"]
+__all__ = ["ExperimentResult", "FIGURES_DIR", "PageParts", "REPORT_FILE", "ResultFolder", "doc_table", "table_html"]
 
 
 def doc_table(doc: Mapping[str, Any], columns: Sequence[str] | None = None) -> pd.DataFrame:
@@ -135,3 +136,33 @@ class ResultFolder:
         doc = read_json(self.json, self.name)
         doc["frame"] = doc_table(doc)
         return doc
+
+
+@dataclass
+class ExperimentResult(Result):
+    """The result of an experiment, a dataclass whose folder is the :class:`ResultFolder` named after its format.
+
+    A subclass names its format as a class keyword (``class Sweep(ExperimentResult, format="sweep")``) and gets
+    :attr:`FORMAT`, :attr:`FILE` (``FORMAT.json``) and :meth:`folder`, where its ``save`` writes. Every experiment
+    result keeps, as keyword-only fields, the options it ran with (``settings``) and its sentences on the run
+    (``notes``: how heads were chosen, the checks, what was left out); :meth:`run_fields` reads both back from a
+    document.
+    """
+
+    _: KW_ONLY
+    settings: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def __init_subclass__(cls, format: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if format is not None:
+            cls.FORMAT, cls.FILE = format, result_files(format)[0]
+
+    @staticmethod
+    def run_fields(d: Mapping[str, Any]) -> dict[str, Any]:
+        """``settings`` and ``notes`` of the document ``d`` (what ``to_dict`` wrote), as keyword arguments."""
+        return {"settings": dict(d.get("settings") or {}), "notes": list(d.get("notes") or [])}
+
+    def folder(self, path: str | os.PathLike) -> ResultFolder:
+        """The output folder ``path`` (or the folder of ``path`` naming :attr:`FILE`)."""
+        return ResultFolder(path, self.FORMAT)

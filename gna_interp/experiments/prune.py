@@ -33,25 +33,24 @@ import functools
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from gna_interp.constants import KEEP_CSV, PRUNE_JSON
+from gna_interp.constants import KEEP_CSV
 from gna_interp.circuits.prune import COLUMNS as CURVE_COLUMNS
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
-from gna_interp.experiments.output import ResultFolder, doc_table, table_html
+from gna_interp.experiments.output import ExperimentResult, doc_table, table_html
 from gna_interp.experiments.run import Point, model_of, open_folder, run_points
 from gna_interp.interventions.ablation import HeadAblation
 from gna_interp.interventions.layers import LayerSkip, check_layers
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, options
-from gna_interp.results import Result
 from gna_interp.store import records
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import ChanceVerdict
@@ -218,7 +217,7 @@ def keep_rows(model: Model, keep_layers: int | str | Sequence[int] | None,
 # ---- result ------------------------------------------------------------------------------------------
 
 @dataclass
-class PruneResult(Result):
+class PruneResult(ExperimentResult, format="prune"):
     """What :func:`prune` measured: a folder result (:meth:`save` / :meth:`load`) with a figure (:meth:`figure`,
     :meth:`plot`; :meth:`keep_figure` the head-keeping bars).
 
@@ -238,11 +237,6 @@ class PruneResult(Result):
     keep: pd.DataFrame
     tasks: dict[str, dict[str, Any]]
     n_layers: int
-    settings: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    FORMAT = "prune"
-    FILE = PRUNE_JSON
 
     def to_frame(self) -> pd.DataFrame:
         """The pruning curves (columns :data:`COLUMNS`)."""
@@ -331,7 +325,7 @@ class PruneResult(Result):
     def from_dict(cls, d: dict[str, Any]) -> "PruneResult":
         """The result :meth:`to_dict` described."""
         return cls(d["model"], doc_table(d, COLUMNS), pd.DataFrame(d.get("keep") or [], columns=KEEP_COLUMNS),
-                   dict(d["tasks"]), int(d["n_layers"]), dict(d.get("settings") or {}), list(d.get("notes") or []))
+                   dict(d["tasks"]), int(d["n_layers"]), **cls.run_fields(d))
 
     def save(self, path: str | os.PathLike, png: bool = True) -> Path:
         """Write ``prune.csv`` (curves), ``keep.csv`` (head keeping, when asked), ``prune.json``,
@@ -339,7 +333,7 @@ class PruneResult(Result):
         ``prune.json``); return the folder. :meth:`load` reads the folder or the file."""
         from gna_interp.store import atomic_write
 
-        folder = ResultFolder(path, "prune")
+        folder = self.folder(path)
         figures: dict[str, Any] = {"prune": self.figure}
         sections: list[str] = []
         kf = self.keep_figure()
@@ -506,7 +500,7 @@ def prune(model: Model | str, out: str | os.PathLike | None = None, config: Prun
                     "keep_heads": [h.name for h in model.check_heads(cfg.keep_heads)] if cfg.keep_heads else [],
                     "keep_seeds": cfg.keep_seeds, "seconds": round(time.perf_counter() - started, 2)}
     result = PruneResult(model.name, frame[COLUMNS], pd.DataFrame(keep_records, columns=KEEP_COLUMNS), info, n,
-                         settings_out, notes)
+                         settings=settings_out, notes=notes)
     if folder is not None:
         result.save(folder, png=cfg.png)
     return result

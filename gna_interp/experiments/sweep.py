@@ -64,19 +64,18 @@ import pandas as pd
 import torch
 
 from gna_interp.bootstrap import interval, paired_bootstrap
-from gna_interp.constants import CIRCUIT_JSON, N_BOOTSTRAP, SCAN_CKPT, result_files
+from gna_interp.constants import CIRCUIT_JSON, N_BOOTSTRAP, SCAN_CKPT
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.engine.replay import SetAblation
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions
-from gna_interp.experiments.output import ResultFolder, doc_table, table_html
+from gna_interp.experiments.output import ExperimentResult, doc_table, table_html
 from gna_interp.experiments.run import (Discovery, Point, model_of, open_folder, random_draws, removed_k, resolve_circuit,
                                         run_points)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, check_int, check_n_boot, check_pairs_fit, options
-from gna_interp.results import Result
 from gna_interp.store import records
 from gna_interp.tasks import KVRetrieval
 from gna_interp.tasks.choice import check_knobs
@@ -180,7 +179,7 @@ def _per_sample(scores: Any) -> dict[str, list[float]]:
 
 # ---- the result ----------------------------------------------------------------------------------------
 @dataclass
-class Sweep(Result):
+class Sweep(ExperimentResult, format=NAME):
     """Result of :func:`sweep`: a folder result (:meth:`save` / :meth:`load`) with a figure (:meth:`figure`,
     :meth:`plot`; :meth:`drop_figure` the drops).
 
@@ -206,15 +205,11 @@ class Sweep(Result):
     heads: list[HeadRef]
     random: list[list[HeadRef]]
     table: pd.DataFrame
-    settings: dict[str, Any]
     source: str = ""
-    notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     single: dict[str, HeadRef] = field(default_factory=dict)
     per_sample: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
-    FORMAT = NAME
-    FILE = result_files(NAME)[0]
 
     @property
     def k(self) -> int:
@@ -539,10 +534,10 @@ class Sweep(Result):
         if len(table):
             table["heads"] = table["heads"].fillna("")
         return cls(d["model"], [int(n) for n in d["pairs"]], [HeadRef.parse(h) for h in d["heads"]],
-                   [[HeadRef.parse(h) for h in r] for r in d["random"]], table, dict(d["settings"]),
-                   d.get("source", ""), list(d.get("notes") or []), float(d.get("seconds") or 0.0),
+                   [[HeadRef.parse(h) for h in r] for r in d["random"]], table,
+                   d.get("source", ""), float(d.get("seconds") or 0.0),
                    {c: HeadRef.parse(h) for c, h in (d.get("single") or {}).items()},
-                   dict(d.get("per_sample") or {}))
+                   dict(d.get("per_sample") or {}), **cls.run_fields(d))
 
     def save(self, path: str | os.PathLike, png: bool = True) -> Path:
         """Write ``sweep.csv``, ``sweep.json``, ``report.html`` and ``figures/sweep.png``, ``figures/drops.png``
@@ -568,9 +563,9 @@ class Sweep(Result):
                         + (f"{LEVEL:.0%} percentile bootstrap interval over the prompts ({bs} resamples)" if bs else
                            "no bootstrap (bootstrap=0)") + "; trend: grows / shrinks when the interval excludes 0."),
                    table_html(self.slopes())]
-        return ResultFolder(path, NAME).write(self.table, self.to_dict(), title=f"Dictionary sweep: {self.model}",
-                                              figures={"sweep": self.figure, "drops": self.drop_figure},
-                                              notes=notes, sections=section, png=png)
+        return self.folder(path).write(self.table, self.to_dict(), title=f"Dictionary sweep: {self.model}",
+                                       figures={"sweep": self.figure, "drops": self.drop_figure},
+                                       notes=notes, sections=section, png=png)
 
     def _repr_html_(self) -> str:
         what = (f"top {self.k} heads {', '.join(h.name for h in self.heads)}" if self.heads else
@@ -765,8 +760,8 @@ def sweep(model: Model | str, pairs: int | str | Iterable[int] | None = None,
     if len(per_sample) < len(rows) and cfg.bootstrap:
         cond.notes.append(f"{len(rows) - len(per_sample)} points (resumed from an older checkpoint) lack their "
                           f"per-prompt results: the drop slopes have no bootstrap interval")
-    result = Sweep(m.name, sizes, cond.top, cond.draws, pd.DataFrame(rows, columns=COLUMNS), settings, cond.source,
-                   cond.notes, time.perf_counter() - start, cond.single, per_sample)
+    result = Sweep(m.name, sizes, cond.top, cond.draws, pd.DataFrame(rows, columns=COLUMNS), cond.source,
+                   time.perf_counter() - start, cond.single, per_sample, settings=settings, notes=cond.notes)
     if folder is not None:
         result.save(folder, png=cfg.png)
     return result
