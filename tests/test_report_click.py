@@ -179,7 +179,7 @@ def test_clicking_a_heatmap_cell_outside_the_top_6_draws_that_heads_pattern(clic
                         renders: window.__props.length, id: last[0], props: last[1],
                         pick: document.getElementById('gna-head-pick').value};
             }""")
-            page.screenshot(path=str(shot), full_page=True)
+            page.screenshot(path=str(shot))
         finally:
             browser.close()
     assert not errors, errors
@@ -281,7 +281,7 @@ def test_clicking_an_edge_draws_both_patterns_and_a_node_its_head(graph_report):
         page.wait_for_function("document.getElementById('gna-head-detail').dataset.head !== undefined",
                                timeout=60_000)
         head = page.evaluate("document.getElementById('gna-head-detail').dataset.head")
-        page.screenshot(path=str(graph_report.parent / "graph.png"), full_page=True)
+        page.screenshot(path=str(graph_report.parent / "graph.png"))
     assert not errors, errors
     assert seen["edge"] == row["edge"] and f"{float(row['effect']):.3f}" in seen["text"]
     assert torch.allclose(torch.tensor(seen["s"]), want_s, atol=1e-6)
