@@ -10,7 +10,8 @@ the official template, SmolLM2 the completion template ``gna scan`` calibrates t
 output, metric: mean over prompts of the gold candidate's summed log-probability minus the best other candidate's.
 A head's drop is the intact metric minus the ablated one.
 
-Rows (each in a process of its own, ``benchmarks/peers_worker.py``, so that peak memory is the tool's):
+Rows (each in a process of its own, ``benchmarks/peers_worker.py``, so that peak memory is the tool's; with
+``--smallest`` the tools of one environment share one, which imports them once):
 
 - ``gna exact`` / ``gna auto``: :func:`gna_interp.circuits.scan_heads` (``strategy="exact"``, ``"auto"``);
 - ``TransformerLens plain``: the bridge's ``run_with_hooks`` with a ``hook_z`` hook, one forward per head over the
@@ -167,14 +168,23 @@ def export_task(model: Any, task: Any) -> list[dict]:
 
 def run_worker(python: Path, job: dict, tmp: Path, script: str = "peers_worker.py") -> dict:
     """One tool's scan in a fresh process; its JSON, or ``{"error": ...}``."""
-    path, out = tmp / f"{job['tool']}-job.json", tmp / f"{job['tool']}-out.json"
-    path.write_text(json.dumps(job))
-    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([str(python), str(HERE / script), str(path), str(out)], capture_output=True,
-                          text=True, env=env)
-    if done.returncode != 0:
-        return {"tool": job["tool"], "error": done.stderr.strip().splitlines()[-1][:300] if done.stderr else "failed"}
-    return json.loads(out.read_text())
+    return run_workers(python, [job], tmp, script)[0]
+
+
+def run_workers(python: Path, jobs: list[dict], tmp: Path, script: str = "peers_worker.py") -> list[dict]:
+    """The tools' scans one after the other in one fresh process; each one's JSON, or ``{"error": ...}`` for those
+    that wrote none (the process failed at or before them)."""
+    args = []
+    for job in jobs:
+        path, out = tmp / f"{job['tool']}-job.json", tmp / f"{job['tool']}-out.json"
+        path.write_text(json.dumps(job))
+        out.unlink(missing_ok=True)  # an earlier model's
+        args += [str(path), str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(jobs[0]["threads"]), "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([str(python), str(HERE / script), *args], capture_output=True, text=True, env=env)
+    error = done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else "failed"
+    return [json.loads(out.read_text()) if done.returncode == 0 or out.exists() else
+            {"tool": job["tool"], "error": error} for job, out in zip(jobs, map(Path, args[1::2]))]
 
 
 def run_ours(model: Any, task: Any, heads: list, strategy: str, batch: int) -> dict:
@@ -580,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-build", action="store_true", help="do not build the peers' or auto-circuit's environment")
     ap.add_argument("--smallest", action="store_true", help="seconds: the zoo transformer, 4 prompts, 3 pairs, "
                                                             "no environment built, no nnsight / pyvene plain loops, "
-                                                            "no auto-circuit, no edge left out")
+                                                            "no auto-circuit, no edge left out, each environment's "
+                                                            "tools one after another in one worker process")
     ap.add_argument("--markdown", nargs="?", const=str(HERE.parent / "docs" / "peers.md"), default=None,
                     help="write the table and notes as Markdown (default docs/peers.md)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
@@ -619,20 +630,28 @@ def main(argv: list[str] | None = None) -> int:
         site = model.head_site(heads[0])
         job = {"model_dir": model_dir(model), "samples": samples, "threads": args.threads, "device": args.device,
                "kind": heads[0].kind, "head_dim": site.stop - site.start, **sizes}
-        for tool in [t for t in tools if t != "patterns" and t not in EDGE_TOOLS]:
+        scans = [t for t in tools if t != "patterns" and t not in EDGE_TOOLS]
+        workers: dict[str, tuple[Path, dict]] = {}  # the tools run by a worker: its interpreter and its job
+        for tool in scans:
+            if not (name == "mamba2" and tool not in MAMBA_TOOLS) and (tool in TL_TOOLS or tool in PEER_TOOLS
+                                                                       and peer_py is not None):
+                hs = plain if tool.endswith("-plain") or tool == "tl-patching" else heads
+                workers[tool] = (Path(sys.executable) if tool in TL_TOOLS else peer_py,
+                                 {**job, "tool": tool, "heads": [[h.layer, h.head] for h in hs]})
+        shared: dict[str, dict] = {}
+        if args.smallest:  # each environment's tools in one process: its imports once
+            for py in dict.fromkeys(p for p, _ in workers.values()):
+                ts = [t for t, (p, _) in workers.items() if p == py]
+                shared.update(zip(ts, run_workers(py, [workers[t][1] for t in ts], tmp)))
+        for tool in scans:
             if name == "mamba2" and tool not in MAMBA_TOOLS:
                 r = {"tool": tool, "error": "not measured on Mamba-2 here (the plain forms show which tools hook it)"}
             elif tool.startswith("gna-"):
                 r = run_ours(model, task, heads, tool.split("-")[1], sizes["batch"])
-            elif tool in TL_TOOLS:
-                hs = plain if tool in ("tl-plain", "tl-patching") else heads
-                r = run_worker(Path(sys.executable), {**job, "tool": tool, "heads": [[h.layer, h.head] for h in hs]},
-                               tmp)
-            elif peer_py is None:
-                r = {"tool": tool, "error": why}
+            elif tool in workers:
+                r = shared[tool] if tool in shared else run_worker(*workers[tool], tmp)
             else:
-                hs = plain if tool.endswith("plain") else heads
-                r = run_worker(peer_py, {**job, "tool": tool, "heads": [[h.layer, h.head] for h in hs]}, tmp)
+                r = {"tool": tool, "error": why}
             if "drops" in r and not tool.startswith("gna-"):  # the workers name heads L{layer}H{head}
                 names = {f"L{h.layer}H{h.head}": h.name for h in model.heads()}
                 r["drops"] = {names.get(k, k): v for k, v in r["drops"].items()}

@@ -1,6 +1,6 @@
 """One peer tool's per-head ablation scan, in a process of its own (run by ``benchmarks/peers.py``).
 
-    python benchmarks/peers_worker.py JOB.json OUT.json
+    python benchmarks/peers_worker.py JOB.json OUT.json [JOB.json OUT.json ...]
 
 Imports no gna_interp: the tools that cannot share the project's environment run here from their own virtual
 environment, on a Hugging Face model folder and the task's token ids written by ``peers.py``. ``JOB.json`` holds
@@ -497,14 +497,15 @@ def run_pyvene(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str
 
 
 def serve(argv: list[str], run: Callable[[dict], dict]) -> int:
-    """A worker's life: read the job (``argv[0]``), set its threads, ``run`` it, and write what it returned, with
-    the timers, torch and Python versions, as JSON (``argv[1]``)."""
-    job = json.loads(open(argv[0]).read())
-    torch.set_num_threads(job["threads"])
-    out = {"tool": job["tool"], **run(job)}
-    out.update(**TIMER.stop(), torch=torch.__version__, python=sys.version.split()[0])
-    with open(argv[1], "w") as fh:
-        json.dump(out, fh)
+    """A worker's life: for each pair ``JOB.json OUT.json`` of ``argv`` in turn, read the job, set its threads,
+    ``run`` it, and write what it returned, with the timers, torch and Python versions, as JSON."""
+    for job_path, out_path in zip(argv[::2], argv[1::2]):
+        job = json.loads(open(job_path).read())
+        torch.set_num_threads(job["threads"])
+        out = {"tool": job["tool"], **run(job)}
+        out.update(**TIMER.stop(), torch=torch.__version__, python=sys.version.split()[0])
+        with open(out_path, "w") as fh:
+            json.dump(out, fh)
     return 0
 
 

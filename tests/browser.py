@@ -41,17 +41,18 @@ def graph_page(report: Path, errors: list[str]) -> Iterator[Any]:
             browser.close()
 
 
-def click_point(page: Any, trace: str, key: Any, until: str, tries: int = 3) -> None:
+def click_point(page: Any, trace: str, key: Any, until: str, waits_ms: tuple[int, ...] = (5_000, 30_000, 30_000)) -> None:
     """Click the point ``key`` of ``trace`` on the #gna-graph plot with the mouse until the JavaScript condition
-    ``until`` holds: the point is looked up again before each try, since a busy page may still be laying the plot
-    out (a scroll bar, a responsive resize) when the first click lands."""
-    for attempt in range(tries):
+    ``until`` holds, waiting ``waits_ms[i]`` after try ``i``: the point is looked up again before each try, since a
+    busy page may still be laying the plot out (a scroll bar, a responsive resize) when the first click lands, and a
+    click that missed shows within a moment (clicking a point again shows the same thing)."""
+    for attempt, wait in enumerate(waits_ms):
         page.evaluate("document.getElementById('gna-graph').scrollIntoView()")
         at = page.evaluate(GRAPH_POINT, [trace, key])
         page.mouse.click(at["x"], at["y"])
         try:
-            page.wait_for_function(until, timeout=30_000)
+            page.wait_for_function(until, timeout=wait)
             return
         except Exception:  # noqa: BLE001 -- playwright's TimeoutError: try again, the last time let it raise
-            if attempt == tries - 1:
+            if attempt == len(waits_ms) - 1:
                 raise

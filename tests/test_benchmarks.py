@@ -50,33 +50,82 @@ SMOKE = {  # each benchmark at its smallest: it starts, runs its comparison and 
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(SMOKE))
-def test_a_benchmark_runs_at_its_smallest(name, tmp_path):
+# Runs each job ``[name, script, args, folder]`` of ``argv[1]`` (JSON) as ``python script args`` in ``folder`` would,
+# in a process forked from this one once torch, transformers and TransformerLens are imported (their import is most
+# of a small benchmark's time); each one's output goes to ``folder/stdout`` and ``folder/stderr``, and the exit codes
+# are printed as JSON.
+FORKED = r"""
+import json, os, runpy, signal, sys, traceback
+import torch, transformers  # noqa: F401
+from transformer_lens.model_bridge import TransformerBridge  # noqa: F401
+codes = {}
+for name, script, args, folder in json.loads(sys.argv[1]):
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(600)
+        os.chdir(folder)
+        for fd, file in ((1, "stdout"), (2, "stderr")):
+            os.dup2(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.argv, sys.path[0] = [script, *args], os.path.dirname(script)
+        code = 0
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else (print(e.code, file=sys.stderr), 1)[1]
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    codes[name] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps(codes))
+"""
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
+    """``{name: (exit code, stdout, stderr)}`` of every benchmark of :data:`SMOKE`, each run as ``python
+    benchmarks/NAME ARGS`` in a folder of its own and a process of its own (forked after the heavy imports)."""
+    import json
     import os
-    import re
     import subprocess
     import sys
 
-    args, headline = SMOKE[name]
-    path = BENCHMARKS[0].parent / name.split(":")[0]
-    done = subprocess.run([sys.executable, str(path), *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600 if name == "peers.py" else 300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    jobs = []
+    for name, (args, _) in SMOKE.items():
+        folder = tmp_path_factory.mktemp(name.replace(":", "-"))
+        jobs.append([name, str(BENCHMARKS[0].parent / name.split(":")[0]), args, str(folder)])
+    done = subprocess.run([sys.executable, "-c", FORKED, json.dumps(jobs)], capture_output=True, text=True,
+                          timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert headline in done.stdout, done.stdout[-2000:]
+    codes = json.loads(done.stdout.splitlines()[-1])
+    return {name: (codes[name], (Path(folder) / "stdout").read_text(), (Path(folder) / "stderr").read_text())
+            for name, _, _, folder in jobs}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_a_benchmark_runs_at_its_smallest(name, smoke_runs):
+    import re
+
+    _, headline = SMOKE[name]
+    code, stdout, stderr = smoke_runs[name]
+    assert code == 0, stderr[-2000:]
+    assert headline in stdout, stdout[-2000:]
     if name == "peers.py":  # every tool that ran gives gna exact's drops; ours and TransformerLens's always run
-        lines = done.stdout.split("\n\n")[1].splitlines()
+        lines = stdout.split("\n\n")[1].splitlines()
         col = [c.strip() for c in lines[0].split("|")].index("max abs diff") - 1
         table = [line.split("|")[1:-1] for line in lines[2:]]
         ran = {cells[1].strip(): cells for cells in table if "not run" not in cells[col]}
         assert {"gna exact", "gna auto", "gna attribution", "TransformerLens run_with_hooks loop",
                 "TransformerLens best", "TransformerLens patching.generic_activation_patch",
                 "TransformerLens gradient attribution", "gna edge screen (EAP)",
-                "gna edge screen (EAP-IG)"} <= set(ran), done.stdout[-3000:]
-        assert all(float(cells[col]) < 1e-4 for cells in ran.values()), done.stdout[-3000:]
+                "gna edge screen (EAP-IG)"} <= set(ran), stdout[-3000:]
+        assert all(float(cells[col]) < 1e-4 for cells in ran.values()), stdout[-3000:]
     if name == "scan.py":  # the stacked exact scan equals the naive loops
-        diffs = re.search(r"max \|diff\| (\S+) \(scorer\), (\S+) \(full logits\)", done.stdout)
-        assert diffs is not None and max(float(diffs[1]), float(diffs[2])) < 1e-4, done.stdout[-2000:]
+        diffs = re.search(r"max \|diff\| (\S+) \(scorer\), (\S+) \(full logits\)", stdout)
+        assert diffs is not None and max(float(diffs[1]), float(diffs[2])) < 1e-4, stdout[-2000:]
 
 
 def _benchmark(name: str):

@@ -136,7 +136,7 @@ def test_a_closed_stdout_leaves_a_complete_run_folder(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "gna_interp", "scan", "--model", "zoo:transformer-kv",
-                             "--threads", "1", "--samples", "12", "--calibrate", "0", "--no-control", "--out", str(out)],
+                             "--threads", "1", "--samples", "12", "--calibrate", "0", "--no-control", "--no-png", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert proc.stdout is not None and proc.stdout.readline()
     proc.stdout.close()  # as head -1 does

@@ -158,8 +158,8 @@ def test_removing_a_head_in_the_browser_shows_the_ablated_accuracy(expected, tmp
             frame = page.wait_for_selector(".gna-explorer-patterns iframe", timeout=60_000)  # sent after the numbers
             assert frame.get_attribute("title") == f"patterns: {HEAD}"
             page.wait_for_timeout(1500)  # let circuitsvis draw before the screenshot
-            page.screenshot(path=str(tmp_path / "explorer.png"), full_page=True)
-            shot = os.environ.get("GNA_EXPLORER_SCREENSHOT")
+            shot = os.environ.get("GNA_EXPLORER_SCREENSHOT")  # the whole page when asked for; else the view
+            page.screenshot(path=str(tmp_path / "explorer.png"), full_page=bool(shot))
             if shot:
                 shutil.copy(tmp_path / "explorer.png", shot)
             browser.close()

@@ -210,7 +210,7 @@ def _check_export_shows_every_figure(nb, out: Path) -> None:
                           && gd.getBoundingClientRect().height > 100).length,
                 views: document.querySelectorAll('iframe.gna-view').length})""")
             defects = page.evaluate(PAGE_DEFECTS)
-            page.screenshot(path=str(shot), full_page=True)
+            page.screenshot(path=str(shot))
         finally:
             browser.close()
     print(f"{out.name}: {seen}; screenshot {shot}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.report import build_report
 from gna_interp.tasks import KVRetrieval
 from gna_interp.viz.html import display_tokens
-from browser import GRAPH_POINT, graph_page
+from browser import GRAPH_POINT
 from made_up import made_up_scan, write_scan_folder
 
 CHROMIUM = os.environ.get("GNA_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -107,85 +108,121 @@ def test_a_folder_without_all_head_patterns_still_renders_with_a_note(tiny_model
 
 
 @pytest.fixture(scope="module")
-def click_report(tiny_models, tmp_path_factory):
+def report(tiny_models, tmp_path_factory):
+    """The report the page tests open: a made-up circuit of the tiny Llama whose card tokens and role reasons try
+    to become markup, with a real edge table (path patching among its top 4 heads)."""
+    from gna_interp.circuits.causal import measure_edges
+    from made_up import made_up_circuit
+    from test_hostile import HOSTILE
+
     model = tiny_models["llama"]
-    folder = write_scan_folder(tmp_path_factory.mktemp("click") / "run", model, model.heads())
-    return build_report(folder, png=False)
+    circuit = made_up_circuit(model, model.heads())
+    circuit.roles["role_reason"] = [HOSTILE[i % len(HOSTILE)] for i in range(len(circuit.roles))]
+    for tokens in circuit.views.patterns.str_tokens:
+        tokens[:] = [HOSTILE[i % len(HOSTILE)] for i in range(len(tokens))]
+    circuit.edges = measure_edges(model, circuit.load_task(), circuit.heads[:4])
+    return build_report(circuit.save(tmp_path_factory.mktemp("report") / "run"), png=False)
 
 
-def test_the_report_embeds_the_click_data_once_as_inert_json(click_report):
-    html = click_report.read_text(encoding="utf-8")
+# an init script: every CircuitsVis.render call's arguments are kept in window.__props
+RECORD_RENDERS = """(() => { window.__props = []; let cv;
+  Object.defineProperty(window, 'CircuitsVis', {configurable: true, get() { return cv; }, set(v) {
+    cv = new Proxy(v, {get(t, k) { return k !== 'render' ? t[k]
+      : (id, el, props) => { window.__props.push([id, props]); return t.render(id, el, props); }; }}); }});
+})();"""
+
+
+@pytest.fixture(scope="module")
+def page(report):
+    """``report`` open in one Chromium page (1280 x 900) for the module's browser tests, each of which waits for
+    what its own action draws: ``errors`` (script errors), ``dialogs`` and ``requests`` collect what the page did,
+    ``at_load`` what it had drawn once loaded."""
+    if CHROMIUM is None:
+        pytest.skip("needs Debian's chromium (apt-get install chromium); .ci/run installs it")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    errors, dialogs, requests = [], [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            pg = browser.new_page(viewport={"width": 1280, "height": 900})
+            pg.add_init_script(RECORD_RENDERS)
+            pg.on("pageerror", lambda e: errors.append(str(e)))
+            pg.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            pg.on("request", lambda r: requests.append(r.url))
+            pg.goto(report.as_uri(), wait_until="load", timeout=120_000)
+            pg.wait_for_function("document.querySelector('#gna-heatmap .hm image') !== null"
+                                 " && typeof window.gnaShowHead === 'function'"
+                                 " && document.querySelector('#gna-graph .scatterlayer') !== null", timeout=120_000)
+            at_load = pg.evaluate("({renders: window.__props.length, "
+                                  "canvases: document.querySelectorAll('#gna-head-detail canvas').length})")
+            yield SimpleNamespace(page=pg, errors=errors, dialogs=dialogs, requests=requests, at_load=at_load)
+        finally:
+            browser.close()
+
+
+def test_the_report_embeds_the_click_data_once_as_inert_json(report):
+    html = report.read_text(encoding="utf-8")
     assert html.count('id="gna-head-data"') == 1 and html.count("var CircuitsVis") == 1
     assert html.count("* plotly.js v") == 1
     start = html.index('id="gna-head-data">') + len('id="gna-head-data">')
     data = json.loads(html[start:html.index("</script>", start)])
-    circuit = Circuit.load(click_report.parent)
+    circuit = Circuit.load(report.parent)
     assert set(data["rows"]) == {h.name for h in circuit.scan.heads} and len(data["stored"]) == 12
 
 
+# before an action that shows a head, the head box forgets which head it showed, so the wait sees the action's own
+FORGET_HEAD = "delete document.getElementById('gna-head-detail').dataset.head"
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
-def test_clicking_a_heatmap_cell_outside_the_top_6_draws_that_heads_pattern(click_report):
+def test_clicking_a_heatmap_cell_outside_the_top_6_draws_that_heads_pattern(report, page):
     """A real mouse click on the heatmap cell of a head ranked below 6 (no pattern of it anywhere else on the page)
     draws its circuitsvis pattern, decoded in the browser equal to views.pt's, with its name and numbers."""
-    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-    circuit = Circuit.load(click_report.parent)
+    circuit = Circuit.load(report.parent)
     frame = circuit.to_frame()
     row = frame[frame["rank"] == 9].iloc[0]
     name = str(row["name"])
     assert name not in {h.name for h in circuit.views.view}  # outside the top-6 pattern view
     every = circuit.views.all_heads
-    record = """(() => { window.__props = []; let cv;
-      Object.defineProperty(window, 'CircuitsVis', {configurable: true, get() { return cv; }, set(v) {
-        cv = new Proxy(v, {get(t, k) { return k !== 'render' ? t[k]
-          : (id, el, props) => { window.__props.push([id, props]); return t.render(id, el, props); }; }}); }});
-    })();"""
-    errors, requests = [], []
-    shot = click_report.parent / "click.png"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.add_init_script(record)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("request", lambda r: requests.append(r.url))
-            page.goto(click_report.as_uri(), wait_until="load", timeout=120_000)
-            page.wait_for_function("document.querySelector('#gna-heatmap .hm image') !== null", timeout=120_000)
-            assert page.evaluate("document.querySelectorAll('#gna-head-detail canvas').length") == 0
-            page.evaluate("document.getElementById('gna-heatmap').scrollIntoView()")
-            cell = page.evaluate("""(name) => {
-                const gd = document.getElementById('gna-heatmap');
-                for (let t = 0; t < gd.data.length; t++) {
-                  const names = gd.data[t].meta.names, tr = gd._fullData[t], fl = gd._fullLayout;
-                  const xa = fl['xaxis' + tr.xaxis.slice(1)], ya = fl['yaxis' + tr.yaxis.slice(1)];
-                  for (let y = 0; y < names.length; y++) for (let x = 0; x < names[y].length; x++)
-                    if (names[y][x] === name) {
-                      const box = gd.getBoundingClientRect();
-                      return {x: box.left + xa._offset + xa.d2p(x), y: box.top + ya._offset + ya.d2p(y)};
-                    }
-                }
-                return null; }""", name)
-            assert cell is not None, name
-            page.mouse.click(cell["x"], cell["y"])
-            page.wait_for_function("document.querySelectorAll('#gna-head-detail canvas').length >= 1", timeout=60_000)
-            page.wait_for_timeout(500)
-            seen = page.evaluate("""() => {
-                const box = document.getElementById('gna-head-detail');
-                const c = box.querySelector('canvas');
-                const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-                let inked = 0;
-                for (let i = 0; i < px.length; i += 4) if (px[i + 3] > 0 && (px[i] < 240 || px[i + 1] < 240)) inked++;
-                const last = window.__props[window.__props.length - 1];
-                return {head: box.dataset.head, text: box.innerText, inked, w: c.width, h: c.height,
-                        renders: window.__props.length, id: last[0], props: last[1],
-                        pick: document.getElementById('gna-head-pick').value};
-            }""")
-            page.screenshot(path=str(shot), full_page=True)
-        finally:
-            browser.close()
-    assert not errors, errors
-    assert all(u.startswith(("file:", "data:", "blob:", "about:")) for u in requests), requests
+    shot = report.parent / "click.png"
+    pg = page.page
+    assert page.at_load == {"renders": 1, "canvases": 0}  # the top-heads widget at load, no head shown yet
+    pg.evaluate("document.getElementById('gna-heatmap').scrollIntoView()")
+    cell = pg.evaluate("""(name) => {
+        const gd = document.getElementById('gna-heatmap');
+        for (let t = 0; t < gd.data.length; t++) {
+          const names = gd.data[t].meta.names, tr = gd._fullData[t], fl = gd._fullLayout;
+          const xa = fl['xaxis' + tr.xaxis.slice(1)], ya = fl['yaxis' + tr.yaxis.slice(1)];
+          for (let y = 0; y < names.length; y++) for (let x = 0; x < names[y].length; x++)
+            if (names[y][x] === name) {
+              const box = gd.getBoundingClientRect();
+              return {x: box.left + xa._offset + xa.d2p(x), y: box.top + ya._offset + ya.d2p(y)};
+            }
+        }
+        return null; }""", name)
+    assert cell is not None, name
+    before = pg.evaluate(f"{FORGET_HEAD}; window.__props.length")
+    pg.mouse.click(cell["x"], cell["y"])
+    pg.wait_for_function("(n) => document.getElementById('gna-head-detail').dataset.head === n"
+                         " && document.querySelectorAll('#gna-head-detail canvas').length >= 1", arg=name,
+                         timeout=60_000)
+    pg.wait_for_timeout(500)
+    seen = pg.evaluate("""() => {
+        const box = document.getElementById('gna-head-detail');
+        const c = box.querySelector('canvas');
+        const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let inked = 0;
+        for (let i = 0; i < px.length; i += 4) if (px[i + 3] > 0 && (px[i] < 240 || px[i + 1] < 240)) inked++;
+        const last = window.__props[window.__props.length - 1];
+        return {head: box.dataset.head, text: box.innerText, inked, w: c.width, h: c.height,
+                renders: window.__props.length, id: last[0], props: last[1],
+                pick: document.getElementById('gna-head-pick').value};
+    }""")
+    pg.screenshot(path=str(shot))
+    assert not page.errors, page.errors
+    assert all(u.startswith(("file:", "data:", "blob:", "about:")) for u in page.requests), page.requests
     assert seen["head"] == name == seen["pick"] and seen["id"].startswith("gna-head-pattern-")
-    assert seen["renders"] == 2  # the top-heads widget at load, then the click
+    assert seen["renders"] == before + 1  # the click drew one pattern
     text = seen["text"]
     assert name in text and "(rank 9 of 12)" in text and "95% interval" in text and "role" in text
     assert f"{row['drop']:.4g}"[:5] in text
@@ -197,65 +234,36 @@ def test_clicking_a_heatmap_cell_outside_the_top_6_draws_that_heads_pattern(clic
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
-def test_every_head_shows_with_hostile_tokens_and_reasons_as_text_only(tiny_models, tmp_path):
+def test_every_head_shows_with_hostile_tokens_and_reasons_as_text_only(report, page):
     """Each head of the page, shown in turn, draws its pattern; tokens and role reasons that try to become markup
     reach circuitsvis unchanged and the detail box as text, and run nothing."""
-    from made_up import made_up_circuit
     from test_hostile import HOSTILE
 
-    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-    model = tiny_models["llama"]
-    circuit = made_up_circuit(model, model.heads())
-    circuit.roles["role_reason"] = [HOSTILE[i % len(HOSTILE)] for i in range(len(circuit.roles))]
-    for tokens in circuit.views.patterns.str_tokens:
-        tokens[:] = [HOSTILE[i % len(HOSTILE)] for i in range(len(tokens))]
-    folder = circuit.save(tmp_path / "run")
-    report = build_report(folder, png=False)
-    names = [h.name for h in circuit.scan.heads]
-    errors, dialogs = [], []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-            page.goto(report.as_uri(), wait_until="load", timeout=120_000)
-            page.wait_for_function("typeof window.gnaShowHead === 'function'", timeout=60_000)
-            shown = []
-            for name in names:
-                page.evaluate("(n) => window.gnaShowHead(n)", name)
-                page.wait_for_function("document.querySelector('#gna-head-detail canvas') !== null", timeout=30_000)
-                shown.append(page.evaluate("""() => { const b = document.getElementById('gna-head-detail');
-                    return [b.dataset.head, b.querySelector('h3').textContent, b.innerText]; }"""))
-            page.wait_for_timeout(300)
-            pwned = page.evaluate("window.__pwned === undefined ? null : String(window.__pwned)")
-            injected = page.evaluate("document.querySelectorAll('img, [onload], [onerror]').length")
-        finally:
-            browser.close()
-    assert not errors and pwned is None and not dialogs and injected == 0, (errors, pwned, dialogs)
+    names = [h.name for h in Circuit.load(report.parent).scan.heads]
+    pg = page.page
+    shown = []
+    for name in names:
+        pg.evaluate(FORGET_HEAD)
+        pg.evaluate("(n) => window.gnaShowHead(n)", name)
+        pg.wait_for_function("(n) => document.getElementById('gna-head-detail').dataset.head === n"
+                             " && document.querySelector('#gna-head-detail canvas') !== null", arg=name,
+                             timeout=30_000)
+        shown.append(pg.evaluate("""() => { const b = document.getElementById('gna-head-detail');
+            return [b.dataset.head, b.querySelector('h3').textContent, b.innerText]; }"""))
+    pg.wait_for_timeout(300)
+    pwned = pg.evaluate("window.__pwned === undefined ? null : String(window.__pwned)")
+    injected = pg.evaluate("document.querySelectorAll('img, [onload], [onerror]').length")
+    assert not page.errors and pwned is None and not page.dialogs and injected == 0, (page.errors, pwned, page.dialogs)
     assert [s[0] for s in shown] == names and all(s[1].startswith(n) for s, n in zip(shown, names))
     assert any(HOSTILE[0] in s[2] for s in shown)  # a reason shown literally, as text
 
 
-@pytest.fixture(scope="module")
-def graph_report(tiny_models, tmp_path_factory):
-    """A report whose circuit carries a real edge table (path patching among the tiny Llama's top 4 heads)."""
-    from gna_interp.circuits.causal import measure_edges
-    from made_up import made_up_circuit
-
-    model = tiny_models["llama"]
-    circuit = made_up_circuit(model, model.heads())
-    circuit.edges = measure_edges(model, circuit.load_task(), circuit.heads[:4])
-    folder = circuit.save(tmp_path_factory.mktemp("graph") / "run")
-    return build_report(folder, png=False)
-
-
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
-def test_clicking_an_edge_draws_both_patterns_and_a_node_its_head(graph_report):
+def test_clicking_an_edge_draws_both_patterns_and_a_node_its_head(report, page):
     """Real mouse clicks on the circuit graph: an edge's marker draws the sender's pattern at the edge's positions on
     the card sample (equal to views.pt's, decoded in the browser) beside the receiver's row at the decision position; a node
     shows that head in the head box."""
-    circuit = Circuit.load(graph_report.parent)
+    circuit = Circuit.load(report.parent)
     edges = circuit.edges
     drawn = edges[(edges["receiver"] != "logits") & (edges["effect"] > 0)]  # edges with a positive effect are drawn
     assert len(drawn), edges
@@ -266,33 +274,32 @@ def test_clicking_an_edge_draws_both_patterns_and_a_node_its_head(graph_report):
             "decision": list(range(seg.final, seg.n_tokens))}[row["positions"]]
     want_s = every.decode([row["sender"]])[0][rows]
     want_r = every.decode([row["receiver"]])[0][seg.final]
-    errors = []
-    with graph_page(graph_report, errors) as page:
-        at = page.evaluate(GRAPH_POINT, ["edges", target])
-        page.mouse.click(at["x"], at["y"])
-        page.wait_for_function("document.querySelectorAll('#gna-edge-detail .js-plotly-plot').length >= 1",
-                               timeout=60_000)
-        seen = page.evaluate("""() => {
-            const box = document.getElementById('gna-edge-detail');
-            const s = document.getElementById('gna-edge-sender'), r = document.getElementById('gna-edge-receiver');
-            return {edge: box.dataset.edge, text: box.innerText, s: s.data[0].z, r: r.data ? r.data[0].z : null}; }""")
-        at = page.evaluate(GRAPH_POINT, ["heads", str(row["receiver"])])
-        page.mouse.click(at["x"], at["y"])
-        page.wait_for_function("document.getElementById('gna-head-detail').dataset.head !== undefined",
-                               timeout=60_000)
-        head = page.evaluate("document.getElementById('gna-head-detail').dataset.head")
-        page.screenshot(path=str(graph_report.parent / "graph.png"), full_page=True)
-    assert not errors, errors
+    pg = page.page
+    pg.evaluate("document.getElementById('gna-graph').scrollIntoView()")
+    at = pg.evaluate(GRAPH_POINT, ["edges", target])
+    pg.mouse.click(at["x"], at["y"])
+    pg.wait_for_function("document.querySelectorAll('#gna-edge-detail .js-plotly-plot').length >= 1", timeout=60_000)
+    seen = pg.evaluate("""() => {
+        const box = document.getElementById('gna-edge-detail');
+        const s = document.getElementById('gna-edge-sender'), r = document.getElementById('gna-edge-receiver');
+        return {edge: box.dataset.edge, text: box.innerText, s: s.data[0].z, r: r.data ? r.data[0].z : null}; }""")
+    at = pg.evaluate(GRAPH_POINT, ["heads", str(row["receiver"])])
+    pg.evaluate(FORGET_HEAD)
+    pg.mouse.click(at["x"], at["y"])
+    pg.wait_for_function("document.getElementById('gna-head-detail').dataset.head !== undefined", timeout=60_000)
+    head = pg.evaluate("document.getElementById('gna-head-detail').dataset.head")
+    pg.screenshot(path=str(report.parent / "graph.png"))
+    assert not page.errors, page.errors
     assert seen["edge"] == row["edge"] and f"{float(row['effect']):.3f}" in seen["text"]
     assert torch.allclose(torch.tensor(seen["s"]), want_s, atol=1e-6)
     assert seen["r"] is not None and torch.allclose(torch.tensor(seen["r"][0]), want_r, atol=1e-6)
     assert head == row["receiver"]
 
 
-def test_circuit_graph_displays_itself_and_says_when_there_are_no_edges(graph_report):
+def test_circuit_graph_displays_itself_and_says_when_there_are_no_edges(report):
     from gna_interp.viz import circuit_graph
 
-    circuit = Circuit.load(graph_report.parent)
+    circuit = Circuit.load(report.parent)
     view = circuit_graph(circuit)
     page = view.page()
     assert page.count('id="gna-graph-data"') == 1 and page.count('id="gna-head-data"') == 1

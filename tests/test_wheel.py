@@ -138,7 +138,7 @@ def test_the_wheel_holds_the_package_data(installed: Installed):
 
 def test_gna_scan_runs_from_the_wheel(installed: Installed):
     out, _ = _run(installed, "scan", "--model", "zoo:transformer-kv", "--samples", "8", "--top-k", "2", "--seeds",
-                  "1", "--out", "scan")
+                  "1", "--no-png", "--out", "scan")
     folder = installed.work / "scan"
     for f in ("circuit.json", "scan.csv", "summary.md", "report.html"):
         assert (folder / f).is_file(), (f, out[-2000:])

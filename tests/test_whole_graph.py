@@ -151,12 +151,12 @@ def test_clicks_on_the_whole_graph_show_edges_heads_and_mlps(zoo_whole):
         click_point(page, "edges", target, "document.querySelectorAll('#gna-edge-detail .js-plotly-plot').length >= 2")
         edge = page.evaluate("[document.getElementById('gna-edge-detail').dataset.edge, "
                              "document.getElementById('gna-edge-detail').innerText]")
-        page.screenshot(path=str(zoo_whole / "whole_edge.png"), full_page=True)
+        page.screenshot(path=str(zoo_whole / "whole_edge.png"))
         click_point(page, "nodes", "MLP0", "document.getElementById('gna-edge-detail').dataset.node === 'MLP0'")
         mlp = page.evaluate("document.getElementById('gna-edge-detail').innerText")
         click_point(page, "heads", e.receiver, "document.getElementById('gna-head-detail').dataset.head !== undefined")
         head = page.evaluate("document.getElementById('gna-head-detail').dataset.head")
-        page.screenshot(path=str(zoo_whole / "whole_graph.png"), full_page=True)
+        page.screenshot(path=str(zoo_whole / "whole_graph.png"))
     assert not errors, errors
     assert edge[0] == e.name and "0.990" in edge[1] and "0.700 to 1.290" in edge[1]
     assert "into MLP0 (1)" in mlp and "out of MLP0 (1)" in mlp and "screened only: screen score 0.200" in mlp
