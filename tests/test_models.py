@@ -176,6 +176,36 @@ def test_gguf_without_a_model(tmp_path, monkeypatch):
         load_model(path)
 
 
+def test_two_processes_asking_for_one_gguf_convert_it_once(tmp_path, monkeypatch):
+    """The second caller waits on the entry's lock and reads the folder the first one wrote (threads hold separate
+    OS locks on the lock file, as processes do)."""
+    import threading
+    import time
+
+    monkeypatch.setenv("GNA_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + b"\0" * 64)
+    spans = []
+
+    def convert(p, target):
+        start = time.monotonic()
+        time.sleep(0.5)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "config.json").write_text("{}")
+        spans.append((start, time.monotonic()))
+
+    monkeypatch.setattr(loading, "_convert_into", convert)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(loading.convert_gguf(path))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(spans) == 1 and len(got) == 2 and got[0] == got[1] and (got[0] / "config.json").is_file()
+    loading.convert_gguf(path, refresh=True)  # refresh converts again, under the same lock
+    assert len(spans) == 2 and spans[1][0] >= spans[0][1]
+
+
 def test_unsupported_architecture(tmp_path):
     from transformers import BioGptConfig, BioGptForCausalLM
 

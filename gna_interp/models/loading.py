@@ -338,7 +338,9 @@ def _check_gguf_has_model(path: Path) -> None:
 def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     """Dequantise a `.gguf` file into a cached Hugging Face directory and return that directory.
 
-    The cache key covers the file's path, size and mtime; a second call returns at once.
+    The cache key covers the file's path, size and mtime; a second call returns at once. One process converts a
+    file at a time (a lock file beside the cache entry): another that asks meanwhile waits, then reads the same
+    folder, instead of converting the file again.
     """
     path = Path(path)
     with open(path, "rb") as fh:
@@ -349,6 +351,16 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     if (target / HF_CONFIG).is_file() and not refresh:
         return target
     _check_cache_writable(target.parent)
+    from filelock import FileLock
+
+    with FileLock(f"{target}.lock"):
+        if refresh or not (target / HF_CONFIG).is_file():  # not converted while this process waited
+            _convert_into(path, target)
+    return target
+
+
+def _convert_into(path: Path, target: Path) -> None:
+    """Dequantise the GGUF file ``path`` into the folder ``target`` (written whole, then moved into place)."""
     _check_gguf_has_model(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -380,7 +392,6 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def load_model(spec: str | os.PathLike | torch.nn.Module, tokenizer: Any = None, *,
