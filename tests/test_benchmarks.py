@@ -71,7 +71,11 @@ for name, script, args, folder in json.loads(sys.argv[1]):
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 0 if e.code is None else (print(e.code, file=sys.stderr), 1)[1]
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:  # sys.exit("message"): Python prints it and exits 1
+                print(e.code, file=sys.stderr)
+                code = 1
         except BaseException:
             traceback.print_exc()
             code = 1

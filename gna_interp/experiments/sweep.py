@@ -210,7 +210,6 @@ class Sweep(ExperimentResult, format=NAME):
     single: dict[str, HeadRef] = field(default_factory=dict)
     per_sample: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
-
     @property
     def k(self) -> int:
         """Heads removed together in the ``topk`` and ``random`` conditions."""
