@@ -96,7 +96,7 @@ def test_the_engine_keeps_what_it_learns_on_the_model(tiny_dirs):
     assert model.facts == {}
     runner = SetAblation(model, gna.KVRetrieval(n_pairs=3, n_samples=4, seed=0), batch_size=2)
     runner.run(["L0H0"])
-    assert runner.fast and model.facts[VERIFIED] and unembed.BLOCKWISE in model.facts
+    assert runner.fast and model.facts[VERIFIED] and model.facts[unembed.HEAD].blockwise is True
     assert other.facts == {}
 
 

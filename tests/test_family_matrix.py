@@ -150,16 +150,17 @@ def test_blockwise_head_log_probs_equal_hugging_face(fam, built, monkeypatch):
 
     b = built(fam)
     monkeypatch.setitem(head_mod.VOCAB_BLOCK, "cpu", 7)
-    monkeypatch.delitem(b.model.facts, head_mod.BLOCKWISE, raising=False)
+    monkeypatch.delitem(b.model.facts, head_mod.HEAD, raising=False)
     want = torch.log_softmax(b.hf_logits()[0], -1)
     _, cache = b.model.run_with_cache(b.batch, names_filter=lambda n: n == b.model.FINAL_NORM_INPUT)
     resid = cache[b.model.FINAL_NORM_INPUT][0]
     at = torch.arange(resid.shape[0]).repeat_interleave(2)
     tokens = torch.stack([b.batch.ids[0], torch.full_like(b.batch.ids[0], want.shape[-1] - 1)], 1).reshape(-1)
-    got = head_mod.head_logprobs(b.model, resid, tokens, at)
+    head = head_mod.output_head(b.model)
+    got = head_mod.head_logprobs(head, resid, tokens, at)
     err = (got - want[at, tokens]).abs().max().item()
-    assert err <= 1e-5 * max(1.0, b.hf_logits().abs().max().item()), (fam.key, b.model.facts[head_mod.BLOCKWISE], err)
-    monkeypatch.delitem(b.model.facts, head_mod.BLOCKWISE)
+    assert err <= 1e-5 * max(1.0, b.hf_logits().abs().max().item()), (fam.key, head.blockwise, err)
+    monkeypatch.delitem(b.model.facts, head_mod.HEAD)
 
 
 def _hf_twin(b: Built, path: str) -> torch.nn.Module:

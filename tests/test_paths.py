@@ -150,6 +150,7 @@ def _ssm2_by_hand(model, layer_mod, x_by_input, x_clean, head):
     return z[None, :, h * hd:(h + 1) * hd]
 
 
+@torch.no_grad()
 def _brute(model, pp, chunk, edges):
     """Read log-probs of ``chunk`` (one unpadded row) with ``edges`` removed, by hand: the receivers' outputs
     recomputed from the residual minus the senders' writes and put into a plain HF forward."""

@@ -9,7 +9,7 @@ import torch
 
 from gna_interp import load_model
 from gna_interp.engine import unembed as head_mod
-from gna_interp.engine.unembed import head_logprobs
+from gna_interp.engine.unembed import head_logprobs, output_head
 
 
 def _reads(model, n_tokens: int = 40):
@@ -36,12 +36,13 @@ def test_blockwise_log_probs_equal_the_full_head(tiny_dirs, monkeypatch, block, 
     monkeypatch.setitem(head_mod.VOCAB_BLOCK, "cpu", block)  # blocks that split the tiny vocabulary unevenly
     monkeypatch.setitem(head_mod.HEAD_VALUES, "cpu", values)
     resid, tokens, at, want = _reads(model)
-    got = head_logprobs(model, resid, tokens, at)
-    assert model.facts[head_mod.BLOCKWISE] is True
+    head = output_head(model)
+    got = head_logprobs(head, resid, tokens, at)
+    assert head.blockwise is True and output_head(model) is head
     torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
     # without ``inverse``: one read per row
-    torch.testing.assert_close(head_logprobs(model, resid[at], tokens), want, atol=2e-6, rtol=0)
-    assert head_logprobs(model, resid[:0], tokens[:0]).shape == (0,)
+    torch.testing.assert_close(head_logprobs(head, resid[at], tokens), want, atol=2e-6, rtol=0)
+    assert head_logprobs(head, resid[:0], tokens[:0]).shape == (0,)
 
 
 def test_a_head_the_blocks_do_not_reproduce_is_read_in_full(tiny_dirs, monkeypatch):
@@ -54,11 +55,12 @@ def test_a_head_the_blocks_do_not_reproduce_is_read_in_full(tiny_dirs, monkeypat
                         raising=False)
     resid, tokens, at, _ = _reads(model)
     want = torch.log_softmax(model.unembed(resid[None])[0].float(), -1)[at, tokens]
-    blocks = head_mod._blockwise(model.final_norm(resid[None])[0], *head_mod._output_layer(model),
-                                 model.output_transform, tokens, at)
+    head = output_head(model)
+    blocks = head_mod._blockwise(model.final_norm(resid[None])[0], *head.output_layer(), model.output_transform,
+                                 tokens, at)
     assert not torch.allclose(blocks, want, atol=1e-3)
-    got = head_logprobs(model, resid, tokens, at)
-    assert model.facts[head_mod.BLOCKWISE] is False
+    got = head_logprobs(head, resid, tokens, at)
+    assert head.blockwise is False
     torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
 
 
@@ -88,8 +90,9 @@ def test_blockwise_gradient_equals_the_full_heads(tiny_dirs, monkeypatch, block,
     weights = torch.linspace(-1.0, 2.0, tokens.shape[0])
     want, want_grad = _plain_grad(model, resid, tokens, at, weights)
     x = resid.detach().clone().requires_grad_(True)
-    got = head_logprobs_grad(model, x, tokens, at)
-    assert model.facts[head_mod.BLOCKWISE] is True
+    head = output_head(model)
+    got = head_logprobs_grad(head, x, tokens, at)
+    assert head.blockwise is True
     (grad,) = torch.autograd.grad((got * weights).sum(), x)
     torch.testing.assert_close(got.detach(), want, atol=2e-6, rtol=0)
     torch.testing.assert_close(grad, want_grad, atol=1e-5, rtol=1e-4)

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from gna_interp.circuits.paths import LOGITS, PathPatcher, linear_write, read_block
 from gna_interp.circuits.whole_circuit import EMBED
-from gna_interp.engine.unembed import head_logprobs
+from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import replay
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
@@ -425,7 +425,7 @@ class EdgeCircuit:
         rows, pos, inverse = chunk.reads
         rows, pos = rows.to(x.device), pos.to(x.device)
         final = self._stream(keep.get(LOGITS), base, buf[:filled], classes, x)
-        return head_logprobs(model, final[rows, pos], chunk.read_tok, inverse.to(x.device))
+        return head_logprobs(output_head(model), final[rows, pos], chunk.read_tok, inverse.to(x.device))
 
     @torch.no_grad()
     def run(self, sets: Sequence[Collection[Wire]]) -> list[CandidateScores]:

@@ -59,7 +59,7 @@ from torch import Tensor
 
 from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.circuits.whole_circuit import LOGITS
-from gna_interp.engine.unembed import head_logprobs
+from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import KeyValues, PlanRunner, Prefix, replay
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
 from gna_interp.constants import PATH_EFFECTS_JSON
@@ -578,7 +578,7 @@ class PathPatcher(PlanRunner):
             sels.append(sel)
         n_at = rows.shape[0]
         inverse = inverse.to(final.device)
-        logp = head_logprobs(model, torch.cat(sels), chunk.read_tok.repeat(len(sets)),
+        logp = head_logprobs(output_head(model), torch.cat(sels), chunk.read_tok.repeat(len(sets)),
                              torch.cat([inverse + g * n_at for g in range(len(sets))]))
         return list(logp.split(chunk.read_tok.shape[0]))
 

@@ -10,7 +10,7 @@ A task (``gna_interp.tasks``) gives samples; the engine turns them into a plan a
   :func:`~gna_interp.engine.forward.read_chunks` and the :class:`ScoreTable` every runner fills;
 - :mod:`gna_interp.engine.unembed`: the language-model head (final norm and unembedding) at the read positions,
   ``log p(token)`` from the unembedding run in vocabulary blocks (no ``reads x vocabulary`` logits), checked once per
-  model against the full head;
+  model against the full head; the read-out takes the head as a value (:class:`~gna_interp.engine.unembed.OutputHead`);
 - :mod:`gna_interp.engine.metrics`: what a score means (logit difference, accuracy, log-probability);
 - :mod:`gna_interp.engine.replay`: clean prefixes captured once per chunk (shared by every stage of a run), stacked
   replays of the blocks after the earliest removed head, nested sets replayed from the heads they add,

@@ -31,7 +31,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.engine.unembed import at_reads, head_logprobs_grad
+from gna_interp.engine.unembed import at_reads, head_logprobs_grad, output_head
 from gna_interp.engine.replay import Prefixes, recording
 from gna_interp.interventions.ablation import Replacement, flat_channels
 from gna_interp.models.model import Model
@@ -131,7 +131,7 @@ def _read(model: Model, chunk: Chunk, hooks: list[tuple[str, Callable[..., Tenso
     rows, pos, inverse = chunk.reads
     hidden = model.final_residual(chunk.batch, hooks, grad=True)
     if hidden is not None:
-        return head_logprobs_grad(model, at_reads(hidden, rows, pos), chunk.read_tok, inverse)
+        return head_logprobs_grad(output_head(model), at_reads(hidden, rows, pos), chunk.read_tok, inverse)
     return read_logprobs(model.read_logits(chunk.batch, rows, pos, hooks, grad=True), chunk.read_tok, inverse)
 
 

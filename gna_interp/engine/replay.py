@@ -35,7 +35,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
-from gna_interp.engine.unembed import at_reads, final_logits, head_logprobs, logit_atol
+from gna_interp.engine.unembed import at_reads, final_logits, head_logprobs, logit_atol, output_head
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import (AblationMethod, HeadAblation, Replacement, ablation_hooks, check_method,
                                               replacements, stacked_ablation_hooks)
@@ -145,7 +145,7 @@ def capture(model: Model, batch: TokenBatch, reads: tuple[Tensor | None, ...] | 
             rows, pos, inverse = reads
             hidden = model.final_residual(batch) if tokens is not None else None
             if hidden is not None:
-                logprobs = head_logprobs(model, at_reads(hidden, rows, pos), tokens, inverse)
+                logprobs = head_logprobs(output_head(model), at_reads(hidden, rows, pos), tokens, inverse)
             else:
                 logits = model.read_logits(batch, rows, pos)
                 if tokens is not None:  # a model without a hook before its final norm: its own logits
@@ -344,7 +344,7 @@ def verify_replay(model: Model, batch: TokenBatch, rows: Int[Tensor, " n"], pos:
         atol = logit_atol(model.dtype, want.abs().max().item())
     worst = 0.0
     for c in range(2):
-        got = final_logits(model, hidden, rows + c * b, pos).float()
+        got = final_logits(output_head(model), hidden, rows + c * b, pos).float()
         worst = max(worst, (got - want).abs().max().item())
     if not worst <= atol:
         raise ReplayMismatch(
@@ -502,7 +502,7 @@ def replay_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Seq
                 x = replay(model, prefix, a, copies=copies, hidden=x, stop=z)
         assert x is not None
         rows, pos, inverse = chunk.stacked_reads(n)
-        logp = head_logprobs(model, at_reads(x, rows, pos), chunk.read_tok.repeat(n), inverse)
+        logp = head_logprobs(output_head(model), at_reads(x, rows, pos), chunk.read_tok.repeat(n), inverse)
         per = logp.shape[0] // n
         for k, g in enumerate(live):
             tables[g].add(chunk, logp[k * per:(k + 1) * per])
@@ -547,7 +547,7 @@ def nested_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Seq
                         x = replay(model, prefix, a, hidden=x, stop=b)
                         if b < n_layers:
                             state[b] = x
-                logp = head_logprobs(model, at_reads(x, rows, pos), chunk.read_tok, inverse)
+                logp = head_logprobs(output_head(model), at_reads(x, rows, pos), chunk.read_tok, inverse)
             tables[k].add(chunk, logp)
     return [t.result() for t in tables]
 
@@ -575,7 +575,7 @@ def added_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, base: Sequ
                     x = replay(model, prefix, a, hidden=x, stop=b)
                     if b < n_layers:
                         state[b] = x
-            logp = head_logprobs(model, at_reads(x, rows, pos), chunk.read_tok, inverse)
+            logp = head_logprobs(output_head(model), at_reads(x, rows, pos), chunk.read_tok, inverse)
         else:
             logp = _clean_logprobs(prefix, chunk)
         tables[0].add(chunk, logp)
@@ -584,7 +584,7 @@ def added_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, base: Sequ
             x = state[start] if start in state else prefix.hidden(start)  # below the base: the clean stream
             with model.hooks(ablation_hooks([*base, extra])):
                 x = replay(model, prefix, start, hidden=x)
-            tables[k].add(chunk, head_logprobs(model, at_reads(x, rows, pos), chunk.read_tok, inverse))
+            tables[k].add(chunk, head_logprobs(output_head(model), at_reads(x, rows, pos), chunk.read_tok, inverse))
     return [t.result() for t in tables]
 
 

@@ -10,7 +10,8 @@ many positions are read -- every position of a paragraph, for stacked copies -- 
 which scores full logits (the clean forward's), so a replay's scores and the clean ones differ only by the logits'
 own rounding. It equals ``read_logprobs(final_logits(...))`` at the reads, which :func:`head_logprobs` checks once
 per model on a probe (a head the blocks do not reproduce -- a transform that is not elementwise, an
-output layer that is not a plain linear map -- is then read in full, as before).
+output layer that is not a plain linear map -- is then read in full). A model's head reaches these functions as
+an :class:`OutputHead` (:func:`output_head`), which holds what they use of the model and keeps the checks' answers.
 
 :func:`head_logprobs_grad` is the same computation for a pass that differentiates it (attribution): its backward
 never touches the vocabulary. The gradient of ``log p(t) = l_t - logsumexp(l)`` with respect to the normed residual
@@ -22,7 +23,7 @@ the backward is an ``n x d_model`` gather, with no ``reads x vocabulary`` matrix
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -30,8 +31,9 @@ from torch import Tensor
 
 from gna_interp.models.model import Model
 
-__all__ = ["HEAD_VALUES", "VOCAB_BLOCK", "at_reads", "combine_lse", "final_logits", "head_logprobs", "head_logprobs_grad",
-           "log_normaliser", "log_softmax_rows", "logit_atol", "read_logprobs", "row_pieces", "row_step", "vocab_step"]
+__all__ = ["HEAD_VALUES", "VOCAB_BLOCK", "OutputHead", "at_reads", "combine_lse", "final_logits", "head_logprobs",
+           "head_logprobs_grad", "log_normaliser", "log_softmax_rows", "logit_atol", "output_head", "read_logprobs",
+           "row_pieces", "row_step", "vocab_step"]
 
 VOCAB_BLOCK: dict[str, int] = {"cpu": 2048}  # vocabulary columns per log-sum-exp block, by device type (else 32768)
 
@@ -95,9 +97,6 @@ def log_softmax_rows(logits: Float[Tensor, "n vocab"]) -> Float[Tensor, "n vocab
     return (logits.double() - log_normaliser(logits)[:, None]).float()
 
 
-BLOCKWISE = "unembed.blockwise"  # Model.facts key: whether the head reads in vocabulary blocks
-
-
 def logit_atol(dtype: torch.dtype, scale: float) -> float:
     """Largest logit (or log-probability) deviation accepted between two ways of computing the same head output for
     a model in ``dtype`` whose largest logit is ``scale``: ``1e-3`` in float32; in half precision the larger of that
@@ -115,10 +114,82 @@ def at_reads(hidden: Float[Tensor, "rows pos d_model"], rows: Int[Tensor, " n"],
     return hidden[rows.to(hidden.device), pos.to(hidden.device)]
 
 
-def final_logits(model: Model, hidden: Float[Tensor, "rows pos d_model"], rows: Int[Tensor, " n"],
+class OutputHead:
+    """One model's language-model head as the read-outs take it: the final norm (:meth:`Model.final_norm
+    <gna_interp.models.model.Model.final_norm>`), the full head (:meth:`Model.unembed
+    <gna_interp.models.model.Model.unembed>`), the output layer whose weight and bias the blocks slice, the family's
+    output transform, and two facts checked once, on first use: whether the blocks reproduce the full head
+    (:meth:`normed`) and whether the transform leaves logits unchanged (:meth:`active_transform`). Get it with
+    :func:`output_head`, which keeps one per model on the model."""
+
+    def __init__(self, model: Model) -> None:
+        self.norm: Callable[[Tensor], Tensor] = model.final_norm
+        self.logits: Callable[[Tensor], Tensor] = model.unembed
+        self.hf_model = model.hf_model
+        self.transform: Callable[[Tensor], Tensor] | None = model.output_transform
+        self.dtype = model.dtype
+        self.d_vocab = model.d_vocab
+        self.blockwise: bool | None = None  # the blocks reproduce the full head (None: not yet checked)
+        self.identity: bool | None = None  # the transform leaves logits unchanged (None: not yet checked)
+
+    def output_layer(self) -> tuple[Float[Tensor, "vocab d_model"], Tensor | None]:
+        """The weight and the bias (None without one) of the output layer, which :func:`_blockwise` slices."""
+        layer = self.hf_model.get_output_embeddings()
+        return layer.weight, getattr(layer, "bias", None)
+
+    def normed(self, resid: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_model"] | None:
+        """``resid`` through the final norm, what :func:`_blockwise` reads, or None where the blocks do not reproduce
+        the full head (its logits are then read in full, :func:`_full`). Whether they do is checked once
+        (:meth:`reproduces`, on two of ``resid``'s rows, without gradients); the final norm keeps the caller's."""
+        normed = self.norm(resid[None])[0]
+        if self.blockwise is None:
+            with torch.no_grad():
+                try:
+                    self.blockwise = self.reproduces(self.logits(resid[None, :2])[0].float(), normed[:2])
+                except (AttributeError, TypeError, RuntimeError, IndexError):
+                    self.blockwise = False  # an output layer without a plain weight (or bias) to slice
+        return normed if self.blockwise else None
+
+    def reproduces(self, full: Float[Tensor, "n vocab"], normed: Float[Tensor, "n d_model"]) -> bool:
+        """Whether :func:`_blockwise` of ``normed`` gives what the full head's logits there, ``full``, give: the same
+        vocabulary, and the log-probabilities of the first, last and a spread of tokens within :func:`logit_atol`."""
+        weight, bias = self.output_layer()
+        vocab = weight.shape[0]
+        tokens = torch.linspace(0, vocab - 1, 64, device=normed.device).long()
+        at = torch.arange(normed.shape[0], device=normed.device).repeat_interleave(tokens.numel())
+        tokens = tokens.repeat(normed.shape[0])
+        want = read_logprobs(full, tokens, at)
+        got = _blockwise(normed, weight, bias, self.transform, tokens, at)
+        return full.shape[-1] == vocab and bool((got - want).abs().max() <= logit_atol(self.dtype, float(
+            full.abs().max())))
+
+    def active_transform(self, dtype: torch.dtype) -> Callable[[Tensor], Tensor] | None:
+        """The output transform, or None where it leaves logits unchanged (most families: the adapter's method applies
+        a soft-cap the config does not set), checked once on a probe spanning large logits; the backward then needs
+        no slope of the transform."""
+        if self.transform is None:
+            return None
+        if self.identity is None:
+            probe = (torch.linspace(-200.0, 200.0, 401)[None] * torch.tensor([[1.0], [0.01]])).to(dtype)
+            self.identity = bool(torch.equal(self.transform(probe.clone()), probe))
+        return None if self.identity else self.transform
+
+
+HEAD = "unembed.head"  # Model.facts key: the model's OutputHead
+
+
+def output_head(model: Model) -> OutputHead:
+    """The :class:`OutputHead` of ``model``, made on first use and kept in :attr:`Model.facts
+    <gna_interp.models.model.Model.facts>` (its checks are then made once per model)."""
+    if HEAD not in model.facts:
+        model.facts[HEAD] = OutputHead(model)
+    return model.facts[HEAD]
+
+
+def final_logits(head: OutputHead, hidden: Float[Tensor, "rows pos d_model"], rows: Int[Tensor, " n"],
                  pos: Int[Tensor, " n"]) -> Float[Tensor, "n vocab"]:
     """Final norm and unembedding of the residual stream at ``(rows[i], pos[i])`` only (the whole vocabulary)."""
-    return model.unembed(at_reads(hidden, rows, pos)[None])[0]
+    return head.logits(at_reads(hidden, rows, pos)[None])[0]
 
 
 def _blockwise(normed: Float[Tensor, "n d_model"], weight: Float[Tensor, "vocab d_model"], bias: Tensor | None,
@@ -143,56 +214,19 @@ def _blockwise(normed: Float[Tensor, "n d_model"], weight: Float[Tensor, "vocab 
     return out
 
 
-def _full(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],
+def _full(head: OutputHead, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],
           at: Int[Tensor, " n_reads"]) -> Float[Tensor, " n_reads"]:
     """The same from the whole vocabulary's logits (the fallback), a piece of rows at a time."""
     out = torch.empty(tokens.shape[0], dtype=torch.float32, device=resid.device)
-    for start, stop, mine in row_pieces(resid.shape[0], at, row_step(resid.device, model.d_vocab)):
-        out[mine] = read_logprobs(model.unembed(resid[None, start:stop])[0], tokens[mine], at[mine] - start)
+    for start, stop, mine in row_pieces(resid.shape[0], at, row_step(resid.device, head.d_vocab)):
+        out[mine] = read_logprobs(head.logits(resid[None, start:stop])[0], tokens[mine], at[mine] - start)
     return out
 
 
-def _output_layer(model: Model) -> tuple[Float[Tensor, "vocab d_model"], Tensor | None]:
-    """The weight and the bias (None without one) of the model's output layer, which :func:`_blockwise` slices."""
-    out_layer = model.hf_model.get_output_embeddings()
-    return out_layer.weight, getattr(out_layer, "bias", None)
-
-
-def _head_input(model: Model, resid: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_model"] | None:
-    """``resid`` through the model's final norm, what :func:`_blockwise` reads, or None where the blocks do not
-    reproduce the model's own head (its logits are then read in full, :func:`_full`). Whether they do is checked once
-    per model (:func:`_reproduces`, on two of ``resid``'s rows, without gradients); the final norm keeps the
-    caller's."""
-    normed = model.final_norm(resid[None])[0]
-    if BLOCKWISE not in model.facts:
-        with torch.no_grad():
-            try:
-                full = model.unembed(resid[None, :2])[0].float()
-                ok = _reproduces(model, full, normed[:2])
-            except (AttributeError, TypeError, RuntimeError, IndexError):
-                ok = False  # an output layer without a plain weight (or bias) to slice
-        model.facts[BLOCKWISE] = ok
-    return normed if model.facts[BLOCKWISE] else None
-
-
-def _reproduces(model: Model, full: Float[Tensor, "n vocab"], normed: Float[Tensor, "n d_model"]) -> bool:
-    """Whether :func:`_blockwise` of ``normed`` gives what the model's own logits there, ``full``, give: the same
-    vocabulary, and the log-probabilities of the first, last and a spread of tokens within :func:`logit_atol`."""
-    weight, bias = _output_layer(model)
-    vocab = weight.shape[0]
-    tokens = torch.linspace(0, vocab - 1, 64, device=normed.device).long()
-    at = torch.arange(normed.shape[0], device=normed.device).repeat_interleave(tokens.numel())
-    tokens = tokens.repeat(normed.shape[0])
-    want = read_logprobs(full, tokens, at)
-    got = _blockwise(normed, weight, bias, model.output_transform, tokens, at)
-    return full.shape[-1] == vocab and bool((got - want).abs().max() <= logit_atol(model.dtype, float(
-        full.abs().max())))
-
-
 @torch.no_grad()
-def head_logprobs(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],
+def head_logprobs(head: OutputHead, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],
                   inverse: Int[Tensor, " n_reads"] | None = None) -> Float[Tensor, " n_reads"]:
-    """``log p(tokens[i])`` under the model's head (final norm, unembedding, the family's output transform) at the
+    """``log p(tokens[i])`` under a model's ``head`` (final norm, unembedding, the family's output transform) at the
     residual-stream vectors ``resid[inverse[i]]`` (``inverse`` from
     :func:`~gna_interp.engine.layout.distinct_reads`; None: ``resid[i]``), without materialising the logits (see the
     module). Equals ``log_softmax(model.unembed(resid))`` at the reads to float32 rounding."""
@@ -201,10 +235,10 @@ def head_logprobs(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[T
     at = inverse.to(device) if inverse is not None else torch.arange(tokens.shape[0], device=device)
     if tokens.shape[0] == 0:
         return torch.zeros(0, dtype=torch.float32, device=device)
-    normed = _head_input(model, resid)
+    normed = head.normed(resid)
     if normed is not None:
-        return _blockwise(normed, *_output_layer(model), model.output_transform, tokens, at)
-    return _full(model, resid, tokens, at)
+        return _blockwise(normed, *head.output_layer(), head.transform, tokens, at)
+    return _full(head, resid, tokens, at)
 
 
 def _transform_slopes(transform, z: Tensor, weights: Tensor) -> Tensor:
@@ -212,22 +246,6 @@ def _transform_slopes(transform, z: Tensor, weights: Tensor) -> Tensor:
     with torch.enable_grad():
         zz = z.detach().requires_grad_(True)
         return torch.autograd.grad(transform(zz).float(), zz, weights.to(torch.float32))[0]
-
-
-IDENTITY = "unembed.identity_transform"  # Model.facts key: whether the output transform is the identity
-
-
-def _active_transform(model: Model, dtype: torch.dtype):
-    """The model's output transform, or None where it leaves logits unchanged (most families: the adapter's method
-    applies a soft-cap the config does not set), checked once per model on a probe spanning large logits; the
-    backward then needs no slope of the transform."""
-    transform = model.output_transform
-    if transform is None:
-        return None
-    if IDENTITY not in model.facts:
-        probe = (torch.linspace(-200.0, 200.0, 401)[None] * torch.tensor([[1.0], [0.01]])).to(dtype)
-        model.facts[IDENTITY] = bool(torch.equal(transform(probe.clone()), probe))
-    return None if model.facts[IDENTITY] else transform
 
 
 class _HeadLogprobs(torch.autograd.Function):
@@ -286,17 +304,17 @@ class _HeadLogprobs(torch.autograd.Function):
         return grad.to(ctx.in_dtype), None, None, None, None, None
 
 
-def head_logprobs_grad(model: Model, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],
+def head_logprobs_grad(head: OutputHead, resid: Float[Tensor, "n d_model"], tokens: Int[Tensor, " n_reads"],
                        inverse: Int[Tensor, " n_reads"] | None = None) -> Float[Tensor, " n_reads"]:
     """:func:`head_logprobs` under autograd: ``log p(tokens[i])`` at ``resid[inverse[i]]``, differentiable with respect
     to ``resid`` (through the final norm), its backward blockwise (see the module). A head that the blocks do not
-    reproduce is differentiated in full (``model.unembed``)."""
+    reproduce is differentiated in full (:meth:`OutputHead.logits`)."""
     device = resid.device
     tokens = tokens.to(device)
     at = inverse.to(device) if inverse is not None else torch.arange(tokens.shape[0], device=device)
-    normed = _head_input(model, resid) if tokens.shape[0] > 0 else None
+    normed = head.normed(resid) if tokens.shape[0] > 0 else None
     if normed is None:
-        return read_logprobs(model.unembed(resid[None])[0], tokens, at)
-    weight, bias = _output_layer(model)
+        return read_logprobs(head.logits(resid[None])[0], tokens, at)
+    weight, bias = head.output_layer()
     weight, bias = weight.detach(), bias.detach() if bias is not None else None
-    return _HeadLogprobs.apply(normed, weight, bias, _active_transform(model, weight.dtype), tokens, at)
+    return _HeadLogprobs.apply(normed, weight, bias, head.active_transform(weight.dtype), tokens, at)
