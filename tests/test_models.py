@@ -206,6 +206,26 @@ def test_two_processes_asking_for_one_gguf_convert_it_once(tmp_path, monkeypatch
     assert len(spans) == 2 and spans[1][0] >= spans[0][1]
 
 
+def test_a_conversion_builds_each_gguf_name_map_once_and_leaves_gguf_as_it_was(monkeypatch):
+    """Inside the conversion's block a second ask for one architecture and depth gets the first map; a new depth gets
+    its own; when the block ends -- here by an exception -- ``gguf.get_tensor_name_map`` is the function it was."""
+    import gguf
+
+    built = []
+    plain = gguf.get_tensor_name_map
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda arch, n: built.append((arch, n)) or plain(arch, n))
+    before = gguf.get_tensor_name_map
+    with pytest.raises(RuntimeError, match="a failing load"):
+        with loading.gguf_name_maps_shared():
+            first = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+            assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is first
+            assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not first
+            raise RuntimeError("a failing load")
+    assert built == [(gguf.MODEL_ARCH.LLAMA, 2), (gguf.MODEL_ARCH.LLAMA, 3)]
+    assert gguf.get_tensor_name_map is before
+    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not first  # no cache outside the block
+
+
 def test_unsupported_architecture(tmp_path):
     from transformers import BioGptConfig, BioGptForCausalLM
 

@@ -307,6 +307,24 @@ def gguf_bars_quiet_unless_terminal() -> Iterator[None]:
         gguf_utils.tqdm = bar
 
 
+@contextlib.contextmanager
+def gguf_name_maps_shared() -> Iterator[None]:
+    """gguf's tensor-name map (``gguf.get_tensor_name_map``) built once per architecture and depth inside the block:
+    transformers' GGUF loader asks for a new one for every submodule of the model it maps, and the map is only read.
+    The plain function is back when the block ends, however it ends."""
+    try:
+        import gguf
+    except ImportError:  # no GGUF support installed: transformers' loader says so itself
+        yield
+        return
+    plain = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(plain)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = plain
+
+
 def _gguf_cache_key(path: Path) -> str:
     st = path.stat()
     raw = f"{_CACHE_FORMAT}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
@@ -365,7 +383,7 @@ def _convert_into(path: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        with quiet_transformers(), gguf_bars_quiet_unless_terminal():
+        with quiet_transformers(), gguf_bars_quiet_unless_terminal(), gguf_name_maps_shared():
             model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
             tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:  # transformers raises many types for a bad file
