@@ -206,24 +206,35 @@ def test_two_processes_asking_for_one_gguf_convert_it_once(tmp_path, monkeypatch
     assert len(spans) == 2 and spans[1][0] >= spans[0][1]
 
 
-def test_a_conversion_builds_each_gguf_name_map_once_and_leaves_gguf_as_it_was(monkeypatch):
-    """Inside the conversion's block a second ask for one architecture and depth gets the first map; a new depth gets
-    its own; when the block ends -- here by an exception -- ``gguf.get_tensor_name_map`` is the function it was."""
+def test_a_conversion_parses_each_gguf_file_once_and_leaves_gguf_as_it_was(tmp_path, monkeypatch):
+    """Inside the conversion's block a second reader of one file (by another spelling of its path) is the first
+    reader, a second name map of one architecture and depth the first map, while another depth gets its own; when the
+    block ends -- here by an exception -- ``gguf.GGUFReader`` and ``gguf.get_tensor_name_map`` are gguf's own again."""
     import gguf
 
+    path = tmp_path / "meta_only.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     built = []
     plain = gguf.get_tensor_name_map
     monkeypatch.setattr(gguf, "get_tensor_name_map", lambda arch, n: built.append((arch, n)) or plain(arch, n))
-    before = gguf.get_tensor_name_map
+    before = gguf.GGUFReader, gguf.get_tensor_name_map
     with pytest.raises(RuntimeError, match="a failing load"):
-        with loading.gguf_name_maps_shared():
+        with loading.gguf_parsed_once():
+            reader = gguf.GGUFReader(str(path))
+            assert gguf.GGUFReader(tmp_path / ".." / tmp_path.name / path.name) is reader
+            assert isinstance(reader, before[0]) and "general.architecture" in reader.fields
             first = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
             assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is first
             assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not first
             raise RuntimeError("a failing load")
     assert built == [(gguf.MODEL_ARCH.LLAMA, 2), (gguf.MODEL_ARCH.LLAMA, 3)]
-    assert gguf.get_tensor_name_map is before
-    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not first  # no cache outside the block
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == before
+    assert gguf.GGUFReader(str(path)) is not reader  # nothing kept outside the block
+    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not first
 
 
 def test_unsupported_architecture(tmp_path):

@@ -308,21 +308,32 @@ def gguf_bars_quiet_unless_terminal() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def gguf_name_maps_shared() -> Iterator[None]:
-    """gguf's tensor-name map (``gguf.get_tensor_name_map``) built once per architecture and depth inside the block:
-    transformers' GGUF loader asks for a new one for every submodule of the model it maps, and the map is only read.
-    The plain function is back when the block ends, however it ends."""
+def gguf_parsed_once() -> Iterator[None]:
+    """What gguf parses, parsed once per file inside the block: ``gguf.GGUFReader`` of one path (and mode) gives the
+    same reader each time, and ``gguf.get_tensor_name_map`` the same map for one architecture and depth.
+    transformers' GGUF loader makes a reader for each of the config, the weights and the tokenizer -- each parses the
+    file's metadata, the whole vocabulary included -- and a name map for every submodule it maps; it only reads them.
+    Both are gguf's own again when the block ends, however it ends."""
     try:
         import gguf
     except ImportError:  # no GGUF support installed: transformers' loader says so itself
         yield
         return
-    plain = gguf.get_tensor_name_map
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(plain)
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def shared_reader(path: str | os.PathLike, mode: str = "r") -> Any:
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = shared_reader
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
     try:
         yield
     finally:
-        gguf.get_tensor_name_map = plain
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def _gguf_cache_key(path: Path) -> str:
@@ -379,19 +390,21 @@ def convert_gguf(path: str | os.PathLike, *, refresh: bool = False) -> Path:
 
 def _convert_into(path: Path, target: Path) -> None:
     """Dequantise the GGUF file ``path`` into the folder ``target`` (written whole, then moved into place)."""
-    _check_gguf_has_model(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        with quiet_transformers(), gguf_bars_quiet_unless_terminal(), gguf_name_maps_shared():
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except Exception as e:  # transformers raises many types for a bad file
-        raise GGUFError(
-            f"could not load {str(path)!r} as a causal language model through transformers' GGUF loader: "
-            f"{type(e).__name__}: {e}. Check that the file is a complete GGUF export of a supported "
-            f"architecture (llama, mistral, qwen2, ...)."
-        ) from e
+    with gguf_parsed_once():
+        _check_gguf_has_model(path)
+        try:
+            with quiet_transformers(), gguf_bars_quiet_unless_terminal():
+                model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                             dtype=torch.float32)
+                tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception as e:  # transformers raises many types for a bad file
+            raise GGUFError(
+                f"could not load {str(path)!r} as a causal language model through transformers' GGUF loader: "
+                f"{type(e).__name__}: {e}. Check that the file is a complete GGUF export of a supported "
+                f"architecture (llama, mistral, qwen2, ...)."
+            ) from e
     # The dequantised weights are plain float tensors; drop the quantizer so save_pretrained writes them.
     if hasattr(model, "hf_quantizer"):
         model.hf_quantizer = None
