@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import struct
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
