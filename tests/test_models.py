@@ -234,6 +234,32 @@ def test_a_conversion_parses_each_gguf_file_once_and_leaves_gguf_as_it_was(tmp_p
     assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not first
 
 
+def test_one_thread_at_a_time_is_inside_the_gguf_block_and_gguf_is_its_own_after_both():
+    """A second thread waits until the first leaves (the block patches gguf's module globals), so neither restores
+    the other's shared functions."""
+    import threading
+
+    import gguf
+
+    before = gguf.GGUFReader, gguf.get_tensor_name_map
+    order = []
+
+    def second():
+        with loading.gguf_parsed_once():
+            order.append("second in")
+        order.append("second out")
+
+    with loading.gguf_parsed_once():
+        other = threading.Thread(target=second)
+        other.start()
+        other.join(0.3)
+        assert other.is_alive() and order == []
+        order.append("first out")
+    other.join(10)
+    assert order == ["first out", "second in", "second out"]
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == before
+
+
 def test_unsupported_architecture(tmp_path):
     from transformers import BioGptConfig, BioGptForCausalLM
 

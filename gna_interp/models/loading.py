@@ -24,6 +24,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
@@ -307,33 +308,38 @@ def gguf_bars_quiet_unless_terminal() -> Iterator[None]:
         gguf_utils.tqdm = bar
 
 
+_GGUF_PATCH = threading.RLock()  # held by the thread inside gguf_parsed_once
+
+
 @contextlib.contextmanager
 def gguf_parsed_once() -> Iterator[None]:
     """What gguf parses, parsed once per file inside the block: ``gguf.GGUFReader`` of one path (and mode) gives the
     same reader each time, and ``gguf.get_tensor_name_map`` the same map for one architecture and depth.
     transformers' GGUF loader makes a reader for each of the config, the weights and the tokenizer -- each parses the
     file's metadata, the whole vocabulary included -- and a name map for every submodule it maps; it only reads them.
-    Both are gguf's own again when the block ends, however it ends."""
+    Both are gguf's own again when the block ends, however it ends. One thread of a process is inside at a time (the
+    names are gguf's module globals): another waits."""
     try:
         import gguf
     except ImportError:  # no GGUF support installed: transformers' loader says so itself
         yield
         return
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict[tuple[str, str], Any] = {}
+    with _GGUF_PATCH:
+        reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        readers: dict[tuple[str, str], Any] = {}
 
-    def shared_reader(path: str | os.PathLike, mode: str = "r") -> Any:
-        key = (os.path.realpath(path), mode)
-        if key not in readers:
-            readers[key] = reader(path, mode)
-        return readers[key]
+        def shared_reader(path: str | os.PathLike, mode: str = "r") -> Any:
+            key = (os.path.realpath(path), mode)
+            if key not in readers:
+                readers[key] = reader(path, mode)
+            return readers[key]
 
-    gguf.GGUFReader = shared_reader
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+        gguf.GGUFReader = shared_reader
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def _gguf_cache_key(path: Path) -> str:
