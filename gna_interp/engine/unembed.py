@@ -123,18 +123,31 @@ class OutputHead:
     :func:`output_head`, which keeps one per model on the model."""
 
     def __init__(self, model: Model) -> None:
+        self._model = model  # read at each use: a model cast or moved, or given another transform, is read as it is
         self.norm: Callable[[Tensor], Tensor] = model.final_norm
         self.logits: Callable[[Tensor], Tensor] = model.unembed
-        self.hf_model = model.hf_model
-        self.transform: Callable[[Tensor], Tensor] | None = model.output_transform
-        self.dtype = model.dtype
-        self.d_vocab = model.d_vocab
         self.blockwise: bool | None = None  # the blocks reproduce the full head (None: not yet checked)
         self.identity: bool | None = None  # the transform leaves logits unchanged (None: not yet checked)
 
+    @property
+    def transform(self) -> Callable[[Tensor], Tensor] | None:
+        """The family's output transform (:attr:`Model.output_transform
+        <gna_interp.models.model.Model.output_transform>`), or None."""
+        return self._model.output_transform
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's dtype."""
+        return self._model.dtype
+
+    @property
+    def d_vocab(self) -> int:
+        """The size of the vocabulary."""
+        return self._model.d_vocab
+
     def output_layer(self) -> tuple[Float[Tensor, "vocab d_model"], Tensor | None]:
         """The weight and the bias (None without one) of the output layer, which :func:`_blockwise` slices."""
-        layer = self.hf_model.get_output_embeddings()
+        layer = self._model.hf_model.get_output_embeddings()
         return layer.weight, getattr(layer, "bias", None)
 
     def normed(self, resid: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_model"] | None:
@@ -229,7 +242,7 @@ def head_logprobs(head: OutputHead, resid: Float[Tensor, "n d_model"], tokens: I
     """``log p(tokens[i])`` under a model's ``head`` (final norm, unembedding, the family's output transform) at the
     residual-stream vectors ``resid[inverse[i]]`` (``inverse`` from
     :func:`~gna_interp.engine.layout.distinct_reads`; None: ``resid[i]``), without materialising the logits (see the
-    module). Equals ``log_softmax(model.unembed(resid))`` at the reads to float32 rounding."""
+    module). Equals ``log_softmax(head.logits(resid))`` at the reads to float32 rounding."""
     device = resid.device
     tokens = tokens.to(device)
     at = inverse.to(device) if inverse is not None else torch.arange(tokens.shape[0], device=device)

@@ -322,6 +322,8 @@ def gguf_parsed_once() -> Iterator[None]:
     try:
         import gguf
     except ImportError:  # no GGUF support installed: transformers' loader says so itself
+        gguf = None
+    if gguf is None:
         yield
         return
     with _GGUF_PATCH:
@@ -334,12 +336,15 @@ def gguf_parsed_once() -> Iterator[None]:
                 readers[key] = reader(path, mode)
             return readers[key]
 
-        gguf.GGUFReader = shared_reader
-        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+        shared_map = functools.lru_cache(maxsize=None)(name_map)
+        gguf.GGUFReader, gguf.get_tensor_name_map = shared_reader, shared_map
         try:
             yield
-        finally:
-            gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+        finally:  # gguf's own again, unless something else has put its own in meanwhile
+            if gguf.GGUFReader is shared_reader:
+                gguf.GGUFReader = reader
+            if gguf.get_tensor_name_map is shared_map:
+                gguf.get_tensor_name_map = name_map
 
 
 def _gguf_cache_key(path: Path) -> str:
