@@ -295,8 +295,7 @@ def gguf_bars_quiet_unless_terminal() -> Iterator[None]:
     try:
         import transformers.modeling_gguf_pytorch_utils as gguf_utils
     except ImportError:  # a transformers without the GGUF loader: nothing to silence
-        yield
-        return
+        gguf_utils = None
     bar = getattr(gguf_utils, "tqdm", None)
     if bar is None or terminal_bars():
         yield
