@@ -31,6 +31,7 @@ FAITHFULNESS_MD, FAITHFULNESS_HTML = f"{FAITHFULNESS}.md", f"{FAITHFULNESS}.html
 EDGES_CSV, ROLES_CSV = "edges.csv", "roles.csv"
 EDGE_SCREEN_CSV, EDGE_GRAPH_HTML = "edge_screen.csv", "edge_graph.html"
 EDGE_FAITHFULNESS = "edge_faithfulness"  # the stem of gna circuit's edge curve: .json, .csv, .md, .html
+CIRCUIT_RUN_JSON = "circuit_run.json"  # gna circuit's record of the scan run read, its settings and the stages done
 WHOLE_DIR = "whole_circuit"  # gna circuit's folder with the smallest edge circuit in its circuit.json, and its report
 PATTERNS_HTML = "patterns.html"  # gna patterns' default page
 PATTERNS_PT = "patterns.pt"  # PatternSet.save into a folder

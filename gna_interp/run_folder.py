@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from gna_interp.constants import (
-    CARD_MD, CIRCUIT_JSON, EDGE_FAITHFULNESS, WHOLE_DIR, COMPARE_CSV, COMPARE_JSON, COMPARE_MD, CONTROL_JSON, EDGES_CSV, EDGE_GRAPH_HTML,
+    CARD_MD, CIRCUIT_JSON, CIRCUIT_RUN_JSON, EDGE_FAITHFULNESS, WHOLE_DIR, COMPARE_CSV, COMPARE_JSON, COMPARE_MD, CONTROL_JSON, EDGES_CSV, EDGE_GRAPH_HTML,
     EDGE_SCREEN_CSV, EVAL_SUMMARY_CSV, FAITHFULNESS_CSV, FAITHFULNESS_HTML, FAITHFULNESS_JSON, FAITHFULNESS_MD,
     FIGURES_DIR, PATTERNS_HTML, PRUNE_CSV, PRUNE_JSON, REPORT_FILE, ROLES_CSV, SCAN_CSV, SCAN_JSON, SUMMARY_MD, VIEWS_PT,
     result_files,
@@ -38,7 +38,7 @@ from gna_interp.constants import (
 from gna_interp.errors import InputError
 
 __all__ = ["LOCK_FILE", "RESULTS", "Lock", "RunFolder", "check_out_dir", "check_out_file", "check_writable", "owner_of",
-           "release_held"]
+           "reading", "release_held"]
 
 LOCK_FILE = ".gna.lock"
 
@@ -53,12 +53,15 @@ RESULTS: dict[str, tuple[str, ...]] = {
     "sweep": result_files("sweep"),
     "compare": result_files("families"),
     "compare-circuits": (COMPARE_JSON, COMPARE_CSV, COMPARE_MD),
-    "circuit": (FAITHFULNESS_JSON, FAITHFULNESS_CSV, FAITHFULNESS_MD, FAITHFULNESS_HTML, EDGES_CSV, ROLES_CSV,
+    "circuit": (FAITHFULNESS_JSON, CIRCUIT_RUN_JSON, FAITHFULNESS_CSV, FAITHFULNESS_MD, FAITHFULNESS_HTML, EDGES_CSV, ROLES_CSV,
                 EDGE_SCREEN_CSV, EDGE_GRAPH_HTML, *(EDGE_FAITHFULNESS + x for x in (".json", ".csv", ".md", ".html")),
                 WHOLE_DIR),
     "zoo train": (CARD_MD, "model.safetensors"),
 }
 _SHARED = (REPORT_FILE, FIGURES_DIR)  # every command with a page writes these
+_FOLDERS = frozenset({WHOLE_DIR, FIGURES_DIR})  # the results above that are folders, not files
+# commands that write their results stage by stage: a folder holding an earlier run takes --resume or --fresh
+_STAGED = frozenset({"circuit"})
 
 
 def owner_of(folder: Path) -> tuple[str, str] | None:
@@ -287,6 +290,34 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _HELD: dict[int, Lock] = {}  # the locks this process holds (released by release_held at the end of a command)
 
 
+@contextlib.contextmanager
+def reading(folder: str | os.PathLike) -> Iterator[None]:
+    """Hold ``folder``'s lock shared while a command reads it (a result folder another command reads whole, such as
+    the scan ``gna circuit`` measures): a gna command writing there holds it exclusively, so the reader is refused
+    (an :class:`InputError` saying to wait) rather than reading half of one run and half of another. Where the lock
+    cannot be created (a read-only folder, which no gna command can write either) the folder is read as it is; a
+    lock file this reader created is removed again when no one else holds it."""
+    path = Path(folder) / LOCK_FILE
+    Lock(Path(folder))._refuse_odd()
+    existed = path.exists()
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, 0o644)
+    except OSError:
+        yield  # read-only: nobody writes here through gna
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{path} is not a regular file, not gna's lock file: move it away")
+        if not _try_lock(fd, shared=True):
+            raise InputError(f"{str(folder)!r} is being written by another gna process (it holds {path}); wait for it "
+                             f"to finish, then run again")
+        yield
+        if not existed and _try_lock(fd, shared=False) and _same_file(fd, path):
+            path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
 def release_held() -> None:
     """Release every lock this process still holds (the end of a ``gna`` command, however it ended)."""
     for lock in list(_HELD.values()):
@@ -353,7 +384,8 @@ class RunFolder:
         check_out_dir(out)
         if not out.is_dir():
             return
-        check_writable(out, (*RESULTS[self.command], *_SHARED[:1], SUMMARY_MD), _SHARED[1:])
+        mine = (*RESULTS[self.command], *_SHARED, SUMMARY_MD)
+        check_writable(out, [n for n in mine if n not in _FOLDERS], [n for n in mine if n in _FOLDERS])
         if not locked_by_lead:
             self._lock.check()
         owner = owner_of(out)
@@ -364,6 +396,10 @@ class RunFolder:
             raise InputError(f"--out {str(out)!r} holds the results of `gna {command}` ({marker}); `gna {self.command}` "
                              f"would replace its report.html: pick another --out, or add --fresh to delete those "
                              f"results ({', '.join(self.foreign_files())}) and write there")
+        if self.command in _STAGED and not resume:
+            raise InputError(f"--out {str(out)!r} holds an earlier `gna {self.command}` run ({marker}): add --resume to "
+                             f"continue it (its finished stages are kept when the scan and options are the same), "
+                             f"--fresh to start over, or pick another --out")
         if self.command == "scan" and not any(Path(c).exists() for c in checkpoints):
             raise InputError(f"--out {str(out)!r} holds a finished gna scan ({marker}) and no checkpoint"
                              f"{' to resume' if resume else ''}; a new scan would replace it: pick another --out, or "
@@ -377,9 +413,13 @@ class RunFolder:
         names = [n for c, ns in RESULTS.items() if c != self.command for n in ns] + list(_SHARED)
         return [n for n in dict.fromkeys(names) if (self.path / n).exists() or (self.path / n).is_symlink()]
 
-    def clear_foreign(self) -> list[str]:
-        """Delete the results of another command (``--fresh``); return what was deleted."""
+    def clear_foreign(self, own: bool = False) -> list[str]:
+        """Delete the results of another command (``--fresh``); with ``own``, this command's as well (a command that
+        writes stage by stage starting over); return what was deleted."""
         gone = self.foreign_files()
+        if own:
+            gone += [n for n in (*RESULTS[self.command], *_SHARED) if n not in gone and
+                     ((self.path / n).exists() or (self.path / n).is_symlink())]
         for name in gone:
             p = self.path / name
             if p.is_dir() and not p.is_symlink():
@@ -413,7 +453,7 @@ class RunFolder:
                                  f"`gna {self.command}` would replace its report.html: pick another --out, or add "
                                  f"--fresh to delete those results")
             if fresh:
-                self.clear_foreign()
+                self.clear_foreign(own=self.command in _STAGED)
             yield self
         finally:
             self._lock.release()

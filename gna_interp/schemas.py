@@ -173,8 +173,21 @@ HYBRID_PLAN = obj({"model": STR, "architecture": STR, "layers": arr({"type": "ob
 
 EXPERIMENT = obj(optional={"table": RECORDS})  # its checkpoints share the format; the rest is read by its class
 
+# a faithfulness curve (gna circuit's faithfulness.json / edge_faithfulness.json): members are head or edge names,
+# parsed by the loader (HeadRef.parse, Wire.parse)
+MEMBERS = arr({"type": "string", "maxLength": 400}, maxItems=MAX_UNITS)
+FAITHFULNESS = obj({"metric": STR, "method": STR, "n_heads": UNITS, "threshold": {**NUM, "minimum": 0, "maximum": 1},
+                    "n_boot": NAT, "level": {**NUM, "minimum": 0, "maximum": 1}, "intact": PER_SAMPLE,
+                    "empty": PER_SAMPLE, "points": arr(obj({"series": {"enum": ["ranked", "random", "smallest"]},
+                                                            "seed": INT, "size": UNITS, "results": PER_SAMPLE},
+                                                           {"heads": MEMBERS}), maxItems=MAX_UNITS),
+                    "smallest": nullable(MEMBERS),
+                    "minimality": {"type": "object", "additionalProperties": NUM}},
+                   {"unit": {"enum": ["heads", "edges"]}, "order": nullable(MEMBERS), "summary": {"type": "object"},
+                    "run_id": RUN})
+
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "scan": SCAN, "circuit": CIRCUIT, "views": VIEWS, "patterns": PATTERNS, "delegation": DELEGATION,
+    "scan": SCAN, "faithfulness": FAITHFULNESS, "circuit": CIRCUIT, "views": VIEWS, "patterns": PATTERNS, "delegation": DELEGATION,
     "comparison": COMPARISON, "hybrid_plan": HYBRID_PLAN,
     **{name: EXPERIMENT for name in ("eval", "prune", "mask", "sweep", "families", "hybrid_build")},
 }

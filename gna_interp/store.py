@@ -25,6 +25,9 @@ format             file                                        written by
 ``path_effects``   ``path_effects.json``                       ``PathEffects.save``
 ``evaluation``     ``evaluation.json``                         ``Evaluation.save``
 ``calibration``    ``calibration.json``                        ``Calibration.save``
+``faithfulness``   ``faithfulness.json``,                      ``Faithfulness.save`` (``gna circuit``)
+                   ``edge_faithfulness.json``
+``circuit_run``    ``circuit_run.json`` (the stages done)      ``gna circuit`` (``circuits.sufficiency_run``)
 =================  =========================================  ===========================
 
 ``scan.csv`` (the ranked table, for people and spreadsheets) and ``summary.md`` are written atomically
@@ -49,7 +52,7 @@ FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 2, "vi
                                    "comparison": 1, "eval": 1, "prune": 1, "mask": 1, "sweep": 1, "families": 1,
                                    "hybrid_plan": 1, "delegation": 1,
                                    "hybrid_build": 1, "run_checkpoint": 1, "interactions": 1, "path_effects": 1,
-                                   "evaluation": 1, "calibration": 1}
+                                   "evaluation": 1, "calibration": 1, "faithfulness": 2, "circuit_run": 1}
 
 __all__ = ["FORMAT_VERSIONS", "as_path", "atomic_write", "clean_json", "file_in", "read_json", "read_tensors", "records",
            "write_json", "write_tensors"]
@@ -62,9 +65,16 @@ def _umask() -> int:
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``: a reader never sees
+    half a file, and a link at ``path`` is replaced, never written through. An :class:`InputError` when ``path`` is a
+    folder or one of its parents is a file."""
+    path = as_path(path)
+    _check_target(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the folder {str(path.parent)!r} for {path.name!r}: {e.strerror or e}; pick a "
+                         f"folder you can write to") from None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -77,6 +87,18 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _check_target(path: Path) -> None:
+    """Refuse a file path that cannot take a file: a folder, or a parent that is a file (or a dangling link)."""
+    if path.is_dir() and not path.is_symlink():
+        raise InputError(f"{str(path)!r} is a folder; name a file to write, or another path")
+    for parent in path.parents:
+        if parent.is_dir():
+            return
+        if parent.exists() or parent.is_symlink():
+            raise InputError(f"cannot write {str(path)!r}: its parent {str(parent)!r} is not a folder (a file or a "
+                             f"broken link); pick another path")
 
 
 def clean_json(value: Any) -> Any:
@@ -95,7 +117,9 @@ def _check(doc: Any, fmt: str, path: Path) -> dict[str, Any]:
         raise InputError(f"{str(path)!r} is not a gna_interp {fmt} file (it holds a {type(doc).__name__})")
     found, version = doc.get("format"), doc.get("format_version")
     if found != fmt:
-        raise InputError(f"{str(path)!r} is a {found or 'unlabelled'} file, not a gna_interp {fmt} file")
+        what = f"a {found[:60]}" if isinstance(found, str) and found else "an unlabelled"
+        raise InputError(f"{str(path)!r} is {what} file, not a gna_interp {fmt} file (one written by an older gna, or "
+                         f"another program): rewrite it (rerun the command that made it)")
     want = FORMAT_VERSIONS[fmt]
     if version != want:
         raise InputError(f"{str(path)!r} has {fmt} format version {version!r}; this gna_interp reads version {want} "

@@ -24,7 +24,6 @@ together); the complements of a growing circuit are nested, so a series costs on
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -44,7 +43,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
 from gna_interp.results import Result
-from gna_interp.store import as_path, file_in
+from gna_interp.store import as_path, atomic_write, file_in, read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.engine.metrics import Results, get_metric, results
 
@@ -56,7 +55,6 @@ __all__ = ["FAITHFULNESS_COLUMNS", "Faithfulness", "FaithfulnessConfig", "edge_f
 
 FAITHFULNESS_COLUMNS = ["size", "series", "seed", "logit_diff", "fraction", "low", "high", "accuracy",
                         "accuracy_fraction", "heads"]
-FORMAT_VERSION = 1
 
 
 @options
@@ -262,27 +260,25 @@ class Faithfulness(Result):
 
     def write(self, folder: str | Path, stem: str = FAITHFULNESS) -> list[Path]:
         """``{stem}.json`` (:meth:`save`), ``{stem}.csv`` (:meth:`to_frame`) and ``{stem}.md`` (:meth:`report`) in
-        ``folder``."""
+        ``folder``, each written atomically and never through a link."""
         out = [self.save(folder, stem)]
-        csv, md = Path(folder) / f"{stem}.csv", Path(folder) / f"{stem}.md"
-        self.to_frame().to_csv(csv, index=False)
-        md.write_text(self.report(), encoding="utf-8")
+        csv, md = as_path(folder) / f"{stem}.csv", as_path(folder) / f"{stem}.md"
+        atomic_write(csv, self.to_frame().to_csv(index=False))
+        atomic_write(md, self.report())
         return out + [csv, md]
 
     # ---- storage --------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, stem: str = FAITHFULNESS) -> Path:
         """Write ``{stem}.json`` (everything needed to rebuild this object, :meth:`to_dict`) into the folder ``path``,
-        or to ``path`` itself when it names a ``.json`` file; return the file."""
+        or to ``path`` itself when it names a ``.json`` file; return the file. Strict JSON (a non-finite value is
+        written as null), atomic, never through a link."""
         p = as_path(path)
         out = p if p.suffix == ".json" and not p.is_dir() else p / f"{stem}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"format": FORMAT_VERSION, **self.to_dict()}
-        out.write_text(json.dumps(doc, indent=1, allow_nan=True), encoding="utf-8")
-        return out
+        return write_json(out, "faithfulness", self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         """The document's body: settings, per-sample results of every point, the smallest circuit, its minimality
-        and :meth:`summary` (a non-finite value stays NaN: the file is written with ``allow_nan``)."""
+        and :meth:`summary` (:meth:`save` writes a non-finite value as null, read back as NaN)."""
 
         def enc(res: Results) -> dict[str, list]:
             return {k: v.tolist() for k, v in res.items()}
@@ -299,12 +295,15 @@ class Faithfulness(Result):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Faithfulness":
-        """Read what :meth:`save` wrote (a folder: its ``faithfulness.json``, or the json file itself)."""
+        """Read what :meth:`save` wrote (a folder: its ``faithfulness.json``, or the json file itself); an
+        :class:`InputError` naming the file and what is wrong for a missing, truncated or malformed one."""
         p = file_in(path, cls.FILE)
-        doc = json.loads(p.read_text(encoding="utf-8"))
-        if doc.get("format") != FORMAT_VERSION:
-            raise InputError(f"{p}: faithfulness format {doc.get('format')!r}, this version reads {FORMAT_VERSION}")
-        return cls.from_dict(doc)
+        doc = read_json(p, "faithfulness")  # checked against its schema (gna_interp.schemas)
+        try:
+            return cls.from_dict(doc)
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+            raise InputError(f"{str(p)!r} is not a valid faithfulness file: {e}; it was edited or comes from another "
+                             f"program: rewrite it (rerun gna circuit)") from None
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "Faithfulness":
@@ -312,7 +311,11 @@ class Faithfulness(Result):
         from gna_interp.engine.metrics import RESULT_DTYPES
 
         def dec(d: dict[str, list]) -> Results:
-            return {k: torch.tensor(v, dtype=RESULT_DTYPES[k]) for k, v in d.items()}
+            out = {k: torch.tensor([math.nan if x is None else x for x in v], dtype=RESULT_DTYPES[k])
+                   for k, v in d.items()}
+            if len({len(v) for v in out.values()}) > 1:
+                raise ValueError("the per-sample lists of one point differ in length")
+            return out
 
         unit = doc.get("unit", "heads")
         small = doc["smallest"]

@@ -112,9 +112,18 @@ def compute_args(p: argparse.ArgumentParser, batch_help: str | None = None) -> N
     """``--batch-size``, ``--threads`` and ``--dtype``: how a command that runs a model computes (it then refuses
     ``--device meta`` up front, :func:`check_device`)."""
     p.add_argument("--batch-size", type=at_least(1), default=16, help=batch_help)
-    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=at_least(1, at_most=_cores(), why_most="the CPU cores this process may use"),
+                   default=None, help="torch CPU threads (default: torch's)")
     dtype_arg(p)
     p.set_defaults(runs_model=True)
+
+
+def _cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS tells it, else every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def resume_args(p: argparse.ArgumentParser, resume: str, fresh: str) -> None:

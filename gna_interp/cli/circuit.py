@@ -7,16 +7,13 @@ from __future__ import annotations
 import argparse
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from gna_interp.constants import EDGES_CSV, EDGE_GRAPH_HTML, EDGE_SCREEN_CSV, FAITHFULNESS_HTML, ROLES_CSV
 from gna_interp.cli import command
-from gna_interp.constants import CIRCUIT_JSON, CONTROL_CKPT, EDGE_FAITHFULNESS, SCAN_CKPT, WHOLE_DIR
-from gna_interp.cli.args import at_least, claim_out, compute_args, load_for, model_arg, seeds_arg
+from gna_interp.cli.args import at_least, claim_out, compute_args, load_for, model_arg, resume_args, seeds_arg
+from gna_interp.errors import InputError
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import pandas as pd
 
     from gna_interp.circuits.edge_screen import EdgeScreen
@@ -82,7 +79,9 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                    help="screen every edge of the whole graph (embeddings, heads, MLPs -> heads' q/k/v, MLPs, logits) "
                         "by edge attribution and measure the N strongest by exact path patching (default 40, --quick 20; "
                         "the top-20 overlap of screen and exact is read among them; 0: no screen)")
-    p.add_argument("--ig-steps", type=at_least(0), default=0,
+    p.add_argument("--ig-steps", type=at_least(0, at_most=IG_STEPS_CAP,
+                                               why_most="each step is a forward and a backward over every prompt; "
+                                                        "EAP-IG needs 5-10"), default=0,
                    help="score the screen's edges with integrated gradients along the ablation path at N points "
                         "(EAP-IG; default 0: the gradient of the intact model, plain EAP)")
     p.add_argument("--edge-seeds", type=seeds_arg(0), default=None,
@@ -95,9 +94,13 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                         "(default 8; --quick 0)")
     compute_args(p)
     p.add_argument("--out", default="gna_circuit", help="output folder (default gna_circuit)")
-    p.add_argument("--fresh", action="store_true", help="--out may hold another command's results: delete them first")
+    resume_args(p, "continue an earlier gna circuit run in --out: its finished stages are read back, not measured "
+                   "again (the same scan and options only)",
+                "delete what --out holds (an earlier gna circuit run, or another command's results) and start over")
     p.set_defaults(run=run_circuit)
 
+
+IG_STEPS_CAP = 1000  # integrated-gradient points of the screen (EAP-IG converges within tens)
 
 # The options --quick sets when they are not given: (default, quick).
 PRESETS = {"samples": (0, 10), "edge_precision": (0.05, 0.1), "seeds": (3, 1), "minimality": (30, 0), "edges": (5, 0),
@@ -106,131 +109,44 @@ PRESETS = {"samples": (0, 10), "edge_precision": (0.05, 0.1), "seeds": (3, 1), "
 
 
 def run_circuit(args: argparse.Namespace) -> int:
-    from gna_interp.circuits import Circuit, faithfulness
-    from gna_interp.progress import quiet
+    from gna_interp.circuits.sufficiency_run import ScanSnapshot, SufficiencySettings, check_resume, run_sufficiency
 
+    given = args.samples
     for name, (full, light) in PRESETS.items():
         if getattr(args, name) is None:
             setattr(args, name, light if args.quick else full)
     folder = claim_out(args, "circuit")  # before the model loads
-    circuit = Circuit.load(args.scan)
-    model = load_for(args, args.model or circuit.model)
-    task = _first_samples(circuit.load_task(), args.samples)
-    ranked = circuit.scan.top(len(circuit.scan.heads))
-    with _stage("faithfulness: every head outside the first k of the ranking ablated"):
-        fx = faithfulness(model, task, ranked, method=args.method, threshold=args.threshold,
-                          sizes=args.sizes, seeds=args.seeds, minimality=args.minimality,
-                          batch_size=args.batch_size)
-    print(fx.report())
-    edges = roles = None
-    if args.edges:
-        from gna_interp.circuits.causal import causal_roles, measure_edges
-
-        with _stage(f"edges among the circuit's first {args.edges} heads (path patching)"):
-            edges = measure_edges(model, task, circuit.heads[:args.edges], decision_kv=True,
-                                  batch_size=args.batch_size)
-        roles = causal_roles(edges, circuit.edge_drops())
-        print(_edge_report(edges, roles))
-    elif circuit.edges is not None and len(circuit.edges):
-        from gna_interp.circuits.causal import causal_roles
-
-        roles = causal_roles(circuit.edges, circuit.edge_drops())  # the scan's own edge table
-    screen = None
-    if args.verify:
-        from gna_interp.circuits.edge_screen import screen_edges
-
-        with _stage("the whole graph: edge attribution, then the strongest edges by path patching"):
-            screen = screen_edges(model, task, args.method, task if args.method == "mean"
-                                  else None, verify=args.verify, batch_size=args.batch_size, ig_steps=args.ig_steps,
-                                  progress=None if quiet() else lambda line: print(line, flush=True))
-        print(_screen_report(screen, 20))
-    efx = None
-    if screen is not None:
-        efx = _edge_circuit(args, model, task, screen, fx.smallest)
-    from gna_interp.viz.faithfulness import faithfulness_curve
-
+    scan = ScanSnapshot.read(args.scan)
+    task = scan.circuit.load_task()
+    if given and given > len(task):  # --quick's 10 on a smaller scan measures them all
+        raise InputError(f"--samples {args.samples}: the scan {args.scan!r} has {len(task)} prompts; pass at most "
+                         f"{len(task)} (0: all of them)")
+    settings = SufficiencySettings(**{f: getattr(args, f) for f in (
+        "method", "threshold", "samples", "seeds", "minimality", "edges", "verify", "ig_steps", "edge_seeds",
+        "edge_precision", "edge_minimality", "batch_size")}, sizes=tuple(args.sizes) if args.sizes else None)
+    check_resume(folder.path, scan, settings, args.resume)
+    model = load_for(args, args.model or scan.circuit.model)
     with folder.hold(args.fresh):
-        written = fx.write(folder.path)
-        if edges is not None and roles is not None:
-            for name, frame in ((EDGES_CSV, edges), (ROLES_CSV, roles)):
-                frame.to_csv(folder.path / name, index=False)
-                written.append(folder.path / name)
-        if screen is not None:
-            from gna_interp.viz.edge_graph import edge_graph
-
-            screen.table.to_csv(folder.path / EDGE_SCREEN_CSV, index=False)
-            edge_graph(screen, title=f"{model.name}: the strongest edges of the whole graph").write_html(
-                folder.path / EDGE_GRAPH_HTML, include_plotlyjs=True)
-            written += [folder.path / EDGE_SCREEN_CSV, folder.path / EDGE_GRAPH_HTML]
-        html = folder.path / FAITHFULNESS_HTML
-        faithfulness_curve(fx, title=f"{model.name}: faithfulness of the scanned circuit").write_html(
-            html, include_plotlyjs=True)
-        written.append(html)
-        if efx is not None:
-            written += efx.write(folder.path, stem=EDGE_FAITHFULNESS)
-            html = folder.path / f"{EDGE_FAITHFULNESS}.html"
-            faithfulness_curve(efx, title=f"{model.name}: faithfulness of edge circuits").write_html(
-                html, include_plotlyjs=True)
-            written.append(html)
-            written += _whole_report(args.scan, folder.path / WHOLE_DIR, efx, roles, model.n_layers)
-    print(f"wrote {', '.join(str(p) for p in written)}")
+        res = run_sufficiency(model, _first_samples(task, args.samples), scan, folder.path, settings,
+                              resume=args.resume, say=lambda text: print(text, flush=True), stage=_stage)
+    if res.edges is not None and res.roles is not None:
+        print(_edge_report(res.edges, res.roles))
+    if res.screen is not None:
+        print(_screen_report(res.screen, 20))
+    if res.resumed:
+        print(f"resumed: {', '.join(res.resumed)} read from {folder.path} (finished by an earlier run)")
+    print(f"wrote {', '.join(str(p) for p in res.written) or 'nothing new'}")
     return 0
 
 
 def _first_samples(task: "Task", n: int) -> "Task":
-    """The task's first ``n`` samples (all of them for 0 or more than it has), saying so when it is cut."""
+    """The task's first ``n`` samples (all of them for 0), saying so when it is cut."""
     if not n or n >= len(task):
         return task
     from gna_interp.tasks.base import Task
 
     print(f"measuring on the first {n} of the task's {len(task)} prompts (--samples)")
     return Task(task.name, task.samples[:n])
-
-
-def _edge_circuit(args: argparse.Namespace, model: Any, task: Any, screen: "EdgeScreen", heads: Any) -> Any:
-    """The edge faithfulness curve -- the edges out of the smallest node circuit's ``heads`` first, each part in
-    screen order -- and the smallest edge circuit (None, with a line saying why, where the model's blocks do not
-    allow edge circuits)."""
-    from gna_interp.circuits.sufficiency import edge_faithfulness
-    from gna_interp.errors import UnsupportedArchitectureError
-
-    with _stage("edge circuits: the strongest edges kept in screen order, every other edge ablated"):
-        try:
-            efx = edge_faithfulness(model, task, screen, method=args.method, threshold=args.threshold,
-                                    seeds=args.edge_seeds, minimality=args.edge_minimality,
-                                    precision=args.edge_precision, first=heads or None,
-                                    batch_size=args.batch_size)
-        except UnsupportedArchitectureError as e:
-            print(f"no edge circuit: {e}")
-            return None
-    print(efx.report().split("\n\n| size")[0])
-    return efx
-
-
-def _whole_report(scan: str, out: "Path", efx: Any, roles: "pd.DataFrame | None", n_layers: int) -> list["Path"]:
-    """``out``: the scan's circuit with the smallest edge circuit as ``whole`` in its circuit.json, and its report
-    (the graph with every node and edge of the edge circuit); nothing where no edge circuit keeps the threshold."""
-    import json
-    import shutil
-    from pathlib import Path
-
-    from gna_interp.circuits.edge_circuit import whole_circuit
-
-    role_of = dict(zip(roles["name"], roles["causal_role"])) if roles is not None else {}
-    whole = whole_circuit(efx, efx.scores, role_of, n_layers)
-    if whole is None:
-        return []
-    out.mkdir(exist_ok=True)
-    src = Path(scan)
-    for f in src.iterdir():
-        if f.is_file() and f.suffix in (".json", ".pt", ".csv") and f.name not in (SCAN_CKPT, CONTROL_CKPT):
-            shutil.copy2(f, out / f.name)
-    doc = json.loads((src / CIRCUIT_JSON).read_text(encoding="utf-8"))
-    doc["whole"] = whole
-    (out / CIRCUIT_JSON).write_text(json.dumps(doc, indent=1), encoding="utf-8")
-    from gna_interp.report.build import build_report
-
-    return [out / CIRCUIT_JSON, build_report(out, png=False)]
 
 
 def _edge_report(edges: "pd.DataFrame", roles: "pd.DataFrame") -> str:

@@ -1,0 +1,350 @@
+"""What ``gna circuit`` measures and writes, stage by stage, into a folder it owns.
+
+The stages: the faithfulness curve of the scan's ranking, the edge table among the circuit's top heads, the screen
+of the whole graph, the edge circuits, and the ``whole_circuit`` folder (the scan with the smallest edge circuit
+in its circuit.json). Each stage's files are written through :mod:`gna_interp.store` (atomic, never through a
+link) as soon as the stage ends, and ``circuit_run.json`` records the scan run read, the settings and the stages
+done: an interrupted run resumes with the stages it had (``resume=True``); a run whose settings or scan differ is
+refused, never mixed with them.
+
+The scan is read once, under its folder's lock, into memory (:class:`ScanSnapshot`): every stage and the
+``whole_circuit`` folder use that copy, so a scan folder replaced while the command runs cannot mix into its
+results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
+
+from gna_interp.constants import (CIRCUIT_JSON, CIRCUIT_RUN_JSON, CONTROL_CKPT, EDGE_FAITHFULNESS, EDGE_GRAPH_HTML, EDGE_SCREEN_CSV,
+                                  EDGES_CSV, FAITHFULNESS, FAITHFULNESS_HTML, ROLES_CSV, SCAN_CKPT, WHOLE_DIR)
+from gna_interp.errors import InputError
+from gna_interp.store import atomic_write, read_json, write_json
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from gna_interp.circuits.circuit import Circuit
+    from gna_interp.circuits.edge_screen import EdgeScreen
+    from gna_interp.circuits.sufficiency import Faithfulness
+    from gna_interp.models.model import Model
+    from gna_interp.tasks.base import Task
+
+__all__ = ["RUN_JSON", "ScanSnapshot", "Sufficiency", "SufficiencySettings", "check_resume", "run_sufficiency"]
+
+RUN_JSON = CIRCUIT_RUN_JSON
+STAGES = ("faithfulness", "edges", "screen", "edge_circuits", "whole")
+
+
+@dataclass(frozen=True)
+class SufficiencySettings:
+    """What ``gna circuit`` measures (its options after ``--quick``); every field but ``batch_size`` decides the
+    results, so a run resumes only with the same values."""
+
+    method: str = "mean"
+    threshold: float = 0.8
+    sizes: tuple[int, ...] | None = None
+    samples: int = 0
+    seeds: int = 3
+    minimality: int = 30
+    edges: int = 5
+    verify: int = 40
+    ig_steps: int = 0
+    edge_seeds: int = 1
+    edge_precision: float = 0.05
+    edge_minimality: int = 8
+    batch_size: int = 16
+
+    def key(self) -> dict[str, Any]:
+        """The fields that decide the results (all but ``batch_size``), as JSON."""
+        out = dataclasses.asdict(self)
+        out.pop("batch_size")
+        out["sizes"] = list(self.sizes) if self.sizes is not None else None
+        return out
+
+
+@dataclass
+class ScanSnapshot:
+    """A ``gna scan`` folder read once into memory, under its lock: its files' bytes, its run id and the
+    :class:`~gna_interp.circuits.circuit.Circuit` loaded from exactly those bytes."""
+
+    path: Path
+    files: dict[str, bytes]
+    circuit: "Circuit"
+    run_id: str
+
+    @classmethod
+    def read(cls, path: str | Path) -> "ScanSnapshot":
+        """Read the scan folder ``path`` (its result files, not its checkpoints or links) while holding its lock
+        shared; an :class:`InputError` naming the folder, and the command that makes a scan, when it is none."""
+        from gna_interp.circuits.circuit import Circuit
+        from gna_interp.run_folder import reading
+
+        src = Path(path)
+        if not src.is_dir():
+            raise InputError(f"{str(src)!r} is not a folder; gna circuit reads a `gna scan` output folder "
+                             f"(make one with `gna scan --out {src}`)")
+        if not (src / CIRCUIT_JSON).is_file():
+            raise InputError(f"{str(src)!r} is not a gna scan folder (it has no {CIRCUIT_JSON}); make one with "
+                             f"`gna scan --out {src}`, or name the folder a scan wrote")
+        with reading(src):
+            files = {f.name: f.read_bytes() for f in sorted(src.iterdir())
+                     if f.is_file() and not f.is_symlink() and f.suffix in (".json", ".pt", ".csv")
+                     and f.name not in (SCAN_CKPT, CONTROL_CKPT) and not f.name.startswith(".")}
+        with tempfile.TemporaryDirectory(prefix="gna-scan-") as tmp:
+            for name, data in files.items():
+                atomic_write(Path(tmp) / name, data)  # a private copy to load from (gone on exit)
+            circuit = Circuit.load(tmp)
+            run_id = read_json(Path(tmp) / CIRCUIT_JSON, "circuit")["run_id"]
+        return cls(src, files, circuit, run_id)
+
+    def changed(self) -> str | None:
+        """The run id the scan folder holds now, when it is no longer the one read (None when unchanged)."""
+        try:
+            now = read_json(self.path / CIRCUIT_JSON, "circuit")["run_id"]
+        except InputError:
+            return "unreadable"
+        return None if now == self.run_id else now
+
+
+@dataclass
+class Sufficiency:
+    """What ``gna circuit`` found: the node faithfulness curve; the edge table and causal roles of the top heads
+    (None when not measured); the whole-graph screen; the edge faithfulness curve with the smallest edge circuit;
+    and the files written."""
+
+    faithfulness: "Faithfulness"
+    edges: "pd.DataFrame | None" = None
+    roles: "pd.DataFrame | None" = None
+    screen: "EdgeScreen | None" = None
+    edge_faithfulness: "Faithfulness | None" = None
+    written: list[Path] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)
+
+
+class _RunLog:
+    """``circuit_run.json``: the scan run read, the settings and the stages done (with what each needs to be read
+    back), rewritten as each stage ends."""
+
+    def __init__(self, folder: Path, scan_run: str, settings: SufficiencySettings, resume: bool) -> None:
+        self.path = folder / RUN_JSON
+        self.body: dict[str, Any] = {"scan_run_id": scan_run, "settings": settings.key(), "stages": {}}
+        if resume and self.path.exists():
+            doc = read_json(self.path, "circuit_run")
+            if doc.get("scan_run_id") != scan_run:
+                raise InputError(f"--resume: {str(folder)!r} holds a gna circuit run of another scan (run "
+                                 f"{doc.get('scan_run_id')}, the scan read now is run {scan_run}); add --fresh to "
+                                 f"start over, or pick another --out")
+            theirs = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+            differ = [f"{k} {theirs.get(k)!r:.40} there, {v!r:.40} now" for k, v in self.body["settings"].items()
+                      if theirs.get(k) != v]
+            if differ:
+                raise InputError(f"--resume: {str(folder)!r} holds a gna circuit run with other options ("
+                                 f"{'; '.join(differ)}); rerun with its options, or add --fresh to start over")
+            stages = doc.get("stages")
+            self.body["stages"] = stages if isinstance(stages, dict) else {}
+
+    def done(self, stage: str) -> dict[str, Any] | None:
+        got = self.body["stages"].get(stage)
+        return got if isinstance(got, dict) else None
+
+    def mark(self, stage: str, **info: Any) -> None:
+        self.body["stages"][stage] = info
+        write_json(self.path, "circuit_run", self.body)
+
+
+def check_resume(folder: str | Path, scan: ScanSnapshot, settings: SufficiencySettings, resume: bool) -> None:
+    """Refuse, before any model loads, a ``resume`` into a folder whose run read another scan or other settings."""
+    _RunLog(Path(folder), scan.run_id, settings, resume)
+
+
+def run_sufficiency(model: "Model", task: "Task", scan: ScanSnapshot, folder: str | Path,
+                    settings: SufficiencySettings, resume: bool = False, say: Callable[[str], Any] = print,
+                    stage: Callable[[str], ContextManager[Any]] = lambda label: contextlib.nullcontext()
+                    ) -> Sufficiency:
+    """Run ``gna circuit``'s stages on ``task`` (the scan's task, or its first samples) and write each stage's files
+    into ``folder`` as it ends; with ``resume``, stages that ``folder``'s ``circuit_run.json`` lists as done (for the
+    same scan run and settings) are read back instead. ``say`` prints a stage's report, ``stage(label)`` wraps each
+    stage (the command line's stage lines)."""
+    out = Path(folder)
+    log = _RunLog(out, scan.run_id, settings, resume)
+    res = Sufficiency(faithfulness=None)  # type: ignore[arg-type]
+    steps = [("faithfulness", _faithfulness), ("edges", _edges), ("screen", _screen),
+             ("edge_circuits", _edge_circuits), ("whole", _whole)]
+    for name, step in steps:
+        if log.done(name) is not None:
+            res.resumed.append(name)
+        step(_Ctx(model, task, scan, out, settings, log, say, stage), res)
+    return res
+
+
+@dataclass
+class _Ctx:
+    model: Any
+    task: Any
+    scan: ScanSnapshot
+    out: Path
+    settings: SufficiencySettings
+    log: _RunLog
+    say: Callable[[str], Any]
+    stage: Callable[[str], ContextManager[Any]]
+
+
+def _faithfulness(c: _Ctx, res: Sufficiency) -> None:
+    from gna_interp.circuits.sufficiency import Faithfulness, faithfulness
+    from gna_interp.viz.faithfulness import faithfulness_curve
+
+    s = c.settings
+    if c.log.done("faithfulness") is not None:
+        res.faithfulness = Faithfulness.load(c.out / f"{FAITHFULNESS}.json")
+        c.say(f"faithfulness: read from {c.out / f'{FAITHFULNESS}.json'} (--resume)")
+        return
+    ranked = c.scan.circuit.scan.top(len(c.scan.circuit.scan.heads))
+    with c.stage("faithfulness: every head outside the first k of the ranking ablated"):
+        fx = faithfulness(c.model, c.task, ranked, method=s.method, threshold=s.threshold,
+                          sizes=list(s.sizes) if s.sizes else None, seeds=s.seeds, minimality=s.minimality,
+                          batch_size=s.batch_size)
+    c.say(fx.report())
+    res.written += fx.write(c.out)
+    res.written.append(_figure(c.out / FAITHFULNESS_HTML, faithfulness_curve(
+        fx, title=f"{c.model.name}: faithfulness of the scanned circuit")))
+    res.faithfulness = fx
+    c.log.mark("faithfulness")
+
+
+def _edges(c: _Ctx, res: Sufficiency) -> None:
+    import pandas as pd
+
+    from gna_interp.circuits.causal import causal_roles, measure_edges
+
+    circuit = c.scan.circuit
+    if not c.settings.edges:
+        if circuit.edges is not None and len(circuit.edges):
+            res.roles = causal_roles(circuit.edges, circuit.edge_drops())  # the scan's own edge table
+        return
+    if c.log.done("edges") is not None:
+        res.edges, res.roles = (pd.read_csv(c.out / EDGES_CSV), pd.read_csv(c.out / ROLES_CSV))
+        return
+    with c.stage(f"edges among the circuit's first {c.settings.edges} heads (path patching)"):
+        res.edges = measure_edges(c.model, c.task, circuit.heads[:c.settings.edges], decision_kv=True,
+                                  batch_size=c.settings.batch_size)
+    res.roles = causal_roles(res.edges, circuit.edge_drops())
+    for name, frame in ((EDGES_CSV, res.edges), (ROLES_CSV, res.roles)):
+        res.written.append(atomic_write(c.out / name, frame.to_csv(index=False)))
+    c.log.mark("edges")
+
+
+def _screen(c: _Ctx, res: Sufficiency) -> None:
+    import pandas as pd
+
+    from gna_interp.circuits.edge_screen import EdgeScreen, screen_edges
+    from gna_interp.progress import quiet
+    from gna_interp.viz.edge_graph import edge_graph
+
+    s = c.settings
+    if not s.verify:
+        return
+    done = c.log.done("screen")
+    if done is not None:
+        res.screen = EdgeScreen(pd.read_csv(c.out / EDGE_SCREEN_CSV), float(done["intact"]))
+        return
+    with c.stage("the whole graph: edge attribution, then the strongest edges by path patching"):
+        res.screen = screen_edges(c.model, c.task, s.method, c.task if s.method == "mean" else None, verify=s.verify,
+                                  batch_size=s.batch_size, ig_steps=s.ig_steps,
+                                  progress=None if quiet() else lambda line: c.say(line))
+    res.written.append(atomic_write(c.out / EDGE_SCREEN_CSV, res.screen.table.to_csv(index=False)))
+    res.written.append(_figure(c.out / EDGE_GRAPH_HTML, edge_graph(
+        res.screen, title=f"{c.model.name}: the strongest edges of the whole graph")))
+    c.log.mark("screen", intact=res.screen.intact)
+
+
+def _edge_circuits(c: _Ctx, res: Sufficiency) -> None:
+    """The edge faithfulness curve -- the edges out of the smallest node circuit's heads first, each part in screen
+    order -- and the smallest edge circuit (none, with a line saying why, where the model's blocks do not allow
+    edge circuits)."""
+    from gna_interp.circuits.sufficiency import Faithfulness, edge_faithfulness
+    from gna_interp.errors import UnsupportedArchitectureError
+    from gna_interp.viz.faithfulness import faithfulness_curve
+
+    if res.screen is None:
+        return
+    done = c.log.done("edge_circuits")
+    if done is not None:
+        if done.get("made"):
+            res.edge_faithfulness = Faithfulness.load(c.out / f"{EDGE_FAITHFULNESS}.json")
+        return
+    s = c.settings
+    with c.stage("edge circuits: the strongest edges kept in screen order, every other edge ablated"):
+        try:
+            efx = edge_faithfulness(c.model, c.task, res.screen, method=s.method, threshold=s.threshold,
+                                    seeds=s.edge_seeds, minimality=s.edge_minimality, precision=s.edge_precision,
+                                    first=res.faithfulness.smallest or None, batch_size=s.batch_size)
+        except UnsupportedArchitectureError as e:
+            c.say(f"no edge circuit: {e}")
+            c.log.mark("edge_circuits", made=False)
+            return
+    c.say(efx.report().split("\n\n| size")[0])
+    res.written += efx.write(c.out, stem=EDGE_FAITHFULNESS)
+    res.written.append(_figure(c.out / f"{EDGE_FAITHFULNESS}.html", faithfulness_curve(
+        efx, title=f"{c.model.name}: faithfulness of edge circuits")))
+    res.edge_faithfulness = efx
+    c.log.mark("edge_circuits", made=True)
+
+
+def _whole(c: _Ctx, res: Sufficiency) -> None:
+    """``whole_circuit/``: the scan as read, with the smallest edge circuit as ``whole`` in its circuit.json, and
+    its report; built in a new folder beside it, then put in place (nothing where no edge circuit keeps the
+    threshold)."""
+    from gna_interp.circuits.edge_circuit import whole_circuit
+    from gna_interp.report.build import build_report
+
+    efx = res.edge_faithfulness
+    if efx is None or (c.log.done("whole") is not None and (c.out / WHOLE_DIR / CIRCUIT_JSON).is_file()):
+        return
+    role_of = dict(zip(res.roles["name"], res.roles["causal_role"])) if res.roles is not None else {}
+    whole = whole_circuit(efx, efx.scores, role_of, c.model.n_layers)
+    if whole is None:
+        return
+    changed = c.scan.changed()
+    if changed:
+        c.say(f"note: {c.scan.path} changed while gna circuit ran (its run id is now {changed}); "
+              f"{WHOLE_DIR}/ holds the scan as it was read, run {c.scan.run_id}, which every stage measured")
+    with _new_folder(c.out / WHOLE_DIR) as tmp:
+        for name, data in c.scan.files.items():
+            atomic_write(tmp / name, data)
+        doc = read_json(tmp / CIRCUIT_JSON, "circuit")
+        doc["whole"] = whole
+        write_json(tmp / CIRCUIT_JSON, "circuit", doc)
+        build_report(tmp, png=False)
+    res.written += [c.out / WHOLE_DIR / CIRCUIT_JSON, c.out / WHOLE_DIR / "report.html"]
+    c.log.mark("whole")
+
+
+@contextlib.contextmanager
+def _new_folder(target: Path) -> Iterator[Path]:
+    """A new folder beside ``target`` to fill; on success it replaces ``target`` (a folder gna wrote, or nothing),
+    on failure it is removed and ``target`` stays as it was."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        yield tmp
+        old = None
+        if target.is_dir() and not target.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            target.rename(old / target.name)
+        tmp.rename(target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _figure(path: Path, fig: Any) -> Path:
+    """A plotly figure as a self-contained page at ``path`` (atomic, never through a link)."""
+    return atomic_write(path, fig.to_html(include_plotlyjs=True, full_html=True))
