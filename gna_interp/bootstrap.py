@@ -16,7 +16,7 @@ from torch import Tensor
 from gna_interp.constants import N_BOOTSTRAP
 from gna_interp.options import check_level, check_n_boot
 
-__all__ = ["N_BOOTSTRAP", "interval", "paired_bootstrap"]
+__all__ = ["N_BOOTSTRAP", "far_outside", "interval", "paired_bootstrap"]
 
 
 def paired_bootstrap(n: int, n_boot: int = N_BOOTSTRAP, seed: int = 0) -> Int[Tensor, "n_boot n"]:
@@ -32,3 +32,13 @@ def interval(values: Float[Tensor, " n_boot"], level: float) -> tuple[float, flo
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
     lo, hi = torch.quantile(values.double(), q).tolist()
     return lo, hi
+
+
+def far_outside(value: float | None, low: float | None, high: float | None) -> bool:
+    """Whether a measured ``value`` lies far outside its own interval ``[low, high]`` (more than the interval's width
+    beyond it): a bootstrap interval holds the estimate it was drawn around, so such a record was edited or mixed from
+    two runs. False when any of the three is missing (None or NaN)."""
+    if value is None or low is None or high is None or any(x != x for x in (value, low, high)):
+        return False
+    slack = max(high - low, 0.0) + 1e-9 * max(1.0, abs(value))
+    return not low - slack <= value <= high + slack

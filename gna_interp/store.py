@@ -55,7 +55,7 @@ FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 2, "vi
                                    "evaluation": 1, "calibration": 1, "faithfulness": 2, "circuit_run": 1}
 
 __all__ = ["FORMAT_VERSIONS", "as_path", "atomic_write", "clean_json", "file_in", "read_json", "read_tensors", "records",
-           "write_json", "write_tensors"]
+           "write_files", "write_json", "write_tensors"]
 
 
 def _umask() -> int:
@@ -87,6 +87,29 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def write_files(folder: str | os.PathLike, fill: Any) -> Path:
+    """Let ``fill(tmp)`` write files (a Hugging Face ``save_pretrained``) into a new temporary folder beside
+    ``folder``, then move each into ``folder`` by ``os.replace``: each file appears whole, and a link at its name is
+    replaced, never written through. Returns ``folder``."""
+    import shutil
+
+    folder = as_path(folder)
+    _check_target(folder / "x")
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder))
+    try:
+        fill(tmp)
+        for f in sorted(tmp.rglob("*")):
+            if f.is_file():
+                dest = folder / f.relative_to(tmp)
+                _check_target(dest)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(f, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
 
 
 def _check_target(path: Path) -> None:

@@ -41,6 +41,7 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from gna_interp.bootstrap import far_outside
 from gna_interp.errors import HeadError, InputError
 from gna_interp.circuits.paths import LOGITS, Edge, PathEffects, PathOptions, PathPatcher, path_effects
 from gna_interp.models.heads import HeadRef
@@ -110,6 +111,9 @@ def check_edge_table(rows: Any, heads: Iterable[HeadRef], where: str = "the edge
             numbers = {k: _number(row.get(k), k) for k in ("effect", "low", "high")}
             if numbers["low"] > numbers["high"]:  # (a missing bound compares False)
                 raise InputError(f"its interval is reversed: low {numbers['low']} > high {numbers['high']}")
+            if far_outside(numbers["effect"], numbers["low"], numbers["high"]):
+                raise InputError(f"its effect {numbers['effect']} lies far outside its own interval "
+                                 f"[{numbers['low']}, {numbers['high']}]")
         except (InputError, HeadError) as e:
             raise InputError(f"{where}: row {i}: {e}; the file was edited: rerun `gna scan`") from None
         out.append({"edge": edge.name, "sender": edge.sender.name,

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from gna_interp.bootstrap import far_outside
 from gna_interp.errors import HeadError, InputError
 from gna_interp.models.heads import HeadRef
 
@@ -219,6 +220,8 @@ def _bounded(doc: dict[str, Any], keys: tuple[str, str, str], prefix: str) -> di
     low, high = out[keys[1]], out[keys[2]]
     if low is not None and high is not None and low > high:
         raise InputError(f"{prefix}interval is reversed: {keys[1]} {low} > {keys[2]} {high}")
+    if far_outside(out[keys[0]], low, high):
+        raise InputError(f"{prefix}{keys[0]} {out[keys[0]]} lies far outside its own interval [{low}, {high}]")
     return out
 
 

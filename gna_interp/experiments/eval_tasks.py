@@ -24,9 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Sequence
+
+from gna_interp.store import atomic_write
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "data" / "eval_tasks"
 """The shipped task folder (``gna_interp/data/eval_tasks``)."""
@@ -77,12 +78,10 @@ def write_jsonl(out: str | Path, words: Sequence[str] | None = None) -> None:
     w = list(words) if words else None
     mc = KVRetrieval(10, 50, seed=101, max_value=9, words=w)
     gen = KVRetrieval(10, 50, seed=102, max_value=9, words=w)
-    with open(out / "gna_kv_mc.jsonl", "w", encoding="utf-8") as f:
-        for s in mc:
-            f.write(json.dumps({"prompt": s.prompt, "choices": list(s.candidates), "answer": s.gold}) + "\n")
-    with open(out / "gna_kv_gen.jsonl", "w", encoding="utf-8") as f:
-        for s in gen:
-            f.write(json.dumps({"prompt": s.prompt, "answer": str(s.meta["value"])}) + "\n")
+    atomic_write(out / "gna_kv_mc.jsonl", "".join(
+        json.dumps({"prompt": s.prompt, "choices": list(s.candidates), "answer": s.gold}) + "\n" for s in mc))
+    atomic_write(out / "gna_kv_gen.jsonl", "".join(
+        json.dumps({"prompt": s.prompt, "answer": str(s.meta["value"])}) + "\n" for s in gen))
 
 
 def write_task_folder(out: str | Path, words: Sequence[str] | None = None) -> Path:
@@ -92,7 +91,7 @@ def write_task_folder(out: str | Path, words: Sequence[str] | None = None) -> Pa
     out.mkdir(parents=True, exist_ok=True)
     if out.resolve() != TASKS_DIR:
         for f in _TASK_FILES:
-            shutil.copy(TASKS_DIR / f, out / f)
+            atomic_write(out / f, (TASKS_DIR / f).read_bytes())
     write_jsonl(out, words)
     return out
 

@@ -73,9 +73,13 @@ def save_tiny(config: Any, cls: type, tok: Any, path: str | os.PathLike, seed: i
 
     config.pad_token_id = config.eos_token_id = config.bos_token_id = tok.eos_token_id
     torch.manual_seed(seed)
-    path = Path(path)
+    from gna_interp.store import write_files
+
     with quiet_transformers():
         model = cls(config).eval()
-        model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+
+        def fill(tmp: Path) -> None:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+
+        return write_files(path, fill)

@@ -96,18 +96,10 @@ class HTMLView:
                     heading=self.heading)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`page` to ``path`` atomically (temporary file + rename) and return the path."""
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")  # same folder: os.replace is atomic
-        try:
-            with open(tmp, "x", encoding="utf-8") as f:  # "x" mode: the usual umask permissions, unlike mkstemp
-                f.write(self.page())
-            os.replace(tmp, out)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return out
+        """Write :meth:`page` to ``path`` atomically (:func:`~gna_interp.store.atomic_write`) and return the path."""
+        from gna_interp.store import atomic_write
+
+        return atomic_write(path, self.page())
 
     def _repr_html_(self) -> str:
         """Notebook display: an iframe whose ``srcdoc`` is :meth:`page` (plus a script that fits its height)."""

@@ -279,12 +279,16 @@ def save_evaluated(model: torch.nn.Module, tokenizer: Any, out: str | os.PathLik
     eval_sizes, eval_samples = opts.eval_sizes, opts.eval_samples
     from gna_interp.models.loading import quiet_transformers
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    from gna_interp.store import write_files
+
     model.eval()
-    with quiet_transformers():
-        model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+
+    def fill(tmp: Path) -> None:
+        with quiet_transformers():
+            model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    out = write_files(out, fill)
     card = {**card, "evaluation": evaluate_checkpoint(out, eval_sizes, eval_samples)}
     write_card(out, card, sections)
     return card
@@ -418,8 +422,10 @@ def write_card(out: str | os.PathLike, card: dict[str, Any], sections: Mapping[s
     """Write ``card.json`` and a human-readable ``MODEL_CARD.md`` (with ``sections``, see :func:`render_card`)
     into ``out``."""
     out = Path(out)
-    (out / CARD_JSON).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
-    (out / CARD_MD).write_text(render_card(card, sections), encoding="utf-8")
+    from gna_interp.store import atomic_write
+
+    atomic_write(out / CARD_JSON, json.dumps(card, indent=2) + "\n")
+    atomic_write(out / CARD_MD, render_card(card, sections))
 
 
 def render_card(card: dict[str, Any], sections: Mapping[str, str] | None = None) -> str:
