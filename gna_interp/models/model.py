@@ -9,7 +9,7 @@ import re
 import warnings
 import weakref
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -19,13 +19,15 @@ from torch import Tensor
 from gna_interp.constants import TOKENIZER_CONFIG
 from gna_interp.errors import BridgeOnlyError, HeadError, InputError
 from gna_interp.models.arch import LayerSpec, detect_layers
+from gna_interp.models.call_args import (CACHE_KEYWORDS, FORWARD_KEYWORDS, HOOK_KEYWORDS, TEXT_KEYWORDS, Hooks,
+                                         check_flag, check_keywords, check_loss_rows, check_names_filter,
+                                         check_new_tokens, check_padding_side, check_return_type, check_run_options,
+                                         gradient_hooks)
 from gna_interp.models.heads import HeadRef, parse_heads
 from gna_interp.models.hf import quiet_transformers, unwrap
 from gna_interp.models.mixer import HeadSite
 from gna_interp.models.spec import ResolvedSpec
 from gna_interp.models.tokens import token_labels as text_labels, token_offsets
-
-Hooks = Sequence[tuple[Any, Callable[..., Any]]]
 
 # the bridges that gna_interp Models own: load_model(model.bridge) refuses them (use the Model itself)
 _OWNED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
@@ -135,14 +137,22 @@ class TokenBatch:
     @classmethod
     def left_padded(cls, seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu") -> "TokenBatch":
         """Lists of token ids left-padded with ``pad_id`` into one batch on ``device``, the padding masked out."""
+        return cls.from_rows(seqs, pad_id, device)
+
+    @classmethod
+    def from_rows(cls, seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu",
+                  side: str = "left") -> "TokenBatch":
+        """Lists of token ids padded with ``pad_id`` into one batch on ``device``, the padding masked out; on the
+        left unless ``side="right"``."""
         if not seqs:
             raise InputError("no token sequences given")
         width = max(len(x) for x in seqs)
         ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for k, x in enumerate(seqs):
-            ids[k, width - len(x):] = torch.tensor(list(x), dtype=torch.long)
-            mask[k, width - len(x):] = 1
+            cols = slice(width - len(x), width) if side == "left" else slice(0, len(x))
+            ids[k, cols] = torch.tensor(list(x), dtype=torch.long)
+            mask[k, cols] = 1
         return cls(ids.to(device), mask.to(device))
 
     def select(self, rows: Sequence[int] | Tensor) -> "TokenBatch":
@@ -467,26 +477,22 @@ class Model:
 
     # ---- tokens ---------------------------------------------------------------------------
     def tokenize(self, texts: str | Sequence[str], padding_side: str | None = "left",
-                 prepend_bos: bool | None = None) -> TokenBatch:
+                 prepend_bos: bool | None = None, truncate: bool = False) -> TokenBatch:
         """Tokenise one prompt or a batch (padded on ``padding_side``, left when None), checking the context length.
 
         ``prepend_bos`` as in TransformerLens: None follows the tokenizer's own policy (a BOS token only where the
         checkpoint's tokenizer adds one, see :func:`checkpoint_tokenizer`); True puts the BOS token first in every
         row (once: a row that already starts with it is left alone), which gives the ids of TransformerLens's
         ``bridge.to_tokens(text)``; False removes a BOS token the tokenizer added. A tokenizer without a BOS token
-        refuses ``prepend_bos=True`` (:class:`InputError`)."""
-        batch = [texts] if isinstance(texts, str) else list(texts) if isinstance(texts, (list, tuple)) else None
-        if batch is None or not all(isinstance(t, str) for t in batch):
-            raise InputError(f"a prompt must be a string or a list of strings, got {type(texts).__name__}"
-                             + (f" holding {type(next(t for t in batch if not isinstance(t, str))).__name__}"
-                                if batch else ""))
-        if not batch:
-            raise InputError("no prompt given: pass a string or a non-empty list of strings")
+        refuses ``prepend_bos=True`` (:class:`InputError`). ``truncate=True`` keeps the first :attr:`n_ctx` tokens
+        of each row instead of refusing a longer one."""
+        batch = self._texts(texts)
+        check_flag("prepend_bos", prepend_bos, optional=True)
+        check_padding_side(padding_side)
+        check_flag("truncate", truncate)
         padding_side = "left" if padding_side is None else padding_side
-        if padding_side not in ("left", "right"):
-            raise InputError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-        if prepend_bos is not None:
-            return self._tokenize_bos(batch, padding_side, bool(prepend_bos))
+        if prepend_bos is not None or truncate:
+            return self._tokenize_rows(batch, padding_side, prepend_bos, self.n_ctx if truncate else 0)
         enc = self.tokenizer(batch, return_tensors="pt", padding=True, padding_side=padding_side)
         ids, mask = enc["input_ids"], enc["attention_mask"]
         if ids.shape[1] == 0:
@@ -496,6 +502,18 @@ class Model:
         self.check_length(ids.shape[1])
         return TokenBatch(ids.to(self.device), mask.to(self.device))
 
+    @staticmethod
+    def _texts(texts: Any) -> list[str]:
+        """``texts`` as a non-empty list of strings; :class:`InputError` otherwise."""
+        batch = [texts] if isinstance(texts, str) else list(texts) if isinstance(texts, (list, tuple)) else None
+        if batch is None or not all(isinstance(t, str) for t in batch):
+            raise InputError(f"a prompt must be a string or a list of strings, got {type(texts).__name__}"
+                             + (f" holding {type(next(t for t in batch if not isinstance(t, str))).__name__}"
+                                if batch else ""))
+        if not batch:
+            raise InputError("no prompt given: pass a string or a non-empty list of strings")
+        return batch
+
     @property
     def bos_id(self) -> int | None:
         """The tokenizer's BOS token id (None when it has none); :meth:`tokenize` puts it first only where the
@@ -503,7 +521,9 @@ class Model:
         bos = getattr(self.tokenizer, "bos_token_id", None)
         return int(bos) if bos is not None else None
 
-    def _tokenize_bos(self, batch: list[str], padding_side: str, prepend_bos: bool) -> TokenBatch:
+    def _tokenize_rows(self, batch: list[str], padding_side: str, prepend_bos: bool | None, limit: int) -> TokenBatch:
+        """:meth:`tokenize` one row at a time: the BOS token put first or removed as ``prepend_bos`` says (None:
+        left as the tokenizer gives it), each row cut to its first ``limit`` tokens (0: not cut)."""
         bos = self.bos_id
         if prepend_bos and bos is None:
             raise InputError(f"prepend_bos=True, but the tokenizer of {self.name} has no BOS token: leave prepend_bos "
@@ -515,37 +535,29 @@ class Model:
             starts = bool(row) and row[0] == bos
             if prepend_bos and not starts:
                 row.insert(0, bos)
-            elif not prepend_bos and starts and not text.startswith(str(self.tokenizer.bos_token)):
+            elif prepend_bos is False and starts and not text.startswith(str(self.tokenizer.bos_token)):
                 row.pop(0)  # the tokenizer's own BOS (text that starts with the BOS string keeps it)
-            rows.append(row)
+            rows.append(row[:limit] if limit else row)
         if not max(len(r) for r in rows):
             raise InputError("the prompt tokenizes to nothing; pass non-empty text")
-        batch_ids = self.pad_ids(rows)
-        if padding_side == "right":
-            width = batch_ids.ids.shape[1]
-            ids = torch.full_like(batch_ids.ids, self.pad_id)
-            mask = torch.zeros_like(batch_ids.attention_mask)
-            for k, row in enumerate(rows):
-                ids[k, :len(row)] = torch.tensor(row, dtype=torch.long)
-                mask[k, :len(row)] = 1
-            assert ids.shape[1] == width
-            batch_ids = TokenBatch(ids, mask)
-        return batch_ids
+        return self.pad_ids(rows, side=padding_side)
 
     def to_tokens(self, input: str | Sequence[str], prepend_bos: bool | None = None,
-                  padding_side: str | None = None, move_to_device: bool = True) -> Int[Tensor, "batch pos"]:
+                  padding_side: str | None = None, move_to_device: bool = True,
+                  truncate: bool = False) -> Int[Tensor, "batch pos"]:
         """Token ids ``[batch, pos]`` of text or a list of texts, as TransformerLens's ``to_tokens``; these are the ids
         :meth:`forward`, :meth:`run_with_cache` and :meth:`run_with_hooks` feed for the same text and flags.
 
         Differences from TransformerLens, on purpose: with ``prepend_bos=None`` (the default) a BOS token is there
         only where the checkpoint's tokenizer adds one (``prepend_bos=True`` gives TransformerLens's ids, BOS
         first); a batch is padded on the left unless ``padding_side="right"`` (the padding is the pad id: use
-        :meth:`tokenize` for the mask too); text longer than the context is refused, not cut. ``move_to_device=False``
-        returns the ids on the CPU."""
+        :meth:`tokenize` for the mask too); text longer than the context is refused unless ``truncate=True`` (then
+        each row keeps its first :attr:`n_ctx` tokens, TransformerLens's default). ``move_to_device=False`` returns the
+        ids on the CPU."""
         if isinstance(input, Tensor):
             raise InputError("to_tokens takes text or a list of texts; these are already token ids (to_string turns "
                              "ids back into text)")
-        ids = self.tokenize(input, padding_side, prepend_bos).ids
+        ids = self.tokenize(input, padding_side, prepend_bos, truncate).ids
         return ids if move_to_device else ids.cpu()
 
     def to_string(self, tokens: Int[Tensor, "... pos"] | Sequence[int] | int) -> str | list[str]:
@@ -597,14 +609,26 @@ class Model:
                     f"with KVRetrieval(..., words=model.kv_words)" if self.kv_words else "")
         hint = f"; {hint}" if hint else ""
         raise InputError(f"{what} holds text outside {self.name}'s vocabulary (it becomes "
-                         f"{self.tokenizer.unk_token!r}): {words[:8] or text[:60]!r}{hint}")
+                         f"{self.tokenizer.unk_token!r}): {words[:8] or text[:60]!r}{self._spacing_note(words)}{hint}")
+
+    def _spacing_note(self, pieces: Sequence[str]) -> str:
+        """For the first unknown piece that is a token once the whitespace around it is removed (``' apple'``, where
+        ``'apple'`` is a token), a note that the whitespace is what fails; ``""`` when there is none."""
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        for piece in pieces:
+            bare = piece.strip()
+            if bare and bare != piece and unk not in self.tokenizer(bare, add_special_tokens=False)["input_ids"]:
+                lead = piece[:len(piece) - len(piece.lstrip())]
+                space = f"the {lead!r} before" if lead else f"the {piece[len(piece.rstrip()):]!r} after"
+                return f" ({piece!r} is no token but {bare!r} is: {space} it is what fails; remove it)"
+        return ""
 
     def _unknown_words(self, text: str, unk: int) -> list[str]:
-        """The pieces of ``text`` that become the unknown token (by the tokenizer's offsets; without offsets, the
-        words that are no vocabulary entry)."""
+        """The pieces of ``text`` that become the unknown token, whitespace included (by the tokenizer's offsets;
+        without offsets, the words that are no vocabulary entry)."""
         if getattr(self.tokenizer, "is_fast", False):
             ids, offsets = token_offsets(self.tokenizer, text)
-            found = sorted({text[a:b].strip() for i, (a, b) in zip(ids, offsets) if i == unk and b > a} - {""})
+            found = sorted({text[a:b] for i, (a, b) in zip(ids, offsets) if i == unk and b > a})
             if found:
                 return found
         known = set(self.tokenizer.get_vocab())
@@ -614,7 +638,8 @@ class Model:
         """Raise :class:`InputError` unless ``ids`` are integer token ids inside the vocabulary, ``[batch, pos]``."""
         if ids.dim() != 2 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             raise InputError(f"token ids must be an integer tensor [batch, pos] (or [pos]), got {ids.dtype} of shape "
-                             f"{tuple(ids.shape)}")
+                             f"{tuple(ids.shape)}: pass integer ids (any integer dtype; ids.long() of whole-number "
+                             f"floats) or the text itself")
         vocab = self.d_vocab
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             bad = ids[(ids < 0) | (ids >= vocab)].unique()[:5].tolist()
@@ -703,11 +728,15 @@ class Model:
         if not isinstance(inputs, (str, list, tuple)) and (prepend_bos is not None or padding_side is not None):
             raise InputError(_BOS_WITH_IDS)
         if isinstance(inputs, TokenBatch):
-            return inputs
+            if inputs.ids.dtype == torch.long:
+                return inputs
+            self.check_ids(inputs.ids)
+            return replace(inputs, ids=inputs.ids.long())
         if isinstance(inputs, Tensor):
             ids = inputs if inputs.dim() == 2 else inputs.unsqueeze(0)
             self.check_ids(ids)
             self.check_length(ids.shape[1])
+            ids = ids.long()
             if attention_mask is None:
                 mask = torch.ones_like(ids)
             else:
@@ -719,10 +748,11 @@ class Model:
             raise InputError("attention_mask goes with token ids (a tensor); text is padded and masked by tokenize")
         return self.tokenize(inputs, padding_side, prepend_bos)
 
-    def pad_ids(self, seqs: Sequence[Sequence[int]], check_length: bool = True) -> TokenBatch:
-        """Left-pad lists of token ids into one :class:`TokenBatch` (padding masked out); ``check_length``
-        refuses rows longer than the context (off for packed rows, whose branches are checked instead)."""
-        batch = TokenBatch.left_padded(seqs, self.pad_id, self.device)
+    def pad_ids(self, seqs: Sequence[Sequence[int]], check_length: bool = True, side: str = "left") -> TokenBatch:
+        """Pad lists of token ids into one :class:`TokenBatch` (padding masked out; on the left unless
+        ``side="right"``); ``check_length`` refuses rows longer than the context (off for packed rows, whose branches
+        are checked instead)."""
+        batch = TokenBatch.from_rows(seqs, self.pad_id, self.device, side)
         self.check_ids(batch.ids)
         if check_length:
             self.check_length(batch.ids.shape[1])
@@ -748,14 +778,29 @@ class Model:
             return {"attention_mask": mask[:, None], "position_ids": batch.positions.to(self.device)}
         return {"attention_mask": batch.attention_mask} if batch.padded else {}
 
+    def _run_batch(self, inputs: str | Sequence[str] | Tensor | TokenBatch, kwargs: dict[str, Any],
+                   prepend_bos: bool | None = None, padding_side: str | None = None) -> TokenBatch:
+        """The batch a run feeds (``attention_mask`` is popped from ``kwargs``), after the checks that come before
+        its forward: a runnable model, a known ``return_type`` and, for a loss, rows of 2 tokens or more."""
+        self.check_runnable()
+        return_type = kwargs.get("return_type", "logits")
+        check_return_type(return_type)
+        batch = self.as_batch(inputs, kwargs.pop("attention_mask", None), prepend_bos, padding_side)
+        check_loss_rows(return_type, batch.attention_mask, batch.tree is not None)
+        return batch
+
     def run(self, inputs: str | Sequence[str] | Tensor | TokenBatch, fwd_hooks: Hooks = (), *,
             grad: bool = False, prepend_bos: bool | None = None, padding_side: str | None = None,
             **kwargs: Any) -> Any:
         """One forward of the bridge with ``fwd_hooks`` (removed afterwards) and the padding mask
-        applied; ``kwargs`` go to the bridge (``return_type``, ``logits_to_keep``, ...). Gradients
-        only with ``grad=True``. ``prepend_bos`` / ``padding_side`` tokenise text as :meth:`tokenize` says."""
-        self.check_runnable()
-        batch = self.as_batch(inputs, kwargs.pop("attention_mask", None), prepend_bos, padding_side)
+        applied; ``kwargs`` go to the bridge's forward (``return_type``, ``logits_to_keep``, ``stop_at_layer``,
+        ``use_cache``, ``past_key_values``, ``loss_per_token``, ``attention_mask`` with ids; others are refused).
+        Gradients only with ``grad=True``. ``prepend_bos`` / ``padding_side`` tokenise text as :meth:`tokenize`
+        says. A loss (``return_type="loss"``) is the mean over every predicted token of every row, padding left
+        out (TransformerLens's loss with an attention mask)."""
+        check_keywords("run", kwargs, ("fwd_hooks", "grad", *TEXT_KEYWORDS, *FORWARD_KEYWORDS),
+                       "model.bridge(ids, ...)")
+        batch = self._run_batch(inputs, kwargs, prepend_bos, padding_side)
         with torch.set_grad_enabled(grad), self.hooks(fwd_hooks):
             return self.bridge(batch.ids, **self._forward_kwargs(batch), **kwargs)
 
@@ -766,22 +811,15 @@ class Model:
 
     def __call__(self, input: str | Sequence[str] | Tensor | TokenBatch, return_type: str | None = "logits", *,
                  prepend_bos: bool | None = None, padding_side: str | None = None,
-                 attention_mask: Tensor | None = None, fwd_hooks: Hooks = ()) -> Any:
+                 attention_mask: Tensor | None = None, fwd_hooks: Hooks = (), loss_per_token: bool = False) -> Any:
         """``model(text_or_ids)``: the logits ``[batch, pos, vocab]``, as a TransformerLens model's call (no gradients;
-        ``model.run(..., grad=True)`` keeps them). ``return_type`` is ``"logits"`` (the default), ``"loss"`` (mean
-        next-token loss, refused for a padded batch: the padding would count), ``"both"`` or None, as the bridge
-        takes it; ``prepend_bos`` / ``padding_side`` as :meth:`tokenize`."""
-        if return_type not in ("logits", "loss", "both", None):
-            raise InputError(f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}")
-        if return_type in ("loss", "both"):
-            batch = self.as_batch(input, attention_mask, prepend_bos, padding_side)
-            if batch.padded or batch.tree is not None:
-                raise InputError(f"return_type={return_type!r} averages the loss over every position, padding "
-                                 f"included: pass one text (or rows of equal length), or take the logits and mask "
-                                 f"the padding yourself")
-            return self.run(batch, fwd_hooks, return_type=return_type)
+        ``model.run(..., grad=True)`` keeps them). ``return_type`` is ``"logits"`` (the default), ``"loss"`` (the
+        mean next-token loss over every row, padding left out; each row needs 2 tokens or more), ``"both"`` or None,
+        as the bridge takes it; ``prepend_bos`` / ``padding_side`` as :meth:`tokenize`."""
+        check_flag("loss_per_token", loss_per_token)
+        extra = {"loss_per_token": True} if loss_per_token else {}
         return self.run(input, fwd_hooks, return_type=return_type, prepend_bos=prepend_bos,
-                        padding_side=padding_side, attention_mask=attention_mask)
+                        padding_side=padding_side, attention_mask=attention_mask, **extra)
 
     def read_logits(self, inputs: str | Sequence[str] | Tensor | TokenBatch, rows: Int[Tensor, " n"],
                     pos: Int[Tensor, " n"], fwd_hooks: Hooks = (), *, grad: bool = False) -> Float[Tensor, "n vocab"]:
@@ -831,6 +869,13 @@ class Model:
         """Bridge ``run_with_cache`` with the padding mask applied; returns ``(logits, cache)``, the cache
         indexed by hook name.
 
+        ``names_filter`` is None (every hook), a hook name, a list of names or a function ``name -> bool``. The
+        keywords of TransformerLens's ``run_with_cache`` it honours: ``prepend_bos``, ``padding_side``,
+        ``return_type`` (a loss as :meth:`run` computes it), ``stop_at_layer``, ``remove_batch_dim``, ``pos_slice``,
+        ``return_cache_object``, ``device``, ``clear_contexts``, ``incl_bwd`` (with ``return_type="loss"``; runs
+        with gradients) and the forward's (:meth:`run`); any other keyword is refused (:class:`OptionError`), as is
+        ``reset_hooks_end=False`` (a Model keeps no hook after its run).
+
         **BOS convention.** Text is tokenised by :meth:`tokenize`, which follows the Hugging Face tokenizer's own
         special-token policy: a BOS token is there only where the tokenizer adds one (Llama-3 does; SmolLM2,
         GPT-2-style and the zoo tokenizers do not). TransformerLens's ``bridge.run_with_cache(text)`` prepends
@@ -839,18 +884,34 @@ class Model:
         plain Hugging Face model's on the same text and the positions of tasks' segments (summary tokens, the
         final token) are the tokenizer's. ``to_str_tokens(text)`` lists exactly these positions; to get
         TransformerLens's, pass ``prepend_bos=True`` (or ids: ``run_with_cache(bridge.to_tokens(text))``)."""
-        self.check_runnable()
-        batch = self.as_batch(inputs, kwargs.pop("attention_mask", None), kwargs.pop("prepend_bos", None),
-                              kwargs.pop("padding_side", None))
-        with torch.no_grad():
+        check_keywords("run_with_cache", kwargs, ("names_filter", *FORWARD_KEYWORDS, *TEXT_KEYWORDS, *CACHE_KEYWORDS))
+        check_run_options(kwargs)
+        names_filter = check_names_filter(names_filter, self.bridge.hook_dict)
+        batch = self._run_batch(inputs, kwargs, kwargs.pop("prepend_bos", None), kwargs.pop("padding_side", None))
+        with torch.set_grad_enabled(bool(kwargs.get("incl_bwd"))):
             return self.bridge.run_with_cache(batch.ids, names_filter=names_filter,
                                               **self._forward_kwargs(batch), **kwargs)
 
     def run_with_hooks(self, inputs: str | Sequence[str] | Tensor | TokenBatch, fwd_hooks: Hooks = (),
-                       **kwargs: Any) -> Any:
+                       bwd_hooks: Hooks = (), **kwargs: Any) -> Any:
         """A forward with ``fwd_hooks`` ``[(hook name, fn), ...]`` active (removed afterwards), no gradients;
-        returns the logits (or what ``return_type`` asks for)."""
-        return self.run(inputs, fwd_hooks, **kwargs)
+        returns the logits (or what ``return_type`` asks for, a loss as :meth:`run` computes it).
+
+        ``bwd_hooks`` ``[(hook name, fn), ...]`` make the run keep gradients: at ``output.backward()``, after the run,
+        ``fn(grad, hook=hook)`` is called with the gradient of the hook point's output (a tensor it returns replaces
+        it), as in TransformerLens. Keywords honoured besides the forward's (:meth:`run`): ``prepend_bos``,
+        ``padding_side``, ``stop_at_layer``, ``remove_batch_dim``, ``clear_contexts``; any other keyword is refused
+        (:class:`OptionError`), as is ``reset_hooks_end=False`` (a Model keeps no hook after its run)."""
+        check_keywords("run_with_hooks", kwargs, ("fwd_hooks", "bwd_hooks", *FORWARD_KEYWORDS, *TEXT_KEYWORDS,
+                                                  *HOOK_KEYWORDS))
+        check_run_options(kwargs)
+        hooks = [*fwd_hooks, *gradient_hooks(bwd_hooks)]
+        if bwd_hooks and not any(p.requires_grad for p in self.hf_model.parameters()):
+            raise InputError("bwd_hooks need gradients through the model, but none of its parameters requires one: "
+                             "call model.hf_model.requires_grad_(True) first")
+        batch = self._run_batch(inputs, kwargs, kwargs.pop("prepend_bos", None), kwargs.pop("padding_side", None))
+        with torch.set_grad_enabled(bool(bwd_hooks)):
+            return self.bridge.run_with_hooks(batch.ids, fwd_hooks=hooks, **self._forward_kwargs(batch), **kwargs)
 
     def continue_from(self, ids: Int[Tensor, "batch new"], attention_mask: Int[Tensor, "batch total"],
                       past_key_values: Any, fwd_hooks: Hooks = (), rows: Tensor | None = None
@@ -960,9 +1021,12 @@ class Model:
 
     @torch.no_grad()
     def generate(self, prompt: str, max_new_tokens: int = 16, **options: Any) -> str:
-        """Greedy continuation of ``prompt`` through the bridge (no sampling, no KV cache). Sampling options
-        (``temperature``, ``top_k``, ``do_sample``, ...) are refused with :class:`InputError`: TransformerLens's own
-        ``model.bridge.generate(...)`` takes them."""
+        """The prompt followed by its greedy continuation of up to ``max_new_tokens`` tokens (fewer where the model
+        ends the text), as TransformerLens's ``generate`` returns for a string: ``prompt`` as given, then the new
+        tokens decoded after it (special tokens left out). ``max_new_tokens=0`` returns the prompt; a prompt and
+        ``max_new_tokens`` that together exceed the context are refused up front, naming the largest value that
+        fits. No sampling, no KV cache: sampling options (``temperature``, ``top_k``, ``do_sample``, ...) are refused
+        with :class:`InputError`, pointing at TransformerLens's own ``model.bridge.generate(...)``."""
         if options:
             raise InputError(f"Model.generate is greedy decoding of one prompt (prompt, max_new_tokens); it takes no "
                              f"{', '.join(sorted(options))}. For sampling use TransformerLens's own: "
@@ -970,14 +1034,22 @@ class Model:
         if not isinstance(prompt, str):
             raise InputError(f"Model.generate takes one prompt (a string), got {type(prompt).__name__}")
         ids = self.tokenize(prompt).ids
+        check_new_tokens(max_new_tokens, ids.shape[1], self.n_ctx, self.name)
         start = ids.shape[1]
         for _ in range(max_new_tokens):
-            self.check_length(ids.shape[1] + 1)
             nxt = self.forward(ids)[:, -1].argmax(-1, keepdim=True)
             ids = torch.cat([ids, nxt], dim=1)
             if self.tokenizer.eos_token_id is not None and int(nxt) == self.tokenizer.eos_token_id:
                 break
-        return self.tokenizer.decode(ids[0, start:])
+        return self._with_prompt(prompt, ids[0].tolist(), start)
+
+    def _with_prompt(self, prompt: str, ids: list[int], start: int) -> str:
+        """``ids`` decoded as TransformerLens decodes a generation (special tokens skipped), with ``prompt`` as
+        written in place of the decoding of its own ``start`` tokens (a tokenizer that drops text, as the zoo's
+        ``:`` and line breaks, would lose it)."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        head = self.tokenizer.decode(ids[:start], skip_special_tokens=True)
+        return prompt + text[len(head):] if text.startswith(head) else text
 
 
 class _Stopped(Exception):
