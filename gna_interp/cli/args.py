@@ -44,6 +44,30 @@ def samples_arg() -> Callable[[str], int]:
     return at_least(1, at_most=MAX_SAMPLES, why_most="all prompts are built and tokenized before the first forward")
 
 
+MAX_HEADS_LISTED = 4096  # heads one --heads may name (each is drawn or run on its own)
+
+
+def heads_arg(text: str) -> str:
+    """An argparse ``type`` for a comma-separated ``--heads`` of head names: each name's form (``L3H1``, ``L17S3``,
+    ``L35C3186``, ``L35C0+16``) and their count checked before any model loads (at most :data:`MAX_HEADS_LISTED`);
+    kept as text, the model checks the heads exist."""
+    import re
+
+    from gna_interp.schemas import HEAD_NAME
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no head; give names such as L3H1,L5H2")
+    if len(names) > MAX_HEADS_LISTED:
+        raise argparse.ArgumentTypeError(f"{len(names):,} heads listed; at most {MAX_HEADS_LISTED:,} (each is drawn "
+                                         f"or run on its own): pick the heads to look at")
+    bad = next((n for n in names if not re.match(HEAD_NAME, n)), None)
+    if bad is not None:
+        raise argparse.ArgumentTypeError(f"{bad[:40]!r} is not a head name (L3H1 an attention head, L17S3 an SSM head, "
+                                         f"L35C3186 a Mamba-1 channel)")
+    return text
+
+
 def choice_list(allowed: Sequence[str]) -> Callable[[str], list[str]]:
     """An argparse ``type``: a comma-separated list of some of ``allowed`` (in the order given, repeats dropped)."""
     def parse(text: str) -> list[str]:

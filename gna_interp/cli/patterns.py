@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gna_interp.cli import command
-from gna_interp.cli.args import dtype_arg, first_default, model_arg
+from gna_interp.cli.args import dtype_arg, first_default, heads_arg, model_arg
 from gna_interp.constants import PATTERNS_HTML
 from gna_interp.run_folder import check_out_file
 
@@ -13,7 +13,7 @@ from gna_interp.run_folder import check_out_file
 def _patterns_args(p: argparse.ArgumentParser) -> None:
     model_arg(p)
     p.add_argument("--prompt", required=True, help="the prompt text")
-    p.add_argument("--heads", default=None, help="comma-separated heads, e.g. L3H1,L5H2 or L1S0 (default: heads of the first two layers; Mamba-1 layers as 16 channel groups)")
+    p.add_argument("--heads", type=heads_arg, default=None, help="comma-separated heads, e.g. L3H1,L5H2 or L1S0 (default: heads of the first two layers; Mamba-1 layers as 16 channel groups)")
     p.add_argument("--out", default=PATTERNS_HTML, help="output HTML file")
     p.add_argument("--form", default="exact", choices=["exact", "attention"],
                    help="SSM implicit-attention form (exact: with the Δ_s factor, reproduces the scan; default)")

@@ -41,7 +41,7 @@ def check_knobs(opts: TaskOptions, kv: bool = True, questions: bool = False) -> 
     """Refuse (:class:`OptionError`) task knobs of ``opts`` that no model could be given: ``samples`` outside
     ``1..MAX_SAMPLES``; with ``kv``, ``pairs`` outside ``2..MAX_PAIRS`` (None passes), ``max_value`` below 1 and
     fewer distinct values than pairs; with ``questions``, a question source that is neither generated, the hub
-    nor an existing file. Cheap: reads no model and no network."""
+    nor a file of questions (the file is read). Reads no model and no network."""
     check_int("samples", opts.samples, 1)
     if opts.samples > MAX_SAMPLES:
         raise OptionError(f"samples must be at most {MAX_SAMPLES:,} (every prompt is built and tokenized before the "
@@ -55,10 +55,14 @@ def check_knobs(opts: TaskOptions, kv: bool = True, questions: bool = False) -> 
         if opts.pairs is not None and opts.max_value is not None:
             check_pairs_fit(opts.pairs, opts.max_value)
     source = opts.questions
-    if questions and source not in ("categories", "synthetic") and source != "hub" and not source.startswith("hub:") \
-            and not Path(source).is_file():
+    if not questions or source in ("categories", "synthetic") or source == "hub" or source.startswith("hub:"):
+        return
+    if not Path(source).is_file():
         raise OptionError(f"unknown question source {source!r}: use one of {', '.join(QUESTION_SOURCES)} "
                           f"(FILE: an existing .jsonl/.json/.csv/.parquet file)")
+    from gna_interp.tasks.mmlu import file_questions
+
+    file_questions(source)  # a file that holds no questions (a wrong path, a truncated file) is refused here
 
 
 @options
