@@ -91,6 +91,11 @@ def test_a_loss_needs_two_tokens_in_every_row(m, texts):
         refused(m, call, r"return_type='(loss|both)' .* needs at least 2 tokens per row; the input has 1")
     refused(m, lambda: m([texts[0], m.kv_words[0]], return_type="loss"), "row 1 has 1")
     assert m(one).shape == (1, 1, m.d_vocab)  # the logits of one token are fine
+    ids = m.to_tokens(texts[1])
+    n = ids.shape[1]
+    packed = TokenBatch(ids, torch.ones_like(ids), torch.ones(1, n, n, dtype=torch.bool).tril(), torch.arange(n)[None])
+    for call in (lambda: m(packed, return_type="loss"), lambda: m.run_with_cache(packed, return_type="both")):
+        refused(m, call, r"a packed batch \(a tree mask\) holds several continuations per row")
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
