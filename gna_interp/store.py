@@ -27,7 +27,7 @@ format             file                                        written by
 ``calibration``    ``calibration.json``                        ``Calibration.save``
 ``faithfulness``   ``faithfulness.json``,                      ``Faithfulness.save`` (``gna circuit``)
                    ``edge_faithfulness.json``
-``circuit_run``    ``circuit_run.json`` (the stages done)      ``gna circuit`` (``circuits.sufficiency_run``)
+``circuit_run``    ``circuit_run.json`` (the stages done)      ``gna circuit`` (``experiments.sufficiency_run``)
 =================  =========================================  ===========================
 
 ``scan.csv`` (the ranked table, for people and spreadsheets) and ``summary.md`` are written atomically
@@ -54,8 +54,8 @@ FORMAT_VERSIONS: dict[str, int] = {"scan": 1, "checkpoint": 3, "circuit": 2, "vi
                                    "hybrid_build": 1, "run_checkpoint": 1, "interactions": 1, "path_effects": 1,
                                    "evaluation": 1, "calibration": 1, "faithfulness": 2, "circuit_run": 1}
 
-__all__ = ["FORMAT_VERSIONS", "as_path", "atomic_write", "clean_json", "file_in", "read_json", "read_tensors", "records",
-           "write_files", "write_json", "write_tensors"]
+__all__ = ["FORMAT_VERSIONS", "as_path", "atomic_write", "clean_json", "file_in", "make_folder", "read_json", "read_tensors",
+           "records", "write_files", "write_json", "write_tensors"]
 
 
 def _umask() -> int:
@@ -70,11 +70,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     folder or one of its parents is a file."""
     path = as_path(path)
     _check_target(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"cannot create the folder {str(path.parent)!r} for {path.name!r}: {e.strerror or e}; pick a "
-                         f"folder you can write to") from None
+    make_folder(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -89,15 +85,28 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     return path
 
 
+def make_folder(folder: str | os.PathLike) -> Path:
+    """``folder``, created with its parents when missing; an :class:`InputError` naming the path when it or a parent
+    is a file (or a broken link), or it cannot be created."""
+    folder = as_path(folder)
+    if folder.is_dir():
+        return folder
+    _check_target(folder / "x")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the folder {str(folder)!r}: {e.strerror or e}; pick a folder you can write "
+                         f"to") from None
+    return folder
+
+
 def write_files(folder: str | os.PathLike, fill: Any) -> Path:
     """Let ``fill(tmp)`` write files (a Hugging Face ``save_pretrained``) into a new temporary folder beside
     ``folder``, then move each into ``folder`` by ``os.replace``: each file appears whole, and a link at its name is
     replaced, never written through. Returns ``folder``."""
     import shutil
 
-    folder = as_path(folder)
-    _check_target(folder / "x")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = make_folder(folder)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder))
     try:
         fill(tmp)

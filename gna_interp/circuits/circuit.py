@@ -35,7 +35,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.spec import IN_MEMORY_PREFIX
 from gna_interp.options import Options, options
 from gna_interp.results import Result, folder_of
-from gna_interp.store import as_path, atomic_write, read_json, records
+from gna_interp.store import as_path, atomic_write, make_folder, read_json, records
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import Calibration, chance_margin
 from gna_interp.tasks.io import task_from_dict
@@ -301,7 +301,7 @@ class Circuit(Result):
         """Write the circuit into the folder ``path`` (or the folder of ``path`` naming its ``circuit.json``):
         :data:`FILES`, each atomically; return the folder."""
         d = folder_of(path, CIRCUIT_JSON)
-        d.mkdir(parents=True, exist_ok=True)
+        make_folder(d)
         run = uuid.uuid4().hex  # written into every file of this save: Circuit.load refuses a file from another run
         self.scan.save(d / SCAN_JSON, run)
         if self.control is not None:

@@ -32,7 +32,7 @@ from gna_interp.options import check_int
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
 from gna_interp.results import Result, folder_of
-from gna_interp.store import as_path, atomic_write
+from gna_interp.store import as_path, atomic_write, make_folder
 from gna_interp.engine.replay import SetAblation
 
 __all__ = ["CircuitComparison", "compare_circuits"]
@@ -102,7 +102,7 @@ class CircuitComparison(Result):
         """Write ``compare.json``, ``compare.csv`` and ``compare.md`` into the folder ``path`` (or the folder of
         ``path`` naming its ``compare.json``); return the folder. :meth:`load` reads the folder or the file."""
         d = folder_of(path, COMPARE_JSON)
-        d.mkdir(parents=True, exist_ok=True)
+        make_folder(d)
         atomic_write(d / COMPARE_CSV, self.to_frame().to_csv(index=False))
         atomic_write(d / COMPARE_MD, self.summary())
         self._write(d)

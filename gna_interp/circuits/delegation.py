@@ -46,7 +46,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, options
 from gna_interp.results import Result, folder_of
-from gna_interp.store import atomic_write, records
+from gna_interp.store import atomic_write, make_folder, records
 from gna_interp.tasks.base import Task
 from gna_interp.engine.plan import CandidateScores
 from gna_interp.engine.metrics import ACCURACY, raw
@@ -149,7 +149,7 @@ class Delegation(Result):
         """Write ``delegation.json`` and ``delegation.csv`` (the per-kind table) into the folder ``path`` (or the
         folder of ``path`` naming its ``delegation.json``); return the folder."""
         d = folder_of(path, DELEGATION_JSON)
-        d.mkdir(parents=True, exist_ok=True)
+        make_folder(d)
         atomic_write(d / DELEGATION_CSV, self.kinds.to_csv(index=False))
         self._write(d, **({"run_id": run_id} if run_id else {}))
         return d

@@ -109,7 +109,7 @@ PRESETS = {"samples": (0, 10), "edge_precision": (0.05, 0.1), "seeds": (3, 1), "
 
 
 def run_circuit(args: argparse.Namespace) -> int:
-    from gna_interp.circuits.sufficiency_run import ScanSnapshot, SufficiencySettings, check_resume, run_sufficiency
+    from gna_interp.experiments.sufficiency_run import ScanSnapshot, SufficiencySettings, check_resume, run_sufficiency
 
     given = args.samples
     for name, (full, light) in PRESETS.items():

@@ -62,7 +62,7 @@ from gna_interp.experiments.run import Discovery, model_of, open_folder, random_
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import options
-from gna_interp.store import atomic_write, records
+from gna_interp.store import atomic_write, make_folder, records
 from gna_interp.viz.html import part
 
 __all__ = ["CONDITIONS", "SUMMARY_COLUMNS", "TABLE_COLUMNS", "EvalConfig", "EvalResult", "condition_files", "eval_figure",
@@ -171,7 +171,7 @@ class EvalResult(ExperimentResult, format="eval"):
         ``eval.json``); return the folder. :meth:`load` reads the folder or the file."""
         folder = self.folder(path)
         summary = self.summary
-        folder.path.mkdir(parents=True, exist_ok=True)
+        make_folder(folder.path)
         atomic_write(folder.path / EVAL_SUMMARY_CSV, summary.to_csv(index=False))
         notes = [f"{self.model}: {', '.join(self.tasks)} through lm-evaluation-harness {self.settings.get('lm_eval')}; "
                  f"{self.settings.get('method')} ablation of {len(self.heads)} heads ({', '.join(self.heads)})"

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from gna_interp.store import atomic_write
+from gna_interp.store import atomic_write, make_folder
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "data" / "eval_tasks"
 """The shipped task folder (``gna_interp/data/eval_tasks``)."""
@@ -88,7 +88,7 @@ def write_task_folder(out: str | Path, words: Sequence[str] | None = None) -> Pa
     """A complete task folder in ``out`` (the two YAML files and the loader copied from :data:`TASKS_DIR`, the
     jsonl files written by :func:`write_jsonl` with ``words``), for ``--include-path out``; returns ``out``."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     if out.resolve() != TASKS_DIR:
         for f in _TASK_FILES:
             atomic_write(out / f, (TASKS_DIR / f).read_bytes())

@@ -71,7 +71,7 @@ from gna_interp.circuits.roles import ScoreOptions, decision_inputs, item_masses
 from gna_interp.errors import InputError
 from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ExperimentResult, doc_table, table_html
-from gna_interp.store import records
+from gna_interp.store import make_folder, records
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, settings_fingerprint
 from gna_interp.experiments.run import (Discovery, Point, model_of, open_folder, random_draws, removed_k,
                                         resolve_circuit, run_points, slug)
@@ -331,7 +331,7 @@ class FamilyComparison(ExperimentResult, format=NAME):
         ``families.json``); return the folder. :meth:`load` reads the folder or the file."""
         folder = self.folder(path)
         d = folder.path
-        d.mkdir(parents=True, exist_ok=True)
+        make_folder(d)
         for table, df in (("curve", self.curve), ("heads", self.heads), ("kinds", self.kinds)):
             atomic_write(d / f"{NAME}_{table}.csv", df.to_csv(index=False))
         st = self.settings

@@ -27,7 +27,7 @@ from gna_interp.constants import FIGURES_DIR, REPORT_FILE, result_files
 from gna_interp.errors import InputError, ReportWarning
 from gna_interp.options import Options, options
 from gna_interp.results import Result, folder_of
-from gna_interp.store import atomic_write, read_json, records, write_json
+from gna_interp.store import atomic_write, make_folder, read_json, records, write_json
 from gna_interp.viz.export import png_export_problem, write_pngs
 from gna_interp.viz.html import IsolatedParts, figure_div, one_line, page, part
 
@@ -106,7 +106,7 @@ class ResultFolder:
         (``figures``, ``notes``, ``sections``) fill the page above the table."""
         shown = PageParts.build(parts, **overrides)
         figures, notes, sections = shown.figures, shown.notes, shown.sections
-        self.path.mkdir(parents=True, exist_ok=True)
+        make_folder(self.path)
         atomic_write(self.csv, table.to_csv(index=False))
         figures = dict(figures or {})
         parts = IsolatedParts()  # each figure and the table built in isolation: one that fails is a note

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gna_interp.errors import install_hint
-from gna_interp.store import atomic_write
+from gna_interp.store import atomic_write, make_folder
 
 EXPORT_WIDTH = 1100
 PNG_TIMEOUT_S = 120.0  # plus PNG_TIMEOUT_PER_FIGURE_S a figure; a browser start takes about 3 s here
@@ -70,7 +70,7 @@ def write_pngs(figures: Mapping[str, Any], out_dir: str | Path, timeout: float |
     if problem:
         raise RuntimeError(problem)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     paths = [out / f"{name}.png" for name in figures]
     figs = list(figures.values())
     limit = PNG_TIMEOUT_S + PNG_TIMEOUT_PER_FIGURE_S * len(figs) if timeout is None else timeout
