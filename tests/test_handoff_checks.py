@@ -1,10 +1,12 @@
 """The hand-off checks what it is given: ablated_modules refuses a Hugging Face model of another shape than the
 addresses' (width, head count, depth) and takes one address or a list of them; edge_addresses takes the edge table
-a scan writes and refuses edges that cannot be."""
+a scan writes and refuses edges that cannot be; a Hugging Face model with a tokenizer built in memory loads."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -159,6 +161,37 @@ def test_edge_addresses_takes_the_edge_table_a_scan_writes(zoo, scanned):
         layer = edge["receiver"][1:].split("H")[0]
         assert row["receivers"] == [row["receiver"]]
         assert {k: row["receiver"][k] for k in ("head", "input", "module", "side", "start", "stop")} == {
-            "head": edge["receiver"], "input": edge["input"], "module": f"model.layers.{layer}.self_attn.{edge['input']}_proj",
-            "side": "output", "start": start, "stop": start + d}
+            "head": edge["receiver"], "input": edge["input"], "side": "output", "start": start, "stop": start + d,
+            "module": f"model.layers.{layer}.self_attn.{edge['input']}_proj"}
 
+
+def _word_tokenizer(**special: Any) -> Any:
+    """A tokenizer built in memory (a WordLevel vocabulary, never saved: no name_or_path)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<eos>", "<bos>", "red", "green", "blue", ":", "1", "2", "3"]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>", pad_token="<eos>",
+                                   **special)
+
+
+def test_a_hugging_face_model_with_a_tokenizer_built_in_memory_loads():
+    hf = _llama(vocab_size=10, num_hidden_layers=2)
+    special: dict[str, Any]
+    for special in ({"bos_token": "<bos>"}, {"bos_token": "<bos>", "add_bos_token": True}, {}):
+        tok = _word_tokenizer(**special)
+        assert not tok.name_or_path and "name_or_path" not in tok.init_kwargs
+        before = dict(tok.init_kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = gna.load_model(hf, tok)
+        text = "red : 1 blue : 2 red :"
+        ids = m.to_tokens(text)
+        assert torch.equal(ids, torch.tensor([tok(text)["input_ids"]]))  # tokenised as the tokenizer does
+        with torch.no_grad():
+            assert torch.allclose(m(ids), hf(ids).logits, atol=1e-5)
+        if "bos_token" in special:
+            assert torch.equal(m.bridge.to_tokens(text), m.to_tokens(text, prepend_bos=True))
+        assert tok.init_kwargs == before  # the tokenizer given is left as it was

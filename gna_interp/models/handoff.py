@@ -68,7 +68,8 @@ class Address(ChannelSpan):
             if not isinstance(getattr(self, name), str):
                 raise InputError(f"an address's {name} must be a string, got {getattr(self, name)!r:.60}")
         if self.module is not None and not isinstance(self.module, str):
-            raise InputError(f"the address of {self.head}: module must be a dotted path or None, got {self.module!r:.60}")
+            raise InputError(f"the address of {self.head}: module must be a dotted path or None, got "
+                             f"{self.module!r:.60}")
         if self.side not in ("input", "output"):
             raise InputError(f"the address of {self.head}: side must be 'input' or 'output', got {self.side!r:.40}")
         for name in ("start", "stop", "width", "head_dim"):
@@ -99,7 +100,8 @@ def _as_address(value: Any) -> Address:
     unknown = sorted(set(value) - set(_FIELDS))
     missing = [k for k in _REQUIRED if k not in value]
     if unknown or missing:
-        wrong = "; ".join([f"this one lacks {missing}"] * bool(missing) + [f"{unknown} are none of them"] * bool(unknown))
+        wrong = "; ".join([f"this one lacks {missing}"] * bool(missing)
+                          + [f"{unknown} are none of them"] * bool(unknown))
         hint = ": this is a row of edge_addresses, pass its 'sender' or 'receiver' address" if "sender" in value else ""
         raise InputError(f"an address has the keys {list(_FIELDS)} (width and head_dim may be left out); {wrong}{hint}")
     return Address(**value)
@@ -112,8 +114,8 @@ def _addresses(addresses: Any) -> list[Address]:
     if isinstance(addresses, (str, bytes)) or not isinstance(addresses, Iterable):
         example = (f" (for heads by name: ablated_modules(hf_model, head_addresses(model, {addresses!r:.40})))"
                    if isinstance(addresses, str) else "")
-        raise InputError(f"addresses must be the output of head_addresses(model, heads) -- a list of Address, or one -- "
-                         f"got {type(addresses).__name__}{example}")
+        raise InputError(f"addresses must be the output of head_addresses(model, heads) -- a list of Address, or "
+                         f"one -- got {type(addresses).__name__}{example}")
     return [_as_address(a) for a in addresses]
 
 
@@ -361,10 +363,10 @@ def _fitting_module(hf_model: torch.nn.Module, module: str, side: str, rows: lis
     model = type(hf_model).__name__
     for a in rows:
         if width is not None and (a.stop > width or a.width not in (None, width)):
+            needs = a.width if a.width is not None else f"at least {a.stop}"
             raise InputError(f"{model}'s {module} has {width} channels at its {side}; the address of {a.head} needs "
-                             f"{a.width if a.width is not None else f'at least {a.stop}'} (channels {a.start}:{a.stop}): "
-                             f"it was taken from a model of another width. Pass the Hugging Face model of the "
-                             f"checkpoint the addresses were taken from")
+                             f"{needs} (channels {a.start}:{a.stop}): it was taken from a model of another width. "
+                             f"Pass the Hugging Face model of the checkpoint the addresses were taken from")
         if head_dim is not None and a.head_dim not in (None, head_dim):
             heads = f" ({width // head_dim} heads there)" if width else ""
             theirs = f" ({a.width // a.head_dim} heads)" if a.width else ""

@@ -10,7 +10,10 @@ weights (:func:`~gna_interp.models.loading.float32_output`). None of that may re
 is built on a :func:`shared_copy`: every module, config and tokenizer object is new, while every parameter and
 buffer *is* the user's tensor (``copy.deepcopy`` with those tensors pre-seeded in its memo). The copy costs the
 modules' Python objects, never the weights. A bridge passed in is copied the same way, and the copy starts with no
-TransformerLens hooks (hooks added to your bridge do not run inside gna_interp; use its interventions).
+TransformerLens hooks (hooks added to your bridge do not run inside gna_interp; use its interventions). The
+tokenizer is copied too, and the bridge boots on that copy (:func:`bridge_tokenizer`) rather than one TransformerLens
+would reload from its ``name_or_path``: no tokenizer file is read, and a tokenizer built in memory, which has no
+``name_or_path``, works.
 
 **What is shared, and why that is safe.** Interventions (:func:`~gna_interp.interventions.ablate`,
 ``mask_pattern``, ``skip_layers``) act on activations through hooks of the copy and never write a weight;
@@ -36,7 +39,8 @@ from gna_interp.models.model import owned_by_model
 from gna_interp.models.reach import Reached, reached_kind
 from gna_interp.models.spec import IN_MEMORY_PREFIX
 
-__all__ = ["bridge_of", "from_nnsight", "in_memory_name", "is_model_object", "own_output_weights", "shared_copy"]
+__all__ = ["bridge_of", "bridge_tokenizer", "from_nnsight", "in_memory_name", "is_model_object", "own_output_weights",
+           "shared_copy"]
 
 
 def is_model_object(obj: Any) -> bool:
@@ -144,13 +148,40 @@ def own_output_weights(bridge: Any) -> None:
                 setattr(mod, name, torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
 
 
+def _adds_bos(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` says it puts a BOS token first, as TransformerLens's boot reads it: its saved
+    ``add_bos_token`` (``init_kwargs``), else its ``add_bos_token`` attribute."""
+    saved = tokenizer.init_kwargs.get("add_bos_token")
+    return bool(getattr(tokenizer, "add_bos_token", False) if saved is None else saved)
+
+
+def bridge_tokenizer(tokenizer: Any) -> Any:
+    """The tokenizer to boot the bridge with, made so that TransformerLens keeps it rather than reload it from its
+    ``name_or_path``: ``tokenizer`` itself (gna_interp's own copy: the boot normalises it in place), or, where the
+    boot would reload it with ``add_bos_token=True`` (it has a BOS token and does not add it), a copy with
+    ``add_bos_token`` switched on in memory. Nothing is read from disk or the hub, and a tokenizer built in memory
+    (``PreTrainedTokenizerFast(tokenizer_object=...)``, without a ``name_or_path``) boots as one from a folder."""
+    if not isinstance(getattr(tokenizer, "init_kwargs", None), dict):
+        return tokenizer
+    out = tokenizer
+    if getattr(tokenizer, "bos_token", None) is not None and not _adds_bos(tokenizer):
+        out = copy.deepcopy(tokenizer)
+        try:
+            out.add_bos_token = True  # transformers 5 rebuilds a fast tokenizer's post-processor: BOS is added
+        except (AttributeError, TypeError, ValueError):
+            pass  # no setter: the bridge sees no BOS in the ids and puts it first itself
+        out.init_kwargs["add_bos_token"] = True
+    out.init_kwargs.setdefault("name_or_path", str(getattr(out, "name_or_path", "") or ""))  # the boot reads it
+    return out
+
+
 def _boot(hf_copy: torch.nn.Module, tokenizer: Any, name: str) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
     p = next(hf_copy.parameters())
     try:
-        return TransformerBridge.boot_transformers(name, device=str(p.device), dtype=p.dtype, tokenizer=tokenizer,
-                                                   hf_model=hf_copy)
+        return TransformerBridge.boot_transformers(name, device=str(p.device), dtype=p.dtype,
+                                                   tokenizer=bridge_tokenizer(tokenizer), hf_model=hf_copy)
     except ValueError as e:
         if "supported architecture" in str(e) or "Unsupported architecture" in str(e):
             arch = "/".join(getattr(hf_copy.config, "architectures", None) or [type(hf_copy).__name__])
