@@ -31,7 +31,7 @@ def test_greedy_continuation_equals_plain_hf(smollm2):
         ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
                           pad_token_id=smollm2.tokenizer.pad_token_id)
     expected = smollm2.tokenizer.decode(ref[0, ids.shape[1]:])
-    assert smollm2.generate(prompt, max_new_tokens=12) == expected
+    assert smollm2.generate(prompt, max_new_tokens=12) == prompt + expected  # the prompt with its continuation
     assert len(expected.strip()) > 0
 
 
