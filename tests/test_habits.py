@@ -164,7 +164,8 @@ def test_a_circuits_edges_leave_as_addresses(m):
     d = m.cfg.d_head
     assert rows[0]["receiver"] == {"head": "L1H3", "input": "k", "hook": "blocks.1.attn.k.hook_out",
                                    "module": "model.layers.1.self_attn.k_proj", "side": "output",
-                                   "start": kv_group * d, "stop": (kv_group + 1) * d}
+                                   "start": kv_group * d, "stop": (kv_group + 1) * d,
+                                   "width": hf_cfg.num_key_value_heads * d, "head_dim": d}
     assert rows[0]["effect"] == 1.5 and rows[1]["receiver"] is None
     assert all(m.has_hook(r["sender"]["hook"]) for r in rows)
     with pytest.raises(InputError, match="edge table"):

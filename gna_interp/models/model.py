@@ -73,7 +73,7 @@ def checkpoint_tokenizer(tokenizer: Any) -> Any:
         return tokenizer
     source = str(kwargs.pop("name_or_path", "") or getattr(tokenizer, "name_or_path", "") or "")
     kwargs.pop("add_bos_token", None)
-    if _saved_add_bos(source) is True:  # the checkpoint itself adds BOS (Llama-3, Gemma): nothing to undo
+    if not source or _saved_add_bos(source) is True:  # built in memory (its own setting), or the checkpoint adds BOS
         return tokenizer
     try:
         from transformers import AutoTokenizer
