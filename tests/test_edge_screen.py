@@ -62,14 +62,18 @@ def test_verified_rows_equal_path_patching_edge_by_edge(models):
     screen = screen_edges(model, _task(), verify=12, batch_size=2)
     v = screen.verified()
     assert len(v) == 12 and list(screen.table.columns) == EDGE_SCREEN_COLUMNS
-    for row in v.itertuples():
+    for row in v[v["kind"].isin(["head -> head", "head -> logits"])].itertuples():  # MLP rows: the test below
         sender = H(row.sender)
         edges = [Edge(sender, None)] if row.receiver == "logits" else \
             [Edge(sender, H(row.receiver), row.input, row.positions)]
         alone = path_effects(model, _task(), [edges], batch_size=3)
         assert row.effect == pytest.approx(alone.effects()[0], abs=1e-5)
-    a = screen.agreement(10)
-    assert a["n"] == 12 and 0 <= a["overlap"] <= 1 and math.isfinite(a["max_error"])
+    a = screen.agreement()
+    assert a.loc["all", "n"] == 12 and math.isfinite(a.loc["all", "max_error"]) and a["n"].sum() == 2 * 12
+    assert set(v["sample"]) == {"top", "kind", "random"} and (v["sample"] == "top").sum() == 6
+    kinds = set(screen.table.loc[screen.table["verifiable"], "kind"])
+    assert kinds <= set(v["kind"])  # every kind that can be verified is
+    assert a.loc["all", "random"] == 12 - (v["sample"] != "random").sum() > 0
     # every sender kind and every receiver kind of the hybrid is in the table
     assert {"embed", "MLP0"} <= set(screen.table["sender"])
     assert {"logits", "MLP2"} <= set(screen.table["receiver"])
@@ -107,3 +111,21 @@ def test_mlp_and_embedding_edges_are_verified_by_an_edge_circuit(tiny_models):
     ec = EdgeCircuit(model, task, "mean", batch_size=16, senders="all")
     without = LOGIT_DIFF.value(results(ec.run_without([[wire]])[0]))
     assert row.effect == pytest.approx(screen.intact - without, abs=1e-5)
+
+
+def test_the_verified_sample_covers_every_kind_and_draws_at_random():
+    """Half the budget the strongest rows; then every kind the strongest rows left out (even when they all sit at
+    the bottom of the ranking); the rest drawn at random among the rows not taken, the same draw for the same seed."""
+    import pandas as pd
+
+    from gna_interp.circuits.edge_screen import verify_sample
+
+    kinds = ["head -> head"] * 30 + ["head -> logits"] * 5 + ["MLP"] * 10 + ["embeddings"] * 3
+    t = pd.DataFrame({"kind": kinds, "abs_rank": range(1, len(kinds) + 1), "verifiable": True})
+    why = verify_sample(t, 16)
+    assert (why == "top").sum() == 8 and list(t.index[why == "top"]) == list(range(8))
+    assert set(t.loc[why != "", "kind"]) == set(kinds)  # the embeddings, ranked last, are checked
+    assert (why == "random").sum() == 16 - (why == "top").sum() - (why == "kind").sum() > 0
+    assert why.equals(verify_sample(t, 16)) and (why != "").sum() == 16
+    t.loc[::2, "verifiable"] = False
+    assert not (verify_sample(t, 16)[~t["verifiable"]] != "").any()  # only verifiable rows are taken

@@ -47,10 +47,12 @@ from gna_interp.tasks.base import Task
 from gna_interp.engine.metrics import LOGIT_DIFF, results
 from gna_interp.engine.unembed import read_logprobs
 
-__all__ = ["EDGE_SCREEN_COLUMNS", "EdgeScreen", "screen_edges"]
+__all__ = ["EDGE_KINDS", "EDGE_SCREEN_COLUMNS", "EdgeScreen", "edge_kind", "screen_edges", "verify_sample"]
 
-EDGE_SCREEN_COLUMNS = ["sender", "receiver", "input", "positions", "score", "abs_rank", "verifiable", "effect", "low",
-                       "high"]
+EDGE_SCREEN_COLUMNS = ["sender", "receiver", "input", "positions", "kind", "score", "abs_rank", "verifiable", "sample",
+                       "effect", "low", "high"]
+EDGE_KINDS = ("head -> head", "head -> logits", "MLP", "embeddings")  # the kinds the agreement is reported by
+SAMPLE_SEED = 0  # the seed of the randomly drawn verified rows
 POSITIONS = CLASSES
 
 
@@ -94,9 +96,10 @@ class EdgeScreen:
     """The screened edge table and its exact check.
 
     Attributes:
-        table: one row per edge (columns :data:`EDGE_SCREEN_COLUMNS`): ``score`` the EAP estimate of the metric's
-            drop, ``abs_rank`` its rank by ``|score|``, ``verifiable`` whether exact path patching can measure it
-            (heads and logits), ``effect``/``low``/``high`` the exact effect with its interval where measured.
+        table: one row per edge (columns :data:`EDGE_SCREEN_COLUMNS`): ``kind`` (:func:`edge_kind`), ``score`` the
+            EAP estimate of the metric's drop, ``abs_rank`` its rank by ``|score|``, ``verifiable`` whether it can be
+            measured exactly, ``sample`` why it was (``top``, ``kind``, ``random``; empty when not),
+            ``effect``/``low``/``high`` the exact effect with its interval where measured.
         intact: the intact model's mean logit difference.
     """
 
@@ -107,20 +110,64 @@ class EdgeScreen:
         """The rows measured exactly."""
         return self.table[self.table["effect"].notna()]
 
-    def agreement(self, top: int = 20) -> dict[str, float]:
-        """The screen against the exact effects of the verified rows: ``overlap`` (of the ``top`` edges by screen
-        score and by exact effect, among the verified rows), ``max_error`` and ``median_error`` (|score - effect|),
-        ``spearman`` (rank correlation of score and effect)."""
+    def agreement(self) -> pd.DataFrame:
+        """The screen against the exact effects, per edge kind (:data:`EDGE_KINDS`) and ``all``: ``n`` rows
+        verified (``random`` of them drawn at random among the verifiable rows, the rest the strongest by
+        ``|score|`` overall and per kind), ``median_error`` / ``max_error`` of ``|score - effect|`` over them,
+        ``random_median_error`` over the random draws alone (an unbiased sample of the screen's error), and
+        ``rank_abs`` the rank correlation of ``|score|`` and ``|effect|`` (strong negative edges count as strong)."""
         v = self.verified()
-        if v.empty:
-            return {"overlap": math.nan, "max_error": math.nan, "median_error": math.nan, "spearman": math.nan, "n": 0}
-        k = min(top, len(v))
-        by_score = set(v.sort_values("score", ascending=False).index[:k])
-        by_effect = set(v.sort_values("effect", ascending=False).index[:k])
-        err = (v["score"] - v["effect"]).abs()
-        return {"overlap": len(by_score & by_effect) / k, "max_error": float(err.max()),
-                "median_error": float(err.median()), "spearman": float(v["score"].rank().corr(v["effect"].rank())),
-                "n": int(len(v))}
+        rows = []
+        for kind in (*EDGE_KINDS, "all"):
+            part = v if kind == "all" else v[v["kind"] == kind]
+            err = (part["score"] - part["effect"]).abs()
+            rand = err[part["sample"] == "random"]
+            rank = (float(part["score"].abs().rank().corr(part["effect"].abs().rank())) if len(part) > 2
+                    else math.nan)
+            rows.append({"kind": kind, "n": int(len(part)), "random": int(len(rand)),
+                         "median_error": float(err.median()) if len(part) else math.nan,
+                         "max_error": float(err.max()) if len(part) else math.nan,
+                         "random_median_error": float(rand.median()) if len(rand) else math.nan,
+                         "rank_abs": rank})
+        return pd.DataFrame(rows).set_index("kind")
+
+
+def edge_kind(sender: str, receiver_input: str) -> str:
+    """The kind of a screened edge (:data:`EDGE_KINDS`): out of the embeddings, out of or into an MLP, a head into
+    the logits, or a head into a head's input."""
+    if sender == EMBED:
+        return "embeddings"
+    if sender.startswith("MLP") or receiver_input == "mlp":
+        return "MLP"
+    return "head -> logits" if receiver_input == LOGITS else "head -> head"
+
+
+def verify_sample(table: pd.DataFrame, verify: int, seed: int = SAMPLE_SEED) -> pd.Series:
+    """Which verifiable rows to measure exactly, and why (``top`` / ``kind`` / ``random``; ``""`` for the rest):
+    half of ``verify`` the strongest rows by ``|score|``; a quarter (at least one row of every kind the strongest
+    left out) the strongest rows of each kind not yet taken, in turn, so every kind is checked; the rest drawn at random among the rows not taken, so the error is also read
+    on rows the screen does not rank high."""
+    why = pd.Series("", index=table.index, dtype=object)
+    cand = table[table["verifiable"]].sort_values("abs_rank")
+    n_top = min(verify - verify // 2, len(cand))
+    why[cand.index[:n_top]] = "top"
+    left = cand.drop(cand.index[:n_top])
+    seen = set(cand.loc[cand.index[:n_top], "kind"])
+    queues = sorted((list(left[left["kind"] == k].index) for k in EDGE_KINDS),  # kinds not yet checked first
+                    key=lambda q: bool(q) and table.loc[q[0], "kind"] in seen)
+    n_kind = min(max(verify // 4, sum(1 for q in queues if q and table.loc[q[0], "kind"] not in seen)),
+                 verify - n_top)
+    while n_kind > 0 and any(queues):
+        for q in queues:
+            if q and n_kind > 0:
+                why[q.pop(0)] = "kind"
+                n_kind -= 1
+    rest = [i for i in cand.index if why[i] == ""]
+    n_random = min(verify - int((why != "").sum()), len(rest))
+    if n_random > 0:
+        picks = torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))[:n_random]
+        why[[rest[int(i)] for i in picks]] = "random"
+    return why
 
 
 def _edge(row: Any) -> Edge | None:
@@ -136,8 +183,9 @@ def _edge(row: Any) -> Edge | None:
 def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", reference: Any = None,
                  verify: int = 20, batch_size: int = 16,
                  progress: Callable[[str], None] | None = None, ig_steps: int = 0) -> EdgeScreen:
-    """Score every edge of the model's graph on ``task`` by edge attribution, then measure the ``verify`` strongest
-    verifiable ones (by ``|score|``) by exact path patching (``method``: the ablation that removes a sender, ``zero``
+    """Score every edge of the model's graph on ``task`` by edge attribution, then measure ``verify`` verifiable
+    ones exactly (:func:`verify_sample`: the strongest by ``|score|``, the strongest of each edge kind, and a random
+    draw) by exact path patching (``method``: the ablation that removes a sender, ``zero``
     or ``mean`` with ``reference``; default for ``mean``: the task).
 
     ``ig_steps > 0``: integrated gradients along the ablation path -- the gradient at each receiver input is the
@@ -185,19 +233,21 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     unshared = pd.Series([p not in shared for p in zip(table["receiver"], table["input"])], index=table.index)
     table["verifiable"] = from_head | (unshared & (exact is not None))  # path patching, or an edge circuit
     table["effect"] = table["low"] = table["high"] = math.nan
-    todo = table[table["verifiable"]].sort_values("abs_rank").head(verify)
+    table["kind"] = [edge_kind(s, i) for s, i in zip(table["sender"], table["input"])]
+    table["sample"] = verify_sample(table, verify)
+    todo = table[table["sample"] != ""].sort_values("abs_rank")
     heads_todo = todo[[_edge(r) is not None for _, r in todo.iterrows()]]
     if len(heads_todo):
         sets = [[_edge(r)] for _, r in heads_todo.iterrows()]
         if progress is not None:
-            progress(f"edge screen: verifying the {len(sets)} strongest edges by path patching")
+            progress(f"edge screen: verifying {len(sets)} head edges by path patching")
         fx = path_effects(model, task, sets, patcher=pp)
         for idx, eff, (lo, hi) in zip(heads_todo.index, fx.effects(), fx.intervals()):
             table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
     rest = todo.drop(heads_todo.index)
     if len(rest) and exact is not None:  # MLP and embedding edges: every other edge kept, this one left out
         if progress is not None:
-            progress(f"edge screen: verifying the {len(rest)} strongest MLP and embedding edges, each left out alone")
+            progress(f"edge screen: verifying {len(rest)} MLP and embedding edges, each left out alone")
         wires = [[_wire(r)] for _, r in rest.iterrows()]
         fx = PathEffects(LOGIT_DIFF.name, results(clean), [[] for _ in wires],
                          [results(s) for s in exact.run_without(wires)])

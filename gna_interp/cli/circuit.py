@@ -162,22 +162,33 @@ def _edge_report(edges: "pd.DataFrame", roles: "pd.DataFrame") -> str:
 
 
 def _screen_report(screen: "EdgeScreen", top: int) -> str:
-    """The whole-graph screen's strongest edges (exact effect beside the estimate) and its agreement, as Markdown."""
+    """The whole-graph screen's strongest edges (exact effect beside the estimate) and its agreement per edge kind,
+    as Markdown."""
     t = screen.table
-    a = screen.agreement(top)
+    a = screen.agreement()
     senders = set(t["sender"])
     mlps = sum(1 for s in senders if s.startswith("MLP"))
-    lines = ["## The whole graph (edge attribution, the strongest verified by path patching)", "",
+    lines = ["## The whole graph (edge attribution, a sample verified exactly)", "",
              f"{len(t)} edges screened (senders: the embeddings, {len(senders) - mlps - 1} heads, {mlps} MLPs); "
-             f"{a['n']} verified, and among them the top {min(top, a['n'])} by screen and by exact effect overlap "
-             f"{a['overlap']:.2f}; rank correlation "
-             f"{a['spearman']:.2f}, |screen - exact| median {a['median_error']:.3f}, max {a['max_error']:.3f}", "",
-             "| edge | screen | exact [95 % interval] |", "|---|---|---|"]
+             f"{a.loc['all', 'n']} verified: the strongest by |score|, the strongest of each kind and "
+             f"{a.loc['all', 'random']} drawn at random", "",
+             "| kind | verified (random) | abs. error median, max | random draws' median | rank corr. of abs. |",
+             "|---|---|---|---|---|"]
+    for kind, r in a.iterrows():
+        if r["n"]:
+            lines.append(f"| {kind} | {int(r['n'])} ({int(r['random'])}) | {r['median_error']:.3f}, {r['max_error']:.3f} | "
+                         f"{_num(r['random_median_error'])} | {_num(r['rank_abs'], '.2f')} |")
+    lines += ["", "| edge | screen | exact [95 % interval] |", "|---|---|---|"]
     for r in t.head(top + 10).itertuples():
         recv = r.receiver if r.receiver == "logits" else f"{r.receiver}.{r.input}@{r.positions}"
         exact = f"{r.effect:+.3f} [{r.low:+.3f}, {r.high:+.3f}]" if r.effect == r.effect else "not verified"
         lines.append(f"| {r.sender} -> {recv} | {r.score:+.3f} | {exact} |")
     return "\n".join(lines) + "\n"
+
+
+def _num(value: float, spec: str = ".3f") -> str:
+    """``value`` formatted, or an en dash where it was not measured (NaN)."""
+    return format(value, spec) if value == value else "–"
 
 
 @contextmanager
