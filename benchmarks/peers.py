@@ -333,7 +333,8 @@ def exact_items(model: Any, screens: list[dict[str, float]], limit: int) -> dict
     one receiver, ``S -> L5H0+L5H1+L5H2.k``), each with its wires (every position class) and the per-head edges it
     covers (auto-circuit's, whose K and V inputs are one per query head): every edge up to ``limit``, else the
     union of each screen's strongest by |score| (a group scored by the sum over its heads)."""
-    from gna_interp.circuits.edge_circuit import CLASSES, Wire, head_inputs
+    from gna_interp.circuits.edge_circuit import Wire, head_inputs
+    from gna_interp.models.graph import CLASSES
 
     group: dict[str, tuple[str, list[str]]] = {}
     for inp in head_inputs(model, skip=True):

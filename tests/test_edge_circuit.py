@@ -10,7 +10,8 @@ import pytest
 import torch
 from test_paths import _attn_by_hand, _hf_layer, _masks
 
-from gna_interp.circuits.edge_circuit import CLASSES, EdgeCircuit, Wire
+from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire
+from gna_interp.models.graph import CLASSES
 from gna_interp.engine.replay import SetAblation
 from gna_interp.errors import InputError
 from gna_interp.tasks import KVRetrieval

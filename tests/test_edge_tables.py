@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gna_interp.circuits.causal import EDGE_COLUMNS, causal_roles, check_edge_table, strongest_path
-from gna_interp.circuits.paths import INPUTS, LOGITS, POSITIONS, Edge
+from gna_interp.circuits.paths import INPUTS, Edge
+from gna_interp.models.graph import LOGITS, POSITIONS
 from gna_interp.cli import main
 from gna_interp.errors import GnaError, HeadError, InputError
 from gna_interp.models.heads import HeadRef

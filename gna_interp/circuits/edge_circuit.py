@@ -42,12 +42,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.paths import LOGITS, PathPatcher, linear_write, read_block
-from gna_interp.circuits.whole_circuit import EMBED
+from gna_interp.circuits.paths import PathPatcher, linear_write, read_block
 from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import replay
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
+from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Node, mlp_name, node_kind, read_order, receiver_nodes,
+                                     write_order)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import InputSite
 from gna_interp.models.model import Model
@@ -55,15 +56,7 @@ from gna_interp.tasks.base import Task
 from gna_interp.engine.forward import ScoreTable
 from gna_interp.engine.plan import CandidateScores
 
-__all__ = ["CLASSES", "EMBED", "EdgeCircuit", "Wire", "head_inputs", "mlp_name", "whole_circuit"]
-
-CLASSES: tuple[str, ...] = ("items", "decision", "other")  # position classes: they partition the tokens
-
-
-def mlp_name(layer: int) -> str:
-    """The node name of block ``layer``'s MLP."""
-    return f"MLP{layer}"
-
+__all__ = ["EdgeCircuit", "Wire", "head_inputs", "whole_circuit"]
 
 SCOPES: tuple[str, ...] = ("heads", "all")
 
@@ -173,7 +166,7 @@ class EdgeCircuit:
                                   + ([mlp_name(layer)] if model.mlp_hook(layer, "out") else [])]
         self._index = {s: i for i, s in enumerate(self.senders)}
         self.scope = senders
-        self._fixed = [] if senders == "all" else [i for i, n in enumerate(self.senders) if n == EMBED or n.startswith("MLP")]
+        self._fixed = [] if senders == "all" else [i for i, n in enumerate(self.senders) if node_kind(n) != "head"]
         self.repl = {r.site.head: r for r in replacements(model, self.heads, method,
                                                            None if method == "zero" else reference)}
         self._means = self._stream_means(reference) if method == "mean" else {}
@@ -204,22 +197,11 @@ class EdgeCircuit:
                       if self.model.mlp_hook(layer, "in")]
             self._receivers = [n for _, _, n in sorted(names)] + [LOGITS]
             self._reads_at = {r: self._receiver_layer(r) for r in self._receivers}
-            self._writes_at = {s: self._sender_layer(s) for s in self.senders}
+            self._writes_at = {s: write_order(s) for s in self.senders}
         return list(self._receivers)
 
-    def _sender_layer(self, sender: str) -> float:
-        if sender == EMBED:
-            return -1.0
-        if sender.startswith("MLP"):
-            return int(sender[3:]) + 0.5
-        return float(HeadRef.parse(sender).layer)
-
     def _receiver_layer(self, receiver: str) -> float:
-        if receiver == LOGITS:
-            return float(self.model.n_layers)
-        if receiver.startswith("MLP"):
-            return int(receiver[3:]) + 0.5
-        return float(HeadRef.parse(receiver.split("+")[0].split(".")[0]).layer)
+        return read_order(receiver, self.model.n_layers)
 
     def wires(self) -> list[Wire]:
         """Every edge of the graph: each sender -> each later receiver input, at each position class."""
@@ -484,29 +466,20 @@ def whole_circuit(fx: Any, scores: dict[Wire, float] | None = None, roles: dict[
     roles = roles or {}
     edges = []
     for w in fx.smallest:
-        if w.receiver == LOGITS or w.receiver.startswith("MLP"):
-            targets = [(w.receiver, LOGITS if w.receiver == LOGITS else "mlp")]
-        else:
-            heads, inp = w.receiver.rsplit(".", 1)
-            names = heads.split("+")
-            targets = [(h, inp) for h in ([h for h in names if h in alive] or names[:1])]
+        names, inp = receiver_nodes(w.receiver)
+        targets = [(h, inp) for h in ([h for h in names if h in alive] or names[:1])]
         effect = fx.minimality.get(w)
         for receiver, inp in targets:
             edges.append({"sender": w.sender, "receiver": receiver, "input": inp, "positions": w.positions,
                           "score": _finite(scores.get(w)), "effect": _finite(effect), "low": None, "high": None})
+    nodes = {n: Node.parse(n) for e in edges for n in (e["sender"], e["receiver"])}
     last = n_layers if n_layers is not None else 1 + max(
-        [int(n[3:]) for e in edges for n in (e["sender"], e["receiver"]) if n.startswith("MLP")]
-        + [HeadRef.parse(n).layer for e in edges for n in (e["sender"], e["receiver"])
-           if n not in (EMBED, LOGITS) and not n.startswith("MLP")], default=0)
+        [x.layer for x in nodes.values() if x.layer is not None], default=0)
 
     def node(name: str) -> dict[str, Any]:
-        if name == EMBED:
-            return {"name": name, "kind": "embed", "layer": -1, "role": ""}
-        if name == LOGITS:
-            return {"name": name, "kind": "logits", "layer": last, "role": ""}
-        if name.startswith("MLP"):
-            return {"name": name, "kind": "mlp", "layer": int(name[3:]), "role": ""}
-        return {"name": name, "kind": "head", "layer": HeadRef.parse(name).layer, "role": roles.get(name, "")}
+        x = nodes[name]
+        return {"name": name, "kind": x.kind, "layer": last if x.layer is None else x.layer,
+                "role": roles.get(name, "") if x.kind == "head" else ""}
 
     names = list(dict.fromkeys(n for e in edges for n in (e["sender"], e["receiver"])))
     return {"metric": fx.metric, "method": fx.method, "threshold": fx.threshold, "kept": _finite(fx.fraction(res)),

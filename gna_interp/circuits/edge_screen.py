@@ -36,11 +36,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from gna_interp.circuits.edge_circuit import CLASSES, EMBED, EdgeCircuit, Wire, head_inputs, mlp_name
-from gna_interp.circuits.paths import LOGITS, Edge, PathEffects, PathPatcher, linear_write, path_effects
+from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire, head_inputs
+from gna_interp.circuits.paths import Edge, PathEffects, PathPatcher, linear_write, path_effects
 from gna_interp.engine.attribution import inputs_only_grad
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
+from gna_interp.models.graph import CLASSES, EMBED, LOGITS, mlp_name, node_kind, write_order
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
@@ -53,7 +54,6 @@ EDGE_SCREEN_COLUMNS = ["sender", "receiver", "input", "positions", "kind", "scor
                        "effect", "low", "high"]
 EDGE_KINDS = ("head -> head", "head -> logits", "MLP", "embeddings")  # the kinds the agreement is reported by
 SAMPLE_SEED = 0  # the seed of the randomly drawn verified rows
-POSITIONS = CLASSES
 
 
 @dataclass(frozen=True)
@@ -135,9 +135,10 @@ class EdgeScreen:
 def edge_kind(sender: str, receiver_input: str) -> str:
     """The kind of a screened edge (:data:`EDGE_KINDS`): out of the embeddings, out of or into an MLP, a head into
     the logits, or a head into a head's input."""
-    if sender == EMBED:
+    kind = node_kind(sender)
+    if kind == "embed":
         return "embeddings"
-    if sender.startswith("MLP") or receiver_input == "mlp":
+    if kind == "mlp" or receiver_input == "mlp":
         return "MLP"
     return "head -> logits" if receiver_input == LOGITS else "head -> head"
 
@@ -172,7 +173,7 @@ def verify_sample(table: pd.DataFrame, verify: int, seed: int = SAMPLE_SEED) -> 
 
 def _edge(row: Any) -> Edge | None:
     """The exact edge of a screened row (None where it names an MLP or the embeddings)."""
-    if row["sender"] == EMBED or row["sender"].startswith("MLP") or row["input"] == "mlp":
+    if row["kind"] not in ("head -> head", "head -> logits"):
         return None
     sender = HeadRef.parse(row["sender"])
     if row["receiver"] == LOGITS:
@@ -209,18 +210,18 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 0:
         raise InputError(f"ig_steps must be an integer >= 0, got {ig_steps!r}")
     alphas = [(k + 0.5) / ig_steps for k in range(ig_steps)] if ig_steps else [1.0]
-    scores = torch.zeros(len(senders), len(recv) + 1, len(POSITIONS), dtype=torch.float64)  # last column: logits
+    scores = torch.zeros(len(senders), len(recv) + 1, len(CLASSES), dtype=torch.float64)  # last column: logits
     for ci, chunk in enumerate(pp.chunks):
         _chunk_scores(model, pp, chunk, heads, repl, recv, weights, senders, scores, method, alphas)
         if progress is not None:
             progress(f"edge screen: batch {ci + 1} of {len(pp.chunks)}")
     rows = []
     for si, s in enumerate(senders):
-        s_layer = _layer_of(s)
+        s_layer = write_order(s)
         for ri, r in enumerate(recv):
             if not _before(s, s_layer, r):
                 continue
-            for pi, pos in enumerate(POSITIONS):
+            for pi, pos in enumerate(CLASSES):
                 rows.append({"sender": s, "receiver": r.name, "input": r.input, "positions": pos,
                              "score": float(scores[si, ri, pi])})
         rows.append({"sender": s, "receiver": LOGITS, "input": LOGITS, "positions": "all",
@@ -229,11 +230,11 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     table["abs_rank"] = table["score"].abs().rank(ascending=False, method="first").astype(int)
     exact = _edge_circuit(model, task, method, reference, batch_size)
     shared = _shared_inputs(model)
-    from_head = ~(table["sender"].eq(EMBED) | table["sender"].str.startswith("MLP") | table["input"].eq("mlp"))
+    table["kind"] = [edge_kind(s, i) for s, i in zip(table["sender"], table["input"])]
+    from_head = table["kind"].isin(("head -> head", "head -> logits"))
     unshared = pd.Series([p not in shared for p in zip(table["receiver"], table["input"])], index=table.index)
     table["verifiable"] = from_head | (unshared & (exact is not None))  # path patching, or an edge circuit
     table["effect"] = table["low"] = table["high"] = math.nan
-    table["kind"] = [edge_kind(s, i) for s, i in zip(table["sender"], table["input"])]
     table["sample"] = verify_sample(table, verify)
     todo = table[table["sample"] != ""].sort_values("abs_rank")
     heads_todo = todo[[_edge(r) is not None for _, r in todo.iterrows()]]
@@ -281,19 +282,9 @@ def _wire(row: Any) -> Wire:
     return Wire(row["sender"], f"{row['receiver']}.{row['input']}", row["positions"])
 
 
-def _layer_of(sender: str) -> float:
-    if sender == EMBED:
-        return -1
-    if sender.startswith("MLP"):
-        return int(sender[3:]) + 0.5  # after its block's mixers
-    return HeadRef.parse(sender).layer
-
-
 def _before(sender: str, s_layer: float, r: _Receiver) -> bool:
     """Whether ``sender`` writes before receiver ``r`` reads (an MLP reads its own block's mixers' writes)."""
-    if r.input == "mlp":
-        return s_layer < r.layer + 0.5 and not (sender.startswith("MLP") and s_layer == r.layer + 0.5)
-    return s_layer < r.layer
+    return s_layer < r.layer + (0.5 if r.input == "mlp" else 0.0)
 
 
 def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, heads: list[HeadRef], repl: dict, recv: list[_Receiver],
@@ -301,9 +292,9 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, heads: list[HeadRef
     """Add one chunk's EAP terms to ``scores``: each sender's write (from the intact forward) times the metric's
     gradient at each receiver input, averaged over the points ``alphas`` of the ablation path."""
     masks = pp.masks(chunk)
-    pos_masks = torch.stack([masks[p] for p in POSITIONS]).to(torch.float32)  # [P, b, p]
+    pos_masks = torch.stack([masks[p] for p in CLASSES]).to(torch.float32)  # [P, b, p]
     sel = pos_masks.sum(0) > 0  # [b, p]: the positions any class reads
-    layer_of = [_layer_of(name) for name in senders]
+    layer_of = [write_order(name) for name in senders]
     real = chunk.batch.attention_mask.bool()
     writes: dict[str, Tensor] | None = None
     means: dict[str, Tensor] = {}

@@ -58,7 +58,6 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from gna_interp.circuits.scan.result import results_from_json, results_to_json
-from gna_interp.circuits.whole_circuit import LOGITS
 from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import KeyValues, PlanRunner, Prefix, replay
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
@@ -66,6 +65,7 @@ from gna_interp.constants import PATH_EFFECTS_JSON
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.html_repr import fmt
 from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, flat_channels
+from gna_interp.models.graph import LOGITS, POSITIONS
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import INPUTS, InputSite
 from gna_interp.models.model import Model
@@ -77,7 +77,6 @@ from gna_interp.engine.forward import ScoreTable
 from gna_interp.engine.layout import Chunk
 from gna_interp.engine.plan import CandidateScores
 
-POSITIONS: tuple[str, ...] = ("summary", "items", "decision", "other", "all")
 EFFECTS_FORMAT = "path_effects"  # the on-disk format of PathEffects.save
 
 __all__ = ["LOGITS", "POSITIONS", "Edge", "PathEffects", "PathPatcher", "path_effects"]

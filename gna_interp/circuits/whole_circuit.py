@@ -30,17 +30,15 @@ import pandas as pd
 
 from gna_interp.bootstrap import far_outside
 from gna_interp.errors import HeadError, InputError
+from gna_interp.models.graph import EMBED, LOGITS, NODE_KINDS, POSITIONS, RECEIVER_INPUTS, RECEIVES
 from gna_interp.models.heads import HeadRef
 
 __all__ = ["EMBED", "LOGITS", "NODE_KINDS", "WHOLE_INPUTS", "WHOLE_POSITIONS", "WholeCircuit", "WholeEdge",
            "WholeNode"]
 
-EMBED = "embed"
-LOGITS = "logits"
-NODE_KINDS = ("head", "mlp", "embed", "logits")
-WHOLE_INPUTS = ("q", "k", "v", "other", "mlp", "logits")
-WHOLE_POSITIONS = ("items", "decision", "summary", "other", "all")
-_RECEIVES = {"head": ("q", "k", "v", "other"), "mlp": ("mlp",), "logits": ("logits",), "embed": ()}
+WHOLE_INPUTS = RECEIVER_INPUTS
+WHOLE_POSITIONS = POSITIONS
+_RECEIVES = RECEIVES
 
 
 @dataclass(frozen=True)

@@ -164,10 +164,12 @@ def _edge_report(edges: "pd.DataFrame", roles: "pd.DataFrame") -> str:
 def _screen_report(screen: "EdgeScreen", top: int) -> str:
     """The whole-graph screen's strongest edges (exact effect beside the estimate) and its agreement per edge kind,
     as Markdown."""
+    from gna_interp.models.graph import node_kind
+
     t = screen.table
     a = screen.agreement()
     senders = set(t["sender"])
-    mlps = sum(1 for s in senders if s.startswith("MLP"))
+    mlps = sum(1 for s in senders if node_kind(s) == "mlp")
     lines = ["## The whole graph (edge attribution, a sample verified exactly)", "",
              f"{len(t)} edges screened (senders: the embeddings, {len(senders) - mlps - 1} heads, {mlps} MLPs); "
              f"{a.loc['all', 'n']} verified: the strongest by |score|, the strongest of each kind and "
