@@ -74,6 +74,9 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
                    help="scan even when the intact model is near chance on the task (refused by default)")
     p.add_argument("--no-png", action="store_true",
                    help="do not export the report's figures as PNG files (report.html draws every one)")
+    p.add_argument("--verbose", action="store_true",
+                   help="print every calibrated form, the notes, the whole summary (summary.md) and every file "
+                        "written, instead of a three-line result")
     p.set_defaults(run=run_scan)
 
 
@@ -81,9 +84,8 @@ def run_scan(args: argparse.Namespace) -> int:
     """``gna scan``. Under torchrun every rank loads the model and runs the head scan sharded
     (:func:`gna_interp.circuits.distributed.run_job`); then the other ranks exit and rank 0 runs the rest of
     :func:`~gna_interp.circuits.discover` (its scan resumes from the merged checkpoint) and writes the outputs."""
-    from gna_interp.circuits.circuit import FILES
     from gna_interp.circuits.distributed import active, local_device
-    from gna_interp.report import build_report, circuit_summary
+    from gna_interp.report import build_report
 
     out = Path(args.out)
     folder, stale = _claim_scan(args, out)
@@ -96,14 +98,27 @@ def run_scan(args: argparse.Namespace) -> int:
     if circuit is None:
         print(f"rank {shard.rank}: head scan done; rank 0 writes the outputs", flush=True)  # type: ignore[union-attr]
         return 0
-    print(circuit_summary(circuit, top=10))
-    print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)")
+    _say_result(circuit, out, args.verbose)
     with heartbeat(lambda line: print(line, flush=True), f"writing {out / REPORT_FILE}"):
         report = build_report(out, png=not args.no_png, circuit=circuit)
-    print(f"wrote {report} and {out / SUMMARY_MD}")
+    print(f"wrote {report}: open it in a browser; the full summary is in {out / SUMMARY_MD}", flush=True)
     if not args.no_png:
         say_figures(out)
     return 0
+
+
+def _say_result(circuit: Any, out: Path, verbose: bool) -> None:
+    """Print the circuit found: three plain lines (:func:`~gna_interp.report.summary.circuit_brief`), or with
+    ``verbose`` the whole summary and every file written in ``out``."""
+    from gna_interp.circuits.circuit import FILES
+    from gna_interp.report.summary import circuit_brief, circuit_summary
+
+    if verbose:
+        print(circuit_summary(circuit, top=10))
+        print(f"wrote {', '.join(str(out / f) for f in FILES if (out / f).exists())} ({circuit.seconds:.0f}s)",
+              flush=True)
+    else:
+        print("\n".join(circuit_brief(circuit)), flush=True)
 
 
 def scan_choice(args: argparse.Namespace) -> Any:
@@ -137,6 +152,27 @@ def _claim_scan(args: argparse.Namespace, out: Path) -> tuple[Any, list[Path]]:
     return folder, stale
 
 
+def _choose(model: Any, choice: Any, verbose: bool) -> Any:
+    """:func:`~gna_interp.tasks.choice.choose_task`, printing each calibrated form and the notes (``verbose``), else
+    one line for the calibration."""
+    from gna_interp.tasks.choice import choose_task
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    with heartbeat(say, "[calibrate] the task form"):
+        chosen = choose_task(model, choice, progress=say if verbose else None)
+    cal = chosen.calibration
+    if verbose:
+        for note in chosen.notes:
+            say(f"note: {note}")
+    elif cal is not None:
+        form = ", ".join(f"{k}={v}" for k, v in cal.form.items())
+        say(f"[calibrate] task form {cal.rows[cal.chosen].task} ({form}), chosen among {len(cal.rows)} measured: "
+            f"{cal.seconds:.1f} s")
+    return chosen
+
+
 def _discover(args: argparse.Namespace, model: Any, choice: Any, folder: Any, stale: list[Path],
               shard: Any) -> Any:
     """Choose the task, then discover the circuit and save it in ``--out`` (sharded under torchrun: None on the
@@ -144,13 +180,10 @@ def _discover(args: argparse.Namespace, model: Any, choice: Any, folder: Any, st
     from gna_interp.circuits import DiscoverConfig, discover, scan_heads
     from gna_interp.circuits.discovery import check_solvable
     from gna_interp.circuits.distributed import rank_files, run_job
-    from gna_interp.tasks.choice import choose_task
 
     out = Path(args.out)
     ckpt = out / SCAN_CKPT
-    chosen = choose_task(model, choice, progress=lambda line: print(line, flush=True))
-    for note in chosen.notes:
-        print(f"note: {note}", flush=True)
+    chosen = _choose(model, choice, args.verbose)
     task = chosen.task
     reference = chosen.reference(model) if args.method != "zero" else None
     cfg = DiscoverConfig.build(strategy=args.strategy, method=args.method, metric=args.metric, reference=reference,

@@ -1,6 +1,7 @@
-"""`circuit_summary(circuit)`: the Markdown summary of a circuit (``summary.md``, and what ``gna scan`` prints):
-baseline, the circuit's heads with roles and control effects, the generic heads left out, the G&A pair, the
-curve of retrieval and control, the formats, the twin, delegation, run time and the task form."""
+"""`circuit_summary(circuit)`: the Markdown summary of a circuit (``summary.md``, and what ``gna scan --verbose``
+prints): baseline, the circuit's heads with roles and control effects, the generic heads left out, the G&A pair, the
+curve of retrieval and control, the formats, the twin, delegation, run time and the task form.
+`circuit_brief(circuit)`: the few plain-text lines ``gna scan`` prints instead."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from gna_interp.circuits.circuit import Circuit
 from gna_interp.circuits.formats import one_format_heads
 
-__all__ = ["circuit_summary", "edge_lines", "format_lines", "md_escape"]
+__all__ = ["circuit_brief", "circuit_summary", "edge_lines", "format_lines", "md_escape"]
 
 # What Markdown (and the HTML it may carry) would read as markup: written as HTML entities or escaped, so a stored
 # label such as ``<script>`` or ``**bold**`` reads as the text it is.
@@ -67,8 +68,7 @@ def circuit_summary(circuit: Circuit, top: int = 10) -> str:
                      (", ".join(f"{r['name']} (rank {r['rank']}, +{r['control_drop']:.3f} nats/token"
                                 f"{'' if r['control_source'] == 'exact' else ', estimated'})"
                                 for _, r in gen.iterrows()) or "none"))
-    if "circuit_rank" in df:
-        df = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
+    df = _members(df)
     causal = "causal_role" in df
     lines += ["", "| rank | head | drop | source | role |" + (" causal role | direct path |" if causal else "")
               + " gather | aggregate | selectivity" + (" | LM-loss rise | specificity |" if has_control else " |"),
@@ -149,7 +149,7 @@ def format_lines(circuit: Circuit) -> list[str]:
     """The formats scanned, the circuit's consistent effects and the heads that matter in one format only."""
     names = [circuit.task.get("name", "task"), *circuit.formats]
     df = circuit.to_frame()
-    members = df[df["circuit_rank"].notna()].sort_values("circuit_rank")
+    members = _members(df)
     top = ", ".join(f"{r['name']} ({r['consistent']:.2f})" for _, r in members.head(5).iterrows())
     one = one_format_heads(df, names)
     return [f"- formats scanned: {', '.join(names)}; the circuit is ranked by the consistent effect (the smallest "
@@ -166,14 +166,11 @@ def _curve_lines(circuit: Circuit) -> list[str]:
            f"circuit's top {k}): median {cs['random_median']:.3f}, mean {cs['random_mean']:.3f} (min "
            f"{cs['random_min']:.3f}, max {cs['random_max']:.3f}, {cs['seeds']} seeds); baseline {cs['baseline']:.3f}"]
     if cs["seeds"] and cs["baseline"] is not None:
-        top_drop, rnd_drop = cs["baseline"] - cs["top"], cs["baseline"] - cs["random_max"]
-        verdict = ("more than any random draw" if top_drop > cs["baseline"] - cs["random_min"] else
-                   "no more than some random draw: the circuit is not distinguished at this k")
-        med_drop = cs["baseline"] - cs["random_median"]
+        top_drop, med_drop, verdict = _against_random(cs)
         ratio = (f", {top_drop / med_drop:.1f}x the random median's drop ({med_drop:.3f})" if med_drop > 1e-9
                  else f"; the random median's drop is {med_drop:.3f}")
         out.append(f"- so the top {k} cost {top_drop:.3f} accuracy, {verdict}{ratio} (the smallest random drop "
-                   f"was {rnd_drop:.3f})")
+                   f"was {cs['baseline'] - cs['random_max']:.3f})")
     curve = circuit.curve if "lm_loss" in circuit.curve else circuit.curve.assign(lm_loss=math.nan)
     means = curve.groupby(["series", "k"])[["accuracy", "lm_loss"]].median()
     steps = [f"k={j} {means.loc[('top', j), 'accuracy']:.3f} vs {means.loc[('random', j), 'accuracy']:.3f}"
@@ -191,6 +188,74 @@ def _curve_lines(circuit: Circuit) -> list[str]:
                          f"{means.loc[('generic', gk), 'accuracy']:.3f})")
         out.append("- LM-loss rise on neutral text (nats/token): " + ", ".join(parts))
     return out
+
+
+def _against_random(cs: dict[str, Any]) -> tuple[float, float, str]:
+    """From a curve summary with random draws: the top k's drop, the random median's drop and the verdict."""
+    top_drop, med_drop = cs["baseline"] - cs["top"], cs["baseline"] - cs["random_median"]
+    verdict = ("more than any random draw" if top_drop > cs["baseline"] - cs["random_min"] else
+               "no more than some random draw: the circuit is not distinguished at this k")
+    return top_drop, med_drop, verdict
+
+
+def _members(df: Any) -> Any:
+    """The rows of :meth:`Circuit.to_frame` that are in the circuit, in circuit order (every row where the frame
+    has no ``circuit_rank``)."""
+    return df[df["circuit_rank"].notna()].sort_values("circuit_rank") if "circuit_rank" in df else df
+
+
+def circuit_brief(circuit: Circuit, heads: int = 3) -> list[str]:
+    """The circuit in a few lines of plain text (no Markdown), for a terminal: its ``heads`` best-ranked heads with
+    their roles and drops and the strongest measured path; the top k removed together against k random heads; the
+    controls."""
+    return [line for line in (_heads_brief(circuit, heads), _curve_brief(circuit), _controls_brief(circuit)) if line]
+
+
+def _heads_brief(circuit: Circuit, n: int) -> str:
+    """The ``n`` best-ranked heads of the circuit, each with its role and the drop of removing it alone."""
+    rows = _members(circuit.to_frame()).head(n)
+    heads = ", ".join(f"{r['name']} {r['role']} {_f(r['drop']) or 'not run'}"
+                      + ("" if r["source"] == "exact" else " (estimated)") for _, r in rows.iterrows())
+    path = circuit.path()
+    via = f"; path {path['edge']} {path['effect']:+.2f}" if path else ""
+    return f"top heads ({circuit.scan.metric} drop, each removed alone): {heads}{via}"
+
+
+def _curve_brief(circuit: Circuit) -> str:
+    """The top k heads removed together against k random heads, in accuracy."""
+    b, cs = circuit.baseline, circuit.curve_summary()
+    if circuit.at_chance():
+        return (f"the intact model is at chance (accuracy {b['accuracy']:.3f}, chance {b['chance']:.3f}): no head "
+                f"can be told apart by removing it")
+    if not cs or cs["baseline"] is None:
+        return ""
+    k = cs["k"]
+    line = f"removing the top {k}: accuracy {cs['baseline']:.3f} -> {cs['top']:.3f}"
+    if "chance" in b:
+        line += f" (chance {b['chance']:.3f})"
+    if not cs["seeds"]:
+        return line + "; no random heads drawn"
+    top_drop, med_drop, verdict = _against_random(cs)
+    ratio = f"{top_drop / med_drop:.1f}x their drop, " if med_drop > 1e-9 else ""
+    return line + f"; {k} random heads -> {cs['random_median']:.3f} (median of {cs['seeds']}): {ratio}{verdict}"
+
+
+def _controls_brief(circuit: Circuit) -> str:
+    """The LM-loss control (the generic heads) and the knowledge twin, or that they were not measured."""
+    names = [h.name for h in circuit.generic]
+    if circuit.control is None:
+        lm = "LM loss on neutral text not measured"
+    elif not names:
+        lm = f"no generic head (none raises the LM loss on neutral text by {circuit.generic_fraction:.0%} or more)"
+    else:
+        lm = (f"{len(names)} generic head{'s' * (len(names) > 1)} (LM-loss rise >= {circuit.generic_fraction:.0%}) "
+              f"{'kept in' if circuit.keep_generic else 'left out of'} the circuit: {', '.join(names[:4])}"
+              + ", ..." * (len(names) > 4))
+    t = circuit.twin
+    twin = (f"knowledge twin: accuracy {t['intact']:.3f} intact, {t['top']:.3f} without the top {t['k']}"
+            + (f", {t['random_median']:.3f} without {t['k']} random" if t.get("random") else "")
+            if t else "knowledge twin not measured")
+    return f"controls: {lm}; {twin}"
 
 
 def _f(v: Any, digits: int = 2) -> str:
