@@ -69,7 +69,7 @@ def test_gna_scan_calibrates_the_unnamed_knobs_and_records_the_grid(tmp_path, ca
     argv = ["--device", "cpu", "scan", "--model", "zoo:transformer-kv", "--max-value", "99", "--template", "official",
             "--samples", "6", "--calibrate", "4", "--top-k", "1", "--seeds", "1", "--no-control", "--no-png", "--out", str(out)]
     assert main(argv) == 0
-    assert "calibrating the task form: 2 forms on 4 prompts each" in capsys.readouterr().out
+    assert "[calibrate] task form" in capsys.readouterr().out
     c = Circuit.load(out)
     cal = c.calibration
     assert cal is not None and [r.form["n_pairs"] for r in cal.rows] + [f["n_pairs"] for f in cal.skipped] == [10, 20]

@@ -81,6 +81,7 @@ def test_every_stage_says_it_ran_and_a_long_one_keeps_saying_so(monkeypatch):
     lines: list[str] = []
     table = (("roles", lambda d: True), ("curve", lambda d: time.sleep(0.35) or True), ("twin", lambda d: False))
     monkeypatch.setattr(discovery, "STAGES", table)
+    monkeypatch.setattr("gna_interp.cli.stages.to_terminal", lambda: True)  # a log gets no heartbeat; a terminal does
     with announced_stages(lines.append, heartbeat_s=0.1):
         assert [stage(None) for _, stage in discovery.STAGES] == [True, True, False]
     assert discovery.STAGES is table

@@ -51,9 +51,8 @@ def heads_arg(text: str) -> str:
     """An argparse ``type`` for a comma-separated ``--heads`` of head names: each name's form (``L3H1``, ``L17S3``,
     ``L35C3186``, ``L35C0+16``) and their count checked before any model loads (at most :data:`MAX_HEADS_LISTED`);
     kept as text, the model checks the heads exist."""
-    import re
-
-    from gna_interp.schemas import HEAD_NAME
+    from gna_interp.errors import HeadError
+    from gna_interp.models.heads import HeadRef
 
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names:
@@ -61,10 +60,11 @@ def heads_arg(text: str) -> str:
     if len(names) > MAX_HEADS_LISTED:
         raise argparse.ArgumentTypeError(f"{len(names):,} heads listed; at most {MAX_HEADS_LISTED:,} (each is drawn "
                                          f"or run on its own): pick the heads to look at")
-    bad = next((n for n in names if not re.match(HEAD_NAME, n)), None)
-    if bad is not None:
-        raise argparse.ArgumentTypeError(f"{bad[:40]!r} is not a head name (L3H1 an attention head, L17S3 an SSM head, "
-                                         f"L35C3186 a Mamba-1 channel)")
+    try:
+        for name in names:
+            HeadRef.parse(name)
+    except HeadError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 

@@ -218,7 +218,7 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
     if cfg.strategy in ("attribution", "auto") and len(run.scan.estimates) < len(run.scan.heads):
         _attribute(run)
     todo = initial_exact(run.scan, cfg.strategy, cfg.certify, cfg.verify, run.focus)
-    with tqdm(total=len(todo), desc=f"scan {cfg.strategy}", unit="head",
+    with tqdm(total=len(todo), desc=f"scan {cfg.strategy}", unit="head", leave=False,  # the stage line reports its end
               disable=not (cfg.progress and run.executor.lead)) as bar:
         run.bar = bar
         if todo or not run.scan.baseline:
