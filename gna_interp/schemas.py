@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from gna_interp.constants import CONTROL_JSON, DELEGATION_JSON, MAX_SAMPLES, VIEWS_PT
+from gna_interp.constants import CONTROL_JSON, DELEGATION_JSON, MAX_SAMPLES, N_BOOT_MAX, VIEWS_PT
 
 __all__ = ["HEAD_NAME", "MAX_INT", "MAX_SAMPLES", "RUN_ID", "SCHEMAS", "schema_error"]
 
@@ -100,13 +100,19 @@ SCAN = obj({"model": STR, "task": STR, "method": STR, "metric": STR, "strategy":
             "masses": HEAD_VALUES, "seconds": SECONDS, "unsettled": NAT, "screen_index": arr(NAT),
             "screened": HEAD_SAMPLES, "run_id": RUN})
 
-# what each metric reads from a per-sample record (engine.metrics): a scan's records must hold it
+# what each metric reads from a per-sample record (engine.metrics): a document's records must hold it
 METRIC_KEYS = {"logit_diff": ["logit_diff"], "accuracy": ["correct"], "logprob": ["gold_score", "n_gold"]}
-SCAN["allOf"] = [{"if": {"properties": {"metric": {"const": metric}}, "required": ["metric"]},
-                  "then": {"properties": {"baseline": {"type": ["object", "null"], "required": keys},
-                                          **{f: {"additionalProperties": {"required": keys}}
-                                             for f in ("exact", "screened")}}}}
-                 for metric, keys in METRIC_KEYS.items()]
+
+
+def metric_records(where: Any) -> list[dict[str, Any]]:
+    """Conditions that the per-sample records of a document hold what its ``metric`` reads: ``where(need)`` is the
+    schema placing ``need`` (``{"required": [...]}``) on each of them."""
+    return [{"if": {"properties": {"metric": {"const": metric}}, "required": ["metric"]},
+             "then": where({"required": keys})} for metric, keys in METRIC_KEYS.items()]
+
+
+SCAN["allOf"] = metric_records(lambda need: {"properties": {
+    "baseline": {"type": ["object", "null"], **need}, **{f: {"additionalProperties": need} for f in ("exact", "screened")}}})
 
 CALIBRATION = obj({"rows": arr(obj({"form": {"type": "object"}, "task": STR, "accuracy": PROB, "chance": PROB,
                                     "n_samples": SAMPLES, "tokens": {"type": "number", "minimum": 0,
@@ -133,6 +139,10 @@ CIRCUIT = obj({"model": {"type": "string", "maxLength": 4096}, "task": TASK, "ba
               {"heads": arr(HEAD_ROW), "roles": arr(ROLE_ROW), "n_samples": nullable(SAMPLES), "chance": PROB_NULL,
                "seed": nullable(INT), "curve": arr(CURVE_ROW), "seconds": SECONDS,
                "timings": {"type": "object", "additionalProperties": SECONDS},
+               "profile": {"type": "object", "additionalProperties": obj(
+                   {k: SECONDS for k in ("wall_s", "cpu_s")} | {k: NAT for k in ("block_calls", "block_rows",
+                                                                                  "block_tokens")},
+                   {"peak_rss_mb": SECONDS, "peak_cuda_mb": SECONDS}, closed=True)},
                "views": {"enum": [None, VIEWS_PT]}, "control": {"enum": [None, CONTROL_JSON]},
                "delegation": {"enum": [None, DELEGATION_JSON]},
                "generic_fraction": {"type": "number", "minimum": 0, "maximum": 1}, "keep_generic": BOOL,
@@ -173,22 +183,39 @@ HYBRID_PLAN = obj({"model": STR, "architecture": STR, "layers": arr({"type": "ob
 
 EXPERIMENT = obj(optional={"table": RECORDS})  # its checkpoints share the format; the rest is read by its class
 
+# an interval's coverage and resamples, and the metric and ablation a measurement names
+LEVEL: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}
+N_BOOT: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": N_BOOT_MAX}
+METRIC: dict[str, Any] = {"enum": list(METRIC_KEYS)}
+ABLATION: dict[str, Any] = {"enum": ["zero", "mean", "resample"]}
+
 # a faithfulness curve (gna circuit's faithfulness.json / edge_faithfulness.json): members are head or edge names,
-# parsed by the loader (HeadRef.parse, Wire.parse)
+# parsed by the loader (HeadRef.parse, Wire.parse); its fraction is of the logit difference, read off every point
 MEMBERS = arr({"type": "string", "maxLength": 400}, maxItems=MAX_UNITS)
-FAITHFULNESS = obj({"metric": STR, "method": STR, "n_heads": UNITS, "threshold": {**NUM, "minimum": 0, "maximum": 1},
-                    "n_boot": NAT, "level": {**NUM, "minimum": 0, "maximum": 1}, "intact": PER_SAMPLE,
-                    "empty": PER_SAMPLE, "points": arr(obj({"series": {"enum": ["ranked", "random", "smallest"]},
-                                                            "seed": INT, "size": UNITS, "results": PER_SAMPLE},
-                                                           {"heads": MEMBERS}), maxItems=MAX_UNITS),
+LOGIT_DIFF = {**PER_SAMPLE, "required": ["logit_diff", "correct"]}
+FAITHFULNESS = obj({"metric": {"const": "logit_diff"}, "method": STR,
+                    "n_heads": {**UNITS, "minimum": 1}, "threshold": {**NUM, "exclusiveMinimum": 0, "maximum": 1},
+                    "n_boot": N_BOOT, "level": LEVEL, "intact": LOGIT_DIFF,
+                    "empty": LOGIT_DIFF, "points": arr(obj({"series": {"enum": ["ranked", "random", "smallest"]},
+                                                            "seed": INT, "size": UNITS, "results": LOGIT_DIFF},
+                                                           {"heads": MEMBERS}), minItems=1, maxItems=MAX_UNITS),
                     "smallest": nullable(MEMBERS),
                     "minimality": {"type": "object", "additionalProperties": NUM}},
                    {"unit": {"enum": ["heads", "edges"]}, "order": nullable(MEMBERS), "summary": {"type": "object"},
                     "run_id": RUN})
 
+# head interactions (Interactions.save): per-sample results of the intact model and of each head and pair removed;
+# the loader checks that every list covers the same samples
+INTERACTIONS = obj({"model": STR, "task": STR, "metric": METRIC, "method": ABLATION, "heads": arr(HEAD, maxItems=MAX_UNITS),
+                    "baseline": PER_SAMPLE, "singles": arr(PER_SAMPLE, maxItems=MAX_UNITS),
+                    "pairs": arr(obj({"i": NAT, "j": NAT, "results": PER_SAMPLE}, closed=True), maxItems=MAX_UNITS)},
+                   {"level": LEVEL, "n_boot": N_BOOT, "seconds": SECONDS})
+INTERACTIONS["allOf"] = metric_records(lambda need: {"properties": {
+    "baseline": need, "singles": {"items": need}, "pairs": {"items": {"properties": {"results": need}}}}})
+
 SCHEMAS: dict[str, dict[str, Any]] = {
     "scan": SCAN, "faithfulness": FAITHFULNESS, "circuit": CIRCUIT, "views": VIEWS, "patterns": PATTERNS, "delegation": DELEGATION,
-    "comparison": COMPARISON, "hybrid_plan": HYBRID_PLAN,
+    "comparison": COMPARISON, "hybrid_plan": HYBRID_PLAN, "interactions": INTERACTIONS,
     **{name: EXPERIMENT for name in ("eval", "prune", "mask", "sweep", "families", "hybrid_build")},
 }
 

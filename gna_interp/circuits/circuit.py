@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from gna_interp.engine.profile import Cost
 from gna_interp.constants import CIRCUIT_JSON, CONTROL_JSON, DELEGATION_CSV, DELEGATION_JSON, SCAN_CSV, SCAN_JSON, SUMMARY_MD, VIEWS_PT, format_scan
 from gna_interp.circuits.causal import EDGE_COLUMNS, causal_roles, check_edge_table, strongest_path
 from gna_interp.circuits.curve import CURVE_COLUMNS
@@ -83,6 +84,8 @@ class Circuit(Result):
             accuracies (None when the task has no twin).
         timings: wall seconds of each stage of :func:`~gna_interp.circuits.discovery.discover` (check, scan, roles, control, curve, twin,
             delegation, views), in the order they ran.
+        profile: each stage's :class:`~gna_interp.engine.profile.Cost` (wall and CPU seconds, the model's blocks run
+            with their rows and tokens, peak memory), the calibration of the task form included.
         delegation: on a hybrid, the roles per head kind and the cost of removing each kind's aggregate
             heads (:class:`~gna_interp.circuits.delegation.Delegation`); None otherwise.
         calibration: the grid of task forms the intact model was measured on and the one chosen
@@ -117,6 +120,7 @@ class Circuit(Result):
     notes: list[str] = field(default_factory=list)
     twin: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    profile: dict[str, Cost] = field(default_factory=dict)
     delegation: Delegation | None = None
     calibration: Calibration | None = None
     formats: dict[str, HeadScan] = field(default_factory=dict)
@@ -283,6 +287,7 @@ class Circuit(Result):
             "curve": records(self.curve),
             "curve_summary": self.curve_summary(), "seconds": round(self.seconds, 2),
             "timings": {k: round(v, 2) for k, v in self.timings.items()},
+            "profile": {k: v.to_dict() for k, v in self.profile.items()},
             "scan_rows": len(self.scan.heads), "views": VIEWS_PT if self.views is not None else None,
             "control": CONTROL_JSON if self.control is not None else None, "generic_fraction": self.generic_fraction,
             "keep_generic": self.keep_generic, "notes": list(self.notes),
@@ -358,6 +363,7 @@ class Circuit(Result):
             generic_fraction=float(doc.get("generic_fraction") or DEFAULT_GENERIC_FRACTION),
             keep_generic=bool(doc.get("keep_generic")), notes=list(doc.get("notes") or []), twin=doc.get("twin"),
             timings=dict(doc.get("timings") or {}), delegation=delegation,
+            profile={k: Cost.from_dict(v) for k, v in (doc.get("profile") or {}).items()},
             calibration=Calibration.from_dict(doc["calibration"]) if doc.get("calibration") else None,
             formats=dict(formats or {}), format_tasks=dict(format_tasks or {}),
             edges=check_edge_table(doc["edges"], scan.heads, "circuit field 'edges'") if doc.get("edges") is not None

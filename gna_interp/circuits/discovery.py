@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
+from gna_interp.engine.profile import Cost, Meter
 from gna_interp.constants import CONTROL_SUFFIX, format_scan
 from gna_interp.circuits.causal import measure_edges
 from gna_interp.circuits.circuit import Circuit
@@ -312,8 +313,10 @@ def discover(model: Model, task: Task | TaskChoice | ChosenTask | None = None,
     check_model(model)
     cfg = DiscoverConfig.build(config, **overrides)
     chosen: ChosenTask | None = None
+    profile: dict[str, Cost] = {}
     if task is None or isinstance(task, TaskChoice):
-        chosen = choose_task(model, task if task is not None else TaskChoice(batch_size=cfg.scan.batch_size))
+        with Meter(model) as meter, meter.stage() as profile["calibrate"]:
+            chosen = choose_task(model, task if task is not None else TaskChoice(batch_size=cfg.scan.batch_size))
     elif isinstance(task, ChosenTask):
         chosen = task
     elif not isinstance(task, Task):
@@ -331,12 +334,17 @@ def discover(model: Model, task: Task | TaskChoice | ChosenTask | None = None,
         cal = chosen.calibration if chosen is not None else None
         d.late_check = cal is not None and cal.rows[cal.chosen].solved
         clock = start
-        for name, stage in STAGES:
-            if stage(d):
-                now = time.perf_counter()
-                d.timings[name] = d.timings.get(name, 0.0) + now - clock
-                clock = now
+        with Meter(model) as meter:
+            for name, stage in STAGES:
+                with meter.stage() as cost:
+                    ran = stage(d)
+                if ran:
+                    now = time.perf_counter()
+                    d.timings[name] = d.timings.get(name, 0.0) + now - clock
+                    clock = now
+                    profile[name] = profile[name] + cost if name in profile else cost
     assert d.circuit is not None
+    d.circuit.profile = profile
     d.circuit.seconds = time.perf_counter() - start
     if chosen is not None:
         d.circuit.notes.extend(chosen.notes)

@@ -77,6 +77,9 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", action="store_true",
                    help="print every calibrated form, the notes, the whole summary (summary.md) and every file "
                         "written, instead of a three-line result")
+    p.add_argument("--profile", action="store_true",
+                   help="print each stage's cost (wall and CPU seconds, blocks run with their rows and tokens, peak "
+                        "memory); it is always in circuit.json ('profile') and summary.md")
     p.set_defaults(run=run_scan)
 
 
@@ -99,6 +102,10 @@ def run_scan(args: argparse.Namespace) -> int:
         print(f"rank {shard.rank}: head scan done; rank 0 writes the outputs", flush=True)  # type: ignore[union-attr]
         return 0
     _say_result(circuit, out, args.verbose)
+    if args.profile:
+        from gna_interp.report.summary import profile_lines
+
+        print("\n".join(profile_lines(circuit)), flush=True)
     with heartbeat(lambda line: print(line, flush=True), f"writing {out / REPORT_FILE}"):
         report = build_report(out, png=not args.no_png, circuit=circuit)
     print(f"wrote {report}: open it in a browser; the full summary is in {out / SUMMARY_MD}", flush=True)
@@ -180,10 +187,12 @@ def _discover(args: argparse.Namespace, model: Any, choice: Any, folder: Any, st
     from gna_interp.circuits import DiscoverConfig, discover, scan_heads
     from gna_interp.circuits.discovery import check_solvable
     from gna_interp.circuits.distributed import rank_files, run_job
+    from gna_interp.engine.profile import Meter
 
     out = Path(args.out)
     ckpt = out / SCAN_CKPT
-    chosen = _choose(model, choice, args.verbose)
+    with Meter(model) as meter, meter.stage() as calibrate:
+        chosen = _choose(model, choice, args.verbose)
     task = chosen.task
     reference = chosen.reference(model) if args.method != "zero" else None
     cfg = DiscoverConfig.build(strategy=args.strategy, method=args.method, metric=args.metric, reference=reference,
@@ -213,6 +222,7 @@ def _discover(args: argparse.Namespace, model: Any, choice: Any, folder: Any, st
         if scan is None:
             header()
         circuit = discover(model, chosen, config=cfg)
+        circuit.profile = {"calibrate": calibrate, **circuit.profile}
         if scan is not None:  # discover's scan only read the sharded scan back: count the sharded one's time
             circuit.scan.seconds = scan.seconds
             circuit.timings = {"sharded scan": seconds, **circuit.timings}

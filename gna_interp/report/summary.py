@@ -118,7 +118,21 @@ def circuit_summary(circuit: Circuit, top: int = 10) -> str:
                      + ")")
     if circuit.calibration is not None:
         lines += ["", "## Task form", ""] + circuit.calibration.lines()
+    if circuit.profile:
+        lines += ["", "## Cost by stage", ""] + profile_lines(circuit)
     return "\n".join(lines) + "\n"
+
+
+def profile_lines(circuit: Circuit) -> list[str]:
+    """Each stage's cost (:attr:`Circuit.profile`) as a Markdown table: wall and CPU seconds, the blocks the model
+    ran with their rows and tokens, and the peak resident memory."""
+    lines = ["| stage | wall s | CPU s | blocks run | rows | tokens | peak memory MB |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, c in circuit.profile.items():
+        peak = "" if c.peak_rss_mb is None else f"{c.peak_rss_mb:,.0f}"
+        lines.append(f"| {name} | {c.wall_s:.1f} | {c.cpu_s:.1f} | {c.block_calls:,} | {c.block_rows:,} | "
+                     f"{c.block_tokens:,} | {peak} |")
+    return lines
 
 def edge_lines(circuit: Circuit) -> list[str]:
     """The measured paths: the strongest gather -> aggregate path, the strongest edges, and every edge-table head's
