@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 import warnings
 from collections import Counter
@@ -29,6 +31,7 @@ from gna_interp.viz.head_view import HEATMAP_ID, head_explorer
 from gna_interp.viz.html import IsolatedParts, figure_div, page, part
 from gna_interp.viz.scores import score_heatmap
 from gna_interp.viz.stability import stability_plot
+from gna_interp.viz.text import agree, counted
 
 N_TOP = 15
 _TABLE_COLUMNS = ("rank", "circuit_rank", "name", "kind", "role", "offset", "drop", "ablated", "source", "est_drop",
@@ -181,8 +184,7 @@ def _formats_table(heads: pd.DataFrame, circuit: Circuit) -> str:
     names = [circuit.task.get("name", "task"), *circuit.formats]
     top = heads[heads["circuit_rank"].notna()].sort_values("circuit_rank").head(N_TOP)
     cols = ["circuit_rank", "name", "consistent"] + [f"rel_drop_{n}" for n in names]
-    rows = [[_fmt(r[c]) for c in cols] for _, r in top.iterrows()]
-    return part("table", cols, rows) + "".join(_note(t.lstrip("- ")) for t in format_lines(circuit))
+    return part("table", cols, _cells(top, cols)) + "".join(_note(t.lstrip("- ")) for t in format_lines(circuit))
 
 
 def _calibration_table(cal: Calibration) -> str:
@@ -200,11 +202,53 @@ def _h(text: str, level: int = 2) -> str:
 
 
 def _note(text: str) -> str:
-    return part("note", text)
+    """A note, its counts of one in the singular (sentences come from many modules)."""
+    return part("note", agree(text))
 
 
 def _kv_table(rows: Sequence[tuple[str, Any]]) -> str:
-    return part("table", None, [[k, _fmt(v)] for k, v in rows if v not in (None, "", {})], row_heads=True, left=True)
+    return part("table", None, [[k, agree(_fmt(v))] for k, v in rows if v not in (None, "", {})], row_heads=True,
+                left=True)
+
+
+def _once(notes: Sequence[str]) -> list[str]:
+    """``notes`` with each note once (a note repeated, whatever its spacing, is shown where it first stands)."""
+    return list({" ".join(str(n).split()): None for n in notes})
+
+
+def _number(v: float) -> str:
+    """A measured value in fixed notation: three significant digits, at most three decimals (a value that rounds
+    to 0 shows as 0.000, never in e-notation)."""
+    if not math.isfinite(v):
+        return str(v)
+    size = abs(float(f"{v:.3g}"))  # rounded first: 9.996 is 10.0, not 10.00
+    decimals = 3 if size == 0 else min(3, max(0, 2 - math.floor(math.log10(size))))
+    text = f"{v:.{decimals}f}"
+    return text.lstrip("-") if float(text) == 0 else text
+
+
+def _is_number(v: Any) -> bool:
+    """Whether ``v`` is a number (a Python or NumPy int or float; not a bool)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _cell(v: Any, whole: bool) -> str:
+    """A table cell: blank where missing, a number as an integer (``whole``) or by :func:`_number`, else text."""
+    if v is None or (_is_number(v) and v != v):
+        return ""
+    if _is_number(v):
+        return str(int(v)) if whole else _number(float(v))
+    return _fmt(v)
+
+
+def _cells(frame: pd.DataFrame, cols: Sequence[str]) -> list[list[str]]:
+    """The rows of ``frame``'s ``cols`` as table cells, one number format per column: integers where all the
+    column's numbers are whole, else :func:`_number`."""
+    out = []
+    for c in cols:
+        whole = all(float(v).is_integer() for v in frame[c] if _is_number(v) and v == v)
+        out.append([_cell(v, whole) for v in frame[c]])
+    return [list(row) for row in zip(*out)]
 
 
 def _fmt(v: Any) -> str:
@@ -231,7 +275,7 @@ def _summary(circuit: Circuit) -> str:
         ("generic heads", ", ".join(h.name for h in circuit.generic) or ("none" if circuit.control else None)),
         ("knowledge twin", {key: circuit.twin[key] for key in ("task", "k", "intact", "top", "random_median")}
          if circuit.twin else None),
-        ("notes", " | ".join(circuit.notes) or None),
+        ("notes", " | ".join(_once(circuit.notes)) or None),
         ("written", time.strftime("%Y-%m-%d %H:%M"))]
     return _h("Model and task") + _kv_table(rows)
 
@@ -241,8 +285,7 @@ def _top_table(heads: pd.DataFrame) -> str:
     top = heads.head(N_TOP)
     cols = [c for c in _TABLE_COLUMNS if c in top and top[c].notna().any()
             and not (c == "offset" and (top[c].fillna(0) == 0).all())]  # offsets only where some head reads late
-    rows = [[_fmt(r[c]) if r[c] == r[c] else "" for c in cols] for _, r in top.iterrows()]
-    return part("table", cols, rows, cls="top-heads", scroll=True)
+    return part("table", cols, _cells(top, cols), cls="top-heads", scroll=True)
 
 
 def _delegation_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
@@ -268,9 +311,9 @@ def _delegation_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
                 f"{r['name']} {r['role'][0].upper()}" + (f" +{int(r['offset'])}" if r["offset"] else "")
                 for _, r in roles[(roles["kind"] == k["kind"]) & roles["role"].isin(["gather", "aggregate"])].iterrows())
              or "none"),
-            ("aggregate: mean / max", lambda k: f"{_fmt(k['aggregate_mean'])} / {_fmt(k['aggregate_max'])}"),
-            ("selectivity: mean / max", lambda k: f"{_fmt(k['selectivity_mean'])} / {_fmt(k['selectivity_max'])}"),
-            ("gather: mean / max", lambda k: f"{_fmt(k['gather_mean'])} / {_fmt(k['gather_max'])}")]
+            *[(f"{score}: mean / max", lambda k, score=score: f"{_number(k[score + '_mean'])} / "
+                                                            f"{_number(k[score + '_max'])}")
+              for score in ("aggregate", "selectivity", "gather")]]
     out.append(part("table", [""] + [str(k["title"]) for _, k in kinds.iterrows()],
                     [[name] + [fn(k) for _, k in kinds.iterrows()] for name, fn in rows], cls="delegation-roles",
                     row_heads=True))
@@ -281,12 +324,13 @@ def _delegation_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
         cols += [f"{know['name']} ({unit}): intact", "removed", "random (median)"]
     lines = []
     for _, k in kinds[kinds["aggregate_heads"] > 0].iterrows():
-        cells = [str(k["title"]), str(k["removed"]).replace(",", ", "), _fmt(k["retrieval_intact"]),
-                 _fmt(k["retrieval_removed"]),
-                 f"{_fmt(k['retrieval_random'])} ({int(k['random_draws'])} draws)" if k["random_draws"] else "no draw"]
+        cells = [str(k["title"]), str(k["removed"]).replace(",", ", "), _number(k["retrieval_intact"]),
+                 _number(k["retrieval_removed"]),
+                 f"{_number(k['retrieval_random'])} ({counted(int(k['random_draws']), 'draw')})"
+                 if k["random_draws"] else "no draw"]
         if know:
-            cells += [_fmt(k["knowledge_intact"]), _fmt(k["knowledge_removed"]),
-                      _fmt(k["knowledge_random"]) if k["random_draws"] else ""]
+            cells += [_number(k["knowledge_intact"]), _number(k["knowledge_removed"]),
+                      _number(k["knowledge_random"]) if k["random_draws"] else ""]
         lines.append(cells)
     if lines:
         out += [_h("Removing each kind's aggregate heads", 3), part("table", cols, lines, cls="delegation-removal")]
@@ -295,7 +339,7 @@ def _delegation_section(circuit: Circuit, figures: dict[str, Any]) -> list[str]:
     else:
         out.append(_note("No head of any kind is labelled aggregate: nothing to remove."))
     if d.notes:
-        out.append(_note(" | ".join(d.notes)))
+        out.append(_note(" | ".join(_once(d.notes))))
     return out
 
 
@@ -310,8 +354,8 @@ def _view_sections(views: CardViews, figures: dict[str, Any]) -> list[str]:
             out.append(figure_div(figures[name]))
     view = views.view
     out += [_h("Patterns of the top heads"), _note(
-        f"Sample 0, the {len(view)} best-ranked heads. Attention heads: softmax pattern. SSM heads: implicit "
-        f"attention (form={ps.options.form}) shown row-normalised, |M[t,s]| / sum_s |M[t,s]|. Hover a head to "
+        f"Sample 0, the {counted(len(view), 'best-ranked head')}. Attention heads: softmax pattern. SSM heads: "
+        f"implicit attention (form={ps.options.form}) shown row-normalised, |M[t,s]| / sum_s |M[t,s]|. Hover a head to "
         f"enlarge it."), attention_heads(ps, view, sample=0).fragment]
     soft = [h for h in view if h.adapter.normalized_rows]
     implicit = [h for h in view if not h.adapter.normalized_rows]

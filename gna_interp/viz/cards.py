@@ -13,6 +13,7 @@ from gna_interp.mixing.pattern_set import PatternSet
 from gna_interp.options import Options, options
 from gna_interp.tasks.segments import Segments
 from gna_interp.viz.attention import display_rows
+from gna_interp.viz.text import clip
 
 _GOLD, _PRED, _OTHER = "#2e8b57", "#c0392b", "#9aa5b1"
 
@@ -62,18 +63,7 @@ def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | st
     pats = display_rows(patterns.sample(sample, [g, a]), [g, a]).cpu()
     pg, pa = pats[0], pats[1]
     width = max(len(s) for s in segments.items)
-    z, text, hover, labels = [], [], [], []
-    for i, span in enumerate(segments.items):
-        row = pg[span.summary]
-        seg = [float(row[p]) for p in range(span.start, span.stop)]
-        inside = sum(seg)
-        z.append(seg + [math.nan] * (width - len(seg)))
-        text.append([_show(tokens[p]) for p in range(span.start, span.stop)] + [""] * (width - len(seg)))
-        hover.append([f"{_show(tokens[p])} (pos {p}) ← summary pos {span.summary}" for p in
-                      range(span.start, span.stop)] + [""] * (width - len(seg)))
-        segment_text = "".join(tokens[span.start:span.stop]).strip()
-        tag = " ★gold" if i == gold else " ✗pred" if i == pred else ""
-        labels.append(f"{i}: {html.escape(segment_text[:24], quote=False)} ({inside:.0%} in){tag}")
+    z, text, hover, labels = _gather_rows(pg, tokens, segments, gold, pred)
     final = segments.final
     summ = [float(pa[final, sp.summary]) for sp in segments.items]
     rest = [float(pa[final, sp.start:sp.summary].sum()) for sp in segments.items]
@@ -104,6 +94,25 @@ def ga_card(patterns: PatternSet, gather: HeadRef | str, aggregate: HeadRef | st
                       height=int(200 + 26 * len(labels)), template="plotly_white", margin=dict(l=190, r=90, t=110, b=60),
                       legend=dict(orientation="h", yanchor="top", y=-0.2 - 6 / (len(labels) + 6), x=0.6))
     return fig
+
+
+def _gather_rows(pg: Any, tokens: list[str], segments: Segments, gold: int | None,
+                 pred: int | None) -> tuple[list[list[float]], list[list[str]], list[list[str]], list[str]]:
+    """The gather panel: per segment its summary token's weights on the segment's tokens (``z``, padded with NaN),
+    the tokens (``text``), the hover texts and the row label (the segment cut between words, its share, gold/pred)."""
+    width = max(len(s) for s in segments.items)
+    z, text, hover, labels = [], [], [], []
+    for i, span in enumerate(segments.items):
+        seg = [float(pg[span.summary][p]) for p in range(span.start, span.stop)]
+        pad = [""] * (width - len(seg))
+        z.append(seg + [math.nan] * (width - len(seg)))
+        text.append([_show(tokens[p]) for p in range(span.start, span.stop)] + pad)
+        hover.append([f"{_show(tokens[p])} (pos {p}) ← summary pos {span.summary}" for p in
+                      range(span.start, span.stop)] + pad)
+        segment_text = "".join(tokens[span.start:span.stop]).strip()
+        tag = " ★gold" if i == gold else " ✗pred" if i == pred else ""
+        labels.append(f"{i}: {html.escape(clip(segment_text, 24), quote=False)} ({sum(seg):.0%} in){tag}")
+    return z, text, hover, labels
 
 
 def _answer_title(g: HeadRef, a: HeadRef, gold: int | None, pred: int | None,

@@ -11,13 +11,25 @@ from gna_interp.mixing.pattern_set import PatternSet
 from gna_interp.mixing.sharpness import sharpness
 from gna_interp.options import Options, options
 from gna_interp.viz.attention import display_rows
+from gna_interp.viz.text import clip
 
 _MAX_TICK_TOKENS = 40
+_CHAR_PX = 5.5  # the width of a character of a 9-px tick label
+_HEIGHT = 940
 
 
 def _tick(token: str, pos: int) -> str:
+    """An axis label: the position and the token (newlines visible), cut only between words."""
     shown = token.replace("\n", "\\n") or "\u2205"
-    return f"{pos}:{shown[:10]}"
+    return f"{pos}:{clip(shown, 10)}"
+
+
+def _spacing(ticks: list[list[str]]) -> dict[str, float]:
+    """The subplot gaps that leave room for the longest tick label (its words are never cut): between the two
+    heatmaps for the right one's labels and axis title, below them for the slanted key labels and their title."""
+    room = _CHAR_PX * max((len(t) for tk in ticks for t in tk), default=0)
+    return {"horizontal_spacing": max(0.1, (room + 45) / 1000),
+            "vertical_spacing": max(0.14, (0.9 * room + 55) / _HEIGHT)}
 
 
 def _stats(pattern: Any, final: int) -> dict[str, float]:
@@ -75,13 +87,13 @@ def compare_heads(left: PatternSet, left_head: HeadRef | str, right: PatternSet,
         mats.append(pat)
         stats.append(_stats(pat, pat.shape[0] - 1))
         toks.append(ps.str_tokens[sample])
-    fig = make_subplots(rows=2, cols=2, row_heights=[0.66, 0.34], vertical_spacing=0.14, horizontal_spacing=0.1,
+    ticks = [[_tick(t, p) for p, t in enumerate(tk)] for tk in toks]
+    fig = make_subplots(rows=2, cols=2, row_heights=[0.66, 0.34], **_spacing(ticks),
                         specs=[[{"type": "heatmap"}, {"type": "heatmap"}], [{"type": "table", "colspan": 2}, None]],
                         subplot_titles=[html.escape(n, quote=False) + _form_note(n, form[i], hs[i])
                                         for i, n in enumerate(names)])
-    for c, (pat, tk) in enumerate(zip(mats, toks), start=1):
-        ticks = [_tick(t, p) for p, t in enumerate(tk)]
-        fig.add_trace(go.Heatmap(z=pat.numpy(), x=ticks, y=ticks, coloraxis="coloraxis",
+    for c, (pat, tk) in enumerate(zip(mats, ticks), start=1):
+        fig.add_trace(go.Heatmap(z=pat.numpy(), x=tk, y=tk, coloraxis="coloraxis",
                                  hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"), row=1, col=c)
         ticks_kw = dict(nticks=min(len(tk), _MAX_TICK_TOKENS), tickfont=dict(size=9))
         fig.update_xaxes(title_text="key position: token", tickangle=-60, **ticks_kw, row=1, col=c)
@@ -92,5 +104,5 @@ def compare_heads(left: PatternSet, left_head: HeadRef | str, right: PatternSet,
                            cells=dict(values=cells, align="left")), row=2, col=1)
     fig.update_layout(title=dict(text=title or f"Same sample, two heads: {hs[0].name} vs {hs[1].name}"),
                       coloraxis=dict(colorscale="Viridis", cmin=0, colorbar=dict(title=dict(text="row share"), len=0.6, y=0.7)),
-                      height=940, template="plotly_white", margin=dict(l=70, r=40, t=90, b=30))
+                      height=_HEIGHT, template="plotly_white", margin=dict(l=70, r=40, t=90, b=30))
     return fig

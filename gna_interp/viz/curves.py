@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from gna_interp.errors import InputError
+from gna_interp.viz.text import counted
 
 
 def curve_frame(circuit: Any) -> pd.DataFrame:
@@ -90,7 +91,8 @@ def _add_series(fig: Any, go: Any, df: pd.DataFrame, metric: str, col: int, show
         n_seeds, fewest = int(stats["count"].max()), int(stats[stats["k"] > 0]["count"].min())
         fewer = "" if fewest == n_seeds else f"; {fewest} at smaller k" if fewest > 1 else "; one order at smaller k"
         fig.add_trace(go.Scatter(x=stats["k"], y=stats["median"], mode="lines+markers", line=dict(color="#555", dash="dot"),
-                                 name=f"k random heads (median of {n_seeds} seeds{fewer})", legendgroup="random", showlegend=show_legend,
+                                 name=f"k random heads (median of {counted(n_seeds, 'seed')}{fewer})",
+                                 legendgroup="random", showlegend=show_legend,
                                  hovertemplate=f"random, median<br>k=%{{x}}<br>{label}=%{{y:.3f}}<extra></extra>"),
                       row=1, col=col)
     for series, (colour, name) in _SERIES.items():

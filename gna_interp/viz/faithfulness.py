@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gna_interp.errors import InputError
+from gna_interp.viz.text import counted
 
 
 def faithfulness_curve(fx: Any, title: str | None = None) -> Any:
@@ -29,7 +30,7 @@ def faithfulness_curve(fx: Any, title: str | None = None) -> Any:
                              name="ranked: 95 % interval", hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=x, y=ranked.fraction, mode="lines+markers", name="ranked (scan order)",
                              line=dict(color="rgb(31,119,180)"), text=ranked[unit],
-                             hovertemplate=f"%{{x}} {unit}: %{{y:.3f}}<extra></extra>"))
+                             hovertemplate=f"{unit} in the circuit: %{{x}}<br>kept %{{y:.3f}}<extra></extra>"))
     rand = df[df.series == "random"]
     if len(rand):
         g = rand.groupby("size").fraction
@@ -46,7 +47,7 @@ def faithfulness_curve(fx: Any, title: str | None = None) -> Any:
         small = df[df.series == "smallest"].iloc[0]
         fig.add_trace(go.Scatter(x=[max(small["size"], floor)], y=[small.fraction], mode="markers",
                                  marker=dict(size=12, symbol="star", color="rgb(214,39,40)"),
-                                 name=f"smallest: {small['size']} {unit}"))
+                                 name=f"smallest: {counted(int(small['size']), one, unit)}"))
     fig.update_layout(title=title or f"Faithfulness: every {one} outside the circuit {fx.method}-ablated",
                       xaxis=dict(title=f"{unit} in the circuit" + (" (log scale; 0 drawn at 0.5)" if log else ""),
                                  type="log" if log else "linear"),

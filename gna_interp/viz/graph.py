@@ -4,7 +4,9 @@ Nodes are the heads of the circuit's edge table (:attr:`Circuit.edges <gna_inter
 placed by layer, sized by their drop and coloured by their causal role; a ``logits`` node stands right of the last
 layer. Each measured path with a positive effect is a line whose width is its effect (dashed where its 95 %
 interval reaches 0), coloured by the input it reaches (``k``, ``v``, ``q`` or the logits directly), with a
-marker at its middle that carries the numbers.
+marker on it that carries the numbers. Edges between the same two heads are bent apart, an edge bends around a
+node it would cross, and each marker sits near its edge's middle, clear of the nodes, their labels and the other
+markers (:mod:`gna_interp.viz.layout`); the x axis is ticked at the layers.
 
 In the report and in the :class:`~gna_interp.viz.html.HTMLView` this module returns, clicking a node shows what a
 heatmap click shows (the head's pattern on the card sample and its numbers, :mod:`gna_interp.viz.head_view`);
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, Collection
 
 import pandas as pd
 from markupsafe import Markup
@@ -27,9 +29,10 @@ from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.viz.head_view import head_explorer
 from gna_interp.viz.html import HTMLView, asset, figure_div, part, render
+from gna_interp.viz.layout import Frame, Point, bends, clear_bend, curve, layer_axis, marker_spots
 
-__all__ = ["GRAPH_ID", "POSITION_DASHES", "circuit_graph", "graph_figure", "graph_section", "node_positions",
-           "whole_figure"]
+__all__ = ["GRAPH_ID", "POSITION_DASHES", "circuit_graph", "draw_edges", "graph_figure", "graph_section",
+           "node_positions", "whole_figure"]
 
 GRAPH_ID = "gna-graph"
 _EDGE_BOX = "gna-edge-detail"
@@ -37,7 +40,6 @@ ROLE_COLOURS = {"aggregate": "#d62728", "gather": "#1f77b4", "output": "#ff7f0e"
                 "none": "#7f7f7f", "logits": "#2ca02c"}
 INPUT_COLOURS = {"k": "#1f77b4", "v": "#17becf", "q": "#9467bd", "other": "#8c564b", "mlp": "#e377c2",
                  "logits": "#2ca02c"}
-_OFFSET = {"k": -0.12, "v": 0.0, "q": 0.12, "other": 0.06, "mlp": 0.0, "logits": 0.0}
 # the whole circuit's edges: the line's dash says where the edge acts (legend text beside each)
 POSITION_DASHES = {"items": ("solid", "at the lines' tokens"), "summary": ("dashdot", "at the lines' last tokens"),
                    "decision": ("dash", "at the decision position"), "other": ("longdashdot", "at the other tokens"),
@@ -58,6 +60,67 @@ def _positions(names: list[str], layers: dict[str, int]) -> dict[str, tuple[floa
     return out
 
 
+def _sizes(drops: list[float]) -> list[float]:
+    """Head circles' diameters in px from their drops: 16 to 46 by the square root of the drop over the largest (a
+    drop not measured, or below 0, at the least size)."""
+    shown = [max(d, 0.0) if math.isfinite(d) else 0.0 for d in drops]
+    big = max(shown + [1e-9])
+    return [16 + 30 * math.sqrt(d / big) for d in shown]
+
+
+def draw_edges(fig: Any, links: list[tuple[str, str, str]], pos: dict[str, Point], styles: list[dict[str, Any]],
+               sizes: dict[str, float], area: Frame) -> list[tuple[Point, Point, float]]:
+    """One line trace per ``(sender, receiver, input)`` link, with ``styles[i]`` its trace settings: links between
+    the same two nodes bent apart (:func:`~gna_interp.viz.layout.bends`), a link that would run through another of
+    the nodes (``sizes``: their diameters in px) bent around it. Returns each link's ``(start, end, bend)``."""
+    import plotly.graph_objects as go
+
+    nodes = [(pos[n], size) for n, size in sizes.items()]
+    drawn = [(pos[s], pos[r], clear_bend(pos[s], pos[r], b, nodes, area))
+             for (s, r, _), b in zip(links, bends(links, list(INPUT_COLOURS)))]
+    for (a, b, bend), style in zip(drawn, styles):
+        xs, ys = curve(a, b, bend)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", showlegend=False, **style))
+    return drawn
+
+
+def _edge_markers(fig: Any, drawn: list[tuple[Point, Point, float]], sizes: dict[str, float], pos: dict[str, Point],
+                  area: Frame, marks: dict[str, Any], below: Collection[str] = ()) -> None:
+    """The trace ``edges``: a diamond on each drawn edge, clear of the nodes, of their labels (above them, or
+    ``below`` them for those named) and of each other; ``marks`` holds the markers' ``customdata``, ``hovertext``
+    and ``symbol``."""
+    import plotly.graph_objects as go
+
+    labels = [(area.lifted(pos[n], (-1 if n in below else 1) * (size / 2 + 8)), 22.0) for n, size in sizes.items()]
+    spots = marker_spots(drawn, [(pos[n], size) for n, size in sizes.items()] + labels, area)
+    fig.add_trace(go.Scatter(x=[p[0] for p in spots], y=[p[1] for p in spots], mode="markers", name="edges",
+                             customdata=marks["customdata"], hovertext=marks["hovertext"], hoverinfo="text",
+                             showlegend=False, marker={"size": 11, "color": "#333", "symbol": marks["symbol"]}))
+
+
+def _legend(fig: Any, entries: list[tuple[str, dict[str, Any]]]) -> None:
+    """Legend-only traces: ``(name, settings)`` each."""
+    import plotly.graph_objects as go
+
+    for name, kw in entries:
+        fig.add_trace(go.Scatter(x=[None], y=[None], name=name, **kw))
+
+
+def _colour_keys(roles: set[str], inputs: set[str]) -> list[tuple[str, dict[str, Any]]]:
+    """Legend entries of the causal roles (node colours) and the inputs (edge colours) a graph shows."""
+    return ([(f"{role} (causal)", {"mode": "markers", "marker": {"size": 12, "color": colour}})
+             for role, colour in ROLE_COLOURS.items() if role in roles]
+            + [(f"-> {inp}", {"mode": "lines", "line": {"width": 4, "color": colour}})
+               for inp, colour in INPUT_COLOURS.items() if inp in inputs])
+
+
+def _finish(fig: Any, pos: dict[str, Point], area: Frame, title: str, axis: str) -> Any:
+    """The graph's layout: ``title``, the layer axis titled ``axis``, the rows' range and the height they need."""
+    fig.update_layout(title=title, height=area.height, plot_bgcolor="white", hovermode="closest",
+                      xaxis=layer_axis(pos, area, axis), yaxis={"visible": False, "range": list(area.y)})
+    return fig
+
+
 def graph_figure(frame: pd.DataFrame, edges: pd.DataFrame, title: str | None = None) -> Any:
     """The plotly figure of the graph: ``frame`` is the circuit frame (``name``, ``layer``, ``drop``, ``causal_role``),
     ``edges`` the edge table (:data:`~gna_interp.circuits.causal.EDGE_COLUMNS`). The edge markers' trace is named
@@ -66,62 +129,45 @@ def graph_figure(frame: pd.DataFrame, edges: pd.DataFrame, title: str | None = N
 
     rows = frame.set_index("name")
     names = list(dict.fromkeys(list(edges["sender"]) + [r for r in edges["receiver"] if r != "logits"]))
-    layers = {n: int(rows.loc[n, "layer"]) for n in names}
-    pos = _positions(names, layers)
-    pos["logits"] = (max(layers.values(), default=0) + 1.0, 0.0)
-    fig = go.Figure()
-    top = max([float(e) for e in edges["effect"] if float(e) > 0 and math.isfinite(float(e))] or [1.0])
-    mx, my, md, mt = [], [], [], []
-    for i, e in edges.iterrows():
-        eff = float(e["effect"])
-        if not (eff > 0 and math.isfinite(eff)):  # not measured, or nothing flows: no line
-            continue
-        (x0, y0), (x1, y1) = pos[e["sender"]], pos[e["receiver"]]
-        off = _OFFSET.get(e["input"], 0.0)
-        xs, ys = [x0, (x0 + x1) / 2, x1], [y0, (y0 + y1) / 2 + off, y1]
-        holds = float(e["low"]) > 0
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
-                                 line={"width": 1 + 9 * eff / top, "color": INPUT_COLOURS.get(e["input"], "#444"),
-                                       "dash": "solid" if holds else "dot", "shape": "spline"}))
-        mx.append(xs[1])
-        my.append(ys[1])
-        md.append(int(i))
-        mt.append(f"{e['edge']}<br>effect {eff:+.3f} [{float(e['low']):+.3f}, {float(e['high']):+.3f}]"
-                  f"<br>{'holds' if holds else 'interval reaches 0'}; click for both patterns")
-    fig.add_trace(go.Scatter(x=mx, y=my, mode="markers", name="edges", customdata=md, hovertext=mt,
-                             hoverinfo="text", marker={"size": 11, "color": "#333", "symbol": "diamond"},
-                             showlegend=False))
+    pos = _positions(names, {n: int(rows.loc[n, "layer"]) for n in names})
+    pos["logits"] = (max((p[0] for p in pos.values()), default=0.0) + 1.0, 0.0)
     raw = [float(rows.loc[n, "drop"]) for n in names]
-    drops = [max(d, 0.0) if math.isfinite(d) else 0.0 for d in raw]  # a drop not measured is drawn at the least size
-    big = max(drops + [1e-9])
     roles = [str(rows.loc[n, "causal_role"]) if "causal_role" in rows and isinstance(rows.loc[n, "causal_role"], str)
              else "none" for n in names]
+    sizes = dict(zip(names + ["logits"], _sizes(raw) + [22.0]))
+    area = Frame.around(pos, 420)
+    fig = go.Figure()
+    _path_edges(fig, edges, pos, sizes, area)
     fig.add_trace(go.Scatter(
-        x=[pos[n][0] for n in names] + [pos["logits"][0]], y=[pos[n][1] for n in names] + [0.0],
+        x=[pos[n][0] for n in names + ["logits"]], y=[pos[n][1] for n in names + ["logits"]],
         mode="markers+text", name="heads", text=names + ["logits"], textposition="top center",
         customdata=names + [""], hoverinfo="text",
         hovertext=[(f"{n}: drop {d:.3f}" if math.isfinite(d) else f"{n}: drop not measured")
                    + f", causal role {r}; click for its pattern" for n, d, r in zip(names, raw, roles)]
         + ["the answer logits"],
-        marker={"size": [16 + 30 * math.sqrt(d / big) for d in drops] + [22],
-                "color": [ROLE_COLOURS.get(r, "#7f7f7f") for r in roles] + [ROLE_COLOURS["logits"]],
-                "line": {"width": 1, "color": "#222"}}, showlegend=False))
-    for role, colour in ROLE_COLOURS.items():  # legend entries only
-        if role in roles:
-            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"{role} (causal)",
-                                     marker={"size": 12, "color": colour}))
-    for inp, colour in INPUT_COLOURS.items():
-        if inp in set(edges["input"]):
-            fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"-> {inp}",
-                                     line={"width": 4, "color": colour}))
-    span = sorted({int(p[0]) for p in pos.values()})
-    fig.update_layout(title=title or "Circuit graph: measured paths (width = effect on the logit difference)",
-                      height=420, plot_bgcolor="white", hovermode="closest",
-                      xaxis={"title": "layer", "tickvals": span,
-                             "ticktext": [str(x) if x != span[-1] else "logits" for x in span], "zeroline": False},
-                      yaxis={"visible": False, "range": [min(p[1] for p in pos.values()) - 0.8,
-                                                         max(p[1] for p in pos.values()) + 0.8]})
-    return fig
+        marker={"size": list(sizes.values()), "line": {"width": 1, "color": "#222"},
+                "color": [ROLE_COLOURS.get(r, "#7f7f7f") for r in roles] + [ROLE_COLOURS["logits"]]}, showlegend=False))
+    _legend(fig, _colour_keys(set(roles), set(edges["input"])))
+    return _finish(fig, pos, area, title or "Circuit graph: measured paths (width = effect on the logit difference)",
+                   "layer")
+
+
+def _path_edges(fig: Any, edges: pd.DataFrame, pos: dict[str, Point], sizes: dict[str, float], area: Frame) -> None:
+    """The edge table's lines (those with a positive measured effect; dotted where the interval reaches 0) and
+    their markers (``customdata``: the edge's row index)."""
+    shown = [(int(i), e) for i, e in edges.iterrows()
+             if float(e["effect"]) > 0 and math.isfinite(float(e["effect"]))]  # not measured, or nothing flows: no line
+    top = max([float(e["effect"]) for _, e in shown] or [1.0])
+    styles, marks = [], {"customdata": [], "hovertext": [], "symbol": "diamond"}
+    for i, e in shown:
+        eff, holds = float(e["effect"]), float(e["low"]) > 0
+        styles.append({"hoverinfo": "skip", "line": {"width": 1 + 9 * eff / top, "dash": "solid" if holds else "dot",
+                                                     "color": INPUT_COLOURS.get(e["input"], "#444")}})
+        marks["customdata"].append(i)
+        marks["hovertext"].append(f"{e['edge']}<br>effect {eff:+.3f} [{float(e['low']):+.3f}, {float(e['high']):+.3f}]"
+                                  f"<br>{'holds' if holds else 'interval reaches 0'}; click for both patterns")
+    drawn = draw_edges(fig, [(e["sender"], e["receiver"], e["input"]) for _, e in shown], pos, styles, sizes, area)
+    _edge_markers(fig, drawn, sizes, pos, area, marks)
 
 
 def _kind(name: str) -> str:
@@ -158,43 +204,27 @@ def whole_figure(whole: Any, drops: dict[str, float] | None = None, title: str |
     :func:`node_positions` (heads circles sized by ``drops`` and coloured by their causal role, MLPs squares, the
     embeddings and logits at the ends), each edge a line coloured by the input it reaches, dashed by its position
     class (:data:`POSITION_DASHES`), its width the exact effect (the screen score where none was measured), faint
-    when its interval reaches 0 or it was only screened. Traces: ``edges`` (the markers, ``customdata`` the edge's
-    index in ``whole.edges``), ``heads`` and ``nodes`` (MLPs, embeddings, logits; ``customdata`` their names)."""
+    when its interval reaches 0 or it was only screened; edges between the same two nodes bent apart. Traces:
+    ``edges`` (the markers, ``customdata`` the edge's index in ``whole.edges``), ``heads`` and ``nodes`` (MLPs,
+    embeddings, logits; ``customdata`` their names)."""
     import plotly.graph_objects as go
 
     drops = drops or {}
     pos = node_positions([n.name for n in whole.nodes])
-    top = max([abs(e.weight) for e in whole.edges] + [1e-9])
-    fig = go.Figure()
-    marks: dict[str, list[Any]] = {"x": [], "y": [], "customdata": [], "hovertext": [], "symbol": []}
-    for i, e in enumerate(whole.edges):
-        (x0, y0), (x1, y1) = pos[e.sender], pos[e.receiver]
-        xs, ys = [x0, (x0 + x1) / 2, x1], [y0, (y0 + y1) / 2 + _OFFSET.get(e.input, 0.0), y1]
-        holds = e.measured and e.low is not None and e.low > 0
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
-                                 opacity=1.0 if holds else 0.5,
-                                 line={"width": 1 + 9 * max(e.weight, 0.0) / top, "shape": "spline",
-                                       "color": INPUT_COLOURS.get(e.input, "#444"),
-                                       "dash": POSITION_DASHES[e.positions][0]}))
-        for key, v in (("x", xs[1]), ("y", ys[1]), ("customdata", i), ("hovertext", _edge_hover(e)),
-                       ("symbol", "diamond" if e.measured else "diamond-open")):
-            marks[key].append(v)
-    fig.add_trace(go.Scatter(x=marks["x"], y=marks["y"], mode="markers", name="edges", customdata=marks["customdata"],
-                             hovertext=marks["hovertext"], hoverinfo="text", showlegend=False,
-                             marker={"size": 11, "color": "#333", "symbol": marks["symbol"]}))
-    heads = [n for n in whole.nodes if n.kind == "head"]
+    heads, others = [n for n in whole.nodes if n.kind == "head"], [n for n in whole.nodes if n.kind != "head"]
     raw = [float(drops.get(n.name, math.nan)) for n in heads]
-    sizes = [max(d, 0.0) if math.isfinite(d) else 0.0 for d in raw]
+    sizes = dict(zip([n.name for n in heads], _sizes(raw))) | {n.name: 20.0 for n in others}
+    area = Frame.around(pos, 520)
+    fig = go.Figure()
+    _whole_edges(fig, whole, pos, sizes, area)
     roles = [n.role or "none" for n in heads]
     fig.add_trace(go.Scatter(
         x=[pos[n.name][0] for n in heads], y=[pos[n.name][1] for n in heads], mode="markers+text", name="heads",
         text=[n.name for n in heads], textposition="top center", customdata=[n.name for n in heads], hoverinfo="text",
         hovertext=[(f"{n.name}: drop {d:.3f}" if math.isfinite(d) else f"{n.name}: drop not measured")
                    + f", causal role {r}; click for its pattern" for n, d, r in zip(heads, raw, roles)],
-        marker={"size": [16 + 30 * math.sqrt(d / max(sizes + [1e-9])) for d in sizes],
-                "color": [ROLE_COLOURS.get(r, "#7f7f7f") for r in roles], "line": {"width": 1, "color": "#222"}},
-        showlegend=False))
-    others = [n for n in whole.nodes if n.kind != "head"]
+        marker={"size": [sizes[n.name] for n in heads], "color": [ROLE_COLOURS.get(r, "#7f7f7f") for r in roles],
+                "line": {"width": 1, "color": "#222"}}, showlegend=False))
     fig.add_trace(go.Scatter(
         x=[pos[n.name][0] for n in others], y=[pos[n.name][1] for n in others], mode="markers+text", name="nodes",
         text=[n.name for n in others], textposition="bottom center", customdata=[n.name for n in others],
@@ -203,37 +233,32 @@ def whole_figure(whole: Any, drops: dict[str, float] | None = None, title: str |
                 "color": [_NODE_SYMBOLS[n.kind][1] for n in others], "line": {"width": 1, "color": "#222"}},
         showlegend=False))
     _whole_legend(fig, whole, set(roles))
-    ticks = {x: str(int(x)) if _kind(n) == "head" else n for n, (x, _) in pos.items() if _kind(n) != "mlp"}
-    fig.update_layout(title=title or "The whole circuit (width = effect on the logit difference; faint: screened "
-                                     "only, or its interval reaches 0)",
-                      height=520, plot_bgcolor="white", hovermode="closest",
-                      xaxis={"title": "layer (MLPs half a layer after their block's heads)", "tickvals": sorted(ticks),
-                             "ticktext": [ticks[x] for x in sorted(ticks)], "zeroline": False},
-                      yaxis={"visible": False, "range": [min(p[1] for p in pos.values()) - 0.8,
-                                                         max(p[1] for p in pos.values()) + 0.8]})
-    return fig
+    return _finish(fig, pos, area, title or "The whole circuit (width = effect on the logit difference; faint: "
+                                            "screened only, or its interval reaches 0)",
+                   "layer (MLPs half a layer after their block's heads)")
+
+
+def _whole_edges(fig: Any, whole: Any, pos: dict[str, Point], sizes: dict[str, float], area: Frame) -> None:
+    """The whole circuit's edge lines and their markers (open where the edge was only screened)."""
+    top = max([abs(e.weight) for e in whole.edges] + [1e-9])
+    styles = [{"hoverinfo": "skip", "opacity": 1.0 if e.measured and e.low is not None and e.low > 0 else 0.5,
+               "line": {"width": 1 + 9 * max(e.weight, 0.0) / top, "color": INPUT_COLOURS.get(e.input, "#444"),
+                        "dash": POSITION_DASHES[e.positions][0]}} for e in whole.edges]
+    drawn = draw_edges(fig, [(e.sender, e.receiver, e.input) for e in whole.edges], pos, styles, sizes, area)
+    marks = {"customdata": list(range(len(whole.edges))), "hovertext": [_edge_hover(e) for e in whole.edges],
+             "symbol": ["diamond" if e.measured else "diamond-open" for e in whole.edges]}
+    _edge_markers(fig, drawn, sizes, pos, area, marks, below={n.name for n in whole.nodes if n.kind != "head"})
 
 
 def _whole_legend(fig: Any, whole: Any, roles: set[str]) -> None:
     """Legend entries of :func:`whole_figure`: causal roles, node kinds, inputs (colours), positions (dashes)."""
-    import plotly.graph_objects as go
-
-    def entry(name: str, **kw: Any) -> None:
-        fig.add_trace(go.Scatter(x=[None], y=[None], name=name, **kw))
-
-    for role, colour in ROLE_COLOURS.items():
-        if role in roles:
-            entry(f"{role} (causal)", mode="markers", marker={"size": 12, "color": colour})
-    for kind in sorted({n.kind for n in whole.nodes} - {"head"}):
-        symbol, colour, label = _NODE_SYMBOLS[kind]
-        entry(label, mode="markers", marker={"size": 12, "color": colour, "symbol": symbol})
+    kinds = sorted({n.kind for n in whole.nodes} - {"head"})
     inputs, places = {e.input for e in whole.edges}, {e.positions for e in whole.edges}
-    for inp, colour in INPUT_COLOURS.items():
-        if inp in inputs:
-            entry(f"-> {inp}", mode="lines", line={"width": 4, "color": colour})
-    for where, (dash, label) in POSITION_DASHES.items():
-        if where in places:
-            entry(label, mode="lines", line={"width": 3, "color": "#444", "dash": dash})
+    _legend(fig, _colour_keys(roles, inputs)
+            + [(_NODE_SYMBOLS[k][2], {"mode": "markers", "marker": {"size": 12, "color": _NODE_SYMBOLS[k][1],
+                                                                    "symbol": _NODE_SYMBOLS[k][0]}}) for k in kinds]
+            + [(label, {"mode": "lines", "line": {"width": 3, "color": "#444", "dash": dash}})
+               for where, (dash, label) in POSITION_DASHES.items() if where in places])
 
 
 def _rows(seg: Any) -> dict[str, list[int]]:

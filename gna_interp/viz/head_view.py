@@ -20,6 +20,7 @@ import pandas as pd
 
 from gna_interp.circuits.views import LEVELS, CardViews
 from gna_interp.viz.html import asset, display_tokens, part, render
+from gna_interp.viz.text import counted
 
 __all__ = ["HEATMAP_ID", "head_explorer"]
 
@@ -69,7 +70,9 @@ def head_explorer(frame: pd.DataFrame, views: CardViews | None, heatmap_id: str 
     stored = len(every.heads)
     note = (f"Click any cell of the heatmap, or pick a head here, to see its pattern on card sample {every.sample} "
             f"and its numbers: drop with its 95% interval, control effect, role with the reason. "
-            f"{stored} of {len(rows)} heads have a stored pattern ({every.nbytes:,} bytes in views.pt, budget "
-            f"{every.budget:,})" + (f"; {len(every.omitted or [])} lower-ranked heads were left out to stay within it."
-                                   if every.omitted else "."))
+            f"{stored} of {counted(len(rows), 'head')} {'has' if stored == 1 else 'have'} a stored pattern "
+            f"({every.nbytes:,} bytes in views.pt, budget {every.budget:,})"
+            + (f"; {counted(len(every.omitted or []), 'lower-ranked head')} "
+               f"{'was' if len(every.omitted or []) == 1 else 'were'} left out to stay within it."
+               if every.omitted else "."))
     return render("head_explorer.html", note=note, box_id=_BOX_ID, data=data, script=asset("head_view.js"))
