@@ -94,3 +94,8 @@ def grid(rows: Sequence[tuple[Any, Sequence[tuple[Any, float]]]], scale: float, 
         step = max(1, math.ceil(6 * max((len(str(c)) for c in columns), default=1) / (cell_px + 2)))
         header = [(c if i % step == 0 else "", step == 1) for i, c in enumerate(columns)]
     return _piece("grid", [(label, [(t, shade(v, scale)) for t, v in cells]) for label, cells in rows], cell_px, header)
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` agreeing with it: ``1 MLP``, ``2 MLPs`` (``plural``: where it is not ``noun + "s"``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -30,6 +30,7 @@ import pandas as pd
 
 from gna_interp.bootstrap import far_outside
 from gna_interp.errors import HeadError, InputError
+from gna_interp.html_repr import counted
 from gna_interp.models.graph import EMBED, LOGITS, NODE_KINDS, POSITIONS, RECEIVER_INPUTS, RECEIVES
 from gna_interp.models.heads import HeadRef
 
@@ -134,8 +135,9 @@ class WholeCircuit:
         metric = {"logit_diff": "logit difference"}.get(self.metric, self.metric)
         drawn = ("" if self.n_edges in (None, len(self.edges)) else
                  f", from {self.n_edges} edges of the searched graph, a shared key/value input drawn into each head")
-        size = (f"{len(self.nodes)} nodes ({self.count('head')} heads, {self.count('mlp')} MLPs) and "
-                f"{len(self.edges)} edges ({sum(e.measured for e in self.edges)} measured exactly{drawn})")
+        size = (f"{counted(len(self.nodes), 'node')} ({counted(self.count('head'), 'head')}, "
+                f"{counted(self.count('mlp'), 'MLP')}) and {counted(len(self.edges), 'edge')} "
+                f"({sum(e.measured for e in self.edges)} measured exactly{drawn})")
         if self.kept is None:
             return f"The whole circuit has {size}; the share of the intact {metric} it keeps was not measured."
         interval = (f" (95% interval {self.low:.0%} to {self.high:.0%})" if self.low is not None and self.high is not None

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from gna_interp.cli import command
-from gna_interp.cli.args import at_least, claim_out, compute_args, load_for, model_arg, resume_args, seeds_arg
+from gna_interp.cli.args import (COUNT_CAP, at_least, claim_out, compute_args, load_for, model_arg, resume_args,
+                                 seeds_arg)
 from gna_interp.errors import InputError
 
 if TYPE_CHECKING:
@@ -27,6 +28,9 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"sizes must be comma-separated integers, got {text!r}") from None
     if not sizes or min(sizes) < 0:
         raise argparse.ArgumentTypeError(f"sizes must be integers >= 0, got {text!r}")
+    if max(sizes) > COUNT_CAP:
+        raise argparse.ArgumentTypeError(f"sizes must be at most {COUNT_CAP:,} (heads of a circuit), got "
+                                         f"{max(sizes):,}")
     return sizes
 
 
@@ -123,9 +127,13 @@ def run_circuit(args: argparse.Namespace) -> int:
                          f"{len(task)} (0: all of them)")
     settings = SufficiencySettings(**{f: getattr(args, f) for f in (
         "method", "threshold", "samples", "seeds", "minimality", "edges", "verify", "ig_steps", "edge_seeds",
-        "edge_precision", "edge_minimality", "batch_size")}, sizes=tuple(args.sizes) if args.sizes else None)
+        "edge_precision", "edge_minimality", "batch_size", "dtype")}, sizes=tuple(args.sizes) if args.sizes else None,
+        model=args.model or scan.circuit.model)
     check_resume(folder.path, scan, settings, args.resume)
-    model = load_for(args, args.model or scan.circuit.model)
+    model = load_for(args, settings.model)
+    if args.sizes and max(args.sizes) > len(model.heads()):  # before --fresh deletes anything
+        raise InputError(f"--sizes {max(args.sizes)}: {model.name} has {len(model.heads())} heads; a circuit holds at "
+                         f"most all of them")
     with folder.hold(args.fresh):
         res = run_sufficiency(model, _first_samples(task, args.samples), scan, folder.path, settings,
                               resume=args.resume, say=lambda text: print(text, flush=True), stage=_stage)
@@ -164,6 +172,7 @@ def _edge_report(edges: "pd.DataFrame", roles: "pd.DataFrame") -> str:
 def _screen_report(screen: "EdgeScreen", top: int) -> str:
     """The whole-graph screen's strongest edges (exact effect beside the estimate) and its agreement per edge kind,
     as Markdown."""
+    from gna_interp.html_repr import counted
     from gna_interp.models.graph import node_kind
 
     t = screen.table
@@ -171,7 +180,8 @@ def _screen_report(screen: "EdgeScreen", top: int) -> str:
     senders = set(t["sender"])
     mlps = sum(1 for s in senders if node_kind(s) == "mlp")
     lines = ["## The whole graph (edge attribution, a sample verified exactly)", "",
-             f"{len(t)} edges screened (senders: the embeddings, {len(senders) - mlps - 1} heads, {mlps} MLPs); "
+             f"{len(t)} edges screened (senders: the embeddings, {counted(len(senders) - mlps - 1, 'head')}, "
+             f"{counted(mlps, 'MLP')}); "
              f"{a.loc['all', 'n']} verified: the strongest by |score|, the strongest of each kind and "
              f"{a.loc['all', 'random']} drawn at random", "",
              "| kind | verified (random) | abs. error median, max | random draws' median | rank corr. of abs. |",

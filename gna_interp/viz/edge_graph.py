@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from gna_interp.errors import InputError
+from gna_interp.models.graph import node_kind
 from gna_interp.viz.graph import INPUT_COLOURS, draw_edges, node_positions
 from gna_interp.viz.layout import Frame, layer_axis
 from gna_interp.viz.text import counted
@@ -41,8 +42,8 @@ def edge_graph(screen: Any, top: int = 40, title: str | None = None) -> Any:
     fig = go.Figure()
     draw_edges(fig, [(r.sender, r.receiver, r.input) for r in t.itertuples()], pos, _styles(t),
                {n: 14.0 for n in names}, area)
-    for kind, symbol, pick in (("heads", "circle", lambda n: n not in ("embed", "logits") and not n.startswith("MLP")),
-                               ("MLPs", "square", lambda n: n.startswith("MLP")),
+    for kind, symbol, pick in (("heads", "circle", lambda n: node_kind(n) == "head"),
+                               ("MLPs", "square", lambda n: node_kind(n) == "mlp"),
                                ("embeddings / logits", "diamond", lambda n: n in ("embed", "logits"))):
         ns = [n for n in names if pick(n)]
         if ns:

@@ -26,6 +26,7 @@ import pandas as pd
 from markupsafe import Markup
 
 from gna_interp.errors import InputError
+from gna_interp.models.graph import node_kind
 from gna_interp.models.heads import HeadRef
 from gna_interp.viz.head_view import head_explorer
 from gna_interp.viz.html import HTMLView, asset, figure_div, part, render
@@ -171,8 +172,8 @@ def _path_edges(fig: Any, edges: pd.DataFrame, pos: dict[str, Point], sizes: dic
 
 
 def _kind(name: str) -> str:
-    """A whole-graph node's kind from its name (``embed``, ``logits``, ``MLP3``, else a head)."""
-    return name if name in ("embed", "logits") else "mlp" if name.startswith("MLP") else "head"
+    """A whole-graph node's kind from its name (:func:`~gna_interp.models.graph.node_kind`)."""
+    return node_kind(name)
 
 
 def node_positions(names: list[str]) -> dict[str, tuple[float, float]]:

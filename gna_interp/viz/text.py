@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from gna_interp.html_repr import counted
+
 __all__ = ["ELLIPSIS", "agree", "clip", "counted"]
 
 ELLIPSIS = "\u2026"
@@ -28,11 +30,6 @@ def clip(text: str, limit: int) -> str:
         return text
     fits = [i for i in cuts if i < limit]  # room for the ellipsis
     return text[:fits[-1] if fits else cuts[0]].rstrip() + ELLIPSIS
-
-
-def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """``n`` and ``noun`` agreeing with it: ``1 MLP``, ``2 MLPs`` (``plural``: where it is not ``noun + "s"``)."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def agree(text: str) -> str:
