@@ -468,7 +468,7 @@ def _not_an_input(out: Path, inputs: Iterable[str | os.PathLike]) -> None:
         else:  # a folder: nor may --out lie inside it (its figures/, its circuit/)
             clash = mine == src or src.is_relative_to(mine) or mine.is_relative_to(src)
         if clash:
-            how = "is" if mine in (src, src.parent) else "holds" if src.is_relative_to(mine) else "lies inside"
+            how = "is" if mine == src else "holds" if src.is_relative_to(mine) else "lies inside"
             raise InputError(f"--out {str(out)!r} {how} the input {str(given)!r} this command reads; writing there "
                              f"(or --fresh) would replace what it reads: pick another --out")
 

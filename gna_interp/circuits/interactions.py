@@ -234,16 +234,21 @@ class Interactions(Result):
             raise InputError(f"not an {FORMAT} document (format {d.get('format') if isinstance(d, dict) else None!r})")
         if d.get("format_version") != FORMAT_VERSION:
             raise InputError(f"{FORMAT} format version {d.get('format_version')!r}; this gna_interp reads {FORMAT_VERSION}")
-        heads = [HeadRef.parse(n) for n in d["heads"]]
-        singles = [results_from_json(s) for s in d["singles"]]
-        pairs = {(int(p["i"]), int(p["j"])): results_from_json(p["results"]) for p in d["pairs"]}
+        try:
+            heads = [HeadRef.parse(n) for n in d["heads"]]
+            singles = [results_from_json(s) for s in d["singles"]]
+            pairs = {(int(p["i"]), int(p["j"])): results_from_json(p["results"]) for p in d["pairs"]}
+            out = cls(str(d["model"]), str(d["task"]), str(d["metric"]), str(d["method"]), heads,
+                      results_from_json(d["baseline"]), singles, pairs, float(d.get("level", 0.95)),
+                      int(d.get("n_boot", N_BOOTSTRAP)), float(d.get("seconds") or 0.0))
+        except (KeyError, TypeError, ValueError) as e:  # HeadError, OptionError are ValueErrors
+            raise InputError(f"not an {FORMAT} document ({type(e).__name__}: {str(e)[:120]})") from None
         if len(singles) != len(heads) or any(not 0 <= i < j < len(heads) for i, j in pairs):
             raise InputError(f"{FORMAT}: {len(singles)} singles and pairs {sorted(pairs)} do not fit {len(heads)} heads")
-        out = cls(str(d["model"]), str(d["task"]), str(d["metric"]), str(d["method"]), heads, results_from_json(d["baseline"]),
-                  singles, pairs, float(d.get("level", 0.95)), int(d.get("n_boot", N_BOOTSTRAP)),
-                  float(d.get("seconds") or 0.0))
-        n = out.n_samples
-        if any(len(v) != n for r in [*singles, *pairs.values()] for v in r.values()):
+        if len(set(heads)) < len(heads) or len(pairs) < len(d["pairs"]):
+            raise InputError(f"{FORMAT}: a head or a pair is listed twice (heads {[h.name for h in heads]})")
+        n = len(next(iter(out.baseline.values()), []))
+        if not n or any(len(v) != n for r in [out.baseline, *singles, *pairs.values()] for v in r.values()):
             raise InputError(f"{FORMAT}: per-sample lists differ in length from the baseline's {n}")
         return out
 

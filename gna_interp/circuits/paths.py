@@ -713,15 +713,18 @@ class PathEffects(Result):
     def from_dict(cls, d: dict[str, Any], where: str = "path effects") -> "PathEffects":
         """The effects :meth:`to_dict` described; :class:`InputError` (naming ``where``) for a malformed body."""
         try:
+            metric = get_metric(str(d["metric"])).name
+            if not isinstance(d["sets"], list):
+                raise TypeError(f"sets must be a list, got {type(d['sets']).__name__}")
             sets = [[Edge(e["sender"], e["receiver"], e["input"], e["positions"]) for e in s["edges"]]
                     for s in d["sets"]]
-            patched = [results_from_json(s["results"]) for s in d["sets"]]
-            out = cls(str(d["metric"]), results_from_json(d["baseline"]), sets, patched, float(d["level"]))
-        except (KeyError, TypeError, ValueError) as e:
+            patched = [_per_sample(s["results"], metric) for s in d["sets"]]
+            out = cls(metric, _per_sample(d["baseline"], metric), sets, patched, check_level(d["level"]))
+        except (KeyError, TypeError, ValueError) as e:  # OptionError, HeadError are ValueErrors
             raise InputError(f"{where}: not a path-effects document ({type(e).__name__}: {str(e)[:120]})") from None
         n = {len(v) for r in (out.baseline, *out.patched) for v in r.values()}
-        if len(n) > 1:
-            raise InputError(f"{where}: per-sample lists differ in length ({sorted(n)})")
+        if len(n) != 1 or 0 in n:
+            raise InputError(f"{where}: per-sample lists differ in length or hold no sample ({sorted(n)})")
         return out
 
     # ---- display -----------------------------------------------------------------------------------
@@ -732,6 +735,20 @@ class PathEffects(Result):
 
     def _repr_facts(self) -> list[tuple[str, Any]]:
         return [(f"{self.metric}, intact", fmt(get_metric(self.metric).value(self.baseline)))]
+
+
+def _per_sample(d: Any, metric: str) -> Results:
+    """Per-sample results read back from JSON: lists of the known kinds (booleans for ``correct``), holding what
+    ``metric`` reads; :class:`InputError` otherwise."""
+    from gna_interp.engine.metrics import RESULT_DTYPES
+    from gna_interp.schemas import METRIC_KEYS
+
+    lists = isinstance(d, dict) and all(k in RESULT_DTYPES and isinstance(v, list) for k, v in d.items())
+    booleans = lists and all(isinstance(x, bool) for x in d.get("correct", []))
+    if not booleans or not set(METRIC_KEYS[metric]) <= set(d):
+        raise InputError(f"per-sample results must be lists ({', '.join(RESULT_DTYPES)}; correct of booleans) "
+                         f"holding {', '.join(METRIC_KEYS[metric])} for the metric {metric}, got {str(d):.60}")
+    return results_from_json(d)
 
 
 def _edge_to_dict(e: Edge) -> dict[str, Any]:

@@ -333,11 +333,36 @@ class Faithfulness(Result):
             def members(pt: dict[str, Any]) -> list[Any]:
                 k = int(pt["size"])
                 return (shuffled(order, int(pt["seed"])) if pt["series"] == "random" else order)[:k]
-        return cls(doc["metric"], doc["method"], int(doc["n_heads"]), dec(doc["intact"]), dec(doc["empty"]),
-                   [(pt["series"], int(pt["seed"]), members(pt), dec(pt["results"])) for pt in doc["points"]],
-                   float(doc["threshold"]), [parse(h) for h in small] if small is not None else None,
-                   {parse(k): float(v) for k, v in doc["minimality"].items()}, int(doc["n_boot"]),
-                   float(doc["level"]), unit, order)
+        fx = cls(doc["metric"], doc["method"], int(doc["n_heads"]), dec(doc["intact"]), dec(doc["empty"]),
+                 [(pt["series"], int(pt["seed"]), members(pt), dec(pt["results"])) for pt in doc["points"]],
+                 float(doc["threshold"]), [parse(h) for h in small] if small is not None else None,
+                 {parse(k): float(v) for k, v in doc["minimality"].items()}, int(doc["n_boot"]),
+                 float(doc["level"]), unit, order)
+        _check_curve(fx, [int(pt["size"]) for pt in doc["points"]])
+        return fx
+
+
+def _check_curve(fx: Faithfulness, sizes: list[int]) -> None:
+    """Refuse (:class:`InputError`) a curve read back that contradicts itself: points of other samples than the
+    intact model's, a point whose size is not its members' count or whose members repeat or exceed the pool of
+    ``n_heads``, an edge order that is not the pool's, a smallest circuit without its point (or the other way round)
+    or not the point's members, a member's minimality outside the smallest circuit."""
+    check_n_boot(fx.n_boot)
+    check_level(fx.level)
+    n = {len(v) for res in (fx.intact, fx.empty, *(p[3] for p in fx.points)) for v in res.values()}
+    if len(n) != 1 or 0 in n:
+        raise InputError(f"the points' per-sample lists hold other samples than the intact model's ({sorted(n)})")
+    if fx.order is not None and (len(fx.order) != fx.n_heads or len(set(fx.order)) < len(fx.order)):
+        raise InputError(f"the edge order lists {len(set(fx.order))} different edges, not the {fx.n_heads} of the pool")
+    for i, ((series, _, members, _), size) in enumerate(zip(fx.points, sizes)):
+        if size != len(members) or len(set(members)) < size or size > fx.n_heads:
+            raise InputError(f"point {i} ({series}) has size {size} but {len(set(members))} different members of a "
+                             f"pool of {fx.n_heads}")
+    smallest = [p[2] for p in fx.points if p[0] == "smallest"]
+    if (fx.smallest is None) != (not smallest) or (smallest and list(smallest[0]) != list(fx.smallest or [])):
+        raise InputError("the smallest circuit and the 'smallest' point disagree")
+    if not set(fx.minimality) <= set(fx.smallest or []):
+        raise InputError("minimality names members outside the smallest circuit")
 
 
 def _listing(members: Sequence[Any], sep: str = ",", most: int = 60) -> str:

@@ -4,8 +4,8 @@ The stages: the faithfulness curve of the scan's ranking, the edge table among t
 of the whole graph, the edge circuits, and the ``whole_circuit`` folder (the scan with the smallest edge circuit
 in its circuit.json). Each stage's files are written through :mod:`gna_interp.store` (atomic, never through a
 link) as soon as the stage ends, and ``circuit_run.json`` records the scan run read, the settings and the stages
-done: an interrupted run resumes with the stages it had (``resume=True``); a run whose settings or scan differ is
-refused, never mixed with them.
+done: an interrupted run resumes with the stages it had (``resume=True``), their files read back before the model
+loads; a run whose settings (its model and dtype among them) or scan differ is refused, never mixed with them.
 
 The scan is read once, under its folder's lock, into memory (:class:`ScanSnapshot`): every stage and the
 ``whole_circuit`` folder use that copy, so a scan folder replaced while the command runs cannot mix into its
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -23,9 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 from gna_interp.constants import (CIRCUIT_JSON, CIRCUIT_RUN_JSON, CONTROL_CKPT, EDGE_FAITHFULNESS, EDGE_GRAPH_HTML, EDGE_SCREEN_CSV,
-                                  EDGES_CSV, FAITHFULNESS, FAITHFULNESS_HTML, ROLES_CSV, SCAN_CKPT, WHOLE_DIR)
-from gna_interp.errors import InputError
-from gna_interp.store import atomic_write, read_json, write_json
+                                  EDGES_CSV, FAITHFULNESS_HTML, FAITHFULNESS_JSON, ROLES_CSV, SCAN_CKPT, WHOLE_DIR)
+from gna_interp.errors import GnaError, InputError
+from gna_interp.store import as_path, atomic_write, read_json, write_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,12 +41,15 @@ __all__ = ["RUN_JSON", "ScanSnapshot", "Sufficiency", "SufficiencySettings", "ch
 
 RUN_JSON = CIRCUIT_RUN_JSON
 STAGES = ("faithfulness", "edges", "screen", "edge_circuits", "whole")
+# the files a finished stage leaves, read back by --resume (the edge circuits' only where one was made)
+STAGE_FILES = {"faithfulness": (FAITHFULNESS_JSON,), "edges": (EDGES_CSV, ROLES_CSV), "screen": (EDGE_SCREEN_CSV,),
+               "edge_circuits": (f"{EDGE_FAITHFULNESS}.json",)}
 
 
 @dataclass(frozen=True)
 class SufficiencySettings:
-    """What ``gna circuit`` measures (its options after ``--quick``); every field but ``batch_size`` decides the
-    results, so a run resumes only with the same values."""
+    """What ``gna circuit`` measures (its options after ``--quick``, the model spec and dtype it runs); every field
+    but ``batch_size`` decides the results, so a run resumes only with the same values."""
 
     method: str = "mean"
     threshold: float = 0.8
@@ -60,6 +64,8 @@ class SufficiencySettings:
     edge_precision: float = 0.05
     edge_minimality: int = 8
     batch_size: int = 16
+    model: str | None = None
+    dtype: str = "float32"
 
     def key(self) -> dict[str, Any]:
         """The fields that decide the results (all but ``batch_size``), as JSON."""
@@ -81,27 +87,30 @@ class ScanSnapshot:
 
     @classmethod
     def read(cls, path: str | Path) -> "ScanSnapshot":
-        """Read the scan folder ``path`` (its result files, not its checkpoints or links) while holding its lock
-        shared; an :class:`InputError` naming the folder, and the command that makes a scan, when it is none."""
+        """Read the scan folder ``path`` (its result files, not its checkpoints) while holding its lock shared; an
+        :class:`InputError` naming the folder, and the command that makes a scan, when it is none, and naming the
+        scan's own file (a link, a FIFO, a damaged or mixed file) when one cannot be read."""
         from gna_interp.circuits.circuit import Circuit
         from gna_interp.run_folder import reading
 
-        src = Path(path)
+        src = as_path(path, "the scan folder")
         if not src.is_dir():
             raise InputError(f"{str(src)!r} is not a folder; gna circuit reads a `gna scan` output folder "
                              f"(make one with `gna scan --out {src}`)")
-        if not (src / CIRCUIT_JSON).is_file():
+        if not (src / CIRCUIT_JSON).exists() and not (src / CIRCUIT_JSON).is_symlink():
             raise InputError(f"{str(src)!r} is not a gna scan folder (it has no {CIRCUIT_JSON}); make one with "
                              f"`gna scan --out {src}`, or name the folder a scan wrote")
+        _result_files(src)  # checked before the lock is taken: a folder refused is left as it was
         with reading(src):
-            files = {f.name: f.read_bytes() for f in sorted(src.iterdir())
-                     if f.is_file() and not f.is_symlink() and f.suffix in (".json", ".pt", ".csv")
-                     and f.name not in (SCAN_CKPT, CONTROL_CKPT) and not f.name.startswith(".")}
+            files = {f.name: f.read_bytes() for f in _result_files(src)}
         with tempfile.TemporaryDirectory(prefix="gna-scan-") as tmp:
             for name, data in files.items():
                 atomic_write(Path(tmp) / name, data)  # a private copy to load from (gone on exit)
-            circuit = Circuit.load(tmp)
-            run_id = read_json(Path(tmp) / CIRCUIT_JSON, "circuit")["run_id"]
+            try:
+                circuit = Circuit.load(tmp)
+                run_id = read_json(Path(tmp) / CIRCUIT_JSON, "circuit")["run_id"]
+            except GnaError as e:  # named as the scan's own files, not the private copy's
+                raise type(e)(str(e).replace(tmp, str(src))) from None
         return cls(src, files, circuit, run_id)
 
     def changed(self) -> str | None:
@@ -111,6 +120,21 @@ class ScanSnapshot:
         except InputError:
             return "unreadable"
         return None if now == self.run_id else now
+
+
+def _result_files(src: Path) -> list[Path]:
+    """The result files of the scan folder ``src`` (not its checkpoints or hidden files); one that is a link or no
+    regular file (a FIFO, a folder) is refused, naming it: gna reads a scan's own files, never through a link."""
+    out = []
+    for f in sorted(src.iterdir()):
+        if f.suffix not in (".json", ".pt", ".csv") or f.name in (SCAN_CKPT, CONTROL_CKPT) or f.name.startswith("."):
+            continue
+        if f.is_symlink() or not f.is_file():
+            what = "a symbolic link" if f.is_symlink() else "a folder" if f.is_dir() else "no regular file"
+            raise InputError(f"{str(f)!r} is {what}; gna circuit reads a scan's own files, inside its folder: put the "
+                             f"file itself there (or rerun `gna scan`)")
+        out.append(f)
+    return out
 
 
 @dataclass
@@ -160,8 +184,51 @@ class _RunLog:
 
 
 def check_resume(folder: str | Path, scan: ScanSnapshot, settings: SufficiencySettings, resume: bool) -> None:
-    """Refuse, before any model loads, a ``resume`` into a folder whose run read another scan or other settings."""
-    _RunLog(Path(folder), scan.run_id, settings, resume)
+    """Refuse, before any model loads, a ``resume`` into a folder whose run read another scan or other settings, or
+    whose finished stages' files are gone or damaged since (each is read back)."""
+    log = _RunLog(Path(folder), scan.run_id, settings, resume)
+    for stage, names in STAGE_FILES.items():
+        info = log.done(stage)
+        if info is None or (stage == "edge_circuits" and not info.get("made")):
+            continue
+        for name in names:
+            _read_back(Path(folder), name, scan)
+        if stage == "screen":
+            _screen_intact(info, Path(folder))
+
+
+def _read_back(out: Path, name: str, scan: ScanSnapshot) -> Any:
+    """The file ``name`` a finished stage left in ``out``: a faithfulness curve (.json) or a table (.csv; the edge
+    table checked for meaning against the scan's heads); an :class:`InputError` naming it when gone or damaged."""
+    import pandas as pd
+
+    from gna_interp.circuits.causal import check_edge_table
+    from gna_interp.circuits.sufficiency import Faithfulness
+
+    path = out / name
+    if path.suffix == ".json":
+        try:
+            return Faithfulness.load(path)
+        except InputError as e:
+            raise InputError(f"--resume: {e}; add --fresh to start over") from None
+    if not path.is_file():  # gone, or a FIFO that a reader would wait on forever
+        raise InputError(f"--resume: {str(path)!r}, which a finished stage wrote, is gone or no regular file; add "
+                         f"--fresh to start over")
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as e:  # pandas' parser errors are ValueErrors
+        raise InputError(f"--resume: {str(path)!r} cannot be read back as a table ({type(e).__name__}: "
+                         f"{str(e)[:80]}); add --fresh to start over") from None
+    return check_edge_table(frame, scan.circuit.scan.heads, repr(str(path))) if name == EDGES_CSV else frame
+
+
+def _screen_intact(info: dict[str, Any], out: Path) -> float:
+    """The intact metric the screen stage recorded in ``circuit_run.json`` (a finite number, else refused)."""
+    value = info.get("intact")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"--resume: {str(out / RUN_JSON)!r} records the screen's intact metric as {value!r:.40}, not "
+                         f"a number; add --fresh to start over")
+    return float(value)
 
 
 def run_sufficiency(model: "Model", task: "Task", scan: ScanSnapshot, folder: str | Path,
@@ -197,13 +264,13 @@ class _Ctx:
 
 
 def _faithfulness(c: _Ctx, res: Sufficiency) -> None:
-    from gna_interp.circuits.sufficiency import Faithfulness, faithfulness
+    from gna_interp.circuits.sufficiency import faithfulness
     from gna_interp.viz.faithfulness import faithfulness_curve
 
     s = c.settings
     if c.log.done("faithfulness") is not None:
-        res.faithfulness = Faithfulness.load(c.out / f"{FAITHFULNESS}.json")
-        c.say(f"faithfulness: read from {c.out / f'{FAITHFULNESS}.json'} (--resume)")
+        res.faithfulness = _read_back(c.out, FAITHFULNESS_JSON, c.scan)
+        c.say(f"faithfulness: read from {c.out / FAITHFULNESS_JSON} (--resume)")
         return
     ranked = c.scan.circuit.scan.top(len(c.scan.circuit.scan.heads))
     with c.stage("faithfulness: every head outside the first k of the ranking ablated"):
@@ -219,8 +286,6 @@ def _faithfulness(c: _Ctx, res: Sufficiency) -> None:
 
 
 def _edges(c: _Ctx, res: Sufficiency) -> None:
-    import pandas as pd
-
     from gna_interp.circuits.causal import causal_roles, measure_edges
 
     circuit = c.scan.circuit
@@ -229,7 +294,7 @@ def _edges(c: _Ctx, res: Sufficiency) -> None:
             res.roles = causal_roles(circuit.edges, circuit.edge_drops())  # the scan's own edge table
         return
     if c.log.done("edges") is not None:
-        res.edges, res.roles = (pd.read_csv(c.out / EDGES_CSV), pd.read_csv(c.out / ROLES_CSV))
+        res.edges, res.roles = (_read_back(c.out, EDGES_CSV, c.scan), _read_back(c.out, ROLES_CSV, c.scan))
         return
     with c.stage(f"edges among the circuit's first {c.settings.edges} heads (path patching)"):
         res.edges = measure_edges(c.model, c.task, circuit.heads[:c.settings.edges], decision_kv=True,
@@ -241,8 +306,6 @@ def _edges(c: _Ctx, res: Sufficiency) -> None:
 
 
 def _screen(c: _Ctx, res: Sufficiency) -> None:
-    import pandas as pd
-
     from gna_interp.circuits.edge_screen import EdgeScreen, screen_edges
     from gna_interp.progress import quiet
     from gna_interp.viz.edge_graph import edge_graph
@@ -252,7 +315,7 @@ def _screen(c: _Ctx, res: Sufficiency) -> None:
         return
     done = c.log.done("screen")
     if done is not None:
-        res.screen = EdgeScreen(pd.read_csv(c.out / EDGE_SCREEN_CSV), float(done["intact"]))
+        res.screen = EdgeScreen(_read_back(c.out, EDGE_SCREEN_CSV, c.scan), _screen_intact(done, c.out))
         return
     with c.stage("the whole graph: edge attribution, then the strongest edges by path patching"):
         res.screen = screen_edges(c.model, c.task, s.method, c.task if s.method == "mean" else None, verify=s.verify,
@@ -268,7 +331,7 @@ def _edge_circuits(c: _Ctx, res: Sufficiency) -> None:
     """The edge faithfulness curve -- the edges out of the smallest node circuit's heads first, each part in screen
     order -- and the smallest edge circuit (none, with a line saying why, where the model's blocks do not allow
     edge circuits)."""
-    from gna_interp.circuits.sufficiency import Faithfulness, edge_faithfulness
+    from gna_interp.circuits.sufficiency import edge_faithfulness
     from gna_interp.errors import UnsupportedArchitectureError
     from gna_interp.viz.faithfulness import faithfulness_curve
 
@@ -277,7 +340,7 @@ def _edge_circuits(c: _Ctx, res: Sufficiency) -> None:
     done = c.log.done("edge_circuits")
     if done is not None:
         if done.get("made"):
-            res.edge_faithfulness = Faithfulness.load(c.out / f"{EDGE_FAITHFULNESS}.json")
+            res.edge_faithfulness = _read_back(c.out, f"{EDGE_FAITHFULNESS}.json", c.scan)
         return
     s = c.settings
     with c.stage("edge circuits: the strongest edges kept in screen order, every other edge ablated"):

@@ -9,6 +9,7 @@ import difflib
 import numbers
 from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
+import torch
 from torch import Tensor
 
 from gna_interp.errors import InputError, OptionError
@@ -65,13 +66,90 @@ def check_return_type(value: Any) -> None:
     raise InputError(f"return_type must be 'logits', 'loss', 'both', 'logits_and_cache' or None, got {value!r}")
 
 
+def check_forward_options(kwargs: Mapping[str, Any], n_layers: int) -> None:
+    """Check the forward's keywords among ``kwargs`` that the bridge would take without a word: ``stop_at_layer``
+    an integer naming a block (``-n_layers .. n_layers - 1``; a float or a block past the last would run the whole
+    model and return logits), ``logits_to_keep`` a count >= 0 or a tensor, ``use_cache`` a bool."""
+    stop = kwargs.get("stop_at_layer")
+    if stop is not None and (isinstance(stop, bool) or not isinstance(stop, numbers.Integral)
+                             or not -n_layers <= stop < n_layers):
+        raise InputError(f"stop_at_layer must be None or an integer in {-n_layers}..{n_layers - 1} (the block to stop "
+                         f"before: 0 returns the embeddings, -1 the residual entering the last block), got {stop!r:.40}; "
+                         f"for the residual after the last block use model.final_residual(...)")
+    keep = kwargs.get("logits_to_keep")
+    if keep is not None and not isinstance(keep, Tensor) and (
+            isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or keep < 0):
+        raise InputError(f"logits_to_keep must be a count >= 0 (0: every position; k: the last k) or a tensor of "
+                         f"positions, got {keep!r:.40}")
+    if "use_cache" in kwargs:
+        check_flag("use_cache", kwargs["use_cache"], optional=True)
+
+
+def check_cache_options(kwargs: Mapping[str, Any], n_pos: int) -> None:
+    """Check ``run_with_cache``'s ``device`` (a torch device this machine has) and ``pos_slice`` (what
+    TransformerLens's ``Slice`` takes, selecting positions among the input's ``n_pos``) among ``kwargs``."""
+    from transformer_lens.utilities.slice import Slice
+
+    device = kwargs.get("device")
+    if device is not None:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise InputError(f"device={device!r:.40} is not a torch device: pass 'cpu', 'cuda' or 'cuda:N'") from None
+        count = torch.cuda.device_count() if dev.type == "cuda" and torch.cuda.is_available() else 0
+        if dev.type == "cuda" and (dev.index or 0) >= count:
+            raise InputError(f"device={device!r}: this machine has {count} CUDA device(s) torch can use; the cache "
+                             f"can go to 'cpu'" + (f" or cuda:0..cuda:{count - 1}" if count else ""))
+    if kwargs.get("pos_slice") is None:
+        return
+    value = kwargs["pos_slice"]
+    try:
+        cut = value if isinstance(value, Slice) else Slice(value)
+        cut.apply(torch.arange(n_pos))
+    except (IndexError, TypeError, ValueError) as e:
+        raise InputError(f"pos_slice={value!r:.60} selects no positions of the input's {n_pos} ({e}): pass an int, a "
+                         f"(start, stop[, step]) tuple, a slice or a list of positions within them") from None
+
+
+def check_hooks(name: str, hooks: Any, hook_names: Callable[[], Collection[str]]) -> list[tuple[Any, Callable[..., Any]]]:
+    """``hooks`` (``fwd_hooks`` / ``bwd_hooks``) as a list of ``(hook name, function)`` pairs, each name a hook of
+    the model (one of ``hook_names()``, asked only when a name is given) or a function ``name -> bool`` choosing
+    hooks, as TransformerLens takes them; raise :class:`InputError` naming the pair for anything else (one pair not
+    in a list, a name that is no hook)."""
+    pairs = list(hooks) if isinstance(hooks, Iterable) and not isinstance(hooks, (str, bytes, Mapping)) else None
+    if pairs and len(pairs) == 2 and isinstance(pairs[0], str) and callable(pairs[1]):
+        raise InputError(f"{name} is a list of (hook name, function) pairs, got one pair: pass {name}=[({pairs[0]!r}, "
+                         f"fn)]")
+    if pairs is None:
+        raise InputError(f"{name} must be a list of (hook name, function) pairs, got {type(hooks).__name__} "
+                         f"{hooks!r:.60}")
+    known: Collection[str] | None = None
+    for pair in pairs:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and callable(pair[1])
+                and (isinstance(pair[0], str) or callable(pair[0]))):
+            raise InputError(f"{name} must be a list of (hook name, function) pairs, got the item {pair!r:.80}: each "
+                             f"is a hook name (or a function name -> bool) and a function (tensor, hook) -> tensor")
+        if not isinstance(pair[0], str):
+            continue
+        known = hook_names() if known is None else known
+        if pair[0] not in known:
+            close = difflib.get_close_matches(pair[0], list(known), 1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise InputError(f"{name} names {pair[0]!r}, which is no hook of this model{hint}: the hook names are "
+                             f"model.bridge.hook_dict's keys")
+    return [tuple(p) for p in pairs]  # type: ignore[misc]
+
+
 def check_run_options(kwargs: Mapping[str, Any]) -> None:
     """Check the hook and cache options of ``run_with_hooks`` / ``run_with_cache`` among ``kwargs``: the flags are
     bools, ``reset_hooks_end`` is True (a Model keeps no hook between runs) and ``incl_bwd`` asks for a scalar
-    loss (its backward pass starts there)."""
+    loss (its backward pass starts there) of a whole forward (no ``stop_at_layer``)."""
     for name in _FLAGS:
         if name in kwargs:
             check_flag(name, kwargs[name])
+    if kwargs.get("incl_bwd") and kwargs.get("stop_at_layer") is not None:
+        raise InputError(f"incl_bwd=True runs backward() from the loss, and stop_at_layer="
+                         f"{kwargs['stop_at_layer']!r:.20} ends the forward before it: leave one of them out")
     if kwargs.get("reset_hooks_end", True) is not True:
         raise InputError(f"reset_hooks_end={kwargs['reset_hooks_end']!r}: a Model keeps no hook after its run. Leave "
                          f"it out; to keep hooks over several runs use a with-block: with model.hooks([(name, fn)]): "

@@ -32,13 +32,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.errors import HeadError, InputError
+from gna_interp.models.graph import LOGITS, POSITIONS
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.hf import unwrap
 from gna_interp.models.mixer import ChannelSpan
+from gna_interp.models.model import check_model
 
 __all__ = ["Address", "ablated_modules", "ablation_hooks", "edge_addresses", "head_addresses"]
-
-LOGITS = "logits"  # the receiver (and input) of a head's direct path to the answer logits
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,9 @@ class Address(ChannelSpan):
             v = getattr(self, name)
             if v is None and name in ("width", "head_dim"):
                 continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise InputError(f"the address of {self.head}: {name} must be an integer >= 0, got {v!r:.40}")
+            least = 0 if name == "start" else 1  # a tensor, a head, a span holds a channel at least
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise InputError(f"the address of {self.head}: {name} must be an integer >= {least}, got {v!r:.40}")
         if self.stop <= self.start or (self.width is not None and self.stop > self.width):
             raise InputError(f"the address of {self.head}: channels {self.start}:{self.stop} are no span of a tensor "
                              f"of {self.width if self.width is not None else 'its'} channels")
@@ -170,6 +171,7 @@ def head_addresses(model: Any, heads: Sequence[HeadRef | str] | str | HeadRef) -
     """Where each head of ``heads`` writes (its output channels), as :class:`Address` rows; ``heads`` is a list of
     heads or names, a comma-separated string, or an object with ``.heads`` (a :class:`~gna_interp.circuits.Circuit`,
     whose ``heads`` are its ranked heads) -- take its top ones first: ``head_addresses(model, circuit.heads[:5])``."""
+    check_model(model, runnable=False)
     if not isinstance(heads, (str, list, tuple, HeadRef)) and hasattr(heads, "heads"):
         heads = heads.heads() if callable(heads.heads) else heads.heads
     out = []
@@ -237,10 +239,12 @@ def _parse_edge(model: Any, row: Mapping[str, Any]) -> tuple[HeadRef, HeadRef | 
     """``(sender, receiver or None, input, positions)`` of one edge, checked for meaning against ``model``:
     :class:`InputError` / :class:`HeadError` naming the edge otherwise."""
     sender, receiver, inp = row.get("sender"), row.get("receiver"), row.get("input")
-    positions = "all" if _missing(row.get("positions")) else str(row.get("positions"))
+    positions = "all" if _missing(row.get("positions")) else row.get("positions")
     direct = _missing(receiver) or receiver == LOGITS
     inp = LOGITS if direct and _missing(inp) else inp
     label = f"{sender} -> " + (LOGITS if direct else f"{receiver}.{inp}")
+    if positions not in POSITIONS:
+        raise InputError(f"the edge {label}: positions {positions!r:.40} are none of {', '.join(POSITIONS)}")
     if isinstance(row.get("edge"), str) and " + " in row["edge"]:
         raise InputError(f"the row {row['edge']!r:.80} stands for a set of edges, and its sender / receiver columns "
                          f"name only the first: address each edge on its own")
@@ -262,6 +266,15 @@ def _parse_edge(model: Any, row: Mapping[str, Any]) -> tuple[HeadRef, HeadRef | 
                          f"edge (receiver {LOGITS!r}); a head receiver reads one of q, k, v (other: an SSM head's gate "
                          f"and step size)")
     return s, r, inp, positions
+
+
+def _numbers(row: Mapping[str, Any], label: str) -> dict[str, Any]:
+    """The ``score`` / ``effect`` / ``low`` / ``high`` an edge row gives, each a number or empty (None, NaN)."""
+    out = {k: row[k] for k in ("score", "effect", "low", "high") if k in row}
+    for k, v in out.items():
+        if not _missing(v) and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise InputError(f"the edge {label}: its {k} must be a number, got {type(v).__name__} {v!r:.40}")
+    return out
 
 
 def _receiver_addresses(model: Any, head: HeadRef, inp: str) -> list[Address]:
@@ -287,14 +300,14 @@ def edge_addresses(model: Any, edges: Any) -> list[dict[str, Any]]:
     An edge that cannot be (a receiver in the sender's layer or before it, a head feeding itself, a direct edge
     read through ``q``/``k``/``v``, an input the receiver does not read, a node that is no head) is refused with
     :class:`~gna_interp.errors.InputError` or :class:`~gna_interp.errors.HeadError` naming it."""
+    check_model(model, runnable=False)
     out = []
     for row in _edge_records(edges):
         s, r, inp, positions = _parse_edge(model, row)
         receivers = [] if r is None else _receiver_addresses(model, r, inp)
         name = (f"{s.name} -> {r.name}.{inp}@{positions}" if r is not None
                 else f"{s.name} -> {LOGITS}" + ("" if positions == "all" else f"@{positions}"))
-        out.append({"edge": name, "positions": positions,
-                    **{k: row[k] for k in ("score", "effect", "low", "high") if k in row},
+        out.append({"edge": name, "positions": positions, **_numbers(row, name),
                     "sender": head_addresses(model, [s])[0].to_dict(),
                     "receiver": receivers[0].to_dict() if len(receivers) == 1 else None,
                     "receivers": [a.to_dict() for a in receivers]})
@@ -358,6 +371,10 @@ def _fitting_module(hf_model: torch.nn.Module, module: str, side: str, rows: lis
     width and head size; :class:`InputError` saying what the model has and what an address needs otherwise."""
     target = _submodule(hf_model, module, rows[0].head)
     width = _declared_width(target, side)
+    if width is None and any(a.width is not None for a in rows):
+        raise InputError(f"{type(hf_model).__name__}'s {module} is a {type(target).__name__}, which declares no "
+                         f"channels at its {side}; the address of {rows[0].head} names a projection's (a linear "
+                         f"layer's) {side}: pass the Hugging Face model of the checkpoint the addresses were taken from")
     parent = _submodule(hf_model, module.rpartition(".")[0], rows[0].head) if "." in module else None
     head_dim = _declared_head_dim(parent)
     model = type(hf_model).__name__
@@ -375,6 +392,16 @@ def _fitting_module(hf_model: torch.nn.Module, module: str, side: str, rows: lis
                              f"another head count. Pass the Hugging Face model of the checkpoint the addresses were "
                              f"taken from")
     return target
+
+
+def _first_argument(zero: Callable[..., Tensor], module: str) -> Callable[..., Any]:
+    """A forward pre-hook applying ``zero`` to the first positional argument of the module at ``module``."""
+    def pre(_m: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if not args or not isinstance(args[0], Tensor):
+            raise InputError(f"{module} was called without a tensor as its first positional argument, which the "
+                             f"address zeroes: it names a module that takes its input otherwise")
+        return (zero(args[0]), *args[1:]), kwargs
+    return pre
 
 
 @contextlib.contextmanager
@@ -403,8 +430,8 @@ def ablated_modules(hf_model: torch.nn.Module, addresses: Sequence[Address | dic
             width = next((a.width for a in group if a.width is not None), _declared_width(targets[module, side], side))
             zero = _zero([a.columns for a in group], width, f"{type(hf_model).__name__}'s {module} ({side})")
             if side == "input":
-                handles.append(targets[module, side].register_forward_pre_hook(
-                    lambda _m, args, kwargs, z=zero: ((z(args[0]), *args[1:]), kwargs), with_kwargs=True))
+                handles.append(targets[module, side].register_forward_pre_hook(_first_argument(zero, module),
+                                                                               with_kwargs=True))
             else:
                 handles.append(targets[module, side].register_forward_hook(lambda _m, _a, out, z=zero: z(out)))
         yield

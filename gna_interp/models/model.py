@@ -20,9 +20,9 @@ from gna_interp.constants import TOKENIZER_CONFIG
 from gna_interp.errors import BridgeOnlyError, HeadError, InputError
 from gna_interp.models.arch import LayerSpec, detect_layers
 from gna_interp.models.call_args import (CACHE_KEYWORDS, FORWARD_KEYWORDS, HOOK_KEYWORDS, TEXT_KEYWORDS, Hooks,
-                                         check_flag, check_keywords, check_loss_rows, check_names_filter,
-                                         check_new_tokens, check_padding_side, check_return_type, check_run_options,
-                                         gradient_hooks)
+                                         check_cache_options, check_flag, check_forward_options, check_hooks,
+                                         check_keywords, check_loss_rows, check_names_filter, check_new_tokens,
+                                         check_padding_side, check_return_type, check_run_options, gradient_hooks)
 from gna_interp.models.heads import HeadRef, parse_heads
 from gna_interp.models.hf import quiet_transformers, unwrap
 from gna_interp.models.mixer import HeadSite
@@ -103,6 +103,9 @@ def check_mask(mask: Any, ids: Tensor, what: str = "attention_mask") -> None:
     if mask.is_complex() or (mask.numel() and not mask.is_meta and not bool(((mask == 0) | (mask == 1)).all())):
         raise InputError(f"{what} may hold only 0 (padding) and 1 (real token)")
 
+
+# unsigned integer dtypes torch stores but barely computes with (no comparison, no min or max)
+_BARE_UNSIGNED = tuple(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n))
 
 _BOS_WITH_IDS = ("prepend_bos and padding_side apply to text: token ids are fed exactly as given. Leave them out, or "
                  "pass the text (model.to_tokens(text, prepend_bos=True) shows the ids it becomes)")
@@ -557,6 +560,7 @@ class Model:
         if isinstance(input, Tensor):
             raise InputError("to_tokens takes text or a list of texts; these are already token ids (to_string turns "
                              "ids back into text)")
+        check_flag("move_to_device", move_to_device)
         ids = self.tokenize(input, padding_side, prepend_bos, truncate).ids
         return ids if move_to_device else ids.cpu()
 
@@ -641,8 +645,13 @@ class Model:
                              f"{tuple(ids.shape)}: pass integer ids (any integer dtype; ids.long() of whole-number "
                              f"floats) or the text itself")
         vocab = self.d_vocab
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        if ids.dtype in _BARE_UNSIGNED:  # torch neither compares nor takes the min of these: their values as ints
+            bad = [v for v in ids.unique().tolist() if v >= vocab][:5]
+        elif ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             bad = ids[(ids < 0) | (ids >= vocab)].unique()[:5].tolist()
+        else:
+            bad = []
+        if bad:
             raise InputError(f"token ids {bad} are outside the vocabulary of {self.name} (0..{vocab - 1})")
 
     def check_length(self, n_tokens: int) -> None:
@@ -672,7 +681,7 @@ class Model:
         elif isinstance(tokens, Tensor):
             if tokens.dim() == 2 and tokens.shape[0] == 1:
                 tokens = tokens[0]
-            if tokens.dim() != 1 or tokens.is_floating_point():
+            if tokens.dim() != 1 or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
                 raise InputError(f"to_str_tokens takes text or the integer ids of one sequence ([pos] or [1, pos]), "
                                  f"got a {tokens.dtype} tensor of shape {tuple(tokens.shape)}")
             ids = tokens.tolist()
@@ -785,7 +794,11 @@ class Model:
         self.check_runnable()
         return_type = kwargs.get("return_type", "logits")
         check_return_type(return_type)
+        check_forward_options(kwargs, self.n_layers)
         batch = self.as_batch(inputs, kwargs.pop("attention_mask", None), prepend_bos, padding_side)
+        if not batch.ids.numel():
+            raise InputError(f"the token ids are empty (shape {tuple(batch.ids.shape)}): pass at least one row of at "
+                             f"least one token")
         check_loss_rows(return_type, batch.attention_mask, batch.tree is not None)
         return batch
 
@@ -888,6 +901,7 @@ class Model:
         check_run_options(kwargs)
         names_filter = check_names_filter(names_filter, self.bridge.hook_dict)
         batch = self._run_batch(inputs, kwargs, kwargs.pop("prepend_bos", None), kwargs.pop("padding_side", None))
+        check_cache_options(kwargs, batch.ids.shape[1])
         with torch.set_grad_enabled(bool(kwargs.get("incl_bwd"))):
             return self.bridge.run_with_cache(batch.ids, names_filter=names_filter,
                                               **self._forward_kwargs(batch), **kwargs)
@@ -905,7 +919,8 @@ class Model:
         check_keywords("run_with_hooks", kwargs, ("fwd_hooks", "bwd_hooks", *FORWARD_KEYWORDS, *TEXT_KEYWORDS,
                                                   *HOOK_KEYWORDS))
         check_run_options(kwargs)
-        hooks = [*fwd_hooks, *gradient_hooks(bwd_hooks)]
+        hooks = [*check_hooks("fwd_hooks", fwd_hooks, lambda: self.bridge.hook_dict),
+                 *gradient_hooks(check_hooks("bwd_hooks", bwd_hooks, lambda: self.bridge.hook_dict))]
         if bwd_hooks and not any(p.requires_grad for p in self.hf_model.parameters()):
             raise InputError("bwd_hooks need gradients through the model, but none of its parameters requires one: "
                              "call model.hf_model.requires_grad_(True) first")
@@ -930,8 +945,9 @@ class Model:
     @contextlib.contextmanager
     def hooks(self, fwd_hooks: Hooks = ()) -> Iterator["Model"]:
         """Inside the block, every forward runs with ``fwd_hooks``; they are removed on exit, exceptions
-        included."""
-        fwd = list(fwd_hooks)
+        included; a hook name the model lacks, or anything but ``(name, fn)`` pairs, is refused
+        (:class:`InputError`) before any is placed."""
+        fwd = [] if fwd_hooks is None else check_hooks("fwd_hooks", fwd_hooks, lambda: self.bridge.hook_dict)
         if not fwd:
             yield self
             return
