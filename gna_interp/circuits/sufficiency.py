@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 import pandas as pd
 import torch
 
+from gna_interp.circuits.algorithms.scores import GraphScores
 from gna_interp.engine.replay import SetAblation
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
 from gna_interp.constants import FAITHFULNESS, FAITHFULNESS_JSON
@@ -379,18 +380,21 @@ def shuffled(order: Sequence[Any], seed: int) -> list[Any]:
     return perm
 
 
-def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRef | str],
+def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRef | str] | GraphScores,
                  config: FaithfulnessConfig | None = None, **overrides: Any) -> Faithfulness:
     """The faithfulness curve of circuits made of the first ``k`` heads of ``ranked`` (every other head of the
     model ablated), ``k`` over ``sizes``, beside ``seeds`` random circuits of each size; the smallest ranked circuit
     keeping ``threshold`` of the intact logit difference and each of its heads' own contribution.
 
-    ``ranked`` orders some or all of the model's heads (a scan's ranking); heads it leaves out join the circuit last,
-    in the model's order, so the curve ends at the whole model. ``config``: a :class:`FaithfulnessConfig` or keyword
-    overrides of its fields."""
+    ``ranked`` orders some or all of the model's heads (a scan's ranking), or is a discovery algorithm's node scores
+    (:class:`~gna_interp.circuits.algorithms.GraphScores`, its heads by ``|score|``); heads it leaves out join the
+    circuit last, in the model's order, so the curve ends at the whole model. ``config``: a
+    :class:`FaithfulnessConfig` or keyword overrides of its fields."""
     from gna_interp.models.model import check_model
     check_model(model)
     cfg = FaithfulnessConfig.build(config, **overrides)
+    if isinstance(ranked, GraphScores):
+        ranked = ranked.heads()
     every = model.heads()
     order = list(dict.fromkeys(model.check_heads(list(ranked)))) if ranked else []
     listed = set(order)
@@ -420,7 +424,7 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
                     lambda circuit: results(runner.run(_outside(every, circuit))), each_left_out)
 
 
-def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence[Wire] | Any",
+def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence[Wire] | GraphScores | Any",
                       config: FaithfulnessConfig | None = None, senders: str = "heads",
                       first: Collection[str] | None = None, **overrides: Any) -> Faithfulness:
     """The faithfulness curve of edge circuits: the first ``k`` edges of ``ranked`` kept, every other edge of the
@@ -428,19 +432,20 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
     (default: powers of 4 from 1), beside ``seeds`` random edge circuits of each size; the smallest ranked edge circuit
     keeping ``threshold`` of the intact logit difference and each of its edges' own contribution.
 
-    ``ranked``: an :class:`~gna_interp.circuits.edge_screen.EdgeScreen` (or its table), ordered by screen score
-    (the edges of a shared KV group's rows add up), or wires in order; edges it leaves out join last. ``senders``:
-    which edges a circuit may leave out (:class:`~gna_interp.circuits.edge_circuit.EdgeCircuit`; default the
-    edges out of heads, the embeddings' and MLPs' always kept). ``first``: senders whose edges come before every
-    other edge, each part in its own order -- e.g. the heads of the smallest node circuit (:func:`faithfulness`), so
-    that the search for the smallest edge circuit starts inside it (every edge out of a node circuit's heads is that
-    node circuit)."""
+    ``ranked``: an :class:`~gna_interp.circuits.edge_screen.EdgeScreen` (or its table) or a discovery algorithm's
+    edge scores (:class:`~gna_interp.circuits.algorithms.GraphScores`), ordered by ``|score|`` (the edges of a shared
+    KV group's rows add up; edges out of senders a circuit always keeps are left out), or wires in order; edges it
+    leaves out join last. ``senders``: which edges a circuit may leave out
+    (:class:`~gna_interp.circuits.edge_circuit.EdgeCircuit`; default the edges out of heads, the embeddings' and MLPs'
+    always kept). ``first``: senders whose edges come before every other edge, each part in its own order -- e.g. the
+    heads of the smallest node circuit (:func:`faithfulness`), so that the search for the smallest edge circuit starts
+    inside it (every edge out of a node circuit's heads is that node circuit)."""
     from gna_interp.circuits.edge_circuit import EdgeCircuit
 
     cfg = FaithfulnessConfig.build(config, **overrides)
     ec = EdgeCircuit(model, task, cfg.method, cfg.reference, cfg.batch_size, senders)
     every = ec.wires()
-    table = getattr(ranked, "table", ranked)
+    table = ranked.edge_rows() if isinstance(ranked, GraphScores) else getattr(ranked, "table", ranked)
     if isinstance(table, pd.DataFrame):
         order = list(ec.from_screen(table)["wire"])
     else:

@@ -1,0 +1,20 @@
+"""`attribution`: each head's ablation drop, estimated to first order -- the head scan's ``attribution`` strategy."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from gna_interp.circuits.algorithms.registry import algorithm
+from gna_interp.circuits.algorithms.scores import GraphScores
+from gna_interp.circuits.scan import scan_heads
+from gna_interp.models.heads import HeadRef
+from gna_interp.models.model import Model
+from gna_interp.tasks.base import Task
+
+
+@algorithm("attribution")
+def attribution(model: Model, task: Task, *, heads: Sequence[HeadRef | str] | None = None,
+                **options: Any) -> GraphScores:
+    """``scan_heads(model, task, heads, strategy="attribution", **options)``'s estimated drops (one forward and one
+    backward per batch)."""
+    return GraphScores.of_scan(scan_heads(model, task, heads, strategy="attribution", **options))
