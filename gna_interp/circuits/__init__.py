@@ -20,3 +20,5 @@ __all__ = ["CardViews", "Circuit", "CircuitComparison", "DiscoverConfig", "Edge"
            "card_heads", "card_views", "compare_circuits", "discover", "path_effects", "plan_hybrid", "prune_curve", "role_scores", "scan_heads"]
 from gna_interp.circuits.interactions import Interactions, head_interactions
 __all__ += ["WholeCircuit", "Interactions", "head_interactions", "Faithfulness", "FaithfulnessConfig", "edge_faithfulness", "faithfulness"]
+from gna_interp.circuits.algorithms import GraphScores, score_graph  # noqa: E402
+__all__ += ["GraphScores", "score_graph"]
