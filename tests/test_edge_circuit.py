@@ -1,6 +1,7 @@
 """Edge circuits (:mod:`gna_interp.circuits.edge_circuit`) against independent computations: a by-hand forward of
-the plain Hugging Face Llama in which every receiver input reads its own stream built from the senders' writes, the
-node form (every head outside a set ablated, :class:`SetAblation`) and the intact model."""
+the plain Hugging Face model (Llama; Gemma-2/3, OLMo-2 and Granite, whose blocks normalise or scale what they add) in
+which every receiver input reads its own stream built from the senders' outputs, the node form (every head outside a
+set ablated, :class:`SetAblation`), every node ablated and the intact model."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import random
 
 import pytest
 import torch
-from test_paths import _attn_by_hand, _hf_layer, _masks
+import torch.nn.functional as F
+from test_paths import POST, _hf_layer, _hf_run, _masks, _residual_in
 
 from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire
 from gna_interp.models.graph import CLASSES
@@ -17,6 +19,7 @@ from gna_interp.errors import InputError
 from gna_interp.tasks import KVRetrieval
 from gna_interp.engine.metrics import get_metric, results
 from gna_interp.engine.unembed import read_logprobs
+from gna_interp.models.hf import unwrap
 
 
 def _task():
@@ -54,13 +57,56 @@ def test_every_edge_kept_is_the_intact_model_and_a_node_set_is_the_node_ablation
     assert torch.allclose(results(node)["logit_diff"], results(want)["logit_diff"], atol=1e-4)
 
 
+# Per family, from the plain Hugging Face decoder layer: what its attention and its MLP read the stream through, and
+# what the block adds of their outputs (the attention's map: test_paths.POST).
+def _identity(layer, v):
+    return v
+
+
+READS = {
+    "gemma2": (lambda layer, v: layer.input_layernorm(v), lambda layer, v: layer.pre_feedforward_layernorm(v)),
+    "llama": (lambda layer, v: layer.input_layernorm(v), lambda layer, v: layer.post_attention_layernorm(v)),
+    "gemma3": (lambda layer, v: layer.input_layernorm(v), lambda layer, v: layer.pre_feedforward_layernorm(v)),
+    "olmo2": (_identity, _identity),  # post-norms only: attention and MLP read the stream itself
+    "granite": (lambda layer, v: layer.input_layernorm(v), lambda layer, v: layer.post_attention_layernorm(v)),
+}
+MLP_POST = {
+    "gemma2": lambda layer, v: layer.post_feedforward_layernorm(v),
+    "llama": _identity,
+    "gemma3": lambda layer, v: layer.post_feedforward_layernorm(v),
+    "olmo2": lambda layer, v: layer.post_feedforward_layernorm(v),
+    "granite": lambda layer, v: v * layer.residual_multiplier,
+}
+ATTN_POST = {**POST, "gemma2": POST["gemma3"]}
+NORM_FAMILIES = ("gemma2", "gemma3", "olmo2", "granite")
+
+
+@pytest.fixture(scope="module")
+def family(models, tmp_path_factory):
+    """``get(key)``: the livened tiny Llama of conftest, or the family matrix's tiny Gemma-2/3, OLMo-2, Granite."""
+    from family_matrix import FAMILIES
+
+    from gna_interp import load_model
+
+    root, by_key, cache = tmp_path_factory.mktemp("edge_norms"), {f.key: f for f in FAMILIES}, {}
+
+    def get(key):
+        if key == "llama":
+            return models("llama")
+        if key not in cache:
+            cache[key] = load_model(by_key[key].build(root / key), device="cpu")
+        return cache[key]
+    return get
+
+
 def _means(model, task):
-    """Mean embedding, per-layer mean head channels (the output projection's input) and mean MLP output over the
-    task prompts' real tokens, from plain HF forwards."""
+    """Mean first block input, per-layer mean head channels (the output projection's input) and mean MLP output
+    (before any norm after it) over the task prompts' real tokens, from plain HF forwards."""
     batch = model.as_batch(list(task.prompts))
-    base, _ = _hf_layer(model, 0)
+    _, first = _hf_layer(model, 0)
     got, handles = {}, []
-    handles.append(base.embed_tokens.register_forward_hook(lambda m, a, o: got.__setitem__("embed", o)))
+    handles.append(first.register_forward_pre_hook(
+        lambda m, a, kw: got.__setitem__("embed", a[0] if a else kw["hidden_states"]), with_kwargs=True))
     for layer in range(model.n_layers):
         _, mod = _hf_layer(model, layer)
         handles.append(mod.self_attn.o_proj.register_forward_pre_hook(
@@ -68,7 +114,7 @@ def _means(model, task):
         handles.append(mod.mlp.register_forward_hook(lambda m, a, o, layer=layer: got.__setitem__(("mlp", layer), o)))
     try:
         with torch.no_grad():
-            model.hf_model(batch.ids, attention_mask=batch.attention_mask)
+            model.hf_model(batch.ids, **model._forward_kwargs(batch))
     finally:
         for h in handles:
             h.remove()
@@ -76,63 +122,139 @@ def _means(model, task):
     return {k: v[real].mean(0) for k, v in got.items()}
 
 
-def _brute(model, ec, index, kept):
-    """Read log-probs of batch ``index`` (one unpadded row) with only ``kept`` carrying activations, by hand: every
-    head's q / k / v and every MLP's input computed from its own stream ``Σ_S (w_S if kept else w̄_S)``."""
+def _head_by_hand(model, layer, head, streams, ids, kwargs, reads):
+    """``head``'s channels at its output projection's input, from a plain HF forward in which its layer's q / k / v
+    projections read ``streams['q' | 'k' | 'v']`` through the layer's own input norm (the HF attention does the
+    rest: q/k norms, rotary, scaling, windows)."""
+    attn = layer.self_attn
+    swap = [(unwrap(getattr(attn, f"{n}_proj")),
+             lambda m, a, o, n=n: F.linear(reads(layer, streams[n]), m.weight, m.bias)) for n in ("q", "k", "v")]
+    got = {}
+    grab = (unwrap(attn.o_proj), lambda m, a: got.__setitem__("z", a[0][..., model.head_site(head).columns].clone()))
+    _hf_run(model, ids, kwargs, pre=[grab], post=swap)
+    return got["z"]
+
+
+def _brute(model, key, ec, index, kept):
+    """Read log-probs of batch ``index`` (one unpadded row) with only ``kept`` carrying activations, by hand through
+    the plain HF modules: every receiver input reads its own stream, to which the embeddings, each layer's attention
+    and each MLP add ``post(Σ_{S in part} (w_S if S -> receiver is kept at the position's class else w̄_S))`` --
+    the attention's post map of the sum over its heads (ATTN_POST), the MLP's of its output (MLP_POST)."""
     chunk = ec.pp.chunks[index]
     ids, kwargs = chunk.batch.ids, model._forward_kwargs(chunk.batch)
     m = _masks(ec.pp, chunk)
-    cls = {"items": m["items"], "decision": m["decision"] & ~m["items"], "other": m["other"]}
-    means = _means(model, _task())
+    cls = {"items": m["items"], "decision": m["decision"] & ~m["items"], "other": m["other"], "all": m["all"]}
+    bar = _ablated(model, ec.method)
     keep: dict[str, dict[str, set[str]]] = {}
     for w in kept:
         keep.setdefault(w.receiver, {}).setdefault(w.sender, set()).add(w.positions)
-    write, bar = {}, {}
+    write, parts = {}, []  # parts: (senders, post map), in the order they write
 
     def stream(receiver):
-        s = sum(bar.values()) + torch.zeros(1, ids.shape[1], bar["embed"].shape[-1])
-        for sender, where in keep.get(receiver, {}).items():
-            mask = torch.zeros_like(cls["items"], dtype=torch.float32)
-            for c in where:
-                mask = mask + (torch.ones_like(mask) if c == "all" else cls[c].float())
-            s = s + mask[None, :, None] * (write[sender] - bar[sender])
-        return s
+        total = torch.zeros(())
+        for senders, post in parts:
+            mixed = torch.zeros(())
+            for s in senders:
+                mask = sum((cls[c].float() for c in keep.get(receiver, {}).get(s, ())), torch.zeros(ids.shape[1]))
+                mixed = mixed + bar[s] + mask[None, :, None] * (write[s] - bar[s])
+            total = total + post(mixed)
+        return total
 
     def input_name(head, inp):
         return next(r for r in ec.receivers() if r.endswith(f".{inp}") and head.name in r.split(".")[0].split("+"))
 
-    base, _ = _hf_layer(model, 0)
     with torch.no_grad():
-        write["embed"], bar["embed"] = base.embed_tokens(ids), means["embed"]
+        write["embed"] = _residual_in(model, ids, kwargs, 0)
+        parts.append((["embed"], lambda v: v))
         for layer in range(model.n_layers):
             _, mod = _hf_layer(model, layer)
-            o = mod.self_attn.o_proj.weight
-            new, new_bar = {}, {}
-            for h in (h for h in model.heads() if h.layer == layer):
-                z = _attn_by_hand(model, mod, {i: stream(input_name(h, i)) for i in ("q", "k", "v")}, h, ids, kwargs)
-                cols = model.head_site(h).columns
-                new[h.name] = z.reshape(1, ids.shape[1], -1) @ o[:, cols].T
-                new_bar[h.name] = means[("z", layer)][cols] @ o[:, cols].T
+            o = unwrap(mod.self_attn.o_proj).weight
+            heads = [h for h in model.heads() if h.layer == layer]
+            new = {}
+            for h in heads:
+                streams = {i: stream(input_name(h, i)) for i in ("q", "k", "v")}
+                z = _head_by_hand(model, mod, h, streams, ids, kwargs, READS[key][0])
+                new[h.name] = z @ o[:, model.head_site(h).columns].T
             write.update(new)  # the layer's heads write once all of them have read
-            bar.update(new_bar)
+            parts.append(([h.name for h in heads], lambda v, mod=mod: ATTN_POST[key](mod, v)))
             name = f"MLP{layer}"
-            write[name] = mod.mlp(mod.post_attention_layernorm(stream(name)))
-            bar[name] = means[("mlp", layer)]
-        final = stream("logits")
-        logits = model.hf_model.get_output_embeddings()(base.norm(final)[0][chunk.read_pos])
-    return read_logprobs(logits, chunk.read_tok)
+            write[name] = mod.mlp(READS[key][1](mod, stream(name)))
+            parts.append(([name], lambda v, mod=mod: MLP_POST[key](mod, v)))
+        return _logprobs_from(model, chunk, stream("logits"))
 
 
-@pytest.mark.parametrize("share", [0.0, 0.3, 0.9])
-def test_edge_circuit_equals_a_by_hand_forward(circuits, models, share):
-    model = models("llama")
-    ec = circuits("llama", batch_size=1)
+def _ablated(model, method):
+    """``w̄_S`` of every sender: the mean (``mean``, :func:`_means`) or zero first block input, head write (its mean
+    channels through its columns of the output projection) and MLP output (before any norm after it)."""
+    means = _means(model, _task())
+    scale = 0.0 if method == "zero" else 1.0
+    out = {"embed": scale * means["embed"]}
+    for h in model.heads():
+        o = unwrap(_hf_layer(model, h.layer)[1].self_attn.o_proj).weight
+        cols = model.head_site(h).columns
+        out[h.name] = scale * means[("z", h.layer)][cols] @ o[:, cols].T
+    out.update({f"MLP{layer}": scale * means[("mlp", layer)] for layer in range(model.n_layers)})
+    return out
+
+
+def _logprobs_from(model, chunk, final=None, pre=(), post=()):
+    """Read log-probs of batch ``chunk`` in a plain HF forward (with ``pre`` / ``post`` hooks, :func:`_hf_run`) whose
+    last decoder layer outputs ``final`` where given (the model's own final norm, unembedding and logit scaling
+    follow)."""
+    def swap(m, a, o):
+        return (final,) + tuple(o[1:]) if isinstance(o, tuple) else final
+
+    last = [(_hf_layer(model, model.n_layers - 1)[1], swap)] if final is not None else []
+    logits = _hf_run(model, chunk.batch.ids, model._forward_kwargs(chunk.batch), pre=pre, post=[*post, *last])
+    return read_logprobs(logits[0][chunk.read_pos], chunk.read_tok)
+
+
+def _every_node_ablated(model, ec, index):
+    """Read log-probs of batch ``index`` in a plain HF forward with the first block's input, every head's channels
+    and every MLP's output replaced by their means (``mean``) or zero."""
+    means = _means(model, _task())
+    scale = 0.0 if ec.method == "zero" else 1.0
+
+    def first(m, a, kw):
+        x = a[0] if a else kw["hidden_states"]
+        value = (scale * means["embed"]).expand_as(x)
+        return ((value,) + a[1:], kw) if a else (a, {**kw, "hidden_states": value})
+
+    pre, post = [], []
+    for layer in range(model.n_layers):
+        _, mod = _hf_layer(model, layer)
+        pre.append((unwrap(mod.self_attn.o_proj),
+                    lambda m, a, z=scale * means[("z", layer)]: (z.expand_as(a[0]),) + a[1:]))
+        post.append((mod.mlp, lambda m, a, o, y=scale * means[("mlp", layer)]: y.expand_as(o)))
+    handle = _hf_layer(model, 0)[1].register_forward_pre_hook(first, with_kwargs=True)
+    try:
+        return _logprobs_from(model, ec.pp.chunks[index], pre=pre, post=post)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("method", ["zero", "mean"])
+@pytest.mark.parametrize("key", ["llama", *NORM_FAMILIES])
+def test_edge_circuit_equals_a_by_hand_forward(family, key, method):
+    """Llama (adds as is), Gemma-3 (norms after attention and MLP), OLMo-2 (post-norms, no pre-norm) and Granite
+    (residual multiplier): a random half of the wires, every wire, all but a few and none kept equal the by-hand
+    forward with one stream per receiver input; every wire kept is the intact model, none the model with every node
+    ablated."""
+    model = family(key)
+    ec = EdgeCircuit(model, _task(), method, batch_size=1, senders="all")
     every = ec.wires()
-    kept = random.Random(f"wires-{share}").sample(every, int(share * len(every)))
+    draw = random.Random(f"wires-{key}-{method}")
+    few = set(draw.sample(every, len(every) // 20))
+    circuits = {"half": draw.sample(every, len(every) // 2), "every": every, "none": [],
+                "most": [w for w in every if w not in few]}  # few left out: read off the run's own stream
     for index in (0, 2):
-        got = ec.chunk_logprobs(index, kept)
-        want = _brute(model, ec, index, kept)
-        assert torch.allclose(got, want, atol=1e-4), (share, index, (got - want).abs().max())
+        got = {name: ec.chunk_logprobs(index, kept) for name, kept in circuits.items()}
+        for name, kept in circuits.items():
+            want = _brute(model, key, ec, index, kept)
+            assert torch.allclose(got[name], want, atol=1e-5), (name, index, (got[name] - want).abs().max())
+        assert torch.allclose(got["every"], _logprobs_from(model, ec.pp.chunks[index]), atol=1e-5)
+        assert torch.allclose(got["none"], _every_node_ablated(model, ec, index), atol=1e-5)
+        assert (got["half"] - got["every"]).abs().max() > 1e-3 and (got["half"] - got["none"]).abs().max() > 1e-3
 
 
 def test_the_graph_and_bad_wires(circuits):
@@ -151,15 +273,34 @@ def test_the_graph_and_bad_wires(circuits):
             ec.run([[bad]])
 
 
-def test_a_post_norm_model_is_refused_with_its_reason(tmp_path):
+@pytest.mark.parametrize("key", NORM_FAMILIES)
+def test_edge_faithfulness_runs_where_blocks_normalise_or_scale(family, key):
+    """The faithfulness curve of edge circuits on Gemma-3, OLMo-2 and Granite: its ends are the intact model and the
+    model with every head ablated, and a point is the edge circuit measured on its own."""
+    from gna_interp.circuits.sufficiency import edge_faithfulness
+
+    model = family(key)
+    every = EdgeCircuit(model, _task(), "mean", batch_size=8).wires()
+    fx = edge_faithfulness(model, _task(), every[::-1], sizes=[4], seeds=1, minimality=1, batch_size=8)
+    frame = fx.to_frame()
+    ranked = frame[frame.series == "ranked"].set_index("size")
+    assert ranked.fraction[0] == pytest.approx(0.0) and ranked.fraction[len(every)] == pytest.approx(1.0)
+    assert frame.fraction.notna().all()
+    ec = EdgeCircuit(model, _task(), "mean", batch_size=8)
+    assert ranked.fraction[4] == pytest.approx(fx.fraction(results(ec.run([every[::-1][:4]])[0])), abs=1e-5)
+
+
+def test_a_block_whose_map_is_not_read_is_refused_with_its_reason(tmp_path):
+    """Falcon-H1 adds attention and Mamba-2 side by side, each under its own multiplier: no post-norm or residual
+    multiplier of the bridge reproduces what its blocks add, and the edge circuit says so."""
     from family_matrix import FAMILIES
 
     from gna_interp import load_model
     from gna_interp.errors import UnsupportedArchitectureError
 
-    spec = next(f for f in FAMILIES if f.key == "gemma3")
-    model = load_model(spec.build(tmp_path / "gemma3"), device="cpu")
-    with pytest.raises(UnsupportedArchitectureError, match="normalise or scale"):
+    spec = next(f for f in FAMILIES if f.key == "falcon_h1")
+    model = load_model(spec.build(tmp_path / "falcon_h1"), device="cpu")
+    with pytest.raises(UnsupportedArchitectureError, match="reproduces what it adds"):
         EdgeCircuit(model, _task())
 
 

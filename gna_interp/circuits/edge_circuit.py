@@ -27,9 +27,20 @@ block on stacked copies of the distinct receiver streams, stopped once the input
 each receiver input its channels (receiver inputs that read the same senders at the same positions read the same
 stream and share a copy: leaving one edge out runs two copies at its receiver's layer and one elsewhere); one run of
 the block on the current stream overwrites them, records the heads' outputs and gives the MLP its own input at the
-stream before it (``hook_resid_mid``, which feeds the MLP's norm and not the residual sum). This needs blocks that
-add their mixer's output and their MLP's as is (Llama, GPT-2, Mamba-2, Bamba, ...); a block that normalises or
-scales them first (Gemma-2/3, OLMo-2, Granite) is refused with the reason.
+stream before it (``hook_resid_mid``, which feeds the MLP's norm and not the residual sum).
+
+**Blocks that normalise or scale what they add** (Gemma-2/3 and OLMo-2 post-norms, Granite's residual
+multiplier). Such a block adds ``f(y)`` of its mixers' summed output ``y = Σ_h o_h`` and ``g(m)`` of its MLP's
+output ``m``. Receiver input ``r`` reads from it ``f(Σ_h o_h^r)``, ``o_h^r`` head ``h``'s output where ``h -> r``
+is kept at the position's class and ``ō_h`` where not -- f of the receiver's own combination, not a sum of per-head
+writes. A multiplier is linear (``f(y) = s·y``): the writes ``w_S = s·o_S`` add up as above. A norm is not: with
+``ȳ`` the mixers' output with every head ablated (``B`` holds ``f(ȳ)``), the block adds to ``r``'s stream
+``D_P = f(ȳ + Σ_h (P_h · m) ⊙ (o_h - ō_h)) - f(ȳ)``, ``P`` the input's keep-pattern over the block's heads; many
+inputs share a pattern (every head kept, or none, which adds nothing), and f runs once per distinct pattern of each
+block and batch. An MLP is one sender: ``w_S = g(m)``, ``w̄_S = g(m̄)`` with ``m̄`` its mean or zero output. The maps
+are the bridge's (its ``ln1_post`` / ``ln2_post`` norms, its ``residual_contribution_scale``), checked against what
+every block adds on the first batch; a block they do not reproduce (mixers side by side, each with its own
+multiplier, as in Falcon-H1) is refused with the reason.
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.paths import PathPatcher, linear_write, read_block
+from gna_interp.circuits.paths import PathPatcher, linear_write, read_block, reproduces
 from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import replay
 from gna_interp.errors import InputError, UnsupportedArchitectureError
@@ -50,7 +61,7 @@ from gna_interp.interventions.ablation import AblationMethod, flat_channels, rep
 from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Node, mlp_name, node_kind, read_order, receiver_nodes,
                                      write_order)
 from gna_interp.models.heads import HeadRef
-from gna_interp.models.mixer import InputSite
+from gna_interp.models.mixer import HeadSite, InputSite
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
 from gna_interp.engine.forward import ScoreTable
@@ -158,7 +169,7 @@ class EdgeCircuit:
         self.model, self.method = model, method
         self.pp = PathPatcher(model, task, method, reference, batch_size)
         self.heads = model.heads()
-        self._check_blocks()
+        self.posts = self._check_blocks()
         self.inputs = head_inputs(model)
         self._input_of = {(h.name, i.input): i.name for i in self.inputs for h in i.heads}
         self.senders = [EMBED] + [n for layer in range(model.n_layers)
@@ -170,24 +181,66 @@ class EdgeCircuit:
         self.repl = {r.site.head: r for r in replacements(model, self.heads, method,
                                                            None if method == "zero" else reference)}
         self._means = self._stream_means(reference) if method == "mean" else {}
+        self._bars: dict[str, Tensor] = {}
+        self._layout()
 
     # ---- the graph ------------------------------------------------------------------------
-    def _check_blocks(self) -> None:
+    def _layout(self) -> None:
+        """Per layer: its heads (and their sites), its heads' receiver inputs, its MLP's hooks; per block that
+        normalises its mixers' output (f has a norm): its output projections (``_projections``) and the receiver inputs
+        that read after it (``_after``, whose keys are those blocks); ``_linear``: which senders' writes add up (all
+        but the heads of such blocks; None where that is every sender)."""
         model = self.model
-        as_is = self.pp.adds_as_is()
-        bad = sorted(layer for layer, ok in as_is.items() if not ok)
-        if bad:
-            raise UnsupportedArchitectureError(
-                f"an edge circuit needs blocks that add their mixer's output to the residual stream as is, but block(s) "
-                f"{', '.join(map(str, bad))} of {model.name} normalise or scale it first (a post-norm or a multiplier): "
-                f"there a sender's write along one edge is not separable from the others'; use the node form "
-                f"(gna.faithfulness) or path patching")
+        self._sites = {h: model.head_site(h) for h in self.heads}
+        self._mlp_hooks = {l: (model.mixed_stream_hook(l), model.mlp_hook(l, "out")) for l in range(model.n_layers)
+                           if model.mlp_hook(l, "out")}
+        self._layer_heads: dict[int, list[HeadRef]] = {}
+        self._inputs_at: dict[int, list[_Input]] = {}
+        for h in self.heads:
+            self._layer_heads.setdefault(h.layer, []).append(h)
+        for i in self.inputs:
+            self._inputs_at.setdefault(i.layer, []).append(i)
+        normed = [l for l in self._layer_heads if self.posts[l][0].norm is not None]
+        self._projections = {l: _projections(model, l) for l in normed}
+        self._after = {l: [r for r in self.receivers() if self._reads_at[r] > l] for l in normed}
+        self._linear = None if not normed else torch.tensor(
+            [0.0 if node_kind(s) == "head" and Node.parse(s).layer in self._after else 1.0 for s in self.senders],
+            device=model.device)
+
+    def _check_blocks(self) -> dict[int, tuple[PostMap, PostMap]]:
+        """Per block, its maps from its mixers' summed output and from its MLP's output to the stream
+        (:func:`post_maps`), each checked on the first batch against what the block adds: ``f(y)`` against
+        ``hook_resid_mid - hook_resid_pre``, ``g(m)`` against ``hook_resid_post - hook_resid_mid``. A block they do not
+        reproduce, or whose MLP reads its mixers' output with no hook between them, is refused with the reason."""
+        model = self.model
         for layer in range(model.n_layers):
             if model.mlp_hook(layer, "out") and model.mixed_stream_hook(layer) == model.block_output_hook(layer):
                 raise UnsupportedArchitectureError(
                     f"an edge circuit gives each MLP its own input at the stream before it, but block {layer} of "
                     f"{model.name} has no hook there (its MLP reads the block's input): the MLP input cannot be "
                     f"separated from the mixer's")
+        mixers = {h.layer: [f"{p}.hook_out" for p in _projections(model, h.layer)] for h in self.heads}
+        names = {n for hooks in mixers.values() for n in hooks}
+        for layer in range(model.n_layers):
+            names |= {model.block_input_hook(layer), model.mixed_stream_hook(layer), model.block_output_hook(layer),
+                      model.mlp_hook(layer, "out") or model.block_output_hook(layer)}
+        batch = self.pp.chunks[0].batch
+        _, cache = model.run_with_cache(batch, names_filter=lambda n: n in names)
+        real = batch.attention_mask.bool().to(model.device)
+        maps = {layer: post_maps(model, layer) for layer in range(model.n_layers)}
+        for layer, (f, g) in maps.items():
+            pre, mid = cache[model.block_input_hook(layer)], cache[model.mixed_stream_hook(layer)]
+            out, mlp = cache[model.block_output_hook(layer)], model.mlp_hook(layer, "out")
+            parts = [("mixers'", f, sum(cache[n] for n in mixers[layer]), mid - pre)] if layer in mixers else []
+            parts += [("MLP's", g, cache[mlp], out - mid)] if mlp else []
+            for what, fn, y, added in parts:
+                if not reproduces(fn(y)[real], added[real], model.dtype):
+                    raise UnsupportedArchitectureError(
+                        f"an edge circuit reads how block {layer} of {model.name} adds its {what} output to the "
+                        f"stream -- as is, through the norm after it or times the block's residual multiplier -- but "
+                        f"none of these reproduces what it adds (mixers side by side, each under its own "
+                        f"multiplier?); use the node form (gna.faithfulness) or path patching")
+        return maps
 
     def receivers(self) -> list[str]:
         """Every receiver input's name, in layer order (MLP inputs after their block's heads, the logits last)."""
@@ -272,9 +325,20 @@ class EdgeCircuit:
         mask = batch.attention_mask.bool()
         return {k: cache[h][mask].float().mean(0) for k, h in names.items()}
 
+    def _post(self, sender: str) -> PostMap:
+        """The map from an MLP's output to the stream (its block's ``g``); the identity for the embeddings."""
+        return PostMap() if sender == EMBED else self.posts[Node.parse(sender).layer][1]
+
+    def _ablated(self, sender: str, like: Tensor) -> Tensor:
+        """``w̄_S = g(ȳ)`` of an MLP or the embeddings: its block's map of its mean output (``mean``) or of zero."""
+        if sender not in self._bars:
+            y = self._means[sender] if self.method == "mean" else torch.zeros_like(like[0, 0], dtype=torch.float32)
+            self._bars[sender] = self._post(sender)(y.to(like.device)).float()
+        return self._bars[sender]
+
     def _removed(self, sender: str, y: Tensor) -> Tensor:
-        """``w_S - w̄_S`` of an MLP or the embeddings."""
-        return y - self._means[sender].to(y.device, y.dtype) if self.method == "mean" else y
+        """``w_S - w̄_S = g(y) - g(ȳ)`` of an MLP or the embeddings (``y`` its output in the run)."""
+        return self._post(sender)(y) - self._ablated(sender, y)
 
     def _keep(self, kept: Collection[Wire]) -> dict[str, Tensor]:
         """Per receiver input: ``[senders, 3]`` (which position classes each sender reaches it at); the senders
@@ -293,135 +357,33 @@ class EdgeCircuit:
                 k[self._index[w.sender], CLASSES.index(w.positions)] = 1.0
         return keep
 
-    @staticmethod
-    def _stream(keep: Tensor | None, base: Float[Tensor, "b p d"], deltas: Float[Tensor, "senders b p d"],
-                classes: Float[Tensor, "3 b p"], full: Float[Tensor, "b p d"] | None = None) -> Float[Tensor, "b p d"]:
-        """``B + Σ_{kept} m_c ⊙ (w_S - w̄_S)`` for one receiver input (``deltas``: every sender's ``w_S - w̄_S``
-        so far, in sender order), or, where few edges are left out, ``full - Σ_{left out} m_c ⊙ (w_S - w̄_S)``
-        (``full``: the stream as the run wrote it, every edge kept)."""
-        if keep is None:
-            return base
-        n = deltas.shape[0]
-        keep = keep[:n].to(classes.dtype)
-        rows = keep.any(dim=1).nonzero().flatten()
-        if full is not None:
-            gone = (keep < 1).any(dim=1).nonzero().flatten()
-            if len(gone) < len(rows):
-                if not len(gone):
-                    return full
-                coef = torch.einsum("sc,cbp->sbp", 1 - keep[gone], classes)
-                return full - torch.einsum("sbp,sbpd->bpd", coef, deltas[gone].to(coef.dtype)).to(full.dtype)
-        if len(rows) * 4 < n:  # few senders kept: gather them
-            coef = torch.einsum("sc,cbp->sbp", keep[rows], classes)
-            return base + torch.einsum("sbp,sbpd->bpd", coef, deltas[rows].to(coef.dtype)).to(base.dtype)
-        coef = torch.einsum("sc,cbp->sbp", keep, classes)
-        return base + torch.einsum("sbp,sbpd->bpd", coef, deltas.to(coef.dtype)).to(base.dtype)
-
     def chunk_logprobs(self, index: int, kept: Collection[Wire]) -> Float[Tensor, " n_reads"]:
         """Log-probabilities at the reads of batch ``index`` (``self.pp.chunks[index]``) with only ``kept``
         carrying activations."""
         return self._chunk(index, self._keep(kept))
 
     def _chunk(self, index: int, keep: dict[str, Tensor]) -> Tensor:
-        """Read log-probs of chunk ``index`` with only the kept wires carrying activations."""
+        """Read log-probs of chunk ``index`` with only the kept wires carrying activations: block by block, each
+        receiver input of the block from its own stream (:meth:`_Pass.inputs`), then the block itself
+        (:meth:`_Pass.block`)."""
+        run = _Pass(self, index, keep)
+        for layer in range(self.model.n_layers):
+            run.block(layer, run.inputs(layer))
+        return run.logprobs()
 
-        model, pp = self.model, self.pp
-        chunk, prefix = pp.chunks[index], pp.prefixes.get(index)
-        masks = pp.masks(chunk)
-        classes = torch.stack([masks["items"], masks["decision"] & ~masks["items"], masks["other"]]).float()
-        x = prefix.hidden(0)
-        buf = torch.zeros(len(self.senders), *x.shape, dtype=torch.float32, device=x.device)
-        filled = 1  # senders 0..filled-1 have written: the embeddings first
-        buf[0] = self._removed(EMBED, x)
-        base = x - buf[0].to(x.dtype)
-        b = prefix.batch_size
-        for layer in range(model.n_layers):
-            inputs = [i for i in self.inputs if i.layer == layer]
-            streams: list[Tensor] = []
-            slot: dict[str, int] = {}
-            key_of = {i.name: _stream_key(keep.get(i.name), filled) for i in inputs}
-            for i in inputs:  # receivers that read the same senders at the same positions share one copy
-                if key_of[i.name] not in slot:
-                    slot[key_of[i.name]] = len(streams)
-                    streams.append(self._stream(keep.get(i.name), base, buf[:filled], classes, x))
-            hooks = sorted({s.hook for i in inputs for s in i.sites})
-            got = read_block(model, prefix, layer, hooks, len(streams), hidden=torch.cat(streams)) if hooks else {}
-            put: dict[str, list[tuple[InputSite, Tensor]]] = {}
-            for i in inputs:
-                j = slot[key_of[i.name]]
-                for s in i.sites:
-                    put.setdefault(s.hook, []).append((s, got[s.hook][j * b:(j + 1) * b, :, s.start:s.stop]))
-            layer_heads = [h for h in self.heads if h.layer == layer]
-            zs: dict[HeadRef, Tensor] = {}
-            state: dict[str, Tensor] = {}
-
-            def overwrite(entries: list[tuple[InputSite, Tensor]]) -> Any:
-                def hook(v: Tensor, hook: Any = None) -> Tensor:
-                    out = v.clone(memory_format=torch.contiguous_format)
-                    flat = out.flatten(2) if out.dim() == 4 else out
-                    for s, value in entries:
-                        flat[..., s.start:s.stop] = value.to(flat.dtype)
-                    return out
-                return hook
-
-            def record(head: HeadRef) -> Any:
-                site = model.head_site(head)
-
-                def hook(v: Tensor, hook: Any = None) -> Tensor:
-                    zs[head] = flat_channels(v.detach(), site)[..., site.columns]
-                    return v
-                return hook
-
-            def heads_written(like: Tensor) -> Tensor:
-                """Fill the layer's heads' ``w_S - w̄_S`` into ``buf``; their sum."""
-                for h in layer_heads:
-                    buf[self._index[h.name]] = linear_write(model, self.repl[h], zs[h])
-                rows = [self._index[h.name] for h in layer_heads]
-                return buf[rows].sum(0).to(like.dtype) if rows else torch.zeros_like(like)
-
-            def mid(v: Tensor, hook: Any = None) -> Tensor:
-                state["base"] = base + (v - x) - heads_written(v)
-                n = max(self._index[h.name] for h in layer_heads) + 1 if layer_heads else filled
-                return self._stream(keep.get(mlp_name(layer)), state["base"], buf[:n], classes, v).to(v.dtype)
-
-            def mlp_out(v: Tensor, hook: Any = None) -> Tensor:
-                state["mlp"] = v.detach()
-                return v
-
-            fns = [(name, overwrite(entries)) for name, entries in put.items()]
-            fns += [(model.head_site(h).hook, record(h)) for h in layer_heads]
-            has_mlp = model.mlp_hook(layer, "out") is not None
-            if has_mlp:
-                fns += [(model.mixed_stream_hook(layer), mid), (model.mlp_hook(layer, "out"), mlp_out)]
-            with model.hooks(fns):
-                y = replay(model, prefix, layer, 1, hidden=x, stop=layer + 1)
-            if has_mlp:
-                name = mlp_name(layer)
-                buf[self._index[name]] = self._removed(name, state["mlp"])
-                base = state["base"] + (self._means[name].to(base.dtype) if self.method == "mean" else 0)
-                filled = self._index[name] + 1
-            else:
-                base = base + (y - x) - heads_written(y)
-                filled = max((self._index[h.name] + 1 for h in layer_heads), default=filled)
-            x = y
-        rows, pos, inverse = chunk.reads
-        rows, pos = rows.to(x.device), pos.to(x.device)
-        final = self._stream(keep.get(LOGITS), base, buf[:filled], classes, x)
-        return head_logprobs(output_head(model), final[rows, pos], chunk.read_tok, inverse.to(x.device))
+    def _scores(self, keep: dict[str, Tensor]) -> CandidateScores:
+        """Scores of the task over every chunk with ``keep`` (:meth:`_keep`)."""
+        table = ScoreTable(self.pp.plan)
+        for i, chunk in enumerate(self.pp.chunks):
+            table.add(chunk, self._chunk(i, keep))
+        return table.result()
 
     @torch.no_grad()
     def run(self, sets: Sequence[Collection[Wire]]) -> list[CandidateScores]:
         """Scores of the task with only each element of ``sets`` (a collection of wires) kept."""
         if isinstance(sets, (Wire, str)) or not isinstance(sets, Sequence):
             raise InputError(f"sets must be a list of wire collections, got {type(sets).__name__}")
-        out = []
-        for kept in sets:
-            keep = self._keep(kept)
-            table = ScoreTable(self.pp.plan)
-            for i, chunk in enumerate(self.pp.chunks):
-                table.add(chunk, self._chunk(i, keep))
-            out.append(table.result())
-        return out
+        return [self._scores(self._keep(kept)) for kept in sets]
 
     @torch.no_grad()
     def run_without(self, sets: Sequence[Collection[Wire]]) -> list[CandidateScores]:
@@ -436,16 +398,286 @@ class EdgeCircuit:
                     keep[w.receiver][self._index[w.sender]] = 0.0
                 else:
                     keep[w.receiver][self._index[w.sender], CLASSES.index(w.positions)] = 0.0
-            table = ScoreTable(self.pp.plan)
-            for i, chunk in enumerate(self.pp.chunks):
-                table.add(chunk, self._chunk(i, keep))
-            out.append(table.result())
+            out.append(self._scores(keep))
         return out
 
     def clean(self) -> CandidateScores:
         """Scores of the intact model."""
         return self.pp.clean()
 
+
+@dataclass(frozen=True)
+class PostMap:
+    """What a block adds to the stream of one part's output ``y`` (its mixers' summed output, or its MLP's):
+    ``f(y) = scale · norm(y)``, ``scale · y`` without a norm (the identity where the block adds ``y`` as is)."""
+
+    norm: torch.nn.Module | None = None
+    scale: float = 1.0
+
+    def __call__(self, y: Tensor) -> Tensor:
+        """``f(y)``."""
+        out = y if self.norm is None else self.norm(y)
+        return out if self.scale == 1.0 else out * self.scale
+
+
+def post_maps(model: Model, layer: int) -> tuple[PostMap, PostMap]:
+    """The maps of block ``layer`` from its mixers' output (``f``) and from its MLP's (``g``) to the stream, as its
+    bridge declares them: the norm after each (``ln1_post`` / ``ln2_post``: Gemma-2/3, OLMo-2) times the block's
+    residual scale (``residual_contribution_scale``: Granite)."""
+    scale = float(getattr(model.component(f"blocks.{layer}"), "residual_contribution_scale", 1.0))
+
+    def norm(name: str) -> torch.nn.Module | None:
+        path = f"blocks.{layer}.{name}"
+        return model.hf_module(path) if model.has_hook(f"{path}.hook_out") else None
+
+    return PostMap(norm("ln1_post"), scale), PostMap(norm("ln2_post"), scale)
+
+
+def _projections(model: Model, layer: int) -> list[str]:
+    """The bridge paths of block ``layer``'s mixers' output projections (whose output comes before any post-norm or
+    scale); :class:`UnsupportedArchitectureError` where the bridge has no hook on one of them."""
+    out = []
+    for spec in (s for s in model.layers if s.layer == layer and s.supported):
+        name = model.mixer_output_hook(layer, spec.kind)
+        if name is None:
+            raise UnsupportedArchitectureError(
+                f"an edge circuit reads what block {layer} of {model.name} adds off its {spec.kind} mixer's output, "
+                f"but the bridge has no hook on that mixer's output projection ({spec.hf_class})")
+        out.append(name.rsplit(".", 1)[0])
+    return out
+
+
+def _pattern(keep: Tensor | None, rows: list[int]) -> bytes | None:
+    """A receiver input's keep-pattern over the senders ``rows`` (which of them reach it at which position class);
+    None where it keeps none of them."""
+    if keep is None:
+        return None
+    part = keep[rows].to(torch.bool)
+    return part.numpy().tobytes() if bool(part.any()) else None
+
+
+@dataclass
+class _Table:
+    """One block that normalises its mixers' summed output before adding it (``f``), per keep-pattern ``P`` over
+    its heads (the senders ``rows``): what it adds to a stream beyond ``f(ȳ)``,
+    ``D_P = f(ȳ + Σ_h (P_h · classes) ⊙ δ_h) - f(ȳ)`` (``ȳ``: its mixers' output with every head ablated,
+    ``δ_h = o_h - ō_h``); ``every``: the pattern of every head kept."""
+
+    rows: list[int]
+    delta: dict[bytes, Tensor]
+    every: bytes
+
+    def term(self, keep: Tensor | None, full: bool) -> Tensor | None:
+        """What the block adds to the stream of a receiver input that keeps ``keep``, beyond its part of the stream
+        with every sender ablated (``D_P``) or, with ``full``, of the run's own stream (``D_P - D_every``); None
+        for nothing."""
+        key = _pattern(keep, self.rows)
+        if full:
+            return None if key == self.every else (0 if key is None else self.delta[key]) - self.delta[self.every]
+        return None if key is None else self.delta[key]
+
+
+class _Pass:
+    """One chunk's forward under one circuit (``keep``: :meth:`EdgeCircuit._keep`), block by block. ``x``: the run's
+    own stream (every edge kept); ``base``: the stream with every sender ablated (``B``); ``buf[S]``: ``w_S - w̄_S``
+    of the senders that have written and add linearly (the first ``filled`` senders, in sender order; zero rows for
+    the heads of a normalising block); ``tables``: the normalising blocks' :class:`_Table`."""
+
+    def __init__(self, ec: EdgeCircuit, index: int, keep: dict[str, Tensor]) -> None:
+        self.ec, self.keep = ec, keep
+        self.chunk, self.prefix = ec.pp.chunks[index], ec.pp.prefixes.get(index)
+        masks = ec.pp.masks(self.chunk)
+        self.classes = torch.stack([masks["items"], masks["decision"] & ~masks["items"], masks["other"]]).float()
+        self.x = self.prefix.hidden(0)
+        self.buf = torch.zeros(len(ec.senders), *self.x.shape, dtype=torch.float32, device=self.x.device)
+        self.buf[0] = ec._removed(EMBED, self.x)
+        self.base = self.x - self.buf[0].to(self.x.dtype)
+        self.filled, self.tables = 1, []
+
+    def stream(self, name: str, n: int, full: Tensor) -> Tensor:
+        """Receiver input ``name``'s stream from the first ``n`` senders and the tables so far:
+        ``B + Σ_{kept} m_c ⊙ δ_S + Σ_blocks D_P``, or, where fewer linear senders are left out than kept,
+        ``full - Σ_{left out} m_c ⊙ δ_S + Σ_blocks (D_P - D_every)`` (``full``: the stream as the run wrote it)."""
+        keep = self.keep.get(name)
+        if keep is None:
+            return self.base
+        k = keep[:n].to(self.classes.device, self.classes.dtype)
+        linear = self.ec._linear
+        kept = k if linear is None else k * linear[:n, None]
+        left = 1 - k if linear is None else (1 - k) * linear[:n, None]
+        rows, gone = kept.any(dim=1).nonzero().flatten(), left.any(dim=1).nonzero().flatten()
+        full_form = len(gone) < len(rows)
+        if full_form:
+            out = full - self._sum(left, gone, full.dtype) if len(gone) else full
+        else:
+            out = self.base + self._sum(kept, rows if len(rows) * 4 < n else None, self.base.dtype)
+        for t in self.tables:
+            term = t.term(keep, full_form)
+            out = out if term is None else out + term.to(out.dtype)
+        return out
+
+    def _sum(self, k: Tensor, rows: Tensor | None, dtype: torch.dtype) -> Tensor:
+        """``Σ_S (k_S · classes) ⊙ buf[S]`` over the senders ``rows`` (all of the first ``len(k)`` where None)."""
+        k, deltas = (k, self.buf[:k.shape[0]]) if rows is None else (k[rows], self.buf[rows])
+        coef = torch.einsum("sc,cbp->sbp", k, self.classes)
+        return torch.einsum("sbp,sbpd->bpd", coef, deltas.to(coef.dtype)).to(dtype)
+
+    def inputs(self, layer: int) -> dict[str, list[tuple[InputSite, Tensor]]]:
+        """Per input hook of block ``layer``, each receiver input's channels there computed from its own stream: one
+        run of the block on the distinct streams stacked, stopped once the input projections have fired (receiver
+        inputs with equal keys (:func:`_stream_key`) read one copy)."""
+        ec, b = self.ec, self.prefix.batch_size
+        inputs = ec._inputs_at.get(layer, [])
+        hooks = sorted({s.hook for i in inputs for s in i.sites})
+        if not hooks:
+            return {}
+        streams: list[Tensor] = []
+        slot: dict[bytes, int] = {}
+        where = {}
+        for i in inputs:
+            key = _stream_key(self.keep.get(i.name), self.filled)
+            if key not in slot:
+                slot[key] = len(streams)
+                streams.append(self.stream(i.name, self.filled, self.x))
+            where[i.name] = slot[key]
+        got = read_block(ec.model, self.prefix, layer, hooks, len(streams), hidden=torch.cat(streams))
+        put: dict[str, list[tuple[InputSite, Tensor]]] = {}
+        for i in inputs:
+            j = where[i.name]
+            for s in i.sites:
+                put.setdefault(s.hook, []).append((s, got[s.hook][j * b:(j + 1) * b, :, s.start:s.stop]))
+        return put
+
+    def block(self, layer: int, put: dict[str, list[tuple[InputSite, Tensor]]]) -> None:
+        """Run block ``layer`` on ``x`` with its heads' input channels overwritten (``put``), its heads' and mixers'
+        outputs recorded and its MLP reading its own stream at the stream before it (:meth:`mixed` moves past the
+        mixers there); then move past the MLP: its ``w_S - w̄_S`` into ``buf``, its ``w̄_S`` into ``B``."""
+        ec, model = self.ec, self.ec.model
+        zs: dict[HeadRef, Tensor] = {}
+        ios: dict[str, Tensor] = {}
+        got: dict[str, Tensor] = {}
+
+        def mid(v: Tensor, hook: Any = None) -> Tensor:
+            self.mixed(layer, v, zs, ios)
+            return self.stream(mlp_name(layer), self.filled, v).to(v.dtype)
+
+        def mlp_out(v: Tensor, hook: Any = None) -> Tensor:
+            got["mlp"] = v.detach()
+            return v
+
+        heads = ec._layer_heads.get(layer, [])
+        fns = _recording({h: ec._sites[h] for h in heads}, zs, ios, ec._projections.get(layer, []))
+        fns += [(name, _overwrite(entries)) for name, entries in put.items()]
+        if layer in ec._mlp_hooks:
+            fns += list(zip(ec._mlp_hooks[layer], (mid, mlp_out)))
+        with model.hooks(fns):
+            y = replay(model, self.prefix, layer, 1, hidden=self.x, stop=layer + 1)
+        if layer in ec._mlp_hooks:
+            name = mlp_name(layer)
+            self.buf[ec._index[name]] = ec._removed(name, got["mlp"])
+            self.base = self.base + ec._ablated(name, got["mlp"]).to(self.base.dtype)
+            self.filled = ec._index[name] + 1
+        else:
+            self.mixed(layer, y, zs, ios)
+        self.x = y
+
+    def mixed(self, layer: int, v: Tensor, zs: dict[HeadRef, Tensor], ios: dict[str, Tensor]) -> None:
+        """Move past block ``layer``'s mixers (``v``: the run's stream once they have written; ``zs``: the heads'
+        channels; ``ios``: its output projections' inputs and outputs where it normalises them). Where the block adds
+        ``f(y) = s·y``: each head's ``δ_h = f(o_h - ō_h)`` into ``buf``, and ``B += f(ȳ) = (v - x) - Σ_h δ_h``;
+        where f normalises: ``B += f(ȳ)`` (:meth:`_all_ablated`) and the block's :class:`_Table`."""
+        ec = self.ec
+        heads = ec._layer_heads.get(layer, [])
+        f = ec.posts[layer][0]
+        rows = [ec._index[h.name] for h in heads]
+        deltas = [linear_write(ec.model, ec.repl[h], zs[h]) for h in heads]
+        self.filled = max(rows, default=self.filled - 1) + 1
+        if layer not in ec._after:  # f is linear
+            for r, d in zip(rows, deltas):
+                self.buf[r] = f(d)
+            self.base = self.base + (v - self.x) - (self.buf[rows].sum(0).to(v.dtype) if rows else 0)
+            return
+        delta = torch.stack(deltas).float()
+        y = sum(ios[f"{path}.hook_out"] for path in ec._projections[layer]).float()
+        bar = self._all_ablated(layer, ios)
+        f_bar = f(bar).float()
+        self.tables.append(self._table(layer, rows, delta, y, bar, f_bar))
+        self.base = self.base + f_bar.to(self.base.dtype)
+
+    def _all_ablated(self, layer: int, ios: dict[str, Tensor]) -> Tensor:
+        """``ȳ``: block ``layer``'s mixers' summed output with every head ablated -- each output projection run on its
+        input with every head's channels replaced (exact where ``y - Σ_h (o_h - ō_h)`` would leave rounding noise
+        for the norm to blow up, as zero ablation's ``ȳ = 0``)."""
+        ec, total = self.ec, torch.zeros(())
+        for path in ec._projections[layer]:
+            z = ios[f"{path}.hook_in"].flatten(2).clone()  # [b, p, heads, d] at some bridges' hook
+            for h in ec._layer_heads[layer]:
+                site = ec._sites[h]
+                if site.hook == f"{path}.hook_in":
+                    value = ec.repl[h].value(z.shape[0], z.shape[1])
+                    value = value.to(z.device, z.dtype) if isinstance(value, Tensor) else value
+                    flat_channels(z, site)[..., site.columns] = value
+            total = total + ec.model.hf_module(path)(z).float()
+        return total
+
+    def _table(self, layer: int, rows: list[int], delta: Tensor, y: Tensor, bar: Tensor, f_bar: Tensor) -> _Table:
+        """The :class:`_Table` of block ``layer`` (its heads ``rows``, their ``δ_h`` stacked, its mixers' output ``y``
+        in the run and ``ȳ`` with every head ablated): ``D_P`` for each distinct pattern of the receiver inputs that
+        read after the block, f run once per pattern (in stacks of 32)."""
+        f = self.ec.posts[layer][0]
+        every = torch.ones(len(rows), len(CLASSES), dtype=torch.bool).numpy().tobytes()
+        table = _Table(rows, {every: f(y).float() - f_bar}, every)
+        wanted: dict[bytes, Tensor] = {}
+        for r in self.ec._after[layer]:
+            key = _pattern(self.keep.get(r), rows)
+            if key is not None and key not in table.delta:
+                wanted.setdefault(key, self.keep[r][rows])
+        keys = list(wanted)
+        for s in range(0, len(keys), 32):
+            part = torch.stack([wanted[k] for k in keys[s:s + 32]]).to(self.classes.device, self.classes.dtype)
+            coef = torch.einsum("phc,cbq->phbq", part, self.classes)
+            mixed = bar + torch.einsum("phbq,hbqd->pbqd", coef, delta)
+            table.delta.update(zip(keys[s:s + 32], f(mixed).float() - f_bar))
+        return table
+
+    def logprobs(self) -> Tensor:
+        """Read log-probs of the chunk from the logits' stream."""
+        rows, pos, inverse = self.chunk.reads
+        dev = self.x.device
+        final = self.stream(LOGITS, self.filled, self.x)
+        return head_logprobs(output_head(self.ec.model), final[rows.to(dev), pos.to(dev)], self.chunk.read_tok,
+                             inverse.to(dev))
+
+
+def _overwrite(entries: list[tuple[InputSite, Tensor]]) -> Any:
+    """A hook that writes each ``(site, value)`` of ``entries`` into its channels of the hook's value."""
+    def hook(v: Tensor, hook: Any = None) -> Tensor:
+        out = v.clone(memory_format=torch.contiguous_format)
+        flat = out.flatten(2) if out.dim() == 4 else out
+        for s, value in entries:
+            flat[..., s.start:s.stop] = value.to(flat.dtype)
+        return out
+    return hook
+
+
+def _recording(sites: dict[HeadRef, HeadSite], zs: dict[HeadRef, Tensor], ios: dict[str, Tensor],
+               projections: list[str]) -> list[tuple[str, Any]]:
+    """Hooks that record the channels of each head of ``sites`` into ``zs`` and the input and output of each of
+    ``projections`` (bridge paths) into ``ios``, by hook name."""
+    def record(head: HeadRef, site: HeadSite) -> Any:
+        def hook(v: Tensor, hook: Any = None) -> Tensor:
+            zs[head] = flat_channels(v.detach(), site)[..., site.columns]
+            return v
+        return hook
+
+    def keep(name: str) -> Any:
+        def hook(v: Tensor, hook: Any = None) -> Tensor:
+            ios[name] = v.detach()
+            return v
+        return hook
+
+    names = [f"{p}.hook_{end}" for p in projections for end in ("in", "out")]
+    return [(site.hook, record(h, site)) for h, site in sites.items()] + [(name, keep(name)) for name in names]
 
 
 def whole_circuit(fx: Any, scores: dict[Wire, float] | None = None, roles: dict[str, str] | None = None,

@@ -166,6 +166,15 @@ def linear_write(model: Model, r: Replacement, z: Float[Tensor, "b p w"]) -> Flo
     return delta.to(w.dtype) @ w.T
 
 
+def reproduces(value: Tensor, added: Tensor, dtype: torch.dtype) -> bool:
+    """Whether ``value`` is what a block ``added`` to the stream, up to the rounding of the residual sum in ``dtype``:
+    ``|value - added| <= atol + 1e-3 |added|``, ``atol`` 1e-4 of the largest ``|added|`` (at least 1) in single or
+    double precision, 16 units in the last place of it in half precision."""
+    scale = max(1.0, float(added.abs().max())) if added.numel() else 1.0
+    atol = 1e-4 * scale if dtype in (torch.float32, torch.float64) else 16 * torch.finfo(dtype).eps * scale
+    return bool(torch.allclose(value.float(), added.float(), atol=atol, rtol=1e-3))
+
+
 def check_edge(model: Model, edge: Edge) -> Edge:
     """``edge`` with its heads validated against ``model`` (the edge's own meaning is checked when it is made);
     :class:`InputError` / :class:`HeadError` saying what is wrong otherwise."""
@@ -320,10 +329,7 @@ class PathPatcher(PlanRunner):
         as_is = False
         out = values.get(_write_key(layer, mixers[0].kind)) if len(mixers) == 1 else None
         if out is not None:
-            scale = max(1.0, float(added.abs().max()))
-            dtype = self.model.dtype  # half precision rounds the residual sum: 16 units in the last place of its scale
-            atol = 1e-4 * scale if dtype in (torch.float32, torch.float64) else 16 * torch.finfo(dtype).eps * scale
-            as_is = bool(torch.allclose(out.float(), added.float(), atol=atol, rtol=1e-3))
+            as_is = reproduces(out, added, self.model.dtype)
         self._as_is[layer] = as_is
 
     def _exact_writes(self, prefix: Prefix, layer: int, senders: list[HeadRef]
