@@ -219,7 +219,7 @@ class EdgeCircuit:
                     f"an edge circuit gives each MLP its own input at the stream before it, but block {layer} of "
                     f"{model.name} has no hook there (its MLP reads the block's input): the MLP input cannot be "
                     f"separated from the mixer's")
-        mixers = {h.layer: [f"{p}.hook_out" for p in _projections(model, h.layer)] for h in self.heads}
+        mixers = {h.layer: [model.io_hook(p, "out") for p in _projections(model, h.layer)] for h in self.heads}
         names = {n for hooks in mixers.values() for n in hooks}
         for layer in range(model.n_layers):
             names |= {model.block_input_hook(layer), model.mixed_stream_hook(layer), model.block_output_hook(layer),
@@ -424,13 +424,7 @@ def post_maps(model: Model, layer: int) -> tuple[PostMap, PostMap]:
     """The maps of block ``layer`` from its mixers' output (``f``) and from its MLP's (``g``) to the stream, as its
     bridge declares them: the norm after each (``ln1_post`` / ``ln2_post``: Gemma-2/3, OLMo-2) times the block's
     residual scale (``residual_contribution_scale``: Granite)."""
-    scale = float(getattr(model.component(f"blocks.{layer}"), "residual_contribution_scale", 1.0))
-
-    def norm(name: str) -> torch.nn.Module | None:
-        path = f"blocks.{layer}.{name}"
-        return model.hf_module(path) if model.has_hook(f"{path}.hook_out") else None
-
-    return PostMap(norm("ln1_post"), scale), PostMap(norm("ln2_post"), scale)
+    return PostMap(*model.post_map(layer, "attn")), PostMap(*model.post_map(layer, "mlp"))
 
 
 def _projections(model: Model, layer: int) -> list[str]:
@@ -598,7 +592,7 @@ class _Pass:
             self.base = self.base + (v - self.x) - (self.buf[rows].sum(0).to(v.dtype) if rows else 0)
             return
         delta = torch.stack(deltas).float()
-        y = sum(ios[f"{path}.hook_out"] for path in ec._projections[layer]).float()
+        y = sum(ios[ec.model.io_hook(path, "out")] for path in ec._projections[layer]).float()
         bar = self._all_ablated(layer, ios)
         f_bar = f(bar).float()
         self.tables.append(self._table(layer, rows, delta, y, bar, f_bar))
@@ -610,10 +604,11 @@ class _Pass:
         for the norm to blow up, as zero ablation's ``ȳ = 0``)."""
         ec, total = self.ec, torch.zeros(())
         for path in ec._projections[layer]:
-            z = ios[f"{path}.hook_in"].flatten(2).clone()  # [b, p, heads, d] at some bridges' hook
+            hook_in = ec.model.io_hook(path, "in")
+            z = ios[hook_in].flatten(2).clone()  # [b, p, heads, d] at some bridges' hook
             for h in ec._layer_heads[layer]:
                 site = ec._sites[h]
-                if site.hook == f"{path}.hook_in":
+                if site.hook == hook_in:
                     value = ec.repl[h].value(z.shape[0], z.shape[1])
                     value = value.to(z.device, z.dtype) if isinstance(value, Tensor) else value
                     flat_channels(z, site)[..., site.columns] = value
@@ -676,7 +671,7 @@ def _recording(sites: dict[HeadRef, HeadSite], zs: dict[HeadRef, Tensor], ios: d
             return v
         return hook
 
-    names = [f"{p}.hook_{end}" for p in projections for end in ("in", "out")]
+    names = [Model.io_hook(p, end) for p in projections for end in ("in", "out")]
     return [(site.hook, record(h, site)) for h, site in sites.items()] + [(name, keep(name)) for name in names]
 
 

@@ -1028,6 +1028,20 @@ class Model:
                 out.append(layer)
         return out
 
+    @staticmethod
+    def io_hook(path: str, where: str) -> str:
+        """The hook on the input (``where="in"``) or the output (``"out"``) of the bridge component at ``path``."""
+        return f"{path}.hook_{where}"
+
+    def post_map(self, layer: int, part: str) -> tuple[torch.nn.Module | None, float]:
+        """What block ``layer`` applies to its mixers' (``part="attn"``) or its MLP's (``"mlp"``) summed output before
+        adding it to the residual stream: the norm after it (Gemma-2/3 and OLMo-2's ``ln1_post`` / ``ln2_post``; None
+        where there is none) and the block's residual scale (Granite's multiplier; 1.0 where there is none)."""
+        block = f"blocks.{layer}"
+        scale = float(getattr(self.component(block), "residual_contribution_scale", 1.0))
+        path = f"{block}.{'ln1_post' if part == 'attn' else 'ln2_post'}"
+        return (self.hf_module(path) if self.has_hook(self.io_hook(path, "out")) else None), scale
+
     def mlp_hook(self, layer: int, where: str) -> str | None:
         """Hook ``where`` (``in`` or ``out``) of block ``layer``'s MLP, or None when the block has none."""
         name = f"blocks.{layer}.mlp.hook_{where}"
