@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -101,3 +103,28 @@ class held_lock:
     def __exit__(self, *exc) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+def tiny_llama(**changes: int) -> Any:
+    """A tiny random Llama of the tiny family's shape (hidden 64, 4 heads of 16, 2 KV heads, 3 layers) with
+    ``changes``, as a plain Hugging Face model."""
+    import torch
+    import transformers as T
+
+    shape = dict(vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return T.LlamaForCausalLM(T.LlamaConfig(**{**shape, **changes})).eval()
+
+
+@contextlib.contextmanager
+def no_forward(m: Any) -> Iterator[None]:
+    """Inside the block a forward of the model ``m`` fails the test (a refusal must come before it)."""
+    def fail(*_: Any) -> None:
+        raise AssertionError("a forward ran before the refusal")
+
+    handle = m.hf_model.register_forward_pre_hook(fail)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -20,15 +20,7 @@ from gna_interp.models.tiny import build_tiny
 needs_zoo = pytest.mark.skipif("transformer-kv" not in zoo_names(), reason="the zoo Transformer is not installed")
 
 
-def _llama(**changes: int) -> torch.nn.Module:
-    """A tiny random Llama: the tiny family's shape (hidden 64, 4 heads of 16, 2 KV heads, 3 layers) with
-    ``changes``."""
-    import transformers as T
-
-    shape = dict(vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    return T.LlamaForCausalLM(T.LlamaConfig(**{**shape, **changes})).eval()
+from made_up import tiny_llama as _llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,13 @@ result checked against an independent computation; and no file or link outside t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pandas as pd
 import pytest
@@ -26,7 +25,7 @@ from gna_interp.circuits.interactions import Interactions
 from gna_interp.circuits.paths import Edge, PathEffects
 from gna_interp.circuits.sufficiency import Faithfulness
 from gna_interp.cli import main
-from gna_interp.errors import GnaError, HeadError, InputError, OptionError
+from gna_interp.errors import GnaError, HeadError, InputError
 from gna_interp.models.handoff import Address, ablated_modules, ablation_hooks, edge_addresses, head_addresses
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import TokenBatch
@@ -697,15 +696,7 @@ def test_a_whole_circuit_far_outside_its_interval_is_refused(done, tmp_path):
 
 # ---- 3. the hand-off --------------------------------------------------------------------------------------------
 
-def _llama(**changes: int) -> torch.nn.Module:
-    """A tiny random Llama of the tiny family's shape (hidden 64, 4 heads of 16, 2 KV heads, 3 layers) with
-    ``changes``."""
-    import transformers as T
-
-    shape = dict(vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    return T.LlamaForCausalLM(T.LlamaConfig(**{**shape, **changes})).eval()
+from made_up import tiny_llama as _llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -914,16 +905,7 @@ def prompt(zoo) -> str:
     return f"{a}:12\n{b}:7\n{a}:"
 
 
-@contextlib.contextmanager
-def _no_forward(m: gna.Model) -> Iterator[None]:
-    def fail(*_a: Any) -> None:
-        raise AssertionError("a forward ran before the refusal")
-
-    handle = m.hf_model.register_forward_pre_hook(fail)
-    try:
-        yield
-    finally:
-        handle.remove()
+from made_up import no_forward as _no_forward  # noqa: E402
 
 
 def _ids(m: gna.Model, text: str) -> torch.Tensor:

@@ -3,9 +3,6 @@ what TransformerLens documents and refuse anything else with a GnaError naming t
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
 import pytest
 import torch
 
@@ -29,17 +26,7 @@ def texts(m: Model) -> list[str]:
     return [f"{a}:12\n{b}:7\n{c}:3\n{a}:", f"{b}:5\n{b}:"]
 
 
-@contextlib.contextmanager
-def no_forward(m: Model) -> Iterator[None]:
-    """Inside the block a forward of the model fails the test (a refusal must come before it)."""
-    def fail(*_):
-        raise AssertionError("a forward ran before the refusal")
-
-    handle = m.hf_model.register_forward_pre_hook(fail)
-    try:
-        yield
-    finally:
-        handle.remove()
+from made_up import no_forward  # noqa: E402
 
 
 def refused(m: Model, call, match: str, error: type[Exception] = InputError) -> None:
