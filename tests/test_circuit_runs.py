@@ -232,3 +232,21 @@ def test_an_edge_whose_effect_lies_far_outside_its_interval_is_refused(tiny_mode
     with pytest.raises(InputError, match="far outside its own interval"):
         Circuit.load(bad)
     assert main(["report", str(bad)]) == 2
+
+
+def test_a_finished_folder_reads_back_as_one_result(done, scan, tmp_path):
+    """Sufficiency.load: the folder's curves, screen and edge curve as the run wrote them; its table holds both
+    curves; its display names the smallest circuits; a folder with no finished stage is refused."""
+    from gna_interp.experiments.sufficiency_run import Sufficiency
+
+    res = Sufficiency.load(done)
+    assert res.faithfulness.to_frame().equals(Faithfulness.load(done).to_frame())
+    assert res.screen is not None and len(res.screen.table) and res.edge_faithfulness is not None
+    assert res.screen.agreement().loc["all", "n"] == res.screen.verified().shape[0]
+    frame = res.to_frame()
+    assert set(frame["unit"]) == {"heads", "edges"} and len(frame) == len(res.faithfulness.to_frame()) + len(
+        res.edge_faithfulness.to_frame())
+    html = res._repr_html_()
+    assert "smallest ranked circuit" in html and "<script" not in html
+    with pytest.raises(InputError, match="does not exist"):
+        Sufficiency.load(tmp_path)

@@ -151,6 +151,46 @@ class Sufficiency:
     written: list[Path] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
 
+    @classmethod
+    def load(cls, folder: str | Path) -> "Sufficiency":
+        """What the ``gna circuit`` folder ``folder`` holds: the stages its ``circuit_run.json`` lists as done, each
+        read back (an :class:`InputError` naming the file that is gone or damaged)."""
+        import pandas as pd
+
+        from gna_interp.circuits.edge_screen import EdgeScreen
+        from gna_interp.circuits.sufficiency import Faithfulness
+
+        out = as_path(folder, "Sufficiency.load's folder")
+        stages = read_json(out / RUN_JSON, "circuit_run").get("stages")
+        done = stages if isinstance(stages, dict) else {}
+        if "faithfulness" not in done:
+            raise InputError(f"{str(out)!r} holds no finished gna circuit stage; run `gna circuit SCAN --out {out}`")
+        res = cls(Faithfulness.load(out / FAITHFULNESS_JSON))
+        if "edges" in done:
+            res.edges, res.roles = pd.read_csv(out / EDGES_CSV), pd.read_csv(out / ROLES_CSV)
+        if "screen" in done:
+            res.screen = EdgeScreen(pd.read_csv(out / EDGE_SCREEN_CSV), _screen_intact(done["screen"], out))
+        if isinstance(done.get("edge_circuits"), dict) and done["edge_circuits"].get("made"):
+            res.edge_faithfulness = Faithfulness.load(out / f"{EDGE_FAITHFULNESS}.json")
+        return res
+
+    def to_frame(self) -> "pd.DataFrame":
+        """The node curve's points and, where measured, the edge curve's, one row each (column ``unit``: heads or
+        edges; the rest as :meth:`Faithfulness.to_frame <gna_interp.circuits.sufficiency.Faithfulness.to_frame>`)."""
+        import pandas as pd
+
+        curves = [c for c in (self.faithfulness, self.edge_faithfulness) if c is not None]
+        return pd.concat([c.to_frame().assign(unit=c.unit) for c in curves], ignore_index=True)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: the node and edge curves' reports' headlines, every text escaped."""
+        from gna_interp import html_repr
+
+        lines = [ln[2:] for c in (self.faithfulness, self.edge_faithfulness) if c is not None
+                 for ln in c.report().split("\n\n| size")[0].splitlines() if ln.startswith("- ")]
+        return html_repr.block([html_repr.title("gna circuit: whether the circuit suffices"),
+                                html_repr.bullets(lines)])
+
 
 class _RunLog:
     """``circuit_run.json``: the scan run read, the settings and the stages done (with what each needs to be read
