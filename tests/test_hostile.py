@@ -67,7 +67,7 @@ def hostile_pages(tiny_models, tmp_path_factory) -> dict[str, Path]:
     of the same tokens."""
     from made_up import write_scan_folder
 
-    from gna_interp.circuits.views import CardViews
+    from gna_interp.circuits.search.views import CardViews
     from gna_interp.report import build_report
     from gna_interp.viz import patterns_page
 
@@ -143,7 +143,7 @@ def _interrupt_at(patch: str, argv: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_ctrl_c_while_the_commands_import_is_one_line(tmp_path):
-    proc = _interrupt_at("import gna_interp.cli as cli\ncli._load_command_modules = interrupt\n",
+    proc = _interrupt_at("import gna_interp.cli.parser as cli\ncli._load_command_modules = interrupt\n",
                          ["patterns", "--prompt", "x", "--out", str(tmp_path / "p.html")])
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr == "gna: interrupted\n" and proc.stdout == ""
