@@ -22,10 +22,10 @@ Rows (each in a process of its own, ``benchmarks/peers_worker.py``, so that peak
   ``peers_worker.py``);
 - edge rows (Llama models; ``benchmarks/peers_autocircuit.py``): edge attribution over the whole graph (embeddings,
   heads, MLPs -> each head's q/k/v, each MLP's input, the logits), zero ablation, the logit difference of the gold
-  candidate and the intact model's best other one: ``gna edge screen`` (:func:`gna_interp.circuits.edge_screen.
+  candidate and the intact model's best other one: ``gna edge screen`` (:func:`gna_interp.circuits.edges.edge_screen.
   screen_edges` with ``verify=0``, EAP and EAP-IG with ``--ig-steps``) against auto-circuit's
   ``mask_gradient_prune_scores`` (``mask_val=0`` and ``integrated_grad_samples``) on the same token ids, then each
-  edge left out alone by both (:meth:`gna_interp.circuits.edge_circuit.EdgeCircuit.run_without`, auto-circuit's
+  edge left out alone by both (:meth:`gna_interp.circuits.edges.edge_circuit.EdgeCircuit.run_without`, auto-circuit's
   ``patch_mode``): every edge up to ``--edge-exact``, else the screens' strongest. Our scores are summed over the
   position classes (auto-circuit's edges cover every position at once).
 
@@ -87,7 +87,7 @@ LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "Transfo
 PATTERNS = ("gna-patterns", "tl-cache-plain", "tl-cache-best")
 MAMBA_TOOLS = ("gna-exact", "gna-auto", "tl-plain", "nnsight-plain", "pyvene-plain")
 ATTRIBUTION = ("gna-attribution", "tl-attr", "nnsight-attr")  # estimates: compared with gna attribution
-# edge attribution over the whole graph (ours: gna_interp.circuits.edge_screen; auto-circuit in its own environment)
+# edge attribution over the whole graph (ours: gna_interp.circuits.edges.edge_screen; auto-circuit in its own environment)
 AC_PINS = ["transformers==4.57.6", "transformer-lens==2.18.0", "auto-circuit==1.0.1", "pyarrow==21.0.0"]
 AC_TOOLS = ("ac-eap", "ac-eapig", "ac-exact")
 EDGE_TOOLS = ("gna-eap", "gna-eapig", "gna-edge-exact") + AC_TOOLS
@@ -333,8 +333,8 @@ def exact_items(model: Any, screens: list[dict[str, float]], limit: int) -> dict
     one receiver, ``S -> L5H0+L5H1+L5H2.k``), each with its wires (every position class) and the per-head edges it
     covers (auto-circuit's, whose K and V inputs are one per query head): every edge up to ``limit``, else the
     union of each screen's strongest by |score| (a group scored by the sum over its heads)."""
-    from gna_interp.circuits.edge_circuit import Wire, head_inputs
-    from gna_interp.models.graph import CLASSES
+    from gna_interp.circuits.edges.edge_circuit import head_inputs
+    from gna_interp.models.graph import CLASSES, Edge
 
     group: dict[str, tuple[str, list[str]]] = {}
     for inp in head_inputs(model, skip=True):
@@ -346,7 +346,7 @@ def exact_items(model: Any, screens: list[dict[str, float]], limit: int) -> dict
         name, members = group.get(receiver, (receiver, [receiver]))
         ikey = f"{sender} -> {name}"
         if ikey not in items:
-            wires = [Wire(sender, name, "all")] if name == "logits" else [Wire(sender, name, c) for c in CLASSES]
+            wires = [Edge.at(sender, name, "all")] if name == "logits" else [Edge.at(sender, name, c) for c in CLASSES]
             items[ikey] = (wires, [f"{sender} -> {m}" for m in members])
     if len(items) <= limit:
         return items
@@ -360,12 +360,12 @@ def exact_items(model: Any, screens: list[dict[str, float]], limit: int) -> dict
 def edge_rows(model: Any, task: Any, tools: list[str], args: argparse.Namespace, tmp: Path, batch: int,
               ac_py: Path | None, why: str) -> list[dict]:
     """Edge attribution of the whole graph (zero ablation, the logit difference): our screen
-    (:func:`~gna_interp.circuits.edge_screen.screen_edges`, ``verify=0``: the estimates alone; EAP and EAP-IG) and
+    (:func:`~gna_interp.circuits.edges.edge_screen.screen_edges`, ``verify=0``: the estimates alone; EAP and EAP-IG) and
     auto-circuit's ``mask_gradient_prune_scores`` on the same token ids, then each edge of :func:`exact_items` left
-    out alone by both (our :meth:`~gna_interp.circuits.edge_circuit.EdgeCircuit.run_without`, auto-circuit's
+    out alone by both (our :meth:`~gna_interp.circuits.edges.edge_circuit.EdgeCircuit.run_without`, auto-circuit's
     ``patch_mode``). Ours run in this process after a warm-up on two prompts."""
-    from gna_interp.circuits.edge_circuit import EdgeCircuit
-    from gna_interp.circuits.edge_screen import screen_edges
+    from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
+    from gna_interp.circuits.edges.edge_screen import screen_edges
     from gna_interp.engine.metrics import LOGIT_DIFF, results
 
     warm = copy.copy(task)

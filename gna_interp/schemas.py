@@ -122,7 +122,7 @@ CALIBRATION = obj({"rows": arr(obj({"form": {"type": "object"}, "task": STR, "ac
                   {"named": {"type": "object"}, "saturated": PROB, "seconds": SECONDS,
                    "skipped": arr({"type": "object"})})
 
-# circuit.json's "whole": an edge set of the whole graph (gna_interp.circuits.whole_circuit checks its meaning)
+# circuit.json's "whole": an edge set of the whole graph (gna_interp.circuits.edges.whole_circuit checks its meaning)
 WHOLE_NODE = obj({"name": {"type": "string", "pattern": f"^(?:{HEAD_NAME[1:-1]}|MLP[0-9]{{1,9}}|embed|logits)$"},
                   "kind": {"enum": ["head", "mlp", "embed", "logits"]},
                   "layer": {"type": "integer", "minimum": -1, "maximum": 999_999_999}}, {"role": nullable(STR)})
@@ -190,7 +190,7 @@ METRIC: dict[str, Any] = {"enum": list(METRIC_KEYS)}
 ABLATION: dict[str, Any] = {"enum": ["zero", "mean", "resample"]}
 
 # a faithfulness curve (gna circuit's faithfulness.json / edge_faithfulness.json): members are head or edge names,
-# parsed by the loader (HeadRef.parse, Wire.parse); its fraction is of the logit difference, read off every point
+# parsed by the loader (HeadRef.parse, Edge.parse); its fraction is of the logit difference, read off every point
 MEMBERS = arr({"type": "string", "maxLength": 400}, maxItems=MAX_UNITS)
 LOGIT_DIFF = {**PER_SAMPLE, "required": ["logit_diff", "correct"]}
 FAITHFULNESS = obj({"metric": {"const": "logit_diff"}, "method": STR,

@@ -15,10 +15,11 @@ import gna_interp as gna
 import gna_interp.circuits.algorithms as algorithms_pkg
 from gna_interp.circuits.algorithms import GraphScores, algorithm, algorithms, score_graph, unregister_algorithm
 from gna_interp.circuits.algorithms import registry
-from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire
-from gna_interp.circuits.edge_screen import screen_edges
+from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
+from gna_interp.models.graph import Edge
+from gna_interp.circuits.edges.edge_screen import screen_edges
 from gna_interp.circuits.scan import scan_heads
-from gna_interp.circuits.sufficiency import edge_faithfulness, faithfulness
+from gna_interp.circuits.search.sufficiency import edge_faithfulness, faithfulness
 from gna_interp.engine.metrics import LOGIT_DIFF, results
 from gna_interp.errors import HeadError, InputError, OptionError
 from gna_interp.models.graph import node_kind
@@ -39,17 +40,16 @@ def _screen_scores(screen) -> dict[str, float]:
     """The screen's rows by the names the edge algorithms give them, written out here."""
     out = {}
     for r in screen.table.itertuples():
-        receiver = r.receiver if r.input in ("mlp", "logits") else f"{r.receiver}.{r.input}"
-        out[f"{r.sender} -> {receiver}@{r.positions}"] = r.score
+        out[Edge(r.sender, r.receiver, r.input, r.positions).name] = r.score
     return out
 
 
-def _some_wires(model, task) -> list[Wire]:
+def _some_wires(model, task) -> list[Edge]:
     """A few edges of every kind: out of the embeddings, heads and MLPs, into heads, MLPs and the logits."""
     every = EdgeCircuit(model, task, "zero", senders="all").wires()
-    kinds: dict[tuple[str, str], list[Wire]] = {}
+    kinds: dict[tuple[str, str], list[Edge]] = {}
     for w in every:
-        kinds.setdefault((node_kind(w.sender), w.receiver.split(".")[-1][:3]), []).append(w)
+        kinds.setdefault((node_kind(w.sender), w.input[:3]), []).append(w)
     return [w for ws in kinds.values() for w in ws[:2]]
 
 
@@ -127,16 +127,16 @@ def test_graph_scores_rank_by_size_and_refuse_what_is_not_the_graph():
     assert s.ranked() == ["L1H0", "embed", "L0H1", "L0H0", "MLP0"] and s.ranked(2) == ["L1H0", "embed"]
     assert [h.name for h in s.heads()] == ["L1H0", "L0H1", "L0H0"]
     assert "5 nodes" in repr(s) and "L1H0 -2" in repr(s)
-    e = GraphScores("edges", {"L0H0 -> logits@all": 0.1, "embed -> L1H0+L1H1.k@items": 0.3},
-                    exact={"L0H0 -> logits@all"})
-    assert [w.name for w in e.wires()] == ["embed -> L1H0+L1H1.k@items", "L0H0 -> logits@all"]
-    assert e.to_frame()[["sender", "receiver", "positions", "exact"]].values.tolist() == [
-        ["embed", "L1H0+L1H1.k", "items", False], ["L0H0", "logits", "all", True]]
+    e = GraphScores("edges", {"L0H0 -> logits": 0.1, "embed -> L1H0+L1H1.k@items": 0.3},
+                    exact={"L0H0 -> logits"})
+    assert [w.name for w in e.wires()] == ["embed -> L1H0+L1H1.k@items", "L0H0 -> logits"]
+    assert e.to_frame()[["sender", "receiver", "input", "positions", "exact"]].values.tolist() == [
+        ["embed", "L1H0+L1H1", "k", "items", False], ["L0H0", "logits", "logits", "all", True]]
     assert e.edge_rows().values.tolist() == [["L0H0", "logits", "logits", "all", 0.1],
                                              ["embed", "L1H0", "k", "items", 0.3]]
     for unit, scores, why in [("heads", {}, "unit must be"), ("nodes", {"X9": 1.0}, "malformed"),
                               ("nodes", {"L0H0 -> logits@all": 1.0}, "malformed"),
-                              ("edges", {"L0H0": 1.0}, "not a wire name"),
+                              ("edges", {"L0H0": 1.0}, "not an edge name"),
                               ("edges", {"L0H0 -> MLPx@all": 1.0}, "malformed MLP"), ("nodes", ["L0H0"], "mapping"),
                               ("edges", {"logits -> MLP1@items": 1.0}, "send nothing"),
                               ("edges", {"L0H0 -> L1H0@items": 1.0}, "HEAD.INPUT")]:

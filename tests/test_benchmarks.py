@@ -214,3 +214,20 @@ def test_the_first_tokens_every_candidate_shares_join_the_prompt():
     assert got == {"prompt": [1, 2, 9], "cands": [[5], [6], [7, 8]], "gold": 0}
     same = {"prompt": [1], "cands": [[9], [9, 4]], "gold": 1}  # a candidate keeps one token at least
     assert peers.shared_first_tokens(same) == same
+
+
+def test_floors_price_each_stage_of_a_scan_against_a_clean_forward(tmp_path):
+    """benchmarks/floors.py on a zoo scan: the scan's and the curve's floors -- one attribution pass and one replay
+    per exact head, one replay per ablated set, each from its first layer -- never exceed the blocks those stages
+    ran (else they would not be floors); a stage of clean forwards only is its own floor; every price is positive."""
+    from gna_interp.cli import main
+
+    out = tmp_path / "scan"
+    assert main(["scan", "--model", "zoo:transformer-kv", "--out", str(out), "--quiet", "--no-png", "--threads",
+                 "1"]) == 0
+    table = _benchmark("floors").stage_floors(out, repeat=1).set_index("stage")
+    for stage in ("scan", "curve"):
+        assert 0 < table.loc[stage, "floor_block_tokens"] <= table.loc[stage, "block_tokens"], table
+    assert table.loc["roles", "floor_block_tokens"] == table.loc["roles", "block_tokens"]
+    assert table.attrs["cpu_s_per_block_token"] > 0 and (table["floor_cpu_s"].dropna() >= 0).all()
+    assert table.loc["scan", "ratio"] > 0

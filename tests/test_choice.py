@@ -54,7 +54,7 @@ def test_discover_without_a_task_finds_what_gna_scan_finds(tmp_path, monkeypatch
     argv = ["--device", "cpu", "scan", "--model", "zoo:transformer-kv", "--samples", "8", "--calibrate", "4",
             "--strategy", "exact", "--top-k", "2", "--seeds", "1", "--no-control", "--no-png", "--out", str(out)]
     # the CLI runs discover's defaults for what it does not name; match the cheap ones it has no flag for
-    import gna_interp.circuits.discovery as discovery
+    import gna_interp.circuits.search.discovery as discovery
 
     real = discovery.DiscoverConfig.build
     monkeypatch.setattr(discovery.DiscoverConfig, "build", classmethod(lambda cls, base=None, **kw: real(base, **{

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gna_interp.circuits.sufficiency import Faithfulness
+from gna_interp.circuits.search.sufficiency import Faithfulness
 from gna_interp.cli import main
 from gna_interp.errors import InputError
 
@@ -79,8 +79,8 @@ def test_a_second_run_takes_resume_or_fresh(scan, done, tmp_path, capsys):
 def test_an_interrupted_run_resumes_with_its_finished_stages(scan, done, tmp_path, monkeypatch, capsys):
     """Stopped during the screen: --resume reads the faithfulness curve back (not measured again) and finishes with
     the same files a run through gives."""
-    import gna_interp.circuits.edge_screen as es
-    import gna_interp.circuits.sufficiency as suff
+    import gna_interp.circuits.edges.edge_screen as es
+    import gna_interp.circuits.search.sufficiency as suff
 
     out = tmp_path / "cut"
     real = es.screen_edges
@@ -102,6 +102,18 @@ def test_an_interrupted_run_resumes_with_its_finished_stages(scan, done, tmp_pat
     assert "resumed: faithfulness" in capsys.readouterr().out
     for name in ("edge_screen.csv", "faithfulness.csv", "edge_faithfulness.csv"):
         assert (out / name).read_text() == (done / name).read_text(), name
+    assert set(json.loads((out / "circuit_run.json").read_text())["profile"]) >= {"faithfulness", "screen"}
+
+
+def test_each_stage_that_ran_records_what_it_cost(done, tiny_models):
+    """circuit_run.json's profile: every stage that ran, with the blocks it ran (a faithfulness point is one forward
+    of the light run's 3 prompts through every block, so at least ``n_layers`` calls of 3 rows)."""
+    run = json.loads((done / "circuit_run.json").read_text())
+    assert set(run["profile"]) == set(run["stages"])
+    n_layers = tiny_models["llama"].n_layers
+    fx = run["profile"]["faithfulness"]
+    assert fx["block_calls"] >= n_layers and fx["block_rows"] >= 3 * n_layers and fx["cpu_s"] > 0
+    assert all(c["wall_s"] > 0 and c["peak_rss_mb"] > 0 for c in run["profile"].values())
 
 
 def test_a_scan_replaced_while_it_runs_does_not_mix_in(scan, tiny_models, tmp_path, monkeypatch, capsys):
@@ -109,7 +121,7 @@ def test_a_scan_replaced_while_it_runs_does_not_mix_in(scan, tiny_models, tmp_pa
     (its run id), and the run says the folder changed."""
     import shutil
 
-    import gna_interp.circuits.edge_screen as es
+    import gna_interp.circuits.edges.edge_screen as es
     from made_up import write_scan_folder
 
     mine = _copy(scan, tmp_path / "scan")

@@ -75,7 +75,7 @@ def test_quiet_silences_transformers_and_hub_bars_and_gives_them_back():
 def test_every_stage_says_it_ran_and_a_long_one_keeps_saying_so(monkeypatch):
     import time
 
-    from gna_interp.circuits import discovery
+    from gna_interp.circuits.search import discovery
     from gna_interp.cli.stages import announced_stages
 
     lines: list[str] = []

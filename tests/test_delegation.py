@@ -14,9 +14,9 @@ import torch
 
 from gna_interp import load_model
 from gna_interp.circuits import discover
-from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.delegation import KIND_COLUMNS, REMOVAL_COLUMNS, Delegation, delegation, is_hybrid
-from gna_interp.circuits.roles import RoleRule
+from gna_interp.circuits.search.circuit import Circuit
+from gna_interp.circuits.scan.delegation import KIND_COLUMNS, REMOVAL_COLUMNS, Delegation, delegation, is_hybrid
+from gna_interp.circuits.scan.roles import RoleRule
 from gna_interp.errors import InputError
 from gna_interp.interventions import ablate
 from gna_interp.models import zoo_names

@@ -10,8 +10,8 @@ import torch
 
 from gna_interp import HeadRef
 from gna_interp.circuits import ablation_curve, discover, scan_heads
-from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.curve import CURVE_COLUMNS
+from gna_interp.circuits.search.circuit import Circuit
+from gna_interp.circuits.search.curve import CURVE_COLUMNS
 from gna_interp.cli import main
 from gna_interp.errors import InputError
 from gna_interp.interventions import ablate
@@ -246,7 +246,7 @@ def test_mc_scan_measures_its_cloze_twin_and_compare_circuits_removes_each_on_th
 def test_to_dict_and_from_dict_are_symmetric(circuit):
     """from_dict(to_dict()) with the parts kept in files of their own gives back the same circuit (its document and
     its table), and the stages ran in order with their timings."""
-    from gna_interp.circuits.discovery import STAGES
+    from gna_interp.circuits.search.discovery import STAGES
 
     again = Circuit.from_dict(circuit.to_dict(), circuit.scan, views=circuit.views, control=circuit.control,
                               delegation=circuit.delegation, formats=circuit.formats,
@@ -262,7 +262,7 @@ def test_to_dict_and_from_dict_are_symmetric(circuit):
 
 
 def test_discover_measures_an_edge_table_that_survives_a_save(circuit, tmp_path):
-    from gna_interp.circuits.causal import EDGE_COLUMNS
+    from gna_interp.circuits.edges.causal import EDGE_COLUMNS
 
     e = circuit.edges
     assert e is not None and list(e.columns) == EDGE_COLUMNS and len(e)

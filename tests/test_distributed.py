@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from gna_interp import load_model
 from gna_interp.circuits import scan as scan_mod
 from gna_interp.circuits import scan_heads
-from gna_interp.circuits.distributed import assign, rank_files, rank_path
+from gna_interp.circuits.scan.distributed import assign, rank_files, rank_path
 from gna_interp.cli import main
 from gna_interp.errors import InputError
 from gna_interp.tasks import KVRetrieval

@@ -1,4 +1,4 @@
-"""Edge circuits (:mod:`gna_interp.circuits.edge_circuit`) against independent computations: a by-hand forward of
+"""Edge circuits (:mod:`gna_interp.circuits.edges.edge_circuit`) against independent computations: a by-hand forward of
 the plain Hugging Face model (Llama; Gemma-2/3, OLMo-2 and Granite, whose blocks normalise or scale what they add) in
 which every receiver input reads its own stream built from the senders' outputs, the node form (every head outside a
 set ablated, :class:`SetAblation`), every node ablated and the intact model."""
@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 from test_paths import POST, _hf_layer, _hf_run, _masks, _residual_in
 
-from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire
+from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
+from gna_interp.models.graph import Edge
 from gna_interp.models.graph import CLASSES
 from gna_interp.engine.replay import SetAblation
-from gna_interp.errors import InputError
+from gna_interp.errors import HeadError, InputError
 from gna_interp.tasks import KVRetrieval
 from gna_interp.engine.metrics import get_metric, results
 from gna_interp.engine.unembed import read_logprobs
@@ -147,7 +148,7 @@ def _brute(model, key, ec, index, kept):
     bar = _ablated(model, ec.method)
     keep: dict[str, dict[str, set[str]]] = {}
     for w in kept:
-        keep.setdefault(w.receiver, {}).setdefault(w.sender, set()).add(w.positions)
+        keep.setdefault(w.reads, {}).setdefault(w.sender, set()).add(w.positions)
     write, parts = {}, []  # parts: (senders, post map), in the order they write
 
     def stream(receiver):
@@ -265,19 +266,19 @@ def test_the_graph_and_bad_wires(circuits):
     every = ec.wires()
     assert len(every) == len(set(every))
     assert {w.positions for w in every if w.receiver != "logits"} == set(CLASSES)
-    for bad, match in [(Wire("L2H0", "L1H0.q", "items"), "before the receiver"),
-                       (Wire("L9H0", "L1H0.q", "items"), "unknown sender"),
-                       (Wire("embed", "L1H0.x", "items"), "unknown receiver"),
-                       (Wire("embed", "logits", "items"), "positions must be")]:
-        with pytest.raises(InputError, match=match):
-            ec.run([[bad]])
+    for bad, match in [(("L2H0", "L1H0.q", "items"), "later layer than the sender"),
+                       (("L0H9", "L1H0.q", "items"), "unknown sender"),
+                       (("embed", "L1H0.x", "items"), "unknown receiver"),
+                       (("embed", "logits", "items"), "positions must be")]:
+        with pytest.raises((InputError, HeadError), match=match):  # the edge itself, or the circuit's graph
+            ec.run([[Edge.at(*bad)]])
 
 
 @pytest.mark.parametrize("key", NORM_FAMILIES)
 def test_edge_faithfulness_runs_where_blocks_normalise_or_scale(family, key):
     """The faithfulness curve of edge circuits on Gemma-3, OLMo-2 and Granite: its ends are the intact model and the
     model with every head ablated, and a point is the edge circuit measured on its own."""
-    from gna_interp.circuits.sufficiency import edge_faithfulness
+    from gna_interp.circuits.search.sufficiency import edge_faithfulness
 
     model = family(key)
     every = EdgeCircuit(model, _task(), "mean", batch_size=8).wires()
@@ -317,4 +318,4 @@ def test_head_scope_keeps_the_embeddings_and_mlps(circuits, models):
     got, want = ec.run([kept])[0], every.run([kept + fixed])[0]
     assert torch.allclose(results(got)["logit_diff"], results(want)["logit_diff"], atol=1e-5)
     with pytest.raises(InputError, match="always kept"):
-        ec.run([[Wire("embed", "logits", "all")]])
+        ec.run([[Edge("embed")]])

@@ -11,8 +11,8 @@ import torch
 
 import test_paths as tp
 from gna_interp import HeadRef, KVRetrieval
-from gna_interp.circuits.edge_screen import EDGE_SCREEN_COLUMNS, screen_edges
-from gna_interp.circuits.paths import Edge, PathPatcher, path_effects
+from gna_interp.circuits.edges.edge_screen import EDGE_SCREEN_COLUMNS, screen_edges
+from gna_interp.circuits.edges.paths import Edge, PathPatcher, path_effects
 from gna_interp.engine.metrics import LOGIT_DIFF
 
 H = HeadRef.parse
@@ -95,7 +95,8 @@ def test_senders_come_before_receivers(models):
 def test_mlp_and_embedding_edges_are_verified_by_an_edge_circuit(tiny_models):
     """Rows out of or into an MLP (or out of the embeddings) are measured with every other edge kept and that one
     left out: the effect equals the intact metric minus the metric of that edge circuit."""
-    from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire
+    from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
+    from gna_interp.models.graph import Edge
     from gna_interp.tasks import KVRetrieval
     from gna_interp.engine.metrics import LOGIT_DIFF, results
 
@@ -106,8 +107,7 @@ def test_mlp_and_embedding_edges_are_verified_by_an_edge_circuit(tiny_models):
     mlp = t[t.sender.str.startswith("MLP") | (t.sender == "embed") | (t.input == "mlp")]
     assert len(mlp) and mlp["low"].le(mlp["effect"]).all() and mlp["effect"].le(mlp["high"]).all()
     row = mlp.iloc[0]
-    rec = "logits" if row.receiver == "logits" else row.receiver if row.input == "mlp" else f"{row.receiver}.{row.input}"
-    wire = Wire(row.sender, rec, "all" if rec == "logits" else row.positions)
+    wire = Edge(row.sender, row.receiver, row.input, row.positions)
     ec = EdgeCircuit(model, task, "mean", batch_size=16, senders="all")
     without = LOGIT_DIFF.value(results(ec.run_without([[wire]])[0]))
     assert row.effect == pytest.approx(screen.intact - without, abs=1e-5)
@@ -118,7 +118,7 @@ def test_the_verified_sample_covers_every_kind_and_draws_at_random():
     the bottom of the ranking); the rest drawn at random among the rows not taken, the same draw for the same seed."""
     import pandas as pd
 
-    from gna_interp.circuits.edge_screen import verify_sample
+    from gna_interp.circuits.edges.edge_screen import verify_sample
 
     kinds = ["head -> head"] * 30 + ["head -> logits"] * 5 + ["MLP"] * 10 + ["embeddings"] * 3
     t = pd.DataFrame({"kind": kinds, "abs_rank": range(1, len(kinds) + 1), "verifiable": True})

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gna_interp.circuits.causal import EDGE_COLUMNS, causal_roles, check_edge_table, strongest_path
-from gna_interp.circuits.paths import INPUTS, Edge
+from gna_interp.circuits.edges.causal import EDGE_COLUMNS, causal_roles, check_edge_table, strongest_path
+from gna_interp.circuits.edges.paths import INPUTS, Edge
 from gna_interp.models.graph import LOGITS, POSITIONS
 from gna_interp.cli import main
 from gna_interp.errors import GnaError, HeadError, InputError
@@ -74,10 +74,12 @@ def test_the_python_edge_is_checked_when_made():
         Edge(h("L0H0"), h("L1H0"), LOGITS)
     with pytest.raises(InputError, match="unknown positions"):
         Edge(h("L0H0"), h("L1H0"), "k", "nowhere")
-    with pytest.raises(InputError, match="must be a HeadRef"):
+    with pytest.raises(InputError, match="or a HeadRef"):
         Edge(3, None)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="name the receiver's input"):
+        Edge(h("L0H0"), h("L1H0"))
     with pytest.raises(InputError, match="must be a string"):
-        Edge(h("L0H0"), h("L1H0"), None)  # type: ignore[arg-type]
+        Edge(h("L0H0"), h("L1H0"), 5)  # type: ignore[arg-type]
     assert Edge("L0H0", "L1H0", "k", "items") == Edge(h("L0H0"), h("L1H0"), "k", "items")  # names are parsed
 
 

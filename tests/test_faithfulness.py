@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.circuits.sufficiency import Faithfulness, faithfulness, size_grid
+from gna_interp.circuits.search.sufficiency import Faithfulness, faithfulness, size_grid
 from gna_interp.errors import GnaError
 from gna_interp.models.hf import unwrap
 
@@ -169,8 +169,9 @@ def test_edge_circuits_curve_smallest_minimality_and_round_trip(models, tmp_path
     """The edge form: each point is the edge circuit measured on its own (EdgeCircuit, itself checked against a
     by-hand forward); the smallest circuit keeps the threshold and one edge fewer does not; minimality and the
     saved file agree with direct runs."""
-    from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire
-    from gna_interp.circuits.sufficiency import edge_faithfulness, shuffled
+    from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
+    from gna_interp.models.graph import Edge
+    from gna_interp.circuits.search.sufficiency import edge_faithfulness, shuffled
     from gna_interp.engine.metrics import get_metric, results
 
     model = models("llama")
@@ -200,7 +201,7 @@ def test_edge_circuits_curve_smallest_minimality_and_round_trip(models, tmp_path
     without = ld.value(results(ec.run([[w for w in fx.smallest if w != first]])[0]))
     assert fx.minimality[first] == pytest.approx(full - without, abs=1e-5)
     back = Faithfulness.load(fx.save(tmp_path))
-    assert back.unit == "edges" and back.smallest == fx.smallest and isinstance(back.smallest[0], Wire)
+    assert back.unit == "edges" and back.smallest == fx.smallest and isinstance(back.smallest[0], Edge)
     pd_equal = back.to_frame().drop(columns="edges").equals(frame.drop(columns="edges"))
     assert pd_equal
     assert [len(m) for _, _, m, _ in back.points] == [len(m) for _, _, m, _ in fx.points]

@@ -10,7 +10,7 @@ import json
 import pytest
 
 import gna_interp as gna
-from gna_interp.circuits.roles import decision_inputs, role_scores
+from gna_interp.circuits.scan.roles import decision_inputs, role_scores
 from gna_interp.cli import main
 from gna_interp.errors import InputError
 from gna_interp.experiments.families import (CKPT, CURVE_COLUMNS, TABLE_COLUMNS, FamilyComparison, aggregation_scores,

@@ -234,7 +234,7 @@ def test_path_patching_equals_hugging_face(fam, built):
     """A sender's direct path to the logits, against the plain HF forward with its write (measured in HF with the
     MLPs silenced) taken off the last layer's output; edges into a later head's key and value inputs run (where the
     family's heads can receive them: else :func:`test_limits_are_reported` asserts the refusal)."""
-    from gna_interp.circuits.paths import Edge, PathPatcher
+    from gna_interp.circuits.edges.paths import Edge, PathPatcher
     from gna_interp.engine.unembed import read_logprobs
 
     b = built(fam)

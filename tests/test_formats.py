@@ -6,7 +6,7 @@ import pytest
 
 from gna_interp import ablate, discover, load_model
 from gna_interp.circuits import Circuit
-from gna_interp.circuits.formats import one_format_heads
+from gna_interp.circuits.search.formats import one_format_heads
 from gna_interp.cli import main
 from gna_interp.tasks import KVRetrieval, evaluate
 from gna_interp.report import circuit_summary

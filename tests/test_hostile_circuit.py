@@ -21,9 +21,9 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.circuits.interactions import Interactions
-from gna_interp.circuits.paths import Edge, PathEffects
-from gna_interp.circuits.sufficiency import Faithfulness
+from gna_interp.circuits.scan.interactions import Interactions
+from gna_interp.circuits.edges.paths import Edge, PathEffects
+from gna_interp.circuits.search.sufficiency import Faithfulness
 from gna_interp.cli import main
 from gna_interp.errors import GnaError, HeadError, InputError
 from gna_interp.models.handoff import Address, ablated_modules, ablation_hooks, edge_addresses, head_addresses
@@ -438,8 +438,8 @@ def test_links_named_like_outputs_into_the_scan_are_replaced_and_the_scan_is_lef
 
 
 def test_a_resumed_run_reads_every_stage_back_and_writes_the_same_files(ctx, capsys, monkeypatch):
-    import gna_interp.circuits.edge_screen as es
-    import gna_interp.circuits.sufficiency as suff
+    import gna_interp.circuits.edges.edge_screen as es
+    import gna_interp.circuits.search.sufficiency as suff
 
     def never(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("a finished stage ran again")
@@ -516,7 +516,7 @@ FAITHFULNESS = [  # (id, file, how its document is changed, what the message say
     ("an edge smallest that is no prefix", "edge_faithfulness.json", lambda d: d.update(smallest=d["order"][-1:]),
      "disagree"),
     ("an edge order misspelt", "edge_faithfulness.json", lambda d: d["order"].__setitem__(0, "L0H0 to logits"),
-     "not a wire name"),
+     "not an edge name"),
 ]
 
 
@@ -863,7 +863,7 @@ def test_the_packages_own_edges_are_accepted(tiny, scan, done):
     """An edge table measured by the package (path patching) and a whole circuit's head edges address as an
     independent computation of their channels says: a k/v receiver reads its key-value group's span."""
     from gna_interp.circuits import Circuit
-    from gna_interp.circuits.causal import measure_edges
+    from gna_interp.circuits.edges.causal import measure_edges
 
     m, hf = tiny
     task = Circuit.load(scan).load_task()

@@ -12,7 +12,7 @@ import torch
 
 import gna_interp
 from gna_interp.circuits import Interactions, head_interactions
-from gna_interp.circuits.interactions import interactions
+from gna_interp.circuits.scan.interactions import interactions
 from gna_interp.errors import GnaError, InputError
 from gna_interp.tasks import KVRetrieval
 from gna_interp.engine import plan_scoring, run_plan
@@ -108,7 +108,7 @@ def test_bad_input(models):
 def test_a_runner_made_for_another_model_is_refused(models):
     """A SetAblation handed in to reuse its clean prefixes must be one made for the model given: it measures its
     own model, so its numbers would otherwise carry the other model's name (interactions, the curve, delegation)."""
-    from gna_interp.circuits.curve import ablation_curve
+    from gna_interp.circuits.search.curve import ablation_curve
     from gna_interp.engine.replay import SetAblation
 
     llama, mamba = models("llama"), models("mamba2")

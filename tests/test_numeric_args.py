@@ -50,7 +50,7 @@ def question_file(tmp_path_factory) -> Path:
 @QUICK
 @given(n_boot=numbers, level=numbers)
 def test_bootstrap_sizes_and_levels(scan, n_boot, level):
-    from gna_interp.circuits.interactions import InteractionOptions
+    from gna_interp.circuits.scan.interactions import InteractionOptions
 
     valid = (isinstance(n_boot, int) and not isinstance(n_boot, bool) and 1 <= n_boot <= N_BOOT_MAX
              and isinstance(level, (int, float)) and not isinstance(level, bool) and 0 < level < 1)
@@ -92,7 +92,7 @@ def test_explorer_sample_is_a_prompt_index(tiny_models, sample):
 
 
 def test_the_examples_of_the_api(question_file, tiny_models, scan):
-    from gna_interp.circuits.interactions import InteractionOptions
+    from gna_interp.circuits.scan.interactions import InteractionOptions
     from gna_interp.viz import circuit_graph
     from gna_interp.viz.explorer import Explorer
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from gna_interp import HeadRef, load_model
-from gna_interp.circuits.paths import Edge, PathPatcher, path_effects
+from gna_interp.circuits.edges.paths import Edge, PathPatcher, path_effects
 from gna_interp.errors import HeadError, InputError
 from gna_interp.interventions import ablate
 from gna_interp.models.hf import unwrap
@@ -158,12 +158,12 @@ def _brute(model, pp, chunk, edges):
     kwargs = model._forward_kwargs(chunk.batch)
     masks = _masks(pp, chunk)
     replace = {}
-    for r in {e.receiver for e in edges if e.receiver is not None}:
+    for r in {e.receiver_head for e in edges if not e.direct}:
         x = _residual_in(model, ids, kwargs, r.layer)
         streams = {name: x.clone() for name in ("q", "k", "v", "other")}
         for e in edges:
-            if e.receiver == r:
-                streams[e.input] -= masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender)
+            if e.receiver_head == r:
+                streams[e.input] -= masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender_head)
         _, layer_mod = _hf_layer(model, r.layer)
         if r.kind == "attn":
             replace[r] = _attn_by_hand(model, layer_mod, streams, r, ids, kwargs)
@@ -171,8 +171,8 @@ def _brute(model, pp, chunk, edges):
             replace[r] = _ssm2_by_hand(model, layer_mod, streams, x, r)
     x_last = _residual_out_last(model, ids, kwargs, replace)
     for e in edges:
-        if e.receiver is None:
-            x_last = x_last - masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender)
+        if e.direct:
+            x_last = x_last - masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender_head)
     base, _ = _hf_layer(model, 0)
     final_norm = getattr(base, "norm", None) or getattr(base, "norm_f", None) or getattr(base, "final_layernorm")
     logits = model.hf_model.get_output_embeddings()(final_norm(x_last)[0][chunk.read_pos])
@@ -291,7 +291,7 @@ def test_decision_edges_replay_only_the_later_positions(models, monkeypatch):
     monkeypatch.setattr(replay_mod.KeyValues, "replay_from", spy)
     full = []
     plain = replay_mod.replay
-    monkeypatch.setattr("gna_interp.circuits.paths.replay", lambda *a, **k: full.append(a[2]) or plain(*a, **k))
+    monkeypatch.setattr("gna_interp.circuits.edges.paths.replay", lambda *a, **k: full.append(a[2]) or plain(*a, **k))
     sets = [[Edge(H("L0H1"), H("L2H2"), "q", "decision")], [Edge(H("L1H0"), H("L2H3"), "q", "decision")],
             [Edge(H("L0H1"), H("L2H2"), "k", "items")], [Edge(H("L1H0"), None)]]
     chunk = pp.chunks[0]
@@ -335,12 +335,12 @@ def _gpt2_brute(model, pp, chunk, edges):
     tr = model.hf_model.transformer
     T = ids.shape[1]
     handles = []
-    for r in {e.receiver for e in edges if e.receiver is not None}:
+    for r in {e.receiver_head for e in edges if not e.direct}:
         x = _residual_in(model, ids, kwargs, r.layer)
         streams = {n: x.clone() for n in "qkv"}
         for e in edges:
-            if e.receiver == r:
-                streams[e.input] -= masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender)
+            if e.receiver_head == r:
+                streams[e.input] -= masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender_head)
         blk = tr.h[r.layer]
         d = 16
         parts = {n: blk.attn.c_attn(blk.ln_1(streams[n]))[0].split(64, -1) for n in "qkv"}
@@ -369,8 +369,8 @@ def _gpt2_brute(model, pp, chunk, edges):
             h.remove()
     x = x_last["x"]
     for e in edges:
-        if e.receiver is None:
-            x = x - masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender)
+        if e.direct:
+            x = x - masks[e.positions][None, :, None] * _write(model, ids, kwargs, e.sender_head)
     logits = model.hf_model.lm_head(tr.ln_f(x))[0]
     return read_logprobs(logits[chunk.read_pos], chunk.read_tok)
 
@@ -429,13 +429,13 @@ def test_patching_leaves_no_hook_behind(tiny_models):
 
 def _edge_rows(rows):
     import pandas as pd
-    from gna_interp.circuits.causal import EDGE_COLUMNS
+    from gna_interp.circuits.edges.causal import EDGE_COLUMNS
 
     return pd.DataFrame([dict(zip(EDGE_COLUMNS, r)) for r in rows], columns=EDGE_COLUMNS)
 
 
 def test_causal_roles_follow_the_measured_paths():
-    from gna_interp.circuits.causal import causal_roles, strongest_path
+    from gna_interp.circuits.edges.causal import causal_roles, strongest_path
 
     edges = _edge_rows([
         ("L1H0 -> L3H2.k@summary", "L1H0", "L3H2", "k", "summary", 0.40, 0.20, 0.60),   # gather -> aggregate
@@ -507,12 +507,12 @@ def _hf_brute(model, key, pp, chunk, edges):
         return POST[key](layer(s.layer), y) - POST[key](layer(s.layer), y - z[..., cols] @ proj.weight[:, cols].T)
 
     replace = {}
-    for r in {e.receiver for e in edges if e.receiver is not None}:
+    for r in {e.receiver_head for e in edges if not e.direct}:
         x = _residual_in(model, ids, kwargs, r.layer)
         streams = {name: x.clone() for name in ("q", "k", "v")}
         for e in edges:
-            if e.receiver == r:
-                streams[e.input] -= masks[e.positions][None, :, None] * write(e.sender)
+            if e.receiver_head == r:
+                streams[e.input] -= masks[e.positions][None, :, None] * write(e.sender_head)
         mod = layer(r.layer)
         attn, norm = mod.self_attn, getattr(mod, "input_layernorm", None) or (lambda v: v)
         swap = [(unwrap(getattr(attn, f"{n}_proj")), lambda m, a, o, n=n: F.linear(norm(streams[n]), m.weight, m.bias))
@@ -521,7 +521,7 @@ def _hf_brute(model, key, pp, chunk, edges):
         grab = (unwrap(attn.o_proj), lambda m, a: got.__setitem__("z", a[0][..., model.head_site(r).columns].clone()))
         _hf_run(model, ids, kwargs, pre=[grab], post=swap)
         replace[r] = got["z"]
-    direct = sum((masks[e.positions][None, :, None] * write(e.sender) for e in edges if e.receiver is None),
+    direct = sum((masks[e.positions][None, :, None] * write(e.sender_head) for e in edges if e.direct),
                  torch.zeros(()))
 
     def put(z, cols):

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-import gna_interp.circuits.prune as circuits_prune
+import gna_interp.circuits.search.prune as circuits_prune
 import gna_interp.circuits.scan as circuits_scan
 import gna_interp.progress as progress
 from gna_interp.cli import main

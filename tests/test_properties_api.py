@@ -226,8 +226,8 @@ def test_a_damaged_result_document_is_read_or_refused(folder: Path, tmp_path_fac
 def test_random_json_is_read_or_refused(tmp_path_factory: pytest.TempPathFactory, fmt: str, doc: Any) -> None:
     """Random JSON (also with the right ``format`` header) into every JSON loader, the calibration record and the
     task rebuilder."""
-    from gna_interp.circuits.comparison import CircuitComparison
-    from gna_interp.circuits.delegation import Delegation
+    from gna_interp.circuits.search.comparison import CircuitComparison
+    from gna_interp.circuits.scan.delegation import Delegation
     from gna_interp.circuits.hybrid import HybridPlan
     from gna_interp.store import FORMAT_VERSIONS, read_json
     from gna_interp.tasks import task_from_dict

@@ -122,7 +122,7 @@ def test_report_needs_a_scan(tmp_path, capsys):
 @pytest.mark.slow
 def test_report_from_a_real_discovery(tiny_models, tmp_path):
     """The files discovery writes (scan.csv with roles, circuit.json) make a full report."""
-    from gna_interp.circuits.discovery import discover
+    from gna_interp.circuits.search.discovery import discover
     from gna_interp.tasks import KVRetrieval
 
     model, task = tiny_models["llama"], KVRetrieval(n_pairs=4, n_samples=4, seed=1)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gna_interp.circuits import Circuit
-from gna_interp.circuits.views import (ALL_HEADS_BUDGET, LEVELS, CardViews, HeadPatterns, card_views, head_patterns,
+from gna_interp.circuits.search.views import (ALL_HEADS_BUDGET, LEVELS, CardViews, HeadPatterns, card_views, head_patterns,
                                        row_normalised)
 from gna_interp.mixing import patterns
 from gna_interp.models.heads import HeadRef
@@ -111,7 +111,7 @@ def test_a_folder_without_all_head_patterns_still_renders_with_a_note(tiny_model
 def report(tiny_models, tmp_path_factory):
     """The report the page tests open: a made-up circuit of the tiny Llama whose card tokens and role reasons try
     to become markup, with a real edge table (path patching among its top 4 heads)."""
-    from gna_interp.circuits.causal import measure_edges
+    from gna_interp.circuits.edges.causal import measure_edges
     from made_up import made_up_circuit
     from test_hostile import HOSTILE
 

@@ -17,7 +17,7 @@ import torch
 
 import gna_interp as gna
 from gna_interp.html_repr import fmt
-from gna_interp.circuits.causal import EDGE_COLUMNS
+from gna_interp.circuits.edges.causal import EDGE_COLUMNS
 from gna_interp.errors import InputError
 from gna_interp.mixing.pattern_set import PatternSet
 from gna_interp.models.model import Model, TokenBatch

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from gna_interp.circuits.offsets import pick_offset, reach, shifted_items
-from gna_interp.circuits.roles import (ROLE_COLUMNS, SCORE_COLUMNS, RoleRule, _sample_scores, decision_inputs, offset_scores,
+from gna_interp.circuits.scan.offsets import pick_offset, reach, shifted_items
+from gna_interp.circuits.scan.roles import (ROLE_COLUMNS, SCORE_COLUMNS, RoleRule, _sample_scores, decision_inputs, offset_scores,
                                       role_scores)
 from gna_interp.errors import InputError
 from gna_interp.mixing import patterns

@@ -17,16 +17,16 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.comparison import CircuitComparison
-from gna_interp.circuits.curve import CURVE_COLUMNS
-from gna_interp.circuits.delegation import KIND_COLUMNS, REMOVAL_COLUMNS, ROLE_COLUMNS, Delegation
-from gna_interp.circuits.interactions import Interactions
-from gna_interp.circuits.path_store import load_path_effects, save_path_effects
-from gna_interp.circuits.paths import Edge, PathEffects
+from gna_interp.circuits.search.circuit import Circuit
+from gna_interp.circuits.search.comparison import CircuitComparison
+from gna_interp.circuits.search.curve import CURVE_COLUMNS
+from gna_interp.circuits.scan.delegation import KIND_COLUMNS, REMOVAL_COLUMNS, ROLE_COLUMNS, Delegation
+from gna_interp.circuits.scan.interactions import Interactions
+from gna_interp.circuits.edges.path_store import load_path_effects, save_path_effects
+from gna_interp.circuits.edges.paths import Edge, PathEffects
 from gna_interp.circuits.scan.result import HeadScan
-from gna_interp.circuits.sufficiency import Faithfulness
-from gna_interp.circuits.views import CardViews, HeadPatterns, row_normalised
+from gna_interp.circuits.search.sufficiency import Faithfulness
+from gna_interp.circuits.search.views import CardViews, HeadPatterns, row_normalised
 from gna_interp.errors import InputError
 from gna_interp.experiments.eval import TABLE_COLUMNS as EVAL_COLUMNS, EvalResult
 from gna_interp.experiments.families import (CURVE_COLUMNS as FAMILY_CURVE_COLUMNS, TABLE_COLUMNS as FAMILY_COLUMNS,

@@ -509,7 +509,7 @@ def test_each_added_head_equals_its_set_replayed_alone(tiny_models, family):
 def test_stages_share_one_clean_pass_per_task(tiny_models, monkeypatch):
     """Inside shared_prefixes, a scan, a SetAblation and a path patcher of the same task capture its clean
     prefixes once; outside, each captures its own; another batch layout is another capture."""
-    from gna_interp.circuits.paths import PathPatcher
+    from gna_interp.circuits.edges.paths import PathPatcher
     from gna_interp.engine.replay import shared_prefixes
 
     model = tiny_models["llama"]

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.circuits.curve import curve_k
-from gna_interp.circuits.discovery import check_solvable
-from gna_interp.circuits.specificity import control_task, specificity_frame
+from gna_interp.circuits.search.curve import curve_k
+from gna_interp.circuits.search.discovery import check_solvable
+from gna_interp.circuits.scan.specificity import control_task, specificity_frame
 from gna_interp.errors import InputError
 from gna_interp.engine import plan_scoring, run_plan
 from gna_interp.tasks.text import NeutralText, lm_loss

@@ -201,7 +201,7 @@ def test_unknown_text_is_refused_wherever_it_enters() -> None:
 def test_discover_finds_the_zoo_transformers_circuit() -> None:
     """On the trained zoo transformer discovery finds a layer-0 gather head feeding a layer-1 aggregate
     head, and removing the top heads hurts far more than removing as many random heads."""
-    from gna_interp.circuits.discovery import discover
+    from gna_interp.circuits.search.discovery import discover
 
     model = load_model("zoo:transformer-kv", device="cpu")
     task = KVRetrieval(8, 32, seed=0, words=model.kv_words, max_value=99)

@@ -46,7 +46,7 @@ Worked example, Llama-3.2-1B in bfloat16 (16 layers x 8 KV heads x head_dim 64):
 paper's 4.2 MB and 67 MB).
 
 Head order: ``order="scan"`` (default) ranks by the scan (a :class:`~gna_interp.circuits.scan.HeadScan`, a
-:class:`~gna_interp.circuits.circuit.Circuit` -- its scan's ranking, generic heads included --, a `gna scan`
+:class:`~gna_interp.circuits.search.circuit.Circuit` -- its scan's ranking, generic heads included --, a `gna scan`
 folder, a ``scan.json`` file, or an explicit list of heads, best first); ``order="random"`` with a ``seed``
 shuffles every attention head instead: **not retrieval-guided**, but the memory depends only on how many
 heads and distinct KV heads are kept, so the table is still informative (e.g. for a meta-device config,
@@ -67,7 +67,7 @@ import pandas as pd
 import torch
 
 from gna_interp.constants import CIRCUIT_JSON, HF_CONFIG, SCAN_JSON, result_files
-from gna_interp.circuits.circuit import Circuit
+from gna_interp.circuits.search.circuit import Circuit
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef

@@ -1,6 +1,6 @@
 """``gna circuit``: whether a scanned circuit suffices -- its faithfulness curve, the smallest circuit keeping a
 threshold of the intact logit difference, and each of its heads' own contribution
-(:func:`~gna_interp.circuits.sufficiency.faithfulness`)."""
+(:func:`~gna_interp.circuits.search.sufficiency.faithfulness`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gna_interp.errors import InputError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gna_interp.circuits.edge_screen import EdgeScreen
+    from gna_interp.circuits.edges.edge_screen import EdgeScreen
     from gna_interp.tasks.base import Task
 
 

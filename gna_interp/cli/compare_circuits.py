@@ -24,7 +24,7 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
 
 def run_compare(args: argparse.Namespace) -> int:
     from gna_interp.circuits import Circuit, compare_circuits
-    from gna_interp.circuits.comparison import check_comparable
+    from gna_interp.circuits.search.comparison import check_comparable
     from gna_interp.models import load_model
 
     folder = claim_out(args, "compare-circuits") if args.out is not None else None  # before the model loads

@@ -1,5 +1,5 @@
 """``gna scan``: find the G&A heads of a model (:func:`gna_interp.circuits.discover`), alone or sharded over the
-ranks of a torchrun job (:func:`gna_interp.circuits.distributed.run_job`)."""
+ranks of a torchrun job (:func:`gna_interp.circuits.scan.distributed.run_job`)."""
 
 from __future__ import annotations
 
@@ -85,9 +85,9 @@ def _scan_args(p: argparse.ArgumentParser) -> None:
 
 def run_scan(args: argparse.Namespace) -> int:
     """``gna scan``. Under torchrun every rank loads the model and runs the head scan sharded
-    (:func:`gna_interp.circuits.distributed.run_job`); then the other ranks exit and rank 0 runs the rest of
+    (:func:`gna_interp.circuits.scan.distributed.run_job`); then the other ranks exit and rank 0 runs the rest of
     :func:`~gna_interp.circuits.discover` (its scan resumes from the merged checkpoint) and writes the outputs."""
-    from gna_interp.circuits.distributed import active, local_device
+    from gna_interp.circuits.scan.distributed import active, local_device
     from gna_interp.report import build_report
 
     out = Path(args.out)
@@ -117,7 +117,7 @@ def run_scan(args: argparse.Namespace) -> int:
 def _say_result(circuit: Any, out: Path, verbose: bool) -> None:
     """Print the circuit found: three plain lines (:func:`~gna_interp.report.summary.circuit_brief`), or with
     ``verbose`` the whole summary and every file written in ``out``."""
-    from gna_interp.circuits.circuit import FILES
+    from gna_interp.circuits.search.circuit import FILES
     from gna_interp.report.summary import circuit_brief, circuit_summary
 
     if verbose:
@@ -145,7 +145,7 @@ def scan_choice(args: argparse.Namespace) -> Any:
 def _claim_scan(args: argparse.Namespace, out: Path) -> tuple[Any, list[Path]]:
     """``--out`` claimed for the scan, and the checkpoints an earlier scan left there (refused unless
     ``--resume`` or ``--fresh`` says what to do with them)."""
-    from gna_interp.circuits.distributed import rank_files
+    from gna_interp.circuits.scan.distributed import rank_files
 
     ckpt = out / SCAN_CKPT
     lead = os.environ.get("RANK", "0").strip() in ("", "0")  # under torchrun only rank 0 locks --out
@@ -185,8 +185,8 @@ def _discover(args: argparse.Namespace, model: Any, choice: Any, folder: Any, st
     """Choose the task, then discover the circuit and save it in ``--out`` (sharded under torchrun: None on the
     ranks other than 0)."""
     from gna_interp.circuits import DiscoverConfig, discover, scan_heads
-    from gna_interp.circuits.discovery import check_solvable
-    from gna_interp.circuits.distributed import rank_files, run_job
+    from gna_interp.circuits.search.discovery import check_solvable
+    from gna_interp.circuits.scan.distributed import rank_files, run_job
     from gna_interp.engine.profile import Meter
 
     out = Path(args.out)

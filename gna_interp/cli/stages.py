@@ -4,7 +4,7 @@ sits silent for longer than that while the roles, control, curve, paths and view
 their own); in a log or a pipe (stdout no terminal) there is no such line, only the end lines. Stages with bars of
 their own (the head scan's attribution and exact bars) get the end line only.
 
-The lines are printed by the command line, around :data:`gna_interp.circuits.discovery.STAGES` (the stage table
+The lines are printed by the command line, around :data:`gna_interp.circuits.search.discovery.STAGES` (the stage table
 that :func:`~gna_interp.circuits.discover` reads when it runs); ``--quiet`` keeps the end lines and drops the
 heartbeat, as it drops bars."""
 
@@ -74,7 +74,7 @@ def announced_stages(say: Callable[[str], Any], heartbeat_s: float | None = None
     ``say``; on a terminal, a stage running longer than ``heartbeat_s`` (default :data:`HEARTBEAT_S`) says
     ``[name] what: running, 8 s`` every ``heartbeat_s`` seconds (not under ``--quiet``, nor for stages with bars of
     their own: :func:`heartbeat`). The stage table is restored on exit."""
-    from gna_interp.circuits import discovery
+    from gna_interp.circuits.search import discovery
 
     saved = discovery.STAGES
 

@@ -591,10 +591,10 @@ def added_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, base: Sequ
 class PlanRunner:
     """A task's plan on one model, laid out once, with the clean prefix of every chunk recorded once and checked to be
     replayable: the set-up every runner of interventions shares (:class:`SetAblation` for head sets,
-    :class:`~gna_interp.circuits.paths.PathPatcher` for edge sets).
+    :class:`~gna_interp.circuits.edges.paths.PathPatcher` for edge sets).
 
-    ``task`` is a :class:`~gna_interp.tasks.base.Task` or a :class:`ScoringPlan` (``who`` names the runner in the error
-    for anything else); ``method`` and ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s
+    ``task`` is a :class:`~gna_interp.tasks.base.Task` or a :class:`ScoringPlan` (:attr:`WHO` names the runner in the
+    error for anything else); ``method`` and ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s
     (replacements are computed once per head and reused: :meth:`replaced`); ``stack`` caps the copies one replay
     stacks (default :func:`default_stack`); ``pack`` how the plan's rows are laid out (None: as the plan allows;
     False: plain left-padded rows, always under resampling, whose reference rows align with a forward's rows).
@@ -605,11 +605,13 @@ class PlanRunner:
     head ablations replay the later blocks where they can, anything else runs full forwards.
     """
 
+    WHO = "this runner"  # how errors name the runner
+
     def __init__(self, model: Model, task: Any, method: AblationMethod = "zero", reference: Any = None,
-                 batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES, *, stack: int | None = None,
-                 replay: bool = True, pack: bool | None = None, who: str = "this runner") -> None:
+                 batch_size: int = 16, *, stack: int | None = None, replay: bool = True, pack: bool | None = None,
+                 max_prefix_bytes: int = DEFAULT_PREFIX_BYTES) -> None:
         check_method(method, reference)  # before the task is planned
-        self.plan = plan_of(model, task, who=who)
+        self.plan = plan_of(model, task, who=self.WHO)
         self.model, self.method, self.reference = model, method, reference
         self.batch_size, self.max_prefix_bytes = batch_size, max_prefix_bytes
         self.replay, self.pack = replay, False if method == "resample" else pack
@@ -722,11 +724,7 @@ class SetAblation(PlanRunner):
     ``run_plan`` to float noise. Arguments as :class:`PlanRunner`'s.
     """
 
-    def __init__(self, model: Model, task: Any, method: AblationMethod = "zero", reference: Any = None,
-                 batch_size: int = 16, max_prefix_bytes: int = DEFAULT_PREFIX_BYTES, *, stack: int | None = None,
-                 replay: bool = True, pack: bool | None = None) -> None:
-        super().__init__(model, task, method, reference, batch_size, max_prefix_bytes, stack=stack, replay=replay,
-                         pack=pack, who="SetAblation")
+    WHO = "SetAblation"
 
     @classmethod
     def of(cls, model: Model, task: Any, method: AblationMethod = "zero",
@@ -744,8 +742,8 @@ class SetAblation(PlanRunner):
     def on(self, task: Any, *, replay: bool | None = None, pack: bool | None = None) -> "SetAblation":
         """A runner like this one (model, method, reference, sizes; ``replay`` and ``pack`` unless given) on another
         task or plan -- e.g. a subset of the samples -- sharing the replacements computed so far."""
-        other = SetAblation(self.model, task, self.method, self.reference, self.batch_size, self.max_prefix_bytes,
-                            stack=self._stack, replay=self.replay if replay is None else replay,
+        other = SetAblation(self.model, task, self.method, self.reference, self.batch_size,
+                            max_prefix_bytes=self.max_prefix_bytes, stack=self._stack, replay=self.replay if replay is None else replay,
                             pack=self.pack if pack is None else pack)
         other._repl = self._repl
         return other

@@ -24,14 +24,14 @@ kind of mixer aggregates (the paper's third claim: hybrids delegate aggregation 
 
 **Aligned lines.** A head's decision row (the position the answer is read at) is split over the lines:
 ``m_j = Σ p[f, t]`` over the tokens ``t`` of line ``j`` shifted by ``δ`` tokens
-(:func:`~gna_interp.circuits.offsets.shifted_items`). Mixers with a short convolution (every SSM here)
+(:func:`~gna_interp.circuits.scan.offsets.shifted_items`). Mixers with a short convolution (every SSM here)
 can move a line's summary a token or two forward before an attention or SSM head reads it
-(:mod:`gna_interp.circuits.offsets`): the zoo Mamba-2's aggregate heads read the token after the gold
+(:mod:`gna_interp.circuits.scan.offsets`): the zoo Mamba-2's aggregate heads read the token after the gold
 line, the zoo hybrid's attention head two tokens after. ``δ`` is chosen per head from ``shifts`` (default
-0-3) as the smallest within :data:`~gna_interp.circuits.offsets.OFFSET_TOLERANCE` of the most mean gold mass
-(:func:`~gna_interp.circuits.offsets.pick_offset`, the rule of the role scores; choosing among four still
+0-3) as the smallest within :data:`~gna_interp.circuits.scan.offsets.OFFSET_TOLERANCE` of the most mean gold mass
+(:func:`~gna_interp.circuits.scan.offsets.pick_offset`, the rule of the role scores; choosing among four still
 lets an unrelated head's score rise a little; ``shifts=(0,)`` is
-:func:`~gna_interp.circuits.roles.role_scores`' ``aggregate`` at offset 0). Then:
+:func:`~gna_interp.circuits.scan.roles.role_scores`' ``aggregate`` at offset 0). Then:
 
 - ``aggregate`` ``m_gold``; ``to_lines`` ``Σ_j m_j``; ``gold_share`` ``m_gold / Σ_j m_j`` (chance ``1/n``);
 - ``line_entropy`` the normalised entropy of ``m_j / Σ m`` over the ``n`` lines (0: one line, 1: uniform);
@@ -64,10 +64,10 @@ import pandas as pd
 import torch
 
 from gna_interp.constants import CIRCUIT_JSON, SCAN_CKPT
-from gna_interp.circuits.circuit import Circuit
+from gna_interp.circuits.search.circuit import Circuit
 from gna_interp.engine.replay import SetAblation
-from gna_interp.circuits.offsets import intact_at, pick_offset
-from gna_interp.circuits.roles import ScoreOptions, decision_inputs, item_masses
+from gna_interp.circuits.scan.offsets import intact_at, pick_offset
+from gna_interp.circuits.scan.roles import ScoreOptions, decision_inputs, item_masses
 from gna_interp.errors import InputError
 from gna_interp.experiments.options import RunOptions
 from gna_interp.experiments.output import ExperimentResult, doc_table, table_html
@@ -119,7 +119,7 @@ class Aggregation:
 
 def _sample_rows(p: torch.Tensor, seg: Segments, gold: int, shifts: Sequence[int]) -> torch.Tensor:
     """``[heads, shifts, 4]``: gold mass, mass on all lines, gold share, line entropy, for one sample, the
-    lines read at each shift (:func:`~gna_interp.circuits.offsets.shifted_items`; NaN where a shift pushes
+    lines read at each shift (:func:`~gna_interp.circuits.scan.offsets.shifted_items`; NaN where a shift pushes
     a line past the prompt's end); ``p`` is ``[heads, q, k]`` row-normalised, its last row the decision row."""
     row = p[:, p.shape[-1] - 1]
     out = []
@@ -143,9 +143,9 @@ def aggregation_scores(model: Model, task: Task, heads: Sequence[HeadRef | str],
     prompts, at the line shift that suits it best (see the module docstring for every column).
 
     The prompt is fed with the tokens all candidates share, so the last position is the one the answer
-    is scored at (:func:`~gna_interp.circuits.roles.decision_inputs`); SSM heads are read as implicit
+    is scored at (:func:`~gna_interp.circuits.scan.roles.decision_inputs`); SSM heads are read as implicit
     attention in ``form``. Means over prompts ignore prompts where a head puts no mass on the lines. ``config``
-    (:class:`~gna_interp.circuits.roles.ScoreOptions`) or keyword ``overrides`` of its fields: ``n_samples``
+    (:class:`~gna_interp.circuits.scan.roles.ScoreOptions`) or keyword ``overrides`` of its fields: ``n_samples``
     (default 8), ``batch_size``, ``form``.
     """
     cfg = ScoreOptions.build(config, **overrides)

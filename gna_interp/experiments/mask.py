@@ -32,13 +32,13 @@ and in the residual stream every later layer reads. Measured on the zoo Mamba-2,
 aggregate heads read each line one token *after* its end (the next line's first token), and the zoo
 hybrid's attention aggregate heads two tokens after it; at the literal summary tokens neither selects
 the gold line. So each head reads the lines at a **summary offset** ``d`` in ``0..reach``
-(:mod:`gna_interp.circuits.offsets`, shared with the role scores: :func:`reach` is ``w - 1`` of the widest
+(:mod:`gna_interp.circuits.scan.offsets`, shared with the role scores: :func:`reach` is ``w - 1`` of the widest
 convolution up to its layer, 0 in an attention-only model): with ``offset="auto"`` the smallest offset
 within :data:`OFFSET_TOLERANCE` of its best role score (:func:`head_scores`), or the offset given. With ``d > 0`` a line's span and summary move ``d`` tokens
 later (clipped at the prompt's end), for Gather and Aggregate masks alike, and the extra condition
 ``ga_pattern_unshifted`` shows what the literal summaries give.
 
-**Which heads, which roles.** From a :class:`~gna_interp.circuits.circuit.Circuit` (``gna scan``'s
+**Which heads, which roles.** From a :class:`~gna_interp.circuits.search.circuit.Circuit` (``gna scan``'s
 folder, or a discovery run here): its heads (generic heads left out) among the ``top_k`` best-ranked
 whose removal hurts (``drop > 0``); a head labelled ``gather``/``aggregate`` keeps its label; a head
 labelled ``other`` is scored here and becomes an aggregate head when, at some offset, its decision row
@@ -67,9 +67,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.constants import CONTROL_CKPT, SCAN_CKPT
-from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.offsets import OFFSET_TOLERANCE, conv_width, pick_offset, reach, shifted_items
-from gna_interp.circuits.roles import RoleRule, ScoreOptions, offset_scores
+from gna_interp.circuits.search.circuit import Circuit
+from gna_interp.circuits.scan.offsets import OFFSET_TOLERANCE, conv_width, pick_offset, reach, shifted_items
+from gna_interp.circuits.scan.roles import RoleRule, ScoreOptions, offset_scores
 from gna_interp.errors import HeadError, InputError, OptionError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.options import RunOptions
@@ -164,12 +164,12 @@ def ga_mask(seg: Segments, role: str, width: int, pad: int = 0, offset: int = 0)
 def head_scores(model: Model, task: Task, heads: Sequence[HeadRef | str], offsets: Sequence[int] | None = None,
                 config: ScoreOptions | None = None, **overrides: Any) -> pd.DataFrame:
     """G&A scores of ``heads`` with the lines read at each summary offset (default: ``0..reach(head)``,
-    :func:`~gna_interp.circuits.offsets.reach`; given ``offsets``: those, for every head). Rows: ``name,
+    :func:`~gna_interp.circuits.scan.offsets.reach`; given ``offsets``: those, for every head). Rows: ``name,
     kind, offset, gather, aggregate, selectivity`` (means over the first ``n_samples`` samples), the
-    :func:`~gna_interp.circuits.roles.offset_scores` columns ``gather``, ``summary_aggregate`` and
+    :func:`~gna_interp.circuits.scan.roles.offset_scores` columns ``gather``, ``summary_aggregate`` and
     ``summary_selectivity``: the role scores read at the summary tokens (what the aggregate mask keeps)
     rather than over whole lines. An offset that pushes a line past the prompt's end on some sample is not
-    scored on that sample. ``config`` (:class:`~gna_interp.circuits.roles.ScoreOptions`) or keyword ``overrides``
+    scored on that sample. ``config`` (:class:`~gna_interp.circuits.scan.roles.ScoreOptions`) or keyword ``overrides``
     of its fields: ``n_samples``, ``batch_size``, ``form``."""
     per = offset_scores(model, task, list(heads), offsets, ScoreOptions.build(config, **overrides))
     per = per.rename(columns={"aggregate": "line_aggregate", "selectivity": "line_selectivity",
@@ -550,7 +550,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
     Args:
         model: a loaded :class:`Model` or a model spec.
         circuit: a :class:`Circuit` or a ``gna scan`` folder whose heads and roles to use; with neither
-            ``circuit`` nor ``heads``, :func:`~gna_interp.circuits.discovery.discover` runs on a KV task of
+            ``circuit`` nor ``heads``, :func:`~gna_interp.circuits.search.discovery.discover` runs on a KV task of
             ``scan_samples`` prompts (seed ``seed``) and its circuit is saved in ``out/circuit``.
         heads: instead of a circuit: ``{head: role}``, heads without roles (measured), or
             ``"L0H3=gather,L1H3=aggregate"``.

@@ -16,7 +16,7 @@ of layers ``A+1..B`` and retrieval stays, remove one of those heads and it falls
 A removed block passes its input on unchanged (:class:`~gna_interp.interventions.LayerSkip`), heads are
 zero-ablated (:class:`~gna_interp.interventions.HeadAblation`), both run by a
 :class:`~gna_interp.engine.replay.PlanRunner` of full forwards; the curves are the points of
-:func:`~gna_interp.circuits.prune.prune_curve` (same columns, same scoring), measured one point at a time
+:func:`~gna_interp.circuits.search.prune.prune_curve` (same columns, same scoring), measured one point at a time
 so that a long run is checkpointed point by point.
 
 Tasks (``tasks``): ``kv`` (KV retrieval), ``mc`` (multiple choice scored on the letters, or the
@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from gna_interp.constants import KEEP_CSV
-from gna_interp.circuits.prune import COLUMNS as CURVE_COLUMNS
+from gna_interp.circuits.search.prune import COLUMNS as CURVE_COLUMNS
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint
 from gna_interp.experiments.options import RunOptions

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from gna_interp.constants import CIRCUIT_JSON, CONTROL_CKPT, REPORT_FILE, SCAN_CKPT
-from gna_interp.circuits.circuit import FILES as CIRCUIT_FILES
-from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.curve import RANDOM_SALT, curve_k, random_orders
-from gna_interp.circuits.discovery import discover
+from gna_interp.circuits.search.circuit import FILES as CIRCUIT_FILES
+from gna_interp.circuits.search.circuit import Circuit
+from gna_interp.circuits.search.curve import RANDOM_SALT, curve_k, random_orders
+from gna_interp.circuits.search.discovery import discover
 from gna_interp.errors import InputError
 from gna_interp.experiments.checkpoint import Checkpoint, stale_files
 from gna_interp.experiments.options import FolderOptions
@@ -54,7 +54,7 @@ def model_of(model: Model | str | os.PathLike, device: str | None = None, dtype:
 @dataclass(frozen=True)
 class Discovery:
     """How :func:`find_circuit` discovers a circuit when none is given: ``gna scan``'s default discovery
-    (:func:`~gna_interp.circuits.discovery.discover`, ``k`` heads in its curve) on ``task`` (a task, a
+    (:func:`~gna_interp.circuits.search.discovery.discover`, ``k`` heads in its curve) on ``task`` (a task, a
     :class:`~gna_interp.tasks.choice.TaskChoice`; None: the form ``gna scan`` chooses, seed ``seed + 1``).
 
     Attributes:
@@ -72,7 +72,7 @@ class Discovery:
     say: str | None = None
 
     def how(self) -> Any:
-        """What :func:`~gna_interp.circuits.discovery.discover` runs on."""
+        """What :func:`~gna_interp.circuits.search.discovery.discover` runs on."""
         return self.task if self.task is not None else TaskChoice(seed=self.seed + 1, batch_size=self.batch_size)
 
 
@@ -127,7 +127,7 @@ def resolve_circuit(model: Model, circuit: Circuit | str | os.PathLike | None, f
 
 def removed_k(circuit: Circuit, k: int) -> int:
     """How many of ``circuit``'s best-ranked heads an experiment removes when asked for ``k``: at most a quarter of
-    its scanned heads (:func:`~gna_interp.circuits.curve.curve_k`, so that ``k`` random heads stay a small draw) and
+    its scanned heads (:func:`~gna_interp.circuits.search.curve.curve_k`, so that ``k`` random heads stay a small draw) and
     at most the heads of the circuit."""
     return min(curve_k(len(circuit.scan.heads), k), len(circuit.heads))
 

@@ -31,9 +31,10 @@ from gna_interp.store import as_path, atomic_write, read_json, write_json
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gna_interp.circuits.circuit import Circuit
-    from gna_interp.circuits.edge_screen import EdgeScreen
-    from gna_interp.circuits.sufficiency import Faithfulness
+    from gna_interp.circuits.search.circuit import Circuit
+    from gna_interp.circuits.edges.edge_screen import EdgeScreen
+    from gna_interp.circuits.search.sufficiency import Faithfulness
+    from gna_interp.engine.profile import Cost
     from gna_interp.models.model import Model
     from gna_interp.tasks.base import Task
 
@@ -78,7 +79,7 @@ class SufficiencySettings:
 @dataclass
 class ScanSnapshot:
     """A ``gna scan`` folder read once into memory, under its lock: its files' bytes, its run id and the
-    :class:`~gna_interp.circuits.circuit.Circuit` loaded from exactly those bytes."""
+    :class:`~gna_interp.circuits.search.circuit.Circuit` loaded from exactly those bytes."""
 
     path: Path
     files: dict[str, bytes]
@@ -90,7 +91,7 @@ class ScanSnapshot:
         """Read the scan folder ``path`` (its result files, not its checkpoints) while holding its lock shared; an
         :class:`InputError` naming the folder, and the command that makes a scan, when it is none, and naming the
         scan's own file (a link, a FIFO, a damaged or mixed file) when one cannot be read."""
-        from gna_interp.circuits.circuit import Circuit
+        from gna_interp.circuits.search.circuit import Circuit
         from gna_interp.run_folder import reading
 
         src = as_path(path, "the scan folder")
@@ -141,7 +142,7 @@ def _result_files(src: Path) -> list[Path]:
 class Sufficiency:
     """What ``gna circuit`` found: the node faithfulness curve; the edge table and causal roles of the top heads
     (None when not measured); the whole-graph screen; the edge faithfulness curve with the smallest edge circuit;
-    and the files written."""
+    the files written; and what each stage run (not read back) cost (:class:`~gna_interp.engine.profile.Cost`)."""
 
     faithfulness: "Faithfulness"
     edges: "pd.DataFrame | None" = None
@@ -150,6 +151,7 @@ class Sufficiency:
     edge_faithfulness: "Faithfulness | None" = None
     written: list[Path] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
+    profile: "dict[str, Cost]" = field(default_factory=dict)
 
     @classmethod
     def load(cls, folder: str | Path) -> "Sufficiency":
@@ -157,8 +159,8 @@ class Sufficiency:
         read back (an :class:`InputError` naming the file that is gone or damaged)."""
         import pandas as pd
 
-        from gna_interp.circuits.edge_screen import EdgeScreen
-        from gna_interp.circuits.sufficiency import Faithfulness
+        from gna_interp.circuits.edges.edge_screen import EdgeScreen
+        from gna_interp.circuits.search.sufficiency import Faithfulness
 
         out = as_path(folder, "Sufficiency.load's folder")
         stages = read_json(out / RUN_JSON, "circuit_run").get("stages")
@@ -176,7 +178,7 @@ class Sufficiency:
 
     def to_frame(self) -> "pd.DataFrame":
         """The node curve's points and, where measured, the edge curve's, one row each (column ``unit``: heads or
-        edges; the rest as :meth:`Faithfulness.to_frame <gna_interp.circuits.sufficiency.Faithfulness.to_frame>`)."""
+        edges; the rest as :meth:`Faithfulness.to_frame <gna_interp.circuits.search.sufficiency.Faithfulness.to_frame>`)."""
         import pandas as pd
 
         curves = [c for c in (self.faithfulness, self.edge_faithfulness) if c is not None]
@@ -211,8 +213,10 @@ class _RunLog:
             if differ:
                 raise InputError(f"--resume: {str(folder)!r} holds a gna circuit run with other options ("
                                  f"{'; '.join(differ)}); rerun with its options, or add --fresh to start over")
-            stages = doc.get("stages")
+            stages, profile = doc.get("stages"), doc.get("profile")
             self.body["stages"] = stages if isinstance(stages, dict) else {}
+            if isinstance(profile, dict):
+                self.body["profile"] = profile
 
     def done(self, stage: str) -> dict[str, Any] | None:
         got = self.body["stages"].get(stage)
@@ -220,6 +224,11 @@ class _RunLog:
 
     def mark(self, stage: str, **info: Any) -> None:
         self.body["stages"][stage] = info
+        write_json(self.path, "circuit_run", self.body)
+
+    def cost(self, stage: str, cost: "Cost") -> None:
+        """Record what ``stage`` cost (``profile`` in ``circuit_run.json``; a resumed run keeps the earlier runs')."""
+        self.body.setdefault("profile", {})[stage] = cost.to_dict()
         write_json(self.path, "circuit_run", self.body)
 
 
@@ -242,8 +251,8 @@ def _read_back(out: Path, name: str, scan: ScanSnapshot) -> Any:
     table checked for meaning against the scan's heads); an :class:`InputError` naming it when gone or damaged."""
     import pandas as pd
 
-    from gna_interp.circuits.causal import check_edge_table
-    from gna_interp.circuits.sufficiency import Faithfulness
+    from gna_interp.circuits.edges.causal import check_edge_table
+    from gna_interp.circuits.search.sufficiency import Faithfulness
 
     path = out / name
     if path.suffix == ".json":
@@ -278,16 +287,26 @@ def run_sufficiency(model: "Model", task: "Task", scan: ScanSnapshot, folder: st
     """Run ``gna circuit``'s stages on ``task`` (the scan's task, or its first samples) and write each stage's files
     into ``folder`` as it ends; with ``resume``, stages that ``folder``'s ``circuit_run.json`` lists as done (for the
     same scan run and settings) are read back instead. ``say`` prints a stage's report, ``stage(label)`` wraps each
-    stage (the command line's stage lines)."""
+    stage (the command line's stage lines). Each stage's cost is measured (:class:`~gna_interp.engine.profile.Meter`)
+    and recorded beside it in ``circuit_run.json`` (``profile``)."""
+    from gna_interp.engine.profile import Meter
+
     out = Path(folder)
     log = _RunLog(out, scan.run_id, settings, resume)
     res = Sufficiency(faithfulness=None)  # type: ignore[arg-type]
     steps = [("faithfulness", _faithfulness), ("edges", _edges), ("screen", _screen),
              ("edge_circuits", _edge_circuits), ("whole", _whole)]
-    for name, step in steps:
-        if log.done(name) is not None:
-            res.resumed.append(name)
-        step(_Ctx(model, task, scan, out, settings, log, say, stage), res)
+    with Meter(model) as meter:
+        for name, step in steps:
+            if log.done(name) is not None:
+                res.resumed.append(name)
+                step(_Ctx(model, task, scan, out, settings, log, say, stage), res)
+                continue
+            with meter.stage() as cost:
+                step(_Ctx(model, task, scan, out, settings, log, say, stage), res)
+            if log.done(name) is not None:  # the stage ran (a stage turned off marks nothing)
+                res.profile[name] = cost
+                log.cost(name, cost)
     return res
 
 
@@ -304,7 +323,7 @@ class _Ctx:
 
 
 def _faithfulness(c: _Ctx, res: Sufficiency) -> None:
-    from gna_interp.circuits.sufficiency import faithfulness
+    from gna_interp.circuits.search.sufficiency import faithfulness
     from gna_interp.viz.faithfulness import faithfulness_curve
 
     s = c.settings
@@ -326,7 +345,7 @@ def _faithfulness(c: _Ctx, res: Sufficiency) -> None:
 
 
 def _edges(c: _Ctx, res: Sufficiency) -> None:
-    from gna_interp.circuits.causal import causal_roles, measure_edges
+    from gna_interp.circuits.edges.causal import causal_roles, measure_edges
 
     circuit = c.scan.circuit
     if not c.settings.edges:
@@ -346,7 +365,7 @@ def _edges(c: _Ctx, res: Sufficiency) -> None:
 
 
 def _screen(c: _Ctx, res: Sufficiency) -> None:
-    from gna_interp.circuits.edge_screen import EdgeScreen, screen_edges
+    from gna_interp.circuits.edges.edge_screen import EdgeScreen, screen_edges
     from gna_interp.progress import quiet
     from gna_interp.viz.edge_graph import edge_graph
 
@@ -371,7 +390,7 @@ def _edge_circuits(c: _Ctx, res: Sufficiency) -> None:
     """The edge faithfulness curve -- the edges out of the smallest node circuit's heads first, each part in screen
     order -- and the smallest edge circuit (none, with a line saying why, where the model's blocks do not allow
     edge circuits)."""
-    from gna_interp.circuits.sufficiency import edge_faithfulness
+    from gna_interp.circuits.search.sufficiency import edge_faithfulness
     from gna_interp.errors import UnsupportedArchitectureError
     from gna_interp.viz.faithfulness import faithfulness_curve
 
@@ -404,7 +423,7 @@ def _whole(c: _Ctx, res: Sufficiency) -> None:
     """``whole_circuit/``: the scan as read, with the smallest edge circuit as ``whole`` in its circuit.json, and
     its report; built in a new folder beside it, then put in place (nothing where no edge circuit keeps the
     threshold)."""
-    from gna_interp.circuits.edge_circuit import whole_circuit
+    from gna_interp.circuits.edges.edge_circuit import whole_circuit
     from gna_interp.report.build import build_report
 
     efx = res.edge_faithfulness

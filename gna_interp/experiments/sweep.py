@@ -16,12 +16,12 @@ under each **condition** (zero ablation, the paper's; the same prompts for every
                (``seeds`` of them), the *same* draw at every size, so each seed is one line
 =============  ======================================================================================
 
-``k`` follows the ablation curve's rule (:func:`~gna_interp.circuits.curve.curve_k`): at most a
+``k`` follows the ablation curve's rule (:func:`~gna_interp.circuits.search.curve.curve_k`): at most a
 quarter of the scanned heads, so that ``k`` random heads are a small draw that cannot hold the circuit.
 
 **Single heads** (``heads=``, ``gna sweep --heads``): one more condition per entry, that head removed
 alone: a head name (``L16H0``; the condition is named after the head) or a role word, ``gather`` /
-``aggregate`` (the circuit's :meth:`~gna_interp.circuits.circuit.Circuit.pair`: the strongest measured
+``aggregate`` (the circuit's :meth:`~gna_interp.circuits.search.circuit.Circuit.pair`: the strongest measured
 gather -> aggregate path, else the pattern roles). These are the paper's per-head signatures: removing the
 gather head costs about the same at every size, removing the aggregate head costs more as the dictionary
 grows. Named heads alone need no circuit: with ``heads`` of head names only and no ``circuit``, nothing is
@@ -65,7 +65,7 @@ import torch
 
 from gna_interp.bootstrap import interval, paired_bootstrap
 from gna_interp.constants import CIRCUIT_JSON, N_BOOTSTRAP, SCAN_CKPT
-from gna_interp.circuits.circuit import Circuit
+from gna_interp.circuits.search.circuit import Circuit
 from gna_interp.engine.replay import SetAblation
 from gna_interp.errors import HeadError, InputError
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint

@@ -279,7 +279,7 @@ class MixerAdapter:
         """For each of :data:`INPUTS`, where ``head`` reads it: hooks on input-projection outputs and channels.
 
         Path patching recomputes a receiver's output with some of these channels computed from another residual
-        stream (:mod:`gna_interp.circuits.paths`). Default: the kind cannot be a receiver."""
+        stream (:mod:`gna_interp.circuits.edges.paths`). Default: the kind cannot be a receiver."""
         raise UnsupportedArchitectureError(f"heads of kind {self.kind!r} cannot receive path patches "
                                            f"(their inputs are not separable per head)")
 

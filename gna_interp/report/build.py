@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.views import CardViews
+from gna_interp.circuits.search.circuit import Circuit
+from gna_interp.circuits.search.views import CardViews
 from gna_interp.constants import FIGURES_DIR, REPORT_FILE, SCAN_CSV, SUMMARY_MD
 from gna_interp.errors import InputError, ReportWarning
 from gna_interp.run_folder import check_writable
@@ -40,7 +40,7 @@ _TABLE_COLUMNS = ("rank", "circuit_rank", "name", "kind", "role", "offset", "dro
 
 def build_report(out_dir: str | Path, *, png: bool = True, circuit: Circuit | None = None) -> Path:
     """Write ``out_dir/report.html`` from the circuit saved in ``out_dir`` (:meth:`Circuit.save
-    <gna_interp.circuits.circuit.Circuit.save>`); return its path. No model is loaded or run.
+    <gna_interp.circuits.search.circuit.Circuit.save>`); return its path. No model is loaded or run.
 
     The page holds the model and task summary, the baseline, the layer x head heatmap (click any cell: that
     head's pattern on the first card sample and its numbers, :func:`~gna_interp.viz.head_view.head_explorer`),

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.formats import one_format_heads
+from gna_interp.circuits.search.circuit import Circuit
+from gna_interp.circuits.search.formats import one_format_heads
 
 __all__ = ["circuit_brief", "circuit_summary", "edge_lines", "format_lines", "md_escape"]
 

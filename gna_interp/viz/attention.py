@@ -7,7 +7,7 @@ from typing import Sequence
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.views import row_normalised
+from gna_interp.circuits.search.views import row_normalised
 from gna_interp.models.heads import HeadRef
 from gna_interp.mixing.pattern_set import PatternSet
 from gna_interp.viz.html import HTMLView, circuitsvis_widget, display_tokens, render
@@ -16,7 +16,7 @@ from gna_interp.viz.html import HTMLView, circuitsvis_widget, display_tokens, re
 def display_rows(pattern: Float[Tensor, "n q k"], heads: Sequence[HeadRef]) -> Float[Tensor, "n q k"]:
     """Patterns as shown: attention heads as they are (rows sum to 1); SSM heads' implicit attention
     as ``|M| / sum_k |M|`` per row, so every head is drawn on the same 0..1 scale
-    (:func:`gna_interp.circuits.views.row_normalised`, which the stored all-head patterns use too)."""
+    (:func:`gna_interp.circuits.search.views.row_normalised`, which the stored all-head patterns use too)."""
     return row_normalised(pattern, heads)
 
 

@@ -14,7 +14,7 @@ _NAMES = {"intact": "intact", "aggregate": "aggregate heads removed", "random": 
 
 
 def delegation_figure(result: Any, title: str | None = None) -> Any:
-    """Plotly bars from a :class:`~gna_interp.circuits.delegation.Delegation`: per head kind with aggregate
+    """Plotly bars from a :class:`~gna_interp.circuits.scan.delegation.Delegation`: per head kind with aggregate
     heads, retrieval accuracy intact, with the kind's aggregate heads removed together, and with as many
     random heads of the kind removed (median over the draws, whiskers min-max); a second panel shows the
     knowledge task's metric for the same removals when one was measured. Chance is drawn dashed."""

@@ -1,4 +1,4 @@
-"""`edge_graph(screen)`: the whole graph's strongest edges (:class:`~gna_interp.circuits.edge_screen.EdgeScreen`) --
+"""`edge_graph(screen)`: the whole graph's strongest edges (:class:`~gna_interp.circuits.edges.edge_screen.EdgeScreen`) --
 the embeddings, heads, MLPs and the logits as nodes placed by layer, the edges as lines.
 
 Heads are circles placed by layer, MLPs squares in a row of their own below them (between their layer and the next),
@@ -32,7 +32,7 @@ def edge_graph(screen: Any, top: int = 40, title: str | None = None) -> Any:
 
     table = getattr(screen, "table", None)
     if table is None:
-        raise InputError(f"edge_graph takes an EdgeScreen (gna_interp.circuits.edge_screen), got {type(screen).__name__}")
+        raise InputError(f"edge_graph takes an EdgeScreen (gna_interp.circuits.edges.edge_screen), got {type(screen).__name__}")
     t = table.copy()
     t["value"] = t["effect"].where(t["effect"].notna(), t["score"])
     t = t.reindex(t["value"].abs().sort_values(ascending=False).index).head(top)

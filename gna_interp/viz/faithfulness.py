@@ -1,5 +1,5 @@
 """`faithfulness_curve(fx)`: the fraction of the intact logit difference a circuit keeps as it grows, beside random
-circuits of the same sizes (:class:`~gna_interp.circuits.sufficiency.Faithfulness`)."""
+circuits of the same sizes (:class:`~gna_interp.circuits.search.sufficiency.Faithfulness`)."""
 
 from __future__ import annotations
 

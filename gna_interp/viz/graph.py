@@ -1,6 +1,6 @@
 """`circuit_graph(circuit)`: the circuit as a graph you can click -- heads as nodes, measured paths as edges.
 
-Nodes are the heads of the circuit's edge table (:attr:`Circuit.edges <gna_interp.circuits.circuit.Circuit.edges>`)
+Nodes are the heads of the circuit's edge table (:attr:`Circuit.edges <gna_interp.circuits.search.circuit.Circuit.edges>`)
 placed by layer, sized by their drop and coloured by their causal role; a ``logits`` node stands right of the last
 layer. Each measured path with a positive effect is a line whose width is its effect (dashed where its 95 %
 interval reaches 0), coloured by the input it reaches (``k``, ``v``, ``q`` or the logits directly), with a
@@ -124,7 +124,7 @@ def _finish(fig: Any, pos: dict[str, Point], area: Frame, title: str, axis: str)
 
 def graph_figure(frame: pd.DataFrame, edges: pd.DataFrame, title: str | None = None) -> Any:
     """The plotly figure of the graph: ``frame`` is the circuit frame (``name``, ``layer``, ``drop``, ``causal_role``),
-    ``edges`` the edge table (:data:`~gna_interp.circuits.causal.EDGE_COLUMNS`). The edge markers' trace is named
+    ``edges`` the edge table (:data:`~gna_interp.circuits.edges.causal.EDGE_COLUMNS`). The edge markers' trace is named
     ``edges`` and carries each edge's row index in ``customdata``; the node trace is named ``heads``."""
     import plotly.graph_objects as go
 
@@ -177,7 +177,7 @@ def _kind(name: str) -> str:
 
 
 def node_positions(names: list[str]) -> dict[str, tuple[float, float]]:
-    """``(x, y)`` per node of the whole graph (names as :mod:`gna_interp.circuits.whole_circuit` gives them): heads
+    """``(x, y)`` per node of the whole graph (names as :mod:`gna_interp.circuits.edges.whole_circuit` gives them): heads
     at their layer (centred among that layer's heads), each MLP in a row of its own below the heads half a layer
     after its block's heads, the embeddings left of layer 0 and the logits right of the last layer, both at 0."""
     heads = [n for n in names if _kind(n) == "head"]
@@ -201,7 +201,7 @@ def _edge_hover(e: Any) -> str:
 
 
 def whole_figure(whole: Any, drops: dict[str, float] | None = None, title: str | None = None) -> Any:
-    """The plotly figure of a whole circuit (:class:`~gna_interp.circuits.whole_circuit.WholeCircuit`): nodes by
+    """The plotly figure of a whole circuit (:class:`~gna_interp.circuits.edges.whole_circuit.WholeCircuit`): nodes by
     :func:`node_positions` (heads circles sized by ``drops`` and coloured by their causal role, MLPs squares, the
     embeddings and logits at the ends), each edge a line coloured by the input it reaches, dashed by its position
     class (:data:`POSITION_DASHES`), its width the exact effect (the screen score where none was measured), faint
@@ -263,7 +263,7 @@ def _whole_legend(fig: Any, whole: Any, roles: set[str]) -> None:
 
 
 def _rows(seg: Any) -> dict[str, list[int]]:
-    """The card sample's pattern rows of each position set of :mod:`gna_interp.circuits.paths`."""
+    """The card sample's pattern rows of each position set of :mod:`gna_interp.circuits.edges.paths`."""
     if seg is None:
         return {}
     decision = list(range(int(seg.final), int(seg.n_tokens)))
@@ -321,9 +321,9 @@ def _number(v: Any) -> float | None:
 def circuit_graph(circuit: Any) -> HTMLView:
     """The circuit graph with its click views as a self-contained view: displays itself in Jupyter, ``.save(path)``
     writes an offline page. Node clicks show the head's pattern and numbers, edge clicks both patterns.
-    ``circuit``: a :class:`~gna_interp.circuits.circuit.Circuit`, or a `gna scan` folder (or its circuit.json) to
+    ``circuit``: a :class:`~gna_interp.circuits.search.circuit.Circuit`, or a `gna scan` folder (or its circuit.json) to
     read one from."""
-    from gna_interp.circuits.circuit import Circuit
+    from gna_interp.circuits.search.circuit import Circuit
 
     if isinstance(circuit, (str, os.PathLike)):
         circuit = Circuit.load(circuit)

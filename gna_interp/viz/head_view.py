@@ -1,6 +1,6 @@
 """`head_explorer(frame, views)`: the report's click view, any head's pattern and numbers one click away.
 
-The page carries every stored head's compressed pattern (:class:`~gna_interp.circuits.views.HeadPatterns`, base64
+The page carries every stored head's compressed pattern (:class:`~gna_interp.circuits.search.views.HeadPatterns`, base64
 inside one ``<script>`` as inert JSON) and every head's row of the circuit frame. A click on a cell of the
 heatmap (:func:`~gna_interp.viz.scores.score_heatmap`, whose traces name their cells in ``meta.names``), or a
 choice in the head list, decodes that head's pattern in the browser and draws it with circuitsvis's
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gna_interp.circuits.views import LEVELS, CardViews
+from gna_interp.circuits.search.views import LEVELS, CardViews
 from gna_interp.viz.html import asset, display_tokens, part, render
 from gna_interp.viz.text import counted
 

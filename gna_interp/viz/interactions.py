@@ -6,7 +6,7 @@ import html
 import math
 from typing import Any
 
-from gna_interp.circuits.interactions import Interactions
+from gna_interp.circuits.scan.interactions import Interactions
 from gna_interp.errors import InputError
 
 
@@ -16,7 +16,7 @@ def _fmt(v: float) -> str:
 
 def interaction_heatmap(result: Interactions | dict[str, Any], metric: str | None = None,
                         title: str | None = None) -> Any:
-    """Plotly heatmap of :meth:`Interactions.matrix <gna_interp.circuits.interactions.Interactions.matrix>`.
+    """Plotly heatmap of :meth:`Interactions.matrix <gna_interp.circuits.scan.interactions.Interactions.matrix>`.
 
     Off the diagonal, ``interaction[i, j] = drop(i, j) - drop(i) - drop(j)`` on a diverging scale centred at 0
     (red: super-additive, the pair costs more than its singles; blue: sub-additive); cells whose bootstrap

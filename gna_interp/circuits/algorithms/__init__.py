@@ -8,15 +8,15 @@ name                    unit   what a score is
 ``attribution``         nodes  each head's drop, estimated to first order from one gradient pass
 ``auto``                nodes  estimated, then measured until the leading heads are settled
 ``eap``                 edges  each edge's drop by edge attribution patching
-                               (:func:`~gna_interp.circuits.edge_screen.screen_edges`)
+                               (:func:`~gna_interp.circuits.edges.edge_screen.screen_edges`)
 ``eap_ig``              edges  the same with integrated gradients along the ablation path
 ``edge_exact``          edges  each edge's drop, measured: the model with that edge alone left out
-                               (:meth:`~gna_interp.circuits.edge_circuit.EdgeCircuit.run_without`)
+                               (:meth:`~gna_interp.circuits.edges.edge_circuit.EdgeCircuit.run_without`)
 ======================  =====  ===================================================================================
 
 :func:`score_graph` runs one by name, :func:`algorithms` lists them; the circuit search reads any of them
-(:func:`~gna_interp.circuits.sufficiency.faithfulness` node scores,
-:func:`~gna_interp.circuits.sufficiency.edge_faithfulness` edge scores). Adding one is a file with an
+(:func:`~gna_interp.circuits.search.sufficiency.faithfulness` node scores,
+:func:`~gna_interp.circuits.search.sufficiency.edge_faithfulness` edge scores). Adding one is a file with an
 ``@algorithm("name")`` function (docs/architecture.md shows one).
 """
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from gna_interp.circuits.algorithms.registry import algorithm
 from gna_interp.circuits.algorithms.scores import GraphScores
-from gna_interp.circuits.edge_screen import screen_edges
+from gna_interp.circuits.edges.edge_screen import screen_edges
 from gna_interp.errors import OptionError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.model import Model

@@ -2,9 +2,9 @@
 
 A score is the drop of the task's metric (the intact value minus the value with that node or edge removed), measured
 exactly or estimated to first order; names are those of :mod:`gna_interp.models.graph` (nodes: ``L1H0``, ``MLP3``,
-``embed``) or of :class:`~gna_interp.circuits.edge_circuit.Wire` (edges: ``L0H3 -> L1H3.k@items``), so the circuit
-search (:func:`~gna_interp.circuits.sufficiency.faithfulness`,
-:func:`~gna_interp.circuits.sufficiency.edge_faithfulness`) reads any algorithm's scores the same way.
+``embed``) or of :class:`~gna_interp.models.graph.Edge` (edges: ``L0H3 -> L1H3.k@items``), so the circuit
+search (:func:`~gna_interp.circuits.search.sufficiency.faithfulness`,
+:func:`~gna_interp.circuits.search.sufficiency.edge_faithfulness`) reads any algorithm's scores the same way.
 """
 
 from __future__ import annotations
@@ -15,54 +15,33 @@ from typing import Any, Literal, Mapping
 
 import pandas as pd
 
-from gna_interp.circuits.edge_circuit import Wire
-from gna_interp.circuits.edge_screen import EdgeScreen
+from gna_interp.circuits.edges.edge_screen import EdgeScreen
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.errors import InputError
-from gna_interp.models.graph import LOGITS, Node, receiver_nodes
+from gna_interp.models.graph import Edge, Node
 from gna_interp.models.heads import HeadRef
 
-__all__ = ["EDGE_COLUMNS", "NODE_COLUMNS", "UNITS", "GraphScores", "Unit", "screen_wire"]
+__all__ = ["EDGE_COLUMNS", "NODE_COLUMNS", "UNITS", "GraphScores", "Unit"]
 
 Unit = Literal["nodes", "edges"]
 UNITS: tuple[str, ...] = ("nodes", "edges")
 NODE_COLUMNS = ["name", "kind", "layer", "score", "exact", "abs_rank"]
-EDGE_COLUMNS = ["name", "sender", "receiver", "positions", "score", "exact", "abs_rank"]
-
-
-def screen_wire(sender: str, receiver: str, input: str, positions: str) -> Wire:
-    """The edge of an edge-screen row (:class:`~gna_interp.circuits.edge_screen.EdgeScreen`) as a wire: a head's
-    input ``L5H2.k`` (one row per head, even where heads share the input), an MLP's ``MLP5``, the ``logits``."""
-    if receiver == LOGITS or input == "mlp":
-        return Wire(sender, receiver, positions)
-    return Wire(sender, f"{receiver}.{input}", positions)
+EDGE_COLUMNS = ["name", "sender", "receiver", "input", "positions", "score", "exact", "abs_rank"]
 
 
 def _check_names(unit: str, names: list[str]) -> None:
-    """Refuse a name that is not a node (``nodes``) or a wire between nodes (``edges``) of the graph; each node
-    parsed once, however many edges name it."""
+    """Refuse a name that is not a node (``nodes``) or an edge between nodes (``edges``) of the graph, or that does
+    not print back as itself."""
     seen: set[str] = set()
-    inputs: set[str] = set()
-
-    def node(name: str) -> None:
-        if name not in seen:
-            Node.parse(name)
-            seen.add(name)
-
     for name in names:
         if unit == "nodes":
-            node(name)
+            if name not in seen:
+                Node.parse(name)
+                seen.add(name)
             continue
-        wire = Wire.parse(name)
-        if wire.name != name:
-            raise InputError(f"edge name {name[:80]!r} does not print back as itself ({wire.name[:80]!r})")
-        if wire.sender == LOGITS:
-            raise InputError(f"edge {name[:80]!r} leaves the logits, which send nothing")
-        node(wire.sender)
-        if wire.receiver not in inputs:
-            for receiver in receiver_nodes(wire.receiver)[0]:
-                node(receiver)
-            inputs.add(wire.receiver)
+        edge = Edge.parse(name)
+        if edge.name != name:
+            raise InputError(f"edge name {name[:80]!r} does not print back as itself ({edge.name[:80]!r})")
 
 
 def _order_key(score: float) -> float:
@@ -84,7 +63,7 @@ class GraphScores:
         seconds: wall time; exact_runs: runs of the task with one node or edge removed; gradient_passes:
             forward-and-backward passes over the task.
         detail: the result the algorithm wraps (a :class:`~gna_interp.circuits.scan.result.HeadScan`, an
-            :class:`~gna_interp.circuits.edge_screen.EdgeScreen`), or None; not compared.
+            :class:`~gna_interp.circuits.edges.edge_screen.EdgeScreen`), or None; not compared.
     """
 
     unit: Unit
@@ -123,9 +102,10 @@ class GraphScores:
 
     @classmethod
     def of_screen(cls, screen: EdgeScreen, gradient_passes: int) -> "GraphScores":
-        """An edge screen's EAP scores as edge scores, one per row (:func:`screen_wire`), in the screen's order."""
+        """An edge screen's EAP scores as edge scores, one per row (a head's input once per head, even where heads
+        share it), in the screen's order."""
         t = screen.table
-        names = [screen_wire(*row).name for row in zip(t["sender"], t["receiver"], t["input"], t["positions"])]
+        names = [Edge(*row).name for row in zip(t["sender"], t["receiver"], t["input"], t["positions"])]
         return cls("edges", dict(zip(names, t["score"].tolist())), exact_runs=int(t["effect"].notna().sum()),
                    gradient_passes=gradient_passes, detail=screen)
 
@@ -138,29 +118,28 @@ class GraphScores:
 
     def heads(self) -> list[HeadRef]:
         """The scored heads, ranked (:meth:`ranked`; other nodes left out): the order
-        :func:`~gna_interp.circuits.sufficiency.faithfulness` grows a circuit in."""
+        :func:`~gna_interp.circuits.search.sufficiency.faithfulness` grows a circuit in."""
         if self.unit != "nodes":
             raise InputError(f"these are edge scores ({self.algorithm or 'unnamed'}): a head ranking needs node scores"
                              f" (e.g. 'exact', 'attribution', 'auto'); edge_faithfulness reads edge scores")
         nodes = (Node.parse(n) for n in self.ranked())
         return [x.head for x in nodes if x.head is not None]
 
-    def wires(self) -> list[Wire]:
+    def wires(self) -> list[Edge]:
         """The scored edges, ranked (:meth:`ranked`)."""
         self._need_edges()
-        return [Wire.parse(n) for n in self.ranked()]
+        return [Edge.parse(n) for n in self.ranked()]
 
     def edge_rows(self) -> pd.DataFrame:
         """The edges as an edge screen names its rows (``sender``, ``receiver`` a node, ``input``, ``positions``,
         ``score``), in the algorithm's order: what
-        :meth:`~gna_interp.circuits.edge_circuit.EdgeCircuit.from_screen` reads (an input several heads share is
+        :meth:`~gna_interp.circuits.edges.edge_circuit.EdgeCircuit.from_screen` reads (an input several heads share is
         named by its first head)."""
         self._need_edges()
         rows = []
         for name, score in self.scores.items():
-            wire = Wire.parse(name)
-            nodes, inp = receiver_nodes(wire.receiver)
-            rows.append((wire.sender, nodes[0], inp, wire.positions, score))
+            edge = Edge.parse(name)
+            rows.append((edge.sender, edge.receiver.split("+")[0], edge.input, edge.positions, score))
         return pd.DataFrame(rows, columns=["sender", "receiver", "input", "positions", "score"])
 
     def _need_edges(self) -> None:
@@ -170,7 +149,7 @@ class GraphScores:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per name, ranked: columns :data:`NODE_COLUMNS` (``kind``, ``layer`` of the node; the logits'
-        layer None) or :data:`EDGE_COLUMNS` (the wire's ``sender``, ``receiver`` input and ``positions``);
+        layer None) or :data:`EDGE_COLUMNS` (the edge's ``sender``, ``receiver``, ``input`` and ``positions``);
         ``exact`` whether the score was measured, ``abs_rank`` its rank by ``|score|``."""
         rows = []
         for rank, name in enumerate(self.ranked(), start=1):
@@ -178,8 +157,7 @@ class GraphScores:
                 node = Node.parse(name)
                 where = {"kind": node.kind, "layer": node.layer}
             else:
-                wire = Wire.parse(name)
-                where = {"sender": wire.sender, "receiver": wire.receiver, "positions": wire.positions}
+                where = Edge.parse(name).to_dict()
             rows.append({"name": name, **where, "score": self.scores[name], "exact": name in self.exact,
                          "abs_rank": rank})
         return pd.DataFrame(rows, columns=NODE_COLUMNS if self.unit == "nodes" else EDGE_COLUMNS)

@@ -1,7 +1,7 @@
 """The circuit's edge table and the roles its heads play *by cause* (measured paths), beside the pattern roles.
 
-:func:`circuit_edges` lists what :func:`~gna_interp.circuits.discovery.discover` measures among the circuit's
-top heads with :mod:`gna_interp.circuits.paths`: every earlier-layer head as sender into every later-layer head as
+:func:`circuit_edges` lists what :func:`~gna_interp.circuits.search.discovery.discover` measures among the circuit's
+top heads with :mod:`gna_interp.circuits.edges.paths`: every earlier-layer head as sender into every later-layer head as
 receiver, along three inputs --
 
 - ``k@items`` and ``v@items``: the sender's write at the lines' (or options') tokens into the receiver's keys /
@@ -43,7 +43,8 @@ import pandas as pd
 
 from gna_interp.bootstrap import far_outside
 from gna_interp.errors import HeadError, InputError
-from gna_interp.circuits.paths import LOGITS, Edge, PathEffects, PathOptions, PathPatcher, path_effects
+from gna_interp.circuits.edges.paths import PathEffects, PathOptions, PathPatcher, path_effects
+from gna_interp.models.graph import LOGITS, Edge
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
@@ -89,7 +90,7 @@ def measure_edges(model: Model, task: Task, heads: Sequence[HeadRef], config: Pa
 
 def check_edge_table(rows: Any, heads: Iterable[HeadRef], where: str = "the edge table") -> pd.DataFrame:
     """An edge table (a DataFrame or its records, columns :data:`EDGE_COLUMNS`) checked for meaning, as
-    :class:`InputError` naming ``where`` and the row: each row an :class:`~gna_interp.circuits.paths.Edge` (sender
+    :class:`InputError` naming ``where`` and the row: each row an :class:`~gna_interp.models.graph.Edge` (sender
     before receiver, an input the receiver reads, ``logits`` only for the direct path, known positions) between
     ``heads`` (the scanned heads of the model), no edge twice, ``effect`` / ``low`` / ``high`` numbers (missing:
     not measured) with ``low <= high``. The ``edge`` label is derived from the row, never read back."""
@@ -102,9 +103,9 @@ def check_edge_table(rows: Any, heads: Iterable[HeadRef], where: str = "the edge
             if not isinstance(row, dict):
                 raise InputError(f"a row must be a mapping with the columns {EDGE_COLUMNS}, got {type(row).__name__}")
             edge = Edge.from_dict(row)
-            for head in (edge.sender, edge.receiver):
-                if head is not None and head.name not in known:
-                    raise InputError(f"names the head {head.name}, which is not among the {len(known)} scanned heads")
+            for name in (edge.sender, None if edge.direct else edge.receiver):
+                if name is not None and name not in known:
+                    raise InputError(f"names the head {name}, which is not among the {len(known)} scanned heads")
             if edge.name in seen:
                 raise InputError(f"measures {edge.name} again (row {seen[edge.name]} measured it)")
             seen[edge.name] = i
@@ -116,8 +117,7 @@ def check_edge_table(rows: Any, heads: Iterable[HeadRef], where: str = "the edge
                                  f"[{numbers['low']}, {numbers['high']}]")
         except (InputError, HeadError) as e:
             raise InputError(f"{where}: row {i}: {e}; the file was edited: rerun `gna scan`") from None
-        out.append({"edge": edge.name, "sender": edge.sender.name,
-                    "receiver": edge.receiver.name if edge.receiver else LOGITS, "input": edge.input,
+        out.append({"edge": edge.name, "sender": edge.sender, "receiver": edge.receiver, "input": edge.input,
                     "positions": edge.positions, **numbers})
     return pd.DataFrame(out, columns=EDGE_COLUMNS)
 

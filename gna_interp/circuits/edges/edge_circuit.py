@@ -1,11 +1,11 @@
 """Edge circuits: a task's scores when only a chosen set of edges of the model's whole graph carries the model's
 activations, every other edge carrying its sender's ablated value -- the faithfulness of a circuit of edges.
 
-**The graph** (the nodes of :mod:`gna_interp.circuits.edge_screen`). Senders: the embeddings (``embed``), every
+**The graph** (the nodes of :mod:`gna_interp.circuits.edges.edge_screen`). Senders: the embeddings (``embed``), every
 head, every MLP (``MLP{l}``). Receiver inputs: each head's ``q``/``k``/``v``/``other``
 (:meth:`~gna_interp.models.mixer.MixerAdapter.receiver_inputs`), where channels that several heads share are one
 input read by all of them (a grouped-query KV group's ``k``/``v``, a Mamba-2 group's ``B``/``C``; named by its heads,
-``L5H0+L5H1+L5H2.k``), every MLP's input (``MLP{l}``) and the answer ``logits``. An edge (:class:`Wire`) joins a
+``L5H0+L5H1+L5H2.k``), every MLP's input (``MLP{l}``) and the answer ``logits``. An edge (:class:`~gna_interp.models.graph.Edge`) joins a
 sender to a later receiver input at one class of positions: ``items`` (the tokens of the lines or options),
 ``decision`` (the last prompt token and the answer tokens), ``other`` (every other token); the three partition the
 tokens. Edges into the logits are read at the decision (positions ``all``).
@@ -53,12 +53,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.paths import PathPatcher, linear_write, read_block, reproduces
+from gna_interp.circuits.edges.paths import PathPatcher, linear_write, read_block, reproduces
+from gna_interp.circuits.edges.whole_circuit import WholeEdge
 from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import replay
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
-from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Node, mlp_name, node_kind, read_order, receiver_nodes,
+from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Edge, Node, mlp_name, node_kind, read_order, receiver_nodes,
                                      write_order)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import HeadSite, InputSite
@@ -67,34 +68,9 @@ from gna_interp.tasks.base import Task
 from gna_interp.engine.forward import ScoreTable
 from gna_interp.engine.plan import CandidateScores
 
-__all__ = ["EdgeCircuit", "Wire", "head_inputs", "whole_circuit"]
+__all__ = ["EdgeCircuit", "head_inputs", "whole_circuit"]
 
 SCOPES: tuple[str, ...] = ("heads", "all")
-
-
-@dataclass(frozen=True)
-class Wire:
-    """One edge of the whole graph: ``sender`` (``embed``, a head name, ``MLP{l}``) -> ``receiver`` (a receiver input
-    of :class:`EdgeCircuit`: ``L5H2.q``, ``L5H0+L5H1.k``, ``MLP5``, ``logits``) at ``positions`` (one of
-    :data:`CLASSES`; ``all`` for the logits)."""
-
-    sender: str
-    receiver: str
-    positions: str
-
-    @property
-    def name(self) -> str:
-        """``SENDER -> RECEIVER@POSITIONS``, e.g. ``L0H3 -> L1H3.k@items``; parses back with :meth:`parse`."""
-        return f"{self.sender} -> {self.receiver}@{self.positions}"
-
-    @classmethod
-    def parse(cls, name: str) -> "Wire":
-        """The wire of :attr:`name` (``L3H1 -> L5H0+L5H1.k@items``)."""
-        sender, sep, rest = str(name).partition(" -> ")
-        receiver, at, positions = rest.rpartition("@")
-        if not (sep and at and sender and receiver and positions):
-            raise InputError(f"not a wire name: {str(name)[:80]!r} (expected 'SENDER -> RECEIVER@POSITIONS')")
-        return cls(sender, receiver, positions)
 
 
 @dataclass(frozen=True)
@@ -147,7 +123,8 @@ def _stream_key(keep: Tensor | None, filled: int) -> bytes:
 
 
 class EdgeCircuit:
-    """Scores of a task with only sets of :class:`Wire` kept (the rest ablated): :meth:`run`.
+    """Scores of a task with only sets of edges (:class:`~gna_interp.models.graph.Edge`) kept (the rest ablated):
+    :meth:`run`.
 
     ``method``: ``mean`` (the senders' mean over ``reference``'s prompts, default the task) or ``zero``.
     ``senders``: ``heads`` (default) -- a circuit is a set of edges out of heads, and the edges out of the
@@ -256,20 +233,23 @@ class EdgeCircuit:
     def _receiver_layer(self, receiver: str) -> float:
         return read_order(receiver, self.model.n_layers)
 
-    def wires(self) -> list[Wire]:
+    def wires(self) -> list[Edge]:
         """Every edge of the graph: each sender -> each later receiver input, at each position class."""
         out = []
         for r in self.receivers():
             rl = self._reads_at[r]
+            nodes, inp = receiver_nodes(r)
+            receiver = "+".join(nodes)
             for s in self.senders:
                 if self._writes_at[s] < rl and self._index[s] not in self._fixed:
-                    out += [Wire(s, r, "all")] if r == LOGITS else [Wire(s, r, c) for c in CLASSES]
+                    out += [Edge.made(s, receiver, inp, "all")] if r == LOGITS else \
+                        [Edge.made(s, receiver, inp, c) for c in CLASSES]
         return out
 
-    def check(self, wire: Wire) -> Wire:
+    def check(self, wire: Edge) -> Edge:
         """``wire`` if it is an edge of this model's graph, else :class:`InputError` saying why."""
-        if not isinstance(wire, Wire):
-            raise InputError(f"an edge circuit is a collection of Wire(sender, receiver, positions), got "
+        if not isinstance(wire, Edge):
+            raise InputError(f"an edge circuit is a collection of Edge(sender, receiver, input, positions), got "
                              f"{type(wire).__name__}")
         if wire.sender not in self._index:
             raise InputError(f"unknown sender {wire.sender!r} in {wire.name}; senders are 'embed', head names and "
@@ -278,18 +258,18 @@ class EdgeCircuit:
             raise InputError(f"{wire.name}: with senders={self.scope!r} the edges out of the embeddings and the MLPs "
                              f"are always kept; EdgeCircuit(..., senders='all') lets a circuit leave them out")
         self.receivers()
-        if wire.receiver not in self._reads_at:
-            raise InputError(f"unknown receiver input {wire.receiver!r} in {wire.name}; e.g. "
+        if wire.reads not in self._reads_at:
+            raise InputError(f"unknown receiver input {wire.reads!r} in {wire.name}; e.g. "
                              f"{', '.join(self.receivers()[:3])} (EdgeCircuit.receivers() lists them)")
-        want = ("all",) if wire.receiver == LOGITS else CLASSES
+        want = ("all",) if wire.direct else CLASSES
         if wire.positions not in want:
             raise InputError(f"{wire.name}: positions must be one of {want}")
-        if self._writes_at[wire.sender] >= self._reads_at[wire.receiver]:
+        if self._writes_at[wire.sender] >= self._reads_at[wire.reads]:
             raise InputError(f"{wire.name}: the sender must write before the receiver reads")
         return wire
 
     def from_screen(self, table: pd.DataFrame) -> pd.DataFrame:
-        """The screened edges (:class:`~gna_interp.circuits.edge_screen.EdgeScreen` rows) as wires with their
+        """The screened edges (:class:`~gna_interp.circuits.edges.edge_screen.EdgeScreen` rows) as wires with their
         scores (``wire``, ``sender``, ``receiver``, ``positions``, ``score``), largest ``|score|`` first (an edge
         whose first-order estimate is negative can still be one the circuit needs once the rest is ablated: ordered
         by ``|score|``, the zoo Mamba-2's smallest edge circuit is 58 edges, by signed score the whole graph); the
@@ -308,7 +288,7 @@ class EdgeCircuit:
             rows.append((r.sender, rec, pos, float(r.score)))
         df = pd.DataFrame(rows, columns=["sender", "receiver", "positions", "score"])
         df = df.groupby(["sender", "receiver", "positions"], as_index=False, sort=False)["score"].sum()
-        df["wire"] = [Wire(s, r, p) for s, r, p in zip(df.sender, df.receiver, df.positions)]
+        df["wire"] = [Edge.at(s, r, p) for s, r, p in zip(df.sender, df.receiver, df.positions)]
         order = df["score"].abs().sort_values(ascending=False, kind="stable").index
         return df.loc[order].reset_index(drop=True)
 
@@ -340,7 +320,7 @@ class EdgeCircuit:
         """``w_S - w̄_S = g(y) - g(ȳ)`` of an MLP or the embeddings (``y`` its output in the run)."""
         return self._post(sender)(y) - self._ablated(sender, y)
 
-    def _keep(self, kept: Collection[Wire]) -> dict[str, Tensor]:
+    def _keep(self, kept: Collection[Edge]) -> dict[str, Tensor]:
         """Per receiver input: ``[senders, 3]`` (which position classes each sender reaches it at); the senders
         that are always kept reach every receiver."""
         keep: dict[str, Tensor] = {}
@@ -350,14 +330,14 @@ class EdgeCircuit:
                 keep[r][self._fixed] = 1.0
         for w in kept:
             self.check(w)
-            k = keep.setdefault(w.receiver, torch.zeros(len(self.senders), len(CLASSES)))
+            k = keep.setdefault(w.reads, torch.zeros(len(self.senders), len(CLASSES)))
             if w.positions == "all":
                 k[self._index[w.sender]] = 1.0
             else:
                 k[self._index[w.sender], CLASSES.index(w.positions)] = 1.0
         return keep
 
-    def chunk_logprobs(self, index: int, kept: Collection[Wire]) -> Float[Tensor, " n_reads"]:
+    def chunk_logprobs(self, index: int, kept: Collection[Edge]) -> Float[Tensor, " n_reads"]:
         """Log-probabilities at the reads of batch ``index`` (``self.pp.chunks[index]``) with only ``kept``
         carrying activations."""
         return self._chunk(index, self._keep(kept))
@@ -379,14 +359,14 @@ class EdgeCircuit:
         return table.result()
 
     @torch.no_grad()
-    def run(self, sets: Sequence[Collection[Wire]]) -> list[CandidateScores]:
+    def run(self, sets: Sequence[Collection[Edge]]) -> list[CandidateScores]:
         """Scores of the task with only each element of ``sets`` (a collection of wires) kept."""
-        if isinstance(sets, (Wire, str)) or not isinstance(sets, Sequence):
+        if isinstance(sets, (Edge, str)) or not isinstance(sets, Sequence):
             raise InputError(f"sets must be a list of wire collections, got {type(sets).__name__}")
         return [self._scores(self._keep(kept)) for kept in sets]
 
     @torch.no_grad()
-    def run_without(self, sets: Sequence[Collection[Wire]]) -> list[CandidateScores]:
+    def run_without(self, sets: Sequence[Collection[Edge]]) -> list[CandidateScores]:
         """Scores of the task with every edge kept except those of each element of ``sets``: the exact effect of
         leaving out one edge (or a few), any sender and receiver (an MLP's, the embeddings')."""
         out = []
@@ -395,9 +375,9 @@ class EdgeCircuit:
             for w in gone:
                 self.check(w)
                 if w.positions == "all":
-                    keep[w.receiver][self._index[w.sender]] = 0.0
+                    keep[w.reads][self._index[w.sender]] = 0.0
                 else:
-                    keep[w.receiver][self._index[w.sender], CLASSES.index(w.positions)] = 0.0
+                    keep[w.reads][self._index[w.sender], CLASSES.index(w.positions)] = 0.0
             out.append(self._scores(keep))
         return out
 
@@ -675,9 +655,9 @@ def _recording(sites: dict[HeadRef, HeadSite], zs: dict[HeadRef, Tensor], ios: d
     return [(site.hook, record(h, site)) for h, site in sites.items()] + [(name, keep(name)) for name in names]
 
 
-def whole_circuit(fx: Any, scores: dict[Wire, float] | None = None, roles: dict[str, str] | None = None,
+def whole_circuit(fx: Any, scores: dict[Edge, float] | None = None, roles: dict[str, str] | None = None,
                   n_layers: int | None = None) -> dict[str, Any] | None:
-    """The smallest edge circuit of an edge faithfulness curve (:func:`~gna_interp.circuits.sufficiency.edge_faithfulness`)
+    """The smallest edge circuit of an edge faithfulness curve (:func:`~gna_interp.circuits.search.sufficiency.edge_faithfulness`)
     as the report's graph reads it (``circuit.json``'s ``whole``): ``kept`` with its interval ``low``-``high``,
     ``nodes`` (``name``, ``kind`` head / mlp / embed / logits, ``layer``, ``role``) and ``edges`` (``sender``,
     ``receiver`` a node, ``input`` q / k / v / other / mlp / logits, ``positions``, ``score`` each wire's screen
@@ -693,12 +673,12 @@ def whole_circuit(fx: Any, scores: dict[Wire, float] | None = None, roles: dict[
     roles = roles or {}
     edges = []
     for w in fx.smallest:
-        names, inp = receiver_nodes(w.receiver)
+        names, inp = receiver_nodes(w.reads)
         targets = [(h, inp) for h in ([h for h in names if h in alive] or names[:1])]
         effect = fx.minimality.get(w)
         for receiver, inp in targets:
-            edges.append({"sender": w.sender, "receiver": receiver, "input": inp, "positions": w.positions,
-                          "score": _finite(scores.get(w)), "effect": _finite(effect), "low": None, "high": None})
+            edges.append(WholeEdge(w.sender, receiver, inp, w.positions, score=_finite(scores.get(w)),
+                                   effect=_finite(effect)).to_dict())
     nodes = {n: Node.parse(n) for e in edges for n in (e["sender"], e["receiver"])}
     last = n_layers if n_layers is not None else 1 + max(
         [x.layer for x in nodes.values() if x.layer is not None], default=0)

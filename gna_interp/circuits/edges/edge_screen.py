@@ -1,5 +1,5 @@
 """The whole graph at once: edge attribution patching (EAP) over every sender -> every later receiver input, then the
-strongest edges verified by exact path patching (:mod:`gna_interp.circuits.paths`).
+strongest edges verified by exact path patching (:mod:`gna_interp.circuits.edges.paths`).
 
 **Nodes.** Senders: the embeddings (``embed``), every head of every kind, every MLP (``MLP{l}``). Receivers: every
 head's inputs (:meth:`~gna_interp.models.mixer.MixerAdapter.receiver_inputs`: ``q``/``k``/``v``/``other``), every
@@ -22,7 +22,7 @@ logits are read at the decision. The estimate is first order: it is exact for a 
 input, and where a block normalises its mixer's output (Gemma-2/3, OLMo-2) it uses the linear write ``o_S``. The
 strongest edges are then measured exactly -- between heads and into the logits by path patching, edges out of or into
 an MLP or out of the embeddings by an edge circuit with every other edge kept
-(:meth:`~gna_interp.circuits.edge_circuit.EdgeCircuit.run_without`, where the model's blocks allow it) -- and the
+(:meth:`~gna_interp.circuits.edges.edge_circuit.EdgeCircuit.run_without`, where the model's blocks allow it) -- and the
 screen's error against them reported.
 """
 
@@ -36,12 +36,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from gna_interp.circuits.edge_circuit import EdgeCircuit, Wire, head_inputs
-from gna_interp.circuits.paths import Edge, PathEffects, PathPatcher, linear_write, path_effects
+from gna_interp.circuits.edges.edge_circuit import EdgeCircuit, head_inputs
+from gna_interp.circuits.edges.paths import PathEffects, PathPatcher, linear_write, path_effects
 from gna_interp.engine.attribution import inputs_only_grad
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
-from gna_interp.models.graph import CLASSES, EMBED, LOGITS, mlp_name, node_kind, write_order
+from gna_interp.models.graph import CLASSES, EMBED, LOGITS, Edge, mlp_name, node_kind, write_order
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
@@ -175,10 +175,7 @@ def _edge(row: Any) -> Edge | None:
     """The exact edge of a screened row (None where it names an MLP or the embeddings)."""
     if row["kind"] not in ("head -> head", "head -> logits"):
         return None
-    sender = HeadRef.parse(row["sender"])
-    if row["receiver"] == LOGITS:
-        return Edge(sender, None, LOGITS, "all")
-    return Edge(sender, HeadRef.parse(row["receiver"]), row["input"], row["positions"])
+    return Edge(row["sender"], row["receiver"], row["input"], row["positions"])
 
 
 def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", reference: Any = None,
@@ -249,7 +246,7 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     if len(rest) and exact is not None:  # MLP and embedding edges: every other edge kept, this one left out
         if progress is not None:
             progress(f"edge screen: verifying {len(rest)} MLP and embedding edges, each left out alone")
-        wires = [[_wire(r)] for _, r in rest.iterrows()]
+        wires = [[Edge(r.sender, r.receiver, r.input, r.positions)] for r in rest.itertuples()]
         fx = PathEffects(LOGIT_DIFF.name, results(clean), [[] for _ in wires],
                          [results(s) for s in exact.run_without(wires)])
         for idx, eff, (lo, hi) in zip(rest.index, fx.effects(), fx.intervals()):
@@ -271,15 +268,6 @@ def _shared_inputs(model: Model) -> set[tuple[str, str]]:
     """``(head, input)`` pairs whose channels other heads read too (a KV or B/C group): the edge circuit leaves the
     group's input out, not one head's, so such rows are verified by path patching only."""
     return {(h.name, i.input) for i in head_inputs(model, skip=True) if len(i.heads) > 1 for h in i.heads}
-
-
-def _wire(row: Any) -> Wire:
-    """The edge-circuit wire of a screened row whose receiver input is not shared."""
-    if row["receiver"] == LOGITS:
-        return Wire(row["sender"], LOGITS, "all")
-    if row["input"] == "mlp":
-        return Wire(row["sender"], row["receiver"], row["positions"])
-    return Wire(row["sender"], f"{row['receiver']}.{row['input']}", row["positions"])
 
 
 def _before(sender: str, s_layer: float, r: _Receiver) -> bool:

@@ -1,10 +1,10 @@
-"""Saving and loading :class:`~gna_interp.circuits.paths.PathEffects` as functions: a strict-JSON ``path_effects``
-document, written and read by the result's own :meth:`~gna_interp.circuits.paths.PathEffects.save` /
-:meth:`~gna_interp.circuits.paths.PathEffects.load` (and ``to_dict`` / ``from_dict``), which these call.
+"""Saving and loading :class:`~gna_interp.circuits.edges.paths.PathEffects` as functions: a strict-JSON ``path_effects``
+document, written and read by the result's own :meth:`~gna_interp.circuits.edges.paths.PathEffects.save` /
+:meth:`~gna_interp.circuits.edges.paths.PathEffects.load` (and ``to_dict`` / ``from_dict``), which these call.
 
 The document holds the metric, the interval level, the intact model's per-sample results and, per edge set, its
 edges (``sender``, ``receiver`` or null for a direct edge, ``input``, ``positions``) and its per-sample results, so
-:meth:`~gna_interp.circuits.paths.PathEffects.effects`, ``intervals()`` and ``to_frame()`` read the same numbers
+:meth:`~gna_interp.circuits.edges.paths.PathEffects.effects`, ``intervals()`` and ``to_frame()`` read the same numbers
 after a round trip.
 """
 
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gna_interp.circuits.paths import EFFECTS_FORMAT, PathEffects
+from gna_interp.circuits.edges.paths import EFFECTS_FORMAT, PathEffects
 
 FORMAT = EFFECTS_FORMAT
 

@@ -65,7 +65,7 @@ from gna_interp.constants import PATH_EFFECTS_JSON
 from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.html_repr import fmt
 from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, flat_channels
-from gna_interp.models.graph import LOGITS, POSITIONS
+from gna_interp.models.graph import LOGITS, POSITIONS, Edge
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import INPUTS, InputSite
 from gna_interp.models.model import Model
@@ -80,81 +80,6 @@ from gna_interp.engine.plan import CandidateScores
 EFFECTS_FORMAT = "path_effects"  # the on-disk format of PathEffects.save
 
 __all__ = ["LOGITS", "POSITIONS", "Edge", "PathEffects", "PathPatcher", "path_effects"]
-
-
-@dataclass(frozen=True)
-class Edge:
-    """One path from ``sender``: into ``receiver``'s ``input`` (``q``/``k``/``v``/``other``) at ``positions``, or,
-    with ``receiver=None`` and ``input="logits"``, straight to the answer logits.
-
-    Checked for meaning when made (:class:`InputError` / :class:`HeadError`, naming the edge): heads are
-    :class:`HeadRef` (or their names), the receiver one head in a later layer than the sender, the input one a
-    receiver reads (``logits`` exactly when there is no receiver), the positions one of :data:`POSITIONS`.
-    Whether the heads exist in a model is :func:`check_edge`'s to say."""
-
-    sender: HeadRef
-    receiver: HeadRef | None = None
-    input: str = LOGITS
-    positions: str = "all"
-
-    def __post_init__(self) -> None:
-        sender = _edge_head(self.sender, "sender")
-        receiver = None if self.receiver is None else _edge_head(self.receiver, "receiver")
-        object.__setattr__(self, "sender", sender)
-        object.__setattr__(self, "receiver", receiver)
-        for field_name in ("input", "positions"):
-            value = getattr(self, field_name)
-            if not isinstance(value, str):
-                raise InputError(f"an edge's {field_name} must be a string, got {type(value).__name__} ({value!r:.40})")
-        where = f"{sender.name} -> {receiver.name if receiver else LOGITS}"
-        if self.positions not in POSITIONS:
-            raise InputError(f"unknown positions {self.positions[:40]!r} in the edge {where}; choose one of {POSITIONS}")
-        if receiver is None:
-            if self.input != LOGITS:
-                raise InputError(f"a direct edge (no receiver) reads the logits: input must be {LOGITS!r}, got "
-                                 f"{self.input[:40]!r} ({where})")
-            return
-        if self.input == LOGITS:
-            raise InputError(f"the edge {where}: input {LOGITS!r} belongs to a direct edge, which has no receiver "
-                             f"(Edge(sender) or Edge(sender, None)); a head receiver reads one of {INPUTS}")
-        if self.input not in INPUTS:
-            raise InputError(f"unknown receiver input {self.input[:40]!r} in the edge {where}; choose one of {INPUTS}")
-        if receiver.layer <= sender.layer:
-            raise HeadError(f"{where}: the receiver must sit in a later layer than the sender ({receiver.name} is in "
-                            f"layer {receiver.layer}, {sender.name} in layer {sender.layer})")
-        if receiver.width != 1:
-            raise HeadError(f"{where}: a receiver must be a single head, not a channel group")
-
-    @property
-    def direct(self) -> bool:
-        return self.receiver is None
-
-    @property
-    def name(self) -> str:
-        """``L16H2 -> L18H6.k@summary`` or ``L18H6 -> logits``."""
-        if self.receiver is None:
-            return f"{self.sender.name} -> logits" + ("" if self.positions == "all" else f"@{self.positions}")
-        return f"{self.sender.name} -> {self.receiver.name}.{self.input}@{self.positions}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"sender": self.sender.name, "receiver": self.receiver.name if self.receiver else None,
-                "input": self.input, "positions": self.positions}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Edge":
-        """The edge of :meth:`to_dict` (or of an edge-table row, whose direct edges name the receiver ``logits``)."""
-        if not isinstance(d, dict):
-            raise InputError(f"an edge must be a mapping with sender, receiver, input, positions, got {type(d).__name__}")
-        rec = d.get("receiver")
-        return cls(d.get("sender"), None if rec in (None, LOGITS) else rec, d.get("input", LOGITS),
-                   d.get("positions", "all"))
-
-
-def _edge_head(value: Any, role: str) -> HeadRef:
-    """An edge's ``role`` (sender / receiver) as a :class:`HeadRef`; a name is parsed."""
-    if isinstance(value, (HeadRef, str)):
-        return HeadRef.parse(value)
-    raise InputError(f"an edge's {role} must be a HeadRef or a head name like 'L1H2', got {type(value).__name__}")
 
 
 def linear_write(model: Model, r: Replacement, z: Float[Tensor, "b p w"]) -> Float[Tensor, "b p d_model"]:
@@ -176,13 +101,18 @@ def reproduces(value: Tensor, added: Tensor, dtype: torch.dtype) -> bool:
 
 
 def check_edge(model: Model, edge: Edge) -> Edge:
-    """``edge`` with its heads validated against ``model`` (the edge's own meaning is checked when it is made);
-    :class:`InputError` / :class:`HeadError` saying what is wrong otherwise."""
+    """``edge`` with its heads validated against ``model`` (the edge's own meaning is checked when it is made) and
+    within path patching's reach -- from a head into one head or into the logits; :class:`InputError` /
+    :class:`HeadError` saying what is wrong otherwise."""
     if not isinstance(edge, Edge):
         raise InputError(f"an edge must be an Edge(sender, receiver, input, positions), got {type(edge).__name__}")
-    sender = model.check_head(edge.sender)
-    receiver = None if edge.receiver is None else model.check_head(edge.receiver)
-    return Edge(sender, receiver, edge.input, edge.positions)
+    if edge.sender_head is None or (not edge.direct and edge.receiver_head is None):
+        raise InputError(f"path patching measures edges from a head into one head or into the logits, not "
+                         f"{edge.name}; an edge circuit (EdgeCircuit.run_without) leaves out any edge")
+    model.check_head(edge.sender_head)
+    if not edge.direct:
+        model.check_head(edge.receiver_head)
+    return edge
 
 
 def _flat(x: Tensor) -> Tensor:
@@ -247,6 +177,8 @@ class PathPatcher(PlanRunner):
     patching needs the replays, so a model they do not reproduce is refused.
     """
 
+    WHO = "path patching"
+
     def __init__(self, model: Model, task: Task, method: AblationMethod = "zero", reference: Any = None,
                  batch_size: int = 16) -> None:
         if not isinstance(task, Task):
@@ -262,7 +194,7 @@ class PathPatcher(PlanRunner):
                 f"path patching needs a residual stream that is the sum of what each part writes, but block(s) "
                 f"{', '.join(map(str, scaled))} of {model.name} multiply the whole stream (layer_scalar); a sender's "
                 f"write has no single value along its paths there")
-        super().__init__(model, task, method, reference, batch_size, who="path patching")
+        super().__init__(model, task, method, reference, batch_size)
         if self.prefixes is None:
             raise UnsupportedArchitectureError(f"path patching replays blocks from recorded inputs: {self.mismatch}")
         self.task = task
@@ -461,7 +393,7 @@ class PathPatcher(PlanRunner):
                 for inp, edges in by_input.items():
                     s = x.clone()
                     for e in edges:
-                        s = s - masks[e.positions][..., None].to(s.dtype) * writes[e.sender].to(s.dtype)
+                        s = s - masks[e.positions][..., None].to(s.dtype) * writes[e.sender_head].to(s.dtype)
                     streams.append(s)
                     where.append((n, r, inp))
         need = sorted({site.hook for (_, r, inp) in where for site in inputs[r][inp]})
@@ -517,8 +449,8 @@ class PathPatcher(PlanRunner):
         every = sets if every is None else every
         clean = cache.get(index) if cache is not None else None
         if clean is None:
-            senders = {e.sender for es in every for e in es}
-            receivers = {e.receiver for es in every for e in es if e.receiver is not None}
+            senders = {e.sender_head for es in every for e in es}
+            receivers = {e.receiver_head for es in every for e in es if not e.direct}
             start = min(h.layer for h in senders | receivers)
             clean = self._clean_pass(prefix, senders, receivers, start)
             clean.masks = self.masks(chunk)
@@ -538,8 +470,8 @@ class PathPatcher(PlanRunner):
         for g, es in enumerate(sets):
             per: dict[HeadRef, dict[str, list[Edge]]] = {}
             for e in es:
-                if e.receiver is not None:
-                    per.setdefault(e.receiver, {}).setdefault(e.input, []).append(e)
+                if not e.direct:
+                    per.setdefault(e.receiver_head, {}).setdefault(e.input, []).append(e)
             for r, by_input in per.items():
                 by_layer.setdefault(r.layer, []).append((g, r, by_input))
         z_new: dict[tuple[int, HeadRef], Tensor] = {}
@@ -577,9 +509,9 @@ class PathPatcher(PlanRunner):
         for g, es in enumerate(sets):
             sel = final[rows + g * b, pos - column]
             for e in es:
-                if e.receiver is None:
+                if e.direct:
                     m = masks[e.positions][rows, pos][:, None].to(sel.dtype)
-                    sel = sel - m * writes[e.sender][rows, pos].to(sel.dtype)
+                    sel = sel - m * writes[e.sender_head][rows, pos].to(sel.dtype)
             sels.append(sel)
         n_at = rows.shape[0]
         inverse = inverse.to(final.device)
@@ -594,7 +526,7 @@ class PathPatcher(PlanRunner):
         first = int(chunk.read_pos.min())
         for es in sets:
             for e in es:
-                if e.receiver is not None:
+                if not e.direct:
                     cols = masks[e.positions].any(dim=0).nonzero()
                     first = min(first, int(cols[0]) if len(cols) else first)
         return first
@@ -623,11 +555,11 @@ class PathPatcher(PlanRunner):
         # the later positions need replaying) and the layer their replay starts at, so that no copy replays blocks or
         # positions before its own receivers'; sets of direct edges only read the clean final stream
         def kind(g: int) -> int:
-            heads = [e for e in groups[g] if e.receiver is not None]
+            heads = [e for e in groups[g] if not e.direct]
             return 2 if not heads else 0 if all(e.positions == "decision" for e in heads) else 1
 
         def start(g: int) -> int:
-            return min((e.receiver.layer for e in groups[g] if e.receiver is not None), default=self.model.n_layers)
+            return min((e.receiver_head.layer for e in groups[g] if not e.direct), default=self.model.n_layers)
 
         todo = sorted((g for g, es in enumerate(groups) if es), key=lambda g: (kind(g), start(g)))
         stacks: list[list[int]] = []
@@ -691,8 +623,8 @@ class PathEffects(Result):
         for es, eff, (lo, hi) in zip(self.sets, self.effects(), self.intervals()):
             e = es[0] if es else None
             rows.append({"edge": " + ".join(x.name for x in es),
-                         "sender": e.sender.name if e else "",
-                         "receiver": (e.receiver.name if e.receiver else LOGITS) if e else "",
+                         "sender": e.sender if e else "",
+                         "receiver": e.receiver if e else "",
                          "input": e.input if e else "", "positions": e.positions if e else "",
                          "effect": eff, "low": lo, "high": hi})
         return pd.DataFrame(rows, columns=["edge", "sender", "receiver", "input", "positions", "effect", "low", "high"])
@@ -758,7 +690,7 @@ def _per_sample(d: Any, metric: str) -> Results:
 
 
 def _edge_to_dict(e: Edge) -> dict[str, Any]:
-    return {"sender": e.sender.name, "receiver": e.receiver.name if e.receiver else None, "input": e.input,
+    return {"sender": e.sender, "receiver": None if e.direct else e.receiver, "input": e.input,
             "positions": e.positions}
 
 
@@ -787,7 +719,7 @@ def path_effects(model: Model, task: Task, sets: Sequence[Edge | Sequence[Edge]]
     """Effect on the metric of removing each element of ``sets`` (an :class:`Edge` or edges together); ``config``: a
     :class:`PathOptions` or keyword overrides of its fields (``metric``, ``method``, ``reference``, ``batch_size``).
 
-    Example: ``path_effects(m, task, [Edge(HeadRef.parse("L16H2"), HeadRef.parse("L18H6"), "k", "summary")])``.
+    Example: ``path_effects(m, task, [Edge("L16H2", "L18H6", "k", "summary")])``.
     Pass ``patcher`` to reuse one :class:`PathPatcher`'s clean prefixes across calls."""
     from gna_interp.models.model import check_model
     check_model(model)

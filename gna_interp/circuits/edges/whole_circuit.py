@@ -31,15 +31,10 @@ import pandas as pd
 from gna_interp.bootstrap import far_outside
 from gna_interp.errors import HeadError, InputError
 from gna_interp.html_repr import counted
-from gna_interp.models.graph import EMBED, LOGITS, NODE_KINDS, POSITIONS, RECEIVER_INPUTS, RECEIVES
+from gna_interp.models.graph import EMBED, LOGITS, NODE_KINDS, POSITIONS, RECEIVES, Edge
 from gna_interp.models.heads import HeadRef
 
-__all__ = ["EMBED", "LOGITS", "NODE_KINDS", "WHOLE_INPUTS", "WHOLE_POSITIONS", "WholeCircuit", "WholeEdge",
-           "WholeNode"]
-
-WHOLE_INPUTS = RECEIVER_INPUTS
-WHOLE_POSITIONS = POSITIONS
-_RECEIVES = RECEIVES
+__all__ = ["EMBED", "LOGITS", "NODE_KINDS", "WholeCircuit", "WholeEdge", "WholeNode"]
 
 
 @dataclass(frozen=True)
@@ -65,25 +60,16 @@ class WholeNode:
 
 
 @dataclass(frozen=True)
-class WholeEdge:
-    """One edge: ``sender`` -> ``receiver``'s ``input`` at ``positions``; ``score`` its screen score, ``effect``
-    (``low`` .. ``high``: its 95 % interval) the drop of the metric when the edge alone is removed, None where it
-    was screened but not measured exactly."""
+class WholeEdge(Edge):
+    """One edge of the graph (:class:`~gna_interp.models.graph.Edge`: ``sender`` -> ``receiver``'s ``input`` at
+    ``positions``) with what was measured of it: ``score`` its screen score, ``effect`` (``low`` .. ``high``: its 95 %
+    interval) the drop of the metric when the edge alone is removed, None where it was screened but not measured
+    exactly."""
 
-    sender: str
-    receiver: str
-    input: str
-    positions: str
     score: float | None = None
     effect: float | None = None
     low: float | None = None
     high: float | None = None
-
-    @property
-    def name(self) -> str:
-        """``L16H0 -> L18H6.k@items``, ``MLP3 -> logits@all``."""
-        return f"{self.sender} -> {self.receiver}.{self.input}@{self.positions}" if self.receiver != LOGITS \
-            else f"{self.sender} -> logits@{self.positions}"
 
     @property
     def measured(self) -> bool:
@@ -263,11 +249,11 @@ def _edge(row: Any, i: int, nodes: dict[str, WholeNode]) -> WholeEdge:
         missing = row.get("sender") if sender is None else row.get("receiver")
         raise InputError(f"edge {i} names {missing!r:.60}, which is not one of the circuit's nodes")
     inp, positions = row.get("input"), row.get("positions")
-    if inp not in _RECEIVES[receiver.kind]:
+    if inp not in RECEIVES[receiver.kind]:
         raise InputError(f"edge {i} ({sender.name} -> {receiver.name}) reaches input {inp!r:.40}, but a "
-                         f"{receiver.kind} node reads {list(_RECEIVES[receiver.kind]) or 'nothing'}")
-    if positions not in WHOLE_POSITIONS:
-        raise InputError(f"edge {i} has positions {positions!r:.40}, not one of {list(WHOLE_POSITIONS)}")
+                         f"{receiver.kind} node reads {list(RECEIVES[receiver.kind]) or 'nothing'}")
+    if positions not in POSITIONS:
+        raise InputError(f"edge {i} has positions {positions!r:.40}, not one of {list(POSITIONS)}")
     if sender.kind == "logits" or not sender.order < receiver.order:
         raise InputError(f"edge {i} runs from {sender.name} to {receiver.name}, which does not come later")
     return WholeEdge(sender.name, receiver.name, inp, positions, score=_number(row.get("score"), f"edge {i}'s score"),

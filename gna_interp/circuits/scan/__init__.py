@@ -39,14 +39,14 @@ the result :class:`~gna_interp.circuits.scan.result.HeadScan` (drops, intervals,
 (:mod:`gna_interp.engine.metrics`), the pure ``auto`` policy (:mod:`gna_interp.circuits.scan.policy`), the
 checkpoint (:mod:`gna_interp.circuits.scan.store`), one process or torchrun ranks
 (:mod:`gna_interp.circuits.scan.executor`), and the plain reference loop the fast paths are tested against
-(:func:`~gna_interp.circuits.reference.reference_scan`).
+(:func:`~gna_interp.circuits.scan.reference.reference_scan`).
 
 Checkpoint: with ``checkpoint=PATH`` the per-sample results are written atomically (temporary file
 + ``os.replace``) after every finished group of heads; a later call with the same arguments resumes
 from it, skipping finished heads. A checkpoint from a different model, task, method or head list is
 refused. Options are a :class:`ScanConfig` (or keyword overrides of its fields).
 
-Sharded (under ``torchrun``, see :mod:`gna_interp.circuits.distributed`): every rank runs the cheap,
+Sharded (under ``torchrun``, see :mod:`gna_interp.circuits.scan.distributed`): every rank runs the cheap,
 sequential parts identically (plan, prefixes, attribution, the ``auto`` decisions; rank 0 broadcasts
 the baseline, the estimates, ``stack`` and the replay check), and each exact phase -- the initial heads,
 each ``auto`` round, each screening round -- is cut into the replay groups one process would run and
@@ -68,7 +68,7 @@ import torch
 from gna_interp.progress import tqdm
 
 from gna_interp.engine.attribution import attribution_estimates
-from gna_interp.circuits.distributed import active, check_world
+from gna_interp.circuits.scan.distributed import active, check_world
 from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, SetAblation
 from gna_interp.circuits.scan.executor import Executor, Unit
 from gna_interp.circuits.scan.policy import DEFAULT_CERTIFY, default_verify, initial_exact, next_to_verify
@@ -208,7 +208,7 @@ def scan_heads(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef |
     :class:`ScanConfig`, or keyword overrides of its fields (``strategy="auto"``, ``method``,
     ``metric``, ``batch_size``, ``checkpoint``, ...); an unknown keyword raises naming the closest one.
     Under ``torchrun`` (``WORLD_SIZE > 1``) the exact ablations are split over the ranks and every rank
-    returns the whole scan (:mod:`gna_interp.circuits.distributed`).
+    returns the whole scan (:mod:`gna_interp.circuits.scan.distributed`).
     """
     from gna_interp.models.model import check_model
     check_model(model)
@@ -243,8 +243,8 @@ def _plan(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str]
         check_world(shard.world, len(head_list))
     executor = Executor(shard)
     plan, task_name = _as_plan(model, task, cfg.scoring)
-    runner = SetAblation(model, plan, cfg.method, cfg.reference, cfg.batch_size, cfg.max_prefix_bytes,
-                         stack=cfg.stack, replay=cfg.strategy != "naive")
+    runner = SetAblation(model, plan, cfg.method, cfg.reference, cfg.batch_size,
+                         max_prefix_bytes=cfg.max_prefix_bytes, stack=cfg.stack, replay=cfg.strategy != "naive")
     replaced = runner.replaced(head_list)
     runner.stack = executor.broadcast(runner.stack)  # rank 0's
     path = Path(cfg.checkpoint) if cfg.checkpoint is not None else None

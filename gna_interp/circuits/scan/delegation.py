@@ -5,7 +5,7 @@ The paper's third claim: a hybrid hands the Aggregate role to its few attention 
 attention aggregate heads collapses retrieval (MMLU letters, KV) while knowledge benchmarks barely move.
 :func:`delegation` measures both halves on any hybrid:
 
-1. **roles per kind** -- every head's :func:`~gna_interp.circuits.roles.role_scores` (each read at its
+1. **roles per kind** -- every head's :func:`~gna_interp.circuits.scan.roles.role_scores` (each read at its
    summary offset: SSM convolutions carry a line a few tokens past its end), grouped by head kind
    (attention vs Mamba-2 heads, ...): heads scored, heads labelled gather / aggregate / other, and the mean
    and max of ``gather``, ``aggregate`` and ``selectivity`` over the kind's heads;
@@ -14,7 +14,7 @@ attention aggregate heads collapses retrieval (MMLU letters, KV) while knowledge
    random heads of the same kind that are not aggregate heads (``seeds`` distinct draws, every possible
    draw when there are fewer), scored on the retrieval ``task`` (accuracy, logit difference) and on a
    ``knowledge`` task that needs no in-context retrieval: by default the LM loss on neutral prose of
-   :func:`~gna_interp.circuits.specificity.control_task` (nats/token; a word-level zoo vocabulary cannot
+   :func:`~gna_interp.circuits.scan.specificity.control_task` (nats/token; a word-level zoo vocabulary cannot
    represent it, and the knowledge half is then left out with a note), or any task given -- e.g. the
    cloze form of multiple-choice letters, scored by accuracy.
 
@@ -38,8 +38,8 @@ import pandas as pd
 
 from gna_interp.constants import DELEGATION_CSV, DELEGATION_JSON
 from gna_interp.engine.replay import SetAblation
-from gna_interp.circuits.roles import RoleRule, role_scores
-from gna_interp.circuits.specificity import control_task
+from gna_interp.circuits.scan.roles import RoleRule, role_scores
+from gna_interp.circuits.scan.specificity import control_task
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.heads import HeadRef
@@ -275,7 +275,7 @@ def delegation(model: Model, task: Task | None = None, knowledge: Task | str | N
         knowledge: a task needing no in-context retrieval (accuracy; a task whose samples have one
             candidate each, like :class:`~gna_interp.tasks.text.NeutralText`, by LM loss), ``"auto"`` (the
             neutral-prose LM loss when the model can represent it) or None.
-        roles: role scores to use (:func:`~gna_interp.circuits.roles.role_scores`' frame, e.g. a circuit's
+        roles: role scores to use (:func:`~gna_interp.circuits.scan.roles.role_scores`' frame, e.g. a circuit's
             ``roles``; recomputed when they lack summary offsets).
         runner: a :class:`~gna_interp.engine.replay.SetAblation` made for ``task`` with that method, to reuse
             its clean prefixes.

@@ -1,8 +1,8 @@
 """The scan executor: runs each exact phase of a head scan in one process, or split over torchrun ranks.
 
 A phase is a list of *units* (heads scored together: one replay group, or one head of the naive loop). In one
-process every unit runs here in order. Under torchrun (:mod:`gna_interp.circuits.distributed`) the units are
-assigned to ranks by whole units (:func:`~gna_interp.circuits.distributed.assign`, balanced by cost), each rank
+process every unit runs here in order. Under torchrun (:mod:`gna_interp.circuits.scan.distributed`) the units are
+assigned to ranks by whole units (:func:`~gna_interp.circuits.scan.distributed.assign`, balanced by cost), each rank
 runs its own, and the ranks all-gather the results so every rank holds the whole phase, in the order one process
 records it. Rank 0's verdicts (the baseline, the estimates, whether replays reproduce the model) are broadcast, so
 every rank takes the same ``auto`` decisions.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from gna_interp.circuits.distributed import Shard, assign
+from gna_interp.circuits.scan.distributed import Shard, assign
 from gna_interp.engine.replay import PlanRunner
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.interventions.ablation import Replacement

@@ -11,7 +11,7 @@ So a head's G&A scores are read with the lines moved ``d`` tokens later, ``d = 0
 (:func:`reach`: ``w - 1`` of the widest convolution up to the head's mixer; 0 in an attention-only
 model, where nothing changes), and the head's **summary offset** is the smallest ``d`` whose score is
 within :data:`OFFSET_TOLERANCE` of its best (:func:`pick_offset`): the literal reading wins ties, a
-later one has to be clearly better. :func:`~gna_interp.circuits.roles.role_scores`, the masking
+later one has to be clearly better. :func:`~gna_interp.circuits.scan.roles.role_scores`, the masking
 experiment and the family comparison all read offsets this way.
 """
 

@@ -25,7 +25,7 @@ whose logits the task is scored on. Without a shared prefix, ``f`` is the prompt
 **Summary offsets.** An SSM mixer's causal convolution carries a line 1-3 tokens past its end, so an SSM
 head (or an attention head behind SSM layers) may read the lines there rather than at their last tokens.
 Each head is scored with the lines moved ``d = 0..reach(head)`` tokens later (:func:`offset_scores`,
-:mod:`gna_interp.circuits.offsets`; ``reach`` is 0 in an attention-only model) and read at the offset
+:mod:`gna_interp.circuits.scan.offsets`; ``reach`` is 0 in an attention-only model) and read at the offset
 its role is clearest at (:func:`choose_offset`); the ``offset`` column records it.
 
 Scores are means over samples. :class:`RoleRule` turns them into a label (documented there).
@@ -42,7 +42,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.offsets import intact_at, offsets_of, pick_offset
+from gna_interp.circuits.scan.offsets import intact_at, offsets_of, pick_offset
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.mixing import PatternOptions, patterns
@@ -236,7 +236,7 @@ def offset_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str
                   offsets: Sequence[int] | None = None, config: ScoreOptions | None = None,
                   **overrides: Any) -> pd.DataFrame:
     """The G&A scores of each head with the lines read at each summary offset (default: ``0..reach(head)``,
-    :func:`~gna_interp.circuits.offsets.reach`; given ``offsets``: those, for every head), means over the
+    :func:`~gna_interp.circuits.scan.offsets.reach`; given ``offsets``: those, for every head), means over the
     first ``n_samples`` samples of ``task``. An offset that pushes a line past the prompt's end on some
     sample is not scored on that sample. ``config`` (:class:`ScoreOptions`) or keyword ``overrides`` of its
     fields: ``n_samples``, ``batch_size``, ``form``.
@@ -296,7 +296,7 @@ def offset_scores(model: Model, task: Task, heads: Sequence[HeadRef | str] | str
 def choose_offset(per_offset: pd.DataFrame, rule: RoleRule, smooth: bool = False) -> int:
     """The summary offset one head is read at, from its rows of :func:`offset_scores`: among the offsets
     where ``rule`` labels it ``aggregate`` the one whose selectivity is best (the smallest within
-    :data:`~gna_interp.circuits.offsets.OFFSET_TOLERANCE`, :func:`~gna_interp.circuits.offsets.pick_offset`);
+    :data:`~gna_interp.circuits.scan.offsets.OFFSET_TOLERANCE`, :func:`~gna_interp.circuits.scan.offsets.pick_offset`);
     else among those labelling it ``gather`` the best gather score; else the literal offset 0 (or the
     smallest scored one). ``smooth``: the head is an SSM head (:meth:`RoleRule.label`)."""
     return _choose(per_offset.to_dict(orient="records"), rule, smooth)

@@ -4,7 +4,7 @@ A checkpoint is a ``checkpoint`` document (:mod:`gna_interp.store`) holding the 
 **fingerprint** of its settings (model and weights, dtype, task samples, scoring, ablation method and reference,
 head list): a later scan with the same settings resumes from it, skipping finished heads; one with other settings
 is refused. It is written atomically after every finished group of heads. Under torchrun each rank writes its own
-file beside it (:func:`~gna_interp.circuits.distributed.rank_path`); a resume merges every file it finds, and at
+file beside it (:func:`~gna_interp.circuits.scan.distributed.rank_path`); a resume merges every file it finds, and at
 the end rank 0 writes the merged checkpoint and the rank files are removed.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from torch import Tensor
 
-from gna_interp.circuits.distributed import Shard, rank_files, rank_path
+from gna_interp.circuits.scan.distributed import Shard, rank_files, rank_path
 from gna_interp.circuits.scan.result import HeadScan
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef

@@ -1,4 +1,4 @@
-"""`Circuit`: what :func:`~gna_interp.circuits.discovery.discover` found, and its folder.
+"""`Circuit`: what :func:`~gna_interp.circuits.search.discovery.discover` found, and its folder.
 
 A circuit saves into a folder and loads back (:meth:`Circuit.save`, :meth:`Circuit.load`): ``scan.csv`` (the
 ranked table with role columns), ``scan.json`` (every per-sample result), ``circuit.json`` (model, the task
@@ -22,15 +22,15 @@ import pandas as pd
 
 from gna_interp.engine.profile import Cost
 from gna_interp.constants import CIRCUIT_JSON, CONTROL_JSON, DELEGATION_CSV, DELEGATION_JSON, SCAN_CSV, SCAN_JSON, SUMMARY_MD, VIEWS_PT, format_scan
-from gna_interp.circuits.causal import EDGE_COLUMNS, causal_roles, check_edge_table, strongest_path
-from gna_interp.circuits.curve import CURVE_COLUMNS
-from gna_interp.circuits.delegation import Delegation
-from gna_interp.circuits.formats import consistency_order, format_frame
-from gna_interp.circuits.roles import RoleRule
+from gna_interp.circuits.edges.causal import EDGE_COLUMNS, causal_roles, check_edge_table, strongest_path
+from gna_interp.circuits.search.curve import CURVE_COLUMNS
+from gna_interp.circuits.scan.delegation import Delegation
+from gna_interp.circuits.search.formats import consistency_order, format_frame
+from gna_interp.circuits.scan.roles import RoleRule
 from gna_interp.circuits.scan.result import HeadScan
-from gna_interp.circuits.specificity import DEFAULT_GENERIC_FRACTION, specificity_frame
-from gna_interp.circuits.views import CardViews
-from gna_interp.circuits.whole_circuit import WholeCircuit
+from gna_interp.circuits.scan.specificity import DEFAULT_GENERIC_FRACTION, specificity_frame
+from gna_interp.circuits.search.views import CardViews
+from gna_interp.circuits.edges.whole_circuit import WholeCircuit
 from gna_interp.errors import InputError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.spec import IN_MEMORY_PREFIX
@@ -62,7 +62,7 @@ class CircuitParts(Options):
 
 @dataclass
 class Circuit(Result):
-    """Result of :func:`~gna_interp.circuits.discovery.discover`: a folder result (:meth:`save` / :meth:`load`); its
+    """Result of :func:`~gna_interp.circuits.search.discovery.discover`: a folder result (:meth:`save` / :meth:`load`); its
     figures are drawn a layer up (:meth:`plot` names them).
 
     Attributes:
@@ -71,33 +71,33 @@ class Circuit(Result):
         task: the task as :meth:`Task.to_dict <gna_interp.tasks.base.Task.to_dict>` saves it
             (:meth:`load_task` rebuilds it).
         scan: the head scan.
-        roles: :func:`~gna_interp.circuits.roles.role_scores` of the scored heads.
+        roles: :func:`~gna_interp.circuits.scan.roles.role_scores` of the scored heads.
         baseline: metrics of the unablated model (accuracy, logit_diff, gold_prob, chance, ...).
         curve: ablation curve, columns :data:`CURVE_COLUMNS` (``series`` is ``top`` or ``random``).
         rule: the role rule used.
         views: patterns of the card heads on a few samples, for the report (None when not computed).
         control: the ``logprob`` scan of the LM-loss control (None when not measured; ``notes`` says why).
-        generic_fraction, keep_generic: the generic rule (see :mod:`gna_interp.circuits.specificity`).
+        generic_fraction, keep_generic: the generic rule (see :mod:`gna_interp.circuits.scan.specificity`).
         notes: sentences about how the circuit was found (control, chance check).
         twin: the task's knowledge twin (e.g. the cloze form of multiple-choice letters) with the curve's
             top k and random k heads removed: ``{"task", "k", "intact", "top", "random", "random_median"}``
             accuracies (None when the task has no twin).
-        timings: wall seconds of each stage of :func:`~gna_interp.circuits.discovery.discover` (check, scan, roles, control, curve, twin,
+        timings: wall seconds of each stage of :func:`~gna_interp.circuits.search.discovery.discover` (check, scan, roles, control, curve, twin,
             delegation, views), in the order they ran.
         profile: each stage's :class:`~gna_interp.engine.profile.Cost` (wall and CPU seconds, the model's blocks run
             with their rows and tokens, peak memory), the calibration of the task form included.
         delegation: on a hybrid, the roles per head kind and the cost of removing each kind's aggregate
-            heads (:class:`~gna_interp.circuits.delegation.Delegation`); None otherwise.
+            heads (:class:`~gna_interp.circuits.scan.delegation.Delegation`); None otherwise.
         calibration: the grid of task forms the intact model was measured on and the one chosen
             (:class:`~gna_interp.tasks.calibration.Calibration`; None when the task was given as is).
         formats, format_tasks: the scans of the other retrieval formats and their tasks (``to_dict``), by
             format name; when present, ``circuit_rank`` follows the consistent effect.
         edges: the edge table among the top heads (columns
-            :data:`~gna_interp.circuits.causal.EDGE_COLUMNS`, effects with 95 % intervals), measured by path
+            :data:`~gna_interp.circuits.edges.causal.EDGE_COLUMNS`, effects with 95 % intervals), measured by path
             patching; the frame's ``causal_role`` / ``causal_reason`` / ``direct_*`` columns and :meth:`pair` come
             from it (None: not measured).
         whole: the smallest edge set of the whole graph (embeddings, heads, MLPs, logits) that keeps a threshold
-            share of the intact metric, with that share (:class:`~gna_interp.circuits.whole_circuit.WholeCircuit`;
+            share of the intact metric, with that share (:class:`~gna_interp.circuits.edges.whole_circuit.WholeCircuit`;
             None: not searched, as in a plain scan).
     """
 
@@ -188,7 +188,7 @@ class Circuit(Result):
             n = len(set(self.edges["sender"]))
             df.loc[df["causal_role"].isna(), "causal_reason"] = (
                 f"not measured: the edge table covers the circuit's top {n} heads (DiscoverConfig.paths; "
-                f"gna_interp.circuits.causal.measure_edges measures any heads)")
+                f"gna_interp.circuits.edges.causal.measure_edges measures any heads)")
         if self.control is not None or self.formats:
             member = ~df["generic"].fillna(False).astype(bool) | self.keep_generic if "generic" in df else \
                 pd.Series(True, index=df.index)
@@ -213,7 +213,7 @@ class Circuit(Result):
         return {h.name: d for h, d in self.scan.drops(self.scan.estimand).items()}
 
     def _causal_roles(self) -> pd.DataFrame:
-        """:func:`~gna_interp.circuits.causal.causal_roles` of the edge table, each head's drop from the scan
+        """:func:`~gna_interp.circuits.edges.causal.causal_roles` of the edge table, each head's drop from the scan
         (:meth:`edge_drops`)."""
         assert self.edges is not None
         return causal_roles(self.edges, self.edge_drops())
@@ -245,7 +245,7 @@ class Circuit(Result):
 
     def decisive(self) -> list[tuple[HeadRef, float]]:
         """Heads whose removal alone brings the task's accuracy to chance (within the margin of
-        :func:`~gna_interp.circuits.discovery.check_solvable`), with that accuracy, best-ranked first: the paper's "one head: 66% -> 25%"."""
+        :func:`~gna_interp.circuits.search.discovery.check_solvable`), with that accuracy, best-ranked first: the paper's "one head: 66% -> 25%"."""
         chance, n = self.baseline.get("chance"), len(next(iter(self.scan.baseline.values()), []))
         if chance is None or not n:
             return []

@@ -24,8 +24,8 @@ from typing import Any
 import pandas as pd
 
 from gna_interp.constants import COMPARE_CSV, COMPARE_JSON, COMPARE_MD
-from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.curve import random_orders
+from gna_interp.circuits.search.circuit import Circuit
+from gna_interp.circuits.search.curve import random_orders
 from gna_interp.errors import InputError
 from gna_interp.html_repr import fmt
 from gna_interp.options import check_int

@@ -10,14 +10,14 @@ stage           what it adds
 ``check``       the intact model's accuracy against chance (a task the model fails is refused); after the scan
                 when calibration found the task's form solved (its clean pass is then the scan's attribution pass)
 ``scan``        every head's drop (:func:`~gna_interp.circuits.scan.scan_heads`)
-``formats``     the same heads on other retrieval formats (when given; :mod:`~gna_interp.circuits.formats`)
-``roles``       gather / aggregate scores of the best-ranked heads (:func:`~gna_interp.circuits.roles.role_scores`)
-``control``     every head's LM-loss rise on neutral prose; generic heads (:mod:`~gna_interp.circuits.specificity`)
-``curve``       the top k removed together against k random heads (:func:`~gna_interp.circuits.curve.ablation_curve`)
-``paths``       the edge table among the top ``paths`` heads and their causal roles (:mod:`~gna_interp.circuits.causal`)
+``formats``     the same heads on other retrieval formats (when given; :mod:`~gna_interp.circuits.search.formats`)
+``roles``       gather / aggregate scores of the best-ranked heads (:func:`~gna_interp.circuits.scan.roles.role_scores`)
+``control``     every head's LM-loss rise on neutral prose; generic heads (:mod:`~gna_interp.circuits.scan.specificity`)
+``curve``       the top k removed together against k random heads (:func:`~gna_interp.circuits.search.curve.ablation_curve`)
+``paths``       the edge table among the top ``paths`` heads and their causal roles (:mod:`~gna_interp.circuits.edges.causal`)
 ``twin``        the knowledge twin with the curve's heads removed (when given)
-``delegation``  on a hybrid, which head kind takes which role (:mod:`~gna_interp.circuits.delegation`)
-``views``       the card heads' and every head's patterns for the report (:func:`~gna_interp.circuits.views.card_views`)
+``delegation``  on a hybrid, which head kind takes which role (:mod:`~gna_interp.circuits.scan.delegation`)
+``views``       the card heads' and every head's patterns for the report (:func:`~gna_interp.circuits.search.views.card_views`)
 ==============  ========================================================================================
 """
 
@@ -33,17 +33,17 @@ import pandas as pd
 
 from gna_interp.engine.profile import Cost, Meter
 from gna_interp.constants import CONTROL_SUFFIX, format_scan
-from gna_interp.circuits.causal import measure_edges
-from gna_interp.circuits.circuit import Circuit
-from gna_interp.circuits.curve import CURVE_COLUMNS, ablation_curve, curve_k
-from gna_interp.circuits.delegation import delegation, is_hybrid
-from gna_interp.circuits.formats import cross_format
+from gna_interp.circuits.edges.causal import measure_edges
+from gna_interp.circuits.search.circuit import Circuit
+from gna_interp.circuits.search.curve import CURVE_COLUMNS, ablation_curve, curve_k
+from gna_interp.circuits.scan.delegation import delegation, is_hybrid
+from gna_interp.circuits.search.formats import cross_format
 from gna_interp.engine.replay import SetAblation, shared_prefixes
-from gna_interp.circuits.roles import RoleRule, role_scores
+from gna_interp.circuits.scan.roles import RoleRule, role_scores
 from gna_interp.circuits.scan import ScanConfig, scan_heads
 from gna_interp.circuits.scan.result import HeadScan
-from gna_interp.circuits.specificity import DEFAULT_GENERIC_FRACTION, control_task
-from gna_interp.circuits.views import card_views
+from gna_interp.circuits.scan.specificity import DEFAULT_GENERIC_FRACTION, control_task
+from gna_interp.circuits.search.views import card_views
 from gna_interp.errors import InputError, OptionError, UnsupportedArchitectureError
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
@@ -71,7 +71,7 @@ class DiscoverConfig(Options):
         form: SSM implicit-attention form for roles and views (``exact`` or ``attention``).
         rule: the role-labelling rule.
         n_cards: task samples whose patterns are kept for the report's G&A cards.
-        control: measure every head's LM-loss rise on neutral text (:mod:`gna_interp.circuits.specificity`).
+        control: measure every head's LM-loss rise on neutral text (:mod:`gna_interp.circuits.scan.specificity`).
         generic_fraction: a head whose removal raises the LM loss by at least this fraction of the intact
             model's loss is ``generic``; ``keep_generic`` keeps such heads in the circuit.
         allow_chance: discover even when the intact model is near chance on the task (refused otherwise:
@@ -81,15 +81,15 @@ class DiscoverConfig(Options):
             with the curve's heads removed (:func:`twin_check`); None: no twin.
         delegation: on a hybrid (attention and SSM heads), measure which kind takes which role and what
             removing each kind's aggregate heads costs on the task and on the knowledge twin (else the
-            neutral-text control) against random heads (:func:`~gna_interp.circuits.delegation.delegation`,
+            neutral-text control) against random heads (:func:`~gna_interp.circuits.scan.delegation.delegation`,
             ``seeds`` draws); nothing runs on a model of one kind.
         formats: other retrieval formats of the task (tasks, e.g. the other KV template or stated multiple
             choice), each scanned like the task; the circuit then ranks heads by their consistent effect, the
-            smallest relative drop over all formats (:mod:`gna_interp.circuits.formats`). A format the
+            smallest relative drop over all formats (:mod:`gna_interp.circuits.search.formats`). A format the
             intact model does not solve is skipped with a note.
         paths: the circuit's best-ranked heads whose edges are measured by path patching (every earlier -> later
             pair along keys and values at the lines' tokens and the query at the decision position, and each
-            head's direct path to the logits; :mod:`gna_interp.circuits.causal`); 0: no edge table. The cost grows
+            head's direct path to the logits; :mod:`gna_interp.circuits.edges.causal`); 0: no edge table. The cost grows
             with the square of it: 5 heads are at most 35 patched sets (the time it takes: docs/discovery.md, "Cost").
     """
 
@@ -161,7 +161,7 @@ class _Discovery:
 
     @property
     def kk(self) -> int:
-        """How many heads the curve removes (:func:`~gna_interp.circuits.curve.curve_k`)."""
+        """How many heads the curve removes (:func:`~gna_interp.circuits.search.curve.curve_k`)."""
         assert self.scan is not None
         return curve_k(len(self.scan.heads), self.cfg.k)
 
@@ -358,7 +358,7 @@ def discover(model: Model, task: Task | TaskChoice | ChosenTask | None = None,
 def _format_scans(model: Model, task: Task, scan: HeadScan, cfg: DiscoverConfig, notes: list[str],
                   ) -> tuple[dict[str, HeadScan], dict[str, dict[str, Any]]]:
     """Scan each of ``cfg.formats`` the intact model solves (a note for each one skipped), then make the
-    scans comparable (:func:`~gna_interp.circuits.formats.cross_format`)."""
+    scans comparable (:func:`~gna_interp.circuits.search.formats.cross_format`)."""
     if not cfg.formats:
         return {}, {}
     sc = cfg.scan

@@ -29,7 +29,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import pandas as pd
 import torch
@@ -40,6 +40,7 @@ from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
 from gna_interp.constants import FAITHFULNESS, FAITHFULNESS_JSON
 from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod
+from gna_interp.models.graph import Edge
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
@@ -47,9 +48,6 @@ from gna_interp.results import Result
 from gna_interp.store import as_path, atomic_write, file_in, read_json, write_json
 from gna_interp.tasks.base import Task
 from gna_interp.engine.metrics import Results, get_metric, results
-
-if TYPE_CHECKING:
-    from gna_interp.circuits.edge_circuit import Wire
 
 __all__ = ["FAITHFULNESS_COLUMNS", "Faithfulness", "FaithfulnessConfig", "edge_faithfulness", "faithfulness", "shuffled",
            "size_grid"]
@@ -131,7 +129,7 @@ class Faithfulness(Result):
             circuit does).
         minimality: each member of the smallest circuit: ``m(C) - m(C without it)`` on the logit difference.
         unit: ``heads`` (:func:`faithfulness`) or ``edges`` (:func:`edge_faithfulness`, members
-            :class:`~gna_interp.circuits.edge_circuit.Wire`).
+            :class:`~gna_interp.models.graph.Edge`).
         order: for edges, the ranked order (the saved file lists it once; the points are rebuilt from it).
     """
 
@@ -327,9 +325,8 @@ class Faithfulness(Result):
             def members(pt: dict[str, Any]) -> list[Any]:
                 return [HeadRef.parse(h) for h in pt["heads"]]
         else:
-            from gna_interp.circuits.edge_circuit import Wire
-            parse = Wire.parse
-            order = [Wire.parse(n) for n in doc["order"]]
+            parse = Edge.parse
+            order = [Edge.parse(n) for n in doc["order"]]
 
             def members(pt: dict[str, Any]) -> list[Any]:
                 k = int(pt["size"])
@@ -424,23 +421,23 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
                     lambda circuit: results(runner.run(_outside(every, circuit))), each_left_out)
 
 
-def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence[Wire] | GraphScores | Any",
+def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence[Edge] | GraphScores | Any",
                       config: FaithfulnessConfig | None = None, senders: str = "heads",
                       first: Collection[str] | None = None, **overrides: Any) -> Faithfulness:
     """The faithfulness curve of edge circuits: the first ``k`` edges of ``ranked`` kept, every other edge of the
-    model's whole graph ablated (:class:`~gna_interp.circuits.edge_circuit.EdgeCircuit`), ``k`` over ``sizes``
+    model's whole graph ablated (:class:`~gna_interp.circuits.edges.edge_circuit.EdgeCircuit`), ``k`` over ``sizes``
     (default: powers of 4 from 1), beside ``seeds`` random edge circuits of each size; the smallest ranked edge circuit
     keeping ``threshold`` of the intact logit difference and each of its edges' own contribution.
 
-    ``ranked``: an :class:`~gna_interp.circuits.edge_screen.EdgeScreen` (or its table) or a discovery algorithm's
+    ``ranked``: an :class:`~gna_interp.circuits.edges.edge_screen.EdgeScreen` (or its table) or a discovery algorithm's
     edge scores (:class:`~gna_interp.circuits.algorithms.GraphScores`), ordered by ``|score|`` (the edges of a shared
     KV group's rows add up; edges out of senders a circuit always keeps are left out), or wires in order; edges it
     leaves out join last. ``senders``: which edges a circuit may leave out
-    (:class:`~gna_interp.circuits.edge_circuit.EdgeCircuit`; default the edges out of heads, the embeddings' and MLPs'
+    (:class:`~gna_interp.circuits.edges.edge_circuit.EdgeCircuit`; default the edges out of heads, the embeddings' and MLPs'
     always kept). ``first``: senders whose edges come before every other edge, each part in its own order -- e.g. the
     heads of the smallest node circuit (:func:`faithfulness`), so that the search for the smallest edge circuit starts
     inside it (every edge out of a node circuit's heads is that node circuit)."""
-    from gna_interp.circuits.edge_circuit import EdgeCircuit
+    from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
 
     cfg = FaithfulnessConfig.build(config, **overrides)
     ec = EdgeCircuit(model, task, cfg.method, cfg.reference, cfg.batch_size, senders)
