@@ -333,11 +333,10 @@ def exact_items(model: Any, screens: list[dict[str, float]], limit: int) -> dict
     one receiver, ``S -> L5H0+L5H1+L5H2.k``), each with its wires (every position class) and the per-head edges it
     covers (auto-circuit's, whose K and V inputs are one per query head): every edge up to ``limit``, else the
     union of each screen's strongest by |score| (a group scored by the sum over its heads)."""
-    from gna_interp.circuits.edges.edge_circuit import head_inputs
-    from gna_interp.models.graph import CLASSES, Edge
+    from gna_interp.models.graph import CLASSES, Edge, receiver_inputs
 
     group: dict[str, tuple[str, list[str]]] = {}
-    for inp in head_inputs(model, skip=True):
+    for inp in (i for i in receiver_inputs(model, shared=True) if i.heads):
         for h in inp.heads:
             group[f"{h.name}.{inp.input}"] = (inp.name, [f"{g.name}.{inp.input}" for g in inp.heads])
     items: dict[str, tuple[list, list[str]]] = {}

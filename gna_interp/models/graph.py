@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 from typing import Any
 
-from gna_interp.errors import HeadError, InputError
+from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.models.heads import HeadRef
-from gna_interp.models.mixer import INPUTS
+from gna_interp.models.mixer import INPUTS, InputSite
 
 __all__ = ["CLASSES", "EMBED", "LOGITS", "NODE_KINDS", "POSITIONS", "RECEIVER_INPUTS", "RECEIVES", "Edge", "Node",
-           "mlp_name", "node_kind", "read_order", "receiver_nodes", "write_order"]
+           "ReceiverInput", "mlp_name", "node_kind", "read_order", "receiver_inputs", "receiver_nodes", "write_order"]
 
 EMBED = "embed"
 LOGITS = "logits"
@@ -277,3 +277,67 @@ class Edge:
         if not isinstance(d, dict):
             raise InputError(f"an edge must be a mapping with sender, receiver, input, positions, got {type(d).__name__}")
         return cls(d.get("sender"), d.get("receiver"), d.get("input"), d.get("positions", "all"))
+
+
+@dataclass(frozen=True)
+class ReceiverInput:
+    """One receiver input of a model's graph: ``name`` (:attr:`Edge.reads`: ``L5H2.q``, ``L5H0+L5H1.k`` for channels
+    several heads share, ``MLP5``), the ``layer`` it is read in, the ``heads`` that read it (none for an MLP), the
+    ``input`` (``q`` / ``k`` / ``v`` / ``other`` or ``mlp``), the ``sites`` its channels are read at (an MLP's whole
+    input: ``start`` -1) and the residual ``stream`` hook it reads from."""
+
+    name: str
+    layer: int
+    heads: tuple[HeadRef, ...]
+    input: str
+    sites: tuple[InputSite, ...]
+    stream: str
+
+    @property
+    def head(self) -> HeadRef | None:
+        """The one head that reads the input (None for an MLP's input and for a shared one)."""
+        return self.heads[0] if len(self.heads) == 1 else None
+
+    @property
+    def node(self) -> str:
+        """The node that reads it, by name (a shared input's first head)."""
+        return self.heads[0].name if self.heads else mlp_name(self.layer)
+
+
+def receiver_inputs(model: Any, shared: bool = False, strict: bool = False) -> list[ReceiverInput]:
+    """Every receiver input of ``model``'s graph, from its head adapters
+    (:meth:`~gna_interp.models.mixer.MixerAdapter.receiver_inputs`) and its MLP hooks: each head's inputs (with
+    ``shared``, channels several heads read -- a KV or B/C group -- are one input named by its heads), then each
+    MLP's, in layer order (a block's heads before its MLP). Heads whose kind cannot receive are left out, or, with
+    ``strict``, refused (:class:`UnsupportedArchitectureError`), as is a channel two inputs read."""
+    groups: dict[tuple[int, str, tuple], list[HeadRef]] = {}
+    for head in model.heads():
+        spec = model.layer_spec(head.layer, head.kind)
+        try:
+            inputs = spec.adapter.receiver_inputs(model, spec, head)
+        except UnsupportedArchitectureError as e:  # a kind that cannot receive (Mamba-1, attention without q/k/v hooks)
+            if strict:
+                raise UnsupportedArchitectureError(f"an edge circuit needs every head to receive: {e}") from None
+            continue
+        for inp, sites in inputs.items():
+            if sites:
+                key = (head.layer, inp, tuple((x.hook, x.start, x.stop) for x in sites))
+                groups.setdefault(key if shared else (*key, head.name), []).append(head)
+    out, owner = [], {}
+    for (layer, inp, key, *_), heads in groups.items():
+        name = "+".join(h.name for h in heads) + f".{inp}"
+        for hook, a, b in key if strict else ():
+            for c in range(a, b):
+                if owner.setdefault((hook, c), name) != name:
+                    raise UnsupportedArchitectureError(
+                        f"an edge circuit needs each input channel read by one receiver input, but channel {c} of "
+                        f"{hook} feeds both {owner[(hook, c)]} and {name}")
+        out.append(ReceiverInput(name, layer, tuple(heads), inp, tuple(InputSite(*x) for x in key),
+                                 model.block_input_hook(layer)))
+    for layer in range(model.n_layers):
+        hook = model.mlp_hook(layer, "in")
+        if hook:
+            stream = model.mixed_stream_hook(layer)
+            stream = stream if stream != model.block_output_hook(layer) else model.block_input_hook(layer)
+            out.append(ReceiverInput(mlp_name(layer), layer, (), "mlp", (InputSite(hook, -1, -1),), stream))
+    return sorted(out, key=lambda r: (r.layer, not r.heads, r.name))

@@ -59,8 +59,8 @@ from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import replay
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
-from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Edge, Node, mlp_name, node_kind, read_order, receiver_nodes,
-                                     write_order)
+from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Edge, Node, ReceiverInput, mlp_name, node_kind,
+                                     read_order, receiver_inputs, receiver_nodes, write_order)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import HeadSite, InputSite
 from gna_interp.models.model import Model
@@ -68,51 +68,9 @@ from gna_interp.tasks.base import Task
 from gna_interp.engine.forward import ScoreTable
 from gna_interp.engine.plan import CandidateScores
 
-__all__ = ["EdgeCircuit", "head_inputs", "whole_circuit"]
+__all__ = ["EdgeCircuit", "whole_circuit"]
 
 SCOPES: tuple[str, ...] = ("heads", "all")
-
-
-@dataclass(frozen=True)
-class _Input:
-    """One receiver input of a head layer: its name, layer, the heads that read it and where (sites)."""
-
-    name: str
-    layer: int
-    heads: tuple[HeadRef, ...]
-    input: str
-    sites: tuple[InputSite, ...]
-
-
-def head_inputs(model: Model, skip: bool = False) -> list[_Input]:
-    """Every receiver input of every head of ``model``, in layer order; channels several heads read (a KV or B/C
-    group) are one input, named by its heads. A head whose kind cannot receive, or a channel read by two different
-    inputs, is refused (:class:`UnsupportedArchitectureError`); with ``skip`` such heads are left out and channels
-    not checked."""
-    groups: dict[tuple[int, str, tuple], list[HeadRef]] = {}
-    for head in model.heads():
-        spec = model.layer_spec(head.layer, head.kind)
-        try:
-            inputs = spec.adapter.receiver_inputs(model, spec, head)
-        except UnsupportedArchitectureError as e:
-            if skip:
-                continue
-            raise UnsupportedArchitectureError(f"an edge circuit needs every head to receive: {e}") from None
-        for inp, sites in inputs.items():
-            if sites:
-                key = (head.layer, inp, tuple((x.hook, x.start, x.stop) for x in sites))
-                groups.setdefault(key, []).append(head)
-    out, owner = [], {}
-    for (layer, inp, key), heads in groups.items():
-        name = "+".join(h.name for h in heads) + f".{inp}"
-        for hook, a, b in () if skip else key:
-            for c in range(a, b):
-                if owner.setdefault((hook, c), name) != name:
-                    raise UnsupportedArchitectureError(
-                        f"an edge circuit needs each input channel read by one receiver input, but channel {c} of "
-                        f"{hook} feeds both {owner[(hook, c)]} and {name}")
-        out.append(_Input(name, layer, tuple(heads), inp, tuple(InputSite(*x) for x in key)))
-    return sorted(out, key=lambda i: (i.layer, i.name))
 
 
 def _stream_key(keep: Tensor | None, filled: int) -> bytes:
@@ -147,7 +105,7 @@ class EdgeCircuit:
         self.pp = PathPatcher(model, task, method, reference, batch_size)
         self.heads = model.heads()
         self.posts = self._check_blocks()
-        self.inputs = head_inputs(model)
+        self.inputs = [i for i in receiver_inputs(model, shared=True, strict=True) if i.heads]
         self._input_of = {(h.name, i.input): i.name for i in self.inputs for h in i.heads}
         self.senders = [EMBED] + [n for layer in range(model.n_layers)
                                   for n in [*(h.name for h in self.heads if h.layer == layer)]
@@ -172,7 +130,7 @@ class EdgeCircuit:
         self._mlp_hooks = {l: (model.mixed_stream_hook(l), model.mlp_hook(l, "out")) for l in range(model.n_layers)
                            if model.mlp_hook(l, "out")}
         self._layer_heads: dict[int, list[HeadRef]] = {}
-        self._inputs_at: dict[int, list[_Input]] = {}
+        self._inputs_at: dict[int, list[ReceiverInput]] = {}
         for h in self.heads:
             self._layer_heads.setdefault(h.layer, []).append(h)
         for i in self.inputs:

@@ -36,12 +36,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from gna_interp.circuits.edges.edge_circuit import EdgeCircuit, head_inputs
+from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
 from gna_interp.circuits.edges.paths import PathEffects, PathPatcher, linear_write, path_effects
 from gna_interp.engine.attribution import inputs_only_grad
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
-from gna_interp.models.graph import CLASSES, EMBED, LOGITS, Edge, mlp_name, node_kind, write_order
+from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Edge, ReceiverInput, mlp_name, node_kind,
+                                     receiver_inputs, write_order)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
@@ -54,41 +55,6 @@ EDGE_SCREEN_COLUMNS = ["sender", "receiver", "input", "positions", "kind", "scor
                        "effect", "low", "high"]
 EDGE_KINDS = ("head -> head", "head -> logits", "MLP", "embeddings")  # the kinds the agreement is reported by
 SAMPLE_SEED = 0  # the seed of the randomly drawn verified rows
-
-
-@dataclass(frozen=True)
-class _Receiver:
-    """One receiver input: the head that reads it (None for an MLP), its input name, its sites, and the stream it
-    reads (a hook on the residual stream); ``layer`` orders it after its senders."""
-
-    head: HeadRef | None
-    input: str
-    sites: tuple[tuple[str, int, int], ...]
-    stream: str
-    layer: int
-    name: str
-
-
-def _receivers(model: Model) -> list[_Receiver]:
-    """Every input of every head that can receive, every MLP input, in layer order."""
-    out = []
-    for head in model.heads():
-        spec = model.layer_spec(head.layer, head.kind)
-        try:
-            inputs = spec.adapter.receiver_inputs(model, spec, head)
-        except UnsupportedArchitectureError:  # a kind that cannot receive (Mamba-1, attention without q/k/v hooks)
-            continue
-        for inp, sites in inputs.items():
-            if sites:
-                out.append(_Receiver(head, inp, tuple((s.hook, s.start, s.stop) for s in sites),
-                                     model.block_input_hook(head.layer), head.layer, head.name))
-    for layer in range(model.n_layers):
-        hook = model.mlp_hook(layer, "in")
-        if hook:
-            stream = model.mixed_stream_hook(layer)
-            stream = stream if stream != model.block_output_hook(layer) else model.block_input_hook(layer)
-            out.append(_Receiver(None, "mlp", ((hook, -1, -1),), stream, layer, mlp_name(layer)))
-    return sorted(out, key=lambda r: (r.layer, r.head is None, r.name, r.input))
 
 
 @dataclass
@@ -198,7 +164,7 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     pp = PathPatcher(model, task, method, reference, batch_size)
     heads = model.heads()
     repl = {r.site.head: r for r in replacements(model, heads, method, reference)}
-    recv = _receivers(model)
+    recv = receiver_inputs(model)
     clean = pp.clean()
     weights = LOGIT_DIFF.target_weights(pp.plan, clean)
     senders = [EMBED] + [x for layer in range(model.n_layers)
@@ -208,8 +174,9 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
         raise InputError(f"ig_steps must be an integer >= 0, got {ig_steps!r}")
     alphas = [(k + 0.5) / ig_steps for k in range(ig_steps)] if ig_steps else [1.0]
     scores = torch.zeros(len(senders), len(recv) + 1, len(CLASSES), dtype=torch.float64)  # last column: logits
+    graph = _Graph(heads, repl, recv, weights, senders, method, alphas)
     for ci, chunk in enumerate(pp.chunks):
-        _chunk_scores(model, pp, chunk, heads, repl, recv, weights, senders, scores, method, alphas)
+        _chunk_scores(model, pp, chunk, graph, scores)
         if progress is not None:
             progress(f"edge screen: batch {ci + 1} of {len(pp.chunks)}")
     rows = []
@@ -219,7 +186,7 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
             if not _before(s, s_layer, r):
                 continue
             for pi, pos in enumerate(CLASSES):
-                rows.append({"sender": s, "receiver": r.name, "input": r.input, "positions": pos,
+                rows.append({"sender": s, "receiver": r.node, "input": r.input, "positions": pos,
                              "score": float(scores[si, ri, pi])})
         rows.append({"sender": s, "receiver": LOGITS, "input": LOGITS, "positions": "all",
                      "score": float(scores[si, len(recv), 1])})
@@ -267,18 +234,68 @@ def _edge_circuit(model: Model, task: Task, method: str, reference: Any, batch_s
 def _shared_inputs(model: Model) -> set[tuple[str, str]]:
     """``(head, input)`` pairs whose channels other heads read too (a KV or B/C group): the edge circuit leaves the
     group's input out, not one head's, so such rows are verified by path patching only."""
-    return {(h.name, i.input) for i in head_inputs(model, skip=True) if len(i.heads) > 1 for h in i.heads}
+    return {(h.name, i.input) for i in receiver_inputs(model, shared=True) if len(i.heads) > 1 for h in i.heads}
 
 
-def _before(sender: str, s_layer: float, r: _Receiver) -> bool:
+def _before(sender: str, s_layer: float, r: ReceiverInput) -> bool:
     """Whether ``sender`` writes before receiver ``r`` reads (an MLP reads its own block's mixers' writes)."""
     return s_layer < r.layer + (0.5 if r.input == "mlp" else 0.0)
 
 
-def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, heads: list[HeadRef], repl: dict, recv: list[_Receiver],
-                  weights: Tensor, senders: list[str], scores: Tensor, method: str, alphas: list[float]) -> None:
+@dataclass
+class _Graph:
+    """What the screen reads on every batch: the heads and their replacements (``repl``), the receiver inputs, the
+    metric's weights, the senders in write order, the ablation method and the points ``alphas`` of the ablation path
+    (``[1.0]``: plain EAP)."""
+
+    heads: list[HeadRef]
+    repl: dict
+    recv: list[ReceiverInput]
+    weights: Tensor
+    senders: list[str]
+    method: str
+    alphas: list[float]
+
+
+class _Sums:
+    """Adds the receivers' gradients into ``scores`` as they come, in blocks of :attr:`BLOCK` receivers: per position
+    class, the senders' writes at that class's positions (flattened once) times the block's gradients there -- one
+    matrix product per block and class, never a tensor over every receiver at once."""
+
+    BLOCK = 64
+
+    def __init__(self, scores: Tensor, writes: dict[str, Tensor], senders: list[str], pos_masks: Tensor,
+                 sel: Tensor) -> None:
+        w_sel = torch.stack([writes[name][sel] for name in senders]).float()  # [senders, X, d]
+        self.idx = [m.nonzero().flatten() for m in pos_masks[:, sel].bool()]  # per class: its positions among X
+        self.w = [w_sel[:, i].reshape(len(senders), -1) for i in self.idx]  # per class: [senders, X_c * d]
+        self.scores = scores
+        self.pending: dict[int, list[tuple[int, Tensor]]] = {}
+
+    def add(self, n: int, col: int, g: Tensor) -> None:
+        """Receiver column ``col``'s gradient ``g`` (``[X, d]``), read by the first ``n`` senders."""
+        items = self.pending.setdefault(n, [])
+        items.append((col, g))
+        if len(items) >= self.BLOCK:
+            self.flush(n)
+
+    def flush(self, n: int | None = None) -> None:
+        """Add the pending gradients (of senders' prefix ``n``, or all) into ``scores``."""
+        for k in [n] if n is not None else list(self.pending):
+            items = self.pending.pop(k, [])
+            if not items:
+                continue
+            cols = [c for c, _ in items]
+            for c, (i, w) in enumerate(zip(self.idx, self.w)):
+                if len(i):
+                    g = torch.stack([x[i] for _, x in items]).reshape(len(items), -1)  # [block, X_c * d]
+                    self.scores[:k, cols, c] += (w[:k] @ g.T).double().cpu()
+
+
+def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, graph: _Graph, scores: Tensor) -> None:
     """Add one chunk's EAP terms to ``scores``: each sender's write (from the intact forward) times the metric's
-    gradient at each receiver input, averaged over the points ``alphas`` of the ablation path."""
+    gradient at each receiver input, averaged over the points ``graph.alphas`` of the ablation path."""
+    heads, repl, recv, senders, alphas = graph.heads, graph.repl, graph.recv, graph.senders, graph.alphas
     masks = pp.masks(chunk)
     pos_masks = torch.stack([masks[p] for p in CLASSES]).to(torch.float32)  # [P, b, p]
     sel = pos_masks.sum(0) > 0  # [b, p]: the positions any class reads
@@ -288,25 +305,27 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, heads: list[HeadRef
     means: dict[str, Tensor] = {}
     if alphas != [1.0]:  # the writes and the means of the intact model first
         with torch.no_grad():
-            acts = _forward(model, chunk, heads, repl, recv, weights, [], grad=False)
+            acts = _forward(model, chunk, heads, repl, recv, graph.weights, [], grad=False)
         on = real.to(acts[model.block_input_hook(0)].device)
-        writes = _writes(model, heads, repl, acts, method, on)
+        writes = _writes(model, heads, repl, acts, graph.method, on)
         streams = {EMBED: model.block_input_hook(0), **{mlp_name(l): model.mlp_hook(l, "out")
                                                         for l in range(model.n_layers) if model.mlp_hook(l, "out")}}
-        means = {k: (acts[h].detach()[on].mean(0) if method == "mean" else torch.zeros(acts[h].shape[-1]))
+        means = {k: (acts[h].detach()[on].mean(0) if graph.method == "mean" else torch.zeros(acts[h].shape[-1]))
                  for k, h in streams.items()}
-    sums: dict[int, dict[int, Tensor]] = {}
+    sums: _Sums | None = None
     for alpha in alphas:
         interp = [] if alpha == 1.0 else _interpolation(model, heads, repl, means, alpha)
         with inputs_only_grad(model), torch.enable_grad():
-            acts = _forward(model, chunk, heads, repl, recv, weights, interp, grad=True)
+            acts = _forward(model, chunk, heads, repl, recv, graph.weights, interp, grad=True)
             objective = acts.pop("__objective")
-            site_hooks = sorted({h for r in recv for h, _, _ in r.sites} | {repl[h].site.hook for h in heads}
+            site_hooks = sorted({x.hook for r in recv for x in r.sites} | {repl[h].site.hook for h in heads}
                                 | {model.FINAL_NORM_INPUT})
             grads = dict(zip(site_hooks, torch.autograd.grad(objective, [acts[h] for h in site_hooks],
                                                              retain_graph=True, allow_unused=True)))
             if writes is None:
-                writes = _writes(model, heads, repl, acts, method, real.to(objective.device))
+                writes = _writes(model, heads, repl, acts, graph.method, real.to(objective.device))
+            if sums is None:
+                sums = _Sums(scores, writes, senders, pos_masks, sel)
             through: dict[HeadRef, dict[str, Tensor | None]] = {}
             for ri, r in enumerate(recv):
                 if r.head is not None and r.head not in through:
@@ -317,33 +336,21 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, heads: list[HeadRef
                 before = [_before(name, lay, r) for name, lay in zip(senders, layer_of)]
                 n = sum(before)
                 assert all(before[:n]), "senders are listed in layer order: those before a receiver are a prefix"
-                acc = sums.setdefault(n, {})
-                g = gx.detach()[sel].float() / len(alphas)
-                acc[ri] = acc[ri] + g if ri in acc else g
+                sums.add(n, ri, gx.detach()[sel].float() / len(alphas))
             gfinal = grads[model.FINAL_NORM_INPUT]
             if gfinal is not None:
-                acc = sums.setdefault(len(senders), {})
-                g = gfinal.detach()[sel].float() / len(alphas)
-                acc[len(recv)] = acc[len(recv)] + g if len(recv) in acc else g
-    assert writes is not None
-    w_sel = torch.stack([writes[name][sel] for name in senders]).float()  # [senders, X, d]
-    m_sel = pos_masks[:, sel]  # [P, X]
-    for n, items in sums.items():
-        cols = list(items)
-        g = torch.stack([items[c] for c in cols])  # [R, X, d]
-        gm = (g[:, None] * m_sel[None, :, :, None]).reshape(len(cols) * m_sel.shape[0], -1)  # [R*P, X*d]
-        got = w_sel[:n].reshape(n, -1) @ gm.T  # [n, R*P]
-        scores[:n, cols] += got.reshape(n, len(cols), m_sel.shape[0]).double().cpu()
+                sums.add(len(senders), len(recv), gfinal.detach()[sel].float() / len(alphas))
+            sums.flush()
 
 
-def _forward(model: Model, chunk: Any, heads: list[HeadRef], repl: dict, recv: list[_Receiver], weights: Tensor,
+def _forward(model: Model, chunk: Any, heads: list[HeadRef], repl: dict, recv: list[ReceiverInput], weights: Tensor,
              before: list[tuple[str, Callable[..., Tensor]]], grad: bool) -> dict[str, Tensor]:
     """One forward of ``chunk`` with the hooks ``before`` first, recording every activation the screen reads (the
     stream entering block 0 made a leaf that requires grad when ``grad``); with ``grad`` also ``__objective`` (the
     metric's weighted log-probabilities)."""
     acts: dict[str, Tensor] = {}
     want = {model.block_input_hook(0), model.FINAL_NORM_INPUT}
-    want |= {r.stream for r in recv} | {h for r in recv for h, _, _ in r.sites}
+    want |= {r.stream for r in recv} | {x.hook for r in recv for x in r.sites}
     want |= {repl[h].site.hook for h in heads}
     want |= {model.mlp_hook(l, "out") for l in range(model.n_layers) if model.mlp_hook(l, "out")}
 
@@ -397,14 +404,14 @@ def _interpolation(model: Model, heads: list[HeadRef], repl: dict, means: dict[s
     return out
 
 
-def _through_head(model: Model, head: HeadRef, recv: list[_Receiver], grads: dict[str, Tensor | None],
+def _through_head(model: Model, head: HeadRef, recv: list[ReceiverInput], grads: dict[str, Tensor | None],
                   acts: dict[str, Tensor]) -> dict[str, Tensor | None]:
     """The metric's gradient at ``head``'s input sites along the paths through ``head``'s own output alone (the
     vector-Jacobian product from its output channels, cotangent the metric's gradient there): what the exact
     patch, which keeps every other head of the layer clean, differentiates."""
     site = model.head_site(head)
     g = grads.get(site.hook)
-    hooks = sorted({h for r in recv if r.head == head for h, _, _ in r.sites})
+    hooks = sorted({x.hook for r in recv if r.head == head for x in r.sites})
     if g is None or not hooks:
         return {}
     cot = torch.zeros_like(g)
@@ -414,11 +421,11 @@ def _through_head(model: Model, head: HeadRef, recv: list[_Receiver], grads: dic
     return dict(zip(hooks, got))
 
 
-def _stream_grad(r: _Receiver, grads: dict[str, Tensor | None], acts: dict[str, Tensor]) -> Tensor | None:
+def _stream_grad(r: ReceiverInput, grads: dict[str, Tensor | None], acts: dict[str, Tensor]) -> Tensor | None:
     """``∂metric/∂x`` through receiver ``r``'s input alone: the vector-Jacobian product from its sites' channels
     (``grads`` there, other channels zero) back to the stream it reads."""
     outs, cots = [], []
-    for hook, start, stop in r.sites:
+    for hook, start, stop in ((x.hook, x.start, x.stop) for x in r.sites):
         g = grads.get(hook)
         if g is None:
             continue
