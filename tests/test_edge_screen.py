@@ -129,3 +129,28 @@ def test_the_verified_sample_covers_every_kind_and_draws_at_random():
     assert why.equals(verify_sample(t, 16)) and (why != "").sum() == 16
     t.loc[::2, "verifiable"] = False
     assert not (verify_sample(t, 16)[~t["verifiable"]] != "").any()  # only verifiable rows are taken
+
+
+def test_a_screen_builds_an_edge_circuit_once_per_model_and_only_to_measure(tiny_dirs, monkeypatch):
+    """Whether MLP and embedding edges can be measured is learnt by the first screen of a model (its one edge
+    circuit); later screens with nothing to measure build none, and their tables are the same."""
+    import gna_interp as gna
+    from gna_interp.circuits.edges import edge_circuit
+
+    model = gna.load_model(tiny_dirs["llama"], device="cpu")
+    made = []
+    real = edge_circuit.EdgeCircuit.__init__
+
+    def counting(self, *a, **k):
+        made.append(1)
+        real(self, *a, **k)
+
+    monkeypatch.setattr(edge_circuit.EdgeCircuit, "__init__", counting)
+    first = screen_edges(model, _task(), verify=0)
+    assert len(made) == 1 and edge_circuit.EdgeCircuit.refusal(model) == ""
+    again = screen_edges(model, _task(), verify=0)
+    assert len(made) == 1 and again.table.equals(first.table)
+    t = again.table
+    assert t[t["kind"].isin(["MLP", "embeddings"])]["verifiable"].any()  # a tiny Llama allows edge circuits
+    measured = screen_edges(model, _task(), verify=40)
+    assert len(made) == 2 and measured.verified()["kind"].isin(["MLP", "embeddings"]).any()

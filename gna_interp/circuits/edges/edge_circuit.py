@@ -71,6 +71,7 @@ from gna_interp.engine.plan import CandidateScores
 __all__ = ["EdgeCircuit", "whole_circuit"]
 
 SCOPES: tuple[str, ...] = ("heads", "all")
+SUPPORTED = "edge_circuit.refusal"  # Model.facts key: why edge circuits cannot run on the model ("" where they can)
 
 
 def _stream_key(keep: Tensor | None, filled: int) -> bytes:
@@ -102,10 +103,15 @@ class EdgeCircuit:
         if method == "mean" and reference is None:
             reference = task
         self.model, self.method = model, method
-        self.pp = PathPatcher(model, task, method, reference, batch_size)
-        self.heads = model.heads()
-        self.posts = self._check_blocks()
-        self.inputs = [i for i in receiver_inputs(model, shared=True, strict=True) if i.heads]
+        try:
+            self.pp = PathPatcher(model, task, method, reference, batch_size)
+            self.heads = model.heads()
+            self.posts = self._check_blocks()
+            self.inputs = [i for i in receiver_inputs(model, shared=True, strict=True) if i.heads]
+        except UnsupportedArchitectureError as e:
+            model.facts[SUPPORTED] = str(e)
+            raise
+        model.facts[SUPPORTED] = ""
         self._input_of = {(h.name, i.input): i.name for i in self.inputs for h in i.heads}
         self.senders = [EMBED] + [n for layer in range(model.n_layers)
                                   for n in [*(h.name for h in self.heads if h.layer == layer)]
@@ -118,6 +124,12 @@ class EdgeCircuit:
         self._means = self._stream_means(reference) if method == "mean" else {}
         self._bars: dict[str, Tensor] = {}
         self._layout()
+
+    @staticmethod
+    def refusal(model: Model) -> str | None:
+        """Why edge circuits cannot run on ``model``'s blocks (``""`` where they can), as the first
+        :class:`EdgeCircuit` made for it learnt; None before one was made."""
+        return model.facts.get(SUPPORTED)
 
     # ---- the graph ------------------------------------------------------------------------
     def _layout(self) -> None:

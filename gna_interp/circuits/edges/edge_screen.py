@@ -192,12 +192,14 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
                      "score": float(scores[si, len(recv), 1])})
     table = pd.DataFrame(rows)
     table["abs_rank"] = table["score"].abs().rank(ascending=False, method="first").astype(int)
-    exact = _edge_circuit(model, task, method, reference, batch_size)
+    # whether MLP and embedding edges can be measured: learnt once per model by the first edge circuit made for it
+    exact = _edge_circuit(model, task, method, reference, batch_size) if EdgeCircuit.refusal(model) is None else None
+    circuits = EdgeCircuit.refusal(model) == ""
     shared = _shared_inputs(model)
     table["kind"] = [edge_kind(s, i) for s, i in zip(table["sender"], table["input"])]
     from_head = table["kind"].isin(("head -> head", "head -> logits"))
     unshared = pd.Series([p not in shared for p in zip(table["receiver"], table["input"])], index=table.index)
-    table["verifiable"] = from_head | (unshared & (exact is not None))  # path patching, or an edge circuit
+    table["verifiable"] = from_head | (unshared & circuits)  # path patching, or an edge circuit
     table["effect"] = table["low"] = table["high"] = math.nan
     table["sample"] = verify_sample(table, verify)
     todo = table[table["sample"] != ""].sort_values("abs_rank")
@@ -210,7 +212,9 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
         for idx, eff, (lo, hi) in zip(heads_todo.index, fx.effects(), fx.intervals()):
             table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
     rest = todo.drop(heads_todo.index)
-    if len(rest) and exact is not None:  # MLP and embedding edges: every other edge kept, this one left out
+    if len(rest) and circuits:  # MLP and embedding edges: every other edge kept, this one left out
+        exact = exact or _edge_circuit(model, task, method, reference, batch_size)
+        assert exact is not None
         if progress is not None:
             progress(f"edge screen: verifying {len(rest)} MLP and embedding edges, each left out alone")
         wires = [[Edge(r.sender, r.receiver, r.input, r.positions)] for r in rest.itertuples()]
