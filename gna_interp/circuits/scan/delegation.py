@@ -222,7 +222,7 @@ def _knowledge(model: Model, knowledge: Task | str | None, notes: list[str]) -> 
         task, note = control_task(model)
         notes.append(f"knowledge: {note}" if task is not None else
                      f"no knowledge task: {model.name} cannot score the neutral prose of the default LM-loss control "
-                     f"(circuits.specificity.control_task says why); pass knowledge=TASK, e.g. the cloze form of a "
+                     f"(circuits.scan.specificity.control_task says why); pass knowledge=TASK, e.g. the cloze form of a "
                      f"multiple-choice task, to measure one")
         return task
     if not isinstance(knowledge, Task):

@@ -332,4 +332,4 @@ def interactions(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef
                         time.perf_counter() - start)
 
 
-head_interactions = interactions  # the name the circuits package exports (``circuits.interactions`` is this module)
+head_interactions = interactions  # the name the circuits package exports (``circuits.scan.interactions`` is this module)
