@@ -1033,6 +1033,15 @@ class Model:
         """The hook on the input (``where="in"``) or the output (``"out"``) of the bridge component at ``path``."""
         return f"{path}.hook_{where}"
 
+    def linear_input(self, hook: str) -> tuple[str, torch.nn.Linear] | None:
+        """Where the hook ``hook`` is the output of a plain linear projection (an ``nn.Linear`` behind the bridge
+        component, with a hook on its input): that input hook and the module; else None."""
+        path = hook.removesuffix(self.io_hook("", "out"))
+        if path == hook or not self.has_hook(self.io_hook(path, "in")):
+            return None
+        module = self.hf_module(path)
+        return (self.io_hook(path, "in"), module) if isinstance(module, torch.nn.Linear) else None
+
     def post_map(self, layer: int, part: str) -> tuple[torch.nn.Module | None, float]:
         """What block ``layer`` applies to its mixers' (``part="attn"``) or its MLP's (``"mlp"``) summed output before
         adding it to the residual stream: the norm after it (Gemma-2/3 and OLMo-2's ``ln1_post`` / ``ln2_post``; None

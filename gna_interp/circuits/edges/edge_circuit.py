@@ -50,6 +50,7 @@ from typing import Any, Collection, Sequence
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
@@ -147,6 +148,7 @@ class EdgeCircuit:
             self._layer_heads.setdefault(h.layer, []).append(h)
         for i in self.inputs:
             self._inputs_at.setdefault(i.layer, []).append(i)
+        self._direct = _direct_reads(self)
         normed = [l for l in self._layer_heads if self.posts[l][0].norm is not None]
         self._projections = {l: _projections(model, l) for l in normed}
         self._after = {l: [r for r in self.receivers() if self._reads_at[r] > l] for l in normed}
@@ -484,12 +486,20 @@ class _Pass:
                 slot[key] = len(streams)
                 streams.append(self.stream(i.name, self.filled, self.x))
             where[i.name] = slot[key]
-        got = read_block(ec.model, self.prefix, layer, hooks, len(streams), hidden=torch.cat(streams))
+        direct = ec._direct.get(layer)
+        wanted = sorted({direct[h][0] for h in hooks}) if direct else hooks
+        got = read_block(ec.model, self.prefix, layer, wanted, len(streams), hidden=torch.cat(streams))
         put: dict[str, list[tuple[InputSite, Tensor]]] = {}
         for i in inputs:
             j = where[i.name]
             for s in i.sites:
-                put.setdefault(s.hook, []).append((s, got[s.hook][j * b:(j + 1) * b, :, s.start:s.stop]))
+                if direct:  # the projection's input, then only the channels this input reads
+                    hook_in, proj = direct[s.hook]
+                    bias = proj.bias[s.start:s.stop] if proj.bias is not None else None
+                    value = F.linear(got[hook_in][j * b:(j + 1) * b], proj.weight[s.start:s.stop], bias)
+                else:
+                    value = got[s.hook][j * b:(j + 1) * b, :, s.start:s.stop]
+                put.setdefault(s.hook, []).append((s, value))
         return put
 
     def block(self, layer: int, put: dict[str, list[tuple[InputSite, Tensor]]]) -> None:
@@ -592,6 +602,46 @@ class _Pass:
         final = self.stream(LOGITS, self.filled, self.x)
         return head_logprobs(output_head(self.ec.model), final[rows.to(dev), pos.to(dev)], self.chunk.read_tok,
                              inverse.to(dev))
+
+
+DIRECT = "edge_circuit.direct"  # Model.facts key: the layers whose receiver inputs are read as plain projections
+
+
+def _direct_reads(ec: EdgeCircuit) -> dict[int, dict[str, tuple[str, torch.nn.Linear]]]:
+    """Per layer whose every input site is the output of a plain linear projection
+    (:meth:`~gna_interp.models.model.Model.linear_input`): ``{site hook: (the projection's input hook, the
+    projection)}``, so that a
+    receiver's stream computes only the channels it reads (its rows of the weight) from the projection's input,
+    not every projection of the block (projections fed one input read it once). Checked once per model on the first
+    batch's clean stream against the block's own projections (a layer they do not reproduce reads through the
+    block); the layers that pass are remembered on the model (``Model.facts``)."""
+    model = ec.model
+    out: dict[int, dict[str, tuple[str, torch.nn.Linear]]] = {}
+    for layer, inputs in ec._inputs_at.items():
+        found = {}
+        for hook in {x.hook for i in inputs for x in i.sites}:
+            linear = model.linear_input(hook)
+            if linear is None:
+                break
+            found[hook] = linear
+        else:
+            out[layer] = found
+    passed = model.facts.get(DIRECT)
+    if passed is None:
+        prefix = ec.pp.prefixes.get(0)
+        passed = {}
+        for layer, found in out.items():
+            ins = sorted({h for h, _ in found.values()})
+            got = read_block(model, prefix, layer, sorted(found) + ins, 1, hidden=prefix.hidden(layer))
+            if all(reproduces(F.linear(got[h_in], proj.weight, proj.bias), got[h], model.dtype)
+                   for h, (h_in, proj) in found.items()):
+                # projections fed the same input (a block's q, k and v) read it once: at the first of them, so
+                # that the stacked streams stop before any projection runs
+                same = all(torch.equal(got[h], got[ins[0]]) for h in ins)
+                passed[layer] = ins[0] if same else None
+        model.facts[DIRECT] = passed
+    return {layer: {h: (passed[layer] or h_in, proj) for h, (h_in, proj) in found.items()}
+            for layer, found in out.items() if layer in passed}
 
 
 def _overwrite(entries: list[tuple[InputSite, Tensor]]) -> Any:
