@@ -176,3 +176,22 @@ def test_a_whole_circuit_as_gna_circuit_writes_it_loads():
     assert "from 7 edges of the searched graph" in whole.sentence()
     lines = [t for t in whole_figure(whole).data if t.mode == "lines" and t.x[0] is not None]
     assert lines[-1].line.dash == POSITION_DASHES["other"][0]
+
+
+def test_a_whole_circuit_of_thousands_of_edges_draws_its_strongest(monkeypatch):
+    """Past MAX_DRAWN_EDGES the graph draws the strongest edges by |weight| (a 16,384-edge circuit of SmolLM2 took
+    11 minutes to draw whole); each marker still names its edge's index in whole.edges, and the title says how many
+    of how many are drawn."""
+    from dataclasses import replace
+
+    from gna_interp.viz import graph
+
+    whole = WholeCircuit.from_dict(whole_doc("L2H1", "L5H0", "L1H3", 8))
+    monkeypatch.setattr(graph, "MAX_DRAWN_EDGES", 3)
+    strongest = sorted(range(8), key=lambda i: -abs(whole.edges[i].weight))[:3]
+    fig = whole_figure(whole)
+    traces = {t.name: t for t in fig.data if t.name}
+    assert list(traces["edges"].customdata) == sorted(strongest)
+    assert len([t for t in fig.data if t.mode == "lines" and t.x[0] is not None]) == 3
+    assert "3 strongest edges of 8" in fig.layout.title.text
+    assert "strongest" not in whole_figure(replace(whole, edges=whole.edges[:3])).layout.title.text

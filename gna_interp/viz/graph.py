@@ -36,6 +36,7 @@ __all__ = ["GRAPH_ID", "POSITION_DASHES", "circuit_graph", "draw_edges", "graph_
            "node_positions", "whole_figure"]
 
 GRAPH_ID = "gna-graph"
+MAX_DRAWN_EDGES = 300  # a whole circuit's strongest edges drawn in its graph (every edge stays in circuit.json)
 _EDGE_BOX = "gna-edge-detail"
 ROLE_COLOURS = {"aggregate": "#d62728", "gather": "#1f77b4", "output": "#ff7f0e", "query": "#9467bd", "relay": "#bcbd22",
                 "none": "#7f7f7f", "logits": "#2ca02c"}
@@ -217,7 +218,7 @@ def whole_figure(whole: Any, drops: dict[str, float] | None = None, title: str |
     sizes = dict(zip([n.name for n in heads], _sizes(raw))) | {n.name: 20.0 for n in others}
     area = Frame.around(pos, 520)
     fig = go.Figure()
-    _whole_edges(fig, whole, pos, sizes, area)
+    drawn = _whole_edges(fig, whole, pos, sizes, area)
     roles = [n.role or "none" for n in heads]
     fig.add_trace(go.Scatter(
         x=[pos[n.name][0] for n in heads], y=[pos[n.name][1] for n in heads], mode="markers+text", name="heads",
@@ -234,21 +235,30 @@ def whole_figure(whole: Any, drops: dict[str, float] | None = None, title: str |
                 "color": [_NODE_SYMBOLS[n.kind][1] for n in others], "line": {"width": 1, "color": "#222"}},
         showlegend=False))
     _whole_legend(fig, whole, set(roles))
+    if title is None and drawn < len(whole.edges):
+        title = (f"The whole circuit: its {drawn:,} strongest edges of {len(whole.edges):,} (width = effect on the "
+                 f"logit difference; faint: screened only, or its interval reaches 0)")
     return _finish(fig, pos, area, title or "The whole circuit (width = effect on the logit difference; faint: "
                                             "screened only, or its interval reaches 0)",
                    "layer (MLPs half a layer after their block's heads)")
 
 
-def _whole_edges(fig: Any, whole: Any, pos: dict[str, Point], sizes: dict[str, float], area: Frame) -> None:
-    """The whole circuit's edge lines and their markers (open where the edge was only screened)."""
-    top = max([abs(e.weight) for e in whole.edges] + [1e-9])
+def _whole_edges(fig: Any, whole: Any, pos: dict[str, Point], sizes: dict[str, float], area: Frame) -> int:
+    """The whole circuit's edge lines and their markers (open where the edge was only screened): the
+    :data:`MAX_DRAWN_EDGES` strongest by ``|weight|`` where there are more (placing each line and marker clear of the
+    others grows with the square of their number, and thousands of lines draw nothing readable); returns how many.
+    A marker's ``customdata`` is its edge's index in ``whole.edges``."""
+    keep = sorted(sorted(range(len(whole.edges)), key=lambda i: -abs(whole.edges[i].weight))[:MAX_DRAWN_EDGES])
+    edges = [whole.edges[i] for i in keep]
+    top = max([abs(e.weight) for e in edges] + [1e-9])
     styles = [{"hoverinfo": "skip", "opacity": 1.0 if e.measured and e.low is not None and e.low > 0 else 0.5,
                "line": {"width": 1 + 9 * max(e.weight, 0.0) / top, "color": INPUT_COLOURS.get(e.input, "#444"),
-                        "dash": POSITION_DASHES[e.positions][0]}} for e in whole.edges]
-    drawn = draw_edges(fig, [(e.sender, e.receiver, e.input) for e in whole.edges], pos, styles, sizes, area)
-    marks = {"customdata": list(range(len(whole.edges))), "hovertext": [_edge_hover(e) for e in whole.edges],
-             "symbol": ["diamond" if e.measured else "diamond-open" for e in whole.edges]}
+                        "dash": POSITION_DASHES[e.positions][0]}} for e in edges]
+    drawn = draw_edges(fig, [(e.sender, e.receiver, e.input) for e in edges], pos, styles, sizes, area)
+    marks = {"customdata": keep, "hovertext": [_edge_hover(e) for e in edges],
+             "symbol": ["diamond" if e.measured else "diamond-open" for e in edges]}
     _edge_markers(fig, drawn, sizes, pos, area, marks, below={n.name for n in whole.nodes if n.kind != "head"})
+    return len(edges)
 
 
 def _whole_legend(fig: Any, whole: Any, roles: set[str]) -> None:
