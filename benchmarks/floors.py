@@ -42,8 +42,10 @@ ONLY_FORWARDS = ("calibrate", "roles", "twin", "views")
 
 
 def _layer(name: str) -> int:
-    return int(name[1:].split("H")[0].split("S")[0].split("C")[0].split(".")[0]) if name.startswith("L") else \
-        int(name[3:].split(".")[0]) if name.startswith("MLP") else 0
+    """The layer of the head or MLP named ``name`` (:class:`~gna_interp.models.graph.Node`)."""
+    from gna_interp.models.graph import Node
+
+    return int(Node.parse(name).layer or 0)
 
 
 def _first_layer(heads: str) -> int | None:

@@ -104,7 +104,7 @@ def receiver_nodes(receiver: str) -> tuple[list[str], str]:
     ``logits``)."""
     if "." in receiver:
         heads, inp = receiver.rsplit(".", 1)
-        return heads.split("+"), inp
+        return _GROUP.split(heads), inp
     kind = node_kind(receiver)
     if kind not in ("mlp", "logits"):
         raise InputError(f"receiver input {receiver[:60]!r}: a head's input is named HEAD.INPUT, e.g. L5H2.q")
