@@ -296,15 +296,15 @@ def run_sufficiency(model: "Model", task: "Task", scan: ScanSnapshot, folder: st
     res = Sufficiency(faithfulness=None)  # type: ignore[arg-type]
     steps = [("faithfulness", _faithfulness), ("edges", _edges), ("screen", _screen),
              ("edge_circuits", _edge_circuits), ("whole", _whole)]
+    ctx = _Ctx(model, task, scan, out, settings, log, say, stage)
     with Meter(model) as meter:
         for name, step in steps:
-            if log.done(name) is not None:
+            resumed = log.done(name) is not None
+            if resumed:
                 res.resumed.append(name)
-                step(_Ctx(model, task, scan, out, settings, log, say, stage), res)
-                continue
             with meter.stage() as cost:
-                step(_Ctx(model, task, scan, out, settings, log, say, stage), res)
-            if log.done(name) is not None:  # the stage ran (a stage turned off marks nothing)
+                step(ctx, res)
+            if not resumed and log.done(name) is not None:  # the stage ran (a stage turned off marks nothing)
                 res.profile[name] = cost
                 log.cost(name, cost)
     return res
