@@ -707,9 +707,12 @@ class PlanRunner:
                                             else v.hooks(self.model, stack))]
 
     def replaced(self, heads: Sequence[HeadRef | str]) -> list[Replacement]:
-        """What replaces each of ``heads`` (checked against the model, duplicates dropped), computed once per head."""
+        """What replaces each of ``heads`` (checked against the model, duplicates dropped), computed once per head
+        (a mean: every head's at once, from one pass over the reference)."""
         parsed = list(dict.fromkeys(self.model.check_heads(list(heads)))) if heads else []
         missing = [h for h in parsed if h not in self._repl]
+        if missing and self.method == "mean":  # one forward over the reference gives every head's mean
+            missing = [h for h in self.model.heads() if h not in self._repl]
         if missing:
             self._repl.update({r.site.head: r for r in replacements(self.model, missing, self.method, self.reference)})
         return [self._repl[h] for h in parsed]

@@ -59,7 +59,7 @@ from gna_interp.circuits.edges.whole_circuit import WholeEdge
 from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import replay
 from gna_interp.errors import InputError, UnsupportedArchitectureError
-from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
+from gna_interp.interventions.ablation import AblationMethod, flat_channels
 from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Edge, Node, ReceiverInput, mlp_name, node_kind,
                                      read_order, receiver_inputs, receiver_nodes, write_order)
 from gna_interp.models.heads import HeadRef
@@ -120,8 +120,7 @@ class EdgeCircuit:
         self._index = {s: i for i, s in enumerate(self.senders)}
         self.scope = senders
         self._fixed = [] if senders == "all" else [i for i, n in enumerate(self.senders) if node_kind(n) != "head"]
-        self.repl = {r.site.head: r for r in replacements(model, self.heads, method,
-                                                           None if method == "zero" else reference)}
+        self.repl = {r.site.head: r for r in self.pp.replaced(self.heads)}
         self._means = self._stream_means(reference) if method == "mean" else {}
         self._bars: dict[str, Tensor] = {}
         self._layout()
@@ -435,38 +434,84 @@ class _Pass:
         masks = ec.pp.masks(self.chunk)
         self.classes = torch.stack([masks["items"], masks["decision"] & ~masks["items"], masks["other"]]).float()
         self.x = self.prefix.hidden(0)
-        self.buf = torch.zeros(len(ec.senders), *self.x.shape, dtype=torch.float32, device=self.x.device)
-        self.buf[0] = ec._removed(EMBED, self.x)
-        self.base = self.x - self.buf[0].to(self.x.dtype)
+        # buf holds the positions grouped by class (``order``; class c at rows ``bounds[c]:bounds[c + 1]``, then the
+        # positions of no class) so that one product per class sums every stream of a layer
+        cls = torch.full(self.x.shape[:2], len(CLASSES), dtype=torch.long, device=self.x.device)
+        for c in reversed(range(len(CLASSES))):
+            cls[self.classes[c].bool()] = c
+        self.order = torch.argsort(cls.flatten(), stable=True)
+        self.bounds = [0] + torch.bincount(cls.flatten(), minlength=len(CLASSES) + 1).cumsum(0).tolist()
+        b, p, d = self.x.shape
+        self.buf = torch.zeros(len(ec.senders), b * p, d, dtype=torch.float32, device=self.x.device)
+        self._put(0, ec._removed(EMBED, self.x))
+        self.base = self.x - self.buf[0][self._back()].view(b, p, d).to(self.x.dtype)
         self.filled, self.tables = 1, []
 
+    def _put(self, row: int, value: Tensor) -> None:
+        """Write sender ``row``'s ``w_S - w̄_S`` (``[batch, pos, d]``) into ``buf`` in its grouped order."""
+        self.buf[row] = value.reshape(-1, value.shape[-1])[self.order]
+
+    def _back(self) -> Tensor:
+        """The index that puts ``buf``'s grouped positions back in the chunk's order."""
+        if not hasattr(self, "_inverse"):
+            self._inverse = torch.argsort(self.order)
+        return self._inverse
+
     def stream(self, name: str, n: int, full: Tensor) -> Tensor:
-        """Receiver input ``name``'s stream from the first ``n`` senders and the tables so far:
+        """Receiver input ``name``'s stream (:meth:`streams`)."""
+        return self.streams([name], n, full)[0]
+
+    def streams(self, names: Sequence[str], n: int, full: Tensor) -> list[Tensor]:
+        """Each receiver input's stream of ``names`` from the first ``n`` senders and the tables so far:
         ``B + Σ_{kept} m_c ⊙ δ_S + Σ_blocks D_P``, or, where fewer linear senders are left out than kept,
-        ``full - Σ_{left out} m_c ⊙ δ_S + Σ_blocks (D_P - D_every)`` (``full``: the stream as the run wrote it)."""
-        keep = self.keep.get(name)
-        if keep is None:
-            return self.base
-        k = keep[:n].to(self.classes.device, self.classes.dtype)
+        ``full - Σ_{left out} m_c ⊙ δ_S + Σ_blocks (D_P - D_every)`` (``full``: the stream as the run wrote it).
+        The sums of all of them are one product per position class over ``buf``."""
         linear = self.ec._linear
-        kept = k if linear is None else k * linear[:n, None]
-        left = 1 - k if linear is None else (1 - k) * linear[:n, None]
-        rows, gone = kept.any(dim=1).nonzero().flatten(), left.any(dim=1).nonzero().flatten()
-        full_form = len(gone) < len(rows)
-        if full_form:
-            out = full - self._sum(left, gone, full.dtype) if len(gone) else full
-        else:
-            out = self.base + self._sum(kept, rows if len(rows) * 4 < n else None, self.base.dtype)
-        for t in self.tables:
-            term = t.term(keep, full_form)
-            out = out if term is None else out + term.to(out.dtype)
+        lin = None if linear is None else linear[:n, None]
+        coefs, forms, summed = [], [], []
+        for name in names:
+            keep = self.keep.get(name)
+            if keep is None:
+                forms.append(None)
+                continue
+            k = keep[:n].to(self.classes.device, self.classes.dtype)
+            kept = k if lin is None else k * lin
+            left = 1 - k if lin is None else (1 - k) * lin
+            n_kept, n_left = int(kept.any(dim=1).sum()), int(left.any(dim=1).sum())
+            full_form = n_left < n_kept
+            forms.append(full_form)
+            if (n_left if full_form else n_kept):
+                summed.append(len(forms) - 1)
+                coefs.append(left if full_form else kept)
+        sums = dict(zip(summed, self._sums(torch.stack(coefs)))) if coefs else {}
+        out = []
+        for j, (name, full_form) in enumerate(zip(names, forms)):
+            if full_form is None:
+                out.append(self.base)
+                continue
+            origin = full if full_form else self.base
+            got = origin if j not in sums else (origin - sums[j].to(origin.dtype) if full_form
+                                                else origin + sums[j].to(origin.dtype))
+            for t in self.tables:
+                term = t.term(self.keep[name], full_form)
+                got = got if term is None else got + term.to(got.dtype)
+            out.append(got)
         return out
 
-    def _sum(self, k: Tensor, rows: Tensor | None, dtype: torch.dtype) -> Tensor:
-        """``Σ_S (k_S · classes) ⊙ buf[S]`` over the senders ``rows`` (all of the first ``len(k)`` where None)."""
-        k, deltas = (k, self.buf[:k.shape[0]]) if rows is None else (k[rows], self.buf[rows])
-        coef = torch.einsum("sc,cbp->sbp", k, self.classes)
-        return torch.einsum("sbp,sbpd->bpd", coef, deltas.to(coef.dtype)).to(dtype)
+    def _sums(self, k: Float[Tensor, "streams senders 3"]) -> Float[Tensor, "streams batch pos d"]:
+        """``Σ_S (k[r, S] · classes) ⊙ buf[S]`` for each stream ``r``: per position class, one product of the
+        streams' coefficients with the senders' rows of ``buf`` at that class's positions (only the senders some
+        stream reads where they are few)."""
+        r, n = k.shape[:2]
+        b, p, d = self.x.shape
+        used = k.any(dim=2).any(dim=0).nonzero().flatten()
+        k, buf = (k[:, used], self.buf[used]) if len(used) * 2 < n else (k, self.buf[:n])
+        out = torch.zeros(r, b * p, d, dtype=torch.float32, device=self.buf.device)
+        for c in range(len(CLASSES)):
+            lo, hi = self.bounds[c], self.bounds[c + 1]
+            if hi > lo and bool(k[:, :, c].any()):
+                out[:, lo:hi] = torch.mm(k[:, :, c], buf[:, lo:hi].reshape(buf.shape[0], -1)).view(r, hi - lo, d)
+        return out[:, self._back()].view(r, b, p, d)
 
     def inputs(self, layer: int) -> dict[str, list[tuple[InputSite, Tensor]]]:
         """Per input hook of block ``layer``, each receiver input's channels there computed from its own stream: one
@@ -477,15 +522,15 @@ class _Pass:
         hooks = sorted({s.hook for i in inputs for s in i.sites})
         if not hooks:
             return {}
-        streams: list[Tensor] = []
         slot: dict[bytes, int] = {}
-        where = {}
+        where, names = {}, []
         for i in inputs:
             key = _stream_key(self.keep.get(i.name), self.filled)
             if key not in slot:
-                slot[key] = len(streams)
-                streams.append(self.stream(i.name, self.filled, self.x))
+                slot[key] = len(names)
+                names.append(i.name)
             where[i.name] = slot[key]
+        streams = self.streams(names, self.filled, self.x)
         direct = ec._direct.get(layer)
         wanted = sorted({direct[h][0] for h in hooks}) if direct else hooks
         got = read_block(ec.model, self.prefix, layer, wanted, len(streams), hidden=torch.cat(streams))
@@ -528,7 +573,7 @@ class _Pass:
             y = replay(model, self.prefix, layer, 1, hidden=self.x, stop=layer + 1)
         if layer in ec._mlp_hooks:
             name = mlp_name(layer)
-            self.buf[ec._index[name]] = ec._removed(name, got["mlp"])
+            self._put(ec._index[name], ec._removed(name, got["mlp"]))
             self.base = self.base + ec._ablated(name, got["mlp"]).to(self.base.dtype)
             self.filled = ec._index[name] + 1
         else:
@@ -547,9 +592,10 @@ class _Pass:
         deltas = [linear_write(ec.model, ec.repl[h], zs[h]) for h in heads]
         self.filled = max(rows, default=self.filled - 1) + 1
         if layer not in ec._after:  # f is linear
-            for r, d in zip(rows, deltas):
-                self.buf[r] = f(d)
-            self.base = self.base + (v - self.x) - (self.buf[rows].sum(0).to(v.dtype) if rows else 0)
+            written = [f(d) for d in deltas]
+            for r, w in zip(rows, written):
+                self._put(r, w)
+            self.base = self.base + (v - self.x) - (sum(written).to(v.dtype) if rows else 0)
             return
         delta = torch.stack(deltas).float()
         y = sum(ios[ec.model.io_hook(path, "out")] for path in ec._projections[layer]).float()

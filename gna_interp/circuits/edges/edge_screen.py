@@ -40,7 +40,7 @@ from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
 from gna_interp.circuits.edges.paths import PathEffects, PathPatcher, linear_write, path_effects
 from gna_interp.engine.attribution import inputs_only_grad
 from gna_interp.errors import InputError, UnsupportedArchitectureError
-from gna_interp.interventions.ablation import AblationMethod, flat_channels, replacements
+from gna_interp.interventions.ablation import AblationMethod, flat_channels
 from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Edge, ReceiverInput, mlp_name, node_kind,
                                      receiver_inputs, write_order)
 from gna_interp.models.heads import HeadRef
@@ -163,7 +163,7 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
         reference = task
     pp = PathPatcher(model, task, method, reference, batch_size)
     heads = model.heads()
-    repl = {r.site.head: r for r in replacements(model, heads, method, reference)}
+    repl = {r.site.head: r for r in pp.replaced(heads)}
     recv = receiver_inputs(model)
     clean = pp.clean()
     weights = LOGIT_DIFF.target_weights(pp.plan, clean)
