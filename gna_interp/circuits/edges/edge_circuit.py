@@ -45,7 +45,7 @@ multiplier, as in Falcon-H1) is refused with the reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Collection, Sequence
 
 import pandas as pd
@@ -86,13 +86,15 @@ class EdgeCircuit:
     """Scores of a task with only sets of edges (:class:`~gna_interp.models.graph.Edge`) kept (the rest ablated):
     :meth:`run`.
 
-    ``method``: ``mean`` (the senders' mean over ``reference``'s prompts, default the task) or ``zero``.
+    ``method``: ``mean`` (the senders' mean over ``reference``'s prompts, default the task) or ``zero``; ``task``
+    may be a :class:`~gna_interp.circuits.edges.paths.PathPatcher` of the task (its batches, clean prefixes,
+    method, reference and replacements are used).
     ``senders``: ``heads`` (default) -- a circuit is a set of edges out of heads, and the edges out of the
     embeddings and the MLPs always carry their activations, as in the node form of faithfulness, which keeps them --
     or ``all`` (every edge may be left out: with mean ablation every position class and the embeddings then matter
     at once, and small circuits keep little)."""
 
-    def __init__(self, model: Model, task: Task, method: AblationMethod = "mean", reference: Any = None,
+    def __init__(self, model: Model, task: Task | PathPatcher, method: AblationMethod = "mean", reference: Any = None,
                  batch_size: int = 8, senders: str = "heads") -> None:
         from gna_interp.models.model import check_model
 
@@ -101,11 +103,15 @@ class EdgeCircuit:
             raise InputError(f"senders must be one of {SCOPES} (which edges a circuit may leave out), got {senders!r}")
         if method not in ("zero", "mean"):
             raise InputError(f"an edge circuit ablates the edges outside it by 'zero' or 'mean', got {method!r}")
-        if method == "mean" and reference is None:
+        if isinstance(task, PathPatcher):  # a patcher of the same task handed in: its prefixes and replacements
+            if task.model is not model:
+                raise InputError(f"this PathPatcher was made for {task.model.name}, not for {model.name}")
+            method, reference = task.method, task.reference
+        elif method == "mean" and reference is None:
             reference = task
         self.model, self.method = model, method
         try:
-            self.pp = PathPatcher(model, task, method, reference, batch_size)
+            self.pp = task if isinstance(task, PathPatcher) else PathPatcher(model, task, method, reference, batch_size)
             self.heads = model.heads()
             self.posts = self._check_blocks()
             self.inputs = [i for i in receiver_inputs(model, shared=True, strict=True) if i.heads]
@@ -313,13 +319,20 @@ class EdgeCircuit:
         carrying activations."""
         return self._chunk(index, self._keep(kept))
 
-    def _chunk(self, index: int, keep: dict[str, Tensor]) -> Tensor:
+    def _chunk(self, index: int, keep: dict[str, Tensor], start: tuple[int, "_Record"] | None = None,
+               record: "_Record | None" = None) -> Tensor:
         """Read log-probs of chunk ``index`` with only the kept wires carrying activations: block by block, each
         receiver input of the block from its own stream (:meth:`_Pass.inputs`), then the block itself
-        (:meth:`_Pass.block`)."""
-        run = _Pass(self, index, keep)
-        for layer in range(self.model.n_layers):
+        (:meth:`_Pass.block`); from ``start`` (a layer and a recorded pass that agrees with ``keep`` before it), or
+        from the first block, recording the pass into ``record`` where given."""
+        run = _Pass(self, index, keep, start)
+        for layer in range(start[0] if start is not None else 0, self.model.n_layers):
+            if record is not None:
+                record.states[layer] = (run.x, run.base, run.filled)
             run.block(layer, run.inputs(layer))
+        if record is not None:
+            record.states[self.model.n_layers] = (run.x, run.base, run.filled)
+            record.buf = run.buf
         return run.logprobs()
 
     def _scores(self, keep: dict[str, Tensor]) -> CandidateScores:
@@ -328,6 +341,33 @@ class EdgeCircuit:
         for i, chunk in enumerate(self.pp.chunks):
             table.add(chunk, self._chunk(i, keep))
         return table.result()
+
+    def _changed(self, reference: dict[str, Tensor], changes: Sequence[Collection[Edge]], keep: bool
+                 ) -> list[CandidateScores]:
+        """Scores with each of ``changes`` kept (``keep``) or left out on top of the circuit ``reference`` (a
+        :meth:`_keep` map): per batch, one recorded pass of ``reference``, then each change from the first block
+        whose inputs it touches (the blocks before read what the reference's read). Blocks that normalise their
+        mixers' output keep patterns of their own per circuit, so there every change runs from the first block."""
+        variants, starts = [], []
+        for edges in changes:
+            k = dict(reference)
+            for w in edges:
+                self.check(w)
+                row = k.get(w.reads, torch.zeros(len(self.senders), len(CLASSES))).clone()
+                cols = slice(None) if w.positions == "all" else CLASSES.index(w.positions)
+                row[self._index[w.sender], cols] = 1.0 if keep else 0.0
+                k[w.reads] = row
+            variants.append(k)
+            starts.append(0 if self._after else min((int(self._reads_at[w.reads]) for w in edges),
+                                                     default=self.model.n_layers))
+        tables = [ScoreTable(self.pp.plan) for _ in variants]
+        for i, chunk in enumerate(self.pp.chunks):
+            rec = _Record() if any(starts) else None
+            if rec is not None:
+                self._chunk(i, reference, record=rec)
+            for table, k, first in zip(tables, variants, starts):
+                table.add(chunk, self._chunk(i, k, (first, rec) if first and rec is not None else None))
+        return [t.result() for t in tables]
 
     @torch.no_grad()
     def run(self, sets: Sequence[Collection[Edge]]) -> list[CandidateScores]:
@@ -339,18 +379,18 @@ class EdgeCircuit:
     @torch.no_grad()
     def run_without(self, sets: Sequence[Collection[Edge]]) -> list[CandidateScores]:
         """Scores of the task with every edge kept except those of each element of ``sets``: the exact effect of
-        leaving out one edge (or a few), any sender and receiver (an MLP's, the embeddings')."""
-        out = []
-        for gone in sets:
-            keep = {r: torch.ones(len(self.senders), len(CLASSES)) for r in self.receivers()}
-            for w in gone:
-                self.check(w)
-                if w.positions == "all":
-                    keep[w.reads][self._index[w.sender]] = 0.0
-                else:
-                    keep[w.reads][self._index[w.sender], CLASSES.index(w.positions)] = 0.0
-            out.append(self._scores(keep))
-        return out
+        leaving out one edge (or a few), any sender and receiver (an MLP's, the embeddings'). Each set runs from
+        the first block that reads one of its edges, on the intact model's pass before it."""
+        if isinstance(sets, (Edge, str)) or not isinstance(sets, Sequence):
+            raise InputError(f"sets must be a list of wire collections, got {type(sets).__name__}")
+        every = {r: torch.ones(len(self.senders), len(CLASSES)) for r in self.receivers()}
+        return self._changed(every, sets, keep=False)
+
+    @torch.no_grad()
+    def run_left_out(self, circuit: Collection[Edge], members: Sequence[Edge]) -> list[CandidateScores]:
+        """Scores of the task with only ``circuit`` kept, less each of ``members`` in turn (its own contribution
+        to the circuit), each run from the first block that reads the member, on the circuit's pass before it."""
+        return self._changed(self._keep(circuit), [[w] for w in members], keep=False)
 
     def clean(self) -> CandidateScores:
         """Scores of the intact model."""
@@ -422,14 +462,26 @@ class _Table:
         return None if key is None else self.delta[key]
 
 
+@dataclass
+class _Record:
+    """One batch's pass under a circuit, recorded so that passes agreeing with it before some block start there:
+    ``states[l]`` the run's stream, ``B`` and the senders filled before block ``l``; ``buf`` every sender's
+    ``w_S - w̄_S`` once the pass ends (a sender's row is written once, before any block reads it; a pass started
+    from the record writes its own copy from there on)."""
+
+    states: dict[int, tuple[Tensor, Tensor, int]] = field(default_factory=dict)
+    buf: Tensor | None = None
+
+
 class _Pass:
     """One chunk's forward under one circuit (``keep``: :meth:`EdgeCircuit._keep`), block by block. ``x``: the run's
     own stream (every edge kept); ``base``: the stream with every sender ablated (``B``); ``buf[S]``: ``w_S - w̄_S``
     of the senders that have written and add linearly (the first ``filled`` senders, in sender order; zero rows for
     the heads of a normalising block); ``tables``: the normalising blocks' :class:`_Table`."""
 
-    def __init__(self, ec: EdgeCircuit, index: int, keep: dict[str, Tensor]) -> None:
-        self.ec, self.keep = ec, keep
+    def __init__(self, ec: EdgeCircuit, index: int, keep: dict[str, Tensor],
+                 start: tuple[int, _Record] | None = None) -> None:
+        self.ec, self.keep, self.tables = ec, keep, []
         self.chunk, self.prefix = ec.pp.chunks[index], ec.pp.prefixes.get(index)
         masks = ec.pp.masks(self.chunk)
         self.classes = torch.stack([masks["items"], masks["decision"] & ~masks["items"], masks["other"]]).float()
@@ -441,11 +493,15 @@ class _Pass:
             cls[self.classes[c].bool()] = c
         self.order = torch.argsort(cls.flatten(), stable=True)
         self.bounds = [0] + torch.bincount(cls.flatten(), minlength=len(CLASSES) + 1).cumsum(0).tolist()
+        if start is not None:  # where a recorded pass stood before block start[0]
+            self.x, self.base, self.filled = start[1].states[start[0]]
+            self.buf = start[1].buf.clone()
+            return
         b, p, d = self.x.shape
         self.buf = torch.zeros(len(ec.senders), b * p, d, dtype=torch.float32, device=self.x.device)
         self._put(0, ec._removed(EMBED, self.x))
         self.base = self.x - self.buf[0][self._back()].view(b, p, d).to(self.x.dtype)
-        self.filled, self.tables = 1, []
+        self.filled = 1
 
     def _put(self, row: int, value: Tensor) -> None:
         """Write sender ``row``'s ``w_S - w̄_S`` (``[batch, pos, d]``) into ``buf`` in its grouped order."""

@@ -193,7 +193,7 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     table = pd.DataFrame(rows)
     table["abs_rank"] = table["score"].abs().rank(ascending=False, method="first").astype(int)
     # whether MLP and embedding edges can be measured: learnt once per model by the first edge circuit made for it
-    exact = _edge_circuit(model, task, method, reference, batch_size) if EdgeCircuit.refusal(model) is None else None
+    exact = _edge_circuit(model, pp) if EdgeCircuit.refusal(model) is None else None
     circuits = EdgeCircuit.refusal(model) == ""
     shared = _shared_inputs(model)
     table["kind"] = [edge_kind(s, i) for s, i in zip(table["sender"], table["input"])]
@@ -213,7 +213,7 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
             table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
     rest = todo.drop(heads_todo.index)
     if len(rest) and circuits:  # MLP and embedding edges: every other edge kept, this one left out
-        exact = exact or _edge_circuit(model, task, method, reference, batch_size)
+        exact = exact or _edge_circuit(model, pp)
         assert exact is not None
         if progress is not None:
             progress(f"edge screen: verifying {len(rest)} MLP and embedding edges, each left out alone")
@@ -226,11 +226,11 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     return EdgeScreen(table, LOGIT_DIFF.value(results(clean)))
 
 
-def _edge_circuit(model: Model, task: Task, method: str, reference: Any, batch_size: int) -> EdgeCircuit | None:
-    """The runner that measures an MLP's or the embeddings' edge exactly, or None where the model's blocks do not
-    allow edge circuits (a post-norm, a multiplier)."""
+def _edge_circuit(model: Model, pp: PathPatcher) -> EdgeCircuit | None:
+    """The runner that measures an MLP's or the embeddings' edge exactly (on ``pp``'s batches and replacements), or
+    None where the model's blocks do not allow edge circuits (a post-norm, a multiplier)."""
     try:
-        return EdgeCircuit(model, task, method, reference, batch_size, senders="all")
+        return EdgeCircuit(model, pp, senders="all")
     except UnsupportedArchitectureError:
         return None
 

@@ -465,7 +465,8 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
         got = dict(zip(todo, (results(r) for r in ec.run([wires[:k] for k in todo]))))
         return [got.get(k, intact) for k in ks]
 
-    fx = _measure(cfg.method, "edges", order, every, sizes, cfg, series, lambda c: results(ec.run([c])[0]))
+    fx = _measure(cfg.method, "edges", order, every, sizes, cfg, series, lambda c: results(ec.run([c])[0]),
+                  lambda circuit, members: [results(r) for r in ec.run_left_out(circuit, members)])
     if isinstance(table, pd.DataFrame):
         ranked_frame = ec.from_screen(table)
         fx.scores = dict(zip(ranked_frame["wire"], ranked_frame["score"]))
