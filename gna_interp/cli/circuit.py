@@ -66,14 +66,14 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                    help="circuit sizes of the curve, e.g. 1,2,5,10 (default: 0-4, then doubling up to every head)")
     p.add_argument("--quick", action="store_true",
                    help="the light defaults for the options below (a rough third of the forwards; see each option): "
-                        "one random series, no minimality, the scan's own edge table, 20 verified edges")
+                        "no minimality, the scan's own edge table, 20 verified edges, the first 10 prompts")
     p.add_argument("--samples", type=at_least(0), default=None,
                    help="measure on the first N of the scan's prompts (default 0: all of them; --quick 10, which cuts the "
                         "default task's forwards by about 60%% and widens its intervals by about 1.5x)")
-    p.add_argument("--seeds", type=seeds_arg(0), default=None, help="random circuits at each size (default 3; --quick 1)")
+    p.add_argument("--seeds", type=seeds_arg(0), default=None, help="random circuits at each size (default 1: one random series, about a third of the curve's forwards; 3 for their spread)")
     p.add_argument("--minimality", type=at_least(0), default=None,
                    help="measure the own contribution of the smallest circuit's first N heads, each replayed from its "
-                        "layer (default 30; --quick 0)")
+                        "layer (default 10; --quick 0)")
     p.add_argument("--edges", type=at_least(0), default=None,
                    help="measure the edge table among the first N heads of the circuit (the ranking without its generic "
                         "heads) by path patching (k/v at the lines and at the decision, q at the decision, each head's "
@@ -89,7 +89,7 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                    help="score the screen's edges with integrated gradients along the ablation path at N points "
                         "(EAP-IG; default 0: the gradient of the intact model, plain EAP)")
     p.add_argument("--edge-seeds", type=seeds_arg(0), default=None,
-                   help="random edge circuits at each size of the edge curve (default 1; --quick 0)")
+                   help="random edge circuits at each size of the edge curve (default 0: none; 1 draws a random series beside the ranked one, about a third more edge circuits)")
     p.add_argument("--edge-precision", type=_share, default=None,
                    help="stop the search for the smallest edge circuit once it is known to within this share of its "
                         "size (default 0.05; --quick 0.1)")
@@ -107,8 +107,8 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
 IG_STEPS_CAP = 1000  # integrated-gradient points of the screen (EAP-IG converges within tens)
 
 # The options --quick sets when they are not given: (default, quick).
-PRESETS = {"samples": (0, 10), "edge_precision": (0.05, 0.1), "seeds": (3, 1), "minimality": (30, 0), "edges": (5, 0),
-           "verify": (40, 20), "edge_seeds": (1, 0),
+PRESETS = {"samples": (0, 10), "edge_precision": (0.05, 0.1), "seeds": (1, 1), "minimality": (10, 0), "edges": (5, 0),
+           "verify": (40, 20), "edge_seeds": (0, 0),
            "edge_minimality": (8, 0)}
 
 

@@ -56,12 +56,12 @@ class SufficiencySettings:
     threshold: float = 0.8
     sizes: tuple[int, ...] | None = None
     samples: int = 0
-    seeds: int = 3
-    minimality: int = 30
+    seeds: int = 1
+    minimality: int = 10
     edges: int = 5
     verify: int = 40
     ig_steps: int = 0
-    edge_seeds: int = 1
+    edge_seeds: int = 0
     edge_precision: float = 0.05
     edge_minimality: int = 8
     batch_size: int = 16
