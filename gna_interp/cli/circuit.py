@@ -81,8 +81,8 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                         "edge table and roles)")
     p.add_argument("--verify", type=at_least(0), default=None,
                    help="screen every edge of the whole graph (embeddings, heads, MLPs -> heads' q/k/v, MLPs, logits) "
-                        "by edge attribution and measure the N strongest by exact path patching (default 40, --quick 20; "
-                        "the top-20 overlap of screen and exact is read among them; 0: no screen)")
+                        "by edge attribution and measure N of them exactly (default 40, --quick 20: the strongest, the "
+                        "strongest of each edge kind and a random draw; the agreement is read per kind; 0: no screen)")
     p.add_argument("--ig-steps", type=at_least(0, at_most=IG_STEPS_CAP,
                                                why_most="each step is a forward and a backward over every prompt; "
                                                         "EAP-IG needs 5-10"), default=0,
