@@ -94,7 +94,7 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                    help="stop the search for the smallest edge circuit once it is known to within this share of its "
                         "size (default 0.05; --quick 0.1)")
     p.add_argument("--edge-minimality", type=at_least(0), default=None,
-                   help="measure the own contribution of the smallest edge circuit's first N edges, one run each "
+                   help="measure the own contribution of the smallest edge circuit's first N edges, each run from the block that reads it "
                         "(default 8; --quick 0)")
     compute_args(p)
     p.add_argument("--out", default="gna_circuit", help="output folder (default gna_circuit)")
