@@ -70,7 +70,9 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=at_least(0), default=None,
                    help="measure on the first N of the scan's prompts (default 0: all of them; --quick 10, which cuts the "
                         "default task's forwards by about 60%% and widens its intervals by about 1.5x)")
-    p.add_argument("--seeds", type=seeds_arg(0), default=None, help="random circuits at each size (default 1: one random series, about a third of the curve's forwards; 3 for their spread)")
+    p.add_argument("--seeds", type=seeds_arg(0), default=None,
+                   help="random circuits at each size (default 1: one random series, about a third of the curve's "
+                        "forwards; 3 for their spread)")
     p.add_argument("--minimality", type=at_least(0), default=None,
                    help="measure the own contribution of the smallest circuit's first N heads, each replayed from its "
                         "layer (default 10; --quick 0)")
@@ -89,13 +91,14 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                    help="score the screen's edges with integrated gradients along the ablation path at N points "
                         "(EAP-IG; default 0: the gradient of the intact model, plain EAP)")
     p.add_argument("--edge-seeds", type=seeds_arg(0), default=None,
-                   help="random edge circuits at each size of the edge curve (default 0: none; 1 draws a random series beside the ranked one, about a third more edge circuits)")
+                   help="random edge circuits at each size of the edge curve (default 0: none; 1 draws a random "
+                        "series beside the ranked one, about a third more edge circuits)")
     p.add_argument("--edge-precision", type=_share, default=None,
                    help="stop the search for the smallest edge circuit once it is known to within this share of its "
                         "size (default 0.05; --quick 0.1)")
     p.add_argument("--edge-minimality", type=at_least(0), default=None,
-                   help="measure the own contribution of the smallest edge circuit's first N edges, each run from the block that reads it "
-                        "(default 8; --quick 0)")
+                   help="measure the own contribution of the smallest edge circuit's first N edges, each run from the "
+                        "block that reads it (default 8; --quick 0)")
     compute_args(p)
     p.add_argument("--out", default="gna_circuit", help="output folder (default gna_circuit)")
     resume_args(p, "continue an earlier gna circuit run in --out: its finished stages are read back, not measured "
