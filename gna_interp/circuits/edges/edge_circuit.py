@@ -306,13 +306,15 @@ class EdgeCircuit:
                 keep[r] = torch.zeros(len(self.senders), len(CLASSES))
                 keep[r][self._fixed] = 1.0
         for w in kept:
-            self.check(w)
-            k = keep.setdefault(w.reads, torch.zeros(len(self.senders), len(CLASSES)))
-            if w.positions == "all":
-                k[self._index[w.sender]] = 1.0
-            else:
-                k[self._index[w.sender], CLASSES.index(w.positions)] = 1.0
+            self._mark(keep, w, 1.0)
         return keep
+
+    def _mark(self, keep: dict[str, Tensor], wire: Edge, value: float) -> None:
+        """Set ``wire`` (checked) to ``value`` (1: kept, 0: left out) in the keep map ``keep``, at its position
+        class (every class for an edge into the logits); a receiver missing from ``keep`` starts with nothing kept."""
+        self.check(wire)
+        k = keep.setdefault(wire.reads, torch.zeros(len(self.senders), len(CLASSES)))
+        k[self._index[wire.sender], slice(None) if wire.positions == "all" else CLASSES.index(wire.positions)] = value
 
     def chunk_logprobs(self, index: int, kept: Collection[Edge]) -> Float[Tensor, " n_reads"]:
         """Log-probabilities at the reads of batch ``index`` (``self.pp.chunks[index]``) with only ``kept``
@@ -350,13 +352,10 @@ class EdgeCircuit:
         mixers' output keep patterns of their own per circuit, so there every change runs from the first block."""
         variants, starts = [], []
         for edges in changes:
-            k = dict(reference)
+            k = {r: reference[r].clone() for r in {w.reads for w in edges} if r in reference}
+            k = {**reference, **k}  # the receivers a change touches get copies of their own
             for w in edges:
-                self.check(w)
-                row = k.get(w.reads, torch.zeros(len(self.senders), len(CLASSES))).clone()
-                cols = slice(None) if w.positions == "all" else CLASSES.index(w.positions)
-                row[self._index[w.sender], cols] = 1.0 if keep else 0.0
-                k[w.reads] = row
+                self._mark(k, w, 1.0 if keep else 0.0)
             variants.append(k)
             starts.append(0 if self._after else min((int(self._reads_at[w.reads]) for w in edges),
                                                      default=self.model.n_layers))
@@ -493,6 +492,7 @@ class _Pass:
             cls[self.classes[c].bool()] = c
         self.order = torch.argsort(cls.flatten(), stable=True)
         self.bounds = [0] + torch.bincount(cls.flatten(), minlength=len(CLASSES) + 1).cumsum(0).tolist()
+        self.back = torch.argsort(self.order)  # puts buf's grouped positions back in the chunk's order
         if start is not None:  # where a recorded pass stood before block start[0]
             self.x, self.base, self.filled = start[1].states[start[0]]
             self.buf = start[1].buf.clone()
@@ -500,18 +500,12 @@ class _Pass:
         b, p, d = self.x.shape
         self.buf = torch.zeros(len(ec.senders), b * p, d, dtype=torch.float32, device=self.x.device)
         self._put(0, ec._removed(EMBED, self.x))
-        self.base = self.x - self.buf[0][self._back()].view(b, p, d).to(self.x.dtype)
+        self.base = self.x - self.buf[0][self.back].view(b, p, d).to(self.x.dtype)
         self.filled = 1
 
     def _put(self, row: int, value: Tensor) -> None:
         """Write sender ``row``'s ``w_S - w̄_S`` (``[batch, pos, d]``) into ``buf`` in its grouped order."""
         self.buf[row] = value.reshape(-1, value.shape[-1])[self.order]
-
-    def _back(self) -> Tensor:
-        """The index that puts ``buf``'s grouped positions back in the chunk's order."""
-        if not hasattr(self, "_inverse"):
-            self._inverse = torch.argsort(self.order)
-        return self._inverse
 
     def stream(self, name: str, n: int, full: Tensor) -> Tensor:
         """Receiver input ``name``'s stream (:meth:`streams`)."""
@@ -567,7 +561,7 @@ class _Pass:
             lo, hi = self.bounds[c], self.bounds[c + 1]
             if hi > lo and bool(k[:, :, c].any()):
                 out[:, lo:hi] = torch.mm(k[:, :, c], buf[:, lo:hi].reshape(buf.shape[0], -1)).view(r, hi - lo, d)
-        return out[:, self._back()].view(r, b, p, d)
+        return out[:, self.back].view(r, b, p, d)
 
     def inputs(self, layer: int) -> dict[str, list[tuple[InputSite, Tensor]]]:
         """Per input hook of block ``layer``, each receiver input's channels there computed from its own stream: one
