@@ -90,12 +90,12 @@ class Node:
 
 def node_kind(name: str) -> str:
     """The kind of the node named ``name`` (:data:`NODE_KINDS`)."""
-    return Node.parse(name).kind
+    return _parsed(name).kind
 
 
 def write_order(sender: str) -> float:
     """When the sender ``sender`` writes (:attr:`Node.order`)."""
-    return Node.parse(sender).order
+    return _parsed(sender).order
 
 
 def receiver_nodes(receiver: str) -> tuple[list[str], str]:

@@ -955,8 +955,12 @@ class Model:
             yield self
 
     def has_hook(self, name: str) -> bool:
-        """Whether the bridge has a hook point called ``name``."""
-        return name in self.bridge.hook_dict
+        """Whether the bridge has a hook point called ``name`` (the bridge's names are read once: walking its modules
+        costs about a millisecond)."""
+        cached = getattr(self, "_hook_names", None)
+        if cached is None or cached[0] is not self.bridge:
+            cached = self._hook_names = (self.bridge, frozenset(self.bridge.hook_dict))
+        return name in cached[1]
 
     def component(self, path: str) -> torch.nn.Module:
         """The bridge component at ``path`` (e.g. ``blocks.3.attn``); calling it fires hooks."""

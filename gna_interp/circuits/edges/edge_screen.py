@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -44,6 +45,7 @@ from gna_interp.interventions.ablation import AblationMethod, flat_channels
 from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Edge, ReceiverInput, mlp_name, node_kind,
                                      receiver_inputs, write_order)
 from gna_interp.models.heads import HeadRef
+from gna_interp.models.mixer import InputSite
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
 from gna_interp.engine.metrics import LOGIT_DIFF, results
@@ -112,9 +114,11 @@ def edge_kind(sender: str, receiver_input: str) -> str:
 def verify_sample(table: pd.DataFrame, verify: int, seed: int = SAMPLE_SEED) -> pd.Series:
     """Which verifiable rows to measure exactly, and why (``top`` / ``kind`` / ``random``; ``""`` for the rest):
     half of ``verify`` the strongest rows by ``|score|``; a quarter (at least one row of every kind the strongest
-    left out) the strongest rows of each kind not yet taken, in turn, so every kind is checked; the rest drawn at random among the rows not taken, so the error is also read
-    on rows the screen does not rank high."""
+    left out) the strongest rows of each kind not yet taken, in turn, so every kind is checked; the rest drawn at
+    random among the rows not taken, so the error is also read on rows the screen does not rank high."""
     why = pd.Series("", index=table.index, dtype=object)
+    if verify <= 0:
+        return why
     cand = table[table["verifiable"]].sort_values("abs_rank")
     n_top = min(verify - verify // 2, len(cand))
     why[cand.index[:n_top]] = "top"
@@ -129,7 +133,7 @@ def verify_sample(table: pd.DataFrame, verify: int, seed: int = SAMPLE_SEED) -> 
             if q and n_kind > 0:
                 why[q.pop(0)] = "kind"
                 n_kind -= 1
-    rest = [i for i in cand.index if why[i] == ""]
+    rest = list(cand.index[(why[cand.index] == "").to_numpy()])
     n_random = min(verify - int((why != "").sum()), len(rest))
     if n_random > 0:
         picks = torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))[:n_random]
@@ -161,47 +165,61 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
         raise InputError(f"the edge screen removes senders by 'zero' or 'mean' ablation, got {method!r}")
     if method == "mean" and reference is None:
         reference = task
-    pp = PathPatcher(model, task, method, reference, batch_size)
-    heads = model.heads()
-    repl = {r.site.head: r for r in pp.replaced(heads)}
-    recv = receiver_inputs(model)
-    clean = pp.clean()
-    weights = LOGIT_DIFF.target_weights(pp.plan, clean)
-    senders = [EMBED] + [x for layer in range(model.n_layers)
-                         for x in [*(h.name for h in heads if h.layer == layer)]
-                         + ([mlp_name(layer)] if model.mlp_hook(layer, "out") else [])]
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 0:
         raise InputError(f"ig_steps must be an integer >= 0, got {ig_steps!r}")
-    alphas = [(k + 0.5) / ig_steps for k in range(ig_steps)] if ig_steps else [1.0]
-    scores = torch.zeros(len(senders), len(recv) + 1, len(CLASSES), dtype=torch.float64)  # last column: logits
-    graph = _Graph(heads, repl, recv, weights, senders, method, alphas)
+    pp = PathPatcher(model, task, method, reference, batch_size)
+    graph = _Graph.of(model, pp, method, ig_steps)
+    scores = torch.zeros(len(graph.senders), len(graph.recv) + 1, len(CLASSES), dtype=torch.float64)  # +1: logits
     for ci, chunk in enumerate(pp.chunks):
         _chunk_scores(model, pp, chunk, graph, scores)
         if progress is not None:
             progress(f"edge screen: batch {ci + 1} of {len(pp.chunks)}")
-    rows = []
-    for si, s in enumerate(senders):
-        s_layer = write_order(s)
-        for ri, r in enumerate(recv):
-            if not _before(s, s_layer, r):
-                continue
-            for pi, pos in enumerate(CLASSES):
-                rows.append({"sender": s, "receiver": r.node, "input": r.input, "positions": pos,
-                             "score": float(scores[si, ri, pi])})
-        rows.append({"sender": s, "receiver": LOGITS, "input": LOGITS, "positions": "all",
-                     "score": float(scores[si, len(recv), 1])})
-    table = pd.DataFrame(rows)
-    table["abs_rank"] = table["score"].abs().rank(ascending=False, method="first").astype(int)
+    table = _table(graph, scores)
     # whether MLP and embedding edges can be measured: learnt once per model by the first edge circuit made for it
     exact = _edge_circuit(model, pp) if EdgeCircuit.refusal(model) is None else None
     circuits = EdgeCircuit.refusal(model) == ""
     shared = _shared_inputs(model)
-    table["kind"] = [edge_kind(s, i) for s, i in zip(table["sender"], table["input"])]
-    from_head = table["kind"].isin(("head -> head", "head -> logits"))
-    unshared = pd.Series([p not in shared for p in zip(table["receiver"], table["input"])], index=table.index)
-    table["verifiable"] = from_head | (unshared & circuits)  # path patching, or an edge circuit
+    unshared = ~pd.MultiIndex.from_frame(table[["receiver", "input"]]).isin(list(shared))
+    table["verifiable"] = table["kind"].isin(("head -> head", "head -> logits")) | (unshared & circuits)
     table["effect"] = table["low"] = table["high"] = math.nan
     table["sample"] = verify_sample(table, verify)
+    _verify(model, task, pp, table, exact if circuits else None, progress)
+    table = table.sort_values("abs_rank").reset_index(drop=True)[EDGE_SCREEN_COLUMNS]
+    return EdgeScreen(table, LOGIT_DIFF.value(results(pp.clean())))
+
+
+def _table(graph: "_Graph", scores: Tensor) -> pd.DataFrame:
+    """The screen's rows from its scores (``[senders, receiver inputs + logits, classes]``): every sender into every
+    receiver input read after it writes, at each position class, then into the logits; with ``kind`` and
+    ``abs_rank``."""
+    recv = graph.recv
+    reads = np.array([r.layer + (0.5 if r.input == "mlp" else 0.0) for r in recv])
+    nodes = np.array([r.node for r in recv], dtype=object)
+    inputs = np.array([r.input for r in recv], dtype=object)
+    n_cls = len(CLASSES)
+    parts: dict[str, list] = {k: [] for k in ("sender", "receiver", "input", "positions", "score")}
+    for si, sender in enumerate(graph.senders):
+        idx = np.flatnonzero(write_order(sender) < reads)
+        parts["sender"].append(np.full(len(idx) * n_cls + 1, sender, dtype=object))
+        parts["receiver"].append(np.append(np.repeat(nodes[idx], n_cls), LOGITS))
+        parts["input"].append(np.append(np.repeat(inputs[idx], n_cls), LOGITS))
+        parts["positions"].append(np.append(np.tile(np.array(CLASSES, dtype=object), len(idx)), "all"))
+        parts["score"].append(np.append(scores[si, idx].numpy().reshape(-1), float(scores[si, len(recv), 1])))
+    table = pd.DataFrame({k: np.concatenate(v) for k, v in parts.items()})
+    table["abs_rank"] = table["score"].abs().rank(ascending=False, method="first").astype(int)
+    kinds = {s: edge_kind(s, "") for s in graph.senders}  # by the sender, then the input it reads
+    sender_kind = table["sender"].map(kinds)
+    table["kind"] = np.where(sender_kind == "embeddings", "embeddings",
+                             np.where((sender_kind == "MLP") | (table["input"] == "mlp"), "MLP",
+                                      np.where(table["input"] == LOGITS, "head -> logits", "head -> head")))
+    return table
+
+
+def _verify(model: Model, task: Task, pp: PathPatcher, table: pd.DataFrame, exact: "EdgeCircuit | None",
+            progress: Callable[[str], None] | None) -> None:
+    """Measure the rows of ``table`` whose ``sample`` is set exactly, writing ``effect``/``low``/``high``: head
+    edges by path patching (on ``pp``), MLP and embedding edges by an edge circuit with every other edge kept
+    (``exact``: the screen's edge circuit, built here where first needed; None where the blocks do not allow one)."""
     todo = table[table["sample"] != ""].sort_values("abs_rank")
     heads_todo = todo[[_edge(r) is not None for _, r in todo.iterrows()]]
     if len(heads_todo):
@@ -212,18 +230,16 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
         for idx, eff, (lo, hi) in zip(heads_todo.index, fx.effects(), fx.intervals()):
             table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
     rest = todo.drop(heads_todo.index)
-    if len(rest) and circuits:  # MLP and embedding edges: every other edge kept, this one left out
+    if len(rest) and EdgeCircuit.refusal(model) == "":  # MLP and embedding edges: this one left out alone
         exact = exact or _edge_circuit(model, pp)
         assert exact is not None
         if progress is not None:
             progress(f"edge screen: verifying {len(rest)} MLP and embedding edges, each left out alone")
         wires = [[Edge(r.sender, r.receiver, r.input, r.positions)] for r in rest.itertuples()]
-        fx = PathEffects(LOGIT_DIFF.name, results(clean), [[] for _ in wires],
+        fx = PathEffects(LOGIT_DIFF.name, results(pp.clean()), [[] for _ in wires],
                          [results(s) for s in exact.run_without(wires)])
         for idx, eff, (lo, hi) in zip(rest.index, fx.effects(), fx.intervals()):
             table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
-    table = table.sort_values("abs_rank").reset_index(drop=True)[EDGE_SCREEN_COLUMNS]
-    return EdgeScreen(table, LOGIT_DIFF.value(results(clean)))
 
 
 def _edge_circuit(model: Model, pp: PathPatcher) -> EdgeCircuit | None:
@@ -250,7 +266,8 @@ def _before(sender: str, s_layer: float, r: ReceiverInput) -> bool:
 class _Graph:
     """What the screen reads on every batch: the heads and their replacements (``repl``), the receiver inputs, the
     metric's weights, the senders in write order, the ablation method and the points ``alphas`` of the ablation path
-    (``[1.0]``: plain EAP)."""
+    (``[1.0]``: plain EAP) and the input sites that are plain linear projections' outputs
+    (:meth:`~gna_interp.models.model.Model.linear_input`)."""
 
     heads: list[HeadRef]
     repl: dict
@@ -259,6 +276,23 @@ class _Graph:
     senders: list[str]
     method: str
     alphas: list[float]
+    linear: dict[str, tuple[str, torch.nn.Linear]]  # input site hook -> its projection's input hook and projection
+
+    @classmethod
+    def of(cls, model: Model, pp: PathPatcher, method: str, ig_steps: int) -> "_Graph":
+        """The screen's graph of ``model`` on ``pp``'s task: the senders (the embeddings, then each layer's heads and
+        MLP) and receiver inputs, the heads' replacements, the metric's weights and ``ig_steps`` points of the
+        ablation path (none: plain EAP)."""
+        heads = model.heads()
+        repl = {r.site.head: r for r in pp.replaced(heads)}
+        recv = receiver_inputs(model)
+        weights = LOGIT_DIFF.target_weights(pp.plan, pp.clean())
+        senders = [EMBED] + [x for layer in range(model.n_layers)
+                             for x in [*(h.name for h in heads if h.layer == layer)]
+                             + ([mlp_name(layer)] if model.mlp_hook(layer, "out") else [])]
+        alphas = [(k + 0.5) / ig_steps for k in range(ig_steps)] if ig_steps else [1.0]
+        linear = {x.hook: got for r in recv for x in r.sites if (got := model.linear_input(x.hook)) is not None}
+        return cls(heads, repl, recv, weights, senders, method, alphas, linear)
 
 
 class _Sums:
@@ -309,7 +343,7 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, graph: _Graph, scor
     means: dict[str, Tensor] = {}
     if alphas != [1.0]:  # the writes and the means of the intact model first
         with torch.no_grad():
-            acts = _forward(model, chunk, heads, repl, recv, graph.weights, [], grad=False)
+            acts = _forward(model, chunk, graph, [], grad=False)
         on = real.to(acts[model.block_input_hook(0)].device)
         writes = _writes(model, heads, repl, acts, graph.method, on)
         streams = {EMBED: model.block_input_hook(0), **{mlp_name(l): model.mlp_hook(l, "out")
@@ -320,7 +354,7 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, graph: _Graph, scor
     for alpha in alphas:
         interp = [] if alpha == 1.0 else _interpolation(model, heads, repl, means, alpha)
         with inputs_only_grad(model), torch.enable_grad():
-            acts = _forward(model, chunk, heads, repl, recv, graph.weights, interp, grad=True)
+            acts = _forward(model, chunk, graph, interp, grad=True)
             objective = acts.pop("__objective")
             site_hooks = sorted({x.hook for r in recv for x in r.sites} | {repl[h].site.hook for h in heads}
                                 | {model.FINAL_NORM_INPUT})
@@ -330,13 +364,8 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, graph: _Graph, scor
                 writes = _writes(model, heads, repl, acts, graph.method, real.to(objective.device))
             if sums is None:
                 sums = _Sums(scores, writes, senders, pos_masks, sel)
-            through: dict[HeadRef, dict[str, Tensor | None]] = {}
-            for ri, r in enumerate(recv):
-                if r.head is not None and r.head not in through:
-                    through[r.head] = _through_head(model, r.head, recv, grads, acts)
-                gx = _stream_grad(r, through[r.head] if r.head is not None else grads, acts)
-                if gx is None:
-                    continue
+            for ri, gx in _receiver_grads(model, graph, grads, acts):
+                r = recv[ri]
                 before = [_before(name, lay, r) for name, lay in zip(senders, layer_of)]
                 n = sum(before)
                 assert all(before[:n]), "senders are listed in layer order: those before a receiver are a prefix"
@@ -347,13 +376,14 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, graph: _Graph, scor
             sums.flush()
 
 
-def _forward(model: Model, chunk: Any, heads: list[HeadRef], repl: dict, recv: list[ReceiverInput], weights: Tensor,
-             before: list[tuple[str, Callable[..., Tensor]]], grad: bool) -> dict[str, Tensor]:
+def _forward(model: Model, chunk: Any, graph: _Graph, before: list[tuple[str, Callable[..., Tensor]]], grad: bool
+             ) -> dict[str, Tensor]:
     """One forward of ``chunk`` with the hooks ``before`` first, recording every activation the screen reads (the
     stream entering block 0 made a leaf that requires grad when ``grad``); with ``grad`` also ``__objective`` (the
     metric's weighted log-probabilities)."""
+    heads, repl, recv = graph.heads, graph.repl, graph.recv
     acts: dict[str, Tensor] = {}
-    want = {model.block_input_hook(0), model.FINAL_NORM_INPUT}
+    want = {model.block_input_hook(0), model.FINAL_NORM_INPUT} | {i for i, _ in graph.linear.values()}
     want |= {r.stream for r in recv} | {x.hook for r in recv for x in r.sites}
     want |= {repl[h].site.hook for h in heads}
     want |= {model.mlp_hook(l, "out") for l in range(model.n_layers) if model.mlp_hook(l, "out")}
@@ -370,7 +400,7 @@ def _forward(model: Model, chunk: Any, heads: list[HeadRef], repl: dict, recv: l
     logits = model.read_logits(chunk.batch, rows, pos, [*before, *((h, keep(h)) for h in sorted(want))], grad=grad)
     if grad:
         logp = read_logprobs(logits, chunk.read_tok, inverse)
-        acts["__objective"] = (logp * weights[chunk.read_target].to(logp.device)).sum()
+        acts["__objective"] = (logp * graph.weights[chunk.read_target].to(logp.device)).sum()
     return acts
 
 
@@ -408,41 +438,97 @@ def _interpolation(model: Model, heads: list[HeadRef], repl: dict, means: dict[s
     return out
 
 
-def _through_head(model: Model, head: HeadRef, recv: list[ReceiverInput], grads: dict[str, Tensor | None],
-                  acts: dict[str, Tensor]) -> dict[str, Tensor | None]:
-    """The metric's gradient at ``head``'s input sites along the paths through ``head``'s own output alone (the
-    vector-Jacobian product from its output channels, cotangent the metric's gradient there): what the exact
-    patch, which keeps every other head of the layer clean, differentiates."""
-    site = model.head_site(head)
-    g = grads.get(site.hook)
-    hooks = sorted({x.hook for r in recv if r.head == head for x in r.sites})
-    if g is None or not hooks:
+def _receiver_grads(model: Model, graph: _Graph, grads: dict[str, Tensor | None], acts: dict[str, Tensor]
+                    ) -> Iterator[tuple[int, Tensor]]:
+    """``(index, ∂metric/∂x)`` through each receiver input of ``graph.recv`` alone (``x``: the stream it reads),
+    stream by stream: the heads' own paths first (:func:`_through_heads`), then each input back to its stream
+    (:func:`_stream_grad`)."""
+    recv = graph.recv
+    by_stream: dict[str, list[int]] = {}
+    for ri, r in enumerate(recv):
+        by_stream.setdefault(r.stream, []).append(ri)
+    for idx in by_stream.values():
+        heads = list(dict.fromkeys(recv[i].head for i in idx if recv[i].head is not None))
+        through = _through_heads(model, heads, recv, grads, acts)
+        for i in idx:
+            r = recv[i]
+            gx = _stream_grad(r, through[r.head] if r.head is not None else grads, acts, graph.linear)
+            if gx is not None:
+                yield i, gx
+
+
+def _through_heads(model: Model, heads: list[HeadRef], recv: list[ReceiverInput], grads: dict[str, Tensor | None],
+                   acts: dict[str, Tensor]) -> dict[HeadRef, dict[str, Tensor | None]]:
+    """The metric's gradient at each head's input sites along the paths through that head's own output alone (the
+    vector-Jacobian product from its output channels, cotangent the metric's gradient there): what the exact patch,
+    which keeps every other head of the layer clean, differentiates. Attention heads whose input channels do not
+    overlap (one query head of each KV group) share one product: a head's output depends on its own query and its
+    group's key and value only, so each head's channels of the result are its own path's."""
+    sites = {h: [x for r in recv if r.head == h for x in r.sites] for h in heads}
+    packs: list[list[HeadRef]] = []
+    for h in heads:
+        fits = [p for p in packs if h.kind == "attn" and all(q.kind == "attn" and not _overlap(sites[h], sites[q])
+                                                           for q in p)]
+        if fits:
+            fits[0].append(h)
+        else:
+            packs.append([h])
+    out: dict[HeadRef, dict[str, Tensor | None]] = {}
+    for pack in packs:
+        got = _through_pack(model, pack, sites, grads, acts)
+        out.update({h: got for h in pack})
+    return out
+
+
+def _overlap(a: list[InputSite], b: list[InputSite]) -> bool:
+    """Whether two lists of input sites share a channel."""
+    return any(x.hook == y.hook and x.start < y.stop and y.start < x.stop for x in a for y in b)
+
+
+def _through_pack(model: Model, pack: list[HeadRef], sites: dict[HeadRef, list[InputSite]],
+                  grads: dict[str, Tensor | None], acts: dict[str, Tensor]) -> dict[str, Tensor | None]:
+    """One vector-Jacobian product from the output channels of the heads of ``pack`` back to their input sites."""
+    outs: dict[str, Tensor] = {}
+    for h in pack:
+        site = model.head_site(h)
+        g = grads.get(site.hook)
+        if g is None or not sites[h]:
+            continue
+        cot = outs.setdefault(site.hook, torch.zeros_like(g))
+        _flat(cot)[..., site.columns] = _flat(g)[..., site.columns]
+    hooks = sorted({x.hook for h in pack for x in sites[h]})
+    if not outs or not hooks:
         return {}
-    cot = torch.zeros_like(g)
-    _flat(cot)[..., site.columns] = _flat(g)[..., site.columns]
-    got = torch.autograd.grad([acts[site.hook]], [acts[h] for h in hooks], [cot], retain_graph=True,
-                              allow_unused=True)
+    got = torch.autograd.grad([acts[k] for k in outs], [acts[k] for k in hooks], list(outs.values()),
+                              retain_graph=True, allow_unused=True)
     return dict(zip(hooks, got))
 
 
-def _stream_grad(r: ReceiverInput, grads: dict[str, Tensor | None], acts: dict[str, Tensor]) -> Tensor | None:
+def _stream_grad(r: ReceiverInput, grads: dict[str, Tensor | None], acts: dict[str, Tensor],
+                 linear: dict[str, tuple[str, torch.nn.Linear]]) -> Tensor | None:
     """``∂metric/∂x`` through receiver ``r``'s input alone: the vector-Jacobian product from its sites' channels
-    (``grads`` there, other channels zero) back to the stream it reads."""
-    outs, cots = [], []
-    for hook, start, stop in ((x.hook, x.start, x.stop) for x in r.sites):
-        g = grads.get(hook)
+    (``grads`` there, other channels zero) back to the stream it reads. A site that is a plain projection's output
+    (``linear``) is taken back through its rows of the weight first, so autograd runs only from the projection's
+    input (the block's norm), never through the whole projection."""
+    cots: dict[str, Tensor] = {}
+    for x in r.sites:
+        g = grads.get(x.hook)
         if g is None:
             continue
-        if start < 0:  # an MLP input: all of it
-            cot = g
+        if x.start < 0:  # an MLP input: all of it
+            cots[x.hook] = cots[x.hook] + g if x.hook in cots else g
+        elif x.hook in linear:
+            hook_in, proj = linear[x.hook]
+            part = _flat(g)[..., x.start:x.stop] @ proj.weight[x.start:x.stop].to(g.dtype)
+            cots[hook_in] = cots[hook_in] + part if hook_in in cots else part
         else:
             cot = torch.zeros_like(g)
-            _flat(cot)[..., start:stop] = _flat(g)[..., start:stop]
-        outs.append(acts[hook])
-        cots.append(cot)
-    if not outs:
+            _flat(cot)[..., x.start:x.stop] = _flat(g)[..., x.start:x.stop]
+            cots[x.hook] = cots[x.hook] + cot if x.hook in cots else cot
+    if not cots:
         return None
-    (gx,) = torch.autograd.grad(outs, [acts[r.stream]], cots, retain_graph=True, allow_unused=True)
+    (gx,) = torch.autograd.grad([acts[k] for k in cots], [acts[r.stream]], list(cots.values()), retain_graph=True,
+                                allow_unused=True)
     return gx
 
 
