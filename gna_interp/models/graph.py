@@ -125,6 +125,12 @@ def _parsed(name: str) -> Node:
     return Node.parse(name)
 
 
+def _shown(name: str, n: int) -> str:
+    """The first ``n`` characters of ``name`` for an error message, line breaks and other unprintable characters
+    escaped (a message is one line)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in name[:n])
+
+
 def _node_name(value: Any, role: str) -> str:
     """An edge's ``role`` (sender / receiver) as a node name: a :class:`HeadRef` or a :class:`Node` by its name, a
     string as given (parsed by the caller)."""
@@ -163,7 +169,7 @@ class Edge:
             value = getattr(self, field_name)
             if not isinstance(value, str) and not (field_name == "input" and value is None):
                 raise InputError(f"an edge's {field_name} must be a string, got {type(value).__name__} ({value!r:.40})")
-        where = f"{sender[:40]} -> {receiver[:60]}"
+        where = f"{_shown(sender, 40)} -> {_shown(receiver, 60)}"
         s_node = _parsed(sender)
         if s_node.kind == "logits":
             raise InputError(f"the edge {where}: the logits send nothing; a sender is embed, a head or an MLP")

@@ -48,6 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Collection, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -73,6 +74,8 @@ __all__ = ["EdgeCircuit", "whole_circuit"]
 
 SCOPES: tuple[str, ...] = ("heads", "all")
 SUPPORTED = "edge_circuit.refusal"  # Model.facts key: why edge circuits cannot run on the model ("" where they can)
+POSTS = "edge_circuit.posts"  # Model.facts key: each block's checked maps from its mixers' and MLP's outputs
+MEANS = "edge_circuit.means"  # Model.facts key: the embeddings' and MLPs' mean outputs over one reference's prompts
 
 
 def _stream_key(keep: Tensor | None, filled: int) -> bytes:
@@ -165,8 +168,11 @@ class EdgeCircuit:
         """Per block, its maps from its mixers' summed output and from its MLP's output to the stream
         (:func:`post_maps`), each checked on the first batch against what the block adds: ``f(y)`` against
         ``hook_resid_mid - hook_resid_pre``, ``g(m)`` against ``hook_resid_post - hook_resid_mid``. A block they do not
-        reproduce, or whose MLP reads its mixers' output with no hook between them, is refused with the reason."""
+        reproduce, or whose MLP reads its mixers' output with no hook between them, is refused with the reason.
+        Checked once per model (the maps are kept in ``Model.facts``)."""
         model = self.model
+        if POSTS in model.facts:
+            return model.facts[POSTS]
         for layer in range(model.n_layers):
             if model.mlp_hook(layer, "out") and model.mixed_stream_hook(layer) == model.block_output_hook(layer):
                 raise UnsupportedArchitectureError(
@@ -194,6 +200,7 @@ class EdgeCircuit:
                         f"stream -- as is, through the norm after it or times the block's residual multiplier -- but "
                         f"none of these reproduces what it adds (mixers side by side, each under its own "
                         f"multiplier?); use the node form (gna.faithfulness) or path patching")
+        model.facts[POSTS] = maps
         return maps
 
     def receivers(self) -> list[str]:
@@ -252,35 +259,57 @@ class EdgeCircuit:
         by ``|score|``, the zoo Mamba-2's smallest edge circuit is 58 edges, by signed score the whole graph); the
         rows of the heads that share an input (a KV group) add up, as the gradient through a shared input is the sum
         over its readers."""
-        rows = []
-        for r in table.itertuples():
-            if self._index[r.sender] in self._fixed:
-                continue
-            if r.receiver == LOGITS:
-                rec, pos = LOGITS, "all"
-            elif r.input == "mlp":
-                rec, pos = r.receiver, r.positions
-            else:
-                rec, pos = self._input_of[(r.receiver, r.input)], r.positions
-            rows.append((r.sender, rec, pos, float(r.score)))
-        df = pd.DataFrame(rows, columns=["sender", "receiver", "positions", "score"])
+        unknown = sorted(set(table["sender"]) - set(self._index))
+        if unknown:
+            raise InputError(f"the edge table names senders {', '.join(unknown[:3])} that {self.model.name} does not have "
+                             f"(a screen of another model?)")
+        fixed = {self.senders[i] for i in self._fixed}
+        t = table[~table["sender"].isin(fixed)]
+        direct, mlp = (t["receiver"] == LOGITS).to_numpy(), (t["input"] == "mlp").to_numpy()
+        shared = {f"{h}.{inp}": name for (h, inp), name in self._input_of.items()}
+        head_reads = (t["receiver"] + "." + t["input"].astype(str)).map(shared)
+        reads = np.where(direct, LOGITS, np.where(mlp, t["receiver"], head_reads))
+        self.receivers()
+        bad = [i for i, r in enumerate(reads) if r not in self._reads_at]
+        if bad:
+            row = t.iloc[bad[0]]
+            raise InputError(f"the edge table's row {row['sender']} -> {row['receiver']}.{row['input']} reads an input "
+                             f"{self.model.name} does not have (a screen of another model?)")
+        df = pd.DataFrame({"sender": t["sender"].to_numpy(), "receiver": reads,
+                           "positions": np.where(direct, "all", t["positions"]), "score": t["score"].astype(float)})
         df = df.groupby(["sender", "receiver", "positions"], as_index=False, sort=False)["score"].sum()
-        df["wire"] = [Edge.at(s, r, p) for s, r, p in zip(df.sender, df.receiver, df.positions)]
+        late = df["sender"].map(self._writes_at) >= df["receiver"].map(self._reads_at)
+        if late.any():
+            row = df[late].iloc[0]
+            raise InputError(f"the edge table's row {row['sender']} -> {row['receiver']}: the sender must write before "
+                             f"the receiver reads")
+        parts = {r: receiver_nodes(r) for r in df["receiver"].unique()}
+        df["wire"] = [Edge.made(s, "+".join(parts[r][0]), parts[r][1], p)
+                      for s, r, p in zip(df["sender"], df["receiver"], df["positions"])]
         order = df["score"].abs().sort_values(ascending=False, kind="stable").index
         return df.loc[order].reset_index(drop=True)
 
     # ---- running --------------------------------------------------------------------------
     def _stream_means(self, reference: Any) -> dict[str, Tensor]:
-        """The embeddings' and every MLP's mean output over the reference prompts' real tokens."""
+        """The embeddings' and every MLP's mean output over the reference prompts' real tokens (kept per model and
+        prompts in ``Model.facts``: the screen and the edge curve of one run share them)."""
         model = self.model
         names = {EMBED: model.block_input_hook(0)}
         names.update({mlp_name(l): model.mlp_hook(l, "out") for l in range(model.n_layers) if model.mlp_hook(l, "out")})
         prompts = getattr(reference, "prompts", None)
+        known = model.facts.setdefault(MEANS, {})
+        key = (tuple(prompts), str(model.dtype)) if prompts is not None else None
+        if key in known:
+            return known[key]
         batch = model.as_batch(list(prompts) if prompts is not None else reference)
         wanted = set(names.values())
         _, cache = model.run_with_cache(batch, names_filter=lambda n: n in wanted)
         mask = batch.attention_mask.bool()
-        return {k: cache[h][mask].float().mean(0) for k, h in names.items()}
+        means = {k: cache[h][mask].float().mean(0) for k, h in names.items()}
+        if key is not None:
+            known.clear()  # one reference at a time
+            known[key] = means
+        return means
 
     def _post(self, sender: str) -> PostMap:
         """The map from an MLP's output to the stream (its block's ``g``); the identity for the embeddings."""
