@@ -493,18 +493,18 @@ class _Table:
 @dataclass
 class _Record:
     """One batch's pass under a circuit, recorded so that passes agreeing with it before some block start there:
-    ``states[l]`` the run's stream, ``B`` and the senders filled before block ``l``; ``buf`` every sender's
-    ``w_S - w̄_S`` once the pass ends (a sender's row is written once, before any block reads it; a pass started
+    ``states[l]`` the run's stream, ``B`` and the senders filled before block ``l``; ``buf`` (per position class)
+    every sender's ``w_S - w̄_S`` once the pass ends (a sender's row is written once, before any block reads it; a pass started
     from the record writes its own copy from there on)."""
 
     states: dict[int, tuple[Tensor, Tensor, int]] = field(default_factory=dict)
-    buf: Tensor | None = None
+    buf: list[Tensor] | None = None
 
 
 class _Pass:
     """One chunk's forward under one circuit (``keep``: :meth:`EdgeCircuit._keep`), block by block. ``x``: the run's
-    own stream (every edge kept); ``base``: the stream with every sender ablated (``B``); ``buf[S]``: ``w_S - w̄_S``
-    of the senders that have written and add linearly (the first ``filled`` senders, in sender order; zero rows for
+    own stream (every edge kept); ``base``: the stream with every sender ablated (``B``); ``buf[c][S]``: ``w_S - w̄_S``
+    at the positions of class ``c``, of the senders that have written and add linearly (the first ``filled`` senders, in sender order; zero rows for
     the heads of a normalising block); ``tables``: the normalising blocks' :class:`_Table`."""
 
     def __init__(self, ec: EdgeCircuit, index: int, keep: dict[str, Tensor],
@@ -514,27 +514,31 @@ class _Pass:
         masks = ec.pp.masks(self.chunk)
         self.classes = torch.stack([masks["items"], masks["decision"] & ~masks["items"], masks["other"]]).float()
         self.x = self.prefix.hidden(0)
-        # buf holds the positions grouped by class (``order``; class c at rows ``bounds[c]:bounds[c + 1]``, then the
-        # positions of no class) so that one product per class sums every stream of a layer
+        # the positions grouped by class (``order``; class c at rows ``bounds[c]:bounds[c + 1]``, then the positions
+        # of no class); buf[c] holds class c's, contiguous, so that one product per class sums every stream of a layer
         cls = torch.full(self.x.shape[:2], len(CLASSES), dtype=torch.long, device=self.x.device)
         for c in reversed(range(len(CLASSES))):
             cls[self.classes[c].bool()] = c
         self.order = torch.argsort(cls.flatten(), stable=True)
         self.bounds = [0] + torch.bincount(cls.flatten(), minlength=len(CLASSES) + 1).cumsum(0).tolist()
-        self.back = torch.argsort(self.order)  # puts buf's grouped positions back in the chunk's order
         if start is not None:  # where a recorded pass stood before block start[0]
             self.x, self.base, self.filled = start[1].states[start[0]]
-            self.buf = start[1].buf.clone()
+            assert start[1].buf is not None
+            self.buf = [part.clone() for part in start[1].buf]
             return
-        b, p, d = self.x.shape
-        self.buf = torch.zeros(len(ec.senders), b * p, d, dtype=torch.float32, device=self.x.device)
-        self._put(0, ec._removed(EMBED, self.x))
-        self.base = self.x - self.buf[0][self.back].view(b, p, d).to(self.x.dtype)
+        d = self.x.shape[-1]
+        self.buf = [torch.zeros(len(ec.senders), self.bounds[c + 1] - self.bounds[c], d, dtype=torch.float32,
+                                device=self.x.device) for c in range(len(CLASSES))]
+        removed = ec._removed(EMBED, self.x)
+        self._put(0, removed)
+        self.base = self.x - removed.float().to(self.x.dtype)
         self.filled = 1
 
     def _put(self, row: int, value: Tensor) -> None:
-        """Write sender ``row``'s ``w_S - w̄_S`` (``[batch, pos, d]``) into ``buf`` in its grouped order."""
-        self.buf[row] = value.reshape(-1, value.shape[-1])[self.order]
+        """Write sender ``row``'s ``w_S - w̄_S`` (``[batch, pos, d]``) into ``buf``, each class's positions in turn."""
+        flat = value.reshape(-1, value.shape[-1])
+        for c, part in enumerate(self.buf):
+            part[row] = flat[self.order[self.bounds[c]:self.bounds[c + 1]]]
 
     def stream(self, name: str, n: int, full: Tensor) -> Tensor:
         """Receiver input ``name``'s stream (:meth:`streams`)."""
@@ -579,18 +583,16 @@ class _Pass:
 
     def _sums(self, k: Float[Tensor, "streams senders 3"]) -> Float[Tensor, "streams batch pos d"]:
         """``Σ_S (k[r, S] · classes) ⊙ buf[S]`` for each stream ``r``: per position class, one product of the
-        streams' coefficients with the senders' rows of ``buf`` at that class's positions (only the senders some
-        stream reads where they are few)."""
+        streams' coefficients with the first ``n`` senders' rows of ``buf[c]`` (contiguous: no copy of the rows, whose
+        fresh allocation cost more than the product), scattered into the class's positions."""
         r, n = k.shape[:2]
         b, p, d = self.x.shape
-        used = k.any(dim=2).any(dim=0).nonzero().flatten()
-        k, buf = (k[:, used], self.buf[used]) if len(used) * 2 < n else (k, self.buf[:n])
-        out = torch.zeros(r, b * p, d, dtype=torch.float32, device=self.buf.device)
-        for c in range(len(CLASSES)):
+        out = torch.zeros(r, b * p, d, dtype=torch.float32, device=self.x.device)
+        for c, part in enumerate(self.buf):
             lo, hi = self.bounds[c], self.bounds[c + 1]
             if hi > lo and bool(k[:, :, c].any()):
-                out[:, lo:hi] = torch.mm(k[:, :, c], buf[:, lo:hi].reshape(buf.shape[0], -1)).view(r, hi - lo, d)
-        return out[:, self.back].view(r, b, p, d)
+                out.index_copy_(1, self.order[lo:hi], torch.mm(k[:, :, c], part[:n].view(n, -1)).view(r, hi - lo, d))
+        return out.view(r, b, p, d)
 
     def inputs(self, layer: int) -> dict[str, list[tuple[InputSite, Tensor]]]:
         """Per input hook of block ``layer``, each receiver input's channels there computed from its own stream: one
