@@ -80,8 +80,8 @@ LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "Transfo
           "tl-patching": "TransformerLens patching.generic_activation_patch", "tl-best": "TransformerLens best",
           "nnsight-plain": "nnsight trace loop", "nnsight-best": "nnsight best (batched copies)",
           "pyvene-plain": "pyvene ZeroIntervention loop", "pyvene-best": "pyvene best (per-example heads)",
-          "gna-attribution": "gna attribution", "tl-attr": "TransformerLens gradient attribution",
-          "nnsight-attr": "nnsight gradient attribution", "gna-patterns": "gna patterns()",
+          "gna-attribution": "gna attribution", "tl-attr": "TransformerLens gradient attribution (plain form)",
+          "nnsight-attr": "nnsight gradient attribution (plain form)", "gna-patterns": "gna patterns()",
           "tl-cache-plain": "TransformerLens run_with_cache (all hooks)",
           "tl-cache-best": "TransformerLens run_with_cache (names_filter, stop_at_layer)"}
 PATTERNS = ("gna-patterns", "tl-cache-plain", "tl-cache-best")
@@ -837,6 +837,13 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
 
 ## Where ours is not ahead
 
+- **Attribution: the rows are the peers' plain form, not their best.** The TransformerLens and nnsight gradient
+  attribution rows run every prompt once per candidate, full-vocabulary logits at every position and a backward
+  down to the embeddings, while ours reads only the needed positions; their 11x on SmolLM2 is a lead over that
+  idiom, not over the tools. Their best form -- the prompt run once and its key/value cache continued by the
+  candidates, logits only where the metric reads, the gradient leaf at the first scanned layer, `autograd.grad` on
+  `hook_z` -- is not a row of this benchmark yet; until it is, no attribution lead over a tool at its best is
+  claimed here.
 - **The exact scan against the peers at their best: 2.5x, not 5x.** On SmolLM2 (8 prompts, the 18 heads of layers
   16-17) our exact scan used 1.99 CPU s a head, nnsight's batched copies 4.99, pyvene's per-example heads 5.49 and
   TransformerLens at its best 5.54. Written at their best, the peers already do what made ours 15-19 times faster

@@ -124,7 +124,7 @@ def test_a_benchmark_runs_at_its_smallest(name, smoke_runs):
         ran = {cells[1].strip(): cells for cells in table if "not run" not in cells[col]}
         assert {"gna exact", "gna auto", "gna attribution", "TransformerLens run_with_hooks loop",
                 "TransformerLens best", "TransformerLens patching.generic_activation_patch",
-                "TransformerLens gradient attribution", "gna edge screen (EAP)",
+                "TransformerLens gradient attribution (plain form)", "gna edge screen (EAP)",
                 "gna edge screen (EAP-IG)"} <= set(ran), stdout[-3000:]
         assert all(float(cells[col]) < 1e-4 for cells in ran.values()), stdout[-3000:]
     if name == "scan.py":  # the stacked exact scan equals the naive loops
