@@ -75,6 +75,7 @@ __all__ = ["EdgeCircuit", "whole_circuit"]
 SCOPES: tuple[str, ...] = ("heads", "all")
 SUPPORTED = "edge_circuit.refusal"  # Model.facts key: why edge circuits cannot run on the model ("" where they can)
 POSTS = "edge_circuit.posts"  # Model.facts key: each block's checked maps from its mixers' and MLP's outputs
+FEW = 0.25  # a stream sum copies the rows of the senders it reads where they are fewer than this share of them
 MEANS = "edge_circuit.means"  # Model.facts key: the embeddings' and MLPs' mean outputs over one reference's prompts
 
 
@@ -583,15 +584,22 @@ class _Pass:
 
     def _sums(self, k: Float[Tensor, "streams senders 3"]) -> Float[Tensor, "streams batch pos d"]:
         """``Σ_S (k[r, S] · classes) ⊙ buf[S]`` for each stream ``r``: per position class, one product of the
-        streams' coefficients with the first ``n`` senders' rows of ``buf[c]`` (contiguous: no copy of the rows, whose
-        fresh allocation cost more than the product), scattered into the class's positions."""
+        streams' coefficients with the first ``n`` senders' rows of ``buf[c]`` (contiguous, read in place), or with a
+        copy of the rows of the senders some stream reads where they are fewer than :data:`FEW` of them (a copy's
+        fresh memory costs more than the product over a few more rows), scattered into the class's positions."""
         r, n = k.shape[:2]
         b, p, d = self.x.shape
+        used = k.any(dim=2).any(dim=0).nonzero().flatten()
+        few = len(used) < n * FEW
+        if few:
+            k = k[:, used]
         out = torch.zeros(r, b * p, d, dtype=torch.float32, device=self.x.device)
         for c, part in enumerate(self.buf):
             lo, hi = self.bounds[c], self.bounds[c + 1]
             if hi > lo and bool(k[:, :, c].any()):
-                out.index_copy_(1, self.order[lo:hi], torch.mm(k[:, :, c], part[:n].view(n, -1)).view(r, hi - lo, d))
+                rows = part[used] if few else part[:n]
+                out.index_copy_(1, self.order[lo:hi],
+                                torch.mm(k[:, :, c], rows.view(rows.shape[0], -1)).view(r, hi - lo, d))
         return out.view(r, b, p, d)
 
     def inputs(self, layer: int) -> dict[str, list[tuple[InputSite, Tensor]]]:
