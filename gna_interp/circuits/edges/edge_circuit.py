@@ -364,6 +364,7 @@ class EdgeCircuit:
             run.block(layer, run.inputs(layer))
         if record is not None:
             record.states[self.model.n_layers] = (run.x, run.base, run.filled)
+            assert all(part.split == 0 for part in run.buf)
             record.buf = run.buf
         return run.logprobs()
 
@@ -499,7 +500,41 @@ class _Record:
     from the record writes its own copy from there on)."""
 
     states: dict[int, tuple[Tensor, Tensor, int]] = field(default_factory=dict)
-    buf: list[Tensor] | None = None
+    buf: list["_Rows"] | None = None
+
+
+class _Rows:
+    """The senders' ``w_S - w̄_S`` at one position class's positions, a row per sender: rows ``0..split`` read from
+    a recorded pass (``shared``, never written: a pass started from a record writes only the senders after it),
+    the rest this pass's own (``own``, zeros until written)."""
+
+    def __init__(self, n: int, positions: int, d: int, device: Any, shared: Tensor | None = None,
+                 split: int = 0) -> None:
+        self.shared, self.split = shared, split
+        self.own = torch.zeros(n - split, positions, d, dtype=torch.float32, device=device)
+
+    def put(self, row: int, value: Tensor) -> None:
+        """Write sender ``row``'s values (``[positions, d]``)."""
+        assert row >= self.split, "a pass started from a record writes only the senders after it"
+        self.own[row - self.split] = value
+
+    def product(self, k: Float[Tensor, "streams n"], n: int, used: Tensor | None = None
+                ) -> Float[Tensor, "streams flat"]:
+        """``k @ rows[:n]`` flattened, or over the rows ``used`` alone (``k``'s columns still indexed by sender)."""
+        split = min(self.split, n)
+        if used is not None:
+            mine = used >= split
+            parts = [(k[:, used[~mine]], self.shared[used[~mine]]) if self.shared is not None and (~mine).any()
+                     else None, (k[:, used[mine]], self.own[used[mine] - self.split]) if mine.any() else None]
+        else:
+            parts = [(k[:, :split], self.shared[:split]) if split else None,
+                     (k[:, split:n], self.own[:n - split]) if n > split else None]
+        out = None
+        for coef, rows in (x for x in parts if x is not None):
+            term = torch.mm(coef, rows.reshape(rows.shape[0], -1))
+            out = term if out is None else out + term
+        assert out is not None
+        return out
 
 
 class _Pass:
@@ -522,14 +557,15 @@ class _Pass:
             cls[self.classes[c].bool()] = c
         self.order = torch.argsort(cls.flatten(), stable=True)
         self.bounds = [0] + torch.bincount(cls.flatten(), minlength=len(CLASSES) + 1).cumsum(0).tolist()
-        if start is not None:  # where a recorded pass stood before block start[0]
+        d = self.x.shape[-1]
+        if start is not None:  # where a recorded pass stood before block start[0]: its first rows shared, unchanged
             self.x, self.base, self.filled = start[1].states[start[0]]
             assert start[1].buf is not None
-            self.buf = [part.clone() for part in start[1].buf]
+            self.buf = [_Rows(len(ec.senders), hi - lo, d, self.x.device, shared.own, self.filled)
+                        for shared, lo, hi in zip(start[1].buf, self.bounds, self.bounds[1:])]
             return
-        d = self.x.shape[-1]
-        self.buf = [torch.zeros(len(ec.senders), self.bounds[c + 1] - self.bounds[c], d, dtype=torch.float32,
-                                device=self.x.device) for c in range(len(CLASSES))]
+        self.buf = [_Rows(len(ec.senders), hi - lo, d, self.x.device)
+                    for lo, hi in zip(self.bounds, self.bounds[1:len(CLASSES) + 1])]
         removed = ec._removed(EMBED, self.x)
         self._put(0, removed)
         self.base = self.x - removed.float().to(self.x.dtype)
@@ -539,7 +575,7 @@ class _Pass:
         """Write sender ``row``'s ``w_S - w̄_S`` (``[batch, pos, d]``) into ``buf``, each class's positions in turn."""
         flat = value.reshape(-1, value.shape[-1])
         for c, part in enumerate(self.buf):
-            part[row] = flat[self.order[self.bounds[c]:self.bounds[c + 1]]]
+            part.put(row, flat[self.order[self.bounds[c]:self.bounds[c + 1]]])
 
     def stream(self, name: str, n: int, full: Tensor) -> Tensor:
         """Receiver input ``name``'s stream (:meth:`streams`)."""
@@ -591,15 +627,12 @@ class _Pass:
         b, p, d = self.x.shape
         used = k.any(dim=2).any(dim=0).nonzero().flatten()
         few = len(used) < n * FEW
-        if few:
-            k = k[:, used]
         out = torch.zeros(r, b * p, d, dtype=torch.float32, device=self.x.device)
         for c, part in enumerate(self.buf):
             lo, hi = self.bounds[c], self.bounds[c + 1]
             if hi > lo and bool(k[:, :, c].any()):
-                rows = part[used] if few else part[:n]
-                out.index_copy_(1, self.order[lo:hi],
-                                torch.mm(k[:, :, c], rows.view(rows.shape[0], -1)).view(r, hi - lo, d))
+                got = part.product(k[:, :, c], n, used if few else None)
+                out.index_copy_(1, self.order[lo:hi], got.view(r, hi - lo, d))
         return out.view(r, b, p, d)
 
     def inputs(self, layer: int) -> dict[str, list[tuple[InputSite, Tensor]]]:
