@@ -140,6 +140,7 @@ class AttentionAdapter(MixerAdapter):
     axis = "query head"
     normalized_rows = True
     splittable_cache = True
+    separate_heads = True
 
     def detect(self, layer: int, name: str, component: Any) -> LayerSpec | None:
         mod = unwrap(component)

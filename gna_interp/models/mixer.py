@@ -222,6 +222,9 @@ class MixerAdapter:
             ``|M| / Σ|M|`` per row.
         splittable_cache: the Hugging Face cache of this mixer can be split per row and continued by
             several tokens (scoring then runs each prompt once and continues the candidates).
+        separate_heads: a head's output at :meth:`site` depends on its own input channels alone (its
+            :meth:`receiver_inputs`), nothing mixes the heads in between, so gradients from several heads' outputs
+            with disjoint inputs can be taken in one product.
     """
 
     kind: ClassVar[str]
@@ -234,6 +237,7 @@ class MixerAdapter:
     default_groups: ClassVar[int | None] = None
     normalized_rows: ClassVar[bool] = False
     splittable_cache: ClassVar[bool] = False
+    separate_heads: ClassVar[bool] = False
 
     # ---- detection and description -------------------------------------------------------
     def detect(self, layer: int, name: str, component: Any) -> LayerLike | None:

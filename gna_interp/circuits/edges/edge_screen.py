@@ -461,14 +461,15 @@ def _through_heads(model: Model, heads: list[HeadRef], recv: list[ReceiverInput]
                    acts: dict[str, Tensor]) -> dict[HeadRef, dict[str, Tensor | None]]:
     """The metric's gradient at each head's input sites along the paths through that head's own output alone (the
     vector-Jacobian product from its output channels, cotangent the metric's gradient there): what the exact patch,
-    which keeps every other head of the layer clean, differentiates. Attention heads whose input channels do not
-    overlap (one query head of each KV group) share one product: a head's output depends on its own query and its
-    group's key and value only, so each head's channels of the result are its own path's."""
+    which keeps every other head of the layer clean, differentiates. Heads whose outputs depend on their own inputs
+    alone (:attr:`~gna_interp.models.mixer.MixerAdapter.separate_heads`: attention) and whose input channels do not
+    overlap (one query head of each KV group) share one product: each head's channels of the result are its own
+    path's."""
     sites = {h: [x for r in recv if r.head == h for x in r.sites] for h in heads}
     packs: list[list[HeadRef]] = []
     for h in heads:
-        fits = [p for p in packs if h.kind == "attn" and all(q.kind == "attn" and not _overlap(sites[h], sites[q])
-                                                           for q in p)]
+        fits = [p for p in packs if h.adapter.separate_heads
+                and all(q.adapter.separate_heads and not _overlap(sites[h], sites[q]) for q in p)]
         if fits:
             fits[0].append(h)
         else:
