@@ -358,3 +358,19 @@ def test_leaving_edges_out_from_their_block_equals_the_whole_pass(circuits, fami
     want = ec.run([[w for w in circuit if w != m] for m in members])
     for g, w in zip(got, want):
         assert torch.allclose(results(g)["logit_diff"], results(w)["logit_diff"], atol=1e-5)
+
+
+def test_the_kept_stream_means_follow_the_weights(tiny_dirs):
+    """The embeddings' and MLPs' mean outputs are computed once per model and prompts, and again after a weight is
+    edited in place: a circuit's mean ablation never reads means of weights the model no longer has."""
+    from gna_interp import load_model
+
+    model = load_model(tiny_dirs["llama"], device="cpu")
+    before = EdgeCircuit(model, _task(), "mean")._means
+    assert EdgeCircuit(model, _task(), "mean")._means is before  # shared, not recomputed
+    mlp = unwrap(model.hf_module("blocks.0.mlp")).down_proj.weight
+    with torch.no_grad():
+        mlp.mul_(2.0)
+    after = EdgeCircuit(model, _task(), "mean")._means
+    assert torch.allclose(after["MLP0"], 2.0 * before["MLP0"], atol=1e-6)
+    assert not torch.allclose(after["MLP0"], before["MLP0"])

@@ -79,6 +79,12 @@ FEW = 0.25  # a stream sum copies the rows of the senders it reads where they ar
 MEANS = "edge_circuit.means"  # Model.facts key: the embeddings' and MLPs' mean outputs over one reference's prompts
 
 
+def _weights_key(model: Model) -> int:
+    """A key that changes when any of ``model``'s parameters is replaced, edited in place (its version counter) or
+    cast."""
+    return hash(tuple((id(p), p._version, p.dtype) for p in model.hf_model.parameters()))
+
+
 def _stream_key(keep: Tensor | None, filled: int) -> bytes:
     """What a receiver input's stream depends on at its layer: which of the first ``filled`` senders (those that
     have written) reach it at which position classes; receivers with equal keys read equal streams (no kept
@@ -292,14 +298,15 @@ class EdgeCircuit:
 
     # ---- running --------------------------------------------------------------------------
     def _stream_means(self, reference: Any) -> dict[str, Tensor]:
-        """The embeddings' and every MLP's mean output over the reference prompts' real tokens (kept per model and
-        prompts in ``Model.facts``: the screen and the edge curve of one run share them)."""
+        """The embeddings' and every MLP's mean output over the reference prompts' real tokens (kept per model,
+        prompts and weights in ``Model.facts``: the screen and the edge curve of one run share them; a weight
+        changed in place or replaced computes them again)."""
         model = self.model
         names = {EMBED: model.block_input_hook(0)}
         names.update({mlp_name(l): model.mlp_hook(l, "out") for l in range(model.n_layers) if model.mlp_hook(l, "out")})
         prompts = getattr(reference, "prompts", None)
         known = model.facts.setdefault(MEANS, {})
-        key = (tuple(prompts), str(model.dtype)) if prompts is not None else None
+        key = (tuple(prompts), _weights_key(model)) if prompts is not None else None
         if key in known:
             return known[key]
         batch = model.as_batch(list(prompts) if prompts is not None else reference)
