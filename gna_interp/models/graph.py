@@ -24,7 +24,8 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import INPUTS, InputSite
 
 __all__ = ["CLASSES", "EMBED", "LOGITS", "NODE_KINDS", "POSITIONS", "RECEIVER_INPUTS", "RECEIVES", "Edge", "Node",
-           "ReceiverInput", "mlp_name", "node_kind", "read_order", "receiver_inputs", "receiver_nodes", "write_order"]
+           "ReceiverInput", "mlp_name", "node_kind", "read_order", "receiver_inputs", "receiver_nodes", "sender_names",
+           "write_order"]
 
 EMBED = "embed"
 LOGITS = "logits"
@@ -308,6 +309,18 @@ class ReceiverInput:
     def node(self) -> str:
         """The node that reads it, by name (a shared input's first head)."""
         return self.heads[0].name if self.heads else mlp_name(self.layer)
+
+    @property
+    def order(self) -> float:
+        """When it is read (:attr:`Node.order`: an MLP after its block's heads, so it reads their writes)."""
+        return self.layer + (0.5 if self.input == "mlp" else 0.0)
+
+
+def sender_names(model: Any) -> list[str]:
+    """Every sender of ``model``'s graph in write order: the embeddings, then each layer's heads and its MLP."""
+    heads = model.heads()
+    return [EMBED] + [n for layer in range(model.n_layers) for n in [*(h.name for h in heads if h.layer == layer)]
+                      + ([mlp_name(layer)] if model.mlp_hook(layer, "out") else [])]
 
 
 def receiver_inputs(model: Any, shared: bool = False, strict: bool = False) -> list[ReceiverInput]:

@@ -62,7 +62,7 @@ from gna_interp.engine.replay import replay
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels
 from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Edge, Node, ReceiverInput, mlp_name, node_kind,
-                                     read_order, receiver_inputs, receiver_nodes, write_order)
+                                     read_order, receiver_inputs, receiver_nodes, sender_names, write_order)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import HeadSite, InputSite
 from gna_interp.models.model import Model
@@ -130,9 +130,7 @@ class EdgeCircuit:
             raise
         model.facts[SUPPORTED] = ""
         self._input_of = {(h.name, i.input): i.name for i in self.inputs for h in i.heads}
-        self.senders = [EMBED] + [n for layer in range(model.n_layers)
-                                  for n in [*(h.name for h in self.heads if h.layer == layer)]
-                                  + ([mlp_name(layer)] if model.mlp_hook(layer, "out") else [])]
+        self.senders = sender_names(model)
         self._index = {s: i for i, s in enumerate(self.senders)}
         self.scope = senders
         self._fixed = [] if senders == "all" else [i for i, n in enumerate(self.senders) if node_kind(n) != "head"]
@@ -268,8 +266,8 @@ class EdgeCircuit:
         over its readers."""
         unknown = sorted(set(table["sender"]) - set(self._index))
         if unknown:
-            raise InputError(f"the edge table names senders {', '.join(unknown[:3])} that {self.model.name} does not have "
-                             f"(a screen of another model?)")
+            raise InputError(f"the edge table names senders {', '.join(unknown[:3])} that {self.model.name} does not "
+                             f"have (a screen of another model?)")
         fixed = {self.senders[i] for i in self._fixed}
         t = table[~table["sender"].isin(fixed)]
         direct, mlp = (t["receiver"] == LOGITS).to_numpy(), (t["input"] == "mlp").to_numpy()
@@ -277,8 +275,8 @@ class EdgeCircuit:
         head_reads = (t["receiver"] + "." + t["input"].astype(str)).map(shared)
         reads = np.where(direct, LOGITS, np.where(mlp, t["receiver"], head_reads))
         self.receivers()
-        bad = [i for i, r in enumerate(reads) if r not in self._reads_at]
-        if bad:
+        bad = np.flatnonzero(~pd.Series(reads).isin(list(self._reads_at)).to_numpy())
+        if len(bad):
             row = t.iloc[bad[0]]
             raise InputError(f"the edge table's row {row['sender']} -> {row['receiver']}.{row['input']} reads an input "
                              f"{self.model.name} does not have (a screen of another model?)")
@@ -503,8 +501,8 @@ class _Table:
 class _Record:
     """One batch's pass under a circuit, recorded so that passes agreeing with it before some block start there:
     ``states[l]`` the run's stream, ``B`` and the senders filled before block ``l``; ``buf`` (per position class)
-    every sender's ``w_S - w̄_S`` once the pass ends (a sender's row is written once, before any block reads it; a pass started
-    from the record writes its own copy from there on)."""
+    every sender's ``w_S - w̄_S`` once the pass ends (a sender's row is written once, before any block reads it; a
+    pass started from the record reads the rows before it from here and writes its own from there on)."""
 
     states: dict[int, tuple[Tensor, Tensor, int]] = field(default_factory=dict)
     buf: list["_Rows"] | None = None
@@ -546,9 +544,10 @@ class _Rows:
 
 class _Pass:
     """One chunk's forward under one circuit (``keep``: :meth:`EdgeCircuit._keep`), block by block. ``x``: the run's
-    own stream (every edge kept); ``base``: the stream with every sender ablated (``B``); ``buf[c][S]``: ``w_S - w̄_S``
-    at the positions of class ``c``, of the senders that have written and add linearly (the first ``filled`` senders, in sender order; zero rows for
-    the heads of a normalising block); ``tables``: the normalising blocks' :class:`_Table`."""
+    own stream (every edge kept); ``base``: the stream with every sender ablated (``B``); ``buf[c]``: ``w_S - w̄_S``
+    at the positions of class ``c`` (:class:`_Rows`) of the senders that have written and add linearly (the first
+    ``filled`` senders, in sender order; zero rows for the heads of a normalising block); ``tables``: the normalising
+    blocks' :class:`_Table`."""
 
     def __init__(self, ec: EdgeCircuit, index: int, keep: dict[str, Tensor],
                  start: tuple[int, _Record] | None = None) -> None:
@@ -564,15 +563,14 @@ class _Pass:
             cls[self.classes[c].bool()] = c
         self.order = torch.argsort(cls.flatten(), stable=True)
         self.bounds = [0] + torch.bincount(cls.flatten(), minlength=len(CLASSES) + 1).cumsum(0).tolist()
-        d = self.x.shape[-1]
+        d, sizes = self.x.shape[-1], [hi - lo for lo, hi in zip(self.bounds, self.bounds[1:len(CLASSES) + 1])]
         if start is not None:  # where a recorded pass stood before block start[0]: its first rows shared, unchanged
             self.x, self.base, self.filled = start[1].states[start[0]]
             assert start[1].buf is not None
-            self.buf = [_Rows(len(ec.senders), hi - lo, d, self.x.device, shared.own, self.filled)
-                        for shared, lo, hi in zip(start[1].buf, self.bounds, self.bounds[1:])]
+            self.buf = [_Rows(len(ec.senders), size, d, self.x.device, rec.own, self.filled)
+                        for rec, size in zip(start[1].buf, sizes)]
             return
-        self.buf = [_Rows(len(ec.senders), hi - lo, d, self.x.device)
-                    for lo, hi in zip(self.bounds, self.bounds[1:len(CLASSES) + 1])]
+        self.buf = [_Rows(len(ec.senders), size, d, self.x.device) for size in sizes]
         removed = ec._removed(EMBED, self.x)
         self._put(0, removed)
         self.base = self.x - removed.float().to(self.x.dtype)

@@ -42,8 +42,8 @@ from gna_interp.circuits.edges.paths import PathEffects, PathPatcher, linear_wri
 from gna_interp.engine.attribution import inputs_only_grad
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels
-from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Edge, ReceiverInput, mlp_name, node_kind,
-                                     receiver_inputs, write_order)
+from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, RECEIVES, Edge, ReceiverInput, mlp_name, node_kind,
+                                     receiver_inputs, sender_names, write_order)
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import InputSite
 from gna_interp.models.model import Model
@@ -193,7 +193,7 @@ def _table(graph: "_Graph", scores: Tensor) -> pd.DataFrame:
     receiver input read after it writes, at each position class, then into the logits; with ``kind`` and
     ``abs_rank``."""
     recv = graph.recv
-    reads = np.array([r.layer + (0.5 if r.input == "mlp" else 0.0) for r in recv])
+    reads = np.array([r.order for r in recv])
     nodes = np.array([r.node for r in recv], dtype=object)
     inputs = np.array([r.input for r in recv], dtype=object)
     n_cls = len(CLASSES)
@@ -207,11 +207,8 @@ def _table(graph: "_Graph", scores: Tensor) -> pd.DataFrame:
         parts["score"].append(np.append(scores[si, idx].numpy().reshape(-1), float(scores[si, len(recv), 1])))
     table = pd.DataFrame({k: np.concatenate(v) for k, v in parts.items()})
     table["abs_rank"] = table["score"].abs().rank(ascending=False, method="first").astype(int)
-    kinds = {s: edge_kind(s, "") for s in graph.senders}  # by the sender, then the input it reads
-    sender_kind = table["sender"].map(kinds)
-    table["kind"] = np.where(sender_kind == "embeddings", "embeddings",
-                             np.where((sender_kind == "MLP") | (table["input"] == "mlp"), "MLP",
-                                      np.where(table["input"] == LOGITS, "head -> logits", "head -> head")))
+    kinds = {(s, i): edge_kind(s, i) for s in graph.senders for i in (*RECEIVES["head"], "mlp", LOGITS)}
+    table["kind"] = [kinds[si] for si in zip(table["sender"], table["input"])]
     return table
 
 
@@ -259,7 +256,7 @@ def _shared_inputs(model: Model) -> set[tuple[str, str]]:
 
 def _before(sender: str, s_layer: float, r: ReceiverInput) -> bool:
     """Whether ``sender`` writes before receiver ``r`` reads (an MLP reads its own block's mixers' writes)."""
-    return s_layer < r.layer + (0.5 if r.input == "mlp" else 0.0)
+    return s_layer < r.order
 
 
 @dataclass
@@ -287,9 +284,7 @@ class _Graph:
         repl = {r.site.head: r for r in pp.replaced(heads)}
         recv = receiver_inputs(model)
         weights = LOGIT_DIFF.target_weights(pp.plan, pp.clean())
-        senders = [EMBED] + [x for layer in range(model.n_layers)
-                             for x in [*(h.name for h in heads if h.layer == layer)]
-                             + ([mlp_name(layer)] if model.mlp_hook(layer, "out") else [])]
+        senders = sender_names(model)
         alphas = [(k + 0.5) / ig_steps for k in range(ig_steps)] if ig_steps else [1.0]
         linear = {x.hook: got for r in recv for x in r.sites if (got := model.linear_input(x.hook)) is not None}
         return cls(heads, repl, recv, weights, senders, method, alphas, linear)
@@ -517,15 +512,14 @@ def _stream_grad(r: ReceiverInput, grads: dict[str, Tensor | None], acts: dict[s
         if g is None:
             continue
         if x.start < 0:  # an MLP input: all of it
-            cots[x.hook] = cots[x.hook] + g if x.hook in cots else g
+            hook, cot = x.hook, g
         elif x.hook in linear:
-            hook_in, proj = linear[x.hook]
-            part = _flat(g)[..., x.start:x.stop] @ proj.weight[x.start:x.stop].to(g.dtype)
-            cots[hook_in] = cots[hook_in] + part if hook_in in cots else part
+            hook, proj = linear[x.hook]
+            cot = _flat(g)[..., x.start:x.stop] @ proj.weight[x.start:x.stop].to(g.dtype)
         else:
-            cot = torch.zeros_like(g)
+            hook, cot = x.hook, torch.zeros_like(g)
             _flat(cot)[..., x.start:x.stop] = _flat(g)[..., x.start:x.stop]
-            cots[x.hook] = cots[x.hook] + cot if x.hook in cots else cot
+        cots[hook] = cots[hook] + cot if hook in cots else cot
     if not cots:
         return None
     (gx,) = torch.autograd.grad([acts[k] for k in cots], [acts[r.stream]], list(cots.values()), retain_graph=True,
