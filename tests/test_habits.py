@@ -105,6 +105,27 @@ def test_hooks_cache_and_names_work_as_in_transformerlens(m, text):
     assert m.cfg.n_layers == m.n_layers == 2 and m.cfg.n_heads == 4
 
 
+def test_hooks_by_name_are_undone_on_exit_and_on_error_and_act_as_the_bridges_own(m, text):
+    name = "blocks.0.attn.hook_z"
+    point = m.hook_points()[name]
+    before = list(point.fwd_hooks)
+
+    def zero(z, hook):
+        return torch.zeros_like(z)
+
+    with m.bridge.hooks(fwd_hooks=[(name, zero)]):
+        theirs = m(text)
+    with m.hooks([(name, zero)]):
+        ours = m(text)
+        assert len(point.fwd_hooks) == len(before) + 1
+    assert torch.equal(ours, theirs) and not torch.equal(ours, m(text))
+    with pytest.raises(RuntimeError, match="boom"):
+        with m.hooks([(name, zero), ("blocks.1.attn.hook_z", zero)]):
+            raise RuntimeError("boom")
+    assert point.fwd_hooks == before and torch.equal(m(text), m(text))
+    assert all(not p.fwd_hooks for p in m.hook_points().values())
+
+
 def test_transformerlens_only_names_refuse_with_what_to_use(m):
     with pytest.raises(BridgeOnlyError, match=r"model\.bridge\.W_U"):
         m.W_U

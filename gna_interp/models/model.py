@@ -946,21 +946,41 @@ class Model:
     def hooks(self, fwd_hooks: Hooks = ()) -> Iterator["Model"]:
         """Inside the block, every forward runs with ``fwd_hooks``; they are removed on exit, exceptions
         included; a hook name the model lacks, or anything but ``(name, fn)`` pairs, is refused
-        (:class:`InputError`) before any is placed."""
-        fwd = [] if fwd_hooks is None else check_hooks("fwd_hooks", fwd_hooks, lambda: self.bridge.hook_dict)
+        (:class:`InputError`) before any is placed. Hooks given by name go straight onto the bridge's hook points
+        (:meth:`hook_points`, read once), as the bridge's own ``hooks`` places them outside its compatibility mode,
+        without its walk of every module on each call."""
+        points = self.hook_points()
+        fwd = [] if fwd_hooks is None else check_hooks("fwd_hooks", fwd_hooks, lambda: points)
         if not fwd:
             yield self
             return
-        with self.bridge.hooks(fwd_hooks=fwd):
+        if self.bridge.compatibility_mode or not all(isinstance(name, str) for name, _ in fwd):
+            with self.bridge.hooks(fwd_hooks=fwd):
+                yield self
+            return
+        placed = []
+        try:
+            for name, fn in fwd:
+                point = points[name]
+                self.bridge.check_hooks_to_add(point, name, fn)
+                placed.append((point, point.add_hook(fn, dir="fwd")))
             yield self
+        finally:
+            for point, handle in reversed(placed):
+                handle.hook.remove()
+                point.fwd_hooks[:] = [h for h in point.fwd_hooks if h is not handle]
+
+    def hook_points(self) -> dict[str, Any]:
+        """The bridge's hook points by name (``bridge.hook_dict``, read once per bridge: walking its modules costs
+        about a millisecond)."""
+        cached = getattr(self, "_hook_points", None)
+        if cached is None or cached[0] is not self.bridge:
+            cached = self._hook_points = (self.bridge, dict(self.bridge.hook_dict))
+        return cached[1]
 
     def has_hook(self, name: str) -> bool:
-        """Whether the bridge has a hook point called ``name`` (the bridge's names are read once: walking its modules
-        costs about a millisecond)."""
-        cached = getattr(self, "_hook_names", None)
-        if cached is None or cached[0] is not self.bridge:
-            cached = self._hook_names = (self.bridge, frozenset(self.bridge.hook_dict))
-        return name in cached[1]
+        """Whether the bridge has a hook point called ``name``."""
+        return name in self.hook_points()
 
     def component(self, path: str) -> torch.nn.Module:
         """The bridge component at ``path`` (e.g. ``blocks.3.attn``); calling it fires hooks."""

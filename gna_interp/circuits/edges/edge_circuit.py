@@ -149,8 +149,9 @@ class EdgeCircuit:
     def _layout(self) -> None:
         """Per layer: its heads (and their sites), its heads' receiver inputs, its MLP's hooks; per block that
         normalises its mixers' output (f has a norm): its output projections (``_projections``) and the receiver inputs
-        that read after it (``_after``, whose keys are those blocks); ``_linear``: which senders' writes add up (all
-        but the heads of such blocks; None where that is every sender)."""
+        that read after it (``_after``, whose keys are those blocks); ``_summed``: which senders' rows a stream sums
+        (all but the heads of such blocks and the senders every circuit keeps, whose writes are in every pass's ``B``
+        already; None where that is every sender)."""
         model = self.model
         self._sites = {h: model.head_site(h) for h in self.heads}
         self._mlp_hooks = {l: (model.mixed_stream_hook(l), model.mlp_hook(l, "out")) for l in range(model.n_layers)
@@ -165,9 +166,10 @@ class EdgeCircuit:
         normed = [l for l in self._layer_heads if self.posts[l][0].norm is not None]
         self._projections = {l: _projections(model, l) for l in normed}
         self._after = {l: [r for r in self.receivers() if self._reads_at[r] > l] for l in normed}
-        self._linear = None if not normed else torch.tensor(
-            [0.0 if node_kind(s) == "head" and Node.parse(s).layer in self._after else 1.0 for s in self.senders],
-            device=model.device)
+        fixed = set(self._fixed)
+        summed = [0.0 if i in fixed or (node_kind(s) == "head" and Node.parse(s).layer in self._after) else 1.0
+                  for i, s in enumerate(self.senders)]
+        self._summed = None if min(summed) == 1.0 else torch.tensor(summed, device=model.device)
 
     def _check_blocks(self) -> dict[int, tuple[PostMap, PostMap]]:
         """Per block, its maps from its mixers' summed output and from its MLP's output to the stream
@@ -544,10 +546,10 @@ class _Rows:
 
 class _Pass:
     """One chunk's forward under one circuit (``keep``: :meth:`EdgeCircuit._keep`), block by block. ``x``: the run's
-    own stream (every edge kept); ``base``: the stream with every sender ablated (``B``); ``buf[c]``: ``w_S - w̄_S``
-    at the positions of class ``c`` (:class:`_Rows`) of the senders that have written and add linearly (the first
-    ``filled`` senders, in sender order; zero rows for the heads of a normalising block); ``tables``: the normalising
-    blocks' :class:`_Table`."""
+    own stream (every edge kept); ``base``: the stream with every sender ablated but those every circuit keeps
+    (``B``); ``buf[c]``: ``w_S - w̄_S`` at the positions of class ``c`` (:class:`_Rows`) of the senders that have
+    written and add linearly (the first ``filled`` senders, in sender order; zero rows for the heads of a normalising
+    block and for the senders in ``B``); ``tables``: the normalising blocks' :class:`_Table`."""
 
     def __init__(self, ec: EdgeCircuit, index: int, keep: dict[str, Tensor],
                  start: tuple[int, _Record] | None = None) -> None:
@@ -571,10 +573,13 @@ class _Pass:
                         for rec, size in zip(start[1].buf, sizes)]
             return
         self.buf = [_Rows(len(ec.senders), size, d, self.x.device) for size in sizes]
+        self.filled = 1
+        if 0 in ec._fixed:  # kept by every circuit: part of B
+            self.base = self.x
+            return
         removed = ec._removed(EMBED, self.x)
         self._put(0, removed)
         self.base = self.x - removed.float().to(self.x.dtype)
-        self.filled = 1
 
     def _put(self, row: int, value: Tensor) -> None:
         """Write sender ``row``'s ``w_S - w̄_S`` (``[batch, pos, d]``) into ``buf``, each class's positions in turn."""
@@ -591,8 +596,8 @@ class _Pass:
         ``B + Σ_{kept} m_c ⊙ δ_S + Σ_blocks D_P``, or, where fewer linear senders are left out than kept,
         ``full - Σ_{left out} m_c ⊙ δ_S + Σ_blocks (D_P - D_every)`` (``full``: the stream as the run wrote it).
         The sums of all of them are one product per position class over ``buf``."""
-        linear = self.ec._linear
-        lin = None if linear is None else linear[:n, None]
+        summed = self.ec._summed
+        lin = None if summed is None else summed[:n, None]
         coefs, forms, summed = [], [], []
         for name in names:
             keep = self.keep.get(name)
@@ -699,10 +704,13 @@ class _Pass:
         with model.hooks(fns):
             y = replay(model, self.prefix, layer, 1, hidden=self.x, stop=layer + 1)
         if layer in ec._mlp_hooks:
-            name = mlp_name(layer)
-            self._put(ec._index[name], ec._removed(name, got["mlp"]))
-            self.base = self.base + ec._ablated(name, got["mlp"]).to(self.base.dtype)
-            self.filled = ec._index[name] + 1
+            name, row = mlp_name(layer), ec._index[mlp_name(layer)]
+            if row in ec._fixed:  # kept by every circuit: its whole write is part of B
+                self.base = self.base + ec._post(name)(got["mlp"]).to(self.base.dtype)
+            else:
+                self._put(row, ec._removed(name, got["mlp"]))
+                self.base = self.base + ec._ablated(name, got["mlp"]).to(self.base.dtype)
+            self.filled = row + 1
         else:
             self.mixed(layer, y, zs, ios)
         self.x = y
