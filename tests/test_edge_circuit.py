@@ -341,19 +341,22 @@ def test_receiver_inputs_read_only_their_channels_where_the_projections_are_plai
 
 @pytest.mark.parametrize("family", ["llama", "mamba2", "bamba"])
 def test_leaving_edges_out_from_their_block_equals_the_whole_pass(circuits, family):
-    """``run_without`` and ``run_left_out`` start each change at the first block that reads it, on a recorded pass:
-    the scores equal the same circuits run from the first block (:meth:`EdgeCircuit.run`)."""
+    """``run_without`` and ``run_left_out`` start each change at the first block that reads it, on a recorded pass,
+    and at the first position of its position class where the blocks continue a key-value cache: the scores equal
+    the same circuits run from the first block over every position (:meth:`EdgeCircuit.run`)."""
     ec = circuits(family)
     every = ec.wires()
     rng = random.Random(5)
     late = sorted(every, key=lambda w: -ec._reads_at[w.reads])
     picks = [late[0], late[len(late) // 3], rng.choice(every), next(w for w in every if w.receiver == "logits")]
+    picks += [rng.choice([w for w in every if w.positions == c]) for c in ("decision", "items")]  # a suffix of them
     got = ec.run_without([[w] for w in picks] + [picks[:2]])
     want = ec.run([[w for w in every if w not in gone] for gone in [[w] for w in picks] + [picks[:2]]])
     for g, w in zip(got, want):
         assert torch.allclose(results(g)["logit_diff"], results(w)["logit_diff"], atol=1e-5)
     circuit = rng.sample(every, len(every) // 4)
     members = circuit[:3] + [max(circuit, key=lambda w: ec._reads_at[w.reads])]
+    members += [next(w for w in circuit if w.positions == "decision")]
     got = ec.run_left_out(circuit, members)
     want = ec.run([[w for w in circuit if w != m] for m in members])
     for g, w in zip(got, want):

@@ -172,16 +172,20 @@ def _repeat(value: Any, batch: int, times: int) -> Any:
 
 def replay(model: Model, prefix: Prefix, start: int, copies: int = 1,
            hidden: Float[Tensor, "copies_batch pos d_model"] | None = None,
-           stop: int | None = None) -> Float[Tensor, "copies_batch pos d_model"]:
+           stop: int | None = None, keys: "KeyTap | None" = None, column: int = 0
+           ) -> Float[Tensor, "copies_batch pos d_model"]:
     """Run blocks ``start..stop-1`` (default: to the last block) from the clean input of block ``start`` (or from
     ``hidden``, already stacked), on ``copies`` stacked copies of the batch (rows ``c*B..(c+1)*B-1`` are copy
     ``c``); returns the output of block ``stop - 1``.
 
-    Hooks the caller has attached (e.g. an ablation on some copies' rows) fire as in a full forward.
-    Gradients flow when the caller enables them.
+    With ``keys`` (a :class:`KeyTap`), the attention blocks read and write their keys and values there: ``hidden``
+    then holds the positions ``column..`` only, the earlier positions' keys and values the tap's ``front`` (or, with
+    no front and ``column`` 0, the tap records each block's). Hooks the caller has attached (e.g. an ablation on some
+    copies' rows) fire as in a full forward. Gradients flow when the caller enables them.
     """
     x = _repeat(prefix.hidden(start), prefix.batch_size, copies) if hidden is None else hidden
-    return _run_blocks(model, prefix, range(start, len(prefix.inputs) if stop is None else stop), x, copies)
+    return _run_blocks(model, prefix, range(start, len(prefix.inputs) if stop is None else stop), x, copies, column,
+                       keys)
 
 
 def _run_blocks(model: Model, prefix: Prefix, layers: range, x: Tensor, copies: int, column: int = 0,
@@ -211,17 +215,17 @@ class _NoSuffix(Exception):
 
 def _slice_from(value: Any, b: int, width: int, column: int) -> Any:
     """``value`` (a recorded block argument) restricted to the query positions ``column..``: a ``[b, 1, q, k]`` mask
-    loses its first ``column`` query rows, a ``[b, pos, ...]`` tensor (position ids and embeddings) and a
-    ``[pos]`` tensor (cache positions) their first ``column`` positions; anything else that has a dimension of the
-    sequence's width raises :class:`_NoSuffix`."""
+    loses its first ``column`` query rows, a ``[b, pos, ...]`` tensor (position ids and embeddings; ``b`` may be 1,
+    one row for the whole batch) and a ``[pos]`` tensor (cache positions) their first ``column`` positions; anything
+    else that has a dimension of the sequence's width raises :class:`_NoSuffix`."""
     if isinstance(value, (tuple, list)):
         return type(value)(_slice_from(v, b, width, column) for v in value)
     if not isinstance(value, Tensor):
         return value
     shape = tuple(value.shape)
-    if value.dim() == 4 and shape[0] == b and shape[2] == shape[3] == width:
+    if value.dim() == 4 and shape[0] in (b, 1) and shape[2] == shape[3] == width:
         return value[:, :, column:]
-    if value.dim() >= 2 and shape[0] == b and shape[1] == width:
+    if value.dim() >= 2 and shape[0] in (b, 1) and shape[1] == width:  # 1: one row for the batch (rotary tables)
         return value[:, column:]
     if value.dim() == 1 and shape[0] == width:
         return value[column:]
@@ -237,9 +241,10 @@ def _from_column(args: tuple, kwargs: dict[str, Any], b: int, width: int, column
     return args, {k: _slice_from(v, b, width, column) for k, v in kwargs.items() if k != "past_key_values"}
 
 
-class _Tap(DynamicCache):
+class KeyTap(DynamicCache):
     """An attention cache that records each block's keys and values (``front`` None) or puts ``front``'s before
-    them (a replay of the later positions)."""
+    them (a replay of the later positions; ``front[layer]``: that block's keys and values of the earlier
+    positions)."""
 
     def __init__(self, front: dict[int, tuple[Tensor, Tensor]] | None = None) -> None:
         super().__init__()
@@ -294,7 +299,7 @@ class KeyValues:
         front = {i: (_repeat(k[..., :column, :], b, copies), _repeat(v[..., :column, :], b, copies))
                  for i, (k, v) in self.kv.items() if i >= layer}
         x = _repeat(self.prefix.hidden(layer)[:, column:], b, copies)
-        return _run_blocks(model, self.prefix, range(layer, model.n_layers), x, copies, column, _Tap(front))
+        return _run_blocks(model, self.prefix, range(layer, model.n_layers), x, copies, column, KeyTap(front))
 
     @staticmethod
     def supported(model: Model, prefix: Prefix) -> bool:
@@ -307,7 +312,7 @@ class KeyValues:
 def _tapped(model: Model, prefix: Prefix, start: int) -> tuple[dict[int, tuple[Tensor, Tensor]] | None, Tensor]:
     """A clean replay of blocks ``start..`` recording their keys and values: those (None unless every block recorded
     its own) and the last block's output. Raises :class:`_NoSuffix` for arguments a suffix cannot slice."""
-    tap = _Tap()
+    tap = KeyTap()
     final = _run_blocks(model, prefix, range(start, model.n_layers), prefix.hidden(start), 1, 0, tap)
     return (tap.kv if sorted(tap.kv) == list(range(start, model.n_layers)) else None), final
 

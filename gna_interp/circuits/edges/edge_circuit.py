@@ -58,7 +58,7 @@ from torch import Tensor
 from gna_interp.circuits.edges.paths import PathPatcher, linear_write, read_block, reproduces
 from gna_interp.circuits.edges.whole_circuit import WholeEdge
 from gna_interp.engine.unembed import head_logprobs, output_head
-from gna_interp.engine.replay import replay
+from gna_interp.engine.replay import KeyTap, KeyValues, replay
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels
 from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Edge, Node, ReceiverInput, mlp_name, node_kind,
@@ -358,14 +358,14 @@ class EdgeCircuit:
         carrying activations."""
         return self._chunk(index, self._keep(kept))
 
-    def _chunk(self, index: int, keep: dict[str, Tensor], start: tuple[int, "_Record"] | None = None,
+    def _chunk(self, index: int, keep: dict[str, Tensor], start: "_Start | None" = None,
                record: "_Record | None" = None) -> Tensor:
         """Read log-probs of chunk ``index`` with only the kept wires carrying activations: block by block, each
         receiver input of the block from its own stream (:meth:`_Pass.inputs`), then the block itself
-        (:meth:`_Pass.block`); from ``start`` (a layer and a recorded pass that agrees with ``keep`` before it), or
-        from the first block, recording the pass into ``record`` where given."""
-        run = _Pass(self, index, keep, start)
-        for layer in range(start[0] if start is not None else 0, self.model.n_layers):
+        (:meth:`_Pass.block`); from ``start`` (a recorded pass that agrees with ``keep`` before its layer and column),
+        or from the first block, recording the pass into ``record`` where given."""
+        run = _Pass(self, index, keep, start, record)
+        for layer in range(start.layer if start is not None else 0, self.model.n_layers):
             if record is not None:
                 record.states[layer] = (run.x, run.base, run.filled)
             run.block(layer, run.inputs(layer))
@@ -373,6 +373,8 @@ class EdgeCircuit:
             record.states[self.model.n_layers] = (run.x, run.base, run.filled)
             assert all(part.split == 0 for part in run.buf)
             record.buf = run.buf
+            record.kv = run.tap.kv if run.tap is not None and sorted(run.tap.kv) == list(range(self.model.n_layers)) \
+                else None
         return run.logprobs()
 
     def _scores(self, keep: dict[str, Tensor]) -> CandidateScores:
@@ -394,17 +396,32 @@ class EdgeCircuit:
             k = {**reference, **k}  # the receivers a change touches get copies of their own
             for w in edges:
                 self._mark(k, w, 1.0 if keep else 0.0)
-            variants.append(k)
+            variants.append((k, {w.positions for w in edges}))
             starts.append(0 if self._after else min((int(self._reads_at[w.reads]) for w in edges),
                                                      default=self.model.n_layers))
         tables = [ScoreTable(self.pp.plan) for _ in variants]
         for i, chunk in enumerate(self.pp.chunks):
-            rec = _Record() if any(starts) else None
+            rec = _Record(kv={} if KeyValues.supported(self.model, self.pp.prefixes.get(i)) else None) \
+                if any(starts) else None
             if rec is not None:
                 self._chunk(i, reference, record=rec)
-            for table, k, first in zip(tables, variants, starts):
-                table.add(chunk, self._chunk(i, k, (first, rec) if first and rec is not None else None))
+            for table, (k, classes), first in zip(tables, variants, starts):
+                start = _Start(first, rec, self._column(i, classes, rec)) if first and rec is not None else None
+                table.add(chunk, self._chunk(i, k, start))
         return [t.result() for t in tables]
+
+    def _column(self, index: int, classes: set[str], record: "_Record") -> int:
+        """The first position of chunk ``index`` at which a change of edges at position ``classes`` can alter the
+        pass (its first position of one of them, over the batch): before it every position reads what the
+        recorded pass read. 0 where the record holds no keys and values to continue from, or where a change reaches
+        every position (an edge into the logits) or the chunk's reads."""
+        if record.kv is None or "all" in classes:
+            return 0
+        cls = _classes(self.pp.masks(self.pp.chunks[index]))
+        hit = cls[[CLASSES.index(c) for c in classes]].bool().any(dim=0).any(dim=0).nonzero()
+        first = int(hit[0]) if len(hit) else 0
+        reads = self.pp.chunks[index].reads[1]
+        return min(first, int(reads.min())) if len(reads) else first
 
     @torch.no_grad()
     def run(self, sets: Sequence[Collection[Edge]]) -> list[CandidateScores]:
@@ -504,10 +521,41 @@ class _Record:
     """One batch's pass under a circuit, recorded so that passes agreeing with it before some block start there:
     ``states[l]`` the run's stream, ``B`` and the senders filled before block ``l``; ``buf`` (per position class)
     every sender's ``w_S - w̄_S`` once the pass ends (a sender's row is written once, before any block reads it; a
-    pass started from the record reads the rows before it from here and writes its own from there on)."""
+    pass started from the record reads the rows before it from here and writes its own from there on); ``kv``
+    each attention block's keys and values (``{}`` until the pass records them; None where the model's blocks do not
+    continue a cache: :class:`~gna_interp.engine.replay.KeyValues`), so that a pass that agrees with it before some
+    position runs only the positions from there."""
 
     states: dict[int, tuple[Tensor, Tensor, int]] = field(default_factory=dict)
     buf: list["_Rows"] | None = None
+    kv: dict[int, tuple[Tensor, Tensor]] | None = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Start:
+    """Where a pass starts on a recorded one: block ``layer``, positions ``column..`` (the earlier positions, and
+    every position before ``layer``, read what ``record`` read)."""
+
+    layer: int
+    record: _Record
+    column: int = 0
+
+
+def _grouped(classes: Float[Tensor, "classes batch pos"]) -> tuple[Tensor, list[int]]:
+    """The positions (flat over batch and position) grouped by class: ``order``, class ``c``'s at
+    ``order[bounds[c]:bounds[c + 1]]`` (ascending), then the positions of no class; a pass's ``buf[c]`` holds class
+    ``c``'s rows, contiguous, so that one product per class sums every stream of a layer."""
+    cls = torch.full(classes.shape[1:], len(CLASSES), dtype=torch.long, device=classes.device)
+    for c in reversed(range(len(CLASSES))):
+        cls[classes[c].bool()] = c
+    order = torch.argsort(cls.flatten(), stable=True)
+    return order, [0] + torch.bincount(cls.flatten(), minlength=len(CLASSES) + 1).cumsum(0).tolist()
+
+
+def _classes(masks: dict[str, Tensor]) -> Float[Tensor, "classes batch pos"]:
+    """A chunk's positions by class (:data:`CLASSES`, which partition them), from its masks (``items`` over
+    ``decision``: a decision position inside an item counts as an item's)."""
+    return torch.stack([masks["items"], masks["decision"] & ~masks["items"], masks["other"]]).float()
 
 
 class _Rows:
@@ -549,29 +597,38 @@ class _Pass:
     own stream (every edge kept); ``base``: the stream with every sender ablated but those every circuit keeps
     (``B``); ``buf[c]``: ``w_S - w̄_S`` at the positions of class ``c`` (:class:`_Rows`) of the senders that have
     written and add linearly (the first ``filled`` senders, in sender order; zero rows for the heads of a normalising
-    block and for the senders in ``B``); ``tables``: the normalising blocks' :class:`_Table`."""
+    block and for the senders in ``B``); ``tables``: the normalising blocks' :class:`_Table`. A pass started at a
+    column (:class:`_Start`) holds the positions from there only (``column``), and its blocks read the earlier
+    positions' keys and values from the record (``tap``); a pass that ``record``s keeps its blocks' own in ``tap``."""
 
-    def __init__(self, ec: EdgeCircuit, index: int, keep: dict[str, Tensor],
-                 start: tuple[int, _Record] | None = None) -> None:
+    def __init__(self, ec: EdgeCircuit, index: int, keep: dict[str, Tensor], start: _Start | None = None,
+                 record: _Record | None = None) -> None:
         self.ec, self.keep, self.tables = ec, keep, []
         self.chunk, self.prefix = ec.pp.chunks[index], ec.pp.prefixes.get(index)
-        masks = ec.pp.masks(self.chunk)
-        self.classes = torch.stack([masks["items"], masks["decision"] & ~masks["items"], masks["other"]]).float()
-        self.x = self.prefix.hidden(0)
-        # the positions grouped by class (``order``; class c at rows ``bounds[c]:bounds[c + 1]``, then the positions
-        # of no class); buf[c] holds class c's, contiguous, so that one product per class sums every stream of a layer
-        cls = torch.full(self.x.shape[:2], len(CLASSES), dtype=torch.long, device=self.x.device)
-        for c in reversed(range(len(CLASSES))):
-            cls[self.classes[c].bool()] = c
-        self.order = torch.argsort(cls.flatten(), stable=True)
-        self.bounds = [0] + torch.bincount(cls.flatten(), minlength=len(CLASSES) + 1).cumsum(0).tolist()
-        d, sizes = self.x.shape[-1], [hi - lo for lo, hi in zip(self.bounds, self.bounds[1:len(CLASSES) + 1])]
-        if start is not None:  # where a recorded pass stood before block start[0]: its first rows shared, unchanged
-            self.x, self.base, self.filled = start[1].states[start[0]]
-            assert start[1].buf is not None
-            self.buf = [_Rows(len(ec.senders), size, d, self.x.device, rec.own, self.filled)
-                        for rec, size in zip(start[1].buf, sizes)]
+        every = _classes(ec.pp.masks(self.chunk))
+        self.column = start.column if start is not None else 0
+        self.classes = every[:, :, self.column:]
+        self.tap = KeyTap() if record is not None and record.kv is not None else None
+        self.order, self.bounds = _grouped(self.classes)
+        d = self.prefix.hidden(0).shape[-1]
+        sizes = [hi - lo for lo, hi in zip(self.bounds, self.bounds[1:len(CLASSES) + 1])]
+        if start is not None:  # where a recorded pass stood before block start.layer: its first rows shared
+            x, base, self.filled = start.record.states[start.layer]
+            self.x, self.base = x[:, self.column:], base[:, self.column:]
+            assert start.record.buf is not None
+            shared = [rec.own for rec in start.record.buf]
+            if self.column:  # the record's rows at the positions from the column on, and its keys and values before
+                assert start.record.kv is not None
+                order, bounds = _grouped(every)
+                width = every.shape[2]
+                shared = [rows[:self.filled, (order[lo:hi] % width >= self.column).nonzero().flatten()]
+                          for rows, lo, hi in zip(shared, bounds, bounds[1:])]
+                self.tap = KeyTap({layer: (k[..., :self.column, :], v[..., :self.column, :])
+                                   for layer, (k, v) in start.record.kv.items() if layer >= start.layer})
+            self.buf = [_Rows(len(ec.senders), size, d, self.x.device, rows, self.filled)
+                        for rows, size in zip(shared, sizes)]
             return
+        self.x = self.prefix.hidden(0)
         self.buf = [_Rows(len(ec.senders), size, d, self.x.device) for size in sizes]
         self.filled = 1
         if 0 in ec._fixed:  # kept by every circuit: part of B
@@ -665,7 +722,8 @@ class _Pass:
         streams = self.streams(names, self.filled, self.x)
         direct = ec._direct.get(layer)
         wanted = sorted({direct[h][0] for h in hooks}) if direct else hooks
-        got = read_block(ec.model, self.prefix, layer, wanted, len(streams), hidden=torch.cat(streams))
+        got = read_block(ec.model, self.prefix, layer, wanted, len(streams), hidden=torch.cat(streams),
+                         keys=self.tap if self.column else None, column=self.column)
         put: dict[str, list[tuple[InputSite, Tensor]]] = {}
         for i in inputs:
             j = where[i.name]
@@ -702,7 +760,7 @@ class _Pass:
         if layer in ec._mlp_hooks:
             fns += list(zip(ec._mlp_hooks[layer], (mid, mlp_out)))
         with model.hooks(fns):
-            y = replay(model, self.prefix, layer, 1, hidden=self.x, stop=layer + 1)
+            y = replay(model, self.prefix, layer, 1, hidden=self.x, stop=layer + 1, keys=self.tap, column=self.column)
         if layer in ec._mlp_hooks:
             name, row = mlp_name(layer), ec._index[mlp_name(layer)]
             if row in ec._fixed:  # kept by every circuit: its whole write is part of B
@@ -781,8 +839,8 @@ class _Pass:
         rows, pos, inverse = self.chunk.reads
         dev = self.x.device
         final = self.stream(LOGITS, self.filled, self.x)
-        return head_logprobs(output_head(self.ec.model), final[rows.to(dev), pos.to(dev)], self.chunk.read_tok,
-                             inverse.to(dev))
+        return head_logprobs(output_head(self.ec.model), final[rows.to(dev), pos.to(dev) - self.column],
+                             self.chunk.read_tok, inverse.to(dev))
 
 
 DIRECT = "edge_circuit.direct"  # Model.facts key: the layers whose receiver inputs are read as plain projections

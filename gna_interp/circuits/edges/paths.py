@@ -125,9 +125,12 @@ class _Enough(Exception):
 
 
 def read_block(model: Model, prefix: Prefix, layer: int, names: Sequence[str], copies: int,
-                hooks: Sequence[tuple[str, Any]] = (), hidden: Tensor | None = None) -> dict[str, Tensor]:
+               hooks: Sequence[tuple[str, Any]] = (), hidden: Tensor | None = None, keys: Any = None,
+               column: int = 0) -> dict[str, Tensor]:
     """The values (flat ``[b, p, w]`` copies) of hooks ``names`` in one run of block ``layer`` on ``copies`` stacked
-    copies (from ``hidden`` when given) with ``hooks`` attached; the run stops once every one has been read."""
+    copies (from ``hidden`` when given; of the positions ``column..`` with the earlier ones' keys and values in
+    ``keys``, a :class:`~gna_interp.engine.replay.KeyTap`) with ``hooks`` attached; the run stops once every one has
+    been read."""
     got: dict[str, Tensor] = {}
 
     def grab(name: str) -> Any:
@@ -140,7 +143,7 @@ def read_block(model: Model, prefix: Prefix, layer: int, names: Sequence[str], c
 
     try:
         with model.hooks([*hooks, *((name, grab(name)) for name in names)]):
-            replay(model, prefix, layer, copies, hidden=hidden, stop=layer + 1)
+            replay(model, prefix, layer, copies, hidden=hidden, stop=layer + 1, keys=keys, column=column)
     except _Enough:
         pass
     return got
