@@ -172,20 +172,19 @@ def _repeat(value: Any, batch: int, times: int) -> Any:
 
 def replay(model: Model, prefix: Prefix, start: int, copies: int = 1,
            hidden: Float[Tensor, "copies_batch pos d_model"] | None = None,
-           stop: int | None = None, keys: "KeyTap | None" = None, column: int = 0
-           ) -> Float[Tensor, "copies_batch pos d_model"]:
+           stop: int | None = None, keys: "KeyTap | None" = None) -> Float[Tensor, "copies_batch pos d_model"]:
     """Run blocks ``start..stop-1`` (default: to the last block) from the clean input of block ``start`` (or from
     ``hidden``, already stacked), on ``copies`` stacked copies of the batch (rows ``c*B..(c+1)*B-1`` are copy
     ``c``); returns the output of block ``stop - 1``.
 
-    With ``keys`` (a :class:`KeyTap`), the attention blocks read and write their keys and values there: ``hidden``
-    then holds the positions ``column..`` only, the earlier positions' keys and values the tap's ``front`` (or, with
-    no front and ``column`` 0, the tap records each block's). Hooks the caller has attached (e.g. an ablation on some
+    With ``keys`` (a :class:`KeyTap`), the attention blocks read and write their keys and values there: with a
+    ``front``, ``hidden`` holds the positions from the tap's ``column`` on, the earlier positions' keys and values
+    the front's; with none, the tap records each block's. Hooks the caller has attached (e.g. an ablation on some
     copies' rows) fire as in a full forward. Gradients flow when the caller enables them.
     """
     x = _repeat(prefix.hidden(start), prefix.batch_size, copies) if hidden is None else hidden
-    return _run_blocks(model, prefix, range(start, len(prefix.inputs) if stop is None else stop), x, copies, column,
-                       keys)
+    return _run_blocks(model, prefix, range(start, len(prefix.inputs) if stop is None else stop), x, copies,
+                       keys.column if keys is not None else 0, keys)
 
 
 def _run_blocks(model: Model, prefix: Prefix, layers: range, x: Tensor, copies: int, column: int = 0,
@@ -250,6 +249,8 @@ class KeyTap(DynamicCache):
         super().__init__()
         self.front = front
         self.kv: dict[int, tuple[Tensor, Tensor]] = {}
+        # the positions the front holds: a replay on this tap runs the positions from there
+        self.column = int(next(iter(front.values()))[0].shape[-2]) if front else 0
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any
                ) -> tuple[Tensor, Tensor]:

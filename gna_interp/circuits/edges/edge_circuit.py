@@ -723,7 +723,7 @@ class _Pass:
         direct = ec._direct.get(layer)
         wanted = sorted({direct[h][0] for h in hooks}) if direct else hooks
         got = read_block(ec.model, self.prefix, layer, wanted, len(streams), hidden=torch.cat(streams),
-                         keys=self.tap if self.column else None, column=self.column)
+                         keys=self.tap if self.column else None)
         put: dict[str, list[tuple[InputSite, Tensor]]] = {}
         for i in inputs:
             j = where[i.name]
@@ -760,7 +760,7 @@ class _Pass:
         if layer in ec._mlp_hooks:
             fns += list(zip(ec._mlp_hooks[layer], (mid, mlp_out)))
         with model.hooks(fns):
-            y = replay(model, self.prefix, layer, 1, hidden=self.x, stop=layer + 1, keys=self.tap, column=self.column)
+            y = replay(model, self.prefix, layer, 1, hidden=self.x, stop=layer + 1, keys=self.tap)
         if layer in ec._mlp_hooks:
             name, row = mlp_name(layer), ec._index[mlp_name(layer)]
             if row in ec._fixed:  # kept by every circuit: its whole write is part of B
@@ -874,10 +874,11 @@ def _direct_reads(ec: EdgeCircuit) -> dict[int, dict[str, tuple[str, torch.nn.Li
             got = read_block(model, prefix, layer, sorted(found) + ins, 1, hidden=prefix.hidden(layer))
             if all(reproduces(F.linear(got[h_in], proj.weight, proj.bias), got[h], model.dtype)
                    for h, (h_in, proj) in found.items()):
-                # projections fed the same input (a block's q, k and v) read it once: at the first of them, so
-                # that the stacked streams stop before any projection runs
+                # projections fed the same input (a block's q, k and v) read it once: at the first of them to fire
+                # (``got`` holds the hooks in the order they fired), so that the stacked streams stop before any
+                # projection runs
                 same = all(torch.equal(got[h], got[ins[0]]) for h in ins)
-                passed[layer] = ins[0] if same else None
+                passed[layer] = next(h for h in got if h in ins) if same else None
         model.facts[DIRECT] = passed
     return {layer: {h: (passed[layer] or h_in, proj) for h, (h_in, proj) in found.items()}
             for layer, found in out.items() if layer in passed}

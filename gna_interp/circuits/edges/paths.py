@@ -125,28 +125,40 @@ class _Enough(Exception):
 
 
 def read_block(model: Model, prefix: Prefix, layer: int, names: Sequence[str], copies: int,
-               hooks: Sequence[tuple[str, Any]] = (), hidden: Tensor | None = None, keys: Any = None,
-               column: int = 0) -> dict[str, Tensor]:
+               hooks: Sequence[tuple[str, Any]] = (), hidden: Tensor | None = None, keys: Any = None
+               ) -> dict[str, Tensor]:
     """The values (flat ``[b, p, w]`` copies) of hooks ``names`` in one run of block ``layer`` on ``copies`` stacked
-    copies (from ``hidden`` when given; of the positions ``column..`` with the earlier ones' keys and values in
-    ``keys``, a :class:`~gna_interp.engine.replay.KeyTap`) with ``hooks`` attached; the run stops once every one has
-    been read."""
+    copies (from ``hidden`` when given; of the positions from ``keys.column`` on with ``keys``, a
+    :class:`~gna_interp.engine.replay.KeyTap` holding the earlier ones') with ``hooks`` attached, in the order they
+    fired; the run stops once every one has been read."""
     got: dict[str, Tensor] = {}
 
     def grab(name: str) -> Any:
         def hook(v: Tensor, hook: Any = None) -> Tensor:
+            if len(got) + 1 == len(names):  # the last one: the rest of the block is not run, nothing writes it
+                got[name] = _flat(v).detach()
+                raise _Enough
             got[name] = _flat(v).detach().clone()
-            if len(got) == len(names):
-                raise _Enough  # the rest of the block is not needed
             return v
         return hook
 
     try:
         with model.hooks([*hooks, *((name, grab(name)) for name in names)]):
-            replay(model, prefix, layer, copies, hidden=hidden, stop=layer + 1, keys=keys, column=column)
+            replay(model, prefix, layer, copies, hidden=hidden, stop=layer + 1, keys=keys)
     except _Enough:
         pass
     return got
+
+
+def _put_outputs(entries: list[tuple[int, Any, Tensor]], b: int) -> Any:
+    """A hook that writes each ``(copy g, site, z)`` of ``entries`` into copy ``g``'s rows of the site's channels."""
+    def hook(v: Tensor, hook: Any = None) -> Tensor:
+        out = v.clone(memory_format=torch.contiguous_format)
+        flat = flat_channels(out, entries[0][1])
+        for g, site, z in entries:
+            flat[g * b:(g + 1) * b, :, site.columns] = z.to(flat.dtype)
+        return out
+    return hook
 
 
 @dataclass
@@ -446,29 +458,39 @@ class PathPatcher(PlanRunner):
                    cache: dict[int, _Clean] | None = None) -> list[Tensor]:
         """Read log-probs of chunk ``index`` under each set (the clean pass covers the heads of ``every`` set and is
         kept in ``cache``, so stacked groups of one call share it)."""
-        model, chunk = self.model, self.chunks[index]
-        prefix = self.prefixes.get(index)
-        b = prefix.batch_size
-        every = sets if every is None else every
+        chunk, prefix = self.chunks[index], self.prefixes.get(index)
+        clean = self._chunk_clean(index, sets if every is None else every, cache)
+        final, column = self._patched(prefix, chunk, clean, sets)
+        return self._read(chunk, prefix.batch_size, clean, sets, final, column)
+
+    def _chunk_clean(self, index: int, every: list[list[Edge]], cache: dict[int, _Clean] | None) -> _Clean:
+        """The clean pass of chunk ``index`` over the heads of ``every`` set, with the chunk's masks and each sender's
+        write (exact where its block does not add it as is); taken from, or kept in, ``cache``."""
         clean = cache.get(index) if cache is not None else None
-        if clean is None:
-            senders = {e.sender_head for es in every for e in es}
-            receivers = {e.receiver_head for es in every for e in es if not e.direct}
-            start = min(h.layer for h in senders | receivers)
-            clean = self._clean_pass(prefix, senders, receivers, start)
-            clean.masks = self.masks(chunk)
-            exact: dict[int, list[HeadRef]] = {}
-            for s in sorted(senders):
-                if not self._as_is[s.layer]:
-                    exact.setdefault(s.layer, []).append(s)
-                    continue
-                site = model.head_site(s)
-                clean.writes[s] = self._write(s, flat_channels(clean.values[site.hook], site)[..., site.columns])
-            for layer, heads in exact.items():
-                clean.writes.update(self._exact_writes(prefix, layer, heads))
-            if cache is not None:
-                cache[index] = clean
-        masks, writes = clean.masks, clean.writes
+        if clean is not None:
+            return clean
+        model, prefix = self.model, self.prefixes.get(index)
+        senders = {e.sender_head for es in every for e in es}
+        receivers = {e.receiver_head for es in every for e in es if not e.direct}
+        clean = self._clean_pass(prefix, senders, receivers, min(h.layer for h in senders | receivers))
+        clean.masks = self.masks(self.chunks[index])
+        exact: dict[int, list[HeadRef]] = {}
+        for s in sorted(senders):
+            if not self._as_is[s.layer]:
+                exact.setdefault(s.layer, []).append(s)
+                continue
+            site = model.head_site(s)
+            clean.writes[s] = self._write(s, flat_channels(clean.values[site.hook], site)[..., site.columns])
+        for layer, heads in exact.items():
+            clean.writes.update(self._exact_writes(prefix, layer, heads))
+        if cache is not None:
+            cache[index] = clean
+        return clean
+
+    def _patched(self, prefix: Prefix, chunk: Chunk, clean: _Clean, sets: list[list[Edge]]
+                 ) -> tuple[Float[Tensor, "copies_batch pos d_model"], int]:
+        """The final stream of each set's copy (stacked) with its receivers' outputs from their patched inputs, and
+        the column the replay started at (the stream holds the positions from there: :meth:`_first_change`)."""
         by_layer: dict[int, list[tuple[int, HeadRef, dict[str, list[Edge]]]]] = {}
         for g, es in enumerate(sets):
             per: dict[HeadRef, dict[str, list[Edge]]] = {}
@@ -479,33 +501,24 @@ class PathPatcher(PlanRunner):
                 by_layer.setdefault(r.layer, []).append((g, r, by_input))
         z_new: dict[tuple[int, HeadRef], Tensor] = {}
         for layer, items in sorted(by_layer.items()):
-            z_new.update(self._receiver_outputs(prefix, layer, clean, writes, masks, items))
-        n = len(sets)
-        column = 0
-        if z_new:
-            column = self._first_change(sets, masks, chunk) if clean.keys is not None else 0
-            by_hook: dict[str, list[tuple[int, Any, Tensor]]] = {}
-            for (g, r), z in z_new.items():
-                site = model.head_site(r)
-                by_hook.setdefault(site.hook, []).append((g, site, z[:, column:]))
+            z_new.update(self._receiver_outputs(prefix, layer, clean, clean.writes, clean.masks, items))
+        if not z_new:
+            return clean.final.repeat(len(sets), 1, 1), 0
+        column = self._first_change(sets, clean.masks, chunk) if clean.keys is not None else 0
+        by_hook: dict[str, list[tuple[int, Any, Tensor]]] = {}
+        for (g, r), z in z_new.items():
+            site = self.model.head_site(r)
+            by_hook.setdefault(site.hook, []).append((g, site, z[:, column:]))
+        with self.model.hooks([(name, _put_outputs(entries, prefix.batch_size)) for name, entries in by_hook.items()]):
+            if column:
+                assert clean.keys is not None
+                return clean.keys.replay_from(self.model, min(by_layer), column, len(sets)), column
+            return replay(self.model, prefix, min(by_layer), len(sets)), 0
 
-            def put(entries: list[tuple[int, Any, Tensor]]) -> Any:
-                def hook(v: Tensor, hook: Any = None) -> Tensor:
-                    out = v.clone(memory_format=torch.contiguous_format)
-                    flat = flat_channels(out, entries[0][1])
-                    for g, site, z in entries:
-                        flat[g * b:(g + 1) * b, :, site.columns] = z.to(flat.dtype)
-                    return out
-                return hook
-
-            with model.hooks([(name, put(entries)) for name, entries in by_hook.items()]):
-                if column:
-                    assert clean.keys is not None
-                    final = clean.keys.replay_from(model, min(by_layer), column, n)
-                else:
-                    final = replay(model, prefix, min(by_layer), n)
-        else:
-            final = clean.final.repeat(n, 1, 1)
+    def _read(self, chunk: Chunk, b: int, clean: _Clean, sets: list[list[Edge]],
+              final: Float[Tensor, "copies_batch pos d_model"], column: int) -> list[Tensor]:
+        """Each set's read log-probs from its copy of the final stream (from ``column`` on), its direct edges'
+        writes taken out there."""
         rows, pos, inverse = chunk.reads
         rows, pos = rows.to(final.device), pos.to(final.device)
         sels = []
@@ -513,12 +526,12 @@ class PathPatcher(PlanRunner):
             sel = final[rows + g * b, pos - column]
             for e in es:
                 if e.direct:
-                    m = masks[e.positions][rows, pos][:, None].to(sel.dtype)
-                    sel = sel - m * writes[e.sender_head][rows, pos].to(sel.dtype)
+                    m = clean.masks[e.positions][rows, pos][:, None].to(sel.dtype)
+                    sel = sel - m * clean.writes[e.sender_head][rows, pos].to(sel.dtype)
             sels.append(sel)
         n_at = rows.shape[0]
         inverse = inverse.to(final.device)
-        logp = head_logprobs(output_head(model), torch.cat(sels), chunk.read_tok.repeat(len(sets)),
+        logp = head_logprobs(output_head(self.model), torch.cat(sels), chunk.read_tok.repeat(len(sets)),
                              torch.cat([inverse + g * n_at for g in range(len(sets))]))
         return list(logp.split(chunk.read_tok.shape[0]))
 
