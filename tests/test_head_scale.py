@@ -15,7 +15,7 @@ import torch
 import gna_interp as gna
 from gna_interp.errors import HeadError, InputError
 from gna_interp.engine.metrics import LOGIT_DIFF, results
-from gna_interp.engine.replay import PlanRunner
+from gna_interp.engine.replay import FORWARDS, PlanRunner
 from gna_interp.interventions import applied, from_dict
 from gna_interp.interventions.scaling import HeadScale, scale_heads
 from gna_interp.models.hf import unwrap
@@ -76,7 +76,7 @@ def test_a_task_scored_under_the_value_and_the_value_as_data(tiny_models):
     model = tiny_models["llama"]
     task = gna.KVRetrieval(3, 4, seed=1, max_value=9)
     value = HeadScale(("L0H1", "L2H2"), 0)
-    runner = PlanRunner(model, task, replay=False)
+    runner = PlanRunner(model, task, replays=FORWARDS)
     with gna.ablate(model, ["L0H1", "L2H2"]):
         ablated = gna.evaluate(model, task, progress=False).logit_diff
     with value.applied(model):

@@ -109,7 +109,7 @@ def test_a_runner_made_for_another_model_is_refused(models):
     """A SetAblation handed in to reuse its clean prefixes must be one made for the model given: it measures its
     own model, so its numbers would otherwise carry the other model's name (interactions, the curve, delegation)."""
     from gna_interp.circuits.search.curve import ablation_curve
-    from gna_interp.engine.replay import SetAblation
+    from gna_interp.engine.replay import Replays, SetAblation
 
     llama, mamba = models("llama"), models("mamba2")
     other = SetAblation(mamba, TASK)
@@ -128,10 +128,10 @@ def test_run_many_equals_each_set_alone(models, family, stack):
     every layer, a repeated set, the empty set, in one stack or in stacks of two; the stacked run replays fewer
     blocks than the one-by-one runs."""
     from gna_interp.engine import replay as replay_mod
-    from gna_interp.engine.replay import SetAblation
+    from gna_interp.engine.replay import Replays, SetAblation
 
     model = models(family)
-    runner = SetAblation(model, TASK, batch_size=2, stack=stack)
+    runner = SetAblation(model, TASK, batch_size=2, replays=Replays(stack=stack))
     heads = model.check_heads(HEADS[family])
     sets = [[h] for h in heads] + [[heads[i], heads[j]] for i, j in itertools.combinations(range(3), 2)]
     sets = [sets[-1], [], *sets, sets[0]]
@@ -157,4 +157,4 @@ def test_run_many_equals_each_set_alone(models, family, stack):
     assert not torch.equal(want[2].scores, want[1].scores)  # the sets change the scores
     assert stacked < alone  # fewer replays: the sets ran stacked
     with pytest.raises(InputError, match="stack"):
-        SetAblation(model, TASK, batch_size=2, stack=0)
+        SetAblation(model, TASK, batch_size=2, replays=Replays(stack=0))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gna_interp.engine.forward import run_plan
-from gna_interp.engine.replay import PlanRunner, SetAblation
+from gna_interp.engine.replay import FORWARDS, PlanRunner, SetAblation
 from gna_interp.errors import HeadError, InputError
 from gna_interp.interventions import (HeadAblation, Intervention, LayerSkip, PatternMask, ablate, applied, from_dict,
                                       mask_pattern, skip_layers)
@@ -61,7 +61,7 @@ def test_bad_values_are_refused_clearly(tiny_models):
         LayerSkip([model.n_layers]).layers(model)
     with pytest.raises(HeadError, match="mapping"):
         PatternMask(["L0H1"])  # type: ignore[arg-type]
-    runner = PlanRunner(model, TASK, replay=False)
+    runner = PlanRunner(model, TASK, replays=FORWARDS)
     with pytest.raises(InputError, match="list of Intervention values"):
         runner.run_under("L0H1")  # type: ignore[arg-type]
     with pytest.raises(InputError, match="not interventions"):
@@ -72,7 +72,7 @@ def test_bad_values_are_refused_clearly(tiny_models):
 def test_run_under_equals_the_context_managers_with_a_plain_forward(tiny_models, family):
     model = tiny_models[family]
     head = {"llama": "L0H1", "bamba": "L0S1"}[family]
-    full = PlanRunner(model, TASK, batch_size=2, replay=False)
+    full = PlanRunner(model, TASK, batch_size=2, replays=FORWARDS)
     assert full.store is None and not full.fast
     got = full.run_under([LayerSkip([1]), HeadAblation([head])])
     with skip_layers(model, [1]), ablate(model, [head]):
@@ -91,7 +91,7 @@ def test_per_chunk_masks_match_the_ablation_they_amount_to(tiny_models):
     """A pattern mask of zeros over every position removes the head's mix, which is zeroing its output (no D term
     for attention): the per-chunk route and the head ablation agree."""
     model = tiny_models["llama"]
-    runner = PlanRunner(model, TASK, batch_size=2, replay=False)
+    runner = PlanRunner(model, TASK, batch_size=2, replays=FORWARDS)
     seen = []
 
     def zeros(chunk):
@@ -109,7 +109,7 @@ def test_per_chunk_masks_match_the_ablation_they_amount_to(tiny_models):
 
 def test_interventions_are_undone_when_a_forward_fails(tiny_models):
     model = tiny_models["llama"]
-    runner = PlanRunner(model, TASK, batch_size=2, replay=False)
+    runner = PlanRunner(model, TASK, batch_size=2, replays=FORWARDS)
     clean = runner.run_under([])
     with pytest.raises(InputError):  # a mask of the wrong size fails inside the forward
         runner.run_under([HeadAblation(["L0H0"]), PatternMask({"L1H2": torch.ones(3, 3)})])

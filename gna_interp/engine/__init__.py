@@ -28,8 +28,9 @@ run on its recorded key-value cache, which pattern masks a replay reproduces) is
 from gna_interp.engine.forward import RunOptions, ScoreTable, read_chunks, run_plan, score_candidates
 from gna_interp.engine.layout import Chunk, layout_chunks
 from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_of, plan_scoring
-from gna_interp.engine.replay import PlanRunner, SetAblation
+from gna_interp.engine.replay import FORWARDS, PlanRunner, Replays, SetAblation
 from gna_interp.engine.unembed import read_logprobs
 
-__all__ = ["CandidateScores", "Chunk", "PlanRunner", "RunOptions", "ScoreTable", "ScoringPlan", "SetAblation",
-           "layout_chunks", "plan_of", "plan_scoring", "read_chunks", "read_logprobs", "run_plan", "score_candidates"]
+__all__ = ["CandidateScores", "Chunk", "FORWARDS", "PlanRunner", "Replays", "RunOptions", "ScoreTable", "ScoringPlan",
+           "SetAblation", "layout_chunks", "plan_of", "plan_scoring", "read_chunks", "read_logprobs", "run_plan",
+           "score_candidates"]

@@ -594,6 +594,22 @@ def added_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, base: Sequ
     return [t.result() for t in tables]
 
 
+@dataclass(frozen=True)
+class Replays:
+    """How a runner scores its sets: ``replay`` (False: one full forward per set, never a recorded prefix); ``stack``,
+    the copies one replay stacks (None: :func:`default_stack`); ``pack``, how the plan's rows are laid out (None: as
+    the plan allows; False: plain left-padded rows, whose reference rows align with a forward's rows);
+    ``max_prefix_bytes``, the memory the clean prefixes may take."""
+
+    replay: bool = True
+    stack: int | None = None
+    pack: bool | None = None
+    max_prefix_bytes: int = DEFAULT_PREFIX_BYTES
+
+
+FORWARDS = Replays(replay=False)  # a runner of full forwards only
+
+
 class PlanRunner:
     """A task's plan on one model, laid out once, with the clean prefix of every chunk recorded once and checked to be
     replayable: the set-up every runner of interventions shares (:class:`SetAblation` for head sets,
@@ -601,10 +617,9 @@ class PlanRunner:
 
     ``task`` is a :class:`~gna_interp.tasks.base.Task` or a :class:`ScoringPlan` (:attr:`WHO` names the runner in the
     error for anything else); ``method`` and ``reference`` are :func:`~gna_interp.interventions.ablation.ablate`'s
-    (replacements are computed once per head and reused: :meth:`replaced`); ``stack`` caps the copies one replay
-    stacks (default :func:`default_stack`); ``pack`` how the plan's rows are laid out (None: as the plan allows;
-    False: plain left-padded rows, always under resampling, whose reference rows align with a forward's rows).
-    :attr:`store` holds the clean prefixes (None with ``replay=False``: a runner of full forwards only);
+    (replacements are computed once per head and reused: :meth:`replaced`); ``replays`` how sets are run
+    (:class:`Replays`; rows are always laid out plain under resampling).
+    :attr:`store` holds the clean prefixes (None for :data:`FORWARDS`: a runner of full forwards only);
     :attr:`prefixes` is the same once checked to replay the model, else None (:attr:`mismatch` says why).
 
     :meth:`run_under` scores the task under any list of intervention values (:mod:`gna_interp.interventions`):
@@ -614,19 +629,21 @@ class PlanRunner:
     WHO = "this runner"  # how errors name the runner
 
     def __init__(self, model: Model, task: Any, method: AblationMethod = "zero", reference: Any = None,
-                 batch_size: int = 16, *, stack: int | None = None, replay: bool = True, pack: bool | None = None,
-                 max_prefix_bytes: int = DEFAULT_PREFIX_BYTES) -> None:
+                 batch_size: int = 16, replays: Replays | None = None) -> None:
         check_method(method, reference)  # before the task is planned
+        r = Replays() if replays is None else replays
+        if not isinstance(r, Replays):
+            raise InputError(f"replays must be a Replays (or None), got {type(r).__name__}")
         self.plan = plan_of(model, task, who=self.WHO)
         self.model, self.method, self.reference = model, method, reference
-        self.batch_size, self.max_prefix_bytes = batch_size, max_prefix_bytes
-        self.replay, self.pack = replay, False if method == "resample" else pack
+        self.batch_size, self.max_prefix_bytes = batch_size, r.max_prefix_bytes
+        self.replay, self.pack = r.replay, False if method == "resample" else r.pack
         self._stack: int | None = None
-        if stack is not None:
-            self.stack = stack
+        if r.stack is not None:
+            self.stack = r.stack
         self._repl: dict[HeadRef, Replacement] = {}
         self._clean: CandidateScores | None = None
-        self.store: Prefixes | None = prefixes_for(model, self.chunks, max_prefix_bytes) if replay else None
+        self.store: Prefixes | None = prefixes_for(model, self.chunks, r.max_prefix_bytes) if r.replay else None
         self.prefixes: Prefixes | None = None
         self.mismatch: ReplayMismatch | None = None
         if self.store is not None:
@@ -727,7 +744,7 @@ class PlanRunner:
 class SetAblation(PlanRunner):
     """A task's scores with sets of heads removed together: the clean prefix of every batch is captured
     once and each set re-runs only the blocks from its earliest layer on (:func:`replay_scores`), many sets
-    stacked in one replay (:meth:`run_many`); where replays do not reproduce the model (or with ``replay=False``),
+    stacked in one replay (:meth:`run_many`); where replays do not reproduce the model (or with :data:`FORWARDS`),
     each set costs one full forward of the task instead. Under resampling the rows are laid out plain, as a full
     forward lays them out, so that each row meets the same reference row either way. Numbers equal ``ablate`` +
     ``run_plan`` to float noise. Arguments as :class:`PlanRunner`'s.
@@ -751,9 +768,9 @@ class SetAblation(PlanRunner):
     def on(self, task: Any, *, replay: bool | None = None, pack: bool | None = None) -> "SetAblation":
         """A runner like this one (model, method, reference, sizes; ``replay`` and ``pack`` unless given) on another
         task or plan -- e.g. a subset of the samples -- sharing the replacements computed so far."""
-        other = SetAblation(self.model, task, self.method, self.reference, self.batch_size,
-                            max_prefix_bytes=self.max_prefix_bytes, stack=self._stack, replay=self.replay if replay is None else replay,
-                            pack=self.pack if pack is None else pack)
+        other = SetAblation(self.model, task, self.method, self.reference, self.batch_size, Replays(
+            self.replay if replay is None else replay, self._stack, self.pack if pack is None else pack,
+            self.max_prefix_bytes))
         other._repl = self._repl
         return other
 

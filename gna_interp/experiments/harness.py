@@ -59,7 +59,7 @@ from gna_interp.models.mixer import MaskOptions
 from gna_interp.models.model import Model, TokenBatch
 from gna_interp.options import Options, options
 from gna_interp.tasks.sample import Sample
-from gna_interp.engine.replay import PlanRunner
+from gna_interp.engine.replay import FORWARDS, PlanRunner
 from gna_interp.engine.plan import Row, ScoringPlan, Target, for_model
 
 def require_lm_eval() -> str:
@@ -331,7 +331,7 @@ class GnaLM(TemplateLM):
         prepared = [self._fit(ctx, cont) for _, ctx, cont in requests]
         plan, where = _token_plan(prepared)
         plan = for_model(self.model, plan)
-        runner = PlanRunner(self.model, plan, batch_size=self.batch_size, replay=False)
+        runner = PlanRunner(self.model, plan, batch_size=self.batch_size, replays=FORWARDS)
         values = (lambda chunk: self.interventions(chunk.batch)) if self.mask is not None else [self.ablation]
         total = torch.zeros(len(plan.targets), dtype=torch.float64)
         missed = torch.zeros(len(plan.targets), dtype=torch.long)

@@ -53,7 +53,7 @@ from gna_interp.experiments.options import FolderOptions
 from gna_interp.experiments.output import ExperimentResult, doc_table, table_html
 from gna_interp.experiments.checkpoint import Checkpoint, fingerprint, stale_files
 from gna_interp.experiments.run import Discovery, Point, clear_circuit, model_of, resolve_circuit, run_points
-from gna_interp.engine.replay import SetAblation
+from gna_interp.engine.replay import FORWARDS, SetAblation
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, options
@@ -273,7 +273,7 @@ def _reference(m: Model, top: list[HeadRef], pairs: list[int], samples: int) -> 
     others = [h for h in m.heads() if is_attention(h) and h not in set(top)]
     for n in pairs:
         task = KVRetrieval(n, samples, seed=0, template="official", words=m.kv_words)
-        runner = SetAblation(m, task, batch_size=32, replay=False)
+        runner = SetAblation(m, task, batch_size=32, replays=FORWARDS)
         full = runner.run([]).metrics
         only = runner.run(others).metrics["accuracy"] if top else math.nan
         rows.append({"pairs": n, "teacher": round(full["accuracy"], 4), "teacher_top_only": round(only, 4),

@@ -85,7 +85,7 @@ from gna_interp.tasks.calibration import ChanceVerdict
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
 from gna_interp.engine.layout import Chunk
-from gna_interp.engine.replay import PlanRunner
+from gna_interp.engine.replay import FORWARDS, PlanRunner
 from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_scoring
 from gna_interp.tasks.segments import Segments
 from gna_interp.viz.html import part
@@ -245,7 +245,7 @@ def _score(model: Model, plan: ScoringPlan, segs: Sequence[Segments], heads: Seq
     def masked(chunk: Chunk) -> list[PatternMask]:
         return [PatternMask(_chunk_masks(model, chunk, segs, heads, mode), options)]
 
-    return PlanRunner(model, plan, batch_size=batch_size, replay=False).run_under(masked)
+    return PlanRunner(model, plan, batch_size=batch_size, replays=FORWARDS).run_under(masked)
 
 
 def _chunk_masks(model: Model, chunk: Chunk, segs: Sequence[Segments], heads: Sequence[MaskedHead],

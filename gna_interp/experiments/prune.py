@@ -56,7 +56,7 @@ from gna_interp.tasks.base import Task
 from gna_interp.tasks.calibration import ChanceVerdict
 from gna_interp.tasks.choice import check_knobs
 from gna_interp.tasks.options import TaskOptions
-from gna_interp.engine.replay import PlanRunner
+from gna_interp.engine.replay import FORWARDS, PlanRunner
 from gna_interp.engine.plan import ScoringPlan, plan_scoring
 from gna_interp.viz.html import part
 
@@ -394,7 +394,7 @@ def _evaluate(model: Model, plans: Mapping[str, ScoringPlan], skipped: Sequence[
     values = [LayerSkip(tuple(skipped)), HeadAblation(tuple(ablated))]
     out = {}
     for name, plan in plans.items():
-        m = PlanRunner(model, plan, batch_size=batch_size, replay=False).run_under(values).metrics
+        m = PlanRunner(model, plan, batch_size=batch_size, replays=FORWARDS).run_under(values).metrics
         out[name] = {c: m[c] for c in _METRICS}
     return out
 

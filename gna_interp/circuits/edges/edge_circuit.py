@@ -135,7 +135,7 @@ class EdgeCircuit:
         self.scope = senders
         self._fixed = [] if senders == "all" else [i for i, n in enumerate(self.senders) if node_kind(n) != "head"]
         self.repl = {r.site.head: r for r in self.pp.replaced(self.heads)}
-        self._means = self._stream_means(reference) if method == "mean" else {}
+        self._reference, self._kept_means = reference, None  # the stream means, computed when first read
         self._bars: dict[str, Tensor] = {}
         self._layout()
 
@@ -297,6 +297,14 @@ class EdgeCircuit:
         return df.loc[order].reset_index(drop=True)
 
     # ---- running --------------------------------------------------------------------------
+    @property
+    def _means(self) -> dict[str, Tensor]:
+        """The embeddings' and MLPs' mean outputs (:meth:`_stream_means`; none for ``zero``), computed when a pass
+        first reads them: a screen that verifies nothing never runs their forward."""
+        if self._kept_means is None:
+            self._kept_means = self._stream_means(self._reference) if self.method == "mean" else {}
+        return self._kept_means
+
     def _stream_means(self, reference: Any) -> dict[str, Tensor]:
         """The embeddings' and every MLP's mean output over the reference prompts' real tokens (kept per model,
         prompts and weights in ``Model.facts``: the screen and the edge curve of one run share them; a weight

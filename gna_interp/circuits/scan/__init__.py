@@ -69,7 +69,7 @@ from gna_interp.progress import tqdm
 
 from gna_interp.engine.attribution import attribution_estimates
 from gna_interp.circuits.scan.distributed import active, check_world
-from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, SetAblation
+from gna_interp.engine.replay import DEFAULT_PREFIX_BYTES, Replays, SetAblation
 from gna_interp.circuits.scan.executor import Executor, Unit
 from gna_interp.circuits.scan.policy import DEFAULT_CERTIFY, default_verify, initial_exact, next_to_verify
 from gna_interp.circuits.scan.result import COLUMNS, HeadScan
@@ -244,7 +244,7 @@ def _plan(model: Model, task: Task | ScoringPlan, heads: Sequence[HeadRef | str]
     executor = Executor(shard)
     plan, task_name = _as_plan(model, task, cfg.scoring)
     runner = SetAblation(model, plan, cfg.method, cfg.reference, cfg.batch_size,
-                         max_prefix_bytes=cfg.max_prefix_bytes, stack=cfg.stack, replay=cfg.strategy != "naive")
+                         Replays(cfg.strategy != "naive", cfg.stack, max_prefix_bytes=cfg.max_prefix_bytes))
     replaced = runner.replaced(head_list)
     runner.stack = executor.broadcast(runner.stack)  # rank 0's
     path = Path(cfg.checkpoint) if cfg.checkpoint is not None else None

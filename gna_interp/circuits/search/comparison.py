@@ -33,7 +33,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model, check_model
 from gna_interp.results import Result, folder_of
 from gna_interp.store import as_path, atomic_write, make_folder
-from gna_interp.engine.replay import SetAblation
+from gna_interp.engine.replay import FORWARDS, SetAblation
 
 __all__ = ["CircuitComparison", "compare_circuits"]
 
@@ -159,7 +159,7 @@ def compare_circuits(model: Model, a: Circuit | str | os.PathLike, b: Circuit | 
     out = CircuitComparison((a.task.get("name", "A"), b.task.get("name", "B")), k, metrics)
     for label, circuit in (("A", a), ("B", b)):
         task = circuit.load_task()
-        runner = SetAblation(model, task, batch_size=batch_size, replay=False)
+        runner = SetAblation(model, task, batch_size=batch_size, replays=FORWARDS)
 
         def acc(heads: list[HeadRef]) -> float:
             return runner.run(heads).metrics["accuracy"]

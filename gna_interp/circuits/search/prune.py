@@ -12,7 +12,7 @@ from gna_interp.interventions.layers import LayerSkip, check_layers
 from gna_interp.models.model import Model, check_model
 from gna_interp.options import Options, check_int, options
 from gna_interp.tasks.base import Task
-from gna_interp.engine.replay import PlanRunner
+from gna_interp.engine.replay import FORWARDS, PlanRunner
 from gna_interp.engine.plan import Method, plan_scoring
 
 PruneMode = Literal["from_end", "single"]
@@ -90,7 +90,7 @@ def prune_curve(model: Model, tasks: Task | Sequence[Task] | Mapping[str, Task],
     batch_size, method, progress = cfg.batch_size, cfg.method, cfg.progress
     named = _named_tasks(tasks)
     points = _settings(model, mode, ks, layers)
-    runners = {name: PlanRunner(model, plan_scoring(model, t.samples, method), batch_size=batch_size, replay=False)
+    runners = {name: PlanRunner(model, plan_scoring(model, t.samples, method), batch_size=batch_size, replays=FORWARDS)
                for name, t in named.items()}
     kinds = model.layer_kinds()
     records = []
