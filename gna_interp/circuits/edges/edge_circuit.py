@@ -420,9 +420,9 @@ class EdgeCircuit:
 
     def _column(self, index: int, classes: set[str], record: "_Record") -> int:
         """The first position of chunk ``index`` at which a change of edges at position ``classes`` can alter the
-        pass (its first position of one of them, over the batch): before it every position reads what the
-        recorded pass read. 0 where the record holds no keys and values to continue from, or where a change reaches
-        every position (an edge into the logits) or the chunk's reads."""
+        pass (its first position of one of them, over the batch; never after the chunk's first read): before it
+        every position reads what the recorded pass read. 0 where the record holds no keys and values to continue
+        from, or where a change reaches every position (an edge into the logits)."""
         if record.kv is None or "all" in classes:
             return 0
         cls = _classes(self.pp.masks(self.pp.chunks[index]))
