@@ -68,6 +68,7 @@ from gna_interp.models.mixer import HeadSite, InputSite
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
 from gna_interp.engine.forward import ScoreTable
+from gna_interp.engine.layout import Chunk
 from gna_interp.engine.plan import CandidateScores
 
 __all__ = ["EdgeCircuit", "whole_circuit"]
@@ -413,23 +414,11 @@ class EdgeCircuit:
                 if any(starts) else None
             if rec is not None:
                 self._chunk(i, reference, record=rec)
+            by_class = _classes(self.pp.masks(chunk)) if rec is not None and rec.kv is not None else None
             for table, (k, classes), first in zip(tables, variants, starts):
-                start = _Start(first, rec, self._column(i, classes, rec)) if first and rec is not None else None
+                start = _Start(first, rec, _column(chunk, by_class, classes)) if first and rec is not None else None
                 table.add(chunk, self._chunk(i, k, start))
         return [t.result() for t in tables]
-
-    def _column(self, index: int, classes: set[str], record: "_Record") -> int:
-        """The first position of chunk ``index`` at which a change of edges at position ``classes`` can alter the
-        pass (its first position of one of them, over the batch; never after the chunk's first read): before it
-        every position reads what the recorded pass read. 0 where the record holds no keys and values to continue
-        from, or where a change reaches every position (an edge into the logits)."""
-        if record.kv is None or "all" in classes:
-            return 0
-        cls = _classes(self.pp.masks(self.pp.chunks[index]))
-        hit = cls[[CLASSES.index(c) for c in classes]].bool().any(dim=0).any(dim=0).nonzero()
-        first = int(hit[0]) if len(hit) else 0
-        reads = self.pp.chunks[index].reads[1]
-        return min(first, int(reads.min())) if len(reads) else first
 
     @torch.no_grad()
     def run(self, sets: Sequence[Collection[Edge]]) -> list[CandidateScores]:
@@ -547,6 +536,19 @@ class _Start:
     layer: int
     record: _Record
     column: int = 0
+
+
+def _column(chunk: Chunk, by_class: Float[Tensor, "classes batch pos"] | None, classes: set[str]) -> int:
+    """The first position of ``chunk`` at which a change of edges at position ``classes`` can alter the pass (its
+    first position of one of them, over the batch; never after the chunk's first read): before it every position
+    reads what the recorded pass read. 0 where the record holds no keys and values to continue from (``by_class``,
+    the chunk's positions by class, None), or where a change reaches every position (an edge into the logits)."""
+    if by_class is None or "all" in classes:
+        return 0
+    hit = by_class[[CLASSES.index(c) for c in classes]].bool().any(dim=0).any(dim=0).nonzero()
+    first = int(hit[0]) if len(hit) else 0
+    reads = chunk.reads[1]
+    return min(first, int(reads.min())) if len(reads) else first
 
 
 def _grouped(classes: Float[Tensor, "classes batch pos"]) -> tuple[Tensor, list[int]]:
