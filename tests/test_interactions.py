@@ -158,3 +158,5 @@ def test_run_many_equals_each_set_alone(models, family, stack):
     assert stacked < alone  # fewer replays: the sets ran stacked
     with pytest.raises(InputError, match="stack"):
         SetAblation(model, TASK, batch_size=2, replays=Replays(stack=0))
+    with pytest.raises(InputError, match="replays must be a Replays"):
+        SetAblation(model, TASK, batch_size=2, replays={"stack": 2})
