@@ -13,7 +13,7 @@ import test_paths as tp
 from gna_interp import HeadRef, KVRetrieval
 from gna_interp.circuits.edges.edge_screen import EDGE_SCREEN_COLUMNS, screen_edges
 from gna_interp.circuits.edges.paths import Edge, PathPatcher, path_effects
-from gna_interp.engine.metrics import LOGIT_DIFF
+from gna_interp.engine.metrics import LOGIT_DIFF, results
 
 H = HeadRef.parse
 
@@ -154,3 +154,26 @@ def test_a_screen_builds_an_edge_circuit_once_per_model_and_only_to_measure(tiny
     assert t[t["kind"].isin(["MLP", "embeddings"])]["verifiable"].any()  # a tiny Llama allows edge circuits
     measured = screen_edges(model, _task(), verify=40)
     assert len(made) == 2 and measured.verified()["kind"].isin(["MLP", "embeddings"]).any()
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba2"])
+def test_the_metrics_weights_come_from_the_screens_own_intact_forward(models, family, monkeypatch):
+    """Each chunk's weights are read off its own intact forward when every chunk holds whole samples (no clean pass
+    of the patcher is run), else off the patcher's clean pass (a sample's rows split over chunks: Mamba-2 rows one a
+    chunk); the scores and the intact value equal those of one chunk holding every sample."""
+    model = models(family)
+    # several tokens a candidate: several rows a sample unpacked; seed 3: a sample's best other candidate is read after
+    # a worse one, so weights read off a part of the sample would be wrong
+    task = KVRetrieval(3, 4, seed=3, max_value=999)
+    whole = screen_edges(model, task, verify=0, batch_size=64)
+    cleans = []
+    real = PathPatcher.clean
+    monkeypatch.setattr(PathPatcher, "clean", lambda self: cleans.append(1) or real(self))
+    split = screen_edges(model, task, verify=0, batch_size=1)
+    pp = PathPatcher(model, task, batch_size=1)
+    owners = [{pp.plan.targets[t].sample for t in c.read_target.tolist()} for c in pp.chunks]
+    straddles = sum(map(len, owners)) > len(set().union(*owners))
+    assert straddles == (family == "mamba2") and len(cleans) == int(straddles)
+    assert split.intact == pytest.approx(LOGIT_DIFF.value(results(real(pp))), abs=1e-5)
+    assert split.intact == pytest.approx(whole.intact, abs=1e-5)
+    assert split.table["score"].to_numpy() == pytest.approx(whole.table["score"].to_numpy(), abs=1e-5)

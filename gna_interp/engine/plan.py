@@ -144,24 +144,31 @@ class ScoringPlan:
         n_c = sum(self.n_candidates)
         return f"{len(self.samples)} samples, {n_c} candidates -> {len(self.rows)} rows ({self.method})"
 
-def _candidate_tokens(tokenizer: Any, prompt_ids: list[int], prompt: str, cands: Sequence[str],
-                      index: int) -> list[tuple[int, ...]]:
-    joint = tokenizer([prompt + c for c in cands])["input_ids"]
-    out = []
-    n = len(prompt_ids)
-    for c, ids in zip(cands, joint):
-        ids = list(ids)
-        if ids[:n] != prompt_ids:
-            raise InputError(
-                f"sample {index}: candidate {c!r} merges with the end of the prompt into one token "
-                f"(prompt ends {prompt[-20:]!r}), so it cannot be scored as a continuation; end the prompt "
-                f"on a token boundary (e.g. move a shared leading space from the candidates into the prompt)"
-            )
-        tail = tuple(ids[n:])
-        if not tail:
-            raise InputError(f"sample {index}: candidate {c!r} tokenizes to nothing after the prompt; "
-                             f"give every candidate some text the tokenizer keeps")
-        out.append(tail)
+def _candidate_tokens(tokenizer: Any, prompt_ids: Sequence[list[int]], samples: Sequence[Scorable]
+                      ) -> list[list[tuple[int, ...]]]:
+    """Per sample, each candidate's tokens after the prompt's (``prompt + candidate`` tokenized jointly, every sample
+    in one call of the tokenizer); :class:`InputError` where a candidate merges with the prompt or adds nothing."""
+    joint = tokenizer([s.prompt + c for s in samples for c in s.candidates])["input_ids"]
+    out: list[list[tuple[int, ...]]] = []
+    k = 0
+    for index, (s, p_ids) in enumerate(zip(samples, prompt_ids)):
+        n = len(p_ids)
+        tails = []
+        for c, ids in zip(s.candidates, joint[k:k + len(s.candidates)]):
+            ids = list(ids)
+            if ids[:n] != p_ids:
+                raise InputError(
+                    f"sample {index}: candidate {c!r} merges with the end of the prompt into one token "
+                    f"(prompt ends {s.prompt[-20:]!r}), so it cannot be scored as a continuation; end the prompt "
+                    f"on a token boundary (e.g. move a shared leading space from the candidates into the prompt)"
+                )
+            tail = tuple(ids[n:])
+            if not tail:
+                raise InputError(f"sample {index}: candidate {c!r} tokenizes to nothing after the prompt; "
+                                 f"give every candidate some text the tokenizer keeps")
+            tails.append(tail)
+        out.append(tails)
+        k += len(s.candidates)
     return out
 
 
@@ -177,10 +184,10 @@ def plan_scoring(model: Model, samples: Sequence[Scorable], method: Method = "au
     rows: list[Row] = []
     targets: list[Target] = []
     candidate_ids: list[tuple[tuple[int, ...], ...]] = []
-    for i, (s, p_ids) in enumerate(zip(samples, prompt_ids)):
+    for i, p_ids in enumerate(prompt_ids):
         if not p_ids:
             raise InputError(f"sample {i}: the prompt tokenizes to nothing; pass non-empty text")
-        cand_toks = _candidate_tokens(tok, p_ids, s.prompt, s.candidates, i)
+    for i, (s, p_ids, cand_toks) in enumerate(zip(samples, prompt_ids, _candidate_tokens(tok, prompt_ids, samples))):
         candidate_ids.append(tuple(cand_toks))
         if method == "first_token":
             firsts = [t[0] for t in cand_toks]

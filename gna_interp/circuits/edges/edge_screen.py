@@ -48,6 +48,7 @@ from gna_interp.models.heads import HeadRef
 from gna_interp.models.mixer import InputSite
 from gna_interp.models.model import Model
 from gna_interp.tasks.base import Task
+from gna_interp.engine.forward import ScoreTable
 from gna_interp.engine.metrics import LOGIT_DIFF, results
 from gna_interp.engine.unembed import read_logprobs
 
@@ -185,7 +186,7 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     table["sample"] = verify_sample(table, verify)
     _verify(model, task, pp, table, exact if circuits else None, progress)
     table = table.sort_values("abs_rank").reset_index(drop=True)[EDGE_SCREEN_COLUMNS]
-    return EdgeScreen(table, LOGIT_DIFF.value(results(pp.clean())))
+    return EdgeScreen(table, LOGIT_DIFF.value(results(graph.intact.result())))
 
 
 def _table(graph: "_Graph", scores: Tensor) -> pd.DataFrame:
@@ -269,25 +270,36 @@ class _Graph:
     heads: list[HeadRef]
     repl: dict
     recv: list[ReceiverInput]
-    weights: Tensor
+    weights: Tensor | None  # None: each chunk's own, from its intact forward (:meth:`weights_of`)
     senders: list[str]
     method: str
     alphas: list[float]
     linear: dict[str, tuple[str, torch.nn.Linear]]  # input site hook -> its projection's input hook and projection
+    plan: Any
+    intact: ScoreTable
 
     @classmethod
     def of(cls, model: Model, pp: PathPatcher, method: str, ig_steps: int) -> "_Graph":
         """The screen's graph of ``model`` on ``pp``'s task: the senders (the embeddings, then each layer's heads and
-        MLP) and receiver inputs, the heads' replacements, the metric's weights and ``ig_steps`` points of the
+        MLP) and receiver inputs, the heads' replacements, the metric's weights (read off each chunk's own intact
+        forward where every chunk holds whole samples, else off ``pp``'s clean pass) and ``ig_steps`` points of the
         ablation path (none: plain EAP)."""
         heads = model.heads()
         repl = {r.site.head: r for r in pp.replaced(heads)}
         recv = receiver_inputs(model)
-        weights = LOGIT_DIFF.target_weights(pp.plan, pp.clean())
+        plan = pp.plan
+        owners = [{plan.targets[t].sample for t in c.read_target.tolist()} for c in pp.chunks]
+        whole = sum(len(o) for o in owners) == len(set().union(*owners))
+        weights = None if whole else LOGIT_DIFF.target_weights(plan, pp.clean())
         senders = sender_names(model)
         alphas = [(k + 0.5) / ig_steps for k in range(ig_steps)] if ig_steps else [1.0]
         linear = {x.hook: got for r in recv for x in r.sites if (got := model.linear_input(x.hook)) is not None}
-        return cls(heads, repl, recv, weights, senders, method, alphas, linear)
+        return cls(heads, repl, recv, weights, senders, method, alphas, linear, plan, ScoreTable(plan))
+
+    def weights_of(self, chunk: Any) -> Tensor:
+        """The metric's weight of each of ``chunk``'s reads (its intact forward recorded in :attr:`intact` first)."""
+        w = self.weights if self.weights is not None else LOGIT_DIFF.target_weights(self.plan, self.intact.result())
+        return w[chunk.read_target]
 
 
 class _Sums:
@@ -339,6 +351,7 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, graph: _Graph, scor
     if alphas != [1.0]:  # the writes and the means of the intact model first
         with torch.no_grad():
             acts = _forward(model, chunk, graph, [], grad=False)
+        graph.intact.add(chunk, acts.pop("__logp"))
         on = real.to(acts[model.block_input_hook(0)].device)
         writes = _writes(model, heads, repl, acts, graph.method, on)
         streams = {EMBED: model.block_input_hook(0), **{mlp_name(l): model.mlp_hook(l, "out")
@@ -350,7 +363,10 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, graph: _Graph, scor
         interp = [] if alpha == 1.0 else _interpolation(model, heads, repl, means, alpha)
         with inputs_only_grad(model), torch.enable_grad():
             acts = _forward(model, chunk, graph, interp, grad=True)
-            objective = acts.pop("__objective")
+            logp = acts.pop("__logp")
+            if alpha == 1.0:
+                graph.intact.add(chunk, logp)
+            objective = (logp * graph.weights_of(chunk).to(logp.device)).sum()
             site_hooks = sorted({x.hook for r in recv for x in r.sites} | {repl[h].site.hook for h in heads}
                                 | {model.FINAL_NORM_INPUT})
             grads = dict(zip(site_hooks, torch.autograd.grad(objective, [acts[h] for h in site_hooks],
@@ -374,8 +390,8 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, graph: _Graph, scor
 def _forward(model: Model, chunk: Any, graph: _Graph, before: list[tuple[str, Callable[..., Tensor]]], grad: bool
              ) -> dict[str, Tensor]:
     """One forward of ``chunk`` with the hooks ``before`` first, recording every activation the screen reads (the
-    stream entering block 0 made a leaf that requires grad when ``grad``); with ``grad`` also ``__objective`` (the
-    metric's weighted log-probabilities)."""
+    stream entering block 0 made a leaf that requires grad when ``grad``) and ``__logp``, the log-probability of each
+    of the chunk's reads."""
     heads, repl, recv = graph.heads, graph.repl, graph.recv
     acts: dict[str, Tensor] = {}
     want = {model.block_input_hook(0), model.FINAL_NORM_INPUT} | {i for i, _ in graph.linear.values()}
@@ -393,9 +409,7 @@ def _forward(model: Model, chunk: Any, graph: _Graph, before: list[tuple[str, Ca
 
     rows, pos, inverse = chunk.reads
     logits = model.read_logits(chunk.batch, rows, pos, [*before, *((h, keep(h)) for h in sorted(want))], grad=grad)
-    if grad:
-        logp = read_logprobs(logits, chunk.read_tok, inverse)
-        acts["__objective"] = (logp * graph.weights[chunk.read_target].to(logp.device)).sum()
+    acts["__logp"] = read_logprobs(logits, chunk.read_tok, inverse)
     return acts
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Sequence
 
 import pandas as pd
@@ -213,9 +214,14 @@ class PathPatcher(PlanRunner):
         if self.prefixes is None:
             raise UnsupportedArchitectureError(f"path patching replays blocks from recorded inputs: {self.mismatch}")
         self.task = task
-        self.suffix = KeyValues.supported(model, self.prefixes.get(0))  # before any hook is attached
         self._summaries = self._summary_positions()
         self._as_is: dict[int, bool] = {}  # layer -> its block adds its mixer's output as is
+
+    @cached_property
+    def suffix(self) -> bool:
+        """Whether suffix replays reproduce the model (:meth:`~gna_interp.engine.replay.KeyValues.supported`; read
+        before any hook is attached: the check runs the model)."""
+        return KeyValues.supported(self.model, self.prefixes.get(0))
 
     # ---- positions ------------------------------------------------------------------------
     def _summary_positions(self) -> list[tuple[list[int], list[int]]]:
@@ -339,8 +345,9 @@ class PathPatcher(PlanRunner):
                 if name:
                     keep(name)
         fns = [(name, fn) for name, fs in hooks.items() for _, fn in fs]
+        suffix = self.suffix  # before the hooks
         with model.hooks(fns):
-            keys, final = KeyValues.record(model, prefix, start) if self.suffix else (None, replay(model, prefix, start))
+            keys, final = KeyValues.record(model, prefix, start) if suffix else (None, replay(model, prefix, start))
         missing = [name for name, fs in hooks.items() for key, _ in fs if key not in values]
         if missing:
             raise UnsupportedArchitectureError(f"path patching: the hook {missing[0]!r} of {model.name} never fired "
