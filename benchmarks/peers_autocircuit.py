@@ -141,6 +141,21 @@ def metric_of(logits: torch.Tensor, samples: list[dict], idx: list[int]) -> tupl
     return total / len(idx), others
 
 
+@torch.no_grad()
+def clean_pass(pm: Any, job: dict) -> tuple[float, list[int]]:
+    """The intact metric and each prompt's best other candidate, from one forward of each batch of ``job["batch"]``
+    prompts of one length (the patchable model with no patch mode: the plain model)."""
+    samples = job["samples"]
+    clean, others = 0.0, [0] * len(samples)
+    for share, idx, _ in batches(job, [0] * len(samples), job["batch"]):
+        tokens = torch.tensor([samples[i]["prompt"] for i in idx], device=torch.device(job["device"]))
+        m, o = metric_of(pm(tokens)[pm.out_slice], samples, idx)
+        clean += share * m
+        for i, other in zip(idx, o):
+            others[i] = other
+    return clean, others
+
+
 def run(job: dict) -> dict:
     from auto_circuit.types import AblationType
     from auto_circuit.utils.graph_utils import patch_mode, patchable_model
@@ -150,15 +165,9 @@ def run(job: dict) -> dict:
         raise ValueError("auto-circuit reads one position's logits (slice_output='last_seq'): every candidate must "
                          "be one token")
     model = hooked_transformer(job)
-    # the intact metric and each prompt's best other candidate (auto-circuit's wrong answer), prompt by prompt
-    clean, others = 0.0, []
-    with torch.no_grad():
-        for i, s in enumerate(samples):
-            m, o = metric_of(model(torch.tensor([s["prompt"]]))[:, -1], samples, [i])
-            clean += m / len(samples)
-            others += o
     pm = patchable_model(model, factorized=True, slice_output="last_seq", separate_qkv=True,
                          device=torch.device(job["device"]))
+    clean, others = clean_pass(pm, job)  # untimed: the wrong answers of the warm-up's batch
     loaders = batches(job, others, job["batch"] if tool == "ac-exact" else job.get("grad_batch", job["batch"]))
     edges = sorted(pm.edges, key=lambda e: (e.dest.module_name, e.patch_idx))
     if tool == "ac-exact":
@@ -188,6 +197,9 @@ def run(job: dict) -> dict:
 
         prune(loaders[0][2])  # warm-up (the first call of a forward and backward)
         TIMER.start()
+        # the intact pass that picks each prompt's wrong answer (the best other candidate) is part of the method
+        clean, others = clean_pass(pm, job)
+        loaders = batches(job, others, job.get("grad_batch", job["batch"]))
         total: dict[str, torch.Tensor] = {}
         for share, _, loader in loaders:
             for mod, s in prune(loader).items():

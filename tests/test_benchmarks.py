@@ -198,7 +198,7 @@ def test_autocircuit_edge_attribution_equals_the_edge_screen(tmp_path):
         pytest.skip(f"no auto-circuit environment at {venv} (benchmarks/peers.py --models zoo builds it)")
     out = tmp_path / "rows.json"
     done = subprocess.run([sys.executable, str(BENCHMARKS[0].parent / "peers.py"), "--models", "zoo", "--samples",
-                           "4", "--pairs", "3", "--threads", "1", "--no-build", "--edge-exact", "30", "--tools",
+                           "4", "--pairs", "3", "--threads", "1", "--no-build", "--edge-exact", "30", "--repeats", "1", "--tools",
                            "gna-eap,ac-eap,gna-edge-exact,ac-exact", "--json", str(out)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
