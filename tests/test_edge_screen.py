@@ -177,3 +177,24 @@ def test_the_metrics_weights_come_from_the_screens_own_intact_forward(models, fa
     assert split.intact == pytest.approx(LOGIT_DIFF.value(results(real(pp))), abs=1e-5)
     assert split.intact == pytest.approx(whole.intact, abs=1e-5)
     assert split.table["score"].to_numpy() == pytest.approx(whole.table["score"].to_numpy(), abs=1e-5)
+
+
+def test_the_batched_products_back_to_the_stream_equal_one_product_each(models, monkeypatch):
+    """The receivers of one stream are taken back to it by one batched vector-Jacobian product; where the backward
+    cannot be batched (here: made to refuse) one product each gives the same scores."""
+    from gna_interp.circuits.edges import edge_screen
+
+    model = models("llama")
+    batched = screen_edges(model, _task(), verify=0, batch_size=4)
+    real = torch.autograd.grad
+    refused = []
+
+    def no_batches(*a, **k):
+        if k.get("is_grads_batched"):
+            refused.append(1)
+            raise RuntimeError("vmap: this backward cannot be batched")
+        return real(*a, **k)
+
+    monkeypatch.setattr(edge_screen.torch.autograd, "grad", no_batches)
+    each = screen_edges(model, _task(), verify=0, batch_size=4)
+    assert refused and batched.table["score"].to_numpy() == pytest.approx(each.table["score"].to_numpy(), abs=1e-6)

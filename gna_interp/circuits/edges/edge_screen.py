@@ -58,6 +58,7 @@ EDGE_SCREEN_COLUMNS = ["sender", "receiver", "input", "positions", "kind", "scor
                        "effect", "low", "high"]
 EDGE_KINDS = ("head -> head", "head -> logits", "MLP", "embeddings")  # the kinds the agreement is reported by
 SAMPLE_SEED = 0  # the seed of the randomly drawn verified rows
+VJP_BATCH = 16  # receivers whose products back to their stream run as one batched product
 
 
 @dataclass
@@ -451,19 +452,27 @@ def _receiver_grads(model: Model, graph: _Graph, grads: dict[str, Tensor | None]
                     ) -> Iterator[tuple[int, Tensor]]:
     """``(index, ∂metric/∂x)`` through each receiver input of ``graph.recv`` alone (``x``: the stream it reads),
     stream by stream: the heads' own paths first (:func:`_through_heads`), then each input back to its stream
-    (:func:`_stream_grad`)."""
+    (:func:`_stream_cotangents`, :func:`_to_stream`: one batched product for the inputs that start at the same
+    hooks)."""
     recv = graph.recv
     by_stream: dict[str, list[int]] = {}
     for ri, r in enumerate(recv):
         by_stream.setdefault(r.stream, []).append(ri)
-    for idx in by_stream.values():
+    for stream, idx in by_stream.items():
         heads = list(dict.fromkeys(recv[i].head for i in idx if recv[i].head is not None))
         through = _through_heads(model, heads, recv, grads, acts)
+        same: dict[tuple[str, ...], list[tuple[int, dict[str, Tensor]]]] = {}  # by the hooks their products start at
         for i in idx:
             r = recv[i]
-            gx = _stream_grad(r, through[r.head] if r.head is not None else grads, acts, graph.linear)
-            if gx is not None:
-                yield i, gx
+            cots = _stream_cotangents(r, through[r.head] if r.head is not None else grads, graph.linear)
+            if cots:
+                same.setdefault(tuple(sorted(cots)), []).append((i, cots))
+        for hooks, items in same.items():
+            for k in range(0, len(items), VJP_BATCH):
+                part = items[k:k + VJP_BATCH]
+                for (i, _), gx in zip(part, _to_stream(acts, hooks, [c for _, c in part], stream)):
+                    if gx is not None:
+                        yield i, gx
 
 
 def _through_heads(model: Model, heads: list[HeadRef], recv: list[ReceiverInput], grads: dict[str, Tensor | None],
@@ -514,12 +523,12 @@ def _through_pack(model: Model, pack: list[HeadRef], sites: dict[HeadRef, list[I
     return dict(zip(hooks, got))
 
 
-def _stream_grad(r: ReceiverInput, grads: dict[str, Tensor | None], acts: dict[str, Tensor],
-                 linear: dict[str, tuple[str, torch.nn.Linear]]) -> Tensor | None:
-    """``∂metric/∂x`` through receiver ``r``'s input alone: the vector-Jacobian product from its sites' channels
-    (``grads`` there, other channels zero) back to the stream it reads. A site that is a plain projection's output
-    (``linear``) is taken back through its rows of the weight first, so autograd runs only from the projection's
-    input (the block's norm), never through the whole projection."""
+def _stream_cotangents(r: ReceiverInput, grads: dict[str, Tensor | None], linear: dict[str, tuple[str, torch.nn.Linear]]
+                       ) -> dict[str, Tensor]:
+    """The cotangents whose vector-Jacobian product back to the stream is ``∂metric/∂x`` through receiver ``r``'s
+    input alone: its sites' channels (``grads`` there, other channels zero), by the hook they start at. A site that is
+    a plain projection's output (``linear``) is taken back through its rows of the weight first, so autograd runs only
+    from the projection's input (the block's norm), never through the whole projection."""
     cots: dict[str, Tensor] = {}
     for x in r.sites:
         g = grads.get(x.hook)
@@ -534,11 +543,24 @@ def _stream_grad(r: ReceiverInput, grads: dict[str, Tensor | None], acts: dict[s
             hook, cot = x.hook, torch.zeros_like(g)
             _flat(cot)[..., x.start:x.stop] = _flat(g)[..., x.start:x.stop]
         cots[hook] = cots[hook] + cot if hook in cots else cot
-    if not cots:
-        return None
-    (gx,) = torch.autograd.grad([acts[k] for k in cots], [acts[r.stream]], list(cots.values()), retain_graph=True,
-                                allow_unused=True)
-    return gx
+    return cots
+
+
+def _to_stream(acts: dict[str, Tensor], hooks: tuple[str, ...], cots: list[dict[str, Tensor]], stream: str
+               ) -> list[Tensor | None]:
+    """The vector-Jacobian products of the cotangents ``cots`` (each at ``hooks``) back to ``stream``: one batched
+    product (the cotangents stacked, :func:`torch.autograd.grad`'s ``is_grads_batched``), or one product each where
+    the backward cannot be batched."""
+    outs, at = [acts[k] for k in hooks], [acts[stream]]
+    if len(cots) > 1:
+        try:
+            (got,) = torch.autograd.grad(outs, at, [torch.stack([c[k] for c in cots]) for k in hooks],
+                                         retain_graph=True, allow_unused=True, is_grads_batched=True)
+            return list(got.unbind(0)) if got is not None else [None] * len(cots)
+        except RuntimeError:  # a backward formula vmap cannot batch
+            pass
+    return [torch.autograd.grad(outs, at, [c[k] for k in hooks], retain_graph=True, allow_unused=True)[0]
+            for c in cots]
 
 
 def _flat(x: Tensor) -> Tensor:
