@@ -38,6 +38,7 @@ def check_segments(tokenizer, task: Task) -> None:
         if "key" in s.meta:
             assert s.prompt[a:b] == s.meta["key"]
             assert s.prompt[slice(*s.spans.items[s.gold])] == f"{s.meta['key']}:{s.meta['value']}\n"
+    assert task.segments(tokenizer) == [s.segments(tokenizer) for s in task]  # one call for all: the same
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))

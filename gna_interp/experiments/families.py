@@ -78,6 +78,7 @@ from gna_interp.experiments.run import (Discovery, Point, model_of, open_folder,
 from gna_interp.mixing import PatternOptions, patterns
 from gna_interp.mixing.sharpness import row_distribution, sharpness
 from gna_interp.models.heads import HeadRef
+from gna_interp.tasks.segments import segments_of
 from gna_interp.models.model import Model
 from gna_interp.options import check_counts, check_pairs_fit, options
 from gna_interp.store import atomic_write
@@ -159,7 +160,7 @@ def aggregation_scores(model: Model, task: Task, heads: Sequence[HeadRef | str],
     if n_samples < 1 or batch_size < 1:
         raise InputError(f"n_samples and batch_size must be >= 1, got {n_samples}, {batch_size}")
     samples = list(task.samples[:n_samples])
-    segs = [s.segments(model.tokenizer) for s in samples]
+    segs = segments_of(model.tokenizer, samples)
     if any(not sg.items for sg in segs):
         raise InputError(f"{task.name}: a prompt has no segments (dictionary lines) to score aggregation on")
     fed = decision_inputs(model, samples)

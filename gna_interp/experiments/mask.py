@@ -78,6 +78,7 @@ from gna_interp.experiments.run import Discovery, Point, find_circuit, model_of,
 from gna_interp.interventions.masking import MaskOptions, PatternMask
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
+from gna_interp.tasks.segments import segments_of
 from gna_interp.options import check_counts, check_pairs_fit, options
 from gna_interp.store import records
 from gna_interp.tasks.base import Task
@@ -578,7 +579,7 @@ def mask_experiment(model: Model | str, circuit: Circuit | str | os.PathLike | N
     random_heads = {s: _random_heads(model, ga, candidates_pool, s) for s in range(kv.seeds)}
     task = kv.kv(model.kv_words, seed=kv.seed + 1)
     plan = plan_scoring(model, task.samples)
-    segs = [s.segments(model.tokenizer) for s in task.samples]
+    segs = segments_of(model.tokenizer, task.samples)
     for i, (sg, ids) in enumerate(zip(segs, plan.prompt_ids)):
         if sg.n_tokens != len(ids):
             raise InputError(f"sample {i}: the segment annotation has {sg.n_tokens} tokens but the prompt tokenizes "

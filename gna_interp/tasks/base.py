@@ -9,7 +9,7 @@ import pandas as pd
 from gna_interp.errors import InputError
 from gna_interp.tasks.chat import wrap_chat
 from gna_interp.tasks.sample import Sample
-from gna_interp.tasks.segments import Segments
+from gna_interp.tasks.segments import Segments, segments_of
 
 __all__ = ["FORMAT_VERSION", "Sample", "Task"]
 
@@ -49,7 +49,7 @@ class Task:
 
     def segments(self, tokenizer: Any) -> list[Segments]:
         """Token-level segments of every sample under ``tokenizer``."""
-        return [s.segments(tokenizer) for s in self.samples]
+        return segments_of(tokenizer, self.samples)
 
     def with_chat_template(self, tokenizer: Any, system: str | None = None) -> "Task":
         """This task with each context wrapped as a chat user turn and the cue opening the reply."""

@@ -18,10 +18,10 @@ left-padded batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from gna_interp.errors import InputError
-from gna_interp.models.tokens import CharSpan, token_offsets
+from gna_interp.models.tokens import CharSpan, token_offsets, token_offsets_all
 
 
 @dataclass(frozen=True)
@@ -132,9 +132,18 @@ def _token_span(text: str, offsets: list[CharSpan], span: CharSpan) -> tuple[Spa
     return Span(first, last + 1), aligned
 
 
-def annotate(tokenizer: Any, text: str, spans: CharSegments) -> Segments:
-    """Map character spans of ``text`` onto ``tokenizer``'s token positions."""
-    ids, offsets = token_offsets(tokenizer, text)
+def segments_of(tokenizer: Any, samples: Sequence[Any]) -> list[Segments]:
+    """Each sample's segments under ``tokenizer`` (``sample.segments(tokenizer)``), every prompt tokenized in one
+    call."""
+    tokens = token_offsets_all(tokenizer, [s.prompt for s in samples])
+    return [annotate(tokenizer, s.prompt, s.spans, t) for s, t in zip(samples, tokens)]
+
+
+def annotate(tokenizer: Any, text: str, spans: CharSegments,
+             tokens: tuple[list[int], list[CharSpan]] | None = None) -> Segments:
+    """Map character spans of ``text`` onto ``tokenizer``'s token positions (``tokens``: ``text``'s
+    :func:`~gna_interp.models.tokens.token_offsets`, when already computed)."""
+    ids, offsets = tokens if tokens is not None else token_offsets(tokenizer, text)
     if not ids:
         raise InputError("the prompt tokenizes to nothing; pass non-empty text")
     items, ok = [], True

@@ -77,6 +77,7 @@ from gna_interp.engine.metrics import Results, get_metric, results
 from gna_interp.engine.forward import ScoreTable
 from gna_interp.engine.layout import Chunk
 from gna_interp.engine.plan import CandidateScores
+from gna_interp.tasks.segments import segments_of
 
 EFFECTS_FORMAT = "path_effects"  # the on-disk format of PathEffects.save
 
@@ -227,8 +228,7 @@ class PathPatcher(PlanRunner):
     def _summary_positions(self) -> list[tuple[list[int], list[int]]]:
         """Per sample: the summary tokens and every token of its segments (prompt positions)."""
         out = []
-        for i, s in enumerate(self.plan.samples):
-            seg = s.segments(self.model.tokenizer)
+        for i, seg in enumerate(segments_of(self.model.tokenizer, self.plan.samples)):
             n = len(self.plan.prompt_ids[i])
             if seg.n_tokens != n:
                 raise InputError(f"sample {i}: its segments cover {seg.n_tokens} tokens but the scored prompt has {n}; "

@@ -52,7 +52,7 @@ from gna_interp.options import Options, options
 from gna_interp.tasks.base import Task
 from gna_interp.tasks.sample import Sample
 from gna_interp.engine.plan import plan_scoring
-from gna_interp.tasks.segments import Segments, Span
+from gna_interp.tasks.segments import Segments, Span, segments_of
 
 SCORE_COLUMNS = ["gather", "gather_prev", "line_tokens", "aggregate", "to_summaries", "to_items", "gold_share",
                  "selectivity", "sharpness"]
@@ -201,7 +201,7 @@ def _check_inputs(model: Model, task: Task, heads: Sequence[HeadRef | str] | str
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
     samples = list(task.samples[: n_samples or len(task)])
-    segs = [s.segments(model.tokenizer) for s in samples]
+    segs = segments_of(model.tokenizer, samples)
     bad = [i for i, sg in enumerate(segs) if not sg.items]
     if bad:
         raise InputError(f"samples {bad[:5]} have no segments (lines / options) to score gather and aggregate on")

@@ -31,7 +31,7 @@ from gna_interp.results import Result
 from gna_interp.store import file_in, read_tensors, write_tensors
 from gna_interp.tasks.base import Task
 from gna_interp.engine.forward import score_candidates
-from gna_interp.tasks.segments import Segments
+from gna_interp.tasks.segments import Segments, segments_of
 
 N_VIEW = 6
 ALL_HEADS_BUDGET = 4_000_000
@@ -336,5 +336,5 @@ def card_views(model: Model, task: Task, ranked: Sequence[HeadRef], frame: pd.Da
     preds = score_candidates(model, samples).pred.tolist()
     every = head_patterns(model, samples[0].prompt, [HeadRef.parse(n) for n in frame["name"]], 0, budget, form) \
         if budget and "name" in frame else None
-    return CardViews(ps, [s.segments(model.tokenizer) for s in samples], [s.gold for s in samples], preds,
+    return CardViews(ps, segments_of(model.tokenizer, samples), [s.gold for s in samples], preds,
                      [tuple(s.candidates) for s in samples], chosen, why, view, every)
