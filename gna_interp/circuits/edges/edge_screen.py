@@ -181,8 +181,8 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     exact = _edge_circuit(model, pp) if EdgeCircuit.refusal(model) is None else None
     circuits = EdgeCircuit.refusal(model) == ""
     shared = _shared_inputs(model)
-    unshared = ~pd.MultiIndex.from_frame(table[["receiver", "input"]]).isin(list(shared))
-    table["verifiable"] = table["kind"].isin(("head -> head", "head -> logits")) | (unshared & circuits)
+    unshared = np.array([(r, i) not in shared for r, i in zip(table["receiver"], table["input"])], dtype=bool)
+    table["verifiable"] = table["kind"].isin(("head -> head", "head -> logits")).to_numpy() | (unshared & circuits)
     table["effect"] = table["low"] = table["high"] = math.nan
     table["sample"] = verify_sample(table, verify)
     _verify(model, task, pp, table, exact if circuits else None, progress)
@@ -219,6 +219,8 @@ def _verify(model: Model, task: Task, pp: PathPatcher, table: pd.DataFrame, exac
     """Measure the rows of ``table`` whose ``sample`` is set exactly, writing ``effect``/``low``/``high``: head
     edges by path patching (on ``pp``), MLP and embedding edges by an edge circuit with every other edge kept
     (``exact``: the screen's edge circuit, built here where first needed; None where the blocks do not allow one)."""
+    if not (table["sample"] != "").any():
+        return
     todo = table[table["sample"] != ""].sort_values("abs_rank")
     heads_todo = todo[[_edge(r) is not None for _, r in todo.iterrows()]]
     if len(heads_todo):
