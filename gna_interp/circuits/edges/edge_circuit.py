@@ -735,16 +735,23 @@ class _Pass:
         got = read_block(ec.model, self.prefix, layer, wanted, len(streams), hidden=torch.cat(streams),
                          keys=self.tap if self.column else None)
         put: dict[str, list[tuple[InputSite, Tensor]]] = {}
+        if not direct:
+            for i in inputs:
+                j = where[i.name]
+                for s in i.sites:
+                    put.setdefault(s.hook, []).append((s, got[s.hook][j * b:(j + 1) * b, :, s.start:s.stop]))
+            return put
+        by_copy: dict[tuple[int, str], list[InputSite]] = {}  # the sites each copy's stream feeds, per projection
         for i in inputs:
-            j = where[i.name]
             for s in i.sites:
-                if direct:  # the projection's input, then only the channels this input reads
-                    hook_in, proj = direct[s.hook]
-                    bias = proj.bias[s.start:s.stop] if proj.bias is not None else None
-                    value = F.linear(got[hook_in][j * b:(j + 1) * b], proj.weight[s.start:s.stop], bias)
-                else:
-                    value = got[s.hook][j * b:(j + 1) * b, :, s.start:s.stop]
-                put.setdefault(s.hook, []).append((s, value))
+                by_copy.setdefault((where[i.name], s.hook), []).append(s)
+        for (j, hook), sites in by_copy.items():
+            # the projection's input, then only the channels these inputs read: one product over their span
+            hook_in, proj = direct[hook]
+            lo, hi = min(s.start for s in sites), max(s.stop for s in sites)
+            bias = proj.bias[lo:hi] if proj.bias is not None else None
+            value = F.linear(got[hook_in][j * b:(j + 1) * b], proj.weight[lo:hi], bias)
+            put.setdefault(hook, []).extend((s, value[..., s.start - lo:s.stop - lo]) for s in sites)
         return put
 
     def block(self, layer: int, put: dict[str, list[tuple[InputSite, Tensor]]]) -> None:

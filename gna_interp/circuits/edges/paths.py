@@ -216,6 +216,7 @@ class PathPatcher(PlanRunner):
             raise UnsupportedArchitectureError(f"path patching replays blocks from recorded inputs: {self.mismatch}")
         self.task = task
         self._summaries = self._summary_positions()
+        self._masks: dict[int, tuple[Chunk, dict[str, Tensor]]] = {}  # id(chunk) -> (chunk, its masks)
         self._as_is: dict[int, bool] = {}  # layer -> its block adds its mixer's output as is
 
     @cached_property
@@ -239,7 +240,15 @@ class PathPatcher(PlanRunner):
     def masks(self, chunk: Chunk) -> dict[str, Bool[Tensor, "batch pos"]]:
         """Position masks of ``chunk``'s rows: ``summary`` (every item's summary token), ``items`` (every token of the
         items), ``decision`` (the last prompt token and the answer tokens fed after it), ``other`` (every real token
-        in neither) and ``all`` (every real token)."""
+        in neither) and ``all`` (every real token). Computed once per chunk; do not modify them."""
+        kept = self._masks.get(id(chunk))
+        if kept is not None and kept[0] is chunk:
+            return kept[1]
+        masks = self._chunk_masks(chunk)
+        self._masks[id(chunk)] = (chunk, masks)
+        return masks
+
+    def _chunk_masks(self, chunk: Chunk) -> dict[str, Bool[Tensor, "batch pos"]]:
         b, width = chunk.batch.ids.shape
         sample_of = [-1] * b
         for r, t in zip(chunk.read_row.tolist(), chunk.read_target.tolist()):
