@@ -138,6 +138,7 @@ class EdgeCircuit:
         self.repl = {r.site.head: r for r in self.pp.replaced(self.heads)}
         self._reference, self._kept_means = reference, None  # the stream means, computed when first read
         self._bars: dict[str, Tensor] = {}
+        self._out_weights: dict[int, Tensor | None] = {}  # per layer: its heads' output weights stacked
         self._layout()
 
     @staticmethod
@@ -327,6 +328,26 @@ class EdgeCircuit:
             known.clear()  # one reference at a time
             known[key] = means
         return means
+
+    def _head_writes(self, layer: int, zs: dict[HeadRef, Tensor]) -> Float[Tensor, "heads batch pos d_model"]:
+        """Each head of block ``layer``'s ``(z - z̄) W_O[:, S]ᵀ`` (:func:`~gna_interp.circuits.edges.paths.linear_write`),
+        in one batched product where the block's heads have channels of one width (their weights stacked once)."""
+        heads = self._layer_heads[layer]
+        if layer not in self._out_weights:
+            widths = {self._sites[h].stop - self._sites[h].start for h in heads}
+            self._out_weights[layer] = None if len(widths) != 1 else torch.stack(
+                [self.model.output_projection(h)[:, self._sites[h].columns].T for h in heads])
+        w = self._out_weights[layer]
+        if w is None:
+            return torch.stack([linear_write(self.model, self.repl[h], zs[h]) for h in heads])
+        b, p = zs[heads[0]].shape[:2]
+        deltas = []
+        for h in heads:
+            value = self.repl[h].value(b, p)
+            z = zs[h]
+            deltas.append(z - (value.to(z.device, z.dtype) if isinstance(value, Tensor) else value))
+        delta = torch.stack(deltas).to(w.dtype)  # [heads, b, p, width]
+        return torch.bmm(delta.reshape(len(heads), b * p, -1), w).view(len(heads), b, p, -1)
 
     def _post(self, sender: str) -> PostMap:
         """The map from an MLP's output to the stream (its block's ``g``); the identity for the embeddings."""
@@ -583,6 +604,11 @@ class _Rows:
         assert row >= self.split, "a pass started from a record writes only the senders after it"
         self.own[row - self.split] = value
 
+    def put_rows(self, first: int, values: Tensor) -> None:
+        """Write the values of the senders ``first, first + 1, ...`` (``[senders, positions, d]``)."""
+        assert first >= self.split, "a pass started from a record writes only the senders after it"
+        self.own[first - self.split:first - self.split + len(values)] = values
+
     def product(self, k: Float[Tensor, "streams n"], n: int, used: Tensor | None = None
                 ) -> Float[Tensor, "streams flat"]:
         """``k @ rows[:n]`` flattened, or over the rows ``used`` alone (``k``'s columns still indexed by sender)."""
@@ -653,6 +679,17 @@ class _Pass:
         flat = value.reshape(-1, value.shape[-1])
         for c, part in enumerate(self.buf):
             part.put(row, flat[self.order[self.bounds[c]:self.bounds[c + 1]]])
+
+    def _put_rows(self, rows: list[int], values: Tensor) -> None:
+        """Write the ``w_S - w̄_S`` of the senders ``rows`` (consecutive; ``values`` ``[senders, batch, pos, d]``)
+        into ``buf``: one gather per class."""
+        if rows != list(range(rows[0], rows[0] + len(rows))):
+            for r, value in zip(rows, values):
+                self._put(r, value)
+            return
+        flat = values.reshape(len(rows), -1, values.shape[-1])
+        for c, part in enumerate(self.buf):
+            part.put_rows(rows[0], flat[:, self.order[self.bounds[c]:self.bounds[c + 1]]])
 
     def stream(self, name: str, n: int, full: Tensor) -> Tensor:
         """Receiver input ``name``'s stream (:meth:`streams`)."""
@@ -799,15 +836,17 @@ class _Pass:
         heads = ec._layer_heads.get(layer, [])
         f = ec.posts[layer][0]
         rows = [ec._index[h.name] for h in heads]
-        deltas = [linear_write(ec.model, ec.repl[h], zs[h]) for h in heads]
         self.filled = max(rows, default=self.filled - 1) + 1
-        if layer not in ec._after:  # f is linear
-            written = [f(d) for d in deltas]
-            for r, w in zip(rows, written):
-                self._put(r, w)
-            self.base = self.base + (v - self.x) - (sum(written).to(v.dtype) if rows else 0)
+        if not heads:
+            self.base = self.base + (v - self.x)
             return
-        delta = torch.stack(deltas).float()
+        delta = ec._head_writes(layer, zs)
+        if layer not in ec._after:  # f is linear
+            written = f(delta)
+            self._put_rows(rows, written)
+            self.base = self.base + (v - self.x) - written.sum(0).to(v.dtype)
+            return
+        delta = delta.float()
         y = sum(ios[ec.model.io_hook(path, "out")] for path in ec._projections[layer]).float()
         bar = self._all_ablated(layer, ios)
         f_bar = f(bar).float()
