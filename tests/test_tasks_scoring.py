@@ -409,3 +409,30 @@ def test_a_chunks_reads_equal_distinct_reads_of_its_reads_and_of_stacked_copies(
                                          chunk.read_pos.repeat(n))
                 for got, want in zip(chunk.stacked_reads(n), stacked):
                     assert torch.equal(got, want)
+
+
+def test_a_plan_of_the_same_text_reuses_its_tokens_with_the_samples_given(tiny_dirs, monkeypatch):
+    """The latest plans of a model are kept by their prompts and candidates: the same text again is not tokenized
+    (the tokenizer is not called) and carries the samples given (here a new gold); other text, or another method,
+    is tokenized; at most KEEP_PLANS are kept."""
+    from gna_interp import load_model
+    from gna_interp.engine import plan as plan_mod
+
+    model = load_model(tiny_dirs["llama"], device="cpu")
+    task = KVRetrieval(n_pairs=3, n_samples=4, seed=0)
+    first = plan_scoring(model, task.samples)
+    calls = []
+    real = type(model.tokenizer).__call__
+    monkeypatch.setattr(type(model.tokenizer), "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    moved = [dataclasses.replace(s, gold=(s.gold + 1) % len(s.candidates)) for s in task.samples]
+    again = plan_scoring(model, moved)
+    assert not calls and again.rows == first.rows and again.targets == first.targets
+    assert [s.gold for s in again.samples] == [s.gold for s in moved] != [s.gold for s in first.samples]
+    other = plan_scoring(model, [dataclasses.replace(task.samples[0], candidates=("7", "8"), gold=0)])
+    assert calls and other.candidate_ids != first.candidate_ids[:1]
+    calls.clear()
+    plan_scoring(model, task.samples, "per_candidate")
+    assert calls
+    for seed in range(plan_mod.KEEP_PLANS + 2):
+        plan_scoring(model, KVRetrieval(n_pairs=3, n_samples=2, seed=100 + seed).samples)
+    assert len(model.facts[plan_mod.PLANS]) == plan_mod.KEEP_PLANS

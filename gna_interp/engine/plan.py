@@ -172,13 +172,31 @@ def _candidate_tokens(tokenizer: Any, prompt_ids: Sequence[list[int]], samples: 
     return out
 
 
+PLANS = "plan.plans"  # Model.facts key: the latest plans made for the model, by the text their tokens come from
+KEEP_PLANS = 8
+
+
 def plan_scoring(model: Model, samples: Sequence[Scorable], method: Method = "auto") -> ScoringPlan:
-    """Tokenize ``samples`` and decide the rows to feed; raises :class:`InputError` for bad input."""
+    """Tokenize ``samples`` and decide the rows to feed; raises :class:`InputError` for bad input. The latest
+    :data:`KEEP_PLANS` plans of a model are kept by their samples' prompts and candidates: a plan of the same text
+    again (the stages of one analysis, a repeated call) reuses their tokens, with the samples given."""
     if method not in METHODS:
         raise InputError(f"unknown scoring method {method!r}; choose one of {METHODS}")
     samples = tuple(samples)
     if not samples:
         raise InputError("no samples to score")
+    key = (method, tuple((s.prompt, tuple(s.candidates)) for s in samples))
+    kept = model.facts.setdefault(PLANS, {})
+    plan = kept.pop(key, None)
+    if plan is None or plan.device != str(model.device):
+        plan = _plan_scoring(model, samples, method)
+    kept[key] = plan  # the latest last
+    while len(kept) > KEEP_PLANS:
+        kept.pop(next(iter(kept)))
+    return replace(plan, samples=samples)
+
+
+def _plan_scoring(model: Model, samples: tuple[Scorable, ...], method: Method) -> ScoringPlan:
     tok = model.tokenizer
     prompt_ids = [list(ids) for ids in tok([s.prompt for s in samples])["input_ids"]]
     rows: list[Row] = []
