@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
-from gna_interp.circuits.edges.paths import PathEffects, PathPatcher, linear_write, path_effects
+from gna_interp.circuits.edges.paths import PathEffects, PathPatcher, write_of
 from gna_interp.engine.attribution import inputs_only_grad
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels
@@ -173,19 +173,18 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
     graph = _Graph.of(model, pp, method, ig_steps)
     scores = torch.zeros(len(graph.senders), len(graph.recv) + 1, len(CLASSES), dtype=torch.float64)  # +1: logits
     for ci, chunk in enumerate(pp.chunks):
-        _chunk_scores(model, pp, chunk, graph, scores)
+        _chunk_scores(model, pp.masks(chunk), chunk, graph, scores)
         if progress is not None:
             progress(f"edge screen: batch {ci + 1} of {len(pp.chunks)}")
     table = _table(graph, scores)
     # whether MLP and embedding edges can be measured: learnt once per model by the first edge circuit made for it
-    exact = _edge_circuit(model, pp) if EdgeCircuit.refusal(model) is None else None
+    exact = _edge_circuit(pp) if EdgeCircuit.refusal(model) is None else None
     circuits = EdgeCircuit.refusal(model) == ""
-    shared = _shared_inputs(model)
-    unshared = np.array([(r, i) not in shared for r, i in zip(table["receiver"], table["input"])], dtype=bool)
+    unshared = np.array([(r, i) not in graph.shared for r, i in zip(table["receiver"], table["input"])], dtype=bool)
     table["verifiable"] = table["kind"].isin(("head -> head", "head -> logits")).to_numpy() | (unshared & circuits)
     table["effect"] = table["low"] = table["high"] = math.nan
     table["sample"] = verify_sample(table, verify)
-    _verify(model, task, pp, table, exact if circuits else None, progress)
+    _verify(pp, table, exact if circuits else None, progress)
     table = table.sort_values("abs_rank").reset_index(drop=True)[EDGE_SCREEN_COLUMNS]
     return EdgeScreen(table, LOGIT_DIFF.value(results(graph.intact.result())))
 
@@ -200,8 +199,8 @@ def _table(graph: "_Graph", scores: Tensor) -> pd.DataFrame:
     inputs = np.array([r.input for r in recv], dtype=object)
     n_cls = len(CLASSES)
     parts: dict[str, list] = {k: [] for k in ("sender", "receiver", "input", "positions", "score")}
-    for si, sender in enumerate(graph.senders):
-        idx = np.flatnonzero(write_order(sender) < reads)
+    for si, (sender, order) in enumerate(zip(graph.senders, graph.orders)):
+        idx = np.flatnonzero(order < reads)
         parts["sender"].append(np.full(len(idx) * n_cls + 1, sender, dtype=object))
         parts["receiver"].append(np.append(np.repeat(nodes[idx], n_cls), LOGITS))
         parts["input"].append(np.append(np.repeat(inputs[idx], n_cls), LOGITS))
@@ -214,7 +213,7 @@ def _table(graph: "_Graph", scores: Tensor) -> pd.DataFrame:
     return table
 
 
-def _verify(model: Model, task: Task, pp: PathPatcher, table: pd.DataFrame, exact: "EdgeCircuit | None",
+def _verify(pp: PathPatcher, table: pd.DataFrame, exact: "EdgeCircuit | None",
             progress: Callable[[str], None] | None) -> None:
     """Measure the rows of ``table`` whose ``sample`` is set exactly, writing ``effect``/``low``/``high``: head
     edges by path patching (on ``pp``), MLP and embedding edges by an edge circuit with every other edge kept
@@ -227,27 +226,30 @@ def _verify(model: Model, task: Task, pp: PathPatcher, table: pd.DataFrame, exac
         sets = [[_edge(r)] for _, r in heads_todo.iterrows()]
         if progress is not None:
             progress(f"edge screen: verifying {len(sets)} head edges by path patching")
-        fx = path_effects(model, task, sets, patcher=pp)
-        for idx, eff, (lo, hi) in zip(heads_todo.index, fx.effects(), fx.intervals()):
-            table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
+        _measured(table, heads_todo.index, pp, sets, pp.run(sets))
     rest = todo.drop(heads_todo.index)
-    if len(rest) and EdgeCircuit.refusal(model) == "":  # MLP and embedding edges: this one left out alone
-        exact = exact or _edge_circuit(model, pp)
+    if len(rest) and EdgeCircuit.refusal(pp.model) == "":  # MLP and embedding edges: this one left out alone
+        exact = exact or _edge_circuit(pp)
         assert exact is not None
         if progress is not None:
             progress(f"edge screen: verifying {len(rest)} MLP and embedding edges, each left out alone")
         wires = [[Edge(r.sender, r.receiver, r.input, r.positions)] for r in rest.itertuples()]
-        fx = PathEffects(LOGIT_DIFF.name, results(pp.clean()), [[] for _ in wires],
-                         [results(s) for s in exact.run_without(wires)])
-        for idx, eff, (lo, hi) in zip(rest.index, fx.effects(), fx.intervals()):
-            table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
+        _measured(table, rest.index, pp, wires, exact.run_without(wires))
 
 
-def _edge_circuit(model: Model, pp: PathPatcher) -> EdgeCircuit | None:
+def _measured(table: pd.DataFrame, rows: Any, pp: PathPatcher, sets: list[list[Edge]], scored: list[Any]) -> None:
+    """Write the exact effect of each of ``sets`` (its ``scored`` scores against ``pp``'s clean ones) with its interval
+    into ``table``'s ``rows``."""
+    fx = PathEffects(LOGIT_DIFF.name, results(pp.clean()), sets, [results(s) for s in scored])
+    for idx, eff, (lo, hi) in zip(rows, fx.effects(), fx.intervals()):
+        table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
+
+
+def _edge_circuit(pp: PathPatcher) -> EdgeCircuit | None:
     """The runner that measures an MLP's or the embeddings' edge exactly (on ``pp``'s batches and replacements), or
     None where the model's blocks do not allow edge circuits (a post-norm, a multiplier)."""
     try:
-        return EdgeCircuit(model, pp, senders="all")
+        return EdgeCircuit(pp.model, pp, senders="all")
     except UnsupportedArchitectureError:
         return None
 
@@ -267,8 +269,9 @@ def _before(sender: str, s_layer: float, r: ReceiverInput) -> bool:
 class _Graph:
     """What the screen reads on every batch: the heads and their replacements (``repl``), the receiver inputs, the
     metric's weights, the senders in write order, the ablation method and the points ``alphas`` of the ablation path
-    (``[1.0]``: plain EAP) and the input sites that are plain linear projections' outputs
-    (:meth:`~gna_interp.models.model.Model.linear_input`)."""
+    (``[1.0]``: plain EAP), the input sites that are plain linear projections' outputs
+    (:meth:`~gna_interp.models.model.Model.linear_input`) and the hooks the screen reads, all read off the model once
+    (the passes read the model through this alone)."""
 
     heads: list[HeadRef]
     repl: dict
@@ -280,6 +283,13 @@ class _Graph:
     linear: dict[str, tuple[str, torch.nn.Linear]]  # input site hook -> its projection's input hook and projection
     plan: Any
     intact: ScoreTable
+    outputs: dict[str, str]  # the embeddings and each MLP: the hook of what it writes into the stream
+    final: str  # the hook of the stream the final norm reads
+    w_out: dict[HeadRef, Tensor]  # each head's columns of its output projection
+    watch: list[str]  # every hook a pass records
+    grad_at: list[str]  # the hooks the metric's gradient is read at
+    orders: list[float]  # each sender's write order
+    shared: set[tuple[str, str]]  # (head, input) pairs whose channels other heads read too (:func:`_shared_inputs`)
 
     @classmethod
     def of(cls, model: Model, pp: PathPatcher, method: str, ig_steps: int) -> "_Graph":
@@ -297,7 +307,16 @@ class _Graph:
         senders = sender_names(model)
         alphas = [(k + 0.5) / ig_steps for k in range(ig_steps)] if ig_steps else [1.0]
         linear = {x.hook: got for r in recv for x in r.sites if (got := model.linear_input(x.hook)) is not None}
-        return cls(heads, repl, recv, weights, senders, method, alphas, linear, plan, ScoreTable(plan))
+        outputs = {EMBED: model.block_input_hook(0), **{mlp_name(l): model.mlp_hook(l, "out")
+                                                        for l in range(model.n_layers) if model.mlp_hook(l, "out")}}
+        w_out = {h: model.output_projection(h)[:, repl[h].site.columns] for h in heads}
+        sites = {x.hook for r in recv for x in r.sites}
+        watch = {model.FINAL_NORM_INPUT, *outputs.values(), *(i for i, _ in linear.values()), *sites,
+                 *(r.stream for r in recv), *(repl[h].site.hook for h in heads)}
+        grad_at = sorted(sites | {repl[h].site.hook for h in heads} | {model.FINAL_NORM_INPUT})
+        return cls(heads, repl, recv, weights, senders, method, alphas, linear, plan, ScoreTable(plan), outputs,
+                   model.FINAL_NORM_INPUT, w_out, sorted(watch), grad_at, [write_order(n) for n in senders],
+                   _shared_inputs(model))
 
     def weights_of(self, chunk: Any) -> Tensor:
         """The metric's weight of each of ``chunk``'s reads (its intact forward recorded in :attr:`intact` first)."""
@@ -340,14 +359,13 @@ class _Sums:
                     self.scores[:k, cols, c] += (w[:k] @ g.T).double().cpu()
 
 
-def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, graph: _Graph, scores: Tensor) -> None:
+def _chunk_scores(model: Model, masks: dict[str, Tensor], chunk: Any, graph: _Graph, scores: Tensor) -> None:
     """Add one chunk's EAP terms to ``scores``: each sender's write (from the intact forward) times the metric's
-    gradient at each receiver input, averaged over the points ``graph.alphas`` of the ablation path."""
-    heads, repl, recv, senders, alphas = graph.heads, graph.repl, graph.recv, graph.senders, graph.alphas
-    masks = pp.masks(chunk)
+    gradient at each receiver input, averaged over the points ``graph.alphas`` of the ablation path (``masks``: the
+    chunk's positions by class)."""
+    recv, senders, alphas = graph.recv, graph.senders, graph.alphas
     pos_masks = torch.stack([masks[p] for p in CLASSES]).to(torch.float32)  # [P, b, p]
     sel = pos_masks.sum(0) > 0  # [b, p]: the positions any class reads
-    layer_of = [write_order(name) for name in senders]
     real = chunk.batch.attention_mask.bool()
     writes: dict[str, Tensor] | None = None
     means: dict[str, Tensor] = {}
@@ -355,36 +373,32 @@ def _chunk_scores(model: Model, pp: PathPatcher, chunk: Any, graph: _Graph, scor
         with torch.no_grad():
             acts = _forward(model, chunk, graph, [], grad=False)
         graph.intact.add(chunk, acts.pop("__logp"))
-        on = real.to(acts[model.block_input_hook(0)].device)
-        writes = _writes(model, heads, repl, acts, graph.method, on)
-        streams = {EMBED: model.block_input_hook(0), **{mlp_name(l): model.mlp_hook(l, "out")
-                                                        for l in range(model.n_layers) if model.mlp_hook(l, "out")}}
+        on = real.to(acts[graph.outputs[EMBED]].device)
+        writes = _writes(graph, acts, on)
         means = {k: (acts[h].detach()[on].mean(0) if graph.method == "mean" else torch.zeros(acts[h].shape[-1]))
-                 for k, h in streams.items()}
+                 for k, h in graph.outputs.items()}
     sums: _Sums | None = None
     for alpha in alphas:
-        interp = [] if alpha == 1.0 else _interpolation(model, heads, repl, means, alpha)
+        interp = [] if alpha == 1.0 else _interpolation(graph, means, alpha)
         with inputs_only_grad(model), torch.enable_grad():
             acts = _forward(model, chunk, graph, interp, grad=True)
             logp = acts.pop("__logp")
             if alpha == 1.0:
                 graph.intact.add(chunk, logp)
             objective = (logp * graph.weights_of(chunk).to(logp.device)).sum()
-            site_hooks = sorted({x.hook for r in recv for x in r.sites} | {repl[h].site.hook for h in heads}
-                                | {model.FINAL_NORM_INPUT})
-            grads = dict(zip(site_hooks, torch.autograd.grad(objective, [acts[h] for h in site_hooks],
-                                                             retain_graph=True, allow_unused=True)))
+            grads = dict(zip(graph.grad_at, torch.autograd.grad(objective, [acts[h] for h in graph.grad_at],
+                                                                retain_graph=True, allow_unused=True)))
             if writes is None:
-                writes = _writes(model, heads, repl, acts, graph.method, real.to(objective.device))
+                writes = _writes(graph, acts, real.to(objective.device))
             if sums is None:
                 sums = _Sums(scores, writes, senders, pos_masks, sel)
-            for ri, gx in _receiver_grads(model, graph, grads, acts):
+            for ri, gx in _receiver_grads(graph, grads, acts):
                 r = recv[ri]
-                before = [_before(name, lay, r) for name, lay in zip(senders, layer_of)]
+                before = [_before(name, lay, r) for name, lay in zip(senders, graph.orders)]
                 n = sum(before)
                 assert all(before[:n]), "senders are listed in layer order: those before a receiver are a prefix"
                 sums.add(n, ri, gx.detach()[sel].float() / len(alphas))
-            gfinal = grads[model.FINAL_NORM_INPUT]
+            gfinal = grads[graph.final]
             if gfinal is not None:
                 sums.add(len(senders), len(recv), gfinal.detach()[sel].float() / len(alphas))
             sums.flush()
@@ -395,35 +409,30 @@ def _forward(model: Model, chunk: Any, graph: _Graph, before: list[tuple[str, Ca
     """One forward of ``chunk`` with the hooks ``before`` first, recording every activation the screen reads (the
     stream entering block 0 made a leaf that requires grad when ``grad``) and ``__logp``, the log-probability of each
     of the chunk's reads."""
-    heads, repl, recv = graph.heads, graph.repl, graph.recv
     acts: dict[str, Tensor] = {}
-    want = {model.block_input_hook(0), model.FINAL_NORM_INPUT} | {i for i, _ in graph.linear.values()}
-    want |= {r.stream for r in recv} | {x.hook for r in recv for x in r.sites}
-    want |= {repl[h].site.hook for h in heads}
-    want |= {model.mlp_hook(l, "out") for l in range(model.n_layers) if model.mlp_hook(l, "out")}
+    leaf = graph.outputs[EMBED]
 
     def keep(name: str) -> Callable[..., Tensor]:
         def hook(x: Tensor, hook: Any = None) -> Tensor:
-            if grad and name == model.block_input_hook(0):
+            if grad and name == leaf:
                 x = x.detach().requires_grad_(True)
             acts[name] = x
             return x
         return hook
 
     rows, pos, inverse = chunk.reads
-    logits = model.read_logits(chunk.batch, rows, pos, [*before, *((h, keep(h)) for h in sorted(want))], grad=grad)
+    logits = model.read_logits(chunk.batch, rows, pos, [*before, *((h, keep(h)) for h in graph.watch)], grad=grad)
     acts["__logp"] = read_logprobs(logits, chunk.read_tok, inverse)
     return acts
 
 
-def _interpolation(model: Model, heads: list[HeadRef], repl: dict, means: dict[str, Tensor], alpha: float
-                   ) -> list[tuple[str, Callable[..., Tensor]]]:
+def _interpolation(graph: _Graph, means: dict[str, Tensor], alpha: float) -> list[tuple[str, Callable[..., Tensor]]]:
     """Hooks that put every sender at ``α`` of the way from its ablated to its intact output: a head's channels
     ``z̄ + α (z - z̄)``, an MLP's output and the embeddings ``ȳ + α (y - ȳ)`` (``ȳ``: ``means``, the intact
     batch's mean over real tokens, or zero)."""
     by_hook: dict[str, list[Any]] = {}
-    for h in heads:
-        by_hook.setdefault(repl[h].site.hook, []).append(repl[h])
+    for h in graph.heads:
+        by_hook.setdefault(graph.repl[h].site.hook, []).append(graph.repl[h])
 
     def heads_hook(rs: list[Any]) -> Callable[..., Tensor]:
         def hook(v: Tensor, hook: Any = None) -> Tensor:
@@ -443,14 +452,11 @@ def _interpolation(model: Model, heads: list[HeadRef], repl: dict, means: dict[s
             return bar + alpha * (v - bar)
         return hook
 
-    out = [(hook, heads_hook(rs)) for hook, rs in by_hook.items()]
-    out.append((model.block_input_hook(0), stream_hook(EMBED)))
-    out += [(model.mlp_hook(l, "out"), stream_hook(mlp_name(l))) for l in range(model.n_layers)
-            if model.mlp_hook(l, "out")]
-    return out
+    return [(hook, heads_hook(rs)) for hook, rs in by_hook.items()] + [(hook, stream_hook(name))
+                                                                         for name, hook in graph.outputs.items()]
 
 
-def _receiver_grads(model: Model, graph: _Graph, grads: dict[str, Tensor | None], acts: dict[str, Tensor]
+def _receiver_grads(graph: _Graph, grads: dict[str, Tensor | None], acts: dict[str, Tensor]
                     ) -> Iterator[tuple[int, Tensor]]:
     """``(index, ∂metric/∂x)`` through each receiver input of ``graph.recv`` alone (``x``: the stream it reads),
     stream by stream: the heads' own paths first (:func:`_through_heads`), then each input back to its stream
@@ -462,7 +468,7 @@ def _receiver_grads(model: Model, graph: _Graph, grads: dict[str, Tensor | None]
         by_stream.setdefault(r.stream, []).append(ri)
     for stream, idx in by_stream.items():
         heads = list(dict.fromkeys(recv[i].head for i in idx if recv[i].head is not None))
-        through = _through_heads(model, heads, recv, grads, acts)
+        through = _through_heads(graph, heads, grads, acts)
         same: dict[tuple[str, ...], list[tuple[int, dict[str, Tensor]]]] = {}  # by the hooks their products start at
         for i in idx:
             r = recv[i]
@@ -477,15 +483,15 @@ def _receiver_grads(model: Model, graph: _Graph, grads: dict[str, Tensor | None]
                         yield i, gx
 
 
-def _through_heads(model: Model, heads: list[HeadRef], recv: list[ReceiverInput], grads: dict[str, Tensor | None],
-                   acts: dict[str, Tensor]) -> dict[HeadRef, dict[str, Tensor | None]]:
+def _through_heads(graph: _Graph, heads: list[HeadRef], grads: dict[str, Tensor | None], acts: dict[str, Tensor]
+                   ) -> dict[HeadRef, dict[str, Tensor | None]]:
     """The metric's gradient at each head's input sites along the paths through that head's own output alone (the
     vector-Jacobian product from its output channels, cotangent the metric's gradient there): what the exact patch,
     which keeps every other head of the layer clean, differentiates. Heads whose outputs depend on their own inputs
     alone (:attr:`~gna_interp.models.mixer.MixerAdapter.separate_heads`: attention) and whose input channels do not
     overlap (one query head of each KV group) share one product: each head's channels of the result are its own
     path's."""
-    sites = {h: [x for r in recv if r.head == h for x in r.sites] for h in heads}
+    sites = {h: [x for r in graph.recv if r.head == h for x in r.sites] for h in heads}
     packs: list[list[HeadRef]] = []
     for h in heads:
         fits = [p for p in packs if h.adapter.separate_heads
@@ -496,7 +502,7 @@ def _through_heads(model: Model, heads: list[HeadRef], recv: list[ReceiverInput]
             packs.append([h])
     out: dict[HeadRef, dict[str, Tensor | None]] = {}
     for pack in packs:
-        got = _through_pack(model, pack, sites, grads, acts)
+        got = _through_pack(graph, pack, sites, grads, acts)
         out.update({h: got for h in pack})
     return out
 
@@ -506,12 +512,12 @@ def _overlap(a: list[InputSite], b: list[InputSite]) -> bool:
     return any(x.hook == y.hook and x.start < y.stop and y.start < x.stop for x in a for y in b)
 
 
-def _through_pack(model: Model, pack: list[HeadRef], sites: dict[HeadRef, list[InputSite]],
+def _through_pack(graph: _Graph, pack: list[HeadRef], sites: dict[HeadRef, list[InputSite]],
                   grads: dict[str, Tensor | None], acts: dict[str, Tensor]) -> dict[str, Tensor | None]:
     """One vector-Jacobian product from the output channels of the heads of ``pack`` back to their input sites."""
     outs: dict[str, Tensor] = {}
     for h in pack:
-        site = model.head_site(h)
+        site = graph.repl[h].site
         g = grads.get(site.hook)
         if g is None or not sites[h]:
             continue
@@ -569,22 +575,19 @@ def _flat(x: Tensor) -> Tensor:
     return x.flatten(2) if x.dim() == 4 else x
 
 
-def _writes(model: Model, heads: list[HeadRef], repl: dict, acts: dict[str, Tensor], method: str,
-            real: Tensor) -> dict[str, Tensor]:
+def _writes(graph: _Graph, acts: dict[str, Tensor], real: Tensor) -> dict[str, Tensor]:
     """Each sender's write into the stream (``[b, p, d_model]``, detached), in layer order; the embeddings' and
     the MLPs' mean replacement is their mean over the batch's ``real`` (non-padding) tokens."""
 
     def removed(y: Tensor) -> Tensor:
-        return y - y[real].mean(0) if method == "mean" else y
+        return y - y[real].mean(0) if graph.method == "mean" else y
 
-    out: dict[str, Tensor] = {EMBED: removed(acts[model.block_input_hook(0)].detach())}
+    out: dict[str, Tensor] = {}
     with torch.no_grad():
-        for layer in range(model.n_layers):
-            for h in (h for h in heads if h.layer == layer):
-                r = repl[h]
-                z = flat_channels(acts[r.site.hook].detach(), r.site)[..., r.site.columns]
-                out[h.name] = linear_write(model, r, z)
-            hook = model.mlp_hook(layer, "out")
-            if hook:
-                out[mlp_name(layer)] = removed(acts[hook].detach())
+        for h in graph.heads:
+            r = graph.repl[h]
+            z = flat_channels(acts[r.site.hook].detach(), r.site)[..., r.site.columns]
+            out[h.name] = write_of(graph.w_out[h], r, z)
+        for name, hook in graph.outputs.items():
+            out[name] = removed(acts[hook].detach())
     return out

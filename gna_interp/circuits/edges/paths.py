@@ -86,10 +86,14 @@ __all__ = ["LOGITS", "POSITIONS", "Edge", "PathEffects", "PathPatcher", "path_ef
 
 def linear_write(model: Model, r: Replacement, z: Float[Tensor, "b p w"]) -> Float[Tensor, "b p d_model"]:
     """``(z - replacement) W_O[:, S]ᵀ``: what replacing the head of ``r`` (its channels ``z`` at its site) takes out
-    of its output projection's output."""
+    of its output projection's output (:func:`write_of` with the model's weight)."""
+    return write_of(model.output_projection(r.site.head)[:, r.site.columns], r, z)
+
+
+def write_of(w: Float[Tensor, "d_model w"], r: Replacement, z: Float[Tensor, "b p w"]) -> Float[Tensor, "b p d_model"]:
+    """``(z - replacement) wᵀ``, ``w`` the head's columns of its output projection (:func:`linear_write`)."""
     value = r.value(z.shape[0], z.shape[1])
     delta = z - (value.to(z.device, z.dtype) if isinstance(value, Tensor) else value)
-    w = model.output_projection(r.site.head)[:, r.site.columns]
     return delta.to(w.dtype) @ w.T
 
 
