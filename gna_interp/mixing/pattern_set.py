@@ -195,6 +195,5 @@ def patterns(model: Model, inputs: str | Sequence[str] | Tensor | TokenBatch,
         pat = spec.adapter.pattern(model, spec, cache, hs, batch, opts)
         by_layer[key] = (hs, pat * keep.to(pat.device))
     texts = [inputs] if isinstance(inputs, str) else list(inputs) if isinstance(inputs, (list, tuple)) else None
-    str_tokens = [model.token_labels(t) for t in texts] if texts is not None else \
-        [model.to_str_tokens(ids[m.bool()]) for ids, m in zip(batch.ids, batch.attention_mask)]
+    str_tokens = [model.token_labels(t) for t in texts] if texts is not None else model.row_tokens(batch)
     return PatternSet(batch, str_tokens, wanted, by_layer, opts)

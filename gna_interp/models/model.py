@@ -698,13 +698,22 @@ class Model:
         outside = [i for i in ids if not 0 <= i < vocab]
         if outside:
             raise InputError(f"token ids {outside[:5]} are outside the vocabulary of {self.name} (0..{vocab - 1})")
-        held = self.__dict__.get("_token_strings")  # (tokenizer, {id: string}): prompts share most of their tokens
+        return self._decoded([ids])[0]
+
+    def row_tokens(self, batch: TokenBatch) -> list[list[str]]:
+        """:meth:`to_str_tokens` of each row's real tokens (its ids where the attention mask is set)."""
+        return self._decoded([ids[m.bool()].tolist() for ids, m in zip(batch.ids, batch.attention_mask)])
+
+    def _decoded(self, rows: list[list[int]]) -> list[list[str]]:
+        """Each id of ``rows`` as the tokenizer decodes it on its own (each id decoded once per tokenizer: prompts
+        share most of their tokens)."""
+        held = self.__dict__.get("_token_strings")
         if held is None or held[0] is not self.tokenizer:
             held = self.__dict__["_token_strings"] = (self.tokenizer, {})
         cache = held[1]
-        for i in set(ids) - cache.keys():
+        for i in {i for ids in rows for i in ids} - cache.keys():
             cache[i] = self.tokenizer.decode([i])
-        return [cache[i] for i in ids]
+        return [[cache[i] for i in ids] for ids in rows]
 
     def token_labels(self, tokens: str | Int[Tensor, "pos"] | Sequence[int],
                      prepend_bos: bool | None = None) -> list[str]:
