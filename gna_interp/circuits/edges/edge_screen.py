@@ -326,23 +326,28 @@ class _Graph:
 
 class _Sums:
     """Adds the receivers' gradients into ``scores`` as they come, in blocks of :attr:`BLOCK` receivers: per position
-    class, the senders' writes at that class's positions (flattened once) times the block's gradients there -- one
-    matrix product per block and class, never a tensor over every receiver at once."""
+    class, the senders' writes at that class's positions times the block's gradients there -- one matrix product per
+    block and class, never a tensor over every receiver at once. Writes and gradients are gathered once into the
+    classes' positions one class after another (``order``), so each class's rows are a slice."""
 
     BLOCK = 64
 
-    def __init__(self, scores: Tensor, writes: dict[str, Tensor], senders: list[str], pos_masks: Tensor,
-                 sel: Tensor) -> None:
-        w_sel = torch.stack([writes[name][sel] for name in senders]).float()  # [senders, X, d]
-        self.idx = [m.nonzero().flatten() for m in pos_masks[:, sel].bool()]  # per class: its positions among X
-        self.w = [w_sel[:, i].reshape(len(senders), -1) for i in self.idx]  # per class: [senders, X_c * d]
+    def __init__(self, scores: Tensor, writes: dict[str, Tensor], senders: list[str], pos_masks: Tensor) -> None:
+        parts = [m.nonzero().flatten() for m in pos_masks.bool().flatten(1)]  # per class: its flat positions
+        self.order = torch.cat(parts)
+        self.bounds = [0, *np.cumsum([len(p) for p in parts]).tolist()]
+        d = writes[senders[0]].shape[-1]
+        w = torch.empty(len(senders), len(self.order), d, dtype=torch.float32, device=self.order.device)
+        for row, name in enumerate(senders):
+            torch.index_select(writes[name].reshape(-1, d).float(), 0, self.order, out=w[row])
+        self.w = [w[:, lo:hi].reshape(len(senders), -1) for lo, hi in zip(self.bounds, self.bounds[1:])]
         self.scores = scores
         self.pending: dict[int, list[tuple[int, Tensor]]] = {}
 
     def add(self, n: int, col: int, g: Tensor) -> None:
-        """Receiver column ``col``'s gradient ``g`` (``[X, d]``), read by the first ``n`` senders."""
+        """Receiver column ``col``'s gradient ``g`` (``[batch, pos, d]``), read by the first ``n`` senders."""
         items = self.pending.setdefault(n, [])
-        items.append((col, g))
+        items.append((col, g.reshape(-1, g.shape[-1])[self.order]))
         if len(items) >= self.BLOCK:
             self.flush(n)
 
@@ -353,9 +358,9 @@ class _Sums:
             if not items:
                 continue
             cols = [c for c, _ in items]
-            for c, (i, w) in enumerate(zip(self.idx, self.w)):
-                if len(i):
-                    g = torch.stack([x[i] for _, x in items]).reshape(len(items), -1)  # [block, X_c * d]
+            for c, (lo, hi, w) in enumerate(zip(self.bounds, self.bounds[1:], self.w)):
+                if hi > lo:
+                    g = torch.stack([x[lo:hi] for _, x in items]).reshape(len(items), -1)  # [block, X_c * d]
                     self.scores[:k, cols, c] += (w[:k] @ g.T).double().cpu()
 
 
@@ -364,8 +369,7 @@ def _chunk_scores(model: Model, masks: dict[str, Tensor], chunk: Any, graph: _Gr
     gradient at each receiver input, averaged over the points ``graph.alphas`` of the ablation path (``masks``: the
     chunk's positions by class)."""
     recv, senders, alphas = graph.recv, graph.senders, graph.alphas
-    pos_masks = torch.stack([masks[p] for p in CLASSES]).to(torch.float32)  # [P, b, p]
-    sel = pos_masks.sum(0) > 0  # [b, p]: the positions any class reads
+    pos_masks = torch.stack([masks[p] for p in CLASSES])  # [P, b, p]
     real = chunk.batch.attention_mask.bool()
     writes: dict[str, Tensor] | None = None
     means: dict[str, Tensor] = {}
@@ -391,16 +395,16 @@ def _chunk_scores(model: Model, masks: dict[str, Tensor], chunk: Any, graph: _Gr
             if writes is None:
                 writes = _writes(graph, acts, real.to(objective.device))
             if sums is None:
-                sums = _Sums(scores, writes, senders, pos_masks, sel)
+                sums = _Sums(scores, writes, senders, pos_masks)
             for ri, gx in _receiver_grads(graph, grads, acts):
                 r = recv[ri]
                 before = [_before(name, lay, r) for name, lay in zip(senders, graph.orders)]
                 n = sum(before)
                 assert all(before[:n]), "senders are listed in layer order: those before a receiver are a prefix"
-                sums.add(n, ri, gx.detach()[sel].float() / len(alphas))
+                sums.add(n, ri, gx.detach().float() / len(alphas))
             gfinal = grads[graph.final]
             if gfinal is not None:
-                sums.add(len(senders), len(recv), gfinal.detach()[sel].float() / len(alphas))
+                sums.add(len(senders), len(recv), gfinal.detach().float() / len(alphas))
             sums.flush()
 
 
