@@ -24,7 +24,9 @@ The metric is the project's logit difference: per prompt the gold candidate's lo
 other candidate's (``answers`` / ``wrong_answers`` of auto-circuit's ``PromptDataset``), averaged over prompts
 (``answer_function="avg_diff"``; ``grad_function="logit"``: with one answer and one wrong answer the difference of
 logits is the difference of log-probabilities). Prompts of one length form a batch (auto-circuit's forward takes no
-attention mask, so a batch holds no padding); each batch's mean is weighted by its share of the prompts.
+attention mask, so a batch holds no padding); each batch's mean is weighted by its share of the prompts. The EAP
+tools' timed part includes the intact pass that picks each prompt's wrong answer (:func:`clean_pass`, one forward of
+each batch), as the project's screen reads its metric's weights off its own intact forward.
 
 Tools: ``ac-eap``: ``mask_gradient_prune_scores(mask_val=0.0)`` (edge attribution patching; the mask gradient at
 the intact model is ``(clean - ablated) . d(-metric)/d(receiver input)``, the estimated drop); ``ac-eapig``: the
