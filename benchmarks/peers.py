@@ -75,18 +75,19 @@ from gna_interp.engine import plan_scoring  # noqa: E402
 
 PEER_PINS = ["transformers==5.23.0", "nnsight==0.8.1", "pyvene==0.1.8"]
 PEER_TOOLS = ("nnsight-plain", "nnsight-best", "pyvene-plain", "pyvene-best", "nnsight-attr")
-TL_TOOLS = ("tl-plain", "tl-patching", "tl-best", "tl-attr")
+TL_TOOLS = ("tl-plain", "tl-patching", "tl-best", "tl-attr", "tl-attr-best")
 LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "TransformerLens run_with_hooks loop",
           "tl-patching": "TransformerLens patching.generic_activation_patch", "tl-best": "TransformerLens best",
           "nnsight-plain": "nnsight trace loop", "nnsight-best": "nnsight best (batched copies)",
           "pyvene-plain": "pyvene ZeroIntervention loop", "pyvene-best": "pyvene best (per-example heads)",
           "gna-attribution": "gna attribution", "tl-attr": "TransformerLens gradient attribution (plain form)",
+          "tl-attr-best": "TransformerLens gradient attribution (best: prompt cache, logits at the reads)",
           "nnsight-attr": "nnsight gradient attribution (plain form)", "gna-patterns": "gna patterns()",
           "tl-cache-plain": "TransformerLens run_with_cache (all hooks)",
           "tl-cache-best": "TransformerLens run_with_cache (names_filter, stop_at_layer)"}
 PATTERNS = ("gna-patterns", "tl-cache-plain", "tl-cache-best")
 MAMBA_TOOLS = ("gna-exact", "gna-auto", "tl-plain", "nnsight-plain", "pyvene-plain")
-ATTRIBUTION = ("gna-attribution", "tl-attr", "nnsight-attr")  # estimates: compared with gna attribution
+ATTRIBUTION = ("gna-attribution", "tl-attr", "tl-attr-best", "nnsight-attr")  # estimates: compared with gna attribution
 # edge attribution over the whole graph (ours: gna_interp.circuits.edges.edge_screen; auto-circuit in its own environment)
 AC_PINS = ["transformers==4.57.6", "transformer-lens==2.18.0", "auto-circuit==1.0.1", "pyarrow==21.0.0"]
 AC_TOOLS = ("ac-eap", "ac-eapig", "ac-exact")
@@ -605,8 +606,8 @@ def main(argv: list[str] | None = None) -> int:
                                                              "integrated_grad_samples")
     ap.add_argument("--edge-exact", type=int, default=200, help="edges left out one at a time by each tool (every "
                                                                 "edge up to this many, else the screens' strongest)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each edge row, alternated between the tools; "
-                                                           "the row keeps the run of least CPU time")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each scan and edge row, alternated between the "
+                                                           "tools; the row keeps the run of least CPU time")
     ap.add_argument("--ac-grad-batch", type=int, default=0, help="prompts a forward of auto-circuit's EAP and EAP-IG "
                                                                  "(0: as ours; its backward keeps every receiver's "
                                                                  "differences to all its senders)")
@@ -673,15 +674,21 @@ def main(argv: list[str] | None = None) -> int:
             for py in dict.fromkeys(p for p, _ in workers.values()):
                 ts = [t for t, (p, _) in workers.items() if p == py]
                 shared.update(zip(ts, run_workers(py, [workers[t][1] for t in ts], tmp)))
+        runs: dict[str, list[dict]] = {}
+        for _ in range(args.repeats):  # the tools take turns; each row keeps its run of least CPU time
+            for tool in scans:
+                if name == "mamba2" and tool not in MAMBA_TOOLS:
+                    r = {"tool": tool, "error": "not measured on Mamba-2 here (the plain forms show which tools hook "
+                                                "it)"}
+                elif tool.startswith("gna-"):
+                    r = run_ours(model, task, heads, tool.split("-")[1], sizes["batch"])
+                elif tool in workers:
+                    r = shared[tool] if tool in shared else run_worker(*workers[tool], tmp)
+                else:
+                    r = {"tool": tool, "error": why}
+                runs.setdefault(tool, []).append(r)
         for tool in scans:
-            if name == "mamba2" and tool not in MAMBA_TOOLS:
-                r = {"tool": tool, "error": "not measured on Mamba-2 here (the plain forms show which tools hook it)"}
-            elif tool.startswith("gna-"):
-                r = run_ours(model, task, heads, tool.split("-")[1], sizes["batch"])
-            elif tool in workers:
-                r = shared[tool] if tool in shared else run_worker(*workers[tool], tmp)
-            else:
-                r = {"tool": tool, "error": why}
+            r = best_of(runs[tool])
             if "drops" in r and not tool.startswith("gna-"):  # the workers name heads L{layer}H{head}
                 names = {f"L{h.layer}H{h.head}": h.name for h in model.heads()}
                 r["drops"] = {names.get(k, k): v for k, v in r["drops"].items()}

@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 import torch
 
-TOOLS = ("tl-plain", "tl-best", "tl-patching", "tl-attr", "nnsight-plain", "nnsight-best", "nnsight-attr",
-         "pyvene-plain", "pyvene-best")
+TOOLS = ("tl-plain", "tl-best", "tl-patching", "tl-attr", "tl-attr-best", "nnsight-plain", "nnsight-best",
+         "nnsight-attr", "pyvene-plain", "pyvene-best")
 
 
 # ---- shared plumbing (tokens, padding, reading scores) ------------------------------------------------------------
@@ -238,6 +238,48 @@ def attribution(samples: list[dict], batch: int, pad: int, heads: list, forward_
     return metric(clean_scores, golds), est
 
 
+def attribution_best(samples: list[dict], pad: int, per: int, heads: list, run: Callable[..., Any],
+                     zs: list) -> tuple[float, dict[str, float]]:
+    """The same estimate as :func:`attribution`, as a skilled user writes it: per ``per`` prompts, the prompt run once
+    and its key/value cache continued by the candidates' tokens (:class:`Layout`), logits only at the positions the
+    metric reads, the graph starting at the first scanned layer and the gradient taken at the heads' ``z`` alone
+    (``torch.autograd.grad``). ``run(ids, mask, past, keep, position_ids)`` returns ``(logits, cache)`` with gradients
+    on; the tool's hooks append each scanned layer's ``(layer, z)`` to ``zs`` as the forwards run."""
+    est = {f"L{l}H{h}": 0.0 for l, h in heads}
+    scores: list[list[float]] = []
+    for k in range(0, len(samples), per):
+        lay = Layout(samples[k:k + per], pad)
+        zs.clear()
+        with torch.enable_grad():
+            mask = lay.prompt_mask
+            logits, cache = run(lay.prompt_ids, mask, None, 1, (mask.cumsum(-1) - 1).clamp(min=0))
+            first = torch.log_softmax(logits[:, -1].float(), -1)
+            part = [[first[i, c[0]] for c in s["cands"]] for i, s in enumerate(lay.samples)]
+            if lay.cont:
+                cache.batch_select_indices(lay.cont_src)
+                real = lay.prompt_mask.sum(-1)[lay.cont_src]
+                pos = real[:, None] + torch.arange(lay.cont_ids.shape[1])[None]
+                cl, _ = run(lay.cont_ids, lay.cont_mask, cache, lay.cont_ids.shape[1], pos)
+                cont = torch.log_softmax(cl.float(), -1)
+                for r, (i, j, c) in enumerate(lay.cont):
+                    part[i][j] = part[i][j] + sum(cont[r, t, c[t + 1]] for t in range(len(c) - 1))
+            total = torch.zeros(())
+            for i, s in enumerate(lay.samples):
+                vals = [float(v) for v in part[i]]
+                other = max((j for j in range(len(vals)) if j != s["gold"]), key=lambda j: vals[j])
+                total = total + part[i][s["gold"]] - part[i][other]
+            grads = torch.autograd.grad(total / len(samples), [z for _, z in zs], allow_unused=True)
+        scores += [[float(v) for v in p] for p in part]
+        for (layer, z), g in zip(zs, grads):
+            if g is None:
+                continue
+            prod = (z.detach() * g).sum(dim=(0, 1, 3))  # per head
+            for l, h in heads:
+                if l == layer:
+                    est[f"L{l}H{h}"] += float(prod[h])
+    return metric(scores, [s["gold"] for s in samples]), est
+
+
 def chunks(heads: list, size: int) -> list[list]:
     return [heads[i:i + size] for i in range(0, len(heads), size)]
 
@@ -295,6 +337,28 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
         for p in hf.parameters():
             p.requires_grad_(False)
         clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
+    elif form == "attr-best":
+        layers = sorted({l for l, _ in job["heads"]})
+        zs: list = []
+
+        def keep_z(layer: int) -> Callable:
+            def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:
+                zs.append((layer, z))
+                return z
+            return hook
+
+        # the graph starts at the first scanned layer's input: nothing before it is differentiated
+        leaf = [(f"blocks.{layers[0]}.hook_resid_pre", lambda x, hook: x.detach().requires_grad_(True))]
+        hooks = leaf + [(f"blocks.{l}.attn.hook_z", keep_z(l)) for l in layers]
+
+        def run(ids, mask, past, keep, pos):
+            with bridge.hooks(fwd_hooks=hooks):
+                return bridge(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
+                              position_ids=pos, return_type="logits_and_cache")
+
+        for p in hf.parameters():
+            p.requires_grad_(False)
+        clean, drops = attribution_best(samples, pad, job["prompts"], job["heads"], run, zs)
     elif form == "patching":
         from transformer_lens import patching
         import pandas as pd
