@@ -74,7 +74,7 @@ from gna_interp.models.spec import cache_dir  # noqa: E402
 from gna_interp.engine import plan_scoring  # noqa: E402
 
 PEER_PINS = ["transformers==5.23.0", "nnsight==0.8.1", "pyvene==0.1.8"]
-PEER_TOOLS = ("nnsight-plain", "nnsight-best", "pyvene-plain", "pyvene-best", "nnsight-attr")
+PEER_TOOLS = ("nnsight-plain", "nnsight-best", "pyvene-plain", "pyvene-best", "nnsight-attr", "nnsight-attr-best")
 TL_TOOLS = ("tl-plain", "tl-patching", "tl-best", "tl-attr", "tl-attr-best")
 LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "TransformerLens run_with_hooks loop",
           "tl-patching": "TransformerLens patching.generic_activation_patch", "tl-best": "TransformerLens best",
@@ -82,12 +82,15 @@ LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "Transfo
           "pyvene-plain": "pyvene ZeroIntervention loop", "pyvene-best": "pyvene best (per-example heads)",
           "gna-attribution": "gna attribution", "tl-attr": "TransformerLens gradient attribution (plain form)",
           "tl-attr-best": "TransformerLens gradient attribution (best: prompt cache, logits at the reads)",
-          "nnsight-attr": "nnsight gradient attribution (plain form)", "gna-patterns": "gna patterns()",
+          "nnsight-attr": "nnsight gradient attribution (plain form)",
+          "nnsight-attr-best": "nnsight gradient attribution (best: prompt cache, logits at the reads)",
+          "gna-patterns": "gna patterns()",
           "tl-cache-plain": "TransformerLens run_with_cache (all hooks)",
           "tl-cache-best": "TransformerLens run_with_cache (names_filter, stop_at_layer)"}
 PATTERNS = ("gna-patterns", "tl-cache-plain", "tl-cache-best")
 MAMBA_TOOLS = ("gna-exact", "gna-auto", "tl-plain", "nnsight-plain", "pyvene-plain")
-ATTRIBUTION = ("gna-attribution", "tl-attr", "tl-attr-best", "nnsight-attr")  # estimates: compared with gna attribution
+# estimates: compared with gna attribution
+ATTRIBUTION = ("gna-attribution", "tl-attr", "tl-attr-best", "nnsight-attr", "nnsight-attr-best")
 # edge attribution over the whole graph (ours: gna_interp.circuits.edges.edge_screen; auto-circuit in its own environment)
 AC_PINS = ["transformers==4.57.6", "transformer-lens==2.18.0", "auto-circuit==1.0.1", "pyarrow==21.0.0"]
 AC_TOOLS = ("ac-eap", "ac-eapig", "ac-exact")

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 TOOLS = ("tl-plain", "tl-best", "tl-patching", "tl-attr", "tl-attr-best", "nnsight-plain", "nnsight-best",
-         "nnsight-attr", "pyvene-plain", "pyvene-best")
+         "nnsight-attr", "nnsight-attr-best", "pyvene-plain", "pyvene-best")
 
 
 # ---- shared plumbing (tokens, padding, reading scores) ------------------------------------------------------------
@@ -239,12 +239,14 @@ def attribution(samples: list[dict], batch: int, pad: int, heads: list, forward_
 
 
 def attribution_best(samples: list[dict], pad: int, per: int, heads: list, run: Callable[..., Any],
-                     zs: list) -> tuple[float, dict[str, float]]:
+                     zs: list, by_head: Callable[[torch.Tensor], torch.Tensor] = lambda z: z
+                     ) -> tuple[float, dict[str, float]]:
     """The same estimate as :func:`attribution`, as a skilled user writes it: per ``per`` prompts, the prompt run once
     and its key/value cache continued by the candidates' tokens (:class:`Layout`), logits only at the positions the
     metric reads, the graph starting at the first scanned layer and the gradient taken at the heads' ``z`` alone
     (``torch.autograd.grad``). ``run(ids, mask, past, keep, position_ids)`` returns ``(logits, cache)`` with gradients
-    on; the tool's hooks append each scanned layer's ``(layer, z)`` to ``zs`` as the forwards run."""
+    on; the tool's hooks append each scanned layer's ``(layer, z)`` to ``zs`` as the forwards run (``by_head(z)``:
+    ``[rows, pos, heads, head_dim]``; the gradient is taken at ``z`` itself, the tensor the forward computed)."""
     est = {f"L{l}H{h}": 0.0 for l, h in heads}
     scores: list[list[float]] = []
     for k in range(0, len(samples), per):
@@ -273,7 +275,7 @@ def attribution_best(samples: list[dict], pad: int, per: int, heads: list, run: 
         for (layer, z), g in zip(zs, grads):
             if g is None:
                 continue
-            prod = (z.detach() * g).sum(dim=(0, 1, 3))  # per head
+            prod = by_head(z.detach() * g).sum(dim=(0, 1, 3))  # per head
             for l, h in heads:
                 if l == layer:
                     est[f"L{l}H{h}"] += float(prod[h])
@@ -474,6 +476,27 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
         for p in hf.parameters():
             p.requires_grad_(False)
         clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
+    elif form == "attr-best":
+        layers = sorted({l for l, _ in job["heads"]})
+        n_heads = hf.config.num_attention_heads
+        zs: list = []
+
+        def run(ids, mask, past, keep, pos):
+            # the graph starts at the first scanned layer's input; o_proj's inputs saved, differentiated afterwards
+            with lm.trace(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
+                          position_ids=pos):
+                lm.model.layers[layers[0]].input.requires_grad_(True)
+                saved = [].save()
+                for l in layers:
+                    saved.append(lm.model.layers[l].self_attn.o_proj.input)
+                out = lm.output.save()
+            zs.extend(zip(layers, saved))
+            return out.logits, out.past_key_values
+
+        for p in hf.parameters():
+            p.requires_grad_(False)
+        clean, drops = attribution_best(samples, pad, job["prompts"], job["heads"], run, zs,
+                                        lambda z: z.reshape(*z.shape[:2], n_heads, d))
     else:
         group_now: list = []
 
