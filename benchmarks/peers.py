@@ -723,6 +723,8 @@ def main(argv: list[str] | None = None) -> int:
         del model
     for r in rows:
         r["command"] = "python benchmarks/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        r["machine"] = (f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} threads, device {args.device}; "
+                        f"torch {torch.__version__}, Python {platform.python_version()}")
     for path in (args.include or "").split(","):
         if path:
             done = {(r["model"], r["tool"]) for r in rows}
@@ -753,8 +755,8 @@ def write_markdown(path: Path, lines: list[str], rows: list[dict], args: argpars
     for r in rows:
         cmds.setdefault(r.get("command", ""), []).append(r["model"])
     cmd = "; ".join(f"`{c}` ({', '.join(dict.fromkeys(m))})" for c, m in cmds.items() if c)
-    text = [NOTES_HEAD, "", f"Command: {cmd}  ", f"Machine: {platform.machine()}, {os.cpu_count()} cores, "
-            f"{args.threads} threads, device {args.device}; torch {torch.__version__}, Python {platform.python_version()}  ",
+    machines = sorted({r.get("machine", "") for r in rows if r.get("machine")})
+    text = [NOTES_HEAD, "", f"Command: {cmd}  ", f"Machine: {'; '.join(machines)}  ",
             f"Versions: {'; '.join(versions)}", "", *lines, "", NOTES_TAIL]
     path.write_text("\n".join(text) + "\n")
     print(f"wrote {path}")
@@ -766,7 +768,15 @@ The per-head zero-ablation scan of one model on one task, measured with each too
 (`benchmarks/peers.py`; each tool in a process of its own). Drops are the intact metric (mean over prompts of the
 gold candidate's summed log-probability minus the best other candidate's) minus the metric with the head's output
 set to zero. The edge rows score the edges of the whole graph instead of heads -- edge attribution (EAP, EAP-IG) and
-each edge left out alone, ours beside auto-circuit's -- with their agreement in full in the second table."""
+each edge left out alone, ours beside auto-circuit's -- with their agreement in full in the second table.
+
+How rows are timed: every tool is warmed up first (ours in this process on one head or two prompts; each worker in
+its own process on two prompts and one head; auto-circuit on its first batch); every scan and edge row then runs
+three times, the tools taking turns, and keeps its run of least CPU time (`time.process_time`, the clock that a
+shared machine disturbs least; `--repeats`, each run's seconds in the JSON's `cpu_runs`). The pattern rows are
+timed three times in turns in one process. Each row names the commit of gna_interp it ran (the versions line); the
+JSON of each command is kept in `benchmarks/results/`, and `python benchmarks/peers.py --models '' --include
+FILES --markdown` writes this page from them."""
 
 NOTES_TAIL = """Columns: *heads* the heads a row measured; *wall s* / *CPU s* the whole row (CPU: `time.process_time`, the
 fair clock on shared cores); *peak MiB* the resident-set growth during the row (the tool's process, the model
@@ -789,14 +799,20 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   another head), the prompt run once with `return_type="logits_and_cache"` and its key/value cache continued by the
   candidates' tokens, `logits_to_keep` so that the head runs only where the metric reads; *gradient attribution*: a
   forward hook keeping `hook_z`, a backward hook keeping its gradient (`bridge.hooks(fwd_hooks, bwd_hooks)`), the
-  estimate `sum z * grad` per head over full rows; *run_with_cache*: every hook cached, or `names_filter` on the
+  estimate `sum z * grad` per head over full rows; *gradient attribution, best*: the prompt run once with its
+  key/value cache continued by the candidates (as *best*), `logits_to_keep` at the reads, a hook making
+  `blocks.L.hook_resid_pre` of the first scanned layer a leaf (nothing before it is differentiated), `hook_z` kept by
+  a forward hook and `torch.autograd.grad(metric, z)`; *run_with_cache*: every hook cached, or `names_filter` on the
   heads' `hook_pattern` and `stop_at_layer` after their last layer. Mamba-2: the same loop on
   `blocks.L.mixer.out_proj.hook_in`, the head's `head_dim` columns.
 - **nnsight**: `LanguageModel(hf_model)`; inside `with model.trace(ids):` the head's `head_dim` columns of
   `model.layers[L].self_attn.o_proj.input` (Mamba-2: `backbone.layers[L].mixer.out_proj.input`) assigned zero,
   `model.output.logits.save()`; *plain*: one trace per head and row batch; *best*: one trace per forward with the
   copies' slices assigned, `past_key_values` and `logits_to_keep` passed through the trace; *gradient attribution*:
-  `o_proj.input` collected in a saved list, `with loss.backward():` their `.grad` appended in reverse order.
+  `o_proj.input` collected in a saved list, `with loss.backward():` their `.grad` appended in reverse order;
+  *gradient attribution, best*: two traces (the prompt, then the candidates on its `past_key_values`) with
+  `logits_to_keep` at the reads, the first scanned layer's input made to require grad, the `o_proj.input` values
+  saved and `torch.autograd.grad(metric, saved)` after the traces.
 - **pyvene**: `IntervenableModel(IntervenableConfig(RepresentationConfig(layer, "head_attention_value_output",
   unit="h.pos"), intervention_types=ZeroIntervention), hf_model)`, called with `unit_locations={"base": [[heads,
   positions]]}` (one intervention, two levels, a list over the batch each); *plain*: one model per head, one call per
@@ -857,9 +873,11 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
   score is zero in both tools while leaving it out is the largest exact effect of the zoo transformer's graph.
 - **Cost.** auto-circuit's backward keeps, for every receiver module, the difference of its input to each sender's
   ablation (`[senders, batch, positions, d_model]`): on SmolLM2 its EAP ran one prompt a forward
-  (`--ac-grad-batch 1`). Our screen's time includes building the edge table's `verifiable` column (an
-  `EdgeCircuit`, even with `verify=0`) and tokenising the prompts, which on the zoo transformer cost more than its
-  forward and backward.
+  (`--ac-grad-batch 1`). auto-circuit's EAP rows include its intact pass that picks each prompt's wrong answer (one
+  forward of each batch), as ours read the metric's weights off their own forward. auto-circuit is handed token ids;
+  a model keeps its latest plans by their text, so our second and third runs read the first run's tokens, and the
+  row's least CPU time is a run that did not tokenise (tokenising the zoo transformer's task is about a tenth of its
+  screen; the first run's time is in the JSON's `cpu_runs`).
 
 ## What each can and cannot do
 
