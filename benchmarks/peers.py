@@ -513,7 +513,8 @@ def edge_table(rows: list[dict]) -> list[str]:
     for r in rows:
         if r["tool"] not in EDGE_TOOLS or "error" in r:
             continue
-        lines.append(f"| {r['model']} | {LABELS[r['tool']]} | {len(r['drops'])} | {LABELS[r['reference']]} | "
+        lines.append(f"| {r['model']} | {LABELS[r['tool']]} | {r.get('n_scored', len(r['drops']))} | "
+                     f"{LABELS[r['reference']]} | "
                      f"{f(r['max_abs_diff'], '.1e')} | {f(r['spearman'], '.4f')} | {f(r['top10_overlap'], '.0f')} | "
                      f"{f(r['top20_overlap'], '.0f')} | {f(r.get('exact_n'), 'd')} | "
                      f"{f(r.get('exact_max_abs_diff'), '.1e')} | {f(r.get('exact_spearman'), '.4f')} | "
@@ -553,7 +554,7 @@ def table(rows: list[dict]) -> list[str]:
         if "error" in r:
             lines.append(f"| {r['model']} | {name} | - | - | - | - | - | not run: {r['error']} | - | - |")
             continue
-        n = max(1, len(r["drops"]))
+        n = max(1, r.get("n_scored", len(r["drops"])))
         attr = r["tool"] in ATTRIBUTION + PATTERNS + EDGE_TOOLS
         ref = ref_cpu.get((r["model"], "gna-attribution" if r["tool"] in ATTRIBUTION else
                            "gna-patterns" if r["tool"] in PATTERNS else EDGE_REF.get(r["tool"], "gna-exact")))
@@ -730,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
             done = {(r["model"], r["tool"]) for r in rows}
             rows += [r for r in json.loads(Path(path).read_text()) if (r["model"], r["tool"]) not in done]
     for r in rows:  # the edge rows against the references and exact effects of every run read (--include too)
-        if r["tool"] in EDGE_TOOLS and "error" not in r:
+        if r["tool"] in EDGE_TOOLS and "error" not in r and not r.get("kept_drops"):
             same = {x["tool"]: x for x in rows if x["model"] == r["model"] and "error" not in x}
             exact = same.get("gna-edge-exact", same.get("ac-exact"))
             r.update(edge_agreement(r, same.get(EDGE_REF[r["tool"]], r), exact))
@@ -742,10 +743,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nversions: {'; '.join(v for v in versions if v)}; torch {torch.__version__}; python "
           f"{platform.python_version()}; command: python benchmarks/peers.py {' '.join(argv or sys.argv[1:])}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps([kept(r) for r in rows], indent=1))
     if args.markdown:
         write_markdown(Path(args.markdown), lines, rows, args, argv)
     return 0
+
+
+KEEP_DROPS = 500  # an edge row's JSON keeps at most this many drops (its agreement is computed before)
+
+
+def kept(row: dict) -> dict:
+    """``row`` as its JSON keeps it: an edge row with more than :data:`KEEP_DROPS` scores keeps its strongest by
+    |score| (``kept_drops``: how many of how many), its agreement columns as measured over all of them."""
+    drops = row.get("drops") or {}
+    if row["tool"] not in EDGE_TOOLS or len(drops) <= KEEP_DROPS:
+        return row
+    top = sorted(drops, key=lambda k: -abs(drops[k]))[:KEEP_DROPS]
+    return {**row, "drops": {k: drops[k] for k in top}, "kept_drops": True, "n_scored": len(drops)}
 
 
 def write_markdown(path: Path, lines: list[str], rows: list[dict], args: argparse.Namespace, argv: Any) -> None:
