@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -435,4 +436,8 @@ def test_a_plan_of_the_same_text_reuses_its_tokens_with_the_samples_given(tiny_d
     assert calls
     for seed in range(plan_mod.KEEP_PLANS + 2):
         plan_scoring(model, KVRetrieval(n_pairs=3, n_samples=2, seed=100 + seed).samples)
-    assert len(model.facts[plan_mod.PLANS]) == plan_mod.KEEP_PLANS
+    assert len(model.facts[plan_mod.PLANS][1]) == plan_mod.KEEP_PLANS
+    calls.clear()
+    model.tokenizer = copy.deepcopy(model.tokenizer)  # a tokenizer set anew: its plans are made anew
+    plan_scoring(model, KVRetrieval(n_pairs=3, n_samples=2, seed=100 + plan_mod.KEEP_PLANS + 1).samples)
+    assert calls

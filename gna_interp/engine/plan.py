@@ -186,7 +186,10 @@ def plan_scoring(model: Model, samples: Sequence[Scorable], method: Method = "au
     if not samples:
         raise InputError("no samples to score")
     key = (method, tuple((s.prompt, tuple(s.candidates)) for s in samples))
-    kept = model.facts.setdefault(PLANS, {})
+    held = model.facts.get(PLANS)  # (tokenizer, {key: plan}): a tokenizer set anew starts afresh
+    if held is None or held[0] is not model.tokenizer:
+        held = model.facts[PLANS] = (model.tokenizer, {})
+    kept = held[1]
     plan = kept.pop(key, None)
     if plan is None or plan.device != str(model.device):
         plan = _plan_scoring(model, samples, method)

@@ -69,6 +69,12 @@ class Replacement:
     rows: Float[Tensor, "ref pos w"] | None = None
     row_mask: Tensor | None = None  # [ref, pos] bool, real tokens of the reference rows
 
+    def like(self, z: Float[Tensor, "b p w"]) -> Tensor | float:
+        """The replacement for the ``[batch, pos, ...]`` values ``z`` (:meth:`value`), on ``z``'s device and dtype
+        (``0.0`` for zero ablation)."""
+        value = self.value(z.shape[0], z.shape[1])
+        return value.to(z.device, z.dtype) if isinstance(value, Tensor) else value
+
     def value(self, batch: int, pos: int) -> Tensor | float:
         """The replacement for a ``[batch, pos, w]`` slice (row ``i`` reads reference row ``i % ref``)."""
         if self.rows is None:

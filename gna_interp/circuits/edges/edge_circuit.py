@@ -341,12 +341,7 @@ class EdgeCircuit:
         if w is None:
             return torch.stack([linear_write(self.model, self.repl[h], zs[h]) for h in heads])
         b, p = zs[heads[0]].shape[:2]
-        deltas = []
-        for h in heads:
-            value = self.repl[h].value(b, p)
-            z = zs[h]
-            deltas.append(z - (value.to(z.device, z.dtype) if isinstance(value, Tensor) else value))
-        delta = torch.stack(deltas).to(w.dtype)  # [heads, b, p, width]
+        delta = torch.stack([zs[h] - self.repl[h].like(zs[h]) for h in heads]).to(w.dtype)  # [heads, b, p, width]
         return torch.bmm(delta.reshape(len(heads), b * p, -1), w).view(len(heads), b, p, -1)
 
     def _post(self, sender: str) -> PostMap:
@@ -864,9 +859,7 @@ class _Pass:
             for h in ec._layer_heads[layer]:
                 site = ec._sites[h]
                 if site.hook == hook_in:
-                    value = ec.repl[h].value(z.shape[0], z.shape[1])
-                    value = value.to(z.device, z.dtype) if isinstance(value, Tensor) else value
-                    flat_channels(z, site)[..., site.columns] = value
+                    flat_channels(z, site)[..., site.columns] = ec.repl[h].like(z)
             total = total + ec.model.hf_module(path)(z).float()
         return total
 

@@ -444,8 +444,7 @@ def _interpolation(graph: _Graph, means: dict[str, Tensor], alpha: float) -> lis
             for r in rs:
                 flat = flat_channels(out, r.site)
                 z = flat[..., r.site.columns]
-                value = r.value(z.shape[0], z.shape[1])
-                bar = value.to(z.device, z.dtype) if isinstance(value, Tensor) else value
+                bar = r.like(z)
                 flat[..., r.site.columns] = bar + alpha * (z - bar)
             return out
         return hook

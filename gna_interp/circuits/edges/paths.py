@@ -92,9 +92,7 @@ def linear_write(model: Model, r: Replacement, z: Float[Tensor, "b p w"]) -> Flo
 
 def write_of(w: Float[Tensor, "d_model w"], r: Replacement, z: Float[Tensor, "b p w"]) -> Float[Tensor, "b p d_model"]:
     """``(z - replacement) wᵀ``, ``w`` the head's columns of its output projection (:func:`linear_write`)."""
-    value = r.value(z.shape[0], z.shape[1])
-    delta = z - (value.to(z.device, z.dtype) if isinstance(value, Tensor) else value)
-    return delta.to(w.dtype) @ w.T
+    return (z - r.like(z)).to(w.dtype) @ w.T
 
 
 def reproduces(value: Tensor, added: Tensor, dtype: torch.dtype) -> bool:
