@@ -131,6 +131,39 @@ def test_gna_circuit_writes_its_folder(tiny_models, tmp_path):
     assert main(["circuit", str(scan), "--out", str(scan)]) == 2  # the scan's own folder holds another command's results
 
 
+def test_the_edges_stage_takes_the_scans_own_rows_and_measures_the_rest(tiny_models, tmp_path):
+    """Where the scan measured its edge table as the edges stage does (zero ablation, the logit difference, the same
+    prompts), its rows are read, not measured again (a row changed in the scan comes back as changed), and the rows it
+    lacks (k/v at the decision) equal path patching of them alone; a scan of mean ablation gives nothing to read."""
+    import pandas as pd
+
+    from gna_interp.circuits.edges.causal import measure_edges
+    from gna_interp.cli import main
+    from made_up import made_up_circuit
+
+    model = tiny_models["llama"]
+    circuit = made_up_circuit(model, model.heads())
+    task, heads = circuit.load_task(), circuit.heads[:3]
+    own = measure_edges(model, task, heads, batch_size=4)
+    own.loc[0, ["effect", "low", "high"]] = 0.123456
+    circuit.edges = own
+    scan = circuit.save(tmp_path / "scan")
+    light = ["--sizes", "1", "--seeds", "0", "--minimality", "0", "--edges", "3", "--verify", "0"]
+    assert main(["circuit", str(scan), "--out", str(tmp_path / "c"), *light]) == 0
+    got = pd.read_csv(tmp_path / "c" / "edges.csv").set_index("edge")
+    assert got.loc[own.loc[0, "edge"], "effect"] == 0.123456
+    assert set(own["edge"]) < set(got.index)
+    alone = measure_edges(model, task, heads, decision_kv=True, batch_size=4).set_index("edge")
+    new = sorted(set(got.index) - set(own["edge"]))
+    assert new and all("@decision" in e for e in new)
+    assert (got.loc[new, "effect"] - alone.loc[new, "effect"]).abs().max() < 1e-6
+    circuit.scan.method = "mean"
+    scan = circuit.save(tmp_path / "mean_scan")
+    assert main(["circuit", str(scan), "--out", str(tmp_path / "m"), *light]) == 0
+    again = pd.read_csv(tmp_path / "m" / "edges.csv").set_index("edge")
+    assert abs(again.loc[own.loc[0, "edge"], "effect"] - alone.loc[own.loc[0, "edge"], "effect"]) < 1e-6
+
+
 def test_gna_circuit_quick_takes_the_light_counts_unless_given(tiny_models, tmp_path):
     """``--quick``: the first 10 prompts, an edge precision of 0.1, one random series, no minimality, the scan's own
     edge table, 20 verified edges, no random edge series; an option given beside it keeps its value; ``--samples N``

@@ -355,13 +355,26 @@ def _edges(c: _Ctx, res: Sufficiency) -> None:
     if c.log.done("edges") is not None:
         res.edges, res.roles = (_read_back(c.out, EDGES_CSV, c.scan), _read_back(c.out, ROLES_CSV, c.scan))
         return
+    known = circuit.edges if _same_paths(c) else None
     with c.stage(f"edges among the circuit's first {c.settings.edges} heads (path patching)"):
         res.edges = measure_edges(c.model, c.task, circuit.heads[:c.settings.edges], decision_kv=True,
-                                  batch_size=c.settings.batch_size)
+                                  known=known, batch_size=c.settings.batch_size)
+    if known is not None and len(known):
+        shared = res.edges["edge"].isin(set(known["edge"])).sum()
+        c.say(f"edges: {shared} of {len(res.edges)} read from the scan's edge table (the same prompts, metric and "
+              f"zero ablation), the rest measured")
     res.roles = causal_roles(res.edges, circuit.edge_drops())
     for name, frame in ((EDGES_CSV, res.edges), (ROLES_CSV, res.roles)):
         res.written.append(atomic_write(c.out / name, frame.to_csv(index=False)))
     c.log.mark("edges")
+
+
+def _same_paths(c: _Ctx) -> bool:
+    """Whether the scan's edge table measured what the edges stage measures: path patching of the logit difference
+    under zero ablation on all of the scan's prompts (a scan of ``zero`` ablation measured its paths so)."""
+    scan = c.scan.circuit
+    return (scan.edges is not None and scan.scan.method == "zero" and scan.scan.metric in ("logit_diff", "accuracy")
+            and list(c.task.samples) == list(scan.load_task().samples))
 
 
 def _screen(c: _Ctx, res: Sufficiency) -> None:

@@ -74,18 +74,22 @@ def circuit_edges(heads: Sequence[HeadRef], decision_kv: bool = False) -> list[E
 
 
 def measure_edges(model: Model, task: Task, heads: Sequence[HeadRef], config: PathOptions | None = None,
-                  decision_kv: bool = False, **overrides: Any) -> pd.DataFrame:
+                  decision_kv: bool = False, known: pd.DataFrame | None = None, **overrides: Any) -> pd.DataFrame:
     """The edge table of ``heads`` on ``task`` (columns :data:`EDGE_COLUMNS`; effect = drop of the metric when
     the edge alone is removed, with a 95 % paired bootstrap interval); ``config``: a :class:`PathOptions` (or keyword
     overrides of its fields: ``metric``, ``method``, ``reference``, ``batch_size``); ``decision_kv``: see
-    :func:`circuit_edges`."""
+    :func:`circuit_edges`. ``known``: an edge table measured on the same task with the same metric and ablation (a
+    scan's own); its rows among these edges are taken as they are (each edge's interval is its own bootstrap) and only
+    the others are measured."""
     cfg = PathOptions.build(config, **overrides)
     edges = circuit_edges(list(heads), decision_kv)
-    if not edges:
-        return pd.DataFrame(columns=EDGE_COLUMNS)
-    pp = PathPatcher(model, task, cfg.method, cfg.reference, cfg.batch_size)
-    effects: PathEffects = path_effects(model, task, edges, cfg, patcher=pp)
-    return effects.to_frame()[EDGE_COLUMNS]
+    have = {} if known is None else {Edge.from_dict(r).name: r for r in known[EDGE_COLUMNS].to_dict("records")}
+    todo = [e for e in edges if e.name not in have]
+    if todo:
+        pp = PathPatcher(model, task, cfg.method, cfg.reference, cfg.batch_size)
+        effects: PathEffects = path_effects(model, task, todo, cfg, patcher=pp)
+        have.update({Edge.from_dict(r).name: r for r in effects.to_frame()[EDGE_COLUMNS].to_dict("records")})
+    return pd.DataFrame([have[e.name] for e in edges], columns=EDGE_COLUMNS)
 
 
 def check_edge_table(rows: Any, heads: Iterable[HeadRef], where: str = "the edge table") -> pd.DataFrame:
