@@ -370,10 +370,35 @@ def test_the_kept_stream_means_follow_the_weights(tiny_dirs):
 
     model = load_model(tiny_dirs["llama"], device="cpu")
     before = EdgeCircuit(model, _task(), "mean")._means
-    assert EdgeCircuit(model, _task(), "mean")._means is before  # shared, not recomputed
+    assert EdgeCircuit(model, _task(), "mean")._means["MLP0"] is before["MLP0"]  # shared, not recomputed
     mlp = unwrap(model.hf_module("blocks.0.mlp")).down_proj.weight
     with torch.no_grad():
         mlp.mul_(2.0)
     after = EdgeCircuit(model, _task(), "mean")._means
     assert torch.allclose(after["MLP0"], 2.0 * before["MLP0"], atol=1e-6)
     assert not torch.allclose(after["MLP0"], before["MLP0"])
+
+
+def test_mean_replacements_are_kept_per_reference_and_never_under_a_placed_hook(tiny_dirs):
+    """Mean ablation's replacements come from one forward over the reference, kept for the next ablation of the same
+    prompts and weights; they equal a by-hand mean over the real tokens; while a hook is placed on the model its
+    forward is not the model's own, so they are computed afresh (with the hook) and not kept."""
+    from gna_interp import load_model
+    from gna_interp.interventions.ablation import replacements
+
+    model = load_model(tiny_dirs["llama"], device="cpu")
+    task = _task()
+    head = model.heads()[3]
+    first = replacements(model, [head], "mean", task)[0]
+    assert replacements(model, model.heads(), "mean", task)[3].mean is not None
+    again = replacements(model, [head], "mean", task)[0]
+    site = model.head_site(head)
+    batch = model.as_batch(list(task.prompts))
+    _, cache = model.run_with_cache(batch, names_filter=site.hook)
+    by_hand = cache[site.hook].flatten(2)[batch.attention_mask.bool()][:, site.columns].float().mean(0)
+    assert torch.allclose(first.mean, by_hand, atol=1e-6) and torch.equal(again.mean, first.mean)
+    resid = model.block_input_hook(head.layer)
+    with model.hooks([(resid, lambda x, hook=None: 2 * x)]):
+        hooked = replacements(model, [head], "mean", task)[0]
+    assert not torch.allclose(hooked.mean, first.mean)
+    assert torch.equal(replacements(model, [head], "mean", task)[0].mean, first.mean)

@@ -111,19 +111,18 @@ def replacements(model: Model, heads: str | HeadRef | Sequence[str | HeadRef], m
     sites = [model.head_site(h) for h in dict.fromkeys(model.check_heads(heads))]
     if method == "zero" or not sites:
         return [Replacement(s) for s in sites]
+    names = sorted({s.hook for s in sites})
+    if method == "mean":  # the model keeps the means of one reference
+        means = model.mean_activations(reference, names)
+        return [Replacement(s, mean=means[s.hook][s.columns]) for s in sites]
     prompts = getattr(reference, "prompts", None)  # a Task
     batch = model.as_batch(list(prompts) if prompts is not None else reference)
-    names = sorted({s.hook for s in sites})
     _, cache = model.run_with_cache(batch, names_filter=lambda n: n in names)
     mask = batch.attention_mask.bool()
     out = []
     for s in sites:
         act = flat_channels(cache[s.hook], s)[..., s.columns].float()
-        mean = act[mask].mean(0)
-        if method == "mean":
-            out.append(Replacement(s, mean=mean))
-        else:
-            out.append(Replacement(s, mean=mean, rows=act, row_mask=mask))
+        out.append(Replacement(s, mean=act[mask].mean(0), rows=act, row_mask=mask))
     return out
 
 

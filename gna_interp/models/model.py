@@ -10,7 +10,7 @@ import warnings
 import weakref
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -103,6 +103,8 @@ def check_mask(mask: Any, ids: Tensor, what: str = "attention_mask") -> None:
     if mask.is_complex() or (mask.numel() and not mask.is_meta and not bool(((mask == 0) | (mask == 1)).all())):
         raise InputError(f"{what} may hold only 0 (padding) and 1 (real token)")
 
+
+MEAN_ACTIVATIONS = "model.mean_activations"  # Model.facts key: (prompts and weights, {hook: mean})
 
 # unsigned integer dtypes torch stores but barely computes with (no comparison, no min or max)
 _BARE_UNSIGNED = tuple(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n))
@@ -884,6 +886,31 @@ class Model:
         finally:
             last.remove()
         return None  # the hook never fired after the last block: a model that does not route its output through it
+
+    def mean_activations(self, reference: Any, hooks: Collection[str]) -> dict[str, Float[Tensor, " width"]]:
+        """Each of ``hooks``' activation (channels flattened: ``[batch, pos, width]``) averaged over the real tokens of
+        ``reference`` (a task's prompts, text or a batch), in float32: one forward for the hooks not yet known. Kept
+        in :attr:`facts` for one reference's prompts and these weights (a weight replaced, edited in place or cast
+        computes them again); never kept while a hook is placed on the model, whose forward is then not its own."""
+        prompts = getattr(reference, "prompts", reference)
+        text = isinstance(prompts, Sequence) and not isinstance(prompts, str) and \
+            all(isinstance(p, str) for p in prompts)
+        placed = any(point.fwd_hooks for point in self.hook_points().values())
+        key = (tuple(prompts), hash(tuple((id(p), p._version, p.dtype) for p in self.hf_model.parameters()))) \
+            if text and not placed else None
+        kept = self.facts.get(MEAN_ACTIVATIONS)
+        known: dict[str, Tensor] = kept[1] if kept is not None and kept[0] == key and key is not None else {}
+        missing = sorted(set(hooks) - set(known))
+        if missing:
+            batch = self.as_batch(list(prompts) if text else reference)
+            _, cache = self.run_with_cache(batch, names_filter=lambda n: n in missing)
+            mask = batch.attention_mask.bool()
+            for h in missing:
+                x = cache[h]
+                known[h] = (x.flatten(2) if x.dim() == 4 else x)[mask].float().mean(0)
+            if key is not None:
+                self.facts[MEAN_ACTIVATIONS] = (key, known)  # one reference at a time
+        return {h: known[h] for h in hooks}
 
     def run_with_cache(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
                        names_filter: Callable[[str], bool] | Sequence[str] | str | None = None,

@@ -77,13 +77,6 @@ SCOPES: tuple[str, ...] = ("heads", "all")
 SUPPORTED = "edge_circuit.refusal"  # Model.facts key: why edge circuits cannot run on the model ("" where they can)
 POSTS = "edge_circuit.posts"  # Model.facts key: each block's checked maps from its mixers' and MLP's outputs
 FEW = 0.25  # a stream sum copies the rows of the senders it reads where they are fewer than this share of them
-MEANS = "edge_circuit.means"  # Model.facts key: the embeddings' and MLPs' mean outputs over one reference's prompts
-
-
-def _weights_key(model: Model) -> int:
-    """A key that changes when any of ``model``'s parameters is replaced, edited in place (its version counter) or
-    cast."""
-    return hash(tuple((id(p), p._version, p.dtype) for p in model.hf_model.parameters()))
 
 
 def _stream_key(keep: Tensor | None, filled: int) -> bytes:
@@ -308,26 +301,14 @@ class EdgeCircuit:
         return self._kept_means
 
     def _stream_means(self, reference: Any) -> dict[str, Tensor]:
-        """The embeddings' and every MLP's mean output over the reference prompts' real tokens (kept per model,
-        prompts and weights in ``Model.facts``: the screen and the edge curve of one run share them; a weight
-        changed in place or replaced computes them again)."""
+        """The embeddings' and every MLP's mean output over the reference prompts' real tokens
+        (:meth:`~gna_interp.models.model.Model.mean_activations`: the screen and the edge curve of one run share
+        them)."""
         model = self.model
         names = {EMBED: model.block_input_hook(0)}
         names.update({mlp_name(l): model.mlp_hook(l, "out") for l in range(model.n_layers) if model.mlp_hook(l, "out")})
-        prompts = getattr(reference, "prompts", None)
-        known = model.facts.setdefault(MEANS, {})
-        key = (tuple(prompts), _weights_key(model)) if prompts is not None else None
-        if key in known:
-            return known[key]
-        batch = model.as_batch(list(prompts) if prompts is not None else reference)
-        wanted = set(names.values())
-        _, cache = model.run_with_cache(batch, names_filter=lambda n: n in wanted)
-        mask = batch.attention_mask.bool()
-        means = {k: cache[h][mask].float().mean(0) for k, h in names.items()}
-        if key is not None:
-            known.clear()  # one reference at a time
-            known[key] = means
-        return means
+        means = model.mean_activations(reference, list(names.values()))
+        return {k: means[h] for k, h in names.items()}
 
     def _head_writes(self, layer: int, zs: dict[HeadRef, Tensor]) -> Float[Tensor, "heads batch pos d_model"]:
         """Each head of block ``layer``'s ``(z - z̄) W_O[:, S]ᵀ`` (:func:`~gna_interp.circuits.edges.paths.linear_write`),
@@ -747,21 +728,26 @@ class _Pass:
     def inputs(self, layer: int) -> dict[str, list[tuple[InputSite, Tensor]]]:
         """Per input hook of block ``layer``, each receiver input's channels there computed from its own stream: one
         run of the block on the distinct streams stacked, stopped once the input projections have fired (receiver
-        inputs with equal keys (:func:`_stream_key`) read one copy)."""
+        inputs with equal keys (:func:`_stream_key`) read one copy). Inputs that read the run's own stream are left
+        to the block, which computes them from it."""
         ec, b = self.ec, self.prefix.batch_size
-        inputs = ec._inputs_at.get(layer, [])
-        hooks = sorted({s.hook for i in inputs for s in i.sites})
-        if not hooks:
-            return {}
         slot: dict[bytes, int] = {}
         where, names = {}, []
-        for i in inputs:
+        for i in ec._inputs_at.get(layer, []):
             key = _stream_key(self.keep.get(i.name), self.filled)
             if key not in slot:
                 slot[key] = len(names)
                 names.append(i.name)
             where[i.name] = slot[key]
         streams = self.streams(names, self.filled, self.x)
+        copies = [j for j, st in enumerate(streams) if st is not self.x]
+        renumber = {j: n for n, j in enumerate(copies)}
+        where = {name: renumber[j] for name, j in where.items() if j in renumber}
+        streams = [streams[j] for j in copies]
+        inputs = [i for i in ec._inputs_at.get(layer, []) if i.name in where]
+        hooks = sorted({s.hook for i in inputs for s in i.sites})
+        if not hooks:
+            return {}
         direct = ec._direct.get(layer)
         wanted = sorted({direct[h][0] for h in hooks}) if direct else hooks
         got = read_block(ec.model, self.prefix, layer, wanted, len(streams), hidden=torch.cat(streams),
