@@ -75,9 +75,10 @@ from gna_interp.engine import plan_scoring  # noqa: E402
 
 PEER_PINS = ["transformers==5.23.0", "nnsight==0.8.1", "pyvene==0.1.8"]
 PEER_TOOLS = ("nnsight-plain", "nnsight-best", "pyvene-plain", "pyvene-best", "nnsight-attr", "nnsight-attr-best")
-TL_TOOLS = ("tl-plain", "tl-patching", "tl-best", "tl-attr", "tl-attr-best")
+TL_TOOLS = ("tl-plain", "tl-patching", "tl-best", "tl-attr", "tl-attr-best", "hf-prefix")  # run by our Python
 LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "TransformerLens run_with_hooks loop",
           "tl-patching": "TransformerLens patching.generic_activation_patch", "tl-best": "TransformerLens best",
+          "hf-prefix": "Hugging Face layer loop from a cached prefix (plain PyTorch)",
           "nnsight-plain": "nnsight trace loop", "nnsight-best": "nnsight best (batched copies)",
           "pyvene-plain": "pyvene ZeroIntervention loop", "pyvene-best": "pyvene best (per-example heads)",
           "gna-attribution": "gna attribution", "tl-attr": "TransformerLens gradient attribution (plain form)",
@@ -88,7 +89,21 @@ LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "Transfo
           "tl-cache-plain": "TransformerLens run_with_cache (all hooks)",
           "tl-cache-best": "TransformerLens run_with_cache (names_filter, stop_at_layer)"}
 PATTERNS = ("gna-patterns", "tl-cache-plain", "tl-cache-best")
-MAMBA_TOOLS = ("gna-exact", "gna-auto", "tl-plain", "nnsight-plain", "pyvene-plain")
+MAMBA_TOOLS = ("gna-exact", "gna-auto", "gna-attribution", "tl-plain", "tl-best", "tl-attr", "tl-attr-best",
+               "nnsight-plain", "nnsight-best", "nnsight-attr", "nnsight-attr-best", "pyvene-plain")
+# what the best forms are on Mamba-2: no prompt cache continued by the candidates (written for key/value caches only)
+SSM_LABELS = {"tl-best": "TransformerLens best (full rows, one head a forward: stacked copies ran slower)",
+              "nnsight-best": "nnsight best (full rows, one head a forward: stacked copies ran slower)",
+              "tl-attr-best": "TransformerLens gradient attribution (best: full rows, graph from the first scanned "
+                              "layer, autograd.grad at the heads)",
+              "nnsight-attr-best": "nnsight gradient attribution (best: full rows, graph from the first scanned "
+                                   "layer, autograd.grad at the heads)"}
+SSM_NOT = {"hf-prefix": "the layer loop from a cached prefix is written for attention layers and their key/value "
+                        "cache",
+           "tl-patching": "TransformerLens's patching helpers index attention hooks (z, pattern); a Mamba-2 head is "
+                          "columns of the mixer's out_proj input, which they do not address",
+           "pyvene-best": "pyvene 0.1.8 maps no component of Mamba2ForCausalLM (its model cards cover attention "
+                          "models only)"}
 # estimates: compared with gna attribution
 ATTRIBUTION = ("gna-attribution", "tl-attr", "tl-attr-best", "nnsight-attr", "nnsight-attr-best")
 # edge attribution over the whole graph (ours: gna_interp.circuits.edges.edge_screen; auto-circuit in its own environment)
@@ -536,6 +551,12 @@ def agreement(row: dict, ref: dict) -> dict:
     return {"max_abs_diff": diff, "top10_overlap": top, "compared_heads": len(common)}
 
 
+def label(row: dict) -> str:
+    """The row's tool as the tables name it (on Mamba-2, what its best forms are there)."""
+    own = SSM_LABELS if row.get("model") == "zoo Mamba-2" else {}
+    return own.get(row["tool"], LABELS.get(row["tool"], row["tool"]))
+
+
 def table(rows: list[dict]) -> list[str]:
     """The Markdown table: per row the seconds (total and per head), peak memory, agreement with its reference
     (``gna exact``'s drops; for attribution rows ``gna attribution``'s estimates) and its CPU time over the
@@ -550,7 +571,7 @@ def table(rows: list[dict]) -> list[str]:
             per = r["cpu_s"] / max(1, len(r["drops"])) if r["tool"] == "gna-exact" else r["cpu_s"]
             ref_cpu[(r["model"], r["tool"])] = per
     for r in rows:
-        name = LABELS.get(r["tool"], r["tool"])
+        name = label(r)
         if "error" in r:
             lines.append(f"| {r['model']} | {name} | - | - | - | - | - | not run: {r['error']} | - | - |")
             continue
@@ -682,8 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):  # the tools take turns; each row keeps its run of least CPU time
             for tool in scans:
                 if name == "mamba2" and tool not in MAMBA_TOOLS:
-                    r = {"tool": tool, "error": "not measured on Mamba-2 here (the plain forms show which tools hook "
-                                                "it)"}
+                    r = {"tool": tool, "error": SSM_NOT.get(tool, "not measured on Mamba-2 here")}
                 elif tool.startswith("gna-"):
                     r = run_ours(model, task, heads, tool.split("-")[1], sizes["batch"])
                 elif tool in workers:
@@ -797,7 +817,10 @@ writes this page from them (a row measured by two of them is the first file's). 
 strongest scores and its agreement as measured over all of them.
 
 The zoo models: the scans' task (24 prompts of 10 pairs), every head, all 110 edges of the zoo transformer left out
-one at a time; Mamba-2 rows are ours and the plain loops only (no peer has a best form for SSM heads here). The zoo
+one at a time. Mamba-2: every head; its best forms run full rows (the prompt-cache and cached-prefix forms are
+written for attention layers' key/value caches only), one head a forward: stacking heads over copies of the batch ran
+slower on this model (TransformerLens, 4 copies a forward: 23.8 CPU s against 20.9 for one), and its attribution
+forms take the gradient at the mixers' `out_proj` inputs. The zoo
 rows' commit carries `+dirty` for a change to `benchmarks/peers.py` (its JSON trimming), none to gna_interp.
 SmolLM2-135M: 8 prompts (not the default 24, for time) and the 18 heads of layers 16-17 for every scan; no plain
 loops (they ran 15 to 40 times slower than the best forms on this model when last measured). Its edge rows use 8
@@ -832,8 +855,9 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   key/value cache continued by the candidates (as *best*), `logits_to_keep` at the reads, a hook making
   `blocks.L.hook_resid_pre` of the first scanned layer a leaf (nothing before it is differentiated), `hook_z` kept by
   a forward hook and `torch.autograd.grad(metric, z)`; *run_with_cache*: every hook cached, or `names_filter` on the
-  heads' `hook_pattern` and `stop_at_layer` after their last layer. Mamba-2: the same loop on
-  `blocks.L.mixer.out_proj.hook_in`, the head's `head_dim` columns.
+  heads' `hook_pattern` and `stop_at_layer` after their last layer. Mamba-2: the same forms on
+  `blocks.L.mixer.out_proj.hook_in`, the head's `head_dim` columns, *best* and *gradient attribution, best* over full
+  rows (no prompt cache).
 - **nnsight**: `LanguageModel(hf_model)`; inside `with model.trace(ids):` the head's `head_dim` columns of
   `model.layers[L].self_attn.o_proj.input` (Mamba-2: `backbone.layers[L].mixer.out_proj.input`) assigned zero,
   `model.output.logits.save()`; *plain*: one trace per head and row batch; *best*: one trace per forward with the
@@ -841,7 +865,8 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   `o_proj.input` collected in a saved list, `with loss.backward():` their `.grad` appended in reverse order;
   *gradient attribution, best*: two traces (the prompt, then the candidates on its `past_key_values`) with
   `logits_to_keep` at the reads, the first scanned layer's input made to require grad, the `o_proj.input` values
-  saved and `torch.autograd.grad(metric, saved)` after the traces.
+  saved and `torch.autograd.grad(metric, saved)` after the traces (Mamba-2: one trace of full rows, its first
+  scanned layer's input made to require grad).
 - **pyvene**: `IntervenableModel(IntervenableConfig(RepresentationConfig(layer, "head_attention_value_output",
   unit="h.pos"), intervention_types=ZeroIntervention), hf_model)`, called with `unit_locations={"base": [[heads,
   positions]]}` (one intervention, two levels, a list over the batch each); *plain*: one model per head, one call per

@@ -26,6 +26,7 @@ Two forms of each tool (see ``docs/peers.md``):
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import resource
@@ -190,6 +191,24 @@ def best_all(samples: list[dict], pad: int, per: int, n_copies: int, run: Callab
     return out
 
 
+def copies_scores(samples: list[dict], batch: int, pad: int, n_copies: int, forward: Callable[[torch.Tensor], Any]
+                  ) -> list[list[list[float]]]:
+    """Scores of ``n_copies`` copies of the task from full rows, each batch of rows repeated copy-major in one forward
+    (copy ``k`` under the ablation the tool gives it): the best form written here for Mamba-2, whose prompt is not
+    cached and continued (that form is written for the attention models' key/value cache only)."""
+    rows = full_rows(samples)
+    out = [[[0.0] * len(s["cands"]) for s in samples] for _ in range(n_copies)]
+    for k in range(0, len(rows), batch):
+        part = rows[k:k + batch]
+        ids = right_padded([r[2] for r in part], pad)
+        logp = torch.log_softmax(forward(ids.repeat(n_copies, 1)).float(), -1)
+        for c in range(n_copies):
+            for b, (i, j, seq, p) in enumerate(part):
+                toks, pos = torch.tensor(seq[p:]), torch.arange(p - 1, len(seq) - 1)
+                out[c][i][j] = float(logp[c * len(part) + b, pos, toks].sum())
+    return out
+
+
 def attribution(samples: list[dict], batch: int, pad: int, heads: list, forward_backward: Callable[..., dict]
                 ) -> tuple[float, dict[str, float]]:
     """Gradient attribution of every head's zero ablation from one forward and one backward per batch of full rows:
@@ -290,8 +309,8 @@ def chunks(heads: list, size: int) -> list[list]:
 def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, float], str]:
     """TransformerLens 4: the bridge's ``run_with_hooks`` with a hook on ``blocks.{l}.attn.hook_z`` (plain), the
     ``patching`` module's generic patcher (``tl-patching``), or hooks under ``bridge.hooks(...)`` stacking heads over
-    copies of the batch with the prompt cache passed through (best)."""
-    import transformer_lens
+    copies of the batch with the prompt cache passed through (best; Mamba-2: its heads' columns of the mixer's
+    ``out_proj.hook_in``, copies over full rows)."""
     from transformer_lens.model_bridge import TransformerBridge
 
     bridge = TransformerBridge.boot_transformers(job["model_dir"], device=job["device"], hf_model=hf, tokenizer=tok)
@@ -311,12 +330,20 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
             return x
         return hook
 
+    ssm, hd = job.get("kind") == "ssm2", job["head_dim"]
+
+    def z_hook(layer: int) -> str:  # a head's output channels: attention's z, a Mamba-2 mixer's out_proj input
+        return f"blocks.{layer}.mixer.out_proj.hook_in" if ssm else f"blocks.{layer}.attn.hook_z"
+
+    def by_head(z: torch.Tensor) -> torch.Tensor:  # [rows, pos, heads, head_dim]
+        return z.reshape(*z.shape[:2], -1, hd) if ssm else z
+
     drops: dict[str, float] = {}
     if form == "plain":
         clean = metric(plain_scores(samples, job["batch"], pad, lambda ids: bridge(ids)), golds)
         for l, h in job["heads"]:
-            if job.get("kind") == "ssm2":  # a Mamba-2 head: its head_dim columns of the mixer's out_proj input
-                hooks = [(f"blocks.{l}.mixer.out_proj.hook_in", zero_cols(h * job["head_dim"], (h + 1) * job["head_dim"]))]
+            if ssm:  # a Mamba-2 head: its head_dim columns of the mixer's out_proj input
+                hooks = [(z_hook(l), zero_cols(h * hd, (h + 1) * hd))]
             else:
                 hooks = [(f"blocks.{l}.attn.hook_z", zero(h))]
             s = plain_scores(samples, job["batch"], pad, lambda ids: bridge.run_with_hooks(ids, fwd_hooks=hooks))
@@ -327,14 +354,29 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
         def fb(ids: torch.Tensor, objective: Callable) -> dict:
             # TransformerLens's own gradient hooks: a forward hook keeps z, a backward hook its gradient
             keep: dict = {}
-            fwd = [(f"blocks.{l}.attn.hook_z", lambda z, hook, l=l: keep.__setitem__(("z", l), z.detach()))
-                   for l in layers]
-            bwd = [(f"blocks.{l}.attn.hook_z", lambda g, hook, l=l: keep.__setitem__(("g", l), g.detach()))
-                   for l in layers]
+            fwd = [(z_hook(l), lambda z, hook, l=l: keep.__setitem__(("z", l), z.detach())) for l in layers]
+            bwd = [(z_hook(l), lambda g, hook, l=l: keep.__setitem__(("g", l), g.detach())) for l in layers]
             leaf = [("hook_embed", lambda x, hook: x.detach().requires_grad_(True))]  # the graph starts here
             with torch.enable_grad(), bridge.hooks(fwd_hooks=leaf + fwd, bwd_hooks=bwd):
                 objective(bridge(ids)).backward()
-            return {l: (keep[("z", l)], keep[("g", l)]) for l in layers}
+            return {l: (by_head(keep[("z", l)]), by_head(keep[("g", l)])) for l in layers}
+
+        for p in hf.parameters():
+            p.requires_grad_(False)
+        clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
+    elif form == "attr-best" and ssm:
+        layers = sorted({l for l, _ in job["heads"]})
+
+        def fb(ids: torch.Tensor, objective: Callable) -> dict:
+            # full rows (no prompt cache), the graph from the first scanned layer's input, autograd.grad at z alone
+            zs: dict = {}
+            leaf = [(f"blocks.{layers[0]}.hook_resid_pre", lambda x, hook: x.detach().requires_grad_(True))]
+            keep = [(z_hook(l), lambda z, hook, l=l: zs.__setitem__(l, z)) for l in layers]
+            with torch.enable_grad():
+                with bridge.hooks(fwd_hooks=leaf + keep):
+                    loss = objective(bridge(ids))
+                grads = torch.autograd.grad(loss, [zs[l] for l in layers])
+            return {l: (by_head(zs[l].detach()), by_head(g)) for l, g in zip(layers, grads)}
 
         for p in hf.parameters():
             p.requires_grad_(False)
@@ -401,12 +443,40 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
                               position_ids=pos, return_type="logits_and_cache")
 
         per = job["prompts"]
+        if ssm:  # heads stacked over copies of full rows
+            def forward(ids: torch.Tensor) -> torch.Tensor:
+                with bridge.hooks(fwd_hooks=hooks_now):
+                    return bridge(ids)
+
+            clean = metric(copies_scores(samples, job["batch"], pad, 1, forward)[0], golds)
+            for group in chunks(job["heads"], job["stack"]):
+                hooks_now[:] = [(f"blocks.{l}.mixer.out_proj.hook_in", _copy_zero_cols(c, h * hd, (h + 1) * hd,
+                                                                                       len(group)))
+                                for c, (l, h) in enumerate(group)]
+                for (l, h), s in zip(group, copies_scores(samples, job["batch"], pad, len(group), forward)):
+                    drops[f"L{l}H{h}"] = clean - metric(s, golds)
+            return clean, drops, _tl_version()
         clean = metric(best_all(samples, pad, per, 1, run)[0], golds)
         for group in chunks(job["heads"], job["stack"]):
             hooks_now[:] = [(f"blocks.{l}.attn.hook_z", _copy_zero(c, h, len(group))) for c, (l, h) in enumerate(group)]
             for (l, h), s in zip(group, best_all(samples, pad, per, len(group), run)):
                 drops[f"L{l}H{h}"] = clean - metric(s, golds)
-    return clean, drops, f"transformer-lens {transformer_lens.__version__ if hasattr(transformer_lens, '__version__') else _version('transformer-lens')}"
+    return clean, drops, _tl_version()
+
+
+def _tl_version() -> str:
+    import transformer_lens
+
+    return f"transformer-lens {getattr(transformer_lens, '__version__', None) or _version('transformer-lens')}"
+
+
+def _copy_zero_cols(c: int, a: int, b: int, n_copies: int) -> Callable:
+    """A TransformerLens hook zeroing columns ``a:b`` in copy ``c`` of a copy-major batch."""
+    def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+        size = x.shape[0] // n_copies
+        x[c * size:(c + 1) * size, ..., a:b] = 0.0
+        return x
+    return hook
 
 
 def _copy_zero(c: int, head: int, n_copies: int) -> Callable:
@@ -433,18 +503,20 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
     TIMER.start()
     samples, pad = job["samples"], tok.pad_token_id or 0
     golds = [s["gold"] for s in samples]
-    d = getattr(hf.config, "head_dim", None) or hf.config.hidden_size // hf.config.num_attention_heads
+    ssm, d = job.get("kind") == "ssm2", job["head_dim"]
     drops: dict[str, float] = {}
+
+    def layers_of() -> Any:  # the decoder layers
+        return lm.backbone.layers if ssm else lm.model.layers
+
+    def z_of(layer: int) -> Any:  # a head's output channels: o_proj's input, a Mamba-2 mixer's out_proj input
+        return lm.backbone.layers[layer].mixer.out_proj.input if ssm else lm.model.layers[layer].self_attn.o_proj.input
 
     def plain_forward(ids: torch.Tensor, head: tuple[int, int] | None) -> torch.Tensor:
         with lm.trace(ids):
-            if head is not None and job.get("kind") == "ssm2":  # Mamba-2: the head's columns of out_proj's input
+            if head is not None:
                 l, h = head
-                hd = job["head_dim"]
-                lm.backbone.layers[l].mixer.out_proj.input[:, :, h * hd:(h + 1) * hd] = 0
-            elif head is not None:
-                l, h = head
-                lm.model.layers[l].self_attn.o_proj.input[:, :, h * d:(h + 1) * d] = 0
+                z_of(l)[:, :, h * d:(h + 1) * d] = 0
             logits = lm.output.logits.save()
         return logits
 
@@ -455,30 +527,48 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
             drops[f"L{l}H{h}"] = clean - metric(s, golds)
     elif form == "attr":
         layers = sorted({l for l, _ in job["heads"]})
-        n_heads = hf.config.num_attention_heads
 
         def fb(ids: torch.Tensor, objective: Callable) -> dict:
             # the documented gradient idiom: capture o_proj's input, then read its .grad inside loss.backward()
             with torch.enable_grad():
                 with lm.trace(ids):
-                    lm.model.embed_tokens.output.requires_grad_(True)  # the graph starts at the embeddings
+                    embed = lm.backbone.embeddings if ssm else lm.model.embed_tokens
+                    embed.output.requires_grad_(True)  # the graph starts at the embeddings
                     saved = [].save()  # collected values: the container saved, raw values appended
                     grads = [].save()
                     for l in layers:
-                        saved.append(lm.model.layers[l].self_attn.o_proj.input)
+                        saved.append(z_of(l))
                     loss = objective(lm.output.logits)
                     with loss.backward():
                         for a in reversed(saved):  # gradients arrive in reverse-forward order
                             grads.append(a.grad)
-            shape = lambda t: t.detach().reshape(*t.shape[:2], n_heads, d)
+            shape = lambda t: t.detach().reshape(*t.shape[:2], -1, d)
             return {l: (shape(z), shape(g)) for l, z, g in zip(layers, saved, grads[::-1])}
+
+        for p in hf.parameters():
+            p.requires_grad_(False)
+        clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
+    elif form == "attr-best" and ssm:
+        layers = sorted({l for l, _ in job["heads"]})
+
+        def fb(ids: torch.Tensor, objective: Callable) -> dict:
+            # full rows (no prompt cache), the graph from the first scanned layer's input, autograd.grad at z alone
+            with torch.enable_grad():
+                with lm.trace(ids):
+                    layers_of()[layers[0]].input.requires_grad_(True)
+                    saved = [].save()
+                    for l in layers:
+                        saved.append(z_of(l))
+                    logits = lm.output.logits.save()
+                grads = torch.autograd.grad(objective(logits), list(saved))
+            shape = lambda t: t.detach().reshape(*t.shape[:2], -1, d)
+            return {l: (shape(z), shape(g)) for l, z, g in zip(layers, saved, grads)}
 
         for p in hf.parameters():
             p.requires_grad_(False)
         clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
     elif form == "attr-best":
         layers = sorted({l for l, _ in job["heads"]})
-        n_heads = hf.config.num_attention_heads
         zs: list = []
 
         def run(ids, mask, past, keep, pos):
@@ -496,7 +586,24 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
         for p in hf.parameters():
             p.requires_grad_(False)
         clean, drops = attribution_best(samples, pad, job["prompts"], job["heads"], run, zs,
-                                        lambda z: z.reshape(*z.shape[:2], n_heads, d))
+                                        lambda z: z.reshape(*z.shape[:2], -1, d))
+    elif ssm:  # best: heads stacked over copies of full rows
+        stacked: list = []
+
+        def forward(ids: torch.Tensor) -> torch.Tensor:
+            size = ids.shape[0] // max(1, len(stacked))
+            with lm.trace(ids):
+                for c, (l, h) in enumerate(stacked):
+                    z_of(l)[c * size:(c + 1) * size, :, h * d:(h + 1) * d] = 0
+                logits = lm.output.logits.save()
+            return logits
+
+        clean = metric(copies_scores(samples, job["batch"], pad, 1, forward)[0], golds)
+        for group in chunks(job["heads"], job["stack"]):
+            stacked[:] = group
+            for (l, h), s in zip(group, copies_scores(samples, job["batch"], pad, len(group), forward)):
+                drops[f"L{l}H{h}"] = clean - metric(s, golds)
+            stacked[:] = []
     else:
         group_now: list = []
 
@@ -516,6 +623,84 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
                 drops[f"L{l}H{h}"] = clean - metric(s, golds)
             group_now[:] = []
     return clean, drops, f"nnsight {_version('nnsight')}"
+
+
+def run_hf(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, float], str]:
+    """A loop over the Hugging Face decoder layers from a cached clean prefix (plain PyTorch and transformers, no
+    hooking library), prefix reuse as a skilled user writes it: per ``prompts`` prompts, one clean forward keeps every
+    layer's input and the key/value cache; the heads of one layer, stacked over copies of the batch, run the layers
+    from theirs on the kept input with the clean cache of the layers before it (a forward pre-hook on ``o_proj``
+    zeroes each copy's head), logits at the last position only; the candidates then continue that cache."""
+    import transformers
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers.masking_utils import create_causal_mask
+
+    samples, pad, d = job["samples"], tok.pad_token_id or 0, job["head_dim"]
+    golds = [s["gold"] for s in samples]
+    inner = hf.model
+    TIMER.start()
+    zeroed: list = []  # (copy, head) of the copies now running
+
+    def pre_hook(module: Any, args: tuple) -> tuple:
+        x = args[0].clone()
+        size = x.shape[0] // max(1, len(zeroed))
+        for c, h in zeroed:
+            x[c * size:(c + 1) * size, :, h * d:(h + 1) * d] = 0.0
+        return (x, *args[1:])
+
+    def from_layer(layer: int, hidden: tuple, clean: Any, k: int) -> Callable[..., Any]:
+        """``run`` for :func:`best_scores`: the prompt pass from ``layer`` on, the continuation through every layer."""
+        def run(ids, mask, past, keep, pos):
+            if past is not None:
+                out = hf(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
+                         position_ids=pos)
+                return out.logits, out.past_key_values
+            x = hidden[layer].repeat(k, 1, 1)
+            cache = DynamicCache()
+            causal = create_causal_mask(config=hf.config, inputs_embeds=x, attention_mask=mask, past_key_values=cache,
+                                        position_ids=pos)
+            rope = inner.rotary_emb(x, position_ids=pos)
+            for block in inner.layers[layer:]:
+                x = block(x, attention_mask=causal, position_embeddings=rope, position_ids=pos, past_key_values=cache,
+                          use_cache=True)
+            for i in range(layer):  # the layers before: the clean cache, once per copy
+                cache.layers[i] = DynamicLayer()
+                cache.layers[i].update(clean.layers[i].keys.repeat(k, 1, 1, 1), clean.layers[i].values.repeat(k, 1, 1, 1))
+            return hf.lm_head(inner.norm(x[:, -keep:])), cache
+        return run
+
+    def clean_run(ids, mask, past, keep, pos):
+        out = hf(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
+                 position_ids=pos, output_hidden_states=past is None)
+        if past is None:
+            kept["hidden"] = out.hidden_states
+            kept["cache"] = copy.deepcopy(out.past_key_values)
+        return out.logits, out.past_key_values
+
+    kept: dict = {}
+    by_layer: dict[int, list[int]] = {}
+    for l, h in job["heads"]:
+        by_layer.setdefault(l, []).append(h)
+    clean_scores: list = []
+    scores: dict[tuple[int, int], list] = {(l, h): [] for l, h in job["heads"]}
+    per = job["prompts"]
+    for k in range(0, len(samples), per):
+        lay = Layout(samples[k:k + per], pad)
+        clean_scores += best_scores(lay, 1, clean_run)[0]
+        for layer, heads in sorted(by_layer.items()):
+            handle = inner.layers[layer].self_attn.o_proj.register_forward_pre_hook(pre_hook)
+            try:
+                for group in chunks(heads, job["stack"]):
+                    zeroed[:] = list(enumerate(group))
+                    got = best_scores(lay, len(group), from_layer(layer, kept["hidden"], kept["cache"], len(group)))
+                    for h, s in zip(group, got):
+                        scores[(layer, h)] += s
+            finally:
+                handle.remove()
+                zeroed[:] = []
+    clean = metric(clean_scores, golds)
+    drops = {f"L{l}H{h}": clean - metric(s, golds) for (l, h), s in scores.items()}
+    return clean, drops, f"transformers {transformers.__version__}"
 
 
 def run_pyvene(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, float], str]:
@@ -604,7 +789,7 @@ def run_job(job: dict) -> dict:
     hf = hf.to(job["device"]).eval()
     tok = AutoTokenizer.from_pretrained(job["model_dir"])
     tool, form = job["tool"].split("-", 1)
-    fn = {"tl": run_tl, "nnsight": run_nnsight, "pyvene": run_pyvene}[tool]
+    fn = {"tl": run_tl, "nnsight": run_nnsight, "pyvene": run_pyvene, "hf": run_hf}[tool]
     with torch.no_grad():
         # a warm-up on two prompts and one head (the first calls of a tool's forward and backward), then the timed run
         fn({**job, "samples": job["samples"][:2], "heads": job["heads"][:1]}, hf, tok, form)

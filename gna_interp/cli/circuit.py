@@ -79,8 +79,9 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--edges", type=at_least(0), default=None,
                    help="measure the edge table among the first N heads of the circuit (the ranking without its generic "
                         "heads) by path patching (k/v at the lines and at the decision, q at the decision, each head's "
-                        "direct path), with each head's causal role (default 5; 0, the --quick default: the scan's own "
-                        "edge table and roles)")
+                        "direct path), with each head's causal role; the rows the scan's own edge table measured the "
+                        "same way (zero ablation, all of its prompts) are read from it (default 5; 0, the --quick "
+                        "default: the scan's own edge table and roles)")
     p.add_argument("--verify", type=at_least(0), default=None,
                    help="screen every edge of the whole graph (embeddings, heads, MLPs -> heads' q/k/v, MLPs, logits) "
                         "by edge attribution and measure N of them exactly (default 40, --quick 20: the strongest, the "
