@@ -339,6 +339,8 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
         return z.reshape(*z.shape[:2], -1, hd) if ssm else z
 
     drops: dict[str, float] = {}
+    if form.startswith("attr"):  # gradients at the activations only
+        hf.requires_grad_(False)
     if form == "plain":
         clean = metric(plain_scores(samples, job["batch"], pad, lambda ids: bridge(ids)), golds)
         for l, h in job["heads"]:
@@ -361,8 +363,6 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
                 objective(bridge(ids)).backward()
             return {l: (by_head(keep[("z", l)]), by_head(keep[("g", l)])) for l in layers}
 
-        for p in hf.parameters():
-            p.requires_grad_(False)
         clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
     elif form == "attr-best" and ssm:
         layers = sorted({l for l, _ in job["heads"]})
@@ -378,8 +378,6 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
                 grads = torch.autograd.grad(loss, [zs[l] for l in layers])
             return {l: (by_head(zs[l].detach()), by_head(g)) for l, g in zip(layers, grads)}
 
-        for p in hf.parameters():
-            p.requires_grad_(False)
         clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
     elif form == "attr-best":
         layers = sorted({l for l, _ in job["heads"]})
@@ -400,8 +398,6 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
                 return bridge(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
                               position_ids=pos, return_type="logits_and_cache")
 
-        for p in hf.parameters():
-            p.requires_grad_(False)
         clean, drops = attribution_best(samples, pad, job["prompts"], job["heads"], run, zs)
     elif form == "patching":
         from transformer_lens import patching
@@ -520,6 +516,8 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
             logits = lm.output.logits.save()
         return logits
 
+    if form.startswith("attr"):  # gradients at the activations only
+        hf.requires_grad_(False)
     if form == "plain":
         clean = metric(plain_scores(samples, job["batch"], pad, lambda ids: plain_forward(ids, None)), golds)
         for l, h in job["heads"]:
@@ -545,8 +543,6 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
             shape = lambda t: t.detach().reshape(*t.shape[:2], -1, d)
             return {l: (shape(z), shape(g)) for l, z, g in zip(layers, saved, grads[::-1])}
 
-        for p in hf.parameters():
-            p.requires_grad_(False)
         clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
     elif form == "attr-best" and ssm:
         layers = sorted({l for l, _ in job["heads"]})
@@ -564,8 +560,6 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
             shape = lambda t: t.detach().reshape(*t.shape[:2], -1, d)
             return {l: (shape(z), shape(g)) for l, z, g in zip(layers, saved, grads)}
 
-        for p in hf.parameters():
-            p.requires_grad_(False)
         clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
     elif form == "attr-best":
         layers = sorted({l for l, _ in job["heads"]})
@@ -583,8 +577,6 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
             zs.extend(zip(layers, saved))
             return out.logits, out.past_key_values
 
-        for p in hf.parameters():
-            p.requires_grad_(False)
         clean, drops = attribution_best(samples, pad, job["prompts"], job["heads"], run, zs,
                                         lambda z: z.reshape(*z.shape[:2], -1, d))
     elif ssm:  # best: heads stacked over copies of full rows
@@ -627,10 +619,11 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
 
 def run_hf(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, float], str]:
     """A loop over the Hugging Face decoder layers from a cached clean prefix (plain PyTorch and transformers, no
-    hooking library), prefix reuse as a skilled user writes it: per ``prompts`` prompts, one clean forward keeps every
-    layer's input and the key/value cache; the heads of one layer, stacked over copies of the batch, run the layers
-    from theirs on the kept input with the clean cache of the layers before it (a forward pre-hook on ``o_proj``
-    zeroes each copy's head), logits at the last position only; the candidates then continue that cache."""
+    hooking library), prefix reuse as a skilled user writes it: per ``prompts`` prompts, one clean pass (the prompts,
+    then the candidates on their cache) keeps every layer's input and the key/value cache; the heads of one layer,
+    stacked over copies of the batch, run the prompts and then the candidates through the layers from theirs only, on
+    the kept inputs there (a forward pre-hook on ``o_proj`` zeroes each copy's head; logits only where the metric
+    reads), the clean cache serving the layers before."""
     import transformers
     from transformers.cache_utils import DynamicCache, DynamicLayer
     from transformers.masking_utils import create_causal_mask
@@ -648,33 +641,45 @@ def run_hf(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
             x[c * size:(c + 1) * size, :, h * d:(h + 1) * d] = 0.0
         return (x, *args[1:])
 
-    def from_layer(layer: int, hidden: tuple, clean: Any, k: int) -> Callable[..., Any]:
-        """``run`` for :func:`best_scores`: the prompt pass from ``layer`` on, the continuation through every layer."""
+    def blocks_from(layer: int, x: torch.Tensor, mask: torch.Tensor, cache: Any, pos: torch.Tensor, keep: int
+                    ) -> torch.Tensor:
+        """The logits at the last ``keep`` positions of ``x`` (the stream entering ``layer``) run through the layers from
+        ``layer`` on, each adding its keys and values to ``cache``."""
+        causal = create_causal_mask(config=hf.config, inputs_embeds=x, attention_mask=mask, past_key_values=cache,
+                                    position_ids=pos)
+        rope = inner.rotary_emb(x, position_ids=pos)
+        for block in inner.layers[layer:]:
+            x = block(x, attention_mask=causal, position_embeddings=rope, position_ids=pos, past_key_values=cache,
+                      use_cache=True)
+        return hf.lm_head(inner.norm(x[:, -keep:]))
+
+    def from_layer(layer: int, k: int) -> Callable[..., Any]:
+        """``run`` for :func:`best_scores`: the prompt, then the candidates, each from ``layer`` on, on the clean
+        pass's stream there (the layers before it are clean: the prompt's keys and values there from the clean cache,
+        once per copy)."""
         def run(ids, mask, past, keep, pos):
             if past is not None:
-                out = hf(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
-                         position_ids=pos)
-                return out.logits, out.past_key_values
-            x = hidden[layer].repeat(k, 1, 1)
+                x = kept["cont"][layer].repeat(k, 1, 1)
+                return blocks_from(layer, x, mask, past, pos, keep), past
             cache = DynamicCache()
-            causal = create_causal_mask(config=hf.config, inputs_embeds=x, attention_mask=mask, past_key_values=cache,
-                                        position_ids=pos)
-            rope = inner.rotary_emb(x, position_ids=pos)
-            for block in inner.layers[layer:]:
-                x = block(x, attention_mask=causal, position_embeddings=rope, position_ids=pos, past_key_values=cache,
-                          use_cache=True)
-            for i in range(layer):  # the layers before: the clean cache, once per copy
+            logits = blocks_from(layer, kept["hidden"][layer].repeat(k, 1, 1), mask, cache, pos, keep)
+            clean = kept["cache"]
+            for i in range(layer):
                 cache.layers[i] = DynamicLayer()
                 cache.layers[i].update(clean.layers[i].keys.repeat(k, 1, 1, 1), clean.layers[i].values.repeat(k, 1, 1, 1))
-            return hf.lm_head(inner.norm(x[:, -keep:])), cache
+            return logits, cache
         return run
 
     def clean_run(ids, mask, past, keep, pos):
-        out = hf(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep,
-                 position_ids=pos, output_hidden_states=past is None)
-        if past is None:
-            kept["hidden"] = out.hidden_states
-            kept["cache"] = copy.deepcopy(out.past_key_values)
+        first = past is None
+        if first:
+            out = hf(ids, attention_mask=mask, use_cache=True, logits_to_keep=keep, position_ids=pos,
+                     output_hidden_states=True)
+            kept["hidden"], kept["cache"] = out.hidden_states, copy.deepcopy(out.past_key_values)
+            return out.logits, out.past_key_values
+        out = hf(ids, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=keep, position_ids=pos,
+                 output_hidden_states=True)
+        kept["cont"] = out.hidden_states  # the candidates' stream entering each layer
         return out.logits, out.past_key_values
 
     kept: dict = {}
@@ -692,7 +697,7 @@ def run_hf(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
             try:
                 for group in chunks(heads, job["stack"]):
                     zeroed[:] = list(enumerate(group))
-                    got = best_scores(lay, len(group), from_layer(layer, kept["hidden"], kept["cache"], len(group)))
+                    got = best_scores(lay, len(group), from_layer(layer, len(group)))
                     for h, s in zip(group, got):
                         scores[(layer, h)] += s
             finally:
