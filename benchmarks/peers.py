@@ -560,16 +560,17 @@ def label(row: dict) -> str:
 def table(rows: list[dict]) -> list[str]:
     """The Markdown table: per row the seconds (total and per head), peak memory, agreement with its reference
     (``gna exact``'s drops; for attribution rows ``gna attribution``'s estimates) and its CPU time over the
-    reference's (per head for scans, total for attribution: one pass covers every head)."""
+    reference's of the same run (per head for scans, total for attribution: one pass covers every head)."""
     head = ("| model | tool | heads | wall s | CPU s | CPU s/head | peak MiB | max abs diff | top-10 overlap | "
             "CPU vs gna |")
     lines = [head, "|" + "---|" * 10]
-    ref_cpu: dict[tuple[str, str], float] = {}
+    ref_cpu: dict[tuple[str, str, str | None], float] = {}  # our rows by model, tool and the run (command)
     for r in rows:
         if r["tool"] in ("gna-exact", "gna-attribution", "gna-patterns", "gna-eap", "gna-eapig",
                          "gna-edge-exact") and "cpu_s" in r:
             per = r["cpu_s"] / max(1, len(r["drops"])) if r["tool"] == "gna-exact" else r["cpu_s"]
-            ref_cpu[(r["model"], r["tool"])] = per
+            ref_cpu[(r["model"], r["tool"], r.get("command"))] = per
+            ref_cpu.setdefault((r["model"], r["tool"], None), per)
     for r in rows:
         name = label(r)
         if "error" in r:
@@ -577,8 +578,9 @@ def table(rows: list[dict]) -> list[str]:
             continue
         n = max(1, r.get("n_scored", len(r["drops"])))
         attr = r["tool"] in ATTRIBUTION + PATTERNS + EDGE_TOOLS
-        ref = ref_cpu.get((r["model"], "gna-attribution" if r["tool"] in ATTRIBUTION else
-                           "gna-patterns" if r["tool"] in PATTERNS else EDGE_REF.get(r["tool"], "gna-exact")))
+        want = ("gna-attribution" if r["tool"] in ATTRIBUTION else "gna-patterns" if r["tool"] in PATTERNS
+                else EDGE_REF.get(r["tool"], "gna-exact"))
+        ref = ref_cpu.get((r["model"], want, r.get("command")), ref_cpu.get((r["model"], want, None)))
         mine = r["cpu_s"] if attr else r["cpu_s"] / n
         speed = f"{mine / ref:.1f}x" if ref else "-"
         top = "-" if r["top10_overlap"] != r["top10_overlap"] else f"{int(r['top10_overlap'])}/10"
@@ -747,9 +749,10 @@ def main(argv: list[str] | None = None) -> int:
         r["machine"] = (f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} threads, device {args.device}; "
                         f"torch {torch.__version__}, Python {platform.python_version()}")
     for path in (args.include or "").split(","):
-        if path:
-            done = {(r["model"], r["tool"]) for r in rows}
-            rows += [r for r in json.loads(Path(path).read_text()) if (r["model"], r["tool"]) not in done]
+        if path:  # a row another file holds from the same command is the first file's
+            done = {(r["model"], r["tool"], r.get("command")) for r in rows}
+            rows += [r for r in json.loads(Path(path).read_text())
+                     if (r["model"], r["tool"], r.get("command")) not in done]
     for r in rows:  # the edge rows against the references and exact effects of every run read (--include too)
         if r["tool"] in EDGE_TOOLS and "error" not in r and not r.get("kept_drops"):
             same = {x["tool"]: x for x in rows if x["model"] == r["model"] and "error" not in x}
@@ -811,18 +814,20 @@ shared machine disturbs least; `--repeats`, each run's seconds in the JSON's `cp
 timed three times in turns in one process. Each row names the commit of gna_interp it ran (the versions line); the
 JSON of each command is kept in `benchmarks/results/`, and
 
-    python benchmarks/peers.py --models '' --markdown --include benchmarks/results/zoo_mamba2.json,benchmarks/results/smollm2_scans.json,benchmarks/results/smollm2_each_edge.json,benchmarks/results/smollm2_eap.json
+    python benchmarks/peers.py --models '' --markdown --include benchmarks/results/zoo_mamba2.json,benchmarks/results/smollm2_prefix.json,benchmarks/results/smollm2_scans.json,benchmarks/results/smollm2_each_edge.json,benchmarks/results/smollm2_eap.json
 
-writes this page from them (a row measured by two of them is the first file's). An edge row's JSON keeps its 500
-strongest scores and its agreement as measured over all of them.
+writes this page from them. Every row's *CPU vs gna* is against our row of its own run (its command): a run's rows
+are compared with each other only, and our rows appear once per run. A commit marked `+dirty` had uncommitted edits
+to the docs or to this page's text, none to gna_interp. An edge row's JSON keeps its 500 strongest scores and its
+agreement as measured over all of them.
 
 The zoo models: the scans' task (24 prompts of 10 pairs), every head, all 110 edges of the zoo transformer left out
 one at a time. Mamba-2: every head; its best forms run full rows (the prompt-cache and cached-prefix forms are
 written for attention layers' key/value caches only), one head a forward: stacking heads over copies of the batch ran
 slower on this model (TransformerLens, 4 copies a forward: 23.8 CPU s against 20.9 for one), and its attribution
-forms take the gradient at the mixers' `out_proj` inputs. The zoo
-rows' commit carries `+dirty` for a change to `benchmarks/peers.py` (its JSON trimming), none to gna_interp.
-SmolLM2-135M: 8 prompts (not the default 24, for time) and the 18 heads of layers 16-17 for every scan; no plain
+forms take the gradient at the mixers' `out_proj` inputs.
+SmolLM2-135M: 8 prompts (not the default 24, for time) and the 18 heads of layers 16-17 for every scan (the layer loop
+from a cached prefix beside our exact scan in a run of its own, `smollm2_prefix.json`); no plain
 loops (they ran 15 to 40 times slower than the best forms on this model when last measured). Its edge rows use 8
 prompts of KV retrieval with values 0-9 and candidates without their line break (`--edge-one-token`: one token
 each, as auto-circuit's metrics need; the model fails this variant, an intact logit difference of -0.86, which
@@ -872,6 +877,14 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   positions]]}` (one intervention, two levels, a list over the batch each); *plain*: one model per head, one call per
   row batch; *best*: one model per layer, the copies' heads given per example, the prompt cache and
   `logits_to_keep` passed in `base`.
+- **Hugging Face layer loop from a cached prefix** (plain PyTorch and transformers, run by our interpreter;
+  attention models): per batch of prompts, one clean pass (`output_hidden_states=True`, the prompts left-padded with
+  explicit positions, then the candidates on the prompts' cache) keeps every layer's input and the key/value cache;
+  the heads of one layer, stacked over copies of the batch, run `model.layers[L:]` by hand (`create_causal_mask`,
+  the rotary embedding, each decoder layer on a fresh `DynamicCache`) on the kept input of layer L, then the clean
+  cache of layers below L is set in, once per copy, and the candidates run the same layers on their kept input of
+  layer L; a forward pre-hook on `layers[L].self_attn.o_proj` zeroes each copy's head; `lm_head` runs at the read
+  positions only.
 - **gna**: `scan_heads(model, task, heads=..., strategy="exact" | "auto" | "attribution")` (attribution rows: its
   `est_drop`), `patterns(model, batch, heads=...)`.
 - **gna**, edges: `screen_edges(model, task, "zero", verify=0, ig_steps=0 | 10)` (its scores summed over the
@@ -942,32 +955,41 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
 | hybrids (Jamba, Bamba, ...) | adapters for several | any module | no | no | yes |
 | multi-token candidates | by hand (the metric reads the logits) | by hand | by hand | no: its metrics read one position's logits | planned rows, packed per prompt |
 | several heads per forward | by hand (batch copies, hooks index them) | by hand, or one invoke per copy | per-example unit locations | any set of edges a forward (its masks), one set a forward | stacked replays |
-| prompt reuse across heads | the prompt's key/value cache continued by the candidates (the best forms); no replay from a layer | the same cache; modules can be skipped (`Envoy.skip`), which could start a forward at a layer (not a row here) | the same cache through `base` | a cached prefix that clean and corrupt prompts share | clean prefix, replay from the head's layer |
+| prompt reuse across heads | the prompt's key/value cache continued by the candidates (the best forms); no replay from a layer | the same cache; modules can be skipped (`Envoy.skip`), which starts a forward at a layer but leaves the skipped layers' keys and values uncomputed (not a row here); a plain loop over the layers from a cached prefix is a row | the same cache through `base` | a cached prefix that clean and corrupt prompts share | clean prefix, replay from the head's layer |
 | attribution | backward hooks on any hook | `.grad` inside `loss.backward()` | trainable interventions (DAS), not gradient attribution | edges: EAP, EAP-IG (mask gradients), ACDC, subnetwork probing | one pass, with the cancellation mass and a bound |
 | edges of the whole graph | by hand (split q/k/v inputs, per-head results) | by hand | no | every position at once, or each position of equal-length prompts | three position classes; exact edge circuits and path patching |
 | padding | attention masks | attention masks | attention masks | none: a batch holds prompts of one length | attention masks |
 
 ## Where ours is not ahead
 
-- **Attribution against the peers at their best: 1.4-1.5x on SmolLM2, about 1.2x on the zoo transformer.** Written
+- **Attribution against the peers at their best: 1.4x on SmolLM2, 1.1-1.3x on the zoo transformer.** Written
   as an expert would -- the prompt run once and its key/value cache continued by the candidates, logits only where
   the metric reads, the graph starting at the first scanned layer, `torch.autograd.grad` at the heads' outputs --
-  TransformerLens takes 4.84 CPU s and nnsight 4.54 against our 3.17 on SmolLM2 (8 prompts, the 18 heads of layers
+  TransformerLens takes 4.73 CPU s and nnsight 4.70 against our 3.32 on SmolLM2 (8 prompts, the 18 heads of layers
   16-17, agreeing to 2.3e-5); the plain forms' 11x of earlier tables was a lead over that idiom only. Why not more
   (a profile of our row, 3.1 CPU s): 1.69 s is the linear layers of the one full forward every form runs and 0.91 s
   the backward from the last layer to layer 16, which the best forms run too; ours saves the rest (no logits beyond
   the reads, the log-probabilities at the reads computed blockwise over the vocabulary).
-- **The exact scan against the peers at their best: 2.7-2.8x on SmolLM2, 1.0-1.3x on the zoo transformer.** On
-  SmolLM2 our exact scan used 1.13 CPU s a head, TransformerLens at its best 3.17, pyvene's per-example heads 3.06
-  and nnsight's batched copies 3.01 (all 18 heads agreeing to 2.1e-5). Written at their best, the peers already do
-  what made ours 15-19 times faster than their plain idiom: the prompt's keys and values computed once and
-  continued by every candidate, the logits only where the metric reads, several heads a forward. Ours adds that
-  each head's replay starts at its own layer on the recorded clean stream (here 13-14 of the 30 blocks); on the zoo
-  transformer (two layers, 8 heads, a forward of 24 prompts taking milliseconds) there is little to skip and a
-  forward's fixed costs decide, so the rows are within a few hundredths of a second of each other.
+- **The exact scan against prefix reuse written by hand: 1.3x on SmolLM2.** A loop over the Hugging Face decoder
+  layers from a cached clean prefix (plain PyTorch: one clean pass keeps every layer's input and the key/value cache;
+  each head's copies run the prompts and then the candidates through the layers from the head's own on, a forward
+  pre-hook on `o_proj` zeroing the head) took 28.94 CPU s (1.61 a head) against our 21.93 (1.22) in the same run, 18
+  heads agreeing to 2.0e-5 (`smollm2_prefix.json`). Both run the same blocks; a profile of the loop's row (py-spy at
+  50 Hz, 31 CPU s) puts 65 % in the linear layers of those blocks -- about 20 s, what our whole scan takes -- 12 % in
+  grouped-query attention's `repeat_kv` and 7 % in `batch_select_indices` over the candidates' rows (each carrying a
+  copy of its prompt's cache) and 7 % in the full-vocabulary logits at the reads: our lead here is packing every
+  candidate of a prompt into one row after it and computing the log-probabilities at the reads alone.
+  TransformerLens, nnsight and pyvene at their best (the prompt's cache continued by the candidates, logits only at
+  the reads, several heads a forward, every block run) took 55.1-55.5 CPU s against our 20.43 in their run: 2.7x, the
+  part of it beyond 1.3x being the replay from each head's layer (here 13-14 of the 30 blocks). nnsight can skip
+  modules (`Envoy.skip`), which starts the prompt's forward at a layer, but a skipped layer computes no keys and
+  values for the candidates to continue; it is not a row here. On the zoo transformer (two layers, 8 heads, a forward
+  of 24 prompts taking milliseconds) there is little to skip and a forward's fixed costs decide, so the rows are
+  within a few hundredths of a second of each other. On the zoo Mamba-2 the peers have no prefix reuse written here
+  (full rows, one head a forward), and ours replays each head from its layer on the recorded clean state.
 - **Patterns: the same forward.** `patterns()` is one `run_with_cache` with the heads' `hook_pattern` as
   `names_filter` and `stop_at_layer` after their last layer, plus the token labels -- the "best" TransformerLens
-  row is that very call, and the two rows are equal within their repeats (SmolLM2: 1.79 against 1.80 CPU s).
+  row is that very call, and the two rows are equal within their repeats (SmolLM2: 1.82 against 1.85 CPU s).
 """
 
 
