@@ -89,18 +89,17 @@ LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "Transfo
           "tl-cache-plain": "TransformerLens run_with_cache (all hooks)",
           "tl-cache-best": "TransformerLens run_with_cache (names_filter, stop_at_layer)"}
 PATTERNS = ("gna-patterns", "tl-cache-plain", "tl-cache-best")
-MAMBA_TOOLS = ("gna-exact", "gna-auto", "gna-attribution", "tl-plain", "tl-best", "tl-attr", "tl-attr-best",
+MAMBA_TOOLS = ("gna-exact", "gna-auto", "gna-attribution", "tl-plain", "tl-best", "tl-attr", "tl-attr-best", "hf-prefix",
                "nnsight-plain", "nnsight-best", "nnsight-attr", "nnsight-attr-best", "pyvene-plain")
 # what the best forms are on Mamba-2: no prompt cache continued by the candidates (written for key/value caches only)
-SSM_LABELS = {"tl-best": "TransformerLens best (full rows, one head a forward: stacked copies ran slower)",
+SSM_LABELS = {"hf-prefix": "Hugging Face layer loop from a cached prefix (plain PyTorch; full rows)",
+              "tl-best": "TransformerLens best (full rows, one head a forward: stacked copies ran slower)",
               "nnsight-best": "nnsight best (full rows, one head a forward: stacked copies ran slower)",
               "tl-attr-best": "TransformerLens gradient attribution (best: full rows, graph from the first scanned "
                               "layer, autograd.grad at the heads)",
               "nnsight-attr-best": "nnsight gradient attribution (best: full rows, graph from the first scanned "
                                    "layer, autograd.grad at the heads)"}
-SSM_NOT = {"hf-prefix": "the layer loop from a cached prefix is written for attention layers and their key/value "
-                        "cache",
-           "tl-patching": "TransformerLens's patching helpers index attention hooks (z, pattern); a Mamba-2 head is "
+SSM_NOT = {"tl-patching": "TransformerLens's patching helpers index attention hooks (z, pattern); a Mamba-2 head is "
                           "columns of the mixer's out_proj input, which they do not address",
            "pyvene-best": "pyvene 0.1.8 maps no component of Mamba2ForCausalLM (its model cards cover attention "
                           "models only)"}

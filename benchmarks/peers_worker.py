@@ -630,6 +630,10 @@ def run_hf(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
 
     samples, pad, d = job["samples"], tok.pad_token_id or 0, job["head_dim"]
     golds = [s["gold"] for s in samples]
+    if job.get("kind") == "ssm2":
+        TIMER.start()
+        clean, drops = _ssm_prefix(job, hf, pad)
+        return clean, drops, f"transformers {transformers.__version__}"
     inner = hf.model
     TIMER.start()
     zeroed: list = []  # (copy, head) of the copies now running
@@ -706,6 +710,57 @@ def run_hf(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
     clean = metric(clean_scores, golds)
     drops = {f"L{l}H{h}": clean - metric(s, golds) for (l, h), s in scores.items()}
     return clean, drops, f"transformers {transformers.__version__}"
+
+
+def _ssm_prefix(job: dict, hf: Any, pad: int) -> tuple[float, dict[str, float]]:
+    """The layer loop from a cached prefix on Mamba-2: full rows (prompt and candidate, right-padded: the model is
+    causal), one clean forward of each batch keeping every layer's input (forward pre-hooks); each head runs the layers
+    from its own on the kept input, a forward pre-hook on its mixer's ``out_proj`` zeroing the head's columns, and the
+    final norm and unembedding run at the read positions only."""
+    samples, d = job["samples"], job["head_dim"]
+    inner, rows = hf.backbone, full_rows(samples)
+    clean = [[0.0] * len(s["cands"]) for s in samples]
+    scores = {(l, h): [[0.0] * len(s["cands"]) for s in samples] for l, h in job["heads"]}
+    zeroed: list = []
+
+    def pre_hook(module: Any, args: tuple) -> tuple:
+        x = args[0].clone()
+        for h in zeroed:
+            x[..., h * d:(h + 1) * d] = 0.0
+        return (x, *args[1:])
+
+    def read(part: list, x: torch.Tensor, out: list) -> None:  # x: the stream after the last layer
+        for b, (i, j, seq, p) in enumerate(part):
+            pos = torch.arange(p - 1, len(seq) - 1)
+            logp = torch.log_softmax(hf.lm_head(inner.norm_f(x[b, pos])).float(), -1)
+            out[i][j] = float(logp[torch.arange(len(pos)), torch.tensor(seq[p:])].sum())
+
+    for k in range(0, len(rows), job["batch"]):
+        part = rows[k:k + job["batch"]]
+        kept: dict[int, torch.Tensor] = {}
+        taps = [layer.register_forward_pre_hook(lambda m, a, l=l: kept.__setitem__(l, a[0]))
+                for l, layer in enumerate(inner.layers)]
+        try:
+            x = inner.embeddings(right_padded([r[2] for r in part], pad))
+            for layer in inner.layers:
+                x = layer(x)
+        finally:
+            for t in taps:
+                t.remove()
+        read(part, x, clean)
+        for l, h in job["heads"]:
+            zeroed[:] = [h]
+            handle = inner.layers[l].mixer.out_proj.register_forward_pre_hook(pre_hook)
+            try:
+                x = kept[l]
+                for layer in inner.layers[l:]:
+                    x = layer(x)
+            finally:
+                handle.remove()
+            read(part, x, scores[(l, h)])
+    golds = [s["gold"] for s in samples]
+    base = metric(clean, golds)
+    return base, {f"L{l}H{h}": base - metric(sc, golds) for (l, h), sc in scores.items()}
 
 
 def run_pyvene(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, float], str]:
