@@ -92,13 +92,13 @@ PATTERNS = ("gna-patterns", "tl-cache-plain", "tl-cache-best")
 MAMBA_TOOLS = ("gna-exact", "gna-auto", "gna-attribution", "tl-plain", "tl-best", "tl-attr", "tl-attr-best", "hf-prefix",
                "nnsight-plain", "nnsight-best", "nnsight-attr", "nnsight-attr-best", "pyvene-plain")
 # what the best forms are on Mamba-2: no prompt cache continued by the candidates (written for key/value caches only)
-SSM_LABELS = {"hf-prefix": "Hugging Face layer loop from a cached prefix (plain PyTorch; full rows)",
-              "tl-best": "TransformerLens best (full rows, one head a forward: stacked copies ran slower)",
-              "nnsight-best": "nnsight best (full rows, one head a forward: stacked copies ran slower)",
-              "tl-attr-best": "TransformerLens gradient attribution (best: full rows, graph from the first scanned "
-                              "layer, autograd.grad at the heads)",
-              "nnsight-attr-best": "nnsight gradient attribution (best: full rows, graph from the first scanned "
-                                   "layer, autograd.grad at the heads)"}
+SSM_LABELS = {"hf-prefix": "Hugging Face layer loop from a cached prefix (plain PyTorch; each prompt once)",
+              "tl-best": "TransformerLens best (each prompt once, heads stacked over copies)",
+              "nnsight-best": "nnsight best (each prompt once, heads stacked over copies)",
+              "tl-attr-best": "TransformerLens gradient attribution (best: each prompt once, graph from the first "
+                              "scanned layer, autograd.grad at the heads)",
+              "nnsight-attr-best": "nnsight gradient attribution (best: each prompt once, graph from the first "
+                                   "scanned layer, autograd.grad at the heads)"}
 SSM_NOT = {"tl-patching": "TransformerLens's patching helpers index attention hooks (z, pattern); a Mamba-2 head is "
                           "columns of the mixer's out_proj input, which they do not address",
            "pyvene-best": "pyvene 0.1.8 maps no component of Mamba2ForCausalLM (its model cards cover attention "
@@ -597,7 +597,7 @@ def setup(name: str, args: argparse.Namespace) -> tuple[Any, Any, list, list, di
         task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="official", seed=args.seed,
                            words=model.kv_words)
         heads = model.heads()
-        return model, task, heads, heads, {"batch": 64, "stack": 1, "prompts": 64}
+        return model, task, heads, heads, {"batch": 64, "stack": 8, "prompts": 64}
     if name == "zoo":
         model = load_model("zoo:transformer-kv", device=args.device)
         task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="official", seed=args.seed,
@@ -813,18 +813,22 @@ shared machine disturbs least; `--repeats`, each run's seconds in the JSON's `cp
 timed three times in turns in one process. Each row names the commit of gna_interp it ran (the versions line); the
 JSON of each command is kept in `benchmarks/results/`, and
 
-    python benchmarks/peers.py --models '' --markdown --include benchmarks/results/zoo_mamba2.json,benchmarks/results/smollm2_prefix.json,benchmarks/results/smollm2_scans.json,benchmarks/results/smollm2_each_edge.json,benchmarks/results/smollm2_eap.json
+    python benchmarks/peers.py --models '' --markdown --include benchmarks/results/zoo.json,benchmarks/results/mamba2.json,benchmarks/results/smollm2_prefix.json,benchmarks/results/smollm2_scans.json,benchmarks/results/smollm2_each_edge.json,benchmarks/results/smollm2_eap.json
 
 writes this page from them. Every row's *CPU vs gna* is against our row of its own run (its command): a run's rows
 are compared with each other only, and our rows appear once per run. A commit marked `+dirty` had uncommitted edits
-to the docs or to this page's text, none to gna_interp. An edge row's JSON keeps its 500 strongest scores and its
-agreement as measured over all of them.
+to the docs or to this page's text, none to gna_interp. Rows of earlier forms of a peer's best are dropped from the
+kept JSON where a later run measured the form that replaced them: the zoo run's Mamba-2 rows (full rows, a prompt
+once per candidate) for `mamba2.json`'s, the SmolLM2 scans run's layer loop (its candidates through every layer) for
+`smollm2_prefix.json`'s. An edge row's JSON keeps its 500 strongest scores and its agreement as measured over all of
+them.
 
 The zoo models: the scans' task (24 prompts of 10 pairs), every head, all 110 edges of the zoo transformer left out
-one at a time. Mamba-2: every head; its best forms run full rows (the prompt-cache and cached-prefix forms are
-written for attention layers' key/value caches only), one head a forward: stacking heads over copies of the batch ran
-slower on this model (TransformerLens, 4 copies a forward: 23.8 CPU s against 20.9 for one), and its attribution
-forms take the gradient at the mixers' `out_proj` inputs.
+one at a time. Mamba-2: every head; its task's candidates are one token each, so its best forms run each prompt once
+(left-padded, its attention mask zeroing the padding) and read every candidate at the prompt's last position, 8 heads
+a forward as copies; the layer loop keeps each layer's input by forward pre-hooks and replays from each head's layer.
+Its attribution forms take the gradient at the mixers' `out_proj` inputs (the best forms each prompt once, the plain
+forms over full rows, a prompt once per candidate).
 SmolLM2-135M: 8 prompts (not the default 24, for time) and the 18 heads of layers 16-17 for every scan (the layer loop
 from a cached prefix beside our exact scan in a run of its own, `smollm2_prefix.json`); no plain
 loops (they ran 15 to 40 times slower than the best forms on this model when last measured). Its edge rows use 8
@@ -860,8 +864,9 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   `blocks.L.hook_resid_pre` of the first scanned layer a leaf (nothing before it is differentiated), `hook_z` kept by
   a forward hook and `torch.autograd.grad(metric, z)`; *run_with_cache*: every hook cached, or `names_filter` on the
   heads' `hook_pattern` and `stop_at_layer` after their last layer. Mamba-2: the same forms on
-  `blocks.L.mixer.out_proj.hook_in`, the head's `head_dim` columns, *best* and *gradient attribution, best* over full
-  rows (no prompt cache).
+  `blocks.L.mixer.out_proj.hook_in`, the head's `head_dim` columns, *best* and *gradient attribution, best* with each
+  prompt once (left-padded, the bridge given its attention mask; every one-token candidate read at the last
+  position).
 - **nnsight**: `LanguageModel(hf_model)`; inside `with model.trace(ids):` the head's `head_dim` columns of
   `model.layers[L].self_attn.o_proj.input` (Mamba-2: `backbone.layers[L].mixer.out_proj.input`) assigned zero,
   `model.output.logits.save()`; *plain*: one trace per head and row batch; *best*: one trace per forward with the
@@ -869,8 +874,9 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   `o_proj.input` collected in a saved list, `with loss.backward():` their `.grad` appended in reverse order;
   *gradient attribution, best*: two traces (the prompt, then the candidates on its `past_key_values`) with
   `logits_to_keep` at the reads, the first scanned layer's input made to require grad, the `o_proj.input` values
-  saved and `torch.autograd.grad(metric, saved)` after the traces (Mamba-2: one trace of full rows, its first
-  scanned layer's input made to require grad).
+  saved and `torch.autograd.grad(metric, saved)` after the traces (Mamba-2: *best* each prompt once, as
+  TransformerLens's; *gradient attribution, best* one trace of each prompt once, its first scanned layer's input made
+  to require grad).
 - **pyvene**: `IntervenableModel(IntervenableConfig(RepresentationConfig(layer, "head_attention_value_output",
   unit="h.pos"), intervention_types=ZeroIntervention), hf_model)`, called with `unit_locations={"base": [[heads,
   positions]]}` (one intervention, two levels, a list over the batch each); *plain*: one model per head, one call per
@@ -883,7 +889,8 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   the rotary embedding, each decoder layer on a fresh `DynamicCache`) on the kept input of layer L, then the clean
   cache of layers below L is set in, once per copy, and the candidates run the same layers on their kept input of
   layer L; a forward pre-hook on `layers[L].self_attn.o_proj` zeroes each copy's head; `lm_head` runs at the read
-  positions only.
+  positions only. Mamba-2: each prompt once, `backbone.layers` run by hand with the attention mask, every layer's
+  input kept by forward pre-hooks, each head replayed from its layer with a pre-hook on `mixer.out_proj`.
 - **gna**: `scan_heads(model, task, heads=..., strategy="exact" | "auto" | "attribution")` (attribution rows: its
   `est_drop`), `patterns(model, batch, heads=...)`.
 - **gna**, edges: `screen_edges(model, task, "zero", verify=0, ig_steps=0 | 10)` (its scores summed over the
@@ -984,8 +991,8 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
   modules (`Envoy.skip`), which starts the prompt's forward at a layer, but a skipped layer computes no keys and
   values for the candidates to continue; it is not a row here. On the zoo transformer (two layers, 8 heads, a forward
   of 24 prompts taking milliseconds) there is little to skip and a forward's fixed costs decide, so the rows are
-  within a few hundredths of a second of each other. On the zoo Mamba-2 the peers have no prefix reuse written here
-  (full rows, one head a forward), and ours replays each head from its layer on the recorded clean state.
+  within a few hundredths of a second of each other. On the zoo Mamba-2 (four layers) the layer loop from a cached
+  prefix ties ours, and TransformerLens and nnsight at their best run MAMBA_BEST.
 - **Patterns: the same forward.** `patterns()` is one `run_with_cache` with the heads' `hook_pattern` as
   `names_filter` and `stop_at_layer` after their last layer, plus the token labels -- the "best" TransformerLens
   row is that very call, and the two rows are equal within their repeats (SmolLM2: 1.82 against 1.85 CPU s).

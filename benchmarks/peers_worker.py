@@ -209,6 +209,25 @@ def copies_scores(samples: list[dict], batch: int, pad: int, n_copies: int, forw
     return out
 
 
+def ssm_scores(samples: list[dict], batch: int, pad: int, n_copies: int,
+               forward: Callable[[torch.Tensor, torch.Tensor | None], Any]) -> list[list[list[float]]]:
+    """:func:`copies_scores` for a state-space model, each prompt run once where every candidate is one token:
+    the prompts left-padded (``forward(ids, mask)``, the mask zeroing the padding's inputs) and every candidate read
+    at the prompt's last position; full rows (``mask`` None) where a candidate has more tokens."""
+    if any(len(c) != 1 for s in samples for c in s["cands"]):
+        return copies_scores(samples, batch, pad, n_copies, lambda ids: forward(ids, None))
+    out: list[list[list[float]]] = [[] for _ in range(n_copies)]
+    for k in range(0, len(samples), batch):
+        part = samples[k:k + batch]
+        n = max(len(s["prompt"]) for s in part)
+        ids = torch.tensor([[pad] * (n - len(s["prompt"])) + s["prompt"] for s in part])
+        mask = torch.tensor([[0] * (n - len(s["prompt"])) + [1] * len(s["prompt"]) for s in part])
+        logp = torch.log_softmax(forward(ids.repeat(n_copies, 1), mask.repeat(n_copies, 1))[:, -1].float(), -1)
+        for c in range(n_copies):
+            out[c] += [[float(logp[c * len(part) + b, cand[0]]) for cand in s["cands"]] for b, s in enumerate(part)]
+    return out
+
+
 def attribution(samples: list[dict], batch: int, pad: int, heads: list, forward_backward: Callable[..., dict]
                 ) -> tuple[float, dict[str, float]]:
     """Gradient attribution of every head's zero ablation from one forward and one backward per batch of full rows:
@@ -255,6 +274,38 @@ def attribution(samples: list[dict], batch: int, pad: int, heads: list, forward_
             est[f"L{l}H{h}"] += float((z[..., h, :] * grad[..., h, :])[real].sum())
     golds = [s["gold"] for s in samples]
     return metric(clean_scores, golds), est
+
+
+def attribution_prompts(samples: list[dict], batch: int, pad: int, heads: list, forward_backward: Callable[..., dict]
+                        ) -> tuple[float, dict[str, float]]:
+    """:func:`attribution` with each prompt run once (every candidate one token, read at the prompt's last position;
+    the prompts left-padded): ``forward_backward(ids, mask, objective) -> {layer: (z, grad)}``, ``[rows, pos, heads,
+    head_dim]``; the estimate sums over the real positions."""
+    if any(len(c) != 1 for s in samples for c in s["cands"]):
+        raise ValueError("attribution_prompts reads one-token candidates at the prompt's last position")
+    est = {f"L{l}H{h}": 0.0 for l, h in heads}
+    scores: list[list[float]] = []
+    for k in range(0, len(samples), batch):
+        part = samples[k:k + batch]
+        n = max(len(s["prompt"]) for s in part)
+        ids = torch.tensor([[pad] * (n - len(s["prompt"])) + s["prompt"] for s in part])
+        mask = torch.tensor([[0] * (n - len(s["prompt"])) + [1] * len(s["prompt"]) for s in part])
+
+        def objective(logits: torch.Tensor, part: list = part) -> torch.Tensor:
+            logp = torch.log_softmax(logits[:, -1].float(), -1)
+            total = torch.zeros(())
+            for b, s in enumerate(part):
+                vals = [logp[b, c[0]] for c in s["cands"]]
+                scores.append([float(v) for v in vals])
+                other = max((j for j in range(len(vals)) if j != s["gold"]), key=lambda j: float(vals[j]))
+                total = total + vals[s["gold"]] - vals[other]
+            return total / len(samples)
+
+        got = forward_backward(ids, mask, objective)
+        for l, h in heads:
+            z, grad = got[l]
+            est[f"L{l}H{h}"] += float((z[..., h, :] * grad[..., h, :])[mask.bool()].sum())
+    return metric(scores, [s["gold"] for s in samples]), est
 
 
 def attribution_best(samples: list[dict], pad: int, per: int, heads: list, run: Callable[..., Any],
@@ -367,18 +418,18 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
     elif form == "attr-best" and ssm:
         layers = sorted({l for l, _ in job["heads"]})
 
-        def fb(ids: torch.Tensor, objective: Callable) -> dict:
-            # full rows (no prompt cache), the graph from the first scanned layer's input, autograd.grad at z alone
+        def fb(ids: torch.Tensor, mask: torch.Tensor, objective: Callable) -> dict:
+            # each prompt once, the graph from the first scanned layer's input, autograd.grad at z alone
             zs: dict = {}
             leaf = [(f"blocks.{layers[0]}.hook_resid_pre", lambda x, hook: x.detach().requires_grad_(True))]
             keep = [(z_hook(l), lambda z, hook, l=l: zs.__setitem__(l, z)) for l in layers]
             with torch.enable_grad():
                 with bridge.hooks(fwd_hooks=leaf + keep):
-                    loss = objective(bridge(ids))
+                    loss = objective(bridge(ids, attention_mask=mask))
                 grads = torch.autograd.grad(loss, [zs[l] for l in layers])
             return {l: (by_head(zs[l].detach()), by_head(g)) for l, g in zip(layers, grads)}
 
-        clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
+        clean, drops = attribution_prompts(samples, job["batch"], pad, job["heads"], fb)
     elif form == "attr-best":
         layers = sorted({l for l, _ in job["heads"]})
         zs: list = []
@@ -439,17 +490,17 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
                               position_ids=pos, return_type="logits_and_cache")
 
         per = job["prompts"]
-        if ssm:  # heads stacked over copies of full rows
-            def forward(ids: torch.Tensor) -> torch.Tensor:
+        if ssm:  # each prompt once (one-token candidates), or full rows
+            def forward(ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
                 with bridge.hooks(fwd_hooks=hooks_now):
-                    return bridge(ids)
+                    return bridge(ids) if mask is None else bridge(ids, attention_mask=mask)
 
-            clean = metric(copies_scores(samples, job["batch"], pad, 1, forward)[0], golds)
+            clean = metric(ssm_scores(samples, job["batch"], pad, 1, forward)[0], golds)
             for group in chunks(job["heads"], job["stack"]):
                 hooks_now[:] = [(f"blocks.{l}.mixer.out_proj.hook_in", _copy_zero_cols(c, h * hd, (h + 1) * hd,
                                                                                        len(group)))
                                 for c, (l, h) in enumerate(group)]
-                for (l, h), s in zip(group, copies_scores(samples, job["batch"], pad, len(group), forward)):
+                for (l, h), s in zip(group, ssm_scores(samples, job["batch"], pad, len(group), forward)):
                     drops[f"L{l}H{h}"] = clean - metric(s, golds)
             return clean, drops, _tl_version()
         clean = metric(best_all(samples, pad, per, 1, run)[0], golds)
@@ -547,10 +598,10 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
     elif form == "attr-best" and ssm:
         layers = sorted({l for l, _ in job["heads"]})
 
-        def fb(ids: torch.Tensor, objective: Callable) -> dict:
-            # full rows (no prompt cache), the graph from the first scanned layer's input, autograd.grad at z alone
+        def fb(ids: torch.Tensor, mask: torch.Tensor, objective: Callable) -> dict:
+            # each prompt once, the graph from the first scanned layer's input, autograd.grad at z alone
             with torch.enable_grad():
-                with lm.trace(ids):
+                with lm.trace(ids, attention_mask=mask):
                     layers_of()[layers[0]].input.requires_grad_(True)
                     saved = [].save()
                     for l in layers:
@@ -560,7 +611,7 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
             shape = lambda t: t.detach().reshape(*t.shape[:2], -1, d)
             return {l: (shape(z), shape(g)) for l, z, g in zip(layers, saved, grads)}
 
-        clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
+        clean, drops = attribution_prompts(samples, job["batch"], pad, job["heads"], fb)
     elif form == "attr-best":
         layers = sorted({l for l, _ in job["heads"]})
         zs: list = []
@@ -579,21 +630,21 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
 
         clean, drops = attribution_best(samples, pad, job["prompts"], job["heads"], run, zs,
                                         lambda z: z.reshape(*z.shape[:2], -1, d))
-    elif ssm:  # best: heads stacked over copies of full rows
+    elif ssm:  # best: each prompt once (one-token candidates), or full rows
         stacked: list = []
 
-        def forward(ids: torch.Tensor) -> torch.Tensor:
+        def forward(ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
             size = ids.shape[0] // max(1, len(stacked))
-            with lm.trace(ids):
+            with lm.trace(ids, **({} if mask is None else {"attention_mask": mask})):
                 for c, (l, h) in enumerate(stacked):
                     z_of(l)[c * size:(c + 1) * size, :, h * d:(h + 1) * d] = 0
                 logits = lm.output.logits.save()
             return logits
 
-        clean = metric(copies_scores(samples, job["batch"], pad, 1, forward)[0], golds)
+        clean = metric(ssm_scores(samples, job["batch"], pad, 1, forward)[0], golds)
         for group in chunks(job["heads"], job["stack"]):
             stacked[:] = group
-            for (l, h), s in zip(group, copies_scores(samples, job["batch"], pad, len(group), forward)):
+            for (l, h), s in zip(group, ssm_scores(samples, job["batch"], pad, len(group), forward)):
                 drops[f"L{l}H{h}"] = clean - metric(s, golds)
             stacked[:] = []
     else:
@@ -713,12 +764,13 @@ def run_hf(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
 
 
 def _ssm_prefix(job: dict, hf: Any, pad: int) -> tuple[float, dict[str, float]]:
-    """The layer loop from a cached prefix on Mamba-2: full rows (prompt and candidate, right-padded: the model is
-    causal), one clean forward of each batch keeping every layer's input (forward pre-hooks); each head runs the layers
-    from its own on the kept input, a forward pre-hook on its mixer's ``out_proj`` zeroing the head's columns, and the
-    final norm and unembedding run at the read positions only."""
+    """The layer loop from a cached prefix on Mamba-2: each prompt once, left-padded, every candidate read at its last
+    position where all candidates are one token (else full rows, right-padded: the model is causal); one clean forward
+    of each batch keeps every layer's input (forward pre-hooks); each head runs the layers from its own on the kept
+    input, a forward pre-hook on its mixer's ``out_proj`` zeroing the head's columns, and the final norm and
+    unembedding run at the read positions only."""
     samples, d = job["samples"], job["head_dim"]
-    inner, rows = hf.backbone, full_rows(samples)
+    inner = hf.backbone
     clean = [[0.0] * len(s["cands"]) for s in samples]
     scores = {(l, h): [[0.0] * len(s["cands"]) for s in samples] for l, h in job["heads"]}
     zeroed: list = []
@@ -729,35 +781,54 @@ def _ssm_prefix(job: dict, hf: Any, pad: int) -> tuple[float, dict[str, float]]:
             x[..., h * d:(h + 1) * d] = 0.0
         return (x, *args[1:])
 
-    def read(part: list, x: torch.Tensor, out: list) -> None:  # x: the stream after the last layer
-        for b, (i, j, seq, p) in enumerate(part):
-            pos = torch.arange(p - 1, len(seq) - 1)
-            logp = torch.log_softmax(hf.lm_head(inner.norm_f(x[b, pos])).float(), -1)
-            out[i][j] = float(logp[torch.arange(len(pos)), torch.tensor(seq[p:])].sum())
+    def logp_at(x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(hf.lm_head(inner.norm_f(x)).float(), -1)
 
-    for k in range(0, len(rows), job["batch"]):
-        part = rows[k:k + job["batch"]]
+    units = []  # (ids, mask, reader(x after the last layer, scores))
+    if all(len(c) == 1 for s in samples for c in s["cands"]):
+        for k in range(0, len(samples), job["batch"]):
+            part = list(enumerate(samples))[k:k + job["batch"]]
+            n = max(len(s["prompt"]) for _, s in part)
+            ids = torch.tensor([[pad] * (n - len(s["prompt"])) + s["prompt"] for _, s in part])
+            mask = torch.tensor([[0] * (n - len(s["prompt"])) + [1] * len(s["prompt"]) for _, s in part])
+
+            def reader(x: torch.Tensor, out: list, part: list = part) -> None:
+                logp = logp_at(x[:, -1])
+                for b, (i, s) in enumerate(part):
+                    out[i] = [float(logp[b, c[0]]) for c in s["cands"]]
+            units.append((ids, mask, reader))
+    else:
+        rows = full_rows(samples)
+        for k in range(0, len(rows), job["batch"]):
+            part = rows[k:k + job["batch"]]
+
+            def reader(x: torch.Tensor, out: list, part: list = part) -> None:
+                for b, (i, j, seq, p) in enumerate(part):
+                    pos = torch.arange(p - 1, len(seq) - 1)
+                    out[i][j] = float(logp_at(x[b, pos])[torch.arange(len(pos)), torch.tensor(seq[p:])].sum())
+            units.append((right_padded([r[2] for r in part], pad), None, reader))
+    for ids, mask, reader in units:
         kept: dict[int, torch.Tensor] = {}
         taps = [layer.register_forward_pre_hook(lambda m, a, l=l: kept.__setitem__(l, a[0]))
                 for l, layer in enumerate(inner.layers)]
         try:
-            x = inner.embeddings(right_padded([r[2] for r in part], pad))
+            x = inner.embeddings(ids)
             for layer in inner.layers:
-                x = layer(x)
+                x = layer(x, attention_mask=mask)
         finally:
             for t in taps:
                 t.remove()
-        read(part, x, clean)
+        reader(x, clean)
         for l, h in job["heads"]:
             zeroed[:] = [h]
             handle = inner.layers[l].mixer.out_proj.register_forward_pre_hook(pre_hook)
             try:
                 x = kept[l]
                 for layer in inner.layers[l:]:
-                    x = layer(x)
+                    x = layer(x, attention_mask=mask)
             finally:
                 handle.remove()
-            read(part, x, scores[(l, h)])
+            reader(x, scores[(l, h)])
     golds = [s["gold"] for s in samples]
     base = metric(clean, golds)
     return base, {f"L{l}H{h}": base - metric(sc, golds) for (l, h), sc in scores.items()}
