@@ -968,7 +968,8 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
 
 ## Where ours is not ahead
 
-- **Attribution against the peers at their best: 1.4x on SmolLM2, 1.1-1.3x on the zoo transformer.** Written
+- **Attribution against the peers at their best: 1.4x on SmolLM2, 1.1-1.3x on the zoo transformer** (1.5-1.6x on
+  the zoo Mamba-2: 0.131 CPU s against 0.214 and 0.202). Written
   as an expert would -- the prompt run once and its key/value cache continued by the candidates, logits only where
   the metric reads, the graph starting at the first scanned layer, `torch.autograd.grad` at the heads' outputs --
   TransformerLens takes 4.73 CPU s and nnsight 4.70 against our 3.32 on SmolLM2 (8 prompts, the 18 heads of layers
@@ -976,7 +977,7 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
   (a profile of our row, 3.1 CPU s): 1.69 s is the linear layers of the one full forward every form runs and 0.91 s
   the backward from the last layer to layer 16, which the best forms run too; ours saves the rest (no logits beyond
   the reads, the log-probabilities at the reads computed blockwise over the vocabulary).
-- **The exact scan against prefix reuse written by hand: 1.3x on SmolLM2.** A loop over the Hugging Face decoder
+- **The exact scan against prefix reuse written by hand: 1.3x on SmolLM2, a tie on the zoo Mamba-2.** A loop over the Hugging Face decoder
   layers from a cached clean prefix (plain PyTorch: one clean pass keeps every layer's input and the key/value cache;
   each head's copies run the prompts and then the candidates through the layers from the head's own on, a forward
   pre-hook on `o_proj` zeroing the head) took 28.94 CPU s (1.61 a head) against our 21.93 (1.22) in the same run, 18
@@ -991,8 +992,12 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
   modules (`Envoy.skip`), which starts the prompt's forward at a layer, but a skipped layer computes no keys and
   values for the candidates to continue; it is not a row here. On the zoo transformer (two layers, 8 heads, a forward
   of 24 prompts taking milliseconds) there is little to skip and a forward's fixed costs decide, so the rows are
-  within a few hundredths of a second of each other. On the zoo Mamba-2 (four layers) the layer loop from a cached
-  prefix ties ours, and TransformerLens and nnsight at their best run MAMBA_BEST.
+  within a few hundredths of a second of each other. On the zoo Mamba-2 (four layers, 32 heads) the layer loop from a
+  cached prefix ties ours: 1.12 CPU s against 1.18, within both rows' spread over their three runs (1.12-1.31 and
+  1.18-1.34); a profile of ours (py-spy at 100 Hz) puts 92 % in transformers' PyTorch SSD scan of the blocks replayed
+  (`mamba2_chunk_scan`, `segment_sum`, `einsum`), the same blocks the loop runs, so nothing of our engine's is left
+  to save there. TransformerLens and nnsight at their best (each prompt once, heads stacked over copies, every block
+  run) take 2.18 and 2.24: 1.8-1.9x.
 - **Patterns: the same forward.** `patterns()` is one `run_with_cache` with the heads' `hook_pattern` as
   `names_filter` and `stop_at_layer` after their last layer, plus the token labels -- the "best" TransformerLens
   row is that very call, and the two rows are equal within their repeats (SmolLM2: 1.82 against 1.85 CPU s).
