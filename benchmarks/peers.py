@@ -817,11 +817,10 @@ JSON of each command is kept in `benchmarks/results/`, and
 
 writes this page from them. Every row's *CPU vs gna* is against our row of its own run (its command): a run's rows
 are compared with each other only, and our rows appear once per run. A commit marked `+dirty` had uncommitted edits
-to the docs or to this page's text, none to gna_interp. Rows of earlier forms of a peer's best are dropped from the
-kept JSON where a later run measured the form that replaced them: the zoo run's Mamba-2 rows (full rows, a prompt
-once per candidate) for `mamba2.json`'s, the SmolLM2 scans run's layer loop (its candidates through every layer) for
-`smollm2_prefix.json`'s. An edge row's JSON keeps its 500 strongest scores and its agreement as measured over all of
-them.
+to the docs or to this page's text, none to gna_interp. The zoo run's command also measured the zoo Mamba-2 (over
+full rows, a prompt once per candidate), and the SmolLM2 scans run a layer loop that ran the candidates through every
+layer; those rows are not kept: `mamba2.json` and `smollm2_prefix.json` hold the forms described below. An edge row's
+JSON keeps its 500 strongest scores and its agreement as measured over all of them.
 
 The zoo models: the scans' task (24 prompts of 10 pairs), every head, all 110 edges of the zoo transformer left out
 one at a time. Mamba-2: every head; its task's candidates are one token each, so its best forms run each prompt once
