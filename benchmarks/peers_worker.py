@@ -112,6 +112,14 @@ def right_padded(seqs: list[list[int]], pad: int) -> torch.Tensor:
     return torch.tensor([s + [pad] * (n - len(s)) for s in seqs])
 
 
+def left_padded(samples: list[dict], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples' prompts left-padded, with their attention mask (1 at real tokens)."""
+    n = max(len(s["prompt"]) for s in samples)
+    ids = torch.tensor([[pad] * (n - len(s["prompt"])) + s["prompt"] for s in samples])
+    mask = torch.tensor([[0] * (n - len(s["prompt"])) + [1] * len(s["prompt"]) for s in samples])
+    return ids, mask
+
+
 def plain_scores(samples: list[dict], batch: int, pad: int, forward: Callable[[torch.Tensor], torch.Tensor]
                  ) -> list[list[float]]:
     """Scores of every candidate from full rows, right-padded (causal: the padding after a row's tokens changes
@@ -135,9 +143,7 @@ class Layout:
 
     def __init__(self, samples: list[dict], pad: int) -> None:
         self.samples = samples
-        n = max(len(s["prompt"]) for s in samples)
-        self.prompt_ids = torch.tensor([[pad] * (n - len(s["prompt"])) + s["prompt"] for s in samples])
-        self.prompt_mask = torch.tensor([[0] * (n - len(s["prompt"])) + [1] * len(s["prompt"]) for s in samples])
+        self.prompt_ids, self.prompt_mask = left_padded(samples, pad)
         self.cont = [(i, j, c) for i, s in enumerate(samples) for j, c in enumerate(s["cands"]) if len(c) > 1]
         self.cont_src = torch.tensor([i for i, _, _ in self.cont], dtype=torch.long)
         if self.cont:
@@ -194,8 +200,7 @@ def best_all(samples: list[dict], pad: int, per: int, n_copies: int, run: Callab
 def copies_scores(samples: list[dict], batch: int, pad: int, n_copies: int, forward: Callable[[torch.Tensor], Any]
                   ) -> list[list[list[float]]]:
     """Scores of ``n_copies`` copies of the task from full rows, each batch of rows repeated copy-major in one forward
-    (copy ``k`` under the ablation the tool gives it): the best form written here for Mamba-2, whose prompt is not
-    cached and continued (that form is written for the attention models' key/value cache only)."""
+    (copy ``k`` under the ablation the tool gives it): :func:`ssm_scores` where a candidate has more than one token."""
     rows = full_rows(samples)
     out = [[[0.0] * len(s["cands"]) for s in samples] for _ in range(n_copies)]
     for k in range(0, len(rows), batch):
@@ -219,9 +224,7 @@ def ssm_scores(samples: list[dict], batch: int, pad: int, n_copies: int,
     out: list[list[list[float]]] = [[] for _ in range(n_copies)]
     for k in range(0, len(samples), batch):
         part = samples[k:k + batch]
-        n = max(len(s["prompt"]) for s in part)
-        ids = torch.tensor([[pad] * (n - len(s["prompt"])) + s["prompt"] for s in part])
-        mask = torch.tensor([[0] * (n - len(s["prompt"])) + [1] * len(s["prompt"]) for s in part])
+        ids, mask = left_padded(part, pad)
         logp = torch.log_softmax(forward(ids.repeat(n_copies, 1), mask.repeat(n_copies, 1))[:, -1].float(), -1)
         for c in range(n_copies):
             out[c] += [[float(logp[c * len(part) + b, cand[0]]) for cand in s["cands"]] for b, s in enumerate(part)]
@@ -287,9 +290,7 @@ def attribution_prompts(samples: list[dict], batch: int, pad: int, heads: list, 
     scores: list[list[float]] = []
     for k in range(0, len(samples), batch):
         part = samples[k:k + batch]
-        n = max(len(s["prompt"]) for s in part)
-        ids = torch.tensor([[pad] * (n - len(s["prompt"])) + s["prompt"] for s in part])
-        mask = torch.tensor([[0] * (n - len(s["prompt"])) + [1] * len(s["prompt"]) for s in part])
+        ids, mask = left_padded(part, pad)
 
         def objective(logits: torch.Tensor, part: list = part) -> torch.Tensor:
             logp = torch.log_softmax(logits[:, -1].float(), -1)
@@ -788,9 +789,7 @@ def _ssm_prefix(job: dict, hf: Any, pad: int) -> tuple[float, dict[str, float]]:
     if all(len(c) == 1 for s in samples for c in s["cands"]):
         for k in range(0, len(samples), job["batch"]):
             part = list(enumerate(samples))[k:k + job["batch"]]
-            n = max(len(s["prompt"]) for _, s in part)
-            ids = torch.tensor([[pad] * (n - len(s["prompt"])) + s["prompt"] for _, s in part])
-            mask = torch.tensor([[0] * (n - len(s["prompt"])) + [1] * len(s["prompt"]) for _, s in part])
+            ids, mask = left_padded([s for _, s in part], pad)
 
             def reader(x: torch.Tensor, out: list, part: list = part) -> None:
                 logp = logp_at(x[:, -1])
