@@ -108,6 +108,10 @@ ATTRIBUTION = ("gna-attribution", "tl-attr", "tl-attr-best", "nnsight-attr", "nn
 # edge attribution over the whole graph (ours: gna_interp.circuits.edges.edge_screen; auto-circuit in its own environment)
 AC_PINS = ["transformers==4.57.6", "transformer-lens==2.18.0", "auto-circuit==1.0.1", "pyarrow==21.0.0"]
 AC_TOOLS = ("ac-eap", "ac-eapig", "ac-exact")
+# mamba-lens (Mamba-1 only; benchmarks/peers_mambalens.py): its HookedMamba subclasses TransformerLens 2's
+# HookedTransformer, so it runs from an environment of its own, pinned as auto-circuit's
+ML_PINS = ["transformers==4.57.6", "transformer-lens==2.18.0", "pyarrow==21.0.0", "mamba-lens==0.0.4"]
+ML_TOOLS = ("ml-plain", "ml-best", "ml-attr", "ml-attr-best")
 EDGE_TOOLS = ("gna-eap", "gna-eapig", "gna-edge-exact") + AC_TOOLS
 EDGE_REF = {"gna-eap": "gna-eap", "ac-eap": "gna-eap", "gna-eapig": "gna-eapig", "ac-eapig": "gna-eapig",
             "gna-edge-exact": "gna-edge-exact", "ac-exact": "gna-edge-exact"}
@@ -161,6 +165,7 @@ def gna_version() -> str:
 # ---- the peers' environment ---------------------------------------------------------------------------------------
 PEER_PROBE = "import nnsight, pyvene"
 AC_PROBE = "import auto_circuit.prune_algos.mask_gradient, transformer_lens.HookedTransformer"
+ML_PROBE = "import mamba_lens, safetensors"
 
 
 def pinned_python(venv: Path, probe: str, pins: list[str], build: bool) -> tuple[Path | None, str]:

@@ -277,8 +277,8 @@ def test_the_graph_and_bad_wires(circuits):
 @pytest.mark.parametrize("key", NORM_FAMILIES)
 def test_edge_faithfulness_runs_where_blocks_normalise_or_scale(family, key):
     """The faithfulness curve of edge circuits on Gemma-3, OLMo-2 and Granite: its ends are the intact model and the
-    model with every head ablated, and a point is the edge circuit measured on its own."""
-    from gna_interp.circuits.search.sufficiency import edge_faithfulness
+    model with every head ablated (the node form's, to 1e-5), and a point is the edge circuit measured on its own."""
+    from gna_interp.circuits.search.sufficiency import edge_faithfulness, faithfulness
 
     model = family(key)
     every = EdgeCircuit(model, _task(), "mean", batch_size=8).wires()
@@ -289,6 +289,9 @@ def test_edge_faithfulness_runs_where_blocks_normalise_or_scale(family, key):
     assert frame.fraction.notna().all()
     ec = EdgeCircuit(model, _task(), "mean", batch_size=8)
     assert ranked.fraction[4] == pytest.approx(fx.fraction(results(ec.run([every[::-1][:4]])[0])), abs=1e-5)
+    node = faithfulness(model, _task(), [], sizes=[0], seeds=0, minimality=0, batch_size=8)
+    assert get_metric("logit_diff").value(fx.empty) == pytest.approx(get_metric("logit_diff").value(node.empty),
+                                                                     abs=1e-5)
 
 
 def test_a_block_whose_map_is_not_read_is_refused_with_its_reason(tmp_path):

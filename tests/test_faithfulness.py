@@ -245,3 +245,27 @@ def test_edge_circuits_curve_smallest_minimality_and_round_trip(models, tmp_path
     k = sum(w.sender == lead for w in every)
     assert {w.sender for w in led.order[:k]} == {lead} and lead not in {w.sender for w in led.order[k:]}
     assert [w for w in led.order if w.sender != lead] == [w for w in fx.order if w.sender != lead]
+
+
+@pytest.mark.parametrize("method", ["mean", "zero"])
+def test_the_edge_curves_size_0_is_every_head_ablated_so_a_node_curves_point_stands_for_it(models, method):
+    """Every edge out of a head ablated (the embeddings' and MLPs' kept, each MLP reading its own ablated stream) is
+    every head ablated: the edge curve's own size-0 pass equals the node curve's to 1e-5, and handed the node
+    curve's point (``empty=``) the edge curve reads it instead of a pass."""
+    from gna_interp.circuits.search.sufficiency import edge_faithfulness
+    from gna_interp.engine.metrics import get_metric
+
+    model = models("llama")
+    ld = get_metric("logit_diff")
+    node = faithfulness(model, _task(), [], method=method, sizes=[0], seeds=0, minimality=0, batch_size=16)
+    edge = edge_faithfulness(model, _task(), [], method=method, sizes=[0], seeds=0, minimality=0, batch_size=16)
+    for name in ("logit_diff", "accuracy"):
+        m = get_metric(name)
+        assert m.value(edge.empty) == pytest.approx(m.value(node.empty), abs=1e-5)
+    marked = {k: v + 1.0 for k, v in node.empty.items()}  # a stand-in that no pass gives
+    read = edge_faithfulness(model, _task(), [], method=method, sizes=[0], seeds=0, minimality=0, batch_size=16,
+                             empty=marked)
+    assert ld.value(read.empty) == pytest.approx(ld.value(marked))
+    every = edge_faithfulness(model, _task(), [], method=method, sizes=[0], seeds=0, minimality=0, batch_size=16,
+                              senders="all", empty=marked)  # with every edge ablated, the MLPs' too: measured
+    assert ld.value(every.empty) != pytest.approx(ld.value(marked))

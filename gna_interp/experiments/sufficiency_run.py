@@ -290,6 +290,7 @@ def run_sufficiency(model: "Model", task: "Task", scan: ScanSnapshot, folder: st
     stage (the command line's stage lines). Each stage's cost is measured (:class:`~gna_interp.engine.profile.Meter`)
     and recorded beside it in ``circuit_run.json`` (``profile``)."""
     from gna_interp.engine.profile import Meter
+    from gna_interp.engine.replay import shared_prefixes
 
     out = Path(folder)
     log = _RunLog(out, scan.run_id, settings, resume)
@@ -297,7 +298,7 @@ def run_sufficiency(model: "Model", task: "Task", scan: ScanSnapshot, folder: st
     steps = [("faithfulness", _faithfulness), ("edges", _edges), ("screen", _screen),
              ("edge_circuits", _edge_circuits), ("whole", _whole)]
     ctx = _Ctx(model, task, scan, out, settings, log, say, stage)
-    with Meter(model) as meter:
+    with Meter(model) as meter, shared_prefixes():  # one clean pass of each batch, whichever stage replays it
         for name, step in steps:
             resumed = log.done(name) is not None
             if resumed:
@@ -419,7 +420,8 @@ def _edge_circuits(c: _Ctx, res: Sufficiency) -> None:
         try:
             efx = edge_faithfulness(c.model, c.task, res.screen, method=s.method, threshold=s.threshold,
                                     seeds=s.edge_seeds, minimality=s.edge_minimality, precision=s.edge_precision,
-                                    first=res.faithfulness.smallest or None, batch_size=s.batch_size)
+                                    first=res.faithfulness.smallest or None, empty=res.faithfulness.empty,
+                                    batch_size=s.batch_size)
         except UnsupportedArchitectureError as e:
             c.say(f"no edge circuit: {e}")
             c.log.mark("edge_circuits", made=False)

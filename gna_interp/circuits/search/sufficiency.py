@@ -423,7 +423,8 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
 
 def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence[Edge] | GraphScores | Any",
                       config: FaithfulnessConfig | None = None, senders: str = "heads",
-                      first: Collection[str] | None = None, **overrides: Any) -> Faithfulness:
+                      first: Collection[str] | None = None, empty: Results | None = None,
+                      **overrides: Any) -> Faithfulness:
     """The faithfulness curve of edge circuits: the first ``k`` edges of ``ranked`` kept, every other edge of the
     model's whole graph ablated (:class:`~gna_interp.circuits.edges.edge_circuit.EdgeCircuit`), ``k`` over ``sizes``
     (default: powers of 4 from 1), beside ``seeds`` random edge circuits of each size; the smallest ranked edge circuit
@@ -436,7 +437,9 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
     (:class:`~gna_interp.circuits.edges.edge_circuit.EdgeCircuit`; default the edges out of heads, the embeddings' and MLPs'
     always kept). ``first``: senders whose edges come before every other edge, each part in its own order -- e.g. the
     heads of the smallest node circuit (:func:`faithfulness`), so that the search for the smallest edge circuit starts
-    inside it (every edge out of a node circuit's heads is that node circuit)."""
+    inside it (every edge out of a node circuit's heads is that node circuit). ``empty``: the task's results with
+    every head ablated the same way where already measured (a node curve's size 0, :func:`faithfulness`): with
+    ``senders="heads"`` that is the edge curve's size 0 (every edge out of a head ablated), read instead of a pass."""
     from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
 
     cfg = FaithfulnessConfig.build(config, **overrides)
@@ -460,10 +463,12 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
         raise InputError(f"a circuit of {sizes[-1]} edges cannot be drawn from the {n} edges of {model.name}")
     intact = results(ec.clean())
 
+    known = {n: intact, **({0: empty} if empty is not None and senders == "heads" else {})}
+
     def series(wires: Sequence[Any], ks: Sequence[int]) -> list[Results]:
-        todo = [k for k in ks if k < n]
-        got = dict(zip(todo, (results(r) for r in ec.run([wires[:k] for k in todo]))))
-        return [got.get(k, intact) for k in ks]
+        todo = [k for k in ks if k not in known]
+        got = {**known, **dict(zip(todo, (results(r) for r in ec.run([wires[:k] for k in todo]))))}
+        return [got[k] for k in ks]
 
     fx = _measure(cfg.method, "edges", order, every, sizes, cfg, series, lambda c: results(ec.run([c])[0]),
                   lambda circuit, members: [results(r) for r in ec.run_left_out(circuit, members)])
