@@ -3,6 +3,7 @@
     python benchmarks/peers.py                          # zoo transformer, zoo Mamba-2, SmolLM2-135M (when installed)
     python benchmarks/peers.py --models zoo --markdown   # the zoo transformer only; write docs/peers.md
     python benchmarks/peers.py --smallest               # seconds: the zoo transformer, 4 prompts, the tools here
+    python benchmarks/peers.py --models mamba1          # minutes: the zoo Mamba-1 (512 channels), ours and mamba-lens
     python benchmarks/peers.py --device cuda:0          # on a GPU
 
 Task: KV retrieval (``--pairs`` lines, ``--samples`` prompts, values 0-99; the zoo transformer its own word list and
@@ -28,6 +29,11 @@ Rows (each in a process of its own, ``benchmarks/peers_worker.py``, so that peak
   edge left out alone by both (:meth:`gna_interp.circuits.edges.edge_circuit.EdgeCircuit.run_without`, auto-circuit's
   ``patch_mode``): every edge up to ``--edge-exact``, else the screens' strongest. Our scores are summed over the
   position classes (auto-circuit's edges cover every position at once).
+- mamba-lens rows (the zoo Mamba-1 only; ``benchmarks/peers_mambalens.py``): its ``HookedMamba`` converted from the
+  model's safetensors, each channel zeroed at ``blocks.L.hook_after_skip`` (the input of ``out_proj``, where ours
+  zeroes it): ``run_with_hooks`` per head (plain), heads stacked over copies of each prompt run once and replayed from
+  their layer (best), and gradient attribution in both forms. The other workers' forms address attention heads and
+  Mamba-2 heads only: on Mamba-1 their rows say so.
 
 TransformerLens is a dependency of the project and always runs; nnsight and pyvene run from a virtual environment
 this script builds on first use (``--peers-venv``, default ``$GNA_CACHE/peers-venv`` or ``~/.cache/gna_interp/
@@ -36,11 +42,15 @@ reason when it cannot be built (``--no-build``: use it only if it is there). aut
 2's ``HookedTransformer``, which TransformerLens 4 no longer has: it runs from an environment of its own
 (``--ac-venv``, default ``$GNA_CACHE/auto-circuit-venv``: torch 2.13.0, then transformers 4.57.6, transformer-lens
 2.18.0, auto-circuit 1.0.1, and pyarrow 21.0.0, which loads with the NumPy 1 that TransformerLens 2 pins where the
-newest pyarrow does not), built and skipped alike.
+newest pyarrow does not), built and skipped alike. mamba-lens 0.0.4 subclasses that same ``HookedTransformer``:
+it runs from an environment of its own too (``--ml-venv``, default ``$GNA_CACHE/mamba-lens-venv``: torch 2.13.0,
+then transformers 4.57.6, transformer-lens 2.18.0, pyarrow 21.0.0, mamba-lens 0.0.4), built only when ``mamba1`` is
+among the models.
 
 The plain forms cost the same per head whatever head they remove, so on SmolLM2 they run on ``--plain-heads`` heads
-(the best forms and ours on ``--heads``); the table gives seconds per head. Agreement: max |drop difference| against
-``gna exact`` on the heads both ran, and the overlap of the top 10 (heads ranked by drop) where both ran 10 or more.
+(the best forms and ours on ``--heads``), on the zoo Mamba-1 on every 32nd channel; the table gives seconds per
+head. Agreement: max |drop difference| against ``gna exact`` on the heads both ran, and the overlap of the top 10
+(heads ranked by drop) where both ran 10 or more.
 Wall and CPU seconds (``time.process_time``: on shared cores the wall clock also measures the neighbours), peak
 resident-set growth during the scan.
 """
@@ -112,6 +122,20 @@ AC_TOOLS = ("ac-eap", "ac-eapig", "ac-exact")
 # HookedTransformer, so it runs from an environment of its own, pinned as auto-circuit's
 ML_PINS = ["transformers==4.57.6", "transformer-lens==2.18.0", "pyarrow==21.0.0", "mamba-lens==0.0.4"]
 ML_TOOLS = ("ml-plain", "ml-best", "ml-attr", "ml-attr-best")
+ATTRIBUTION += ("ml-attr", "ml-attr-best")
+LABELS.update({"ml-plain": "mamba-lens run_with_hooks loop",
+               "ml-best": "mamba-lens best (each prompt once, heads stacked over copies, replayed from their layer)",
+               "ml-attr": "mamba-lens gradient attribution (plain form)",
+               "ml-attr-best": "mamba-lens gradient attribution (best: each prompt once, graph from the first scanned "
+                               "layer, autograd.grad at the heads)"})
+# on Mamba-1: ours and mamba-lens's; the other workers' forms are written for attention heads and Mamba-2 heads
+MAMBA1_TOOLS = ("gna-exact", "gna-auto", "gna-attribution") + ML_TOOLS
+MAMBA1_NOT = {"pyvene-plain": SSM_NOT["pyvene-best"].replace("Mamba2ForCausalLM", "MambaForCausalLM"),
+              "pyvene-best": SSM_NOT["pyvene-best"].replace("Mamba2ForCausalLM", "MambaForCausalLM")}
+MAMBA1_WORKER = ("peers_worker.py's forms zero attention heads or Mamba-2 heads (kind ssm2), not Mamba-1 channels "
+                 "(measured: TransformerLens \"Hook name 'blocks.0.attn.hook_z' does not exist\", the layer loop "
+                 "\"'MambaForCausalLM' object has no attribute 'model'\")")
+MAMBA1_PLAIN = 32  # Mamba-1: the plain forms scan every 32nd channel (a head costs them the same whichever it is)
 EDGE_TOOLS = ("gna-eap", "gna-eapig", "gna-edge-exact") + AC_TOOLS
 EDGE_REF = {"gna-eap": "gna-eap", "ac-eap": "gna-eap", "gna-eapig": "gna-eapig", "ac-eapig": "gna-eapig",
             "gna-edge-exact": "gna-edge-exact", "ac-exact": "gna-edge-exact"}
@@ -165,7 +189,7 @@ def gna_version() -> str:
 # ---- the peers' environment ---------------------------------------------------------------------------------------
 PEER_PROBE = "import nnsight, pyvene"
 AC_PROBE = "import auto_circuit.prune_algos.mask_gradient, transformer_lens.HookedTransformer"
-ML_PROBE = "import mamba_lens, safetensors"
+ML_PROBE = "import mamba_lens, safetensors, transformers.models.mamba"
 
 
 def pinned_python(venv: Path, probe: str, pins: list[str], build: bool) -> tuple[Path | None, str]:
@@ -560,16 +584,27 @@ def edge_table(rows: list[dict]) -> list[str]:
 
 # ---- agreement and the table --------------------------------------------------------------------------------------
 def agreement(row: dict, ref: dict) -> dict:
-    """Max |drop difference| against ``ref`` on the heads both measured exactly; top-10 overlap where both have 10."""
+    """Max |drop difference| against ``ref`` on the heads both measured exactly; top-10 overlap where both have 10
+    (``ref`` ranked among the row's heads where the row scanned fewer: a plain form's subset)."""
     mine = {h: d for h, d in row["drops"].items() if "exact_heads" not in row or h in row["exact_heads"]}
     common = [h for h in mine if h in ref["drops"]]
     diff = max((abs(mine[h] - ref["drops"][h]) for h in common), default=float("nan"))
     top = float("nan")
-    if len(row["drops"]) >= 10 and len(ref["drops"]) >= 10:
+    theirs = {h: d for h, d in ref["drops"].items() if h in row["drops"]}
+    if len(row["drops"]) >= 10 and len(theirs) >= 10:
         a = sorted(row["drops"], key=lambda h: -row["drops"][h])[:10]
-        b = sorted(ref["drops"], key=lambda h: -ref["drops"][h])[:10]
+        b = sorted(theirs, key=lambda h: -theirs[h])[:10]
         top = len(set(a) & set(b))
     return {"max_abs_diff": diff, "top10_overlap": top, "compared_heads": len(common)}
+
+
+def missing(name: str, tool: str) -> str | None:
+    """Why ``tool`` has no row on the state-space model ``name`` (None where it runs)."""
+    if name == "mamba2" and tool not in MAMBA_TOOLS:
+        return SSM_NOT.get(tool, "not measured on Mamba-2 here")
+    if name == "mamba1" and tool not in MAMBA1_TOOLS:
+        return MAMBA1_NOT.get(tool, MAMBA1_WORKER)
+    return None
 
 
 def label(row: dict) -> str:
@@ -611,15 +646,20 @@ def table(rows: list[dict]) -> list[str]:
 
 
 # ---- models -------------------------------------------------------------------------------------------------------
+MODEL_LABELS = {"zoo": "zoo transformer", "mamba2": "zoo Mamba-2", "mamba1": "zoo Mamba-1"}
+SSM_MODELS = {"mamba2": "Mamba-2", "mamba1": "Mamba-1"}  # no attention patterns, no edge rows
+
+
 def setup(name: str, args: argparse.Namespace) -> tuple[Any, Any, list, list, dict]:
     """(model, task, heads for the best forms and ours, heads for the plain forms, the batch sizes: ``batch`` rows a
     forward in the plain forms and ours, ``stack`` heads and ``prompts`` prompts a forward in the best forms)."""
-    if name == "mamba2":
-        model = load_model("zoo:mamba2-kv", device=args.device)
+    if name in ("mamba2", "mamba1"):
+        model = load_model(f"zoo:{name}-kv", device=args.device)
         task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="official", seed=args.seed,
                            words=model.kv_words)
         heads = model.heads()
-        return model, task, heads, heads, {"batch": 64, "stack": 8, "prompts": 64}
+        plain = heads[::MAMBA1_PLAIN] if name == "mamba1" else heads
+        return model, task, heads, plain, {"batch": 64, "stack": 8, "prompts": 64}
     if name == "zoo":
         model = load_model("zoo:transformer-kv", device=args.device)
         task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="official", seed=args.seed,
@@ -637,7 +677,7 @@ def setup(name: str, args: argparse.Namespace) -> tuple[Any, Any, list, list, di
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="zoo,mamba2,smollm2", help="comma-separated: zoo, mamba2, smollm2")
+    ap.add_argument("--models", default="zoo,mamba2,smollm2", help="comma-separated: zoo, mamba2, mamba1, smollm2")
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--samples", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
@@ -651,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tools", default=",".join(("gna-exact", "gna-auto", "gna-attribution") + TL_TOOLS + PEER_TOOLS
-                                                + ("patterns",) + EDGE_TOOLS))
+                                                + ML_TOOLS + ("patterns",) + EDGE_TOOLS))
     ap.add_argument("--pattern-prompts", type=int, default=64, help="prompts of the patterns rows")
     ap.add_argument("--ig-steps", type=int, default=10, help="EAP-IG: our ig_steps, auto-circuit's "
                                                              "integrated_grad_samples")
@@ -668,7 +708,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers-venv", default=str(cache_dir() / "peers-venv"))
     ap.add_argument("--ac-venv", default=str(cache_dir() / "auto-circuit-venv"),
                     help="auto-circuit's environment (built on first use; TransformerLens 2)")
-    ap.add_argument("--no-build", action="store_true", help="do not build the peers' or auto-circuit's environment")
+    ap.add_argument("--ml-venv", default=str(cache_dir() / "mamba-lens-venv"),
+                    help="mamba-lens's environment (built on first use, when mamba1 is measured; TransformerLens 2)")
+    ap.add_argument("--no-build", action="store_true", help="do not build the peers', auto-circuit's or mamba-lens's "
+                                                            "environment")
     ap.add_argument("--smallest", action="store_true", help="seconds: the zoo transformer, 4 prompts, 3 pairs, "
                                                             "no environment built, no nnsight / pyvene plain loops, "
                                                             "no auto-circuit, no edge left out, each environment's "
@@ -696,6 +739,11 @@ def main(argv: list[str] | None = None) -> int:
     ac_py, ac_why = (None, "")
     if any(t in AC_TOOLS for t in tools):
         ac_py, ac_why = pinned_python(Path(args.ac_venv), AC_PROBE, AC_PINS, not args.no_build)
+    ml_py, ml_why = (None, "")
+    if any(t in ML_TOOLS for t in tools) and "mamba1" in args.models.split(","):
+        ml_py, ml_why = pinned_python(Path(args.ml_venv), ML_PROBE, ML_PINS, not args.no_build)
+    pythons = {**dict.fromkeys(TL_TOOLS, Path(sys.executable)), **dict.fromkeys(PEER_TOOLS, peer_py),
+               **dict.fromkeys(ML_TOOLS, ml_py)}  # each worker tool's interpreter (None: not there)
     tmp = Path(tempfile.mkdtemp(prefix="gna-peers-"))
     rows: list[dict] = []
     print(f"per-head zero-ablation scan, KV retrieval {args.pairs} pairs, {args.samples} prompts; "
@@ -709,34 +757,36 @@ def main(argv: list[str] | None = None) -> int:
         margs, mtools = for_model(name, args)
         model, task, heads, plain, sizes = setup(name, margs)
         samples = export_task(model, task)
-        label = {"zoo": "zoo transformer", "mamba2": "zoo Mamba-2"}.get(name, "SmolLM2-135M")
+        label = MODEL_LABELS.get(name, "SmolLM2-135M")
         site = model.head_site(heads[0])
         job = {"model_dir": model_dir(model), "samples": samples, "threads": args.threads, "device": args.device,
                "kind": heads[0].kind, "head_dim": site.stop - site.start, **sizes}
-        scans = [t for t in mtools if t != "patterns" and t not in EDGE_TOOLS]
-        workers: dict[str, tuple[Path, dict]] = {}  # the tools run by a worker: its interpreter and its job
+        scans = [t for t in mtools if t != "patterns" and t not in EDGE_TOOLS
+                 and (t not in ML_TOOLS or name == "mamba1")]  # mamba-lens: Mamba-1 only
+        workers: dict[str, tuple[Path, dict, str]] = {}  # the tools run by a worker: its interpreter, job, script
         for tool in scans:
-            if not (name == "mamba2" and tool not in MAMBA_TOOLS) and (tool in TL_TOOLS or tool in PEER_TOOLS
-                                                                       and peer_py is not None):
+            py = pythons.get(tool)
+            if missing(name, tool) is None and py is not None:
                 hs = plain if tool.endswith("-plain") or tool == "tl-patching" else heads
-                workers[tool] = (Path(sys.executable) if tool in TL_TOOLS else peer_py,
-                                 {**job, "tool": tool, "heads": [[h.layer, h.head] for h in hs]})
+                workers[tool] = (py, {**job, "tool": tool, "heads": [[h.layer, h.head] for h in hs]},
+                                 "peers_mambalens.py" if tool in ML_TOOLS else "peers_worker.py")
         shared: dict[str, dict] = {}
         if args.smallest:  # each environment's tools in one process: its imports once
-            for py in dict.fromkeys(p for p, _ in workers.values()):
-                ts = [t for t, (p, _) in workers.items() if p == py]
-                shared.update(zip(ts, run_workers(py, [workers[t][1] for t in ts], tmp)))
+            for py, script in dict.fromkeys((p, sc) for p, _, sc in workers.values()):
+                ts = [t for t, (p, _, sc) in workers.items() if (p, sc) == (py, script)]
+                shared.update(zip(ts, run_workers(py, [workers[t][1] for t in ts], tmp, script)))
         runs: dict[str, list[dict]] = {}
         for _ in range(args.repeats):  # the tools take turns; each row keeps its run of least CPU time
             for tool in scans:
-                if name == "mamba2" and tool not in MAMBA_TOOLS:
-                    r = {"tool": tool, "error": SSM_NOT.get(tool, "not measured on Mamba-2 here")}
+                if missing(name, tool) is not None:
+                    r = {"tool": tool, "error": missing(name, tool)}
                 elif tool.startswith("gna-"):
                     r = run_ours(model, task, heads, tool.split("-")[1], sizes["batch"])
                 elif tool in workers:
-                    r = shared[tool] if tool in shared else run_worker(*workers[tool], tmp)
+                    py, wjob, script = workers[tool]
+                    r = shared[tool] if tool in shared else run_worker(py, wjob, tmp, script)
                 else:
-                    r = {"tool": tool, "error": why}
+                    r = {"tool": tool, "error": ml_why if tool in ML_TOOLS else why}
                 runs.setdefault(tool, []).append(r)
         for tool in scans:
             r = best_of(runs[tool])
@@ -751,9 +801,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(r)
             print(table([r])[-1], flush=True)
         edge_tools = [t for t in mtools if t in EDGE_TOOLS]
-        if edge_tools and name == "mamba2":
-            found = [{"tool": t, "error": "auto-circuit's graphs are HookedTransformer's (TransformerLens 2 has no "
-                      "Mamba-2)" if t in AC_TOOLS else "not measured on Mamba-2 here"} for t in edge_tools]
+        if edge_tools and name in SSM_MODELS:
+            found = [{"tool": t, "error": f"auto-circuit's graphs are HookedTransformer's (TransformerLens 2 has no "
+                      f"{SSM_MODELS[name]})" if t in AC_TOOLS else f"not measured on {SSM_MODELS[name]} here"}
+                     for t in edge_tools]
         elif edge_tools:
             et = task if not margs.edge_one_token else one_token_task(margs, task.template, model)
             found = edge_rows(model, et, edge_tools, margs, tmp, sizes["batch"], ac_py, ac_why)
@@ -761,7 +812,7 @@ def main(argv: list[str] | None = None) -> int:
             r["model"] = label
             rows.append(r)
             print(table([r])[-1], flush=True)
-        if "patterns" in mtools and name != "mamba2":
+        if "patterns" in mtools and name not in SSM_MODELS:
             pt = KVRetrieval(n_pairs=args.pairs, n_samples=margs.pattern_prompts, template=task.template,
                              seed=args.seed, words=getattr(model, "kv_words", None))
             for r in pattern_rows(model, [smp.prompt for smp in pt.samples], heads):
@@ -851,6 +902,8 @@ one at a time. Mamba-2: every head; its task's candidates are one token each, so
 a forward as copies; the layer loop keeps each layer's input by forward pre-hooks and replays from each head's layer.
 Its attribution forms take the gradient at the mixers' `out_proj` inputs (the best forms each prompt once, the plain
 forms over full rows, a prompt once per candidate).
+Mamba-1: its 512 channels (`L0C0` ... `L3C127`), each a head, every one in ours and mamba-lens's best and attribution
+forms, every 32nd in its plain loop; the other tools' forms are not written for Mamba-1 and their rows say so.
 SmolLM2-135M, for time (its profile, `SMOLLM2` in `benchmarks/peers.py`; `--same-settings` runs it as the others): 8
 prompts and the 18 heads of layers 16-17 for every scan; no plain forms (they ran 15 to 40 times slower than the best
 forms on this model; the zoo rows show them) and no EAP-IG (auto-circuit's integrates 11 of its EAP passes). Its
@@ -917,6 +970,19 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   position classes items / decision / other: auto-circuit's edges cover every position at once), and
   `EdgeCircuit(model, task, "zero", senders="all").run_without([...])`, one set per edge: its wires at every position
   class.
+- **mamba-lens** 0.0.4 (`benchmarks/peers_mambalens.py`, from an environment of its own with TransformerLens 2.18.0
+  and transformers 4.57.6: its `HookedMamba` subclasses TransformerLens 2's `HookedTransformer`; Mamba-1 only): the
+  model folder's safetensors renamed to `mamba_ssm`'s names (`embeddings` -> `embedding`, the tied `lm_head`) and
+  converted by its `convert_original_state_dict_to_hooked_state_dict` into a `HookedMamba` of the folder's numbers
+  (no vocabulary padding), its own PyTorch conv and scan; checked against transformers' `MambaForCausalLM` on every
+  prompt + candidate row (logits within 1e-4, the JSON's `conversion_max_abs_diff`). A channel is zeroed at
+  `blocks.L.hook_after_skip` (`y * silu(z)`, the input of `out_proj`); *plain*: `run_with_hooks` per head over full
+  rows; *best*: each prompt once (right-padded: `HookedMamba` takes no attention mask), one `run_with_cache` keeping
+  each layer's `hook_resid_pre`, 8 heads a forward as copies replayed through `model.blocks` from their layer under
+  `model.hooks(...)` (its `start_at_layer` unpacks the input as token ids and fails on a residual), the final norm
+  and unembedding at the reads; *gradient attribution*: as TransformerLens's, forward and backward hooks on
+  `hook_after_skip` over full rows; *best*: each prompt once, the graph from the first scanned layer's
+  `hook_resid_pre`, `stop_at_layer` and the unembedding at the reads, `torch.autograd.grad` at the kept values.
 - **auto-circuit** 1.0.1 (`benchmarks/peers_autocircuit.py`, from an environment of its own with TransformerLens
   2.18.0 and transformers 4.57.6: auto-circuit wraps TransformerLens 2's `HookedTransformer`, which TransformerLens 4
   removed): the model folder's safetensors in `transformers.LlamaForCausalLM`, converted by TransformerLens's

@@ -37,7 +37,6 @@ A head is zeroed at ``blocks.{l}.hook_after_skip`` (``y * silu(z)``, the input o
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable

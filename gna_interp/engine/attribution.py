@@ -105,22 +105,36 @@ class _Recorder:
             raise RuntimeError(f"attribution: hooks {missing} did not fire on {self.model.name}")
 
 
-def _head_terms(r: Replacement, rec: _Recorder, grad: Tensor | None, proj: Tensor, mask: Tensor
-                ) -> tuple[float, float, float]:
-    """One head's first-order estimate ``Σ (a' − a) · ∂metric/∂a``, its summed relative residual write and
-    its absolute mass (the estimate's per-token terms summed in absolute value)."""
-    a = flat_channels(rec.acts[r.site.hook].detach(), r.site)[..., r.site.columns]
-    val = r.value(a.shape[0], a.shape[1])
-    repl = val.to(a.dtype) if isinstance(val, Tensor) else torch.full_like(a, float(val))
-    diff = (repl - a)[mask]
-    with torch.no_grad():
-        write = diff @ proj[:, r.site.columns].T.to(diff.dtype)
-        size = (write.norm(dim=-1) / rec.resid[r.site.head.layer][mask].norm(dim=-1).clamp_min(1e-12)).sum().double().item()
-    est = mass = 0.0
-    if grad is not None:
-        terms = (diff * flat_channels(grad, r.site)[..., r.site.columns][mask]).sum(-1).double()
-        est, mass = terms.sum().item(), terms.abs().sum().item()
-    return est, size, mass
+WRITE_BLOCK = 1 << 24  # values of the heads' writes held at once (tokens x heads x d_model) by :func:`_head_terms`
+
+
+@torch.no_grad()
+def _head_terms(rs: Sequence[Replacement], rec: _Recorder, grad: Tensor | None, proj: Tensor, mask: Tensor
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """Per head of ``rs`` (heads of one hook and one width): its first-order estimate ``Σ (a' − a) · ∂metric/∂a``,
+    its summed relative residual write and its absolute mass (the estimate's per-token terms summed in absolute
+    value); all heads at once, the writes a block of heads at a time."""
+    site, n = rs[0].site, len(rs)
+    w = site.stop - site.start
+    cols = (torch.tensor([r.site.start for r in rs])[:, None] + torch.arange(w)).flatten()
+    a = flat_channels(rec.acts[site.hook].detach(), site)[..., cols.to(mask.device)]
+    if all(r.rows is None for r in rs):  # zero or a mean: one value per channel
+        repl: Tensor = torch.cat([torch.zeros(w) if r.mean is None else r.mean.reshape(-1).cpu() for r in rs])
+    else:
+        repl = torch.cat([torch.as_tensor(r.like(a[..., :w])).expand(*a.shape[:2], w) for r in rs], -1)
+    diff = (repl.to(a.device, a.dtype) - a)[mask].view(-1, n, w)
+    resid = rec.resid[site.head.layer][mask].norm(dim=-1).clamp_min(1e-12)
+    out = proj[:, cols.to(proj.device)].to(diff.dtype).view(-1, n, w)
+    size = torch.zeros(n, dtype=torch.float64)
+    step = max(1, WRITE_BLOCK // max(1, diff.shape[0] * out.shape[0]))
+    for k in range(0, n, step):
+        write = torch.einsum("thw,dhw->thd", diff[:, k:k + step], out[:, k:k + step])
+        size[k:k + step] = (write.norm(dim=-1) / resid[:, None]).sum(0).double().cpu()
+    if grad is None:
+        return torch.zeros(n, dtype=torch.float64), size, torch.zeros(n, dtype=torch.float64)
+    g = flat_channels(grad, site)[..., cols.to(grad.device)][mask].view(-1, n, w)
+    terms = (diff * g).sum(-1).double()
+    return terms.sum(0).cpu(), size, terms.abs().sum(0).cpu()
 
 
 def _read(model: Model, chunk: Chunk, hooks: list[tuple[str, Callable[..., Tensor]]]) -> Tensor:
@@ -157,6 +171,9 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
     proj = {}
     for r in replaced:
         proj.setdefault(r.site.hook, model.output_projection(r.site.head))
+    groups: dict[tuple[str, int], list[int]] = {}  # the heads of one hook and width, scored together
+    for k, r in enumerate(replaced):
+        groups.setdefault((r.site.hook, r.site.stop - r.site.start), []).append(k)
     est = torch.zeros(len(replaced), dtype=torch.float64)
     size = torch.zeros(len(replaced), dtype=torch.float64)
     mass = torch.zeros(len(replaced), dtype=torch.float64)
@@ -179,11 +196,11 @@ def attribution_estimates(model: Model, plan: ScoringPlan, chunks: Sequence[Chun
                                                            allow_unused=True)))
         mask = chunk.batch.attention_mask.bool()
         n_tokens += int(mask.sum())
-        for k, r in enumerate(replaced):
-            e, z, a = _head_terms(r, rec, grads[r.site.hook], proj[r.site.hook], mask)
-            est[k] += e
-            size[k] += z
-            mass[k] += a
+        for hook_width, ks in groups.items():
+            e, z, a = _head_terms([replaced[k] for k in ks], rec, grads[hook_width[0]], proj[hook_width[0]], mask)
+            est[ks] += e
+            size[ks] += z
+            mass[ks] += a
         if progress is not None:
             progress(1)
     return Attribution(est, size / max(1, n_tokens), clean.result(), mass)
