@@ -105,7 +105,7 @@ class _Recorder:
             raise RuntimeError(f"attribution: hooks {missing} did not fire on {self.model.name}")
 
 
-WRITE_BLOCK = 1 << 24  # values of the heads' writes held at once (tokens x heads x d_model) by :func:`_head_terms`
+WRITE_BLOCK = 1 << 24  # values of the heads' ablated channels taken at once (tokens x heads x width), :func:`_head_terms`
 
 
 @torch.no_grad()
@@ -113,7 +113,8 @@ def _head_terms(rs: Sequence[Replacement], rec: _Recorder, grad: Tensor | None, 
                 ) -> tuple[Tensor, Tensor, Tensor]:
     """Per head of ``rs`` (heads of one hook and one width): its first-order estimate ``Σ (a' − a) · ∂metric/∂a``,
     its summed relative residual write and its absolute mass (the estimate's per-token terms summed in absolute
-    value); all heads at once, the writes a block of heads at a time."""
+    value); all heads at once, a block of heads at a time. A write's size is read off its channels and the head's
+    Gram matrix ``WᵀW`` (``W`` its columns of the output projection), in float64."""
     site, n = rs[0].site, len(rs)
     w = site.stop - site.start
     cols = (torch.tensor([r.site.start for r in rs])[:, None] + torch.arange(w)).flatten()
@@ -124,12 +125,14 @@ def _head_terms(rs: Sequence[Replacement], rec: _Recorder, grad: Tensor | None, 
         repl = torch.cat([torch.as_tensor(r.like(a[..., :w])).expand(*a.shape[:2], w) for r in rs], -1)
     diff = (repl.to(a.device, a.dtype) - a)[mask].view(-1, n, w)
     resid = rec.resid[site.head.layer][mask].norm(dim=-1).clamp_min(1e-12)
-    out = proj[:, cols.to(proj.device)].to(diff.dtype).view(-1, n, w)
+    out = proj[:, cols.to(proj.device)].double().view(-1, n, w)
+    gram = torch.einsum("dhi,dhj->hij", out, out)  # |write|² = diff (WᵀW) diffᵀ, a head's Gram matrix
     size = torch.zeros(n, dtype=torch.float64)
-    step = max(1, WRITE_BLOCK // max(1, diff.shape[0] * out.shape[0]))
+    step = max(1, WRITE_BLOCK // max(1, diff.shape[0] * w))
     for k in range(0, n, step):
-        write = torch.einsum("thw,dhw->thd", diff[:, k:k + step], out[:, k:k + step])
-        size[k:k + step] = (write.norm(dim=-1) / resid[:, None]).sum(0).double().cpu()
+        d = diff[:, k:k + step].double()
+        sq = torch.einsum("thi,hij,thj->th", d, gram[k:k + step], d).clamp_min(0)
+        size[k:k + step] = (sq.sqrt() / resid[:, None].double()).sum(0).cpu()
     if grad is None:
         return torch.zeros(n, dtype=torch.float64), size, torch.zeros(n, dtype=torch.float64)
     g = flat_channels(grad, site)[..., cols.to(grad.device)][mask].view(-1, n, w)
