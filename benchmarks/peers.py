@@ -149,7 +149,7 @@ LABELS.update({"gna-eap": "gna edge screen (EAP)", "gna-eapig": "gna edge screen
 # SmolLM2-135M's rows, for time (unless --same-settings): 8 prompts, no plain forms (they ran 15 to 40 times slower
 # than the best forms on it; the zoo shows them), no EAP-IG (auto-circuit's integrates 11 of its EAP passes), the edge
 # rows on the one-token task (auto-circuit reads one position), auto-circuit's EAP a prompt a forward (its backward
-# keeps every receiver's differences to all its senders) and the 10 strongest edges of the screens left out alone
+# keeps every receiver's differences to all its senders) and each screen's 5 strongest edges left out alone
 SMOLLM2 = {"samples": 8, "edge_one_token": True, "ac_grad_batch": 1, "edge_exact": 10}
 SMOLLM2_SKIPS = ("tl-plain", "tl-patching", "tl-attr", "nnsight-plain", "pyvene-plain", "nnsight-attr", "gna-eapig",
                  "ac-eapig")
@@ -892,9 +892,12 @@ whole table is one run,
 
     python benchmarks/peers.py --threads 1 --json benchmarks/results/peers.json --markdown
 
-its JSON kept in `benchmarks/results/peers.json`; `python benchmarks/peers.py --models '' --markdown --include
-benchmarks/results/peers.json` writes this page again from it. An edge row's JSON keeps its 500 strongest scores and
-its agreement as measured over all of them.
+its JSON kept in `benchmarks/results/peers.json`, and the zoo Mamba-1's rows a run of their own (mamba-lens has an
+environment of its own), `python benchmarks/peers.py --models mamba1 --threads 1 --json
+benchmarks/results/mamba1.json`; `python benchmarks/peers.py --models '' --markdown --include
+benchmarks/results/peers.json,benchmarks/results/mamba1.json` writes this page again from them. Every row's *CPU vs
+gna* is against our row of its own run. An edge row's JSON keeps its 500 strongest scores and its agreement as
+measured over all of them.
 
 The zoo models: the scans' task (24 prompts of 10 pairs), every head, all 110 edges of the zoo transformer left out
 one at a time. Mamba-2: every head; its task's candidates are one token each, so its best forms run each prompt once
@@ -909,7 +912,8 @@ prompts and the 18 heads of layers 16-17 for every scan; no plain forms (they ra
 forms on this model; the zoo rows show them) and no EAP-IG (auto-circuit's integrates 11 of its EAP passes). Its
 edge rows use 8 prompts of KV retrieval with values 0-9 and candidates without their line break (one token each, as
 auto-circuit's metrics need; the model fails this variant, which matters to a circuit and not to the tools'
-agreement), auto-circuit's EAP one prompt a forward, and the 10 strongest edges of the screens left out one at a time."""
+agreement), auto-circuit's EAP one prompt a forward, and the strongest edges left out one at a time (`--edge-exact
+10`: each screen's 5 strongest; ours and auto-circuit's rank the same 5 first)."""
 
 NOTES_TAIL = """Columns: *heads* the heads a row measured; *wall s* / *CPU s* the whole row (CPU: `time.process_time`, the
 fair clock on shared cores); *peak MiB* the resident-set growth during the row (the tool's process, the model
@@ -1054,39 +1058,40 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
 
 ## Where ours is not ahead
 
-- **Attribution against the peers at their best: 1.4x on SmolLM2, 1.1-1.3x on the zoo transformer** (1.5-1.6x on
-  the zoo Mamba-2: 0.131 CPU s against 0.214 and 0.202). Written
-  as an expert would -- the prompt run once and its key/value cache continued by the candidates, logits only where
-  the metric reads, the graph starting at the first scanned layer, `torch.autograd.grad` at the heads' outputs --
-  TransformerLens takes 4.73 CPU s and nnsight 4.70 against our 3.32 on SmolLM2 (8 prompts, the 18 heads of layers
-  16-17, agreeing to 2.3e-5); the plain forms' 11x of earlier tables was a lead over that idiom only. Why not more
-  (a profile of our row, 3.1 CPU s): 1.69 s is the linear layers of the one full forward every form runs and 0.91 s
-  the backward from the last layer to layer 16, which the best forms run too; ours saves the rest (no logits beyond
-  the reads, the log-probabilities at the reads computed blockwise over the vocabulary).
-- **The exact scan against prefix reuse written by hand: 1.3x on SmolLM2, a tie on the zoo Mamba-2.** A loop over the Hugging Face decoder
-  layers from a cached clean prefix (plain PyTorch: one clean pass keeps every layer's input and the key/value cache;
-  each head's copies run the prompts and then the candidates through the layers from the head's own on, a forward
-  pre-hook on `o_proj` zeroing the head) took 28.94 CPU s (1.61 a head) against our 21.93 (1.22) in the same run, 18
-  heads agreeing to 2.0e-5 (`smollm2_prefix.json`). Both run the same blocks; a profile of the loop's row (py-spy at
-  50 Hz, 31 CPU s) puts 65 % in the linear layers of those blocks -- about 20 s, what our whole scan takes -- 12 % in
-  grouped-query attention's `repeat_kv` and 7 % in `batch_select_indices` over the candidates' rows (each carrying a
-  copy of its prompt's cache) and 7 % in the full-vocabulary logits at the reads: our lead here is packing every
-  candidate of a prompt into one row after it and computing the log-probabilities at the reads alone.
-  TransformerLens, nnsight and pyvene at their best (the prompt's cache continued by the candidates, logits only at
-  the reads, several heads a forward, every block run) took 55.1-55.5 CPU s against our 20.43 in their run: 2.7x, the
-  part of it beyond 1.3x being the replay from each head's layer (here 13-14 of the 30 blocks). nnsight can skip
-  modules (`Envoy.skip`), which starts the prompt's forward at a layer, but a skipped layer computes no keys and
-  values for the candidates to continue; it is not a row here. On the zoo transformer (two layers, 8 heads, a forward
-  of 24 prompts taking milliseconds) there is little to skip and a forward's fixed costs decide, so the rows are
-  within a few hundredths of a second of each other. On the zoo Mamba-2 (four layers, 32 heads) the layer loop from a
-  cached prefix ties ours: 1.12 CPU s against 1.18, within both rows' spread over their three runs (1.12-1.31 and
-  1.18-1.34); a profile of ours (py-spy at 100 Hz) puts 92 % in transformers' PyTorch SSD scan of the blocks replayed
-  (`mamba2_chunk_scan`, `segment_sum`, `einsum`), the same blocks the loop runs, so nothing of our engine's is left
-  to save there. TransformerLens and nnsight at their best (each prompt once, heads stacked over copies, every block
-  run) take 2.18 and 2.24: 1.8-1.9x.
+- **Attribution against the peers at their best: 1.5x on SmolLM2, 1.1-1.5x on the zoo transformer, 1.4-1.5x on the
+  zoo Mamba-2, M1_ATTR on the zoo Mamba-1.** Written as an expert would -- the prompt run once and its key/value
+  cache continued by the candidates, logits only where the metric reads, the graph starting at the first scanned
+  layer, `torch.autograd.grad` at the heads' outputs -- TransformerLens takes 4.67 CPU s and nnsight 4.74 against
+  our 3.19 on SmolLM2 (8 prompts, the 18 heads of layers 16-17, agreeing to 2.3e-5); the plain forms' 8-13x is a
+  lead over that idiom only. Why not more (a py-spy profile of our row, 3.1 CPU s, at commit d90ed27): 1.69 s is
+  the linear layers of the one full forward every form runs and 0.91 s the backward from the last layer to layer
+  16, which the best forms run too; ours saves the rest (no logits beyond the reads, the log-probabilities at the
+  reads computed blockwise over the vocabulary). M1_WHY
+- **The exact scan against prefix reuse written by hand: 1.5x on SmolLM2, a tie on the zoo Mamba-2.** A loop over
+  the Hugging Face decoder layers from a cached clean prefix (plain PyTorch: one clean pass keeps every layer's
+  input and the key/value cache; each head's copies run the prompts and then the candidates through the layers
+  from the head's own on, a forward pre-hook on `o_proj` zeroing the head) took 29.30 CPU s (1.63 a head) against
+  our 20.06 (1.11), 18 heads agreeing to 2.0e-5. Both run the same blocks; a py-spy profile of the loop's row (50
+  Hz, 31 CPU s, at commit 637b00a) puts 65 % in the linear layers of those blocks -- about 20 s, what our whole
+  scan takes -- 12 % in grouped-query attention's `repeat_kv` and 7 % in `batch_select_indices` over the
+  candidates' rows (each carrying a copy of its prompt's cache) and 7 % in the full-vocabulary logits at the reads:
+  our lead here is packing every candidate of a prompt into one row after it and computing the log-probabilities
+  at the reads alone. TransformerLens, nnsight and pyvene at their best (the prompt's cache continued by the
+  candidates, logits only at the reads, several heads a forward, every block run) took 55.9-57.3 CPU s: 2.8-2.9x,
+  the part of it beyond 1.5x being the replay from each head's layer (here 13-14 of the 30 blocks). nnsight can
+  skip modules (`Envoy.skip`), which starts the prompt's forward at a layer, but a skipped layer computes no keys
+  and values for the candidates to continue; it is not a row here. On the zoo transformer (two layers, 8 heads, a
+  forward of 24 prompts taking milliseconds) there is little to skip and a forward's fixed costs decide, so the
+  rows are within a few hundredths of a second of each other. On the zoo Mamba-2 (four layers, 32 heads) the layer
+  loop from a cached prefix ties ours: 1.22 CPU s against 1.23, within both rows' spread over their three runs
+  (1.22-1.53 and 1.23-1.57); a py-spy profile of ours (100 Hz, at commit 637b00a) puts 92 % in transformers'
+  PyTorch SSD scan of the blocks replayed (`mamba2_chunk_scan`, `segment_sum`, `einsum`), the same blocks the loop
+  runs, so nothing of our engine's is left to save there. TransformerLens and nnsight at their best (each prompt
+  once, heads stacked over copies, every block run) take 2.31 and 2.20: 1.8-1.9x.
 - **Patterns: the same forward.** `patterns()` is one `run_with_cache` with the heads' `hook_pattern` as
   `names_filter` and `stop_at_layer` after their last layer, plus the token labels -- the "best" TransformerLens
-  row is that very call, and the two rows are equal within their repeats (SmolLM2: 1.82 against 1.85 CPU s).
+  row is that very call, and the two rows are equal within their repeats (SmolLM2: 7.20 against 7.19 CPU s; the
+  zoo transformer: 0.02 each).
 """
 
 

@@ -269,3 +269,11 @@ def test_the_edge_curves_size_0_is_every_head_ablated_so_a_node_curves_point_sta
     every = edge_faithfulness(model, _task(), [], method=method, sizes=[0], seeds=0, minimality=0, batch_size=16,
                               senders="all", empty=marked)  # with every edge ablated, the MLPs' too: measured
     assert ld.value(every.empty) != pytest.approx(ld.value(marked))
+
+
+def test_the_edge_grid_is_powers_of_4_from_a_ten_thousandth_of_the_graph():
+    from gna_interp.circuits.search.sufficiency import edge_grid
+
+    assert edge_grid(110) == [0, 1, 4, 16, 64, 110]  # a small graph: from one edge
+    assert edge_grid(189_000) == [0, 64, 256, 1024, 4096, 16384, 65536, 189_000]  # SmolLM2's: 19 edges and more
+    assert edge_grid(1) == [0, 1]
