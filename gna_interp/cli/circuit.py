@@ -75,7 +75,7 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                         "forwards; 3 for their spread)")
     p.add_argument("--minimality", type=at_least(0), default=None,
                    help="measure the own contribution of the smallest circuit's first N heads, each replayed from its "
-                        "layer (default 10; --quick 0)")
+                        "layer (default 5; --quick 0)")
     p.add_argument("--edges", type=at_least(0), default=None,
                    help="measure the edge table among the first N heads of the circuit (the ranking without its generic "
                         "heads) by path patching (k/v at the lines and at the decision, q at the decision, each head's "
@@ -99,7 +99,7 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                         "size (default 0.05; --quick 0.1)")
     p.add_argument("--edge-minimality", type=at_least(0), default=None,
                    help="measure the own contribution of the smallest edge circuit's first N edges, each run from the "
-                        "block that reads it (default 8; --quick 0)")
+                        "block that reads it (default 4; --quick 0)")
     compute_args(p)
     p.add_argument("--out", default="gna_circuit", help="output folder (default gna_circuit)")
     resume_args(p, "continue an earlier gna circuit run in --out: its finished stages are read back, not measured "
@@ -111,9 +111,9 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
 IG_STEPS_CAP = 1000  # integrated-gradient points of the screen (EAP-IG converges within tens)
 
 # The options --quick sets when they are not given: (default, quick).
-PRESETS = {"samples": (0, 10), "edge_precision": (0.05, 0.1), "seeds": (1, 1), "minimality": (10, 0), "edges": (5, 0),
+PRESETS = {"samples": (0, 10), "edge_precision": (0.05, 0.1), "seeds": (1, 1), "minimality": (5, 0), "edges": (5, 0),
            "verify": (40, 20), "edge_seeds": (0, 0),
-           "edge_minimality": (8, 0)}
+           "edge_minimality": (4, 0)}
 
 
 def run_circuit(args: argparse.Namespace) -> int:

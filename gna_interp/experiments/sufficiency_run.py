@@ -57,13 +57,13 @@ class SufficiencySettings:
     sizes: tuple[int, ...] | None = None
     samples: int = 0
     seeds: int = 1
-    minimality: int = 10
+    minimality: int = 5
     edges: int = 5
     verify: int = 40
     ig_steps: int = 0
     edge_seeds: int = 0
     edge_precision: float = 0.05
-    edge_minimality: int = 8
+    edge_minimality: int = 4
     batch_size: int = 16
     model: str | None = None
     dtype: str = "float32"
