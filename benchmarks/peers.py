@@ -1044,17 +1044,17 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
 
 ## What each can and cannot do
 
-| | TransformerLens 4.3 | nnsight 0.8 | pyvene 0.1.8 | auto-circuit 1.0.1 | gna_interp |
-|---|---|---|---|---|---|
-| attention heads, GQA | yes (`hook_z` per query head) | yes (any module's input/output) | yes for the model types it maps (Llama, GPT-2, ...) | TransformerLens 2's `HookedTransformer` only; GQA with `ungroup_grouped_query_attention` | yes |
-| Mamba-2 / SSM heads | yes: the mixer's `out_proj.hook_in` columns | yes: any module | no: no mapping for Mamba (a row of the table) | no: TransformerLens 2 has no Mamba (a row of the table) | yes (`ssm2` heads, implicit attention) |
-| hybrids (Jamba, Bamba, ...) | adapters for several | any module | no | no | yes |
-| multi-token candidates | by hand (the metric reads the logits) | by hand | by hand | no: its metrics read one position's logits | planned rows, packed per prompt |
-| several heads per forward | by hand (batch copies, hooks index them) | by hand, or one invoke per copy | per-example unit locations | any set of edges a forward (its masks), one set a forward | stacked replays |
-| prompt reuse across heads | the prompt's key/value cache continued by the candidates (the best forms); no replay from a layer | the same cache; modules can be skipped (`Envoy.skip`), which starts a forward at a layer but leaves the skipped layers' keys and values uncomputed (not a row here); a plain loop over the layers from a cached prefix is a row | the same cache through `base` | a cached prefix that clean and corrupt prompts share | clean prefix, replay from the head's layer |
-| attribution | backward hooks on any hook | `.grad` inside `loss.backward()` | trainable interventions (DAS), not gradient attribution | edges: EAP, EAP-IG (mask gradients), ACDC, subnetwork probing | one pass, with the cancellation mass and a bound |
-| edges of the whole graph | by hand (split q/k/v inputs, per-head results) | by hand | no | every position at once, or each position of equal-length prompts | three position classes; exact edge circuits and path patching |
-| padding | attention masks | attention masks | attention masks | none: a batch holds prompts of one length | attention masks |
+| | TransformerLens 4.3 | nnsight 0.8 | pyvene 0.1.8 | auto-circuit 1.0.1 | mamba-lens 0.0.4 | gna_interp |
+|---|---|---|---|---|---|---|
+| attention heads, GQA | yes (`hook_z` per query head) | yes (any module's input/output) | yes for the model types it maps (Llama, GPT-2, ...) | TransformerLens 2's `HookedTransformer` only; GQA with `ungroup_grouped_query_attention` | no: Mamba-1 only (`HookedMamba`) | yes |
+| Mamba-2 / SSM heads | yes: the mixer's `out_proj.hook_in` columns | yes: any module | no: no mapping for Mamba (a row of the table) | no: TransformerLens 2 has no Mamba (a row of the table) | Mamba-1 channels: `hook_after_skip` (`y * silu(z)`) per channel (a row of the table) | yes (`ssm2` heads, implicit attention) |
+| hybrids (Jamba, Bamba, ...) | adapters for several | any module | no | no | no | yes |
+| multi-token candidates | by hand (the metric reads the logits) | by hand | by hand | no: its metrics read one position's logits | by hand | planned rows, packed per prompt |
+| several heads per forward | by hand (batch copies, hooks index them) | by hand, or one invoke per copy | per-example unit locations | any set of edges a forward (its masks), one set a forward | by hand (batch copies under `model.hooks`) | stacked replays |
+| prompt reuse across heads | the prompt's key/value cache continued by the candidates (the best forms); no replay from a layer | the same cache; modules can be skipped (`Envoy.skip`), which starts a forward at a layer but leaves the skipped layers' keys and values uncomputed (not a row here); a plain loop over the layers from a cached prefix is a row | the same cache through `base` | a cached prefix that clean and corrupt prompts share | by hand: `model.blocks` run from a layer on its `hook_resid_pre` (its `start_at_layer` fails on a residual input) | clean prefix, replay from the head's layer |
+| attribution | backward hooks on any hook | `.grad` inside `loss.backward()` | trainable interventions (DAS), not gradient attribution | edges: EAP, EAP-IG (mask gradients), ACDC, subnetwork probing | backward hooks on any hook | one pass, with the cancellation mass and a bound |
+| edges of the whole graph | by hand (split q/k/v inputs, per-head results) | by hand | no | every position at once, or each position of equal-length prompts | by hand | three position classes; exact edge circuits and path patching |
+| padding | attention masks | attention masks | attention masks | none: a batch holds prompts of one length | none: no attention mask (right padding, reads before it) | attention masks |
 
 ## Where ours is not ahead
 

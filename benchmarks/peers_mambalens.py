@@ -44,7 +44,8 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_worker import TIMER, _version, attribution, chunks, metric, plain_scores, right_padded, serve  # noqa: E402
+from peers_worker import (TIMER, _version, attribution, chunks, hooked_grads, metric, plain_scores,  # noqa: E402
+                          right_padded, serve)
 
 TOOLS = ("ml-plain", "ml-best", "ml-attr", "ml-attr-best")
 CONVERSION_TOL = 1e-4
@@ -149,15 +150,7 @@ def run(job: dict, model: Any, form: str) -> tuple[float, dict[str, float]]:
             drops[f"L{l}H{h}"] = clean - metric(s, golds)
         return clean, drops
     if form == "attr":
-        def fb(ids: torch.Tensor, objective: Callable) -> dict:
-            keep: dict = {}
-            fwd = [(hook(l), lambda z, hook, l=l: keep.__setitem__(("z", l), z.detach())) for l in layers]
-            bwd = [(hook(l), lambda g, hook, l=l: keep.__setitem__(("g", l), g.detach())) for l in layers]
-            leaf = [("hook_embed", lambda x, hook: x.detach().requires_grad_(True))]  # the graph starts here
-            with torch.enable_grad(), model.hooks(fwd_hooks=leaf + fwd, bwd_hooks=bwd):
-                objective(model(ids)).backward()
-            return {l: (keep[("z", l)].unsqueeze(-1), keep[("g", l)].unsqueeze(-1)) for l in layers}  # per channel
-
+        fb = hooked_grads(model, hook, layers, lambda x: x.unsqueeze(-1))  # a channel a unit
         units = [(l, c) for l, h in job["heads"] for c in range(h, h + w)]
         clean, est = attribution(samples, job["batch"], pad, units, fb)
         return clean, {f"L{l}H{h}": sum(est[f"L{l}H{c}"] for c in range(h, h + w)) for l, h in job["heads"]}

@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import resource
 import sys
 import time
 from typing import Any, Callable
@@ -231,6 +230,22 @@ def ssm_scores(samples: list[dict], batch: int, pad: int, n_copies: int,
     return out
 
 
+
+def hooked_grads(model: Any, hook_of: Callable[[int], str], layers: list[int], by: Callable[[torch.Tensor], Any]
+                 ) -> Callable[[torch.Tensor, Callable], dict]:
+    """:func:`attribution`'s forward-backward in TransformerLens's own idiom (its bridge, or a ``HookedTransformer``
+    such as mamba-lens's): a forward hook keeps each layer's ``hook_of(layer)`` value, a backward hook its gradient,
+    the graph from ``hook_embed``; per layer ``(by(value), by(gradient))``."""
+    def fb(ids: torch.Tensor, objective: Callable) -> dict:
+        keep: dict = {}
+        fwd = [(hook_of(l), lambda z, hook, l=l: keep.__setitem__(("z", l), z.detach())) for l in layers]
+        bwd = [(hook_of(l), lambda g, hook, l=l: keep.__setitem__(("g", l), g.detach())) for l in layers]
+        leaf = [("hook_embed", lambda x, hook: x.detach().requires_grad_(True))]  # the graph starts here
+        with torch.enable_grad(), model.hooks(fwd_hooks=leaf + fwd, bwd_hooks=bwd):
+            objective(model(ids)).backward()
+        return {l: (by(keep[("z", l)]), by(keep[("g", l)])) for l in layers}
+    return fb
+
 def attribution(samples: list[dict], batch: int, pad: int, heads: list, forward_backward: Callable[..., dict]
                 ) -> tuple[float, dict[str, float]]:
     """Gradient attribution of every head's zero ablation from one forward and one backward per batch of full rows:
@@ -405,17 +420,7 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
     elif form == "attr":
         layers = sorted({l for l, _ in job["heads"]})
 
-        def fb(ids: torch.Tensor, objective: Callable) -> dict:
-            # TransformerLens's own gradient hooks: a forward hook keeps z, a backward hook its gradient
-            keep: dict = {}
-            fwd = [(z_hook(l), lambda z, hook, l=l: keep.__setitem__(("z", l), z.detach())) for l in layers]
-            bwd = [(z_hook(l), lambda g, hook, l=l: keep.__setitem__(("g", l), g.detach())) for l in layers]
-            leaf = [("hook_embed", lambda x, hook: x.detach().requires_grad_(True))]  # the graph starts here
-            with torch.enable_grad(), bridge.hooks(fwd_hooks=leaf + fwd, bwd_hooks=bwd):
-                objective(bridge(ids)).backward()
-            return {l: (by_head(keep[("z", l)]), by_head(keep[("g", l)])) for l in layers}
-
-        clean, drops = attribution(samples, job["batch"], pad, job["heads"], fb)
+        clean, drops = attribution(samples, job["batch"], pad, job["heads"], hooked_grads(bridge, z_hook, layers, by_head))
     elif form == "attr-best" and ssm:
         layers = sorted({l for l, _ in job["heads"]})
 
