@@ -129,12 +129,11 @@ LABELS.update({"ml-plain": "mamba-lens run_with_hooks loop",
                "ml-attr-best": "mamba-lens gradient attribution (best: each prompt once, graph from the first scanned "
                                "layer, autograd.grad at the heads)"})
 # on Mamba-1: ours and mamba-lens's; the other workers' forms are written for attention heads and Mamba-2 heads
-MAMBA1_TOOLS = ("gna-exact", "gna-auto", "gna-attribution") + ML_TOOLS
+# on Mamba-1: the Mamba-2 forms (a head is columns of the mixer's out_proj input), and mamba-lens's
+MAMBA1_TOOLS = MAMBA_TOOLS + ML_TOOLS
 MAMBA1_NOT = {"pyvene-plain": SSM_NOT["pyvene-best"].replace("Mamba2ForCausalLM", "MambaForCausalLM"),
-              "pyvene-best": SSM_NOT["pyvene-best"].replace("Mamba2ForCausalLM", "MambaForCausalLM")}
-MAMBA1_WORKER = ("peers_worker.py's forms zero attention heads or Mamba-2 heads (kind ssm2), not Mamba-1 channels "
-                 "(measured: TransformerLens \"Hook name 'blocks.0.attn.hook_z' does not exist\", the layer loop "
-                 "\"'MambaForCausalLM' object has no attribute 'model'\")")
+              "pyvene-best": SSM_NOT["pyvene-best"].replace("Mamba2ForCausalLM", "MambaForCausalLM"),
+              "tl-patching": SSM_NOT["tl-patching"].replace("Mamba-2", "Mamba-1")}
 MAMBA1_PLAIN = 32  # Mamba-1: the plain forms scan every 32nd channel (a head costs them the same whichever it is)
 EDGE_TOOLS = ("gna-eap", "gna-eapig", "gna-edge-exact") + AC_TOOLS
 EDGE_REF = {"gna-eap": "gna-eap", "ac-eap": "gna-eap", "gna-eapig": "gna-eapig", "ac-eapig": "gna-eapig",
@@ -603,13 +602,13 @@ def missing(name: str, tool: str) -> str | None:
     if name == "mamba2" and tool not in MAMBA_TOOLS:
         return SSM_NOT.get(tool, "not measured on Mamba-2 here")
     if name == "mamba1" and tool not in MAMBA1_TOOLS:
-        return MAMBA1_NOT.get(tool, MAMBA1_WORKER)
+        return MAMBA1_NOT.get(tool, "not measured on Mamba-1 here")
     return None
 
 
 def label(row: dict) -> str:
-    """The row's tool as the tables name it (on Mamba-2, what its best forms are there)."""
-    own = SSM_LABELS if row.get("model") == "zoo Mamba-2" else {}
+    """The row's tool as the tables name it (on Mamba-2 and Mamba-1, what its best forms are there)."""
+    own = SSM_LABELS if row.get("model") in ("zoo Mamba-2", "zoo Mamba-1") else {}
     return own.get(row["tool"], LABELS.get(row["tool"], row["tool"]))
 
 

@@ -35,6 +35,8 @@ from typing import Any, Callable
 
 import torch
 
+SSM_KINDS = ("ssm2", "ssm1")  # heads that are columns of the mixer's out_proj input: a Mamba-2 head, Mamba-1 channels
+
 TOOLS = ("tl-plain", "tl-best", "tl-patching", "tl-attr", "tl-attr-best", "nnsight-plain", "nnsight-best",
          "nnsight-attr", "nnsight-attr-best", "pyvene-plain", "pyvene-best")
 
@@ -397,7 +399,7 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
             return x
         return hook
 
-    ssm, hd = job.get("kind") == "ssm2", job["head_dim"]
+    ssm, hd = job.get("kind") in SSM_KINDS, job["head_dim"]
 
     def z_hook(layer: int) -> str:  # a head's output channels: attention's z, a Mamba-2 mixer's out_proj input
         return f"blocks.{layer}.mixer.out_proj.hook_in" if ssm else f"blocks.{layer}.attn.hook_z"
@@ -556,7 +558,7 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
     TIMER.start()
     samples, pad = job["samples"], tok.pad_token_id or 0
     golds = [s["gold"] for s in samples]
-    ssm, d = job.get("kind") == "ssm2", job["head_dim"]
+    ssm, d = job.get("kind") in SSM_KINDS, job["head_dim"]
     drops: dict[str, float] = {}
 
     def layers_of() -> Any:  # the decoder layers
@@ -687,7 +689,7 @@ def run_hf(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
 
     samples, pad, d = job["samples"], tok.pad_token_id or 0, job["head_dim"]
     golds = [s["gold"] for s in samples]
-    if job.get("kind") == "ssm2":
+    if job.get("kind") in SSM_KINDS:
         TIMER.start()
         clean, drops = _ssm_prefix(job, hf, pad)
         return clean, drops, f"transformers {transformers.__version__}"
@@ -845,7 +847,7 @@ def run_pyvene(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str
     through and logits only at the reads."""
     import pyvene as pv
 
-    if job.get("kind") == "ssm2":
+    if job.get("kind") in SSM_KINDS:
         raise NotImplementedError(f"pyvene {_version('pyvene')} maps no component of {type(hf).__name__} (its model "
                                   "cards cover attention models only)")
     samples, pad = job["samples"], tok.pad_token_id or 0
