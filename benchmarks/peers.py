@@ -905,8 +905,9 @@ one at a time. Mamba-2: every head; its task's candidates are one token each, so
 a forward as copies; the layer loop keeps each layer's input by forward pre-hooks and replays from each head's layer.
 Its attribution forms take the gradient at the mixers' `out_proj` inputs (the best forms each prompt once, the plain
 forms over full rows, a prompt once per candidate).
-Mamba-1: its 512 channels (`L0C0` ... `L3C127`), each a head, every one in ours and mamba-lens's best and attribution
-forms, every 32nd in its plain loop; the other tools' forms are not written for Mamba-1 and their rows say so.
+Mamba-1: its 512 channels (`L0C0` ... `L3C127`), each a head (the columns of its mixer's `out_proj` input, as a
+Mamba-2 head's), every one in the best and attribution forms, every 32nd in the plain loops; the other forms are the
+Mamba-2 ones.
 SmolLM2-135M, for time (its profile, `SMOLLM2` in `benchmarks/peers.py`; `--same-settings` runs it as the others): 8
 prompts and the 18 heads of layers 16-17 for every scan; no plain forms (they ran 15 to 40 times slower than the best
 forms on this model; the zoo rows show them) and no EAP-IG (auto-circuit's integrates 11 of its EAP passes). Its
@@ -1059,17 +1060,20 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
 ## Where ours is not ahead
 
 - **Attribution against the peers at their best: 1.5x on SmolLM2, 1.1-1.5x on the zoo transformer, 1.4-1.5x on the
-  zoo Mamba-2, 1.2x on the zoo Mamba-1.** Written as an expert would -- the prompt run once and its key/value
+  zoo Mamba-2, 1.3x and a tie (mamba-lens) on the zoo Mamba-1.** Written as an expert would -- the prompt run once and its key/value
   cache continued by the candidates, logits only where the metric reads, the graph starting at the first scanned
   layer, `torch.autograd.grad` at the heads' outputs -- TransformerLens takes 4.67 CPU s and nnsight 4.74 against
   our 3.19 on SmolLM2 (8 prompts, the 18 heads of layers 16-17, agreeing to 2.3e-5); the plain forms' 8-13x is a
   lead over that idiom only. Why not more (a py-spy profile of our row, 3.1 CPU s, at commit d90ed27): 1.69 s is
   the linear layers of the one full forward every form runs and 0.91 s the backward from the last layer to layer
   16, which the best forms run too; ours saves the rest (no logits beyond the reads, the log-probabilities at the
-  reads computed blockwise over the vocabulary). On the zoo Mamba-1 (512 channels, each a head) ours takes 0.24 CPU s
-  against mamba-lens's 0.28: a py-spy profile of our row (200 Hz, at commit d91ad4c) puts half of it in the backward
-  through transformers' PyTorch selective scan, which every form runs, and a sixth in the forward.
-- **The exact scan against prefix reuse written by hand: 1.5x on SmolLM2, a tie on the zoo Mamba-2.** A loop over
+  reads computed blockwise over the vocabulary). On the zoo Mamba-1 (512 channels, each a head) ours takes 0.28 CPU s
+  against mamba-lens's 0.28 and TransformerLens's and nnsight's 0.37 and 0.36: a py-spy profile of our row (200 Hz,
+  at commit d91ad4c) puts half of it in the backward through transformers' PyTorch selective scan, which every form
+  runs, and a sixth in the forward.
+- **The exact scan against prefix reuse written by hand: 1.5x on SmolLM2, 1.6x on the zoo Mamba-1 (15.11 CPU s against
+  23.62; 83 % of ours in transformers' `mamba_selective_scan` of the replayed blocks, py-spy at 100 Hz, commit
+  7bb19c5), a tie on the zoo Mamba-2.** A loop over
   the Hugging Face decoder layers from a cached clean prefix (plain PyTorch: one clean pass keeps every layer's
   input and the key/value cache; each head's copies run the prompts and then the candidates through the layers
   from the head's own on, a forward pre-hook on `o_proj` zeroing the head) took 29.30 CPU s (1.63 a head) against
