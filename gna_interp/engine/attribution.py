@@ -118,7 +118,8 @@ def _head_terms(rs: Sequence[Replacement], rec: _Recorder, grad: Tensor | None, 
     site, n = rs[0].site, len(rs)
     w = site.stop - site.start
     cols = (torch.tensor([r.site.start for r in rs])[:, None] + torch.arange(w)).flatten()
-    a = flat_channels(rec.acts[site.hook].detach(), site)[..., cols.to(mask.device)]
+    acts = rec.acts[site.hook].detach()
+    a = flat_channels(acts, site)[..., cols.to(acts.device)]
     if all(r.rows is None for r in rs):  # zero or a mean: one value per channel
         repl: Tensor = torch.cat([torch.zeros(w) if r.mean is None else r.mean.reshape(-1).cpu() for r in rs])
     else:

@@ -115,8 +115,8 @@ def size_grid(n: int) -> list[int]:
 
 def edge_grid(n: int) -> list[int]:
     """Edge-circuit sizes from 0 to ``n``: the powers of 4 from a ten-thousandth of the graph on (a pass each; smaller
-    circuits of a large graph carry nothing: on SmolLM2's 189,000 edges the first 1, 4 and 16 edges of the screen's
-    order keep 0.000, 0.000 and 0.004 of the logit difference), then ``n``."""
+    circuits of a large graph keep next to nothing: docs/measurements.md, SmolLM2's first 1, 4 and 16 edges), then
+    ``n``."""
     least = n / 10_000
     return [0] + [4 ** i for i in range(n.bit_length()) if least <= 4 ** i < n] + [n]
 
