@@ -4,6 +4,7 @@
     python benchmarks/peers.py --models zoo --markdown   # the zoo transformer only; write docs/peers.md
     python benchmarks/peers.py --smallest               # seconds: the zoo transformer, 4 prompts, the tools here
     python benchmarks/peers.py --models mamba1          # minutes: the zoo Mamba-1 (512 channels), ours and mamba-lens
+    python benchmarks/peers.py --models hybrid          # seconds: the zoo hybrid (Bamba: Mamba-2 and attention layers)
     python benchmarks/peers.py --device cuda:0          # on a GPU
 
 Task: KV retrieval (``--pairs`` lines, ``--samples`` prompts, values 0-99; the zoo transformer its own word list and
@@ -34,6 +35,9 @@ Rows (each in a process of its own, ``benchmarks/peers_worker.py``, so that peak
   zeroes it): ``run_with_hooks`` per head (plain), heads stacked over copies of each prompt run once and replayed from
   their layer (best), and gradient attribution in both forms. The other workers' forms address attention heads and
   Mamba-2 heads only: on Mamba-1 their rows say so.
+- the zoo hybrid (Bamba: three Mamba-2 layers and one attention layer): every head is columns of its layer's output
+  projection input (the mixer's ``out_proj``, attention's ``o_proj``), so TransformerLens, nnsight and the layer loop
+  run their Mamba-2 forms there, each head addressed at its own layer's projection.
 
 TransformerLens is a dependency of the project and always runs; nnsight and pyvene run from a virtual environment
 this script builds on first use (``--peers-venv``, default ``$GNA_CACHE/peers-venv`` or ``~/.cache/gna_interp/
@@ -101,12 +105,12 @@ LABELS = {"gna-exact": "gna exact", "gna-auto": "gna auto", "tl-plain": "Transfo
 PATTERNS = ("gna-patterns", "tl-cache-plain", "tl-cache-best")
 MAMBA_TOOLS = ("gna-exact", "gna-auto", "gna-attribution", "tl-plain", "tl-best", "tl-attr", "tl-attr-best", "hf-prefix",
                "nnsight-plain", "nnsight-best", "nnsight-attr", "nnsight-attr-best", "pyvene-plain")
-# what the best forms are on Mamba-2: no prompt cache continued by the candidates (written for key/value caches only)
+# what the best forms are on Mamba-2, Mamba-1 and the hybrid: no prompt cache continued by the candidates (written for key/value caches only)
 SSM_LABELS = {"hf-prefix": "Hugging Face layer loop from a cached prefix (plain PyTorch; each prompt once)",
               "tl-best": "TransformerLens best (each prompt once, heads stacked over copies)",
               "nnsight-best": "nnsight best (each prompt once, heads stacked over copies)",
               "tl-attr-best": "TransformerLens gradient attribution (best: each prompt once, graph from the first "
-                              "scanned layer, autograd.grad at the heads)",
+                              "scanned layer, backward hooks at the heads)",
               "nnsight-attr-best": "nnsight gradient attribution (best: each prompt once, graph from the first "
                                    "scanned layer, autograd.grad at the heads)"}
 SSM_NOT = {"tl-patching": "TransformerLens's patching helpers index attention hooks (z, pattern); a Mamba-2 head is "
@@ -134,6 +138,11 @@ MAMBA1_TOOLS = MAMBA_TOOLS + ML_TOOLS
 MAMBA1_NOT = {"pyvene-plain": SSM_NOT["pyvene-best"].replace("Mamba2ForCausalLM", "MambaForCausalLM"),
               "pyvene-best": SSM_NOT["pyvene-best"].replace("Mamba2ForCausalLM", "MambaForCausalLM"),
               "tl-patching": SSM_NOT["tl-patching"].replace("Mamba-2", "Mamba-1")}
+# on the hybrid: the Mamba-2 forms, each head at its own layer's output projection (attention's o_proj, the mixer's
+# out_proj)
+HYBRID_NOT = {"pyvene-plain": SSM_NOT["pyvene-best"].replace("Mamba2ForCausalLM", "BambaForCausalLM"),
+              "pyvene-best": SSM_NOT["pyvene-best"].replace("Mamba2ForCausalLM", "BambaForCausalLM"),
+              "tl-patching": SSM_NOT["tl-patching"].replace("a Mamba-2 head is", "a hybrid's Mamba-2 heads are")}
 MAMBA1_PLAIN = 32  # Mamba-1: the plain forms scan every 32nd channel (a head costs them the same whichever it is)
 EDGE_TOOLS = ("gna-eap", "gna-eapig", "gna-edge-exact") + AC_TOOLS
 EDGE_REF = {"gna-eap": "gna-eap", "ac-eap": "gna-eap", "gna-eapig": "gna-eapig", "ac-eapig": "gna-eapig",
@@ -603,12 +612,14 @@ def missing(name: str, tool: str) -> str | None:
         return SSM_NOT.get(tool, "not measured on Mamba-2 here")
     if name == "mamba1" and tool not in MAMBA1_TOOLS:
         return MAMBA1_NOT.get(tool, "not measured on Mamba-1 here")
+    if name == "hybrid" and (tool not in MAMBA_TOOLS or tool in HYBRID_NOT):
+        return HYBRID_NOT.get(tool, "not measured on the hybrid here")
     return None
 
 
 def label(row: dict) -> str:
     """The row's tool as the tables name it (on Mamba-2 and Mamba-1, what its best forms are there)."""
-    own = SSM_LABELS if row.get("model") in ("zoo Mamba-2", "zoo Mamba-1") else {}
+    own = SSM_LABELS if row.get("model") in [MODEL_LABELS[m] for m in SSM_MODELS] else {}
     return own.get(row["tool"], LABELS.get(row["tool"], row["tool"]))
 
 
@@ -645,14 +656,15 @@ def table(rows: list[dict]) -> list[str]:
 
 
 # ---- models -------------------------------------------------------------------------------------------------------
-MODEL_LABELS = {"zoo": "zoo transformer", "mamba2": "zoo Mamba-2", "mamba1": "zoo Mamba-1"}
-SSM_MODELS = {"mamba2": "Mamba-2", "mamba1": "Mamba-1"}  # no attention patterns, no edge rows
+MODEL_LABELS = {"zoo": "zoo transformer", "mamba2": "zoo Mamba-2", "mamba1": "zoo Mamba-1",
+                "hybrid": "zoo hybrid (Bamba)"}
+SSM_MODELS = {"mamba2": "Mamba-2", "mamba1": "Mamba-1", "hybrid": "Bamba"}  # no attention patterns, no edge rows
 
 
 def setup(name: str, args: argparse.Namespace) -> tuple[Any, Any, list, list, dict]:
     """(model, task, heads for the best forms and ours, heads for the plain forms, the batch sizes: ``batch`` rows a
     forward in the plain forms and ours, ``stack`` heads and ``prompts`` prompts a forward in the best forms)."""
-    if name in ("mamba2", "mamba1"):
+    if name in ("mamba2", "mamba1", "hybrid"):
         model = load_model(f"zoo:{name}-kv", device=args.device)
         task = KVRetrieval(n_pairs=args.pairs, n_samples=args.samples, template="official", seed=args.seed,
                            words=model.kv_words)
@@ -676,7 +688,8 @@ def setup(name: str, args: argparse.Namespace) -> tuple[Any, Any, list, list, di
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="zoo,mamba2,smollm2", help="comma-separated: zoo, mamba2, mamba1, smollm2")
+    ap.add_argument("--models", default="zoo,mamba2,smollm2", help="comma-separated: zoo, mamba2, mamba1, hybrid, "
+                                                                   "smollm2")
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--samples", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
@@ -757,9 +770,12 @@ def main(argv: list[str] | None = None) -> int:
         model, task, heads, plain, sizes = setup(name, margs)
         samples = export_task(model, task)
         label = MODEL_LABELS.get(name, "SmolLM2-135M")
-        site = model.head_site(heads[0])
+        widths = {model.head_site(h).stop - model.head_site(h).start for h in heads}
+        if len(widths) != 1:
+            raise SystemExit(f"{label}: the workers take one head width, but its heads have {sorted(widths)}")
         job = {"model_dir": model_dir(model), "samples": samples, "threads": args.threads, "device": args.device,
-               "kind": heads[0].kind, "head_dim": site.stop - site.start, **sizes}
+               "kind": "hybrid" if len({h.kind for h in heads}) > 1 else heads[0].kind, "head_dim": widths.pop(),
+               **sizes}
         scans = [t for t in mtools if t != "patterns" and t not in EDGE_TOOLS
                  and (t not in ML_TOOLS or name == "mamba1")]  # mamba-lens: Mamba-1 only
         workers: dict[str, tuple[Path, dict, str]] = {}  # the tools run by a worker: its interpreter, job, script

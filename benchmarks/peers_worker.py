@@ -35,7 +35,32 @@ from typing import Any, Callable
 
 import torch
 
-SSM_KINDS = ("ssm2", "ssm1")  # heads that are columns of the mixer's out_proj input: a Mamba-2 head, Mamba-1 channels
+# models whose heads are columns of their layer's output projection input, with no key/value cache for the candidates
+# to continue: a Mamba-2 head, Mamba-1 channels, and a hybrid's heads of either kind (Bamba: attention's o_proj, the
+# Mamba-2 mixer's out_proj)
+SSM_KINDS = ("ssm2", "ssm1", "hybrid")
+
+
+def decoder(hf: Any) -> Any:
+    """The decoder of a Hugging Face causal LM: ``backbone`` (Mamba-1/2) or ``model`` (transformers, Bamba); the same
+    name on an nnsight ``LanguageModel``."""
+    return hf.backbone if hasattr(hf, "backbone") else hf.model
+
+
+def out_path(layer: Any) -> tuple[str, str]:
+    """``(mixer, projection)``: where decoder layer ``layer`` keeps the output projection whose input holds its heads'
+    columns -- ``mixer.out_proj`` (Mamba-1/2), ``mamba.out_proj`` or ``self_attn.o_proj`` (Bamba, Llama)."""
+    for mixer in ("mixer", "mamba", "self_attn"):
+        m = getattr(layer, mixer, None)
+        if m is not None:
+            return mixer, "out_proj" if hasattr(m, "out_proj") else "o_proj"
+    raise ValueError(f"no mixer with an output projection in {type(layer).__name__}")
+
+
+def out_proj(layer: Any) -> Any:
+    """Decoder layer ``layer``'s output projection (:func:`out_path`), as a module or as an nnsight envoy."""
+    mixer, proj = out_path(layer)
+    return getattr(getattr(layer, mixer), proj)
 
 TOOLS = ("tl-plain", "tl-best", "tl-patching", "tl-attr", "tl-attr-best", "nnsight-plain", "nnsight-best",
          "nnsight-attr", "nnsight-attr-best", "pyvene-plain", "pyvene-best")
@@ -395,14 +420,17 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
 
     def zero_cols(a: int, b: int) -> Callable:
         def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
-            x[..., a:b] = 0.0
+            columns(x)[..., a:b] = 0.0
             return x
         return hook
 
     ssm, hd = job.get("kind") in SSM_KINDS, job["head_dim"]
 
-    def z_hook(layer: int) -> str:  # a head's output channels: attention's z, a Mamba-2 mixer's out_proj input
-        return f"blocks.{layer}.mixer.out_proj.hook_in" if ssm else f"blocks.{layer}.attn.hook_z"
+    def z_hook(layer: int) -> str:  # a head's output channels: attention's z, else its output projection's input
+        if not ssm:
+            return f"blocks.{layer}.attn.hook_z"
+        mixer, _ = out_path(decoder(hf).layers[layer])
+        return f"blocks.{layer}.attn.o.hook_in" if mixer == "self_attn" else f"blocks.{layer}.mixer.out_proj.hook_in"
 
     def by_head(z: torch.Tensor) -> torch.Tensor:  # [rows, pos, heads, head_dim]
         return z.reshape(*z.shape[:2], -1, hd) if ssm else z
@@ -427,15 +455,15 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
         layers = sorted({l for l, _ in job["heads"]})
 
         def fb(ids: torch.Tensor, mask: torch.Tensor, objective: Callable) -> dict:
-            # each prompt once, the graph from the first scanned layer's input, autograd.grad at z alone
-            zs: dict = {}
+            # each prompt once, the graph from the first scanned layer's input, the gradient at z by a backward hook
+            # (the bridge hands attention's o.hook_in over as a view its forward does not differentiate through)
+            keep: dict = {}
             leaf = [(f"blocks.{layers[0]}.hook_resid_pre", lambda x, hook: x.detach().requires_grad_(True))]
-            keep = [(z_hook(l), lambda z, hook, l=l: zs.__setitem__(l, z)) for l in layers]
-            with torch.enable_grad():
-                with bridge.hooks(fwd_hooks=leaf + keep):
-                    loss = objective(bridge(ids, attention_mask=mask))
-                grads = torch.autograd.grad(loss, [zs[l] for l in layers])
-            return {l: (by_head(zs[l].detach()), by_head(g)) for l, g in zip(layers, grads)}
+            fwd = [(z_hook(l), lambda z, hook, l=l: keep.__setitem__(("z", l), z.detach())) for l in layers]
+            bwd = [(z_hook(l), lambda g, hook, l=l: keep.__setitem__(("g", l), g.detach())) for l in layers]
+            with torch.enable_grad(), bridge.hooks(fwd_hooks=leaf + fwd, bwd_hooks=bwd):
+                objective(bridge(ids, attention_mask=mask)).backward()
+            return {l: (by_head(keep[("z", l)]), by_head(keep[("g", l)])) for l in layers}
 
         clean, drops = attribution_prompts(samples, job["batch"], pad, job["heads"], fb)
     elif form == "attr-best":
@@ -505,8 +533,7 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
 
             clean = metric(ssm_scores(samples, job["batch"], pad, 1, forward)[0], golds)
             for group in chunks(job["heads"], job["stack"]):
-                hooks_now[:] = [(f"blocks.{l}.mixer.out_proj.hook_in", _copy_zero_cols(c, h * hd, (h + 1) * hd,
-                                                                                       len(group)))
+                hooks_now[:] = [(z_hook(l), _copy_zero_cols(c, h * hd, (h + 1) * hd, len(group)))
                                 for c, (l, h) in enumerate(group)]
                 for (l, h), s in zip(group, ssm_scores(samples, job["batch"], pad, len(group), forward)):
                     drops[f"L{l}H{h}"] = clean - metric(s, golds)
@@ -529,9 +556,15 @@ def _copy_zero_cols(c: int, a: int, b: int, n_copies: int) -> Callable:
     """A TransformerLens hook zeroing columns ``a:b`` in copy ``c`` of a copy-major batch."""
     def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
         size = x.shape[0] // n_copies
-        x[c * size:(c + 1) * size, ..., a:b] = 0.0
+        columns(x)[c * size:(c + 1) * size, ..., a:b] = 0.0
         return x
     return hook
+
+
+def columns(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as ``[rows, pos, channels]``, a view: the bridge hands attention's ``o.hook_in`` over as
+    ``[rows, pos, heads, head_dim]``, and a head's columns count over the flattened heads."""
+    return x.view(*x.shape[:2], -1) if x.dim() == 4 else x
 
 
 def _copy_zero(c: int, head: int, n_copies: int) -> Callable:
@@ -562,10 +595,11 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
     drops: dict[str, float] = {}
 
     def layers_of() -> Any:  # the decoder layers
-        return lm.backbone.layers if ssm else lm.model.layers
+        return decoder(lm).layers
 
-    def z_of(layer: int) -> Any:  # a head's output channels: o_proj's input, a Mamba-2 mixer's out_proj input
-        return lm.backbone.layers[layer].mixer.out_proj.input if ssm else lm.model.layers[layer].self_attn.o_proj.input
+    def z_of(layer: int) -> Any:  # a head's output channels: its layer's output projection's input
+        mixer, proj = out_path(decoder(hf).layers[layer])
+        return getattr(getattr(layers_of()[layer], mixer), proj).input
 
     def plain_forward(ids: torch.Tensor, head: tuple[int, int] | None) -> torch.Tensor:
         with lm.trace(ids):
@@ -589,7 +623,7 @@ def run_nnsight(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[st
             # the documented gradient idiom: capture o_proj's input, then read its .grad inside loss.backward()
             with torch.enable_grad():
                 with lm.trace(ids):
-                    embed = lm.backbone.embeddings if ssm else lm.model.embed_tokens
+                    embed = lm.backbone.embeddings if hasattr(hf, "backbone") else lm.model.embed_tokens
                     embed.output.requires_grad_(True)  # the graph starts at the embeddings
                     saved = [].save()  # collected values: the container saved, raw values appended
                     grads = [].save()
@@ -772,13 +806,15 @@ def run_hf(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
 
 
 def _ssm_prefix(job: dict, hf: Any, pad: int) -> tuple[float, dict[str, float]]:
-    """The layer loop from a cached prefix on Mamba-2: each prompt once, left-padded, every candidate read at its last
-    position where all candidates are one token (else full rows, right-padded: the model is causal); one clean forward
-    of each batch keeps every layer's input (forward pre-hooks); each head runs the layers from its own on the kept
-    input, a forward pre-hook on its mixer's ``out_proj`` zeroing the head's columns, and the final norm and
-    unembedding run at the read positions only."""
+    """The layer loop from a cached prefix on a model with no key/value cache to continue (Mamba-1/2, a hybrid): each
+    prompt once, left-padded, every candidate read at its last position where all candidates are one token (else full
+    rows, right-padded: the model is causal); one clean forward of each batch keeps every layer's input and the
+    arguments the decoder gave it (its masks, position embeddings: forward pre-hooks); each head runs the layers from
+    its own on the kept input with those arguments, a forward pre-hook on its layer's output projection zeroing the
+    head's columns, and the final norm and unembedding run at the read positions only."""
     samples, d = job["samples"], job["head_dim"]
-    inner = hf.backbone
+    inner = decoder(hf)
+    norm = next(getattr(inner, n) for n in ("norm_f", "final_layernorm", "norm") if hasattr(inner, n))
     clean = [[0.0] * len(s["cands"]) for s in samples]
     scores = {(l, h): [[0.0] * len(s["cands"]) for s in samples] for l, h in job["heads"]}
     zeroed: list = []
@@ -790,7 +826,7 @@ def _ssm_prefix(job: dict, hf: Any, pad: int) -> tuple[float, dict[str, float]]:
         return (x, *args[1:])
 
     def logp_at(x: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(hf.lm_head(inner.norm_f(x)).float(), -1)
+        return torch.log_softmax(hf.lm_head(norm(x)).float(), -1)
 
     units = []  # (ids, mask, reader(x after the last layer, scores))
     if all(len(c) == 1 for s in samples for c in s["cands"]):
@@ -813,25 +849,38 @@ def _ssm_prefix(job: dict, hf: Any, pad: int) -> tuple[float, dict[str, float]]:
                     pos = torch.arange(p - 1, len(seq) - 1)
                     out[i][j] = float(logp_at(x[b, pos])[torch.arange(len(pos)), torch.tensor(seq[p:])].sum())
             units.append((right_padded([r[2] for r in part], pad), None, reader))
+
+    def run_from(layer: int, kept: dict) -> torch.Tensor:
+        """The stream after the last layer, the layers from ``layer`` on run on the input kept there."""
+        x = kept[layer][0]
+        for i, block in enumerate(inner.layers[layer:], start=layer):
+            _, args, kwargs = kept[i]
+            x = block(x, *args, **kwargs)
+            x = x[0] if isinstance(x, tuple) else x
+        return x
+
+    def keep(l: int, kept: dict) -> Callable:
+        def hook(module: Any, args: tuple, kwargs: dict) -> None:
+            kw = dict(kwargs)
+            x = args[0] if args else kw.pop("hidden_states")
+            kept[l] = (x, args[1:], kw)
+        return hook
+
     for ids, mask, reader in units:
-        kept: dict[int, torch.Tensor] = {}
-        taps = [layer.register_forward_pre_hook(lambda m, a, l=l: kept.__setitem__(l, a[0]))
-                for l, layer in enumerate(inner.layers)]
+        kept: dict = {}
+        taps = [layer.register_forward_pre_hook(keep(l, kept), with_kwargs=True) for l, layer in enumerate(inner.layers)]
+        taps.append(norm.register_forward_pre_hook(lambda m, a: kept.__setitem__("final", a[0])))
         try:
-            x = inner.embeddings(ids)
-            for layer in inner.layers:
-                x = layer(x, attention_mask=mask)
+            inner(ids, attention_mask=mask, use_cache=False)
         finally:
             for t in taps:
                 t.remove()
-        reader(x, clean)
+        reader(kept["final"], clean)
         for l, h in job["heads"]:
             zeroed[:] = [h]
-            handle = inner.layers[l].mixer.out_proj.register_forward_pre_hook(pre_hook)
+            handle = out_proj(inner.layers[l]).register_forward_pre_hook(pre_hook)
             try:
-                x = kept[l]
-                for layer in inner.layers[l:]:
-                    x = layer(x, attention_mask=mask)
+                x = run_from(l, kept)
             finally:
                 handle.remove()
             reader(x, scores[(l, h)])
