@@ -264,6 +264,23 @@ def test_suffix_replay_equals_the_full_replay_at_its_positions(models):
         keys.replay_from(model, 0, column)
 
 
+def test_receivers_read_only_their_channels_where_the_projections_are_plain(models):
+    """On a Llama every head input is a plain projection's output: a patched stream computes only its receiver's
+    channels, the projection's rows applied to its input (the edge circuits' own reader); the effects equal those
+    read through the whole block, for q, grouped k and v, alone and stacked."""
+    model = models("llama")
+    pp = PathPatcher(model, _task(), batch_size=2)
+    assert set(pp._direct()) == set(range(model.n_layers))
+    sets = [[Edge("L0H1", "L2H3", "q", "decision")], [Edge("L0H0", "L1H2", "k", "items")],
+            [Edge("L1H1", "L2H0", "v", "all"), Edge("L0H3", "L2H0", "q", "other")]]
+    direct = [r.scores for r in pp.run(sets)]
+    pp._direct_map = {}
+    whole = [r.scores for r in pp.run(sets)]
+    for a, b in zip(direct, whole):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert any(float((a - r.scores).abs().max()) > 1e-4 for a, r in zip(direct, [pp.clean()] * 3))  # they matter
+
+
 def test_a_mixer_that_reads_no_cache_replays_every_position(models):
     """A state-space stack takes no attention cache: suffix replays are off and path effects still run in full."""
     from gna_interp.engine.replay import KeyValues

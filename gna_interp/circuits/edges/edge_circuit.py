@@ -51,11 +51,11 @@ from typing import Any, Collection, Sequence
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.edges.paths import PathPatcher, linear_write, read_block, reproduces
+from gna_interp.circuits.edges.block_io import direct_reads, input_channels, overwrite, reproduces
+from gna_interp.circuits.edges.paths import PathPatcher, linear_write
 from gna_interp.circuits.edges.whole_circuit import WholeEdge
 from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import KeyTap, KeyValues, replay
@@ -157,7 +157,8 @@ class EdgeCircuit:
             self._layer_heads.setdefault(h.layer, []).append(h)
         for i in self.inputs:
             self._inputs_at.setdefault(i.layer, []).append(i)
-        self._direct = _direct_reads(self)
+        self._direct = direct_reads(model, self.pp.prefixes.get(0),
+                                    {l: {x.hook for i in inputs for x in i.sites} for l, inputs in self._inputs_at.items()})
         normed = [l for l in self._layer_heads if self.posts[l][0].norm is not None]
         self._projections = {l: _projections(model, l) for l in normed}
         self._after = {l: [r for r in self.receivers() if self._reads_at[r] > l] for l in normed}
@@ -725,12 +726,12 @@ class _Pass:
                 out.index_copy_(1, self.order[lo:hi], got.view(r, hi - lo, d))
         return out.view(r, b, p, d)
 
-    def inputs(self, layer: int) -> dict[str, list[tuple[InputSite, Tensor]]]:
+    def inputs(self, layer: int) -> dict[str, list[tuple[slice, InputSite, Tensor]]]:
         """Per input hook of block ``layer``, each receiver input's channels there computed from its own stream: one
         run of the block on the distinct streams stacked, stopped once the input projections have fired (receiver
         inputs with equal keys (:func:`_stream_key`) read one copy). Inputs that read the run's own stream are left
         to the block, which computes them from it."""
-        ec, b = self.ec, self.prefix.batch_size
+        ec = self.ec
         slot: dict[bytes, int] = {}
         where, names = {}, []
         for i in ec._inputs_at.get(layer, []):
@@ -745,34 +746,20 @@ class _Pass:
         where = {name: renumber[j] for name, j in where.items() if j in renumber}
         streams = [streams[j] for j in copies]
         inputs = [i for i in ec._inputs_at.get(layer, []) if i.name in where]
-        hooks = sorted({s.hook for i in inputs for s in i.sites})
-        if not hooks:
+        if not inputs:
             return {}
-        direct = ec._direct.get(layer)
-        wanted = sorted({direct[h][0] for h in hooks}) if direct else hooks
-        got = read_block(ec.model, self.prefix, layer, wanted, len(streams), hidden=torch.cat(streams),
-                         keys=self.tap if self.column else None)
-        put: dict[str, list[tuple[InputSite, Tensor]]] = {}
-        if not direct:
-            for i in inputs:
-                j = where[i.name]
-                for s in i.sites:
-                    put.setdefault(s.hook, []).append((s, got[s.hook][j * b:(j + 1) * b, :, s.start:s.stop]))
-            return put
-        by_copy: dict[tuple[int, str], list[InputSite]] = {}  # the sites each copy's stream feeds, per projection
+        wanted: list[list[InputSite]] = [[] for _ in streams]  # each copy's sites, the inputs reading it in turn
         for i in inputs:
-            for s in i.sites:
-                by_copy.setdefault((where[i.name], s.hook), []).append(s)
-        for (j, hook), sites in by_copy.items():
-            # the projection's input, then only the channels these inputs read: one product over their span
-            hook_in, proj = direct[hook]
-            lo, hi = min(s.start for s in sites), max(s.stop for s in sites)
-            bias = proj.bias[lo:hi] if proj.bias is not None else None
-            value = F.linear(got[hook_in][j * b:(j + 1) * b], proj.weight[lo:hi], bias)
-            put.setdefault(hook, []).extend((s, value[..., s.start - lo:s.stop - lo]) for s in sites)
+            wanted[where[i.name]].extend(i.sites)
+        channels = input_channels(ec.model, self.prefix, layer, streams, wanted, ec._direct.get(layer),
+                                  keys=self.tap if self.column else None)
+        put: dict[str, list[tuple[slice, InputSite, Tensor]]] = {}
+        for sites, values in zip(wanted, channels):
+            for site, value in zip(sites, values):
+                put.setdefault(site.hook, []).append((slice(None), site, value))
         return put
 
-    def block(self, layer: int, put: dict[str, list[tuple[InputSite, Tensor]]]) -> None:
+    def block(self, layer: int, put: dict[str, list[tuple[slice, InputSite, Tensor]]]) -> None:
         """Run block ``layer`` on ``x`` with its heads' input channels overwritten (``put``), its heads' and mixers'
         outputs recorded and its MLP reading its own stream at the stream before it (:meth:`mixed` moves past the
         mixers there); then move past the MLP: its ``w_S - w̄_S`` into ``buf``, its ``w̄_S`` into ``B``."""
@@ -791,7 +778,7 @@ class _Pass:
 
         heads = ec._layer_heads.get(layer, [])
         fns = _recording({h: ec._sites[h] for h in heads}, zs, ios, ec._projections.get(layer, []))
-        fns += [(name, _overwrite(entries)) for name, entries in put.items()]
+        fns += [(name, overwrite(entries)) for name, entries in put.items()]
         if layer in ec._mlp_hooks:
             fns += list(zip(ec._mlp_hooks[layer], (mid, mlp_out)))
         with model.hooks(fns):
@@ -876,58 +863,6 @@ class _Pass:
         final = self.stream(LOGITS, self.filled, self.x)
         return head_logprobs(output_head(self.ec.model), final[rows.to(dev), pos.to(dev) - self.column],
                              self.chunk.read_tok, inverse.to(dev))
-
-
-DIRECT = "edge_circuit.direct"  # Model.facts key: the layers whose receiver inputs are read as plain projections
-
-
-def _direct_reads(ec: EdgeCircuit) -> dict[int, dict[str, tuple[str, torch.nn.Linear]]]:
-    """Per layer whose every input site is the output of a plain linear projection
-    (:meth:`~gna_interp.models.model.Model.linear_input`): ``{site hook: (the projection's input hook, the
-    projection)}``, so that a
-    receiver's stream computes only the channels it reads (its rows of the weight) from the projection's input,
-    not every projection of the block (projections fed one input read it once). Checked once per model on the first
-    batch's clean stream against the block's own projections (a layer they do not reproduce reads through the
-    block); the layers that pass are remembered on the model (``Model.facts``)."""
-    model = ec.model
-    out: dict[int, dict[str, tuple[str, torch.nn.Linear]]] = {}
-    for layer, inputs in ec._inputs_at.items():
-        found = {}
-        for hook in {x.hook for i in inputs for x in i.sites}:
-            linear = model.linear_input(hook)
-            if linear is None:
-                break
-            found[hook] = linear
-        else:
-            out[layer] = found
-    passed = model.facts.get(DIRECT)
-    if passed is None:
-        prefix = ec.pp.prefixes.get(0)
-        passed = {}
-        for layer, found in out.items():
-            ins = sorted({h for h, _ in found.values()})
-            got = read_block(model, prefix, layer, sorted(found) + ins, 1, hidden=prefix.hidden(layer))
-            if all(reproduces(F.linear(got[h_in], proj.weight, proj.bias), got[h], model.dtype)
-                   for h, (h_in, proj) in found.items()):
-                # projections fed the same input (a block's q, k and v) read it once: at the first of them to fire
-                # (``got`` holds the hooks in the order they fired), so that the stacked streams stop before any
-                # projection runs
-                same = all(torch.equal(got[h], got[ins[0]]) for h in ins)
-                passed[layer] = next(h for h in got if h in ins) if same else None
-        model.facts[DIRECT] = passed
-    return {layer: {h: (passed[layer] or h_in, proj) for h, (h_in, proj) in found.items()}
-            for layer, found in out.items() if layer in passed}
-
-
-def _overwrite(entries: list[tuple[InputSite, Tensor]]) -> Any:
-    """A hook that writes each ``(site, value)`` of ``entries`` into its channels of the hook's value."""
-    def hook(v: Tensor, hook: Any = None) -> Tensor:
-        out = v.clone(memory_format=torch.contiguous_format)
-        flat = out.flatten(2) if out.dim() == 4 else out
-        for s, value in entries:
-            flat[..., s.start:s.stop] = value.to(flat.dtype)
-        return out
-    return hook
 
 
 def _recording(sites: dict[HeadRef, HeadSite], zs: dict[HeadRef, Tensor], ios: dict[str, Tensor],

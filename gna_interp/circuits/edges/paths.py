@@ -58,12 +58,13 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from gna_interp.circuits.edges.block_io import Direct, direct_reads, input_channels, overwrite, read_block, reproduces
 from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import KeyValues, PlanRunner, Prefix, replay
 from gna_interp.bootstrap import N_BOOTSTRAP, interval, paired_bootstrap
 from gna_interp.constants import PATH_EFFECTS_JSON
-from gna_interp.errors import HeadError, InputError, UnsupportedArchitectureError
+from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.html_repr import fmt
 from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, flat_channels
 from gna_interp.models.graph import LOGITS, POSITIONS, Edge
@@ -95,15 +96,6 @@ def write_of(w: Float[Tensor, "d_model w"], r: Replacement, z: Float[Tensor, "b 
     return (z - r.like(z)).to(w.dtype) @ w.T
 
 
-def reproduces(value: Tensor, added: Tensor, dtype: torch.dtype) -> bool:
-    """Whether ``value`` is what a block ``added`` to the stream, up to the rounding of the residual sum in ``dtype``:
-    ``|value - added| <= atol + 1e-3 |added|``, ``atol`` 1e-4 of the largest ``|added|`` (at least 1) in single or
-    double precision, 16 units in the last place of it in half precision."""
-    scale = max(1.0, float(added.abs().max())) if added.numel() else 1.0
-    atol = 1e-4 * scale if dtype in (torch.float32, torch.float64) else 16 * torch.finfo(dtype).eps * scale
-    return bool(torch.allclose(value.float(), added.float(), atol=atol, rtol=1e-3))
-
-
 def check_edge(model: Model, edge: Edge) -> Edge:
     """``edge`` with its heads validated against ``model`` (the edge's own meaning is checked when it is made) and
     within path patching's reach -- from a head into one head or into the logits; :class:`InputError` /
@@ -122,36 +114,6 @@ def check_edge(model: Model, edge: Edge) -> Edge:
 def _flat(x: Tensor) -> Tensor:
     """A hook value ``[b, p, h, d]`` or ``[b, p, w]`` as ``[b, p, w]`` (a view when possible)."""
     return x.flatten(2) if x.dim() == 4 else x
-
-
-class _Enough(Exception):
-    """Raised by a hook once a single-block run has produced every value it was run for."""
-
-
-def read_block(model: Model, prefix: Prefix, layer: int, names: Sequence[str], copies: int,
-               hooks: Sequence[tuple[str, Any]] = (), hidden: Tensor | None = None, keys: Any = None
-               ) -> dict[str, Tensor]:
-    """The values (flat ``[b, p, w]`` copies) of hooks ``names`` in one run of block ``layer`` on ``copies`` stacked
-    copies (from ``hidden`` when given; of the positions from ``keys.column`` on with ``keys``, a
-    :class:`~gna_interp.engine.replay.KeyTap` holding the earlier ones') with ``hooks`` attached, in the order they
-    fired; the run stops once every one has been read."""
-    got: dict[str, Tensor] = {}
-
-    def grab(name: str) -> Any:
-        def hook(v: Tensor, hook: Any = None) -> Tensor:
-            if len(got) + 1 == len(names):  # the last one: the rest of the block is not run, nothing writes it
-                got[name] = _flat(v).detach()
-                raise _Enough
-            got[name] = _flat(v).detach().clone()
-            return v
-        return hook
-
-    try:
-        with model.hooks([*hooks, *((name, grab(name)) for name in names)]):
-            replay(model, prefix, layer, copies, hidden=hidden, stop=layer + 1, keys=keys)
-    except _Enough:
-        pass
-    return got
 
 
 def _put_outputs(entries: list[tuple[int, Any, Tensor]], b: int) -> Any:
@@ -220,6 +182,7 @@ class PathPatcher(PlanRunner):
         self._summaries = self._summary_positions()
         self._masks: dict[int, tuple[Chunk, dict[str, Tensor]]] = {}  # id(chunk) -> (chunk, its masks)
         self._as_is: dict[int, bool] = {}  # layer -> its block adds its mixer's output as is
+        self._direct_map: dict[int, Direct] | None = None
 
     @cached_property
     def suffix(self) -> bool:
@@ -272,6 +235,23 @@ class PathPatcher(PlanRunner):
                 "other": (real & ~items & ~decision).to(dev), "all": real.to(dev)}
 
     # ---- pieces ---------------------------------------------------------------------------
+    def _direct(self) -> dict[int, Direct]:
+        """The layers whose receiver input sites are plain projections (:func:`~gna_interp.circuits.edges.block_io.
+        direct_reads`, over the inputs of every head that can receive): there a patched stream computes only its
+        receiver's channels."""
+        if self._direct_map is None:
+            model, sites = self.model, {}
+            for h in model.heads():
+                spec = model.layer_spec(h.layer, h.kind)
+                try:
+                    inputs = spec.adapter.receiver_inputs(model, spec, h)
+                except UnsupportedArchitectureError:  # a kind that receives no path patches (Mamba-1 channels)
+                    continue
+                for ss in inputs.values():
+                    sites.setdefault(h.layer, set()).update(x.hook for x in ss)
+            self._direct_map = direct_reads(model, self.prefixes.get(0), sites)
+        return self._direct_map
+
     def _replacement(self, head: HeadRef) -> Replacement:
         """What replaces ``head``'s output (checked against the model the first time only)."""
         known = self._repl.get(head)
@@ -429,21 +409,12 @@ class PathPatcher(PlanRunner):
                         s = s - masks[e.positions][..., None].to(s.dtype) * writes[e.sender_head].to(s.dtype)
                     streams.append(s)
                     where.append((n, r, inp))
-        need = sorted({site.hook for (_, r, inp) in where for site in inputs[r][inp]})
-        got = read_block(model, prefix, layer, need, len(streams), hidden=torch.cat(streams))
-        by_hook: dict[str, list[tuple[int, InputSite, Tensor]]] = {}
-        for j, (n, r, inp) in enumerate(where):
-            for site in inputs[r][inp]:
-                by_hook.setdefault(site.hook, []).append((n, site, got[site.hook][j * b:(j + 1) * b, :, site.columns]))
-
-        def overwrite(entries: list[tuple[int, InputSite, Tensor]]) -> Any:
-            def hook(v: Tensor, hook: Any = None) -> Tensor:
-                out = v.clone(memory_format=torch.contiguous_format)
-                flat = _flat(out)
-                for n, site, value in entries:
-                    flat[n * b:(n + 1) * b, :, site.columns] = value.to(flat.dtype)
-                return out
-            return hook
+        channels = input_channels(model, prefix, layer, streams, [inputs[r][inp] for _, r, inp in where],
+                                  self._direct().get(layer))
+        by_hook: dict[str, list[tuple[slice, InputSite, Tensor]]] = {}
+        for (n, r, inp), values in zip(where, channels):
+            for site, value in zip(inputs[r][inp], values):
+                by_hook.setdefault(site.hook, []).append((slice(n * b, (n + 1) * b), site, value))
 
         isolate = self._isolation(copies, specs)
 

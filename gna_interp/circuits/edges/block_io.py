@@ -1,0 +1,149 @@
+"""A block's receiver inputs read from streams of their own and written back: the one way path patching and edge
+circuits run a block on patched streams.
+
+A receiver input reads its block's stream through the block's pre-norm and an input projection. Given stacked
+streams (one per distinct way the receivers' inputs are patched), :func:`input_channels` returns each stream's
+channels at the input sites asked of it: one run of the block on the streams stacked, stopped once the projections
+have fired -- or, at layers whose input sites are plain linear projections (:func:`direct_reads`, checked once per
+model), only the asked channels, the projection's rows applied to its input, so that a stream copy computes only the
+projections its receivers read. :func:`overwrite` is the hook that writes such channels into a block's run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from gna_interp.engine.replay import Prefix, replay
+from gna_interp.models.mixer import InputSite
+from gna_interp.models.model import Model
+
+__all__ = ["read_block", "direct_reads", "input_channels", "overwrite", "reproduces"]
+
+DIRECT = "edge_circuit.direct"  # Model.facts key: the layers whose receiver inputs are read as plain projections
+
+Direct = dict[str, tuple[str, torch.nn.Linear]]  # input site hook -> (the projection's input hook, the projection)
+
+
+def _flat(x: Tensor) -> Tensor:
+    """A hook value ``[b, p, h, d]`` or ``[b, p, w]`` as ``[b, p, w]`` (a view when possible)."""
+    return x.flatten(2) if x.dim() == 4 else x
+
+
+def reproduces(value: Tensor, added: Tensor, dtype: torch.dtype) -> bool:
+    """Whether ``value`` is what a block ``added`` to the stream, up to the rounding of the residual sum in ``dtype``:
+    ``|value - added| <= atol + 1e-3 |added|``, ``atol`` 1e-4 of the largest ``|added|`` (at least 1) in single or
+    double precision, 16 units in the last place of it in half precision."""
+    scale = max(1.0, float(added.abs().max())) if added.numel() else 1.0
+    atol = 1e-4 * scale if dtype in (torch.float32, torch.float64) else 16 * torch.finfo(dtype).eps * scale
+    return bool(torch.allclose(value.float(), added.float(), atol=atol, rtol=1e-3))
+
+
+class _Enough(Exception):
+    """Raised by a hook once a single-block run has produced every value it was run for."""
+
+
+def read_block(model: Model, prefix: Prefix, layer: int, names: Sequence[str], copies: int,
+               hooks: Sequence[tuple[str, Any]] = (), hidden: Tensor | None = None, keys: Any = None
+               ) -> dict[str, Tensor]:
+    """The values (flat ``[b, p, w]`` copies) of hooks ``names`` in one run of block ``layer`` on ``copies`` stacked
+    copies (from ``hidden`` when given; of the positions from ``keys.column`` on with ``keys``, a
+    :class:`~gna_interp.engine.replay.KeyTap` holding the earlier ones') with ``hooks`` attached, in the order they
+    fired; the run stops once every one has been read."""
+    got: dict[str, Tensor] = {}
+
+    def grab(name: str) -> Any:
+        def hook(v: Tensor, hook: Any = None) -> Tensor:
+            if len(got) + 1 == len(names):  # the last one: the rest of the block is not run, nothing writes it
+                got[name] = _flat(v).detach()
+                raise _Enough
+            got[name] = _flat(v).detach().clone()
+            return v
+        return hook
+
+    try:
+        with model.hooks([*hooks, *((name, grab(name)) for name in names)]):
+            replay(model, prefix, layer, copies, hidden=hidden, stop=layer + 1, keys=keys)
+    except _Enough:
+        pass
+    return got
+
+
+def direct_reads(model: Model, prefix: Prefix, sites: dict[int, set[str]]) -> dict[int, Direct]:
+    """Per layer of ``sites`` (its input sites' hooks) whose every site is the output of a plain linear projection
+    (:meth:`~gna_interp.models.model.Model.linear_input`): ``{site hook: (the projection's input hook, the
+    projection)}``. Checked once per model on ``prefix``'s clean stream against the block's own projections (a layer
+    they do not reproduce is read through the block); the layers that pass are remembered on the model
+    (``Model.facts``)."""
+    out: dict[int, Direct] = {}
+    for layer, hooks in sites.items():
+        found = {}
+        for hook in hooks:
+            linear = model.linear_input(hook)
+            if linear is None:
+                break
+            found[hook] = linear
+        else:
+            out[layer] = found
+    passed = model.facts.setdefault(DIRECT, {})
+    for layer, found in out.items():
+        if layer in passed:
+            continue
+        ins = sorted({h for h, _ in found.values()})
+        got = read_block(model, prefix, layer, sorted(found) + ins, 1, hidden=prefix.hidden(layer))
+        if all(reproduces(F.linear(got[h_in], proj.weight, proj.bias), got[h], model.dtype)
+               for h, (h_in, proj) in found.items()):
+            # projections fed the same input (a block's q, k and v) read it once: at the first of them to fire
+            # (``got`` holds the hooks in the order they fired), so that the stacked streams stop before any
+            # projection runs
+            same = all(torch.equal(got[h], got[ins[0]]) for h in ins)
+            passed[layer] = next(h for h in got if h in ins) if same else None
+        else:
+            passed[layer] = False
+    return {layer: {h: (passed[layer] or h_in, proj) for h, (h_in, proj) in found.items()}
+            for layer, found in out.items() if passed[layer] is not False}
+
+
+def input_channels(model: Model, prefix: Prefix, layer: int, streams: Sequence[Float[Tensor, "b p d_model"]],
+                   wanted: Sequence[Sequence[InputSite]], direct: Direct | None = None, keys: Any = None
+                   ) -> list[list[Float[Tensor, "b p w"]]]:
+    """For each of ``streams`` (block ``layer``'s input, one batch each), the channels of the input sites ``wanted[j]``
+    as the block computes them from that stream: one run of the block on the streams stacked, stopped once the sites'
+    hooks (or, with ``direct``, the projections' inputs) have fired; with ``direct`` (:func:`direct_reads` of the
+    layer) only the wanted channels, one product over their span per stream and projection. ``keys``: as
+    :func:`read_block`'s."""
+    b = streams[0].shape[0]
+    hooks = sorted({s.hook for sites in wanted for s in sites})
+    names = sorted({direct[h][0] for h in hooks}) if direct else hooks
+    got = read_block(model, prefix, layer, names, len(streams), hidden=torch.cat(list(streams)), keys=keys)
+    out: list[list[Tensor]] = []
+    for j, sites in enumerate(wanted):
+        if not direct:
+            out.append([got[s.hook][j * b:(j + 1) * b, :, s.start:s.stop] for s in sites])
+            continue
+        values: dict[int, Tensor] = {}
+        for hook in dict.fromkeys(s.hook for s in sites):  # per projection: one product over the span its sites read
+            mine = [(k, s) for k, s in enumerate(sites) if s.hook == hook]
+            hook_in, proj = direct[hook]
+            lo, hi = min(s.start for _, s in mine), max(s.stop for _, s in mine)
+            bias = proj.bias[lo:hi] if proj.bias is not None else None
+            value = F.linear(got[hook_in][j * b:(j + 1) * b], proj.weight[lo:hi], bias)
+            values.update({k: value[..., s.start - lo:s.stop - lo] for k, s in mine})
+        out.append([values[k] for k in range(len(sites))])
+    return out
+
+
+def overwrite(entries: Sequence[tuple[slice, InputSite, Tensor]]) -> Any:
+    """A hook that writes each ``(rows, site, value)`` of ``entries`` into those rows of the site's channels of the
+    hook's value (``[b, p, w]``, or ``[b, p, h, d]`` counted over the flattened heads)."""
+    def hook(v: Tensor, hook: Any = None) -> Tensor:
+        out = v.clone(memory_format=torch.contiguous_format)
+        flat = _flat(out)
+        for rows, s, value in entries:
+            flat[rows, :, s.start:s.stop] = value.to(flat.dtype)
+        return out
+    return hook
