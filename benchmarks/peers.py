@@ -909,8 +909,10 @@ whole table is one run,
 
 its JSON kept in `benchmarks/results/peers.json`, and the zoo Mamba-1's rows a run of their own (mamba-lens has an
 environment of its own), `python benchmarks/peers.py --models mamba1 --threads 1 --json
-benchmarks/results/mamba1.json`; `python benchmarks/peers.py --models '' --markdown --include
-benchmarks/results/peers.json,benchmarks/results/mamba1.json` writes this page again from them. Every row's *CPU vs
+benchmarks/results/mamba1.json`, as the zoo hybrid's, `python benchmarks/peers.py --models hybrid --threads 1 --json
+benchmarks/results/hybrid.json`; `python benchmarks/peers.py --models '' --markdown --include
+benchmarks/results/peers.json,benchmarks/results/mamba1.json,benchmarks/results/hybrid.json` writes this page again
+from them. Every row's *CPU vs
 gna* is against our row of its own run. A commit marked `+dirty` had uncommitted edits to the docs or to the kept
 JSON, none to gna_interp. An edge row's JSON keeps its 500 strongest scores and its agreement as measured over all
 of them.
@@ -924,6 +926,9 @@ forms over full rows, a prompt once per candidate).
 Mamba-1: its 512 channels (`L0C0` ... `L3C127`), each a head (the columns of its mixer's `out_proj` input, as a
 Mamba-2 head's), every one in the best and attribution forms, every 32nd in the plain loops; the other forms are the
 Mamba-2 ones.
+The zoo hybrid (Bamba: Mamba-2 layers 0, 1 and 3, an attention layer 2; 24 Mamba-2 heads and 4 attention heads, 16
+channels each): every head, each the columns of its own layer's output projection input (the mixer's `out_proj`,
+attention's `o_proj`), in the Mamba-2 forms (no key/value cache to continue: a Mamba layer's state is not one).
 SmolLM2-135M, for time (its profile, `SMOLLM2` in `benchmarks/peers.py`; `--same-settings` runs it as the others): 8
 prompts and the 18 heads of layers 16-17 for every scan; no plain forms (they ran 15 to 40 times slower than the best
 forms on this model; the zoo rows show them) and no EAP-IG (auto-circuit's integrates 11 of its EAP passes). Its
@@ -960,7 +965,10 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   heads' `hook_pattern` and `stop_at_layer` after their last layer. Mamba-2: the same forms on
   `blocks.L.mixer.out_proj.hook_in`, the head's `head_dim` columns, *best* and *gradient attribution, best* with each
   prompt once (left-padded, the bridge given its attention mask; every one-token candidate read at the last
-  position).
+  position), the latter's gradient kept by a backward hook. The hybrid: its attention heads at
+  `blocks.L.attn.o.hook_in`, which the bridge hands over as a `[batch, pos, heads, head_dim]` view (a head's columns
+  counted over the flattened heads; its forward does not differentiate through the view, so the gradient is a
+  backward hook's).
 - **nnsight**: `LanguageModel(hf_model)`; inside `with model.trace(ids):` the head's `head_dim` columns of
   `model.layers[L].self_attn.o_proj.input` (Mamba-2: `backbone.layers[L].mixer.out_proj.input`) assigned zero,
   `model.output.logits.save()`; *plain*: one trace per head and row batch; *best*: one trace per forward with the
@@ -970,7 +978,7 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   `logits_to_keep` at the reads, the first scanned layer's input made to require grad, the `o_proj.input` values
   saved and `torch.autograd.grad(metric, saved)` after the traces (Mamba-2: *best* each prompt once, as
   TransformerLens's; *gradient attribution, best* one trace of each prompt once, its first scanned layer's input made
-  to require grad).
+  to require grad). The hybrid: `model.layers[L].mamba.out_proj.input` or `model.layers[L].self_attn.o_proj.input`.
 - **pyvene**: `IntervenableModel(IntervenableConfig(RepresentationConfig(layer, "head_attention_value_output",
   unit="h.pos"), intervention_types=ZeroIntervention), hf_model)`, called with `unit_locations={"base": [[heads,
   positions]]}` (one intervention, two levels, a list over the batch each); *plain*: one model per head, one call per
@@ -983,8 +991,10 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   the rotary embedding, each decoder layer on a fresh `DynamicCache`) on the kept input of layer L, then the clean
   cache of layers below L is set in, once per copy, and the candidates run the same layers on their kept input of
   layer L; a forward pre-hook on `layers[L].self_attn.o_proj` zeroes each copy's head; `lm_head` runs at the read
-  positions only. Mamba-2: each prompt once, `backbone.layers` run by hand with the attention mask, every layer's
-  input kept by forward pre-hooks, each head replayed from its layer with a pre-hook on `mixer.out_proj`.
+  positions only. Mamba-2, Mamba-1 and the hybrid: each prompt once, one clean forward of the decoder keeping every
+  layer's input and the arguments it gave the layer (its masks, the rotary embedding: forward pre-hooks with
+  keyword arguments), each head's layers run by hand from its own with those arguments, a pre-hook on the layer's
+  output projection (`mixer.out_proj`, `mamba.out_proj` or `self_attn.o_proj`) zeroing the head.
 - **gna**: `scan_heads(model, task, heads=..., strategy="exact" | "auto" | "attribution")` (attribution rows: its
   `est_drop`), `patterns(model, batch, heads=...)`.
 - **gna**, edges: `screen_edges(model, task, "zero", verify=0, ig_steps=0 | 10)` (its scores summed over the
@@ -1065,7 +1075,7 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
 |---|---|---|---|---|---|---|
 | attention heads, GQA | yes (`hook_z` per query head) | yes (any module's input/output) | yes for the model types it maps (Llama, GPT-2, ...) | TransformerLens 2's `HookedTransformer` only; GQA with `ungroup_grouped_query_attention` | no: Mamba-1 only (`HookedMamba`) | yes |
 | Mamba-2 / SSM heads | yes: the mixer's `out_proj.hook_in` columns | yes: any module | no: no mapping for Mamba (a row of the table) | no: TransformerLens 2 has no Mamba (a row of the table) | Mamba-1 channels: `hook_after_skip` (`y * silu(z)`) per channel (a row of the table) | yes (`ssm2` heads, implicit attention) |
-| hybrids (Jamba, Bamba, ...) | adapters for several | any module | no | no | no | yes |
+| hybrids (Jamba, Bamba, ...) | adapters for several; on Bamba attention's `o.hook_in` is a `[heads, head_dim]` view its forward does not differentiate through (backward hooks read its gradient) | any module | no: no mapping for Bamba (a row of the table) | no (a row of the table) | no | yes |
 | multi-token candidates | by hand (the metric reads the logits) | by hand | by hand | no: its metrics read one position's logits | by hand | planned rows, packed per prompt |
 | several heads per forward | by hand (batch copies, hooks index them) | by hand, or one invoke per copy | per-example unit locations | any set of edges a forward (its masks), one set a forward | by hand (batch copies under `model.hooks`) | stacked replays |
 | prompt reuse across heads | the prompt's key/value cache continued by the candidates (the best forms); no replay from a layer | the same cache; modules can be skipped (`Envoy.skip`), which starts a forward at a layer but leaves the skipped layers' keys and values uncomputed (not a row here); a plain loop over the layers from a cached prefix is a row | the same cache through `base` | a cached prefix that clean and corrupt prompts share | by hand: `model.blocks` run from a layer on its `hook_resid_pre` (its `start_at_layer` fails on a residual input) | clean prefix, replay from the head's layer |
