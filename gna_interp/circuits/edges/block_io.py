@@ -6,7 +6,8 @@ streams (one per distinct way the receivers' inputs are patched), :func:`input_c
 channels at the input sites asked of it: one run of the block on the streams stacked, stopped once the projections
 have fired -- or, at layers whose input sites are plain linear projections (:func:`direct_reads`, checked once per
 model), only the asked channels, the projection's rows applied to its input, so that a stream copy computes only the
-projections its receivers read. :func:`overwrite` is the hook that writes such channels into a block's run.
+projections its receivers read. :func:`overwrite` is the hook that writes such channels -- or a head's recomputed
+output -- into a run.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.engine.replay import Prefix, replay
-from gna_interp.models.mixer import InputSite
+from gna_interp.models.mixer import ChannelSpan, InputSite
 from gna_interp.models.model import Model
 
 __all__ = ["read_block", "direct_reads", "input_channels", "overwrite", "reproduces"]
@@ -137,9 +138,11 @@ def input_channels(model: Model, prefix: Prefix, layer: int, streams: Sequence[F
     return out
 
 
-def overwrite(entries: Sequence[tuple[slice, InputSite, Tensor]]) -> Any:
+def overwrite(entries: Sequence[tuple[slice, ChannelSpan, Tensor]]) -> Any:
     """A hook that writes each ``(rows, site, value)`` of ``entries`` into those rows of the site's channels of the
-    hook's value (``[b, p, w]``, or ``[b, p, h, d]`` counted over the flattened heads)."""
+    hook's value (``[b, p, w]``, or ``[b, p, h, d]`` counted over the flattened heads): a receiver's input channels
+    (an :class:`~gna_interp.models.mixer.InputSite`) or a head's output channels (a
+    :class:`~gna_interp.models.mixer.HeadSite`)."""
     def hook(v: Tensor, hook: Any = None) -> Tensor:
         out = v.clone(memory_format=torch.contiguous_format)
         flat = _flat(out)

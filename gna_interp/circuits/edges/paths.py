@@ -116,17 +116,6 @@ def _flat(x: Tensor) -> Tensor:
     return x.flatten(2) if x.dim() == 4 else x
 
 
-def _put_outputs(entries: list[tuple[int, Any, Tensor]], b: int) -> Any:
-    """A hook that writes each ``(copy g, site, z)`` of ``entries`` into copy ``g``'s rows of the site's channels."""
-    def hook(v: Tensor, hook: Any = None) -> Tensor:
-        out = v.clone(memory_format=torch.contiguous_format)
-        flat = flat_channels(out, entries[0][1])
-        for g, site, z in entries:
-            flat[g * b:(g + 1) * b, :, site.columns] = z.to(flat.dtype)
-        return out
-    return hook
-
-
 @dataclass
 class _Clean:
     """What one clean replay of a chunk recorded: hook values (flat ``[b, p, w]``) and the final residual stream; and,
@@ -494,11 +483,12 @@ class PathPatcher(PlanRunner):
         if not z_new:
             return clean.final.repeat(len(sets), 1, 1), 0
         column = self._first_change(sets, clean.masks, chunk) if clean.keys is not None else 0
-        by_hook: dict[str, list[tuple[int, Any, Tensor]]] = {}
+        b = prefix.batch_size
+        by_hook: dict[str, list[tuple[slice, Any, Tensor]]] = {}
         for (g, r), z in z_new.items():
             site = self.model.head_site(r)
-            by_hook.setdefault(site.hook, []).append((g, site, z[:, column:]))
-        with self.model.hooks([(name, _put_outputs(entries, prefix.batch_size)) for name, entries in by_hook.items()]):
+            by_hook.setdefault(site.hook, []).append((slice(g * b, (g + 1) * b), site, z[:, column:]))
+        with self.model.hooks([(name, overwrite(entries)) for name, entries in by_hook.items()]):
             if column:
                 assert clean.keys is not None
                 return clean.keys.replay_from(self.model, min(by_layer), column, len(sets)), column
