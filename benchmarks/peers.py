@@ -744,6 +744,7 @@ def main(argv: list[str] | None = None) -> int:
             args.tools = ",".join(t for t in args.tools.split(",") if t not in ("nnsight-plain", "pyvene-plain",
                                                                                  "gna-edge-exact", *AC_TOOLS))
     torch.set_num_threads(args.threads)
+    gna_version()  # the tree as this process loaded it: edits made while it runs are not in its rows
     tools = args.tools.split(",")
     peer_py, why = (None, "")
     if any(t in PEER_TOOLS for t in tools):
