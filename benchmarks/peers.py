@@ -110,7 +110,7 @@ SSM_LABELS = {"hf-prefix": "Hugging Face layer loop from a cached prefix (plain 
               "tl-best": "TransformerLens best (each prompt once, heads stacked over copies)",
               "nnsight-best": "nnsight best (each prompt once, heads stacked over copies)",
               "tl-attr-best": "TransformerLens gradient attribution (best: each prompt once, graph from the first "
-                              "scanned layer, backward hooks at the heads)",
+                              "scanned layer, the gradient at the heads)",
               "nnsight-attr-best": "nnsight gradient attribution (best: each prompt once, graph from the first "
                                    "scanned layer, autograd.grad at the heads)"}
 SSM_NOT = {"tl-patching": "TransformerLens's patching helpers index attention hooks (z, pattern); a Mamba-2 head is "
@@ -966,10 +966,9 @@ correlation and the top-20 overlap, and each estimate against the exact effects 
   heads' `hook_pattern` and `stop_at_layer` after their last layer. Mamba-2: the same forms on
   `blocks.L.mixer.out_proj.hook_in`, the head's `head_dim` columns, *best* and *gradient attribution, best* with each
   prompt once (left-padded, the bridge given its attention mask; every one-token candidate read at the last
-  position), the latter's gradient kept by a backward hook. The hybrid: its attention heads at
-  `blocks.L.attn.o.hook_in`, which the bridge hands over as a `[batch, pos, heads, head_dim]` view (a head's columns
-  counted over the flattened heads; its forward does not differentiate through the view, so the gradient is a
-  backward hook's).
+  position). The hybrid: its attention heads at `blocks.L.attn.o.hook_in`, which the bridge hands over as a
+  `[batch, pos, heads, head_dim]` view (a head's columns counted over the flattened heads; its forward does not
+  differentiate through the view, so *gradient attribution, best* reads the gradient by a backward hook there).
 - **nnsight**: `LanguageModel(hf_model)`; inside `with model.trace(ids):` the head's `head_dim` columns of
   `model.layers[L].self_attn.o_proj.input` (Mamba-2: `backbone.layers[L].mixer.out_proj.input`) assigned zero,
   `model.output.logits.save()`; *plain*: one trace per head and row batch; *best*: one trace per forward with the
@@ -1087,7 +1086,7 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
 ## Where ours is not ahead
 
 - **Attribution against the peers at their best: 1.5x on SmolLM2, 1.1-1.5x on the zoo transformer, 1.4-1.5x on the
-  zoo Mamba-2, 1.3x and a tie (mamba-lens) on the zoo Mamba-1.** Written as an expert would -- the prompt run once and its key/value
+  zoo Mamba-2, 1.3x and a tie (mamba-lens) on the zoo Mamba-1, 1.3-1.4x on the zoo hybrid.** Written as an expert would -- the prompt run once and its key/value
   cache continued by the candidates, logits only where the metric reads, the graph starting at the first scanned
   layer, `torch.autograd.grad` at the heads' outputs -- TransformerLens takes 4.67 CPU s and nnsight 4.74 against
   our 3.19 on SmolLM2 (8 prompts, the 18 heads of layers 16-17, agreeing to 2.3e-5); the plain forms' 8-13x is a
@@ -1100,7 +1099,7 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
   runs, and a sixth in the forward.
 - **The exact scan against prefix reuse written by hand: 1.5x on SmolLM2, 1.6x on the zoo Mamba-1 (15.11 CPU s against
   23.62; 83 % of ours in transformers' `mamba_selective_scan` of the replayed blocks, py-spy at 100 Hz, commit
-  7bb19c5), a tie on the zoo Mamba-2.** A loop over
+  7bb19c5), a tie on the zoo Mamba-2 and on the zoo hybrid.** A loop over
   the Hugging Face decoder layers from a cached clean prefix (plain PyTorch: one clean pass keeps every layer's
   input and the key/value cache; each head's copies run the prompts and then the candidates through the layers
   from the head's own on, a forward pre-hook on `o_proj` zeroing the head) took 29.30 CPU s (1.63 a head) against
@@ -1120,7 +1119,12 @@ do, as do the exact effects of leaving one edge out (every other edge kept). Whe
   (1.22-1.53 and 1.23-1.57); a py-spy profile of ours (100 Hz, at commit 637b00a) puts 92 % in transformers'
   PyTorch SSD scan of the blocks replayed (`mamba2_chunk_scan`, `segment_sum`, `einsum`), the same blocks the loop
   runs, so nothing of our engine's is left to save there. TransformerLens and nnsight at their best (each prompt
-  once, heads stacked over copies, every block run) take 2.31 and 2.20: 1.8-1.9x.
+  once, heads stacked over copies, every block run) take 2.31 and 2.20: 1.8-1.9x. The zoo hybrid (Bamba, 28 heads,
+  its own run at commit 37d6bf5) is the same case: the layer loop takes 1.00 CPU s against our 1.01 (runs 1.00-1.04
+  and 1.01-1.06), agreeing to 2.2e-6; a py-spy profile of our scan (200 Hz, commit 2a83f93) puts 85 % of it in
+  transformers' `BambaMixer.forward` of the replayed Mamba-2 layers, 74 % in its PyTorch `mamba2_chunk_scan`, which
+  the loop runs alike. TransformerLens and nnsight at their best take 1.72 and 1.66 (1.6-1.7x); our attribution, 0.13
+  CPU s, against their best forms' 0.19 and 0.17.
 - **Patterns: the same forward.** `patterns()` is one `run_with_cache` with the heads' `hook_pattern` as
   `names_filter` and `stop_at_layer` after their last layer, plus the token labels -- the "best" TransformerLens
   row is that very call, and the two rows are equal within their repeats (SmolLM2: 7.20 against 7.19 CPU s; the

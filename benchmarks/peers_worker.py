@@ -454,16 +454,24 @@ def run_tl(job: dict, hf: Any, tok: Any, form: str) -> tuple[float, dict[str, fl
     elif form == "attr-best" and ssm:
         layers = sorted({l for l, _ in job["heads"]})
 
+        # the bridge hands a hybrid's attention o.hook_in over as a view its forward does not differentiate through:
+        # there the gradient is a backward hook's, elsewhere torch.autograd.grad at the hooked value
+        view = job.get("kind") == "hybrid"
+
         def fb(ids: torch.Tensor, mask: torch.Tensor, objective: Callable) -> dict:
-            # each prompt once, the graph from the first scanned layer's input, the gradient at z by a backward hook
-            # (the bridge hands attention's o.hook_in over as a view its forward does not differentiate through)
+            # each prompt once, the graph from the first scanned layer's input, the gradient at z alone
             keep: dict = {}
             leaf = [(f"blocks.{layers[0]}.hook_resid_pre", lambda x, hook: x.detach().requires_grad_(True))]
-            fwd = [(z_hook(l), lambda z, hook, l=l: keep.__setitem__(("z", l), z.detach())) for l in layers]
+            fwd = [(z_hook(l), lambda z, hook, l=l: keep.__setitem__(("z", l), z)) for l in layers]
             bwd = [(z_hook(l), lambda g, hook, l=l: keep.__setitem__(("g", l), g.detach())) for l in layers]
-            with torch.enable_grad(), bridge.hooks(fwd_hooks=leaf + fwd, bwd_hooks=bwd):
-                objective(bridge(ids, attention_mask=mask)).backward()
-            return {l: (by_head(keep[("z", l)]), by_head(keep[("g", l)])) for l in layers}
+            with torch.enable_grad(), bridge.hooks(fwd_hooks=leaf + fwd, bwd_hooks=bwd if view else []):
+                loss = objective(bridge(ids, attention_mask=mask))
+                if view:
+                    loss.backward()
+                else:
+                    grads = torch.autograd.grad(loss, [keep[("z", l)] for l in layers])
+                    keep.update({("g", l): g for l, g in zip(layers, grads)})
+            return {l: (by_head(keep[("z", l)].detach()), by_head(keep[("g", l)])) for l in layers}
 
         clean, drops = attribution_prompts(samples, job["batch"], pad, job["heads"], fb)
     elif form == "attr-best":
