@@ -246,8 +246,11 @@ def test_edge_circuit_equals_a_by_hand_forward(family, key, method):
     every = ec.wires()
     draw = random.Random(f"wires-{key}-{method}")
     few = set(draw.sample(every, len(every) // 20))
+    early = min((w for w in every if w.receiver != "logits"), key=lambda w: ec._reads_at[w.reads])
     circuits = {"half": draw.sample(every, len(every) // 2), "every": every, "none": [],
-                "most": [w for w in every if w not in few]}  # few left out: read off the run's own stream
+                "most": [w for w in every if w not in few],  # few left out: read off the run's own stream
+                "but one": [w for w in every if w != early]}  # the blocks after its receiver: the model's own forward
+    assert ec._plain_from(ec._keep(circuits["but one"])) == int(ec._reads_at[early.reads]) + 1 < model.n_layers
     for index in (0, 2):
         got = {name: ec.chunk_logprobs(index, kept) for name, kept in circuits.items()}
         for name, kept in circuits.items():

@@ -370,9 +370,14 @@ class EdgeCircuit:
         """Read log-probs of chunk ``index`` with only the kept wires carrying activations: block by block, each
         receiver input of the block from its own stream (:meth:`_Pass.inputs`), then the block itself
         (:meth:`_Pass.block`); from ``start`` (a recorded pass that agrees with ``keep`` before its layer and column),
-        or from the first block, recording the pass into ``record`` where given."""
+        or from the first block, recording the pass into ``record`` where given. From the first block after which every
+        receiver input reads the run's own stream (:meth:`_plain_from`) the rest is the model's own forward, run as is."""
         run = _Pass(self, index, keep, start, record)
+        plain = self._plain_from(keep) if record is None else self.model.n_layers
         for layer in range(start.layer if start is not None else 0, self.model.n_layers):
+            if layer >= plain:
+                run.x = replay(self.model, run.prefix, layer, 1, hidden=run.x, keys=run.tap)
+                break
             if record is not None:
                 record.states[layer] = (run.x, run.base, run.filled)
             run.block(layer, run.inputs(layer))
@@ -383,6 +388,20 @@ class EdgeCircuit:
             record.kv = run.tap.kv if run.tap is not None and sorted(run.tap.kv) == list(range(self.model.n_layers)) \
                 else None
         return run.logprobs()
+
+    def _plain_from(self, keep: dict[str, Tensor]) -> int:
+        """The first block from which every receiver input (the logits among them) keeps every edge into it
+        (:meth:`_keep`'s map ``keep``): each reads the run's own stream, so no input is overwritten and no write need
+        be recorded -- the blocks from there are the model's own forward (leaving one edge out: every block after
+        its receiver's). ``n_layers`` where the logits read anything else."""
+        self.receivers()
+        if not hasattr(self, "_before"):  # per receiver input: how many senders (in write order) write before it
+            writes = sorted(self._writes_at[s] for s in self.senders)
+            self._before = {r: sum(w < self._reads_at[r] for w in writes) for r in self._receivers}
+        partial = [self._reads_at[r] for r in self._receivers
+                   if (k := keep.get(r)) is None or not bool(k[:self._before[r]].all())]
+        last = max(partial, default=-1.0)
+        return self.model.n_layers if last >= self.model.n_layers else int(last) + 1
 
     def _scores(self, keep: dict[str, Tensor]) -> CandidateScores:
         """Scores of the task over every chunk with ``keep`` (:meth:`_keep`)."""
