@@ -27,7 +27,9 @@ block on stacked copies of the distinct receiver streams, stopped once the input
 each receiver input its channels (receiver inputs that read the same senders at the same positions read the same
 stream and share a copy: leaving one edge out runs two copies at its receiver's layer and one elsewhere); one run of
 the block on the current stream overwrites them, records the heads' outputs and gives the MLP its own input at the
-stream before it (``hook_resid_mid``, which feeds the MLP's norm and not the residual sum).
+stream before it (``hook_resid_mid``, which feeds the MLP's norm and not the residual sum). Once every receiver input
+still to be read keeps every edge into it (leaving one edge out: every block after its receiver's), each reads the
+run's own stream, and the remaining blocks run as the model's own forward.
 
 **Blocks that normalise or scale what they add** (Gemma-2/3 and OLMo-2 post-norms, Granite's residual
 multiplier). Such a block adds ``f(y)`` of its mixers' summed output ``y = Σ_h o_h`` and ``g(m)`` of its MLP's
