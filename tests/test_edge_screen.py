@@ -42,7 +42,7 @@ def test_scores_equal_the_derivative_through_hugging_face(models, family, monkey
     screen = screen_edges(model, _task(), verify=0, batch_size=1)
     pp = PathPatcher(model, _task(), batch_size=1)
     t = screen.table
-    heads = t[t["verifiable"] & (t["receiver"] != "logits")].head(3)
+    heads = t[t["kind"] == "head -> head"].head(3)
     rows = list(heads.itertuples()) + list(t[t["receiver"] == "logits"].head(1).itertuples())
     eps = 1e-2
     for row in rows:
@@ -62,10 +62,9 @@ def test_verified_rows_equal_path_patching_edge_by_edge(models):
     screen = screen_edges(model, _task(), verify=12, batch_size=2)
     v = screen.verified()
     assert len(v) == 12 and list(screen.table.columns) == EDGE_SCREEN_COLUMNS
-    for row in v[v["kind"].isin(["head -> head", "head -> logits"])].itertuples():  # MLP rows: the test below
-        sender = H(row.sender)
-        edges = [Edge(sender, None)] if row.receiver == "logits" else \
-            [Edge(sender, H(row.receiver), row.input, row.positions)]
+    assert set(v["kind"]) == {"head -> head", "head -> logits", "MLP", "embeddings"}
+    for row in v.itertuples():
+        edges = [Edge(row.sender, row.receiver, row.input, row.positions)]
         alone = path_effects(model, _task(), [edges], batch_size=3)
         assert row.effect == pytest.approx(alone.effects()[0], abs=1e-5)
     a = screen.agreement()
@@ -92,9 +91,10 @@ def test_senders_come_before_receivers(models):
         assert s_layer < r_layer, row
 
 
-def test_mlp_and_embedding_edges_are_verified_by_an_edge_circuit(tiny_models):
-    """Rows out of or into an MLP (or out of the embeddings) are measured with every other edge kept and that one
-    left out: the effect equals the intact metric minus the metric of that edge circuit."""
+def test_mlp_and_embedding_edges_are_verified_by_path_patching(tiny_models):
+    """Rows out of or into an MLP (or out of the embeddings) are measured by path patching, that one edge alone
+    removed: where its receiver input is its own, the effect equals the intact metric minus that of an edge circuit
+    with every other edge kept; rows into an input several heads share (a KV group) are measured too."""
     from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
     from gna_interp.models.graph import Edge
     from gna_interp.tasks import KVRetrieval
@@ -106,11 +106,13 @@ def test_mlp_and_embedding_edges_are_verified_by_an_edge_circuit(tiny_models):
     t = screen.verified()
     mlp = t[t.sender.str.startswith("MLP") | (t.sender == "embed") | (t.input == "mlp")]
     assert len(mlp) and mlp["low"].le(mlp["effect"]).all() and mlp["effect"].le(mlp["high"]).all()
-    row = mlp.iloc[0]
-    wire = Edge(row.sender, row.receiver, row.input, row.positions)
+    assert set(mlp["kind"]) == {"MLP", "embeddings"}
+    assert mlp["input"].isin(["k", "v"]).any()  # into a KV group's shared channels, one head's path alone
+    own = mlp[~mlp["input"].isin(["k", "v"])].head(4)
+    wires = [[Edge(r.sender, r.receiver, r.input, r.positions)] for r in own.itertuples()]
     ec = EdgeCircuit(model, task, "mean", batch_size=16, senders="all")
-    without = LOGIT_DIFF.value(results(ec.run_without([[wire]])[0]))
-    assert row.effect == pytest.approx(screen.intact - without, abs=1e-5)
+    for row, scored in zip(own.itertuples(), ec.run_without(wires)):
+        assert row.effect == pytest.approx(screen.intact - LOGIT_DIFF.value(results(scored)), abs=1e-5)
 
 
 def test_the_verified_sample_covers_every_kind_and_draws_at_random():
@@ -131,29 +133,23 @@ def test_the_verified_sample_covers_every_kind_and_draws_at_random():
     assert not (verify_sample(t, 16)[~t["verifiable"]] != "").any()  # only verifiable rows are taken
 
 
-def test_a_screen_builds_an_edge_circuit_once_per_model_and_only_to_measure(tiny_dirs, monkeypatch):
-    """Whether MLP and embedding edges can be measured is learnt by the first screen of a model (its one edge
-    circuit); later screens with nothing to measure build none, and their tables are the same."""
+def test_a_screen_builds_no_edge_circuit(tiny_dirs, monkeypatch):
+    """Every verified row, of every kind, is measured by path patching: a screen makes no edge circuit, and whether
+    the edges of the MLPs and the embeddings can be measured is learnt once per model."""
     import gna_interp as gna
-    from gna_interp.circuits.edges import edge_circuit
+    from gna_interp.circuits.edges import edge_circuit, paths
 
     model = gna.load_model(tiny_dirs["llama"], device="cpu")
     made = []
-    real = edge_circuit.EdgeCircuit.__init__
-
-    def counting(self, *a, **k):
-        made.append(1)
-        real(self, *a, **k)
-
-    monkeypatch.setattr(edge_circuit.EdgeCircuit, "__init__", counting)
+    monkeypatch.setattr(edge_circuit.EdgeCircuit, "__init__", lambda *a, **k: made.append(1))
     first = screen_edges(model, _task(), verify=0)
-    assert len(made) == 1 and edge_circuit.EdgeCircuit.refusal(model) == ""
+    assert model.facts[paths.STREAMS] == ""
     again = screen_edges(model, _task(), verify=0)
-    assert len(made) == 1 and again.table.equals(first.table)
+    assert again.table.equals(first.table)
     t = again.table
-    assert t[t["kind"].isin(["MLP", "embeddings"])]["verifiable"].any()  # a tiny Llama allows edge circuits
+    assert t[t["kind"].isin(["MLP", "embeddings"])]["verifiable"].all()
     measured = screen_edges(model, _task(), verify=40)
-    assert len(made) == 2 and measured.verified()["kind"].isin(["MLP", "embeddings"]).any()
+    assert not made and measured.verified()["kind"].isin(["MLP", "embeddings"]).any()
 
 
 @pytest.mark.parametrize("family", ["llama", "mamba2"])

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gna_interp.circuits.edges.causal import EDGE_COLUMNS, causal_roles, check_edge_table, strongest_path
-from gna_interp.circuits.edges.paths import INPUTS, Edge
+from gna_interp.circuits.edges.paths import Edge
+from gna_interp.models.mixer import INPUTS
 from gna_interp.models.graph import LOGITS, POSITIONS
 from gna_interp.cli import main
 from gna_interp.errors import GnaError, HeadError, InputError

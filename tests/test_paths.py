@@ -506,30 +506,63 @@ def _hf_run(model, ids, kwargs, pre=(), post=()):
             h.remove()
 
 
+MLP_IN = {"llama": "post_attention_layernorm", "gemma3": "pre_feedforward_layernorm", "olmo2": "mlp",
+          "granite": "post_attention_layernorm"}  # the module of a decoder layer that first reads the MLP's stream
+
+
+def _hf_streams(model, key, ids, kwargs):
+    """A plain HF forward's stream entering layer 0 (``embed``) and, per layer, the stream its MLP reads (``mid``)
+    and the layer's output (``out``): an MLP's write is ``out - mid``, the embeddings' the stream entering layer 0."""
+    got, handles = {}, []
+    for l in range(model.n_layers):
+        mod = _hf_layer(model, l)[1]
+        handles.append(getattr(mod, MLP_IN[key]).register_forward_pre_hook(
+            lambda m, a, l=l: got.__setitem__(("mid", l), a[0].detach().clone())))
+        handles.append(mod.register_forward_hook(
+            lambda m, a, o, l=l: got.__setitem__(("out", l), (o[0] if isinstance(o, tuple) else o).detach().clone())))
+    handles.append(_hf_layer(model, 0)[1].register_forward_pre_hook(
+        lambda m, a, kw: got.__setitem__("embed", (a[0] if a else kw["hidden_states"]).detach().clone()),
+        with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model.hf_model(ids, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
 def _hf_brute(model, key, pp, chunk, edges):
-    """Read log-probs of ``chunk`` with ``edges`` removed, by the definition through the plain HF model: the write
-    ``W_S = f(y) - f(y - o_S)`` (``y`` the sender layer's attention output, f from :data:`POST`), each receiver's
-    query / key / value projections recomputed (through the layer's own input norm, and its q/k norms) from the
-    clean stream minus its edges' writes, its output put into a plain forward, direct edges taken off the last
-    layer's output."""
+    """Read log-probs of ``chunk`` with ``edges`` removed (zero ablation), by the definition through the plain HF
+    model: a head's write ``W_S = f(y) - f(y - o_S)`` (``y`` the sender layer's attention output, f from
+    :data:`POST`), an MLP's what its layer adds after the MLP's stream, the embeddings' the stream entering layer 0;
+    each receiver's query / key / value projections recomputed (through the layer's own input norm, and its q/k norms)
+    from the clean stream minus its edges' writes, its output put into a plain forward; each MLP receiver's stream
+    replaced by the clean one minus its edges' writes; direct edges taken off the last layer's output."""
     ids, kwargs, masks = chunk.batch.ids, model._forward_kwargs(chunk.batch), _masks(pp, chunk)
+    clean = _hf_streams(model, key, ids, kwargs)
 
     def layer(l):
         return _hf_layer(model, l)[1]
 
-    def write(s):
+    def write(name):
+        if name == "embed":
+            return clean["embed"]
+        if name.startswith("MLP"):
+            return clean[("out", int(name[3:]))] - clean[("mid", int(name[3:]))]
+        s = H(name)
         z, proj = _out_in(model, ids, kwargs, s)
         cols = model.head_site(s).columns
         y = proj(z)
         return POST[key](layer(s.layer), y) - POST[key](layer(s.layer), y - z[..., cols] @ proj.weight[:, cols].T)
 
     replace = {}
-    for r in {e.receiver_head for e in edges if not e.direct}:
+    for r in {e.receiver_head for e in edges if e.receiver_head is not None}:
         x = _residual_in(model, ids, kwargs, r.layer)
         streams = {name: x.clone() for name in ("q", "k", "v")}
         for e in edges:
             if e.receiver_head == r:
-                streams[e.input] -= masks[e.positions][None, :, None] * write(e.sender_head)
+                streams[e.input] -= masks[e.positions][None, :, None] * write(e.sender)
         mod = layer(r.layer)
         attn, norm = mod.self_attn, getattr(mod, "input_layernorm", None) or (lambda v: v)
         swap = [(unwrap(getattr(attn, f"{n}_proj")), lambda m, a, o, n=n: F.linear(norm(streams[n]), m.weight, m.bias))
@@ -538,8 +571,13 @@ def _hf_brute(model, key, pp, chunk, edges):
         grab = (unwrap(attn.o_proj), lambda m, a: got.__setitem__("z", a[0][..., model.head_site(r).columns].clone()))
         _hf_run(model, ids, kwargs, pre=[grab], post=swap)
         replace[r] = got["z"]
-    direct = sum((masks[e.positions][None, :, None] * write(e.sender_head) for e in edges if e.direct),
+    direct = sum((masks[e.positions][None, :, None] * write(e.sender) for e in edges if e.direct),
                  torch.zeros(()))
+    mlp_in = {}
+    for e in edges:
+        if e.input == "mlp":
+            l = int(e.receiver[3:])
+            mlp_in[l] = mlp_in.get(l, clean[("mid", l)]) - masks[e.positions][None, :, None] * write(e.sender)
 
     def put(z, cols):
         def pre(m, a):
@@ -552,6 +590,7 @@ def _hf_brute(model, key, pp, chunk, edges):
         return (o[0] - direct,) + tuple(o[1:]) if isinstance(o, tuple) else o - direct
 
     pre = [(unwrap(layer(r.layer).self_attn.o_proj), put(z, model.head_site(r).columns)) for r, z in replace.items()]
+    pre += [(getattr(layer(l), MLP_IN[key]), lambda m, a, x=x: (x,) + a[1:]) for l, x in mlp_in.items()]
     logits = _hf_run(model, ids, kwargs, pre=pre, post=[(layer(model.n_layers - 1), off)])
     return read_logprobs(logits[0][chunk.read_pos], chunk.read_tok)
 
@@ -577,3 +616,26 @@ def test_path_effects_through_norms_and_multipliers_equal_the_definition(norm_mo
     assert moved > 1e-3  # the edges matter: the test could not pass with path patching doing nothing
     if key != "llama":  # the write is not o_S: the model's block does not add its attention output as is
         assert pp._as_is == {0: False}
+
+
+@pytest.mark.parametrize("key", sorted(POST))
+def test_edges_of_the_embeddings_and_mlps_equal_the_definition(norm_models, key):
+    """Edges out of the embeddings and out of or into an MLP, alone and together with head edges, on Llama and on
+    blocks with norms or multipliers after their MLP: equal to the definition through the plain HF model, the MLP's
+    write being what its block adds after it and an MLP receiver reading its clean stream less its edges' writes."""
+    model = norm_models[key]
+    pp = PathPatcher(model, _task(), batch_size=1)
+    sets = [[Edge("MLP0", "L1H2", "k", "items")], [Edge("embed", "L1H2", "q", "decision")],
+            [Edge("embed", "MLP0", "mlp", "items")], [Edge("MLP0", "MLP1", "mlp", "decision")],
+            [Edge("L0H1", "MLP0", "mlp", "all")], [Edge("MLP0", "logits")], [Edge("embed", "logits", "logits", "all")],
+            [Edge("MLP0", "MLP1", "mlp", "all"), Edge("L0H1", "L1H2", "v", "all"), Edge("embed", "MLP0", "mlp", "other")]]
+    worst, moved = 0.0, []
+    for i, chunk in enumerate(pp.chunks[:2]):
+        got = pp._run_chunk(i, sets)
+        intact = _hf_brute(model, key, pp, chunk, [])
+        for es, g in zip(sets, got):
+            want = _hf_brute(model, key, pp, chunk, es)
+            worst = max(worst, float((g - want).abs().max()))
+            moved.append(float((want - intact).abs().max()))
+    assert worst <= 1e-5, worst
+    assert sum(m > 1e-3 for m in moved) >= len(sets)  # the edges matter: path patching doing nothing could not pass

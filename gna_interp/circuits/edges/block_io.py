@@ -12,6 +12,7 @@ output -- into a run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -23,7 +24,7 @@ from gna_interp.engine.replay import Prefix, replay
 from gna_interp.models.mixer import ChannelSpan, InputSite
 from gna_interp.models.model import Model
 
-__all__ = ["read_block", "direct_reads", "input_channels", "overwrite", "reproduces"]
+__all__ = ["PostMap", "read_block", "direct_reads", "input_channels", "overwrite", "post_maps", "reproduces"]
 
 DIRECT = "edge_circuit.direct"  # Model.facts key: the layers whose receiver inputs are read as plain projections
 
@@ -150,3 +151,24 @@ def overwrite(entries: Sequence[tuple[slice, ChannelSpan, Tensor]]) -> Any:
             flat[rows, :, s.start:s.stop] = value.to(flat.dtype)
         return out
     return hook
+
+
+@dataclass(frozen=True)
+class PostMap:
+    """What a block adds to the stream of one part's output ``y`` (its mixers' summed output, or its MLP's):
+    ``f(y) = scale · norm(y)``, ``scale · y`` without a norm (the identity where the block adds ``y`` as is)."""
+
+    norm: torch.nn.Module | None = None
+    scale: float = 1.0
+
+    def __call__(self, y: Tensor) -> Tensor:
+        """``f(y)``."""
+        out = y if self.norm is None else self.norm(y)
+        return out if self.scale == 1.0 else out * self.scale
+
+
+def post_maps(model: Model, layer: int) -> tuple[PostMap, PostMap]:
+    """The maps of block ``layer`` from its mixers' output (``f``) and from its MLP's (``g``) to the stream, as its
+    bridge declares them: the norm after each (``ln1_post`` / ``ln2_post``: Gemma-2/3, OLMo-2) times the block's
+    residual scale (``residual_contribution_scale``: Granite)."""
+    return PostMap(*model.post_map(layer, "attn")), PostMap(*model.post_map(layer, "mlp"))

@@ -56,7 +56,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.edges.block_io import direct_reads, input_channels, overwrite, reproduces
+from gna_interp.circuits.edges.block_io import PostMap, direct_reads, input_channels, overwrite, post_maps, reproduces
 from gna_interp.circuits.edges.paths import PathPatcher, linear_write
 from gna_interp.circuits.edges.whole_circuit import WholeEdge
 from gna_interp.engine.unembed import head_logprobs, output_head
@@ -465,27 +465,6 @@ class EdgeCircuit:
     def clean(self) -> CandidateScores:
         """Scores of the intact model."""
         return self.pp.clean()
-
-
-@dataclass(frozen=True)
-class PostMap:
-    """What a block adds to the stream of one part's output ``y`` (its mixers' summed output, or its MLP's):
-    ``f(y) = scale · norm(y)``, ``scale · y`` without a norm (the identity where the block adds ``y`` as is)."""
-
-    norm: torch.nn.Module | None = None
-    scale: float = 1.0
-
-    def __call__(self, y: Tensor) -> Tensor:
-        """``f(y)``."""
-        out = y if self.norm is None else self.norm(y)
-        return out if self.scale == 1.0 else out * self.scale
-
-
-def post_maps(model: Model, layer: int) -> tuple[PostMap, PostMap]:
-    """The maps of block ``layer`` from its mixers' output (``f``) and from its MLP's (``g``) to the stream, as its
-    bridge declares them: the norm after each (``ln1_post`` / ``ln2_post``: Gemma-2/3, OLMo-2) times the block's
-    residual scale (``residual_contribution_scale``: Granite)."""
-    return PostMap(*model.post_map(layer, "attn")), PostMap(*model.post_map(layer, "mlp"))
 
 
 def _projections(model: Model, layer: int) -> list[str]:

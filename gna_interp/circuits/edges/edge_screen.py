@@ -19,11 +19,10 @@ and gated norm) -- then from those channels through the block's pre-norm and pro
 are the lines' tokens (``items``), the decision (the last prompt token and the answer tokens) and every other token
 (``other``: the instructions, the query before the decision), which together cover every token; edges into the
 logits are read at the decision. The estimate is first order: it is exact for a metric linear in the receiver's
-input, and where a block normalises its mixer's output (Gemma-2/3, OLMo-2) it uses the linear write ``o_S``. The
-strongest edges are then measured exactly -- between heads and into the logits by path patching, edges out of or into
-an MLP or out of the embeddings by an edge circuit with every other edge kept
-(:meth:`~gna_interp.circuits.edges.edge_circuit.EdgeCircuit.run_without`, where the model's blocks allow it) -- and the
-screen's error against them reported.
+input, and where a block normalises its mixer's output (Gemma-2/3, OLMo-2) it uses the linear write ``o_S``. A
+sample of edges of every kind is then measured exactly by path patching (:mod:`gna_interp.circuits.edges.paths`: the
+one receiver input alone reads its stream less the sender's write, as the gradient above is taken), and the screen's
+error against them reported.
 """
 
 from __future__ import annotations
@@ -37,10 +36,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from gna_interp.circuits.edges.edge_circuit import EdgeCircuit
 from gna_interp.circuits.edges.paths import PathEffects, PathPatcher, write_of
 from gna_interp.engine.attribution import inputs_only_grad
-from gna_interp.errors import InputError, UnsupportedArchitectureError
+from gna_interp.errors import InputError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels
 from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, RECEIVES, Edge, ReceiverInput, mlp_name, node_kind,
                                      receiver_inputs, sender_names, write_order)
@@ -143,10 +141,8 @@ def verify_sample(table: pd.DataFrame, verify: int, seed: int = SAMPLE_SEED) -> 
     return why
 
 
-def _edge(row: Any) -> Edge | None:
-    """The exact edge of a screened row (None where it names an MLP or the embeddings)."""
-    if row["kind"] not in ("head -> head", "head -> logits"):
-        return None
+def _edge(row: Any) -> Edge:
+    """The edge of a screened row."""
     return Edge(row["sender"], row["receiver"], row["input"], row["positions"])
 
 
@@ -177,14 +173,11 @@ def screen_edges(model: Model, task: Task, method: AblationMethod = "zero", refe
         if progress is not None:
             progress(f"edge screen: batch {ci + 1} of {len(pp.chunks)}")
     table = _table(graph, scores)
-    # whether MLP and embedding edges can be measured: learnt once per model by the first edge circuit made for it
-    exact = _edge_circuit(pp) if EdgeCircuit.refusal(model) is None else None
-    circuits = EdgeCircuit.refusal(model) == ""
-    unshared = np.array([(r, i) not in graph.shared for r, i in zip(table["receiver"], table["input"])], dtype=bool)
-    table["verifiable"] = table["kind"].isin(("head -> head", "head -> logits")).to_numpy() | (unshared & circuits)
+    streams = pp.stream_refusal() == ""  # whether edges out of the embeddings and out of or into MLPs can be measured
+    table["verifiable"] = table["kind"].isin(("head -> head", "head -> logits")).to_numpy() | streams
     table["effect"] = table["low"] = table["high"] = math.nan
     table["sample"] = verify_sample(table, verify)
-    _verify(pp, table, exact if circuits else None, progress)
+    _verify(pp, table, progress)
     table = table.sort_values("abs_rank").reset_index(drop=True)[EDGE_SCREEN_COLUMNS]
     return EdgeScreen(table, LOGIT_DIFF.value(results(graph.intact.result())))
 
@@ -213,51 +206,18 @@ def _table(graph: "_Graph", scores: Tensor) -> pd.DataFrame:
     return table
 
 
-def _verify(pp: PathPatcher, table: pd.DataFrame, exact: "EdgeCircuit | None",
-            progress: Callable[[str], None] | None) -> None:
-    """Measure the rows of ``table`` whose ``sample`` is set exactly, writing ``effect``/``low``/``high``: head
-    edges by path patching (on ``pp``), MLP and embedding edges by an edge circuit with every other edge kept
-    (``exact``: the screen's edge circuit, built here where first needed; None where the blocks do not allow one)."""
-    if not (table["sample"] != "").any():
-        return
+def _verify(pp: PathPatcher, table: pd.DataFrame, progress: Callable[[str], None] | None) -> None:
+    """Measure the rows of ``table`` whose ``sample`` is set exactly by path patching (on ``pp``), each edge alone,
+    writing ``effect``/``low``/``high``."""
     todo = table[table["sample"] != ""].sort_values("abs_rank")
-    heads_todo = todo[[_edge(r) is not None for _, r in todo.iterrows()]]
-    if len(heads_todo):
-        sets = [[_edge(r)] for _, r in heads_todo.iterrows()]
-        if progress is not None:
-            progress(f"edge screen: verifying {len(sets)} head edges by path patching")
-        _measured(table, heads_todo.index, pp, sets, pp.run(sets))
-    rest = todo.drop(heads_todo.index)
-    if len(rest) and EdgeCircuit.refusal(pp.model) == "":  # MLP and embedding edges: this one left out alone
-        exact = exact or _edge_circuit(pp)
-        assert exact is not None
-        if progress is not None:
-            progress(f"edge screen: verifying {len(rest)} MLP and embedding edges, each left out alone")
-        wires = [[Edge(r.sender, r.receiver, r.input, r.positions)] for r in rest.itertuples()]
-        _measured(table, rest.index, pp, wires, exact.run_without(wires))
-
-
-def _measured(table: pd.DataFrame, rows: Any, pp: PathPatcher, sets: list[list[Edge]], scored: list[Any]) -> None:
-    """Write the exact effect of each of ``sets`` (its ``scored`` scores against ``pp``'s clean ones) with its interval
-    into ``table``'s ``rows``."""
-    fx = PathEffects(LOGIT_DIFF.name, results(pp.clean()), sets, [results(s) for s in scored])
-    for idx, eff, (lo, hi) in zip(rows, fx.effects(), fx.intervals()):
+    if not len(todo):
+        return
+    sets = [[_edge(r)] for _, r in todo.iterrows()]
+    if progress is not None:
+        progress(f"edge screen: verifying {len(sets)} edges by path patching")
+    fx = PathEffects(LOGIT_DIFF.name, results(pp.clean()), sets, [results(s) for s in pp.run(sets)])
+    for idx, eff, (lo, hi) in zip(todo.index, fx.effects(), fx.intervals()):
         table.loc[idx, ["effect", "low", "high"]] = [eff, lo, hi]
-
-
-def _edge_circuit(pp: PathPatcher) -> EdgeCircuit | None:
-    """The runner that measures an MLP's or the embeddings' edge exactly (on ``pp``'s batches and replacements), or
-    None where the model's blocks do not allow edge circuits (a post-norm, a multiplier)."""
-    try:
-        return EdgeCircuit(pp.model, pp, senders="all")
-    except UnsupportedArchitectureError:
-        return None
-
-
-def _shared_inputs(model: Model) -> set[tuple[str, str]]:
-    """``(head, input)`` pairs whose channels other heads read too (a KV or B/C group): the edge circuit leaves the
-    group's input out, not one head's, so such rows are verified by path patching only."""
-    return {(h.name, i.input) for i in receiver_inputs(model, shared=True) if len(i.heads) > 1 for h in i.heads}
 
 
 def _before(sender: str, s_layer: float, r: ReceiverInput) -> bool:
@@ -289,7 +249,6 @@ class _Graph:
     watch: list[str]  # every hook a pass records
     grad_at: list[str]  # the hooks the metric's gradient is read at
     orders: list[float]  # each sender's write order
-    shared: set[tuple[str, str]]  # (head, input) pairs whose channels other heads read too (:func:`_shared_inputs`)
 
     @classmethod
     def of(cls, model: Model, pp: PathPatcher, method: str, ig_steps: int) -> "_Graph":
@@ -315,8 +274,7 @@ class _Graph:
                  *(r.stream for r in recv), *(repl[h].site.hook for h in heads)}
         grad_at = sorted(sites | {repl[h].site.hook for h in heads} | {model.FINAL_NORM_INPUT})
         return cls(heads, repl, recv, weights, senders, method, alphas, linear, plan, ScoreTable(plan), outputs,
-                   model.FINAL_NORM_INPUT, w_out, sorted(watch), grad_at, [write_order(n) for n in senders],
-                   _shared_inputs(model))
+                   model.FINAL_NORM_INPUT, w_out, sorted(watch), grad_at, [write_order(n) for n in senders])
 
     def weights_of(self, chunk: Any) -> Tensor:
         """The metric's weight of each of ``chunk``'s reads (its intact forward recorded in :attr:`intact` first)."""

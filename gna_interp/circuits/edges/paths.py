@@ -58,7 +58,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from gna_interp.circuits.edges.block_io import Direct, direct_reads, input_channels, overwrite, read_block, reproduces
+from gna_interp.circuits.edges.block_io import (Direct, PostMap, direct_reads, input_channels, overwrite, post_maps,
+                                                read_block, reproduces)
 from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import KeyValues, PlanRunner, Prefix, replay
@@ -67,9 +68,9 @@ from gna_interp.constants import PATH_EFFECTS_JSON
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.html_repr import fmt
 from gna_interp.interventions.ablation import AblationMethod, Replacement, ablation_hooks, flat_channels
-from gna_interp.models.graph import LOGITS, POSITIONS, Edge
+from gna_interp.models.graph import EMBED, LOGITS, POSITIONS, Edge, Node, mlp_name, node_kind
 from gna_interp.models.heads import HeadRef
-from gna_interp.models.mixer import INPUTS, InputSite
+from gna_interp.models.mixer import InputSite
 from gna_interp.models.model import Model
 from gna_interp.options import Options, check_int, check_level, check_n_boot, options
 from gna_interp.results import Result
@@ -81,6 +82,7 @@ from gna_interp.engine.plan import CandidateScores
 from gna_interp.tasks.segments import segments_of
 
 EFFECTS_FORMAT = "path_effects"  # the on-disk format of PathEffects.save
+STREAMS = "paths.streams"  # Model.facts key: why edges out of the embeddings or of or into MLPs cannot be measured
 
 __all__ = ["LOGITS", "POSITIONS", "Edge", "PathEffects", "PathPatcher", "path_effects"]
 
@@ -97,18 +99,29 @@ def write_of(w: Float[Tensor, "d_model w"], r: Replacement, z: Float[Tensor, "b 
 
 
 def check_edge(model: Model, edge: Edge) -> Edge:
-    """``edge`` with its heads validated against ``model`` (the edge's own meaning is checked when it is made) and
-    within path patching's reach -- from a head into one head or into the logits; :class:`InputError` /
-    :class:`HeadError` saying what is wrong otherwise."""
+    """``edge`` with its nodes validated against ``model`` (the edge's own meaning is checked when it is made) and
+    within path patching's reach -- from the embeddings, a head or an MLP into one head's input, an MLP or the
+    logits; :class:`InputError` / :class:`HeadError` saying what is wrong otherwise."""
     if not isinstance(edge, Edge):
         raise InputError(f"an edge must be an Edge(sender, receiver, input, positions), got {type(edge).__name__}")
-    if edge.sender_head is None or (not edge.direct and edge.receiver_head is None):
-        raise InputError(f"path patching measures edges from a head into one head or into the logits, not "
-                         f"{edge.name}; an edge circuit (EdgeCircuit.run_without) leaves out any edge")
-    model.check_head(edge.sender_head)
-    if not edge.direct:
-        model.check_head(edge.receiver_head)
+    if not edge.direct and edge.receiver_head is None and edge.input != "mlp":
+        raise InputError(f"path patching measures an edge into one head's input, an MLP or the logits, not "
+                         f"{edge.name}: an input several heads share is left out whole by an edge circuit "
+                         f"(EdgeCircuit.run_without)")
+    for name in (edge.sender,) if edge.direct else (edge.sender, edge.receiver):
+        node = Node.parse(name)
+        if node.kind == "head":
+            model.check_head(node.head)
+        elif node.kind == "mlp" and (node.layer >= model.n_layers or model.mlp_hook(node.layer, "out") is None):
+            raise InputError(f"{edge.name}: {model.name} has no {name} (layers 0-{model.n_layers - 1}; a block "
+                             f"without an MLP has none)")
     return edge
+
+
+def _receiver_layer(edge: Edge) -> int:
+    """The layer of ``edge``'s receiver (a head or an MLP; not the logits)."""
+    head = edge.receiver_head
+    return head.layer if head is not None else int(Node.parse(edge.receiver).layer or 0)
 
 
 def _flat(x: Tensor) -> Tensor:
@@ -125,7 +138,7 @@ class _Clean:
     final: Tensor
     keys: KeyValues | None = None  # the clean keys and values, for replays of the later positions only
     masks: dict[str, Tensor] = field(default_factory=dict)
-    writes: dict[HeadRef, Tensor] = field(default_factory=dict)
+    writes: dict[str, Tensor] = field(default_factory=dict)  # sender name -> its write
 
 
 def _added_key(layer: int) -> str:
@@ -291,9 +304,10 @@ class PathPatcher(PlanRunner):
         y = got[stream]
         return {s: y[:b] - y[(j + 1) * b:(j + 2) * b] for j, s in enumerate(senders)}
 
-    def _clean_pass(self, prefix: Prefix, senders: set[HeadRef], receivers: set[HeadRef], start: int) -> _Clean:
+    def _clean_pass(self, prefix: Prefix, senders: set[HeadRef], receivers: set[HeadRef], start: int,
+                    extra: Sequence[str] = ()) -> _Clean:
         """One clean replay from ``start``: senders' outputs, receivers' input projections, isolation hooks, the
-        final stream, and what each sender layer adds to the stream (for :meth:`_classify`)."""
+        hooks ``extra``, the final stream, and what each sender layer adds to the stream (for :meth:`_classify`)."""
         model, values = self.model, {}
         hooks: dict[str, Any] = {}
 
@@ -305,6 +319,8 @@ class PathPatcher(PlanRunner):
 
         for s in senders:
             keep(model.head_site(s).hook)
+        for name in extra:
+            keep(name)
         for r in receivers:
             spec = model.layer_spec(r.layer, r.kind)
             for sites in spec.adapter.receiver_inputs(model, spec, r).values():
@@ -376,7 +392,7 @@ class PathPatcher(PlanRunner):
                     isolate.setdefault(iso.hook, {}).setdefault(n, []).append(iso)
         return isolate
 
-    def _receiver_outputs(self, prefix: Prefix, layer: int, clean: _Clean, writes: dict[HeadRef, Tensor],
+    def _receiver_outputs(self, prefix: Prefix, layer: int, clean: _Clean, writes: dict[str, Tensor],
                           masks: dict[str, Tensor], items: list[tuple[int, HeadRef, dict[str, list[Edge]]]]
                           ) -> dict[tuple[int, HeadRef], Tensor]:
         """Outputs ``z'`` of the receivers of ``layer``, one per ``(set, receiver, {input: edges})`` item.
@@ -395,7 +411,7 @@ class PathPatcher(PlanRunner):
                 for inp, edges in by_input.items():
                     s = x.clone()
                     for e in edges:
-                        s = s - masks[e.positions][..., None].to(s.dtype) * writes[e.sender_head].to(s.dtype)
+                        s = s - masks[e.positions][..., None].to(s.dtype) * writes[e.sender].to(s.dtype)
                     streams.append(s)
                     where.append((n, r, inp))
         channels = input_channels(model, prefix, layer, streams, [inputs[r][inp] for _, r, inp in where],
@@ -442,15 +458,20 @@ class PathPatcher(PlanRunner):
         return self._read(chunk, prefix.batch_size, clean, sets, final, column)
 
     def _chunk_clean(self, index: int, every: list[list[Edge]], cache: dict[int, _Clean] | None) -> _Clean:
-        """The clean pass of chunk ``index`` over the heads of ``every`` set, with the chunk's masks and each sender's
+        """The clean pass of chunk ``index`` over the nodes of ``every`` set, with the chunk's masks and each sender's
         write (exact where its block does not add it as is); taken from, or kept in, ``cache``."""
         clean = cache.get(index) if cache is not None else None
         if clean is not None:
             return clean
         model, prefix = self.model, self.prefixes.get(index)
-        senders = {e.sender_head for es in every for e in es}
-        receivers = {e.receiver_head for es in every for e in es if not e.direct}
-        clean = self._clean_pass(prefix, senders, receivers, min(h.layer for h in senders | receivers))
+        names = {e.sender for es in every for e in es}
+        senders = {Node.parse(n).head for n in names if node_kind(n) == "head"}
+        streams = sorted(n for n in names if node_kind(n) != "head")  # the embeddings and MLPs
+        receivers = {e.receiver_head for es in every for e in es if e.receiver_head is not None}
+        mlps = {_receiver_layer(e) for es in every for e in es if e.input == "mlp"}
+        layers = [h.layer for h in senders | receivers] + [max(0, Node.parse(n).layer or 0) for n in streams]
+        clean = self._clean_pass(prefix, senders, receivers, min(layers + list(mlps)),
+                                 self._stream_hooks(streams, mlps))
         clean.masks = self.masks(self.chunks[index])
         exact: dict[int, list[HeadRef]] = {}
         for s in sorted(senders):
@@ -458,29 +479,116 @@ class PathPatcher(PlanRunner):
                 exact.setdefault(s.layer, []).append(s)
                 continue
             site = model.head_site(s)
-            clean.writes[s] = self._write(s, flat_channels(clean.values[site.hook], site)[..., site.columns])
+            clean.writes[s.name] = self._write(s, flat_channels(clean.values[site.hook], site)[..., site.columns])
         for layer, heads in exact.items():
-            clean.writes.update(self._exact_writes(prefix, layer, heads))
+            clean.writes.update((h.name, w) for h, w in self._exact_writes(prefix, layer, heads).items())
+        clean.writes.update(self._stream_writes(streams, clean.values))
         if cache is not None:
             cache[index] = clean
         return clean
+
+    # ---- the embeddings and MLPs ------------------------------------------------------------
+    def _output_hook(self, sender: str) -> str:
+        """The hook of what the embeddings (the stream entering block 0) or an MLP (its output) write."""
+        node = Node.parse(sender)
+        hook = self.model.block_input_hook(0) if node.kind == "embed" else self.model.mlp_hook(int(node.layer or 0),
+                                                                                                 "out")
+        assert hook is not None
+        return hook
+
+    def _mid(self, layer: int, what: str) -> str:
+        """The stream before block ``layer``'s MLP, which feeds the MLP's norm alone
+        (:meth:`~gna_interp.models.model.Model.mixed_stream_hook`); :class:`UnsupportedArchitectureError` where the
+        bridge has no hook there (the MLP reads the block's input)."""
+        mid = self.model.mixed_stream_hook(layer)
+        if mid == self.model.block_output_hook(layer):
+            raise UnsupportedArchitectureError(
+                f"path patching {what} MLP{layer} of {self.model.name} at the stream before it, but the bridge has no "
+                f"hook there (its MLP reads the block's input): measure edges between heads instead")
+        return mid
+
+    def _stream_hooks(self, streams: Sequence[str], mlps: set[int]) -> list[str]:
+        """The hooks a clean pass records for the embeddings' and MLPs' writes (``streams``: each sender's output,
+        and for an MLP the streams around it, to check its block's map) and for the MLPs of ``mlps`` that receive
+        (the stream each reads)."""
+        hooks = [self._output_hook(n) for n in streams]
+        for n in streams:
+            if n != EMBED:
+                layer = int(Node.parse(n).layer or 0)
+                hooks += [self._mid(layer, "reads what"), self.model.block_output_hook(layer)]
+        return hooks + [self._mid(layer, "feeds") for layer in sorted(mlps)]
+
+    def stream_refusal(self) -> str:
+        """Why path patching cannot measure the edges out of the embeddings and out of or into the MLPs of the model
+        (``""`` where it can): a block whose MLP has no stream of its own before it, or whose map of its MLP's output
+        to the stream does not reproduce what it adds (checked once per model on the first batch)."""
+        known = self.model.facts.get(STREAMS)
+        if known is None:
+            mlps = [mlp_name(l) for l in range(self.model.n_layers) if self.model.mlp_hook(l, "out")]
+            try:
+                hooks = self._stream_hooks(mlps, set())
+                clean = self._clean_pass(self.prefixes.get(0), set(), set(), 0, hooks)
+                for n in mlps:
+                    self._check_stream(n, clean.values)
+                known = ""
+            except UnsupportedArchitectureError as e:
+                known = str(e)
+            self.model.facts[STREAMS] = known
+        return known
+
+    def _check_stream(self, sender: str, values: dict[str, Tensor]) -> PostMap:
+        """The map ``g`` from the MLP ``sender``'s output to the stream (the identity for the embeddings), checked
+        against what its block adds in the clean pass ``values``."""
+        if sender == EMBED:
+            return PostMap()
+        layer = int(Node.parse(sender).layer or 0)
+        g = post_maps(self.model, layer)[1]
+        added = values[self.model.block_output_hook(layer)] - values[self._mid(layer, "reads what")]
+        if not reproduces(g(values[self._output_hook(sender)]), added, self.model.dtype):
+            raise UnsupportedArchitectureError(
+                f"path patching reads what {sender} of {self.model.name} writes as its block's map of its output "
+                f"(the norm after it, the residual multiplier), but that map does not reproduce what the block "
+                f"adds; measure edges between heads instead")
+        return g
+
+    def _stream_writes(self, streams: Sequence[str], values: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Each of ``streams``' write ``g(y) - g(ȳ)`` (``y`` its clean output in ``values``, ``ȳ`` its mean over the
+        reference's real tokens or zero, ``g`` its block's map to the stream: :func:`~gna_interp.circuits.edges.
+        block_io.post_maps`, the identity for the embeddings); ``g(y)`` is checked against what the block adds."""
+        if not streams:
+            return {}
+        hooks = {n: self._output_hook(n) for n in streams}
+        means = self.model.mean_activations(self.reference, sorted(set(hooks.values()))) \
+            if self.method == "mean" else {}
+        out = {}
+        for n, hook in hooks.items():
+            y, g = values[hook], self._check_stream(n, values)
+            bar = means[hook].to(y.device, y.dtype) if means else torch.zeros_like(y[0, 0])
+            out[n] = g(y) - g(bar)
+        return out
 
     def _patched(self, prefix: Prefix, chunk: Chunk, clean: _Clean, sets: list[list[Edge]]
                  ) -> tuple[Float[Tensor, "copies_batch pos d_model"], int]:
         """The final stream of each set's copy (stacked) with its receivers' outputs from their patched inputs, and
         the column the replay started at (the stream holds the positions from there: :meth:`_first_change`)."""
         by_layer: dict[int, list[tuple[int, HeadRef, dict[str, list[Edge]]]]] = {}
+        mlp_in: dict[int, list[tuple[int, list[Edge]]]] = {}  # MLP receivers: per layer, (set, its edges into it)
         for g, es in enumerate(sets):
             per: dict[HeadRef, dict[str, list[Edge]]] = {}
+            mine: dict[int, list[Edge]] = {}
             for e in es:
-                if not e.direct:
+                if e.input == "mlp":
+                    mine.setdefault(_receiver_layer(e), []).append(e)
+                elif not e.direct:
                     per.setdefault(e.receiver_head, {}).setdefault(e.input, []).append(e)
             for r, by_input in per.items():
                 by_layer.setdefault(r.layer, []).append((g, r, by_input))
+            for layer, edges in mine.items():
+                mlp_in.setdefault(layer, []).append((g, edges))
         z_new: dict[tuple[int, HeadRef], Tensor] = {}
         for layer, items in sorted(by_layer.items()):
             z_new.update(self._receiver_outputs(prefix, layer, clean, clean.writes, clean.masks, items))
-        if not z_new:
+        if not z_new and not mlp_in:
             return clean.final.repeat(len(sets), 1, 1), 0
         column = self._first_change(sets, clean.masks, chunk) if clean.keys is not None else 0
         b = prefix.batch_size
@@ -488,11 +596,21 @@ class PathPatcher(PlanRunner):
         for (g, r), z in z_new.items():
             site = self.model.head_site(r)
             by_hook.setdefault(site.hook, []).append((slice(g * b, (g + 1) * b), site, z[:, column:]))
+        for layer, items in mlp_in.items():  # an MLP reads its clean stream less its edges' writes
+            hook = self.model.mixed_stream_hook(layer)
+            x = clean.values[hook]
+            for g, edges in items:
+                s = x.clone()
+                for e in edges:
+                    s = s - clean.masks[e.positions][..., None].to(s.dtype) * clean.writes[e.sender].to(s.dtype)
+                by_hook.setdefault(hook, []).append((slice(g * b, (g + 1) * b), InputSite(hook, 0, s.shape[-1]),
+                                                     s[:, column:]))
+        first = min([*by_layer, *mlp_in])
         with self.model.hooks([(name, overwrite(entries)) for name, entries in by_hook.items()]):
             if column:
                 assert clean.keys is not None
-                return clean.keys.replay_from(self.model, min(by_layer), column, len(sets)), column
-            return replay(self.model, prefix, min(by_layer), len(sets)), 0
+                return clean.keys.replay_from(self.model, first, column, len(sets)), column
+            return replay(self.model, prefix, first, len(sets)), 0
 
     def _read(self, chunk: Chunk, b: int, clean: _Clean, sets: list[list[Edge]],
               final: Float[Tensor, "copies_batch pos d_model"], column: int) -> list[Tensor]:
@@ -506,7 +624,7 @@ class PathPatcher(PlanRunner):
             for e in es:
                 if e.direct:
                     m = clean.masks[e.positions][rows, pos][:, None].to(sel.dtype)
-                    sel = sel - m * clean.writes[e.sender_head][rows, pos].to(sel.dtype)
+                    sel = sel - m * clean.writes[e.sender][rows, pos].to(sel.dtype)
             sels.append(sel)
         n_at = rows.shape[0]
         inverse = inverse.to(final.device)
@@ -554,7 +672,7 @@ class PathPatcher(PlanRunner):
             return 2 if not heads else 0 if all(e.positions == "decision" for e in heads) else 1
 
         def start(g: int) -> int:
-            return min((e.receiver_head.layer for e in groups[g] if not e.direct), default=self.model.n_layers)
+            return min((_receiver_layer(e) for e in groups[g] if not e.direct), default=self.model.n_layers)
 
         todo = sorted((g for g, es in enumerate(groups) if es), key=lambda g: (kind(g), start(g)))
         stacks: list[list[int]] = []
