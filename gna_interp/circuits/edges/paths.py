@@ -18,6 +18,11 @@ edge changes what *one consumer* reads and nothing else:
   head's output is used; for a Mamba-2 head the group's ``B``/``C`` change and the other heads' scan outputs are put
   back before the gated norm (:meth:`~gna_interp.models.mixer.MixerAdapter.receiver_isolation`).
 - **direct edge** ``S -> logits``: the final norm and unembedding read ``h_N - m ⊙ o_S`` at the scored positions.
+- **the embeddings and the MLPs.** A sender may be ``embed`` (its write: the stream entering block 0, less its mean
+  over the reference's real tokens under ``mean``) or ``MLP{l}`` (its write: ``g(y) - g(ȳ)``, ``y`` the MLP's output,
+  ``ȳ`` its mean or zero, ``g`` what its block applies before adding it -- a post-norm, a residual multiplier --
+  checked against what the block adds); a receiver may be ``MLP{l}``, which reads the stream before it
+  (``hook_resid_mid``, which feeds the MLP's norm alone) less its edges' writes.
 
 Several edges removed together are one *set*: its receivers each read their inputs from ``x_r`` (their block's
 clean input) minus their own edges' writes, and the receivers of one layer are recomputed together (one gated
