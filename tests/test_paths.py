@@ -266,11 +266,15 @@ def test_suffix_replay_equals_the_full_replay_at_its_positions(models):
 
 def test_receivers_read_only_their_channels_where_the_projections_are_plain(models):
     """On a Llama every head input is a plain projection's output: a patched stream computes only its receiver's
-    channels, the projection's rows applied to its input (the edge circuits' own reader); the effects equal those
-    read through the whole block, for q, grouped k and v, alone and stacked."""
+    channels, the projection's rows applied to its input (the edge circuits' own reader), that input from the
+    block's pre-norm alone; the effects equal those read through the whole block, for q, grouped k and v, alone and
+    stacked."""
+    from gna_interp.circuits.edges.block_io import NORMS
+
     model = models("llama")
     pp = PathPatcher(model, _task(), batch_size=2)
     assert set(pp._direct()) == set(range(model.n_layers))
+    assert all(type(model.facts[NORMS][l]).__name__ == "LlamaRMSNorm" for l in range(model.n_layers))
     sets = [[Edge("L0H1", "L2H3", "q", "decision")], [Edge("L0H0", "L1H2", "k", "items")],
             [Edge("L1H1", "L2H0", "v", "all"), Edge("L0H3", "L2H0", "q", "other")]]
     direct = [r.scores for r in pp.run(sets)]

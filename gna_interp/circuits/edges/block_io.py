@@ -6,7 +6,8 @@ streams (one per distinct way the receivers' inputs are patched), :func:`input_c
 channels at the input sites asked of it: one run of the block on the streams stacked, stopped once the projections
 have fired -- or, at layers whose input sites are plain linear projections (:func:`direct_reads`, checked once per
 model), only the asked channels, the projection's rows applied to its input, so that a stream copy computes only the
-projections its receivers read. :func:`overwrite` is the hook that writes such channels -- or a head's recomputed
+projections its receivers read; where that input is the block's pre-norm of the stream (checked on the same pass),
+the norm module alone runs, not the block. :func:`overwrite` is the hook that writes such channels -- or a head's recomputed
 output -- into a run.
 """
 
@@ -21,12 +22,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.engine.replay import Prefix, replay
+from gna_interp.errors import HeadError
 from gna_interp.models.mixer import ChannelSpan, InputSite
 from gna_interp.models.model import Model
 
 __all__ = ["PostMap", "read_block", "direct_reads", "input_channels", "overwrite", "post_maps", "reproduces"]
 
 DIRECT = "edge_circuit.direct"  # Model.facts key: the layers whose receiver inputs are read as plain projections
+NORMS = "edge_circuit.norms"  # Model.facts key: per such layer, the norm that feeds its projections (or None)
 
 Direct = dict[str, tuple[str, torch.nn.Linear]]  # input site hook -> (the projection's input hook, the projection)
 
@@ -104,10 +107,27 @@ def direct_reads(model: Model, prefix: Prefix, sites: dict[int, set[str]]) -> di
             # projection runs
             same = all(torch.equal(got[h], got[ins[0]]) for h in ins)
             passed[layer] = next(h for h in got if h in ins) if same else None
+            model.facts.setdefault(NORMS, {})[layer] = _input_norm(model, prefix.hidden(layer), layer, got[ins[0]]) \
+                if same else None
         else:
             passed[layer] = False
     return {layer: {h: (passed[layer] or h_in, proj) for h, (h_in, proj) in found.items()}
             for layer, found in out.items() if passed[layer] is not False}
+
+
+def _input_norm(model: Model, x: Tensor, layer: int, value: Tensor) -> torch.nn.Module | None:
+    """The Hugging Face norm of block ``layer`` that maps its input ``x`` to ``value`` (its projections' common input),
+    found among the block's norms and checked on ``x``; None where none does (the block is then run)."""
+    for name in ("ln1", "norm", "ln_1"):
+        try:
+            module = model.hf_module(f"blocks.{layer}.{name}")
+            with torch.no_grad():
+                got = module(x)
+        except (HeadError, AttributeError, TypeError, RuntimeError):
+            continue
+        if isinstance(got, Tensor) and got.shape == value.shape and reproduces(got, value, model.dtype):
+            return module
+    return None
 
 
 def input_channels(model: Model, prefix: Prefix, layer: int, streams: Sequence[Float[Tensor, "b p d_model"]],
@@ -121,7 +141,11 @@ def input_channels(model: Model, prefix: Prefix, layer: int, streams: Sequence[F
     b = streams[0].shape[0]
     hooks = sorted({s.hook for sites in wanted for s in sites})
     names = sorted({direct[h][0] for h in hooks}) if direct else hooks
-    got = read_block(model, prefix, layer, names, len(streams), hidden=torch.cat(list(streams)), keys=keys)
+    norm = model.facts.get(NORMS, {}).get(layer) if direct and len(names) == 1 else None
+    if norm is not None:  # the projections' input is the block's norm of the stream: that module alone, no block run
+        got = {names[0]: norm(torch.cat(list(streams)))}
+    else:
+        got = read_block(model, prefix, layer, names, len(streams), hidden=torch.cat(list(streams)), keys=keys)
     out: list[list[Tensor]] = []
     for j, sites in enumerate(wanted):
         if not direct:
