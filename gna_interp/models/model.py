@@ -1111,6 +1111,17 @@ class Model:
         path = f"{block}.{'ln1_post' if part == 'attn' else 'ln2_post'}"
         return (self.hf_module(path) if self.has_hook(self.io_hook(path, "out")) else None), scale
 
+    def pre_norms(self, layer: int) -> list[torch.nn.Module]:
+        """The plain Hugging Face modules of block ``layer``'s norms before its mixer (the bridge's ``ln1``, ``norm``
+        or ``ln_1``; those it has), none of them checked: a caller checks what a module computes before using it."""
+        out = []
+        for name in ("ln1", "norm", "ln_1"):
+            try:
+                out.append(self.hf_module(f"blocks.{layer}.{name}"))
+            except HeadError:
+                continue
+        return out
+
     def mlp_hook(self, layer: int, where: str) -> str | None:
         """Hook ``where`` (``in`` or ``out``) of block ``layer``'s MLP, or None when the block has none."""
         name = f"blocks.{layer}.mlp.hook_{where}"

@@ -22,7 +22,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gna_interp.engine.replay import Prefix, replay
-from gna_interp.errors import HeadError
 from gna_interp.models.mixer import ChannelSpan, InputSite
 from gna_interp.models.model import Model
 
@@ -118,12 +117,11 @@ def direct_reads(model: Model, prefix: Prefix, sites: dict[int, set[str]]) -> di
 def _input_norm(model: Model, x: Tensor, layer: int, value: Tensor) -> torch.nn.Module | None:
     """The Hugging Face norm of block ``layer`` that maps its input ``x`` to ``value`` (its projections' common input),
     found among the block's norms and checked on ``x``; None where none does (the block is then run)."""
-    for name in ("ln1", "norm", "ln_1"):
+    for module in model.pre_norms(layer):
         try:
-            module = model.hf_module(f"blocks.{layer}.{name}")
             with torch.no_grad():
                 got = module(x)
-        except (HeadError, AttributeError, TypeError, RuntimeError):
+        except (AttributeError, TypeError, RuntimeError):
             continue
         if isinstance(got, Tensor) and got.shape == value.shape and reproduces(got, value, model.dtype):
             return module
