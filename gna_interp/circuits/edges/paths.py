@@ -129,6 +129,16 @@ def _receiver_layer(edge: Edge) -> int:
     return head.layer if head is not None else int(Node.parse(edge.receiver).layer or 0)
 
 
+def _less(x: Float[Tensor, "b p d_model"], edges: Sequence[Edge], masks: dict[str, Tensor],
+          writes: dict[str, Tensor]) -> Float[Tensor, "b p d_model"]:
+    """The stream ``x`` less each of ``edges``' sender's write at the edge's positions (``masks``): what a receiver
+    reads with those edges removed."""
+    s = x.clone()
+    for e in edges:
+        s = s - masks[e.positions][..., None].to(s.dtype) * writes[e.sender].to(s.dtype)
+    return s
+
+
 def _flat(x: Tensor) -> Tensor:
     """A hook value ``[b, p, h, d]`` or ``[b, p, w]`` as ``[b, p, w]`` (a view when possible)."""
     return x.flatten(2) if x.dim() == 4 else x
@@ -414,10 +424,7 @@ class PathPatcher(PlanRunner):
         for n, (_, members) in enumerate(copies):
             for r, by_input in members.items():
                 for inp, edges in by_input.items():
-                    s = x.clone()
-                    for e in edges:
-                        s = s - masks[e.positions][..., None].to(s.dtype) * writes[e.sender].to(s.dtype)
-                    streams.append(s)
+                    streams.append(_less(x, edges, masks, writes))
                     where.append((n, r, inp))
         channels = input_channels(model, prefix, layer, streams, [inputs[r][inp] for _, r, inp in where],
                                   self._direct().get(layer))
@@ -541,20 +548,22 @@ class PathPatcher(PlanRunner):
             self.model.facts[STREAMS] = known
         return known
 
-    def _check_stream(self, sender: str, values: dict[str, Tensor]) -> PostMap:
-        """The map ``g`` from the MLP ``sender``'s output to the stream (the identity for the embeddings), checked
-        against what its block adds in the clean pass ``values``."""
+    def _check_stream(self, sender: str, values: dict[str, Tensor]) -> tuple[PostMap, Tensor]:
+        """The map ``g`` from the MLP ``sender``'s output to the stream (the identity for the embeddings) and ``g`` of
+        its output in the clean pass ``values``, checked against what its block adds there."""
+        y = values[self._output_hook(sender)]
         if sender == EMBED:
-            return PostMap()
+            return PostMap(), y
         layer = int(Node.parse(sender).layer or 0)
         g = post_maps(self.model, layer)[1]
         added = values[self.model.block_output_hook(layer)] - values[self._mid(layer, "reads what")]
-        if not reproduces(g(values[self._output_hook(sender)]), added, self.model.dtype):
+        written = g(y)
+        if not reproduces(written, added, self.model.dtype):
             raise UnsupportedArchitectureError(
                 f"path patching reads what {sender} of {self.model.name} writes as its block's map of its output "
                 f"(the norm after it, the residual multiplier), but that map does not reproduce what the block "
                 f"adds; measure edges between heads instead")
-        return g
+        return g, written
 
     def _stream_writes(self, streams: Sequence[str], values: dict[str, Tensor]) -> dict[str, Tensor]:
         """Each of ``streams``' write ``g(y) - g(ȳ)`` (``y`` its clean output in ``values``, ``ȳ`` its mean over the
@@ -567,9 +576,9 @@ class PathPatcher(PlanRunner):
             if self.method == "mean" else {}
         out = {}
         for n, hook in hooks.items():
-            y, g = values[hook], self._check_stream(n, values)
-            bar = means[hook].to(y.device, y.dtype) if means else torch.zeros_like(y[0, 0])
-            out[n] = g(y) - g(bar)
+            g, written = self._check_stream(n, values)
+            bar = means[hook].to(written.device, values[hook].dtype) if means else torch.zeros_like(values[hook][0, 0])
+            out[n] = written - g(bar)
         return out
 
     def _patched(self, prefix: Prefix, chunk: Chunk, clean: _Clean, sets: list[list[Edge]]
@@ -605,9 +614,7 @@ class PathPatcher(PlanRunner):
             hook = self.model.mixed_stream_hook(layer)
             x = clean.values[hook]
             for g, edges in items:
-                s = x.clone()
-                for e in edges:
-                    s = s - clean.masks[e.positions][..., None].to(s.dtype) * clean.writes[e.sender].to(s.dtype)
+                s = _less(x, edges, clean.masks, clean.writes)
                 by_hook.setdefault(hook, []).append((slice(g * b, (g + 1) * b), InputSite(hook, 0, s.shape[-1]),
                                                      s[:, column:]))
         first = min([*by_layer, *mlp_in])
