@@ -303,16 +303,17 @@ def test_decision_edges_replay_only_the_later_positions(models, monkeypatch):
     pp = PathPatcher(model, _task(), batch_size=1)
     assert pp.suffix
     columns = []
-    record = replay_mod.KeyValues.replay_from
+    record = replay_mod.KeyValues.tap
 
-    def spy(self, model, layer, column, copies=1):
+    def spy(self, layer, column, copies=1):
         columns.append(column)
-        return record(self, model, layer, column, copies)
+        return record(self, layer, column, copies)
 
-    monkeypatch.setattr(replay_mod.KeyValues, "replay_from", spy)
+    monkeypatch.setattr(replay_mod.KeyValues, "tap", spy)
     full = []
     plain = replay_mod.replay
-    monkeypatch.setattr("gna_interp.circuits.edges.paths.replay", lambda *a, **k: full.append(a[2]) or plain(*a, **k))
+    monkeypatch.setattr("gna_interp.circuits.edges.block_io.replay",
+                        lambda *a, **k: full.append((k.get("stop"), k.get("keys"))) or plain(*a, **k))
     sets = [[Edge(H("L0H1"), H("L2H2"), "q", "decision")], [Edge(H("L1H0"), H("L2H3"), "q", "decision")],
             [Edge(H("L0H1"), H("L2H2"), "k", "items")], [Edge(H("L1H0"), None)]]
     chunk = pp.chunks[0]
@@ -322,7 +323,8 @@ def test_decision_edges_replay_only_the_later_positions(models, monkeypatch):
         assert float((got - _brute(model, pp, chunk, es)).abs().max()) <= 1e-5
     decision, items = int(masks["decision"].nonzero()[0]), int(masks["items"].nonzero()[0])
     assert sorted(set(columns)) == [items, decision] and 0 < items < decision
-    assert all(stop for stop in full)  # no full replay of the later blocks: only single-block runs (stop=layer+1)
+    tapped = {keys.column for _, keys in full if keys is not None}  # the receivers' blocks ran on the later positions
+    assert tapped == {items, decision}
     plain_pp = PathPatcher(model, _task(), batch_size=1)
     plain_pp.suffix = False
     for a, b in zip(pp.run(sets), plain_pp.run(sets)):  # stacked sets: the same scores as replaying every position

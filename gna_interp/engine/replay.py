@@ -294,13 +294,20 @@ class KeyValues:
                     ) -> Float[Tensor, "copies_batch suffix d_model"]:
         """Blocks ``layer..`` (``layer >= start``) on the positions ``column..`` of ``copies`` stacked copies, the
         earlier positions' keys and values clean; hooks see (and must write) tensors of those positions only."""
+        tap, x = self.tap(layer, column, copies)
+        return _run_blocks(model, self.prefix, range(layer, model.n_layers), x, copies, column, tap)
+
+    def tap(self, layer: int, column: int, copies: int = 1
+            ) -> tuple["KeyTap", Float[Tensor, "copies_batch suffix d_model"]]:
+        """What a replay of blocks ``layer..`` on the positions ``column..`` of ``copies`` stacked copies starts from:
+        a :class:`KeyTap` holding the earlier positions' clean keys and values, and block ``layer``'s clean input at
+        the positions from ``column`` on (pass both to :func:`replay`)."""
         if layer < self.start:
             raise InputError(f"keys and values were recorded from block {self.start}, not {layer}")
         b = self.prefix.batch_size
         front = {i: (_repeat(k[..., :column, :], b, copies), _repeat(v[..., :column, :], b, copies))
                  for i, (k, v) in self.kv.items() if i >= layer}
-        x = _repeat(self.prefix.hidden(layer)[:, column:], b, copies)
-        return _run_blocks(model, self.prefix, range(layer, model.n_layers), x, copies, column, KeyTap(front))
+        return KeyTap(front), _repeat(self.prefix.hidden(layer)[:, column:], b, copies)
 
     @staticmethod
     def supported(model: Model, prefix: Prefix) -> bool:

@@ -8,13 +8,13 @@ have fired -- or, at layers whose input sites are plain linear projections (:fun
 model), only the asked channels, the projection's rows applied to its input, so that a stream copy computes only the
 projections its receivers read; where that input is the block's pre-norm of the stream (checked on the same pass),
 the norm module alone runs, not the block. :func:`overwrite` is the hook that writes such channels -- or a head's recomputed
-output -- into a run.
+output -- into a run, and :func:`edge_replay` the one replay that runs blocks with such hooks, block by block.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,8 @@ from gna_interp.engine.replay import Prefix, replay
 from gna_interp.models.mixer import ChannelSpan, InputSite
 from gna_interp.models.model import Model
 
-__all__ = ["PostMap", "read_block", "direct_reads", "input_channels", "overwrite", "post_maps", "reproduces"]
+__all__ = ["PostMap", "direct_reads", "edge_replay", "input_channels", "overwrite", "post_maps", "read_block",
+           "reproduces"]
 
 DIRECT = "edge_circuit.direct"  # Model.facts key: the layers whose receiver inputs are read as plain projections
 NORMS = "edge_circuit.norms"  # Model.facts key: per such layer, the norm that feeds its projections (or None)
@@ -75,6 +76,27 @@ def read_block(model: Model, prefix: Prefix, layer: int, names: Sequence[str], c
     except _Enough:
         pass
     return got
+
+
+def edge_replay(model: Model, prefix: Prefix, start: int, until: int,
+                hooks_at: Callable[[int], Sequence[tuple[str, Any]]], copies: int = 1,
+                hidden: Float[Tensor, "copies_batch pos d_model"] | None = None, keys: Any = None,
+                moved: Callable[[int, Tensor], None] | None = None) -> Float[Tensor, "copies_batch pos d_model"]:
+    """The one replay of every edge-shaped forward (path patching's patched copies, an edge circuit's pass): blocks
+    ``start..`` on ``copies`` stacked copies (from ``hidden``, else block ``start``'s clean input), each block
+    ``l < until`` run alone with ``hooks_at(l)`` attached (built when the block is reached, so that they may read what
+    the blocks before it wrote) and ``moved(l, its output)`` called after it; the blocks from ``until`` on run as the
+    model's own forward, in one replay. ``keys``: a :class:`~gna_interp.engine.replay.KeyTap` (the copies hold the
+    positions from its column on; see :func:`~gna_interp.engine.replay.replay`). Returns the last block's output."""
+    x = hidden
+    for layer in range(start, min(until, model.n_layers)):
+        with model.hooks(list(hooks_at(layer))):
+            x = replay(model, prefix, layer, copies, hidden=x, stop=layer + 1, keys=keys)
+        if moved is not None:
+            moved(layer, x)
+    if until < model.n_layers or x is None:
+        x = replay(model, prefix, max(start, until), copies, hidden=x, keys=keys)
+    return x
 
 
 def direct_reads(model: Model, prefix: Prefix, sites: dict[int, set[str]]) -> dict[int, Direct]:

@@ -56,11 +56,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gna_interp.circuits.edges.block_io import PostMap, direct_reads, input_channels, overwrite, post_maps, reproduces
+from gna_interp.circuits.edges.block_io import (PostMap, direct_reads, edge_replay, input_channels, overwrite, post_maps,
+                                                reproduces)
 from gna_interp.circuits.edges.paths import PathPatcher, linear_write
 from gna_interp.circuits.edges.whole_circuit import WholeEdge
 from gna_interp.engine.unembed import head_logprobs, output_head
-from gna_interp.engine.replay import KeyTap, KeyValues, replay
+from gna_interp.engine.replay import KeyTap, KeyValues
 from gna_interp.errors import InputError, UnsupportedArchitectureError
 from gna_interp.interventions.ablation import AblationMethod, flat_channels
 from gna_interp.models.graph import (CLASSES, EMBED, LOGITS, Edge, Node, ReceiverInput, mlp_name, node_kind,
@@ -371,18 +372,13 @@ class EdgeCircuit:
                record: "_Record | None" = None) -> Tensor:
         """Read log-probs of chunk ``index`` with only the kept wires carrying activations: block by block, each
         receiver input of the block from its own stream (:meth:`_Pass.inputs`), then the block itself
-        (:meth:`_Pass.block`); from ``start`` (a recorded pass that agrees with ``keep`` before its layer and column),
+        (:meth:`_Pass.hooks`, :meth:`_Pass.moved`) through :func:`~gna_interp.circuits.edges.block_io.edge_replay`; from ``start`` (a recorded pass that agrees with ``keep`` before its layer and column),
         or from the first block, recording the pass into ``record`` where given. From the first block after which every
         receiver input reads the run's own stream (:meth:`_plain_from`) the rest is the model's own forward, run as is."""
         run = _Pass(self, index, keep, start, record)
         plain = self._plain_from(keep) if record is None else self.model.n_layers
-        for layer in range(start.layer if start is not None else 0, self.model.n_layers):
-            if layer >= plain:
-                run.x = replay(self.model, run.prefix, layer, 1, hidden=run.x, keys=run.tap)
-                break
-            if record is not None:
-                record.states[layer] = (run.x, run.base, run.filled)
-            run.block(layer, run.inputs(layer))
+        run.x = edge_replay(self.model, run.prefix, start.layer if start is not None else 0, plain, run.hooks,
+                            hidden=run.x, keys=run.tap, moved=run.moved)
         if record is not None:
             record.states[self.model.n_layers] = (run.x, run.base, run.filled)
             assert all(part.split == 0 for part in run.buf)
@@ -616,7 +612,8 @@ class _Pass:
 
     def __init__(self, ec: EdgeCircuit, index: int, keep: dict[str, Tensor], start: _Start | None = None,
                  record: _Record | None = None) -> None:
-        self.ec, self.keep, self.tables = ec, keep, []
+        self.ec, self.keep, self.tables, self.record = ec, keep, [], record
+        self._ran: tuple[dict[HeadRef, Tensor], dict[str, Tensor], dict[str, Tensor]] = ({}, {}, {})
         self.chunk, self.prefix = ec.pp.chunks[index], ec.pp.prefixes.get(index)
         every = _classes(ec.pp.masks(self.chunk))
         self.column = start.column if start is not None else 0
@@ -759,30 +756,38 @@ class _Pass:
                 put.setdefault(site.hook, []).append((slice(None), site, value))
         return put
 
-    def block(self, layer: int, put: dict[str, list[tuple[slice, InputSite, Tensor]]]) -> None:
-        """Run block ``layer`` on ``x`` with its heads' input channels overwritten (``put``), its heads' and mixers'
+    def hooks(self, layer: int) -> list[tuple[str, Any]]:
+        """The hooks of block ``layer``'s run on ``x`` (recorded first into the pass's record, where it keeps one):
+        its heads' input channels overwritten by each receiver input's own (:meth:`inputs`), its heads' and mixers'
         outputs recorded and its MLP reading its own stream at the stream before it (:meth:`mixed` moves past the
-        mixers there); then move past the MLP: its ``w_S - w̄_S`` into ``buf``, its ``w̄_S`` into ``B``."""
-        ec, model = self.ec, self.ec.model
+        mixers there)."""
+        ec = self.ec
+        if self.record is not None:
+            self.record.states[layer] = (self.x, self.base, self.filled)
         zs: dict[HeadRef, Tensor] = {}
         ios: dict[str, Tensor] = {}
-        got: dict[str, Tensor] = {}
+        self._ran = (zs, ios, {})
 
         def mid(v: Tensor, hook: Any = None) -> Tensor:
             self.mixed(layer, v, zs, ios)
             return self.stream(mlp_name(layer), self.filled, v).to(v.dtype)
 
         def mlp_out(v: Tensor, hook: Any = None) -> Tensor:
-            got["mlp"] = v.detach()
+            self._ran[2]["mlp"] = v.detach()
             return v
 
-        heads = ec._layer_heads.get(layer, [])
-        fns = _recording({h: ec._sites[h] for h in heads}, zs, ios, ec._projections.get(layer, []))
-        fns += [(name, overwrite(entries)) for name, entries in put.items()]
+        fns = _recording({h: ec._sites[h] for h in ec._layer_heads.get(layer, [])}, zs, ios,
+                         ec._projections.get(layer, []))
+        fns += [(name, overwrite(entries)) for name, entries in self.inputs(layer).items()]
         if layer in ec._mlp_hooks:
             fns += list(zip(ec._mlp_hooks[layer], (mid, mlp_out)))
-        with model.hooks(fns):
-            y = replay(model, self.prefix, layer, 1, hidden=self.x, stop=layer + 1, keys=self.tap)
+        return fns
+
+    def moved(self, layer: int, y: Tensor) -> None:
+        """Move past block ``layer`` (``y``: its output): past its MLP -- its ``w_S - w̄_S`` into ``buf``, its ``w̄_S``
+        into ``B`` -- or, in a block without one, past its mixers (:meth:`mixed`)."""
+        ec = self.ec
+        zs, ios, got = self._ran
         if layer in ec._mlp_hooks:
             name, row = mlp_name(layer), ec._index[mlp_name(layer)]
             if row in ec._fixed:  # kept by every circuit: its whole write is part of B

@@ -63,8 +63,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from gna_interp.circuits.edges.block_io import (Direct, PostMap, direct_reads, input_channels, overwrite, post_maps,
-                                                read_block, reproduces)
+from gna_interp.circuits.edges.block_io import (Direct, PostMap, direct_reads, edge_replay, input_channels, overwrite,
+                                                post_maps, read_block, reproduces)
 from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import KeyValues, PlanRunner, Prefix, replay
@@ -606,23 +606,23 @@ class PathPatcher(PlanRunner):
             return clean.final.repeat(len(sets), 1, 1), 0
         column = self._first_change(sets, clean.masks, chunk) if clean.keys is not None else 0
         b = prefix.batch_size
-        by_hook: dict[str, list[tuple[slice, Any, Tensor]]] = {}
+        by_hook: dict[int, dict[str, list[tuple[slice, Any, Tensor]]]] = {}  # per layer, per hook: its overwrites
         for (g, r), z in z_new.items():
             site = self.model.head_site(r)
-            by_hook.setdefault(site.hook, []).append((slice(g * b, (g + 1) * b), site, z[:, column:]))
+            by_hook.setdefault(r.layer, {}).setdefault(site.hook, []).append(
+                (slice(g * b, (g + 1) * b), site, z[:, column:]))
         for layer, items in mlp_in.items():  # an MLP reads its clean stream less its edges' writes
             hook = self.model.mixed_stream_hook(layer)
             x = clean.values[hook]
             for g, edges in items:
                 s = _less(x, edges, clean.masks, clean.writes)
-                by_hook.setdefault(hook, []).append((slice(g * b, (g + 1) * b), InputSite(hook, 0, s.shape[-1]),
-                                                     s[:, column:]))
-        first = min([*by_layer, *mlp_in])
-        with self.model.hooks([(name, overwrite(entries)) for name, entries in by_hook.items()]):
-            if column:
-                assert clean.keys is not None
-                return clean.keys.replay_from(self.model, first, column, len(sets)), column
-            return replay(self.model, prefix, first, len(sets)), 0
+                by_hook.setdefault(layer, {}).setdefault(hook, []).append(
+                    (slice(g * b, (g + 1) * b), InputSite(hook, 0, s.shape[-1]), s[:, column:]))
+        tap, x = clean.keys.tap(min(by_hook), column, len(sets)) if column and clean.keys is not None else (None, None)
+        final = edge_replay(self.model, prefix, min(by_hook), max(by_hook) + 1,
+                            lambda layer: [(n, overwrite(e)) for n, e in by_hook.get(layer, {}).items()],
+                            len(sets), x, tap)
+        return final, column if tap is not None else 0
 
     def _read(self, chunk: Chunk, b: int, clean: _Clean, sets: list[list[Edge]],
               final: Float[Tensor, "copies_batch pos d_model"], column: int) -> list[Tensor]:
