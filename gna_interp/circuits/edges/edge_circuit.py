@@ -169,6 +169,9 @@ class EdgeCircuit:
         summed = [0.0 if i in fixed or (node_kind(s) == "head" and Node.parse(s).layer in self._after) else 1.0
                   for i, s in enumerate(self.senders)]
         self._summed = None if min(summed) == 1.0 else torch.tensor(summed, device=model.device)
+        # the senders a pass never writes a row for (its write is in B or in a block's table): the ones no stream sums
+        self._unwritten = torch.tensor([i for i, v in enumerate(summed) if v == 0.0], dtype=torch.long,
+                                       device=model.device)
 
     def _check_blocks(self) -> dict[int, tuple[PostMap, PostMap]]:
         """Per block, its maps from its mixers' summed output and from its MLP's output to the stream
@@ -567,10 +570,13 @@ class _Rows:
     a recorded pass (``shared``, never written: a pass started from a record writes only the senders after it),
     the rest this pass's own (``own``, zeros until written)."""
 
-    def __init__(self, n: int, positions: int, d: int, device: Any, shared: Tensor | None = None,
+    def __init__(self, n: int, positions: int, d: int, device: Any, unwritten: Tensor, shared: Tensor | None = None,
                  split: int = 0) -> None:
         self.shared, self.split = shared, split
-        self.own = torch.zeros(n - split, positions, d, dtype=torch.float32, device=device)
+        # every row is written before a product reads it, but those of ``unwritten`` (senders whose write is in ``B``
+        # or in a block's table), which must read zero (a product's zero coefficient times garbage may be NaN)
+        self.own = torch.empty(n - split, positions, d, dtype=torch.float32, device=device)
+        self.own[unwritten[unwritten >= split] - split] = 0.0
 
     def put(self, row: int, value: Tensor) -> None:
         """Write sender ``row``'s values (``[positions, d]``)."""
@@ -635,11 +641,11 @@ class _Pass:
                           for rows, lo, hi in zip(shared, bounds, bounds[1:])]
                 self.tap = KeyTap({layer: (k[..., :self.column, :], v[..., :self.column, :])
                                    for layer, (k, v) in start.record.kv.items() if layer >= start.layer})
-            self.buf = [_Rows(len(ec.senders), size, d, self.x.device, rows, self.filled)
+            self.buf = [_Rows(len(ec.senders), size, d, self.x.device, ec._unwritten, rows, self.filled)
                         for rows, size in zip(shared, sizes)]
             return
         self.x = self.prefix.hidden(0)
-        self.buf = [_Rows(len(ec.senders), size, d, self.x.device) for size in sizes]
+        self.buf = [_Rows(len(ec.senders), size, d, self.x.device, ec._unwritten) for size in sizes]
         self.filled = 1
         if 0 in ec._fixed:  # kept by every circuit: part of B
             self.base = self.x
