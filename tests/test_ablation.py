@@ -87,6 +87,33 @@ def test_mean_ablation_writes_the_reference_mean(tiny_models):
     torch.testing.assert_close(seen["x"].flatten(2)[..., site.stop:], clean[..., site.stop:])
 
 
+@pytest.mark.parametrize("family", ["llama", "bamba"])
+def test_mean_activations_read_every_sender_in_one_forward(tiny_models, family):
+    """The means equal the cached activations averaged over the real tokens by hand, for every sender's output (each
+    head's site, each MLP's output, the embeddings), all read by the first call's one forward: a later call for any
+    of them runs none."""
+    model = tiny_models[family]
+    reference = ["owl:1\nfig:2\n", "a short one", "Memorize the following dictionary:\nx:9\n"]
+    model.facts.pop("model.mean_activations", None)
+    first = model.head_site(model.heads()[0]).hook
+    model.mean_activations(reference, [first])
+    senders = sorted(model._sender_hooks())
+    assert model.block_input_hook(0) in senders and any(".mlp." in h for h in senders)
+    forwards = []
+    handle = model.blocks()[0].register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        got = model.mean_activations(reference, senders)
+    finally:
+        handle.remove()
+    assert not forwards
+    batch = model.tokenize(reference)
+    _, cache = model.run_with_cache(batch, names_filter=lambda n: n in senders)
+    real = batch.attention_mask.bool()
+    for h in senders:
+        x = cache[h].flatten(2) if cache[h].dim() == 4 else cache[h]
+        torch.testing.assert_close(got[h], x[real].float().mean(0), rtol=1e-5, atol=1e-6)
+
+
 def test_resample_from_the_same_batch_is_a_no_op_and_from_another_is_not(tiny_models):
     model = tiny_models["mamba2"]
     real = model.tokenize(PROMPTS).attention_mask.bool()  # padding positions get the mean: compare real ones

@@ -17,7 +17,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from gna_interp.constants import TOKENIZER_CONFIG
-from gna_interp.errors import BridgeOnlyError, HeadError, InputError
+from gna_interp.errors import BridgeOnlyError, HeadError, InputError, UnsupportedArchitectureError
 from gna_interp.models.arch import LayerSpec, detect_layers
 from gna_interp.models.call_args import (CACHE_KEYWORDS, FORWARD_KEYWORDS, HOOK_KEYWORDS, TEXT_KEYWORDS, Hooks,
                                          check_cache_options, check_flag, check_forward_options, check_hooks,
@@ -900,17 +900,35 @@ class Model:
             if text and not placed else None
         kept = self.facts.get(MEAN_ACTIVATIONS)
         known: dict[str, Tensor] = kept[1] if kept is not None and kept[0] == key and key is not None else {}
-        missing = sorted(set(hooks) - set(known))
+        missing = set(hooks) - set(known)
         if missing:
+            if key is not None:  # kept: the same forward reads every sender's output (a head's, an MLP's, the
+                missing |= self._sender_hooks() - set(known)  # embeddings'), which node and edge ablations ask for
             batch = self.as_batch(list(prompts) if text else reference)
-            _, cache = self.run_with_cache(batch, names_filter=lambda n: n in missing)
-            mask = batch.attention_mask.bool()
-            for h in missing:
-                x = cache[h]
-                known[h] = (x.flatten(2) if x.dim() == 4 else x)[mask].float().mean(0)
+            mask = batch.attention_mask.bool().to(self.device)
+
+            def mean(name: str) -> Any:
+                def hook(x: Tensor, hook: Any = None) -> Tensor:
+                    known[name] = (x.flatten(2) if x.dim() == 4 else x)[mask].float().mean(0)
+                    return x
+                return hook
+
+            with torch.no_grad():
+                if self.final_residual(batch, [(h, mean(h)) for h in sorted(missing)]) is None:
+                    self.run(batch, [(h, mean(h)) for h in sorted(missing)])
+            unread = sorted(set(hooks) - set(known))
+            if unread:
+                raise UnsupportedArchitectureError(f"{self.name}: the hook {unread[0]!r} never fired in a forward, so "
+                                                   f"its mean cannot be read")
             if key is not None:
                 self.facts[MEAN_ACTIVATIONS] = (key, known)  # one reference at a time
         return {h: known[h] for h in hooks}
+
+    def _sender_hooks(self) -> set[str]:
+        """The hooks of every sender's output: each head's site, each MLP's output, the stream entering block 0."""
+        out = {self.head_site(h).hook for h in self.heads()} | {self.block_input_hook(0)}
+        out |= {h for layer in range(self.n_layers) if (h := self.mlp_hook(layer, "out"))}
+        return {h for h in out if self.has_hook(h)}
 
     def run_with_cache(self, inputs: str | Sequence[str] | Tensor | TokenBatch,
                        names_filter: Callable[[str], bool] | Sequence[str] | str | None = None,
