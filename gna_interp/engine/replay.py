@@ -57,6 +57,7 @@ Interventions = Sequence[Intervention] | Callable[[Chunk], Sequence[Intervention
 """What :meth:`PlanRunner.run_under` applies: a list of :class:`~gna_interp.interventions.Intervention` values for
 every forward, or a callable ``Chunk -> list`` for values written in one chunk's coordinates (e.g. pattern masks of
 that chunk's rows)."""
+PROBE_ROWS = 2  # rows of a runner's probe batch (PlanRunner.probe): what per-model checks of the blocks run on
 VERIFY_READS = 64  # reads Prefixes.verify compares at most (each costs three rows of logits over the vocabulary)
 
 
@@ -659,6 +660,20 @@ class PlanRunner:
                 self.prefixes = self.store
             except ReplayMismatch as e:
                 self.mismatch = e
+
+    @cached_property
+    def probe(self) -> Prefix:
+        """The clean prefix of the first chunk's :data:`PROBE_ROWS` longest rows (:attr:`probe_batch`): what the
+        checks of how the model's blocks work read (a property of the blocks, not of the rows; each runs once per
+        model and keeps its answer in ``Model.facts``), at a fraction of a batch's cost."""
+        return capture(self.model, self.probe_batch)
+
+    @cached_property
+    def probe_batch(self) -> TokenBatch:
+        """The first chunk's :data:`PROBE_ROWS` rows with the most real tokens, in their order."""
+        batch = self.chunks[0].batch
+        rows = batch.attention_mask.sum(1).argsort(descending=True, stable=True)[:PROBE_ROWS]
+        return batch.select(rows.sort().values)
 
     @cached_property
     def chunks(self) -> list[Chunk]:

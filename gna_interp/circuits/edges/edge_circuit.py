@@ -41,8 +41,8 @@ writes. A multiplier is linear (``f(y) = s·y``): the writes ``w_S = s·o_S`` ad
 inputs share a pattern (every head kept, or none, which adds nothing), and f runs once per distinct pattern of each
 block and batch. An MLP is one sender: ``w_S = g(m)``, ``w̄_S = g(m̄)`` with ``m̄`` its mean or zero output. The maps
 are the bridge's (its ``ln1_post`` / ``ln2_post`` norms, its ``residual_contribution_scale``), checked against what
-every block adds on the first batch; a block they do not reproduce (mixers side by side, each with its own
-multiplier, as in Falcon-H1) is refused with the reason.
+every block adds on two rows of the first batch (:attr:`~gna_interp.engine.replay.PlanRunner.probe`); a block they
+do not reproduce (mixers side by side, each with its own multiplier, as in Falcon-H1) is refused with the reason.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ class EdgeCircuit:
             self._layer_heads.setdefault(h.layer, []).append(h)
         for i in self.inputs:
             self._inputs_at.setdefault(i.layer, []).append(i)
-        self._direct = direct_reads(model, self.pp.prefixes.get(0),
+        self._direct = direct_reads(model, self.pp.probe,
                                     {l: {x.hook for i in inputs for x in i.sites} for l, inputs in self._inputs_at.items()})
         normed = [l for l in self._layer_heads if self.posts[l][0].norm is not None]
         self._projections = {l: _projections(model, l) for l in normed}
@@ -175,7 +175,7 @@ class EdgeCircuit:
 
     def _check_blocks(self) -> dict[int, tuple[PostMap, PostMap]]:
         """Per block, its maps from its mixers' summed output and from its MLP's output to the stream
-        (:func:`post_maps`), each checked on the first batch against what the block adds: ``f(y)`` against
+        (:func:`post_maps`), each checked on the runner's probe rows against what the block adds: ``f(y)`` against
         ``hook_resid_mid - hook_resid_pre``, ``g(m)`` against ``hook_resid_post - hook_resid_mid``. A block they do not
         reproduce, or whose MLP reads its mixers' output with no hook between them, is refused with the reason.
         Checked once per model (the maps are kept in ``Model.facts``)."""
@@ -193,7 +193,7 @@ class EdgeCircuit:
         for layer in range(model.n_layers):
             names |= {model.block_input_hook(layer), model.mixed_stream_hook(layer), model.block_output_hook(layer),
                       model.mlp_hook(layer, "out") or model.block_output_hook(layer)}
-        batch = self.pp.chunks[0].batch
+        batch = self.pp.probe_batch
         _, cache = model.run_with_cache(batch, names_filter=lambda n: n in names)
         real = batch.attention_mask.bool().to(model.device)
         maps = {layer: post_maps(model, layer) for layer in range(model.n_layers)}

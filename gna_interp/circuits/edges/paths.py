@@ -266,7 +266,7 @@ class PathPatcher(PlanRunner):
                     continue
                 for ss in inputs.values():
                     sites.setdefault(h.layer, set()).update(x.hook for x in ss)
-            self._direct_map = direct_reads(model, self.prefixes.get(0), sites)
+            self._direct_map = direct_reads(model, self.probe, sites)
         return self._direct_map
 
     def _replacement(self, head: HeadRef) -> Replacement:
@@ -533,13 +533,14 @@ class PathPatcher(PlanRunner):
     def stream_refusal(self) -> str:
         """Why path patching cannot measure the edges out of the embeddings and out of or into the MLPs of the model
         (``""`` where it can): a block whose MLP has no stream of its own before it, or whose map of its MLP's output
-        to the stream does not reproduce what it adds (checked once per model on the first batch)."""
+        to the stream does not reproduce what it adds (checked once per model on the probe rows:
+        :attr:`~gna_interp.engine.replay.PlanRunner.probe`)."""
         known = self.model.facts.get(STREAMS)
         if known is None:
             mlps = [mlp_name(l) for l in range(self.model.n_layers) if self.model.mlp_hook(l, "out")]
             try:
                 hooks = self._stream_hooks(mlps, set())
-                clean = self._clean_pass(self.prefixes.get(0), set(), set(), 0, hooks)
+                clean = self._clean_pass(self.probe, set(), set(), 0, hooks)
                 for n in mlps:
                     self._check_stream(n, clean.values)
                 known = ""
@@ -659,10 +660,10 @@ class PathPatcher(PlanRunner):
     # ---- public ---------------------------------------------------------------------------
     def adds_as_is(self) -> dict[int, bool]:
         """Per layer with heads: whether its block adds its mixer's output projection to the stream as is (one
-        mixer, nothing in between), read off one clean replay of the first batch."""
+        mixer, nothing in between), read off one clean replay of the probe rows."""
         every = set(self.model.heads())
         if any(h.layer not in self._as_is for h in every):
-            self._clean_pass(self.prefixes.get(0), every, set(), min(h.layer for h in every))
+            self._clean_pass(self.probe, every, set(), min(h.layer for h in every))
         return dict(self._as_is)
 
     def clean(self) -> CandidateScores:
