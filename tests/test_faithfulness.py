@@ -9,11 +9,9 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import gna_interp as gna
-from gna_interp.circuits.search.sufficiency import Faithfulness, crossing, faithfulness, size_grid
+from gna_interp.circuits.search.sufficiency import Faithfulness, faithfulness, size_grid
 from gna_interp.errors import GnaError
 from gna_interp.models.hf import unwrap
 
@@ -75,43 +73,6 @@ def test_smallest_circuit_and_minimality(models):
     for h in fx.smallest[:30]:
         alone = gna.evaluate(_zeroed(model, set(fx.smallest) - {h}), _task(), progress=False).logit_diff
         assert fx.minimality[h] == pytest.approx(full - alone, abs=1e-5)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.integers(1, 20), st.integers(2, 5000), st.floats(0.01, 0.99), st.sampled_from([0.0, 0.05, 0.1]),
-       st.lists(st.floats(0, 1), min_size=1, max_size=40))
-def test_the_crossing_search_brackets_the_threshold_within_its_precision(lo, span, threshold, precision, steps):
-    """On any curve that grows between the ends (a staircase of random steps, by brute force over every size), the
-    search ends on a size that keeps the threshold with the true crossing within the precision below it, measuring
-    each size once and at most four more than bisection would."""
-    hi = lo + span
-    edges = sorted(lo + 1 + int(x * (span - 1)) for x in steps)  # the sizes at which the curve steps up
-    curve = {k: sum(k >= e for e in edges) / len(edges) for k in range(lo, hi + 1)}
-    if not curve[lo] < threshold <= curve[hi]:
-        return
-    seen: list[int] = []
-
-    def value(k: int) -> float:
-        seen.append(k)
-        return curve[k]
-
-    found = crossing(lo, hi, value, threshold, precision)
-    true = min(k for k in curve if curve[k] >= threshold)
-    assert curve[found] >= threshold and found - max(1, int(precision * found)) <= true <= found
-    assert len(seen) == len(set(seen))
-    assert len(seen) - 2 <= math.ceil(math.log2(span)) + 4
-
-
-def test_the_crossing_search_closes_a_straight_curve_in_two_measurements():
-    """Where the curve is straight in log size the guess is right: two sizes measured besides the ends, where
-    bisection of 32..64 to one head takes five."""
-    seen: list[int] = []
-
-    def value(k: int) -> float:
-        seen.append(k)
-        return math.log(k / 32) / math.log(2)
-
-    assert crossing(32, 64, value, 0.5) == 46 and seen[2:] == [45, 46]  # 32·√2 = 45.25
 
 
 def test_areas_save_and_load(models, tmp_path):

@@ -15,7 +15,7 @@ samples (the same resampled samples in ``m(C)``, ``m(M)`` and ``m(∅)``).
 sizes, beside circuits of the same sizes drawn at random; its **CPR** (area under the curve over the circuit's
 share ``k / N`` of the ``N`` heads, higher is better) and **CMD** (area between the curve and 1, lower is better),
 both by the trapezoid rule. The **smallest circuit** keeping a threshold fraction is found on the ranked order
-(the grid, then a search between the two sizes that bracket it: :func:`crossing`) and its **minimality** is each member's own
+(the grid, then bisection between the two sizes that bracket it) and its **minimality** is each member's own
 contribution ``m(C) - m(C \\ {v})``.
 
 Every point is one :class:`~gna_interp.engine.replay.SetAblation` run (the heads outside the circuit removed
@@ -49,8 +49,8 @@ from gna_interp.store import as_path, atomic_write, file_in, read_json, write_js
 from gna_interp.tasks.base import Task
 from gna_interp.engine.metrics import Results, get_metric, results
 
-__all__ = ["FAITHFULNESS_COLUMNS", "Faithfulness", "FaithfulnessConfig", "crossing", "edge_faithfulness", "faithfulness",
-           "shuffled", "size_grid"]
+__all__ = ["FAITHFULNESS_COLUMNS", "Faithfulness", "FaithfulnessConfig", "edge_faithfulness", "faithfulness", "shuffled",
+           "size_grid"]
 
 FAITHFULNESS_COLUMNS = ["size", "series", "seed", "logit_diff", "fraction", "low", "high", "accuracy",
                         "accuracy_fraction", "heads"]
@@ -70,7 +70,7 @@ class FaithfulnessConfig(Options):
         minimality: the smallest circuit's heads (first in the ranking) whose own contribution is measured, one run
             each (None: all of them).
         batch_size: prompts per forward.
-        precision: the search for the smallest circuit (:func:`crossing`) stops once its bracket is within this share of its size
+        precision: the bisection for the smallest circuit stops once its bracket is within this share of its size
             (0: exact; an edge curve over hundreds of thousands of edges may take 0.02, a circuit at most 2 % larger
             than the smallest of the ranked order).
     """
@@ -514,47 +514,10 @@ def _outside(every: list[HeadRef], circuit: Sequence[HeadRef]) -> list[HeadRef]:
     return [h for h in every if h not in kept]
 
 
-def crossing(lo: int, hi: int, value: Callable[[int], float], threshold: float, precision: float = 0.0) -> int:
-    """The upper end of a bracket ``lo < hi`` of circuit sizes with ``value(lo) < threshold <= value(hi)``, narrowed
-    until it is within ``precision`` of its upper end (at least 1 wide), assuming ``value`` grows between them.
-
-    Each step guesses where ``value`` crosses the threshold by interpolating between the ends (over ``log size``,
-    the grid being geometric) and measures the two sizes a bracket's width apart around the guess: where the curve is
-    near straight that closes the bracket in two measurements, where bisection takes ``log2(width / precision)``.
-    A guess that narrows the bracket less than bisection would have with as many measurements is a miss: the next step
-    bisects, and after two misses the search bisects to the end, so it never measures more than four sizes beyond
-    bisection's count. ``value`` is called once per size."""
-    def width(k: int) -> int:
-        return max(1, int(precision * k))
-
-    f_lo, f_hi = value(lo), value(hi)
-    misses, bisect = 0, False
-    while hi - lo > width(hi):
-        guess = not bisect and misses < 2 and f_lo < f_hi and math.isfinite(f_hi - f_lo)
-        if guess:
-            share = min(1.0, max(0.0, (threshold - f_lo) / (f_hi - f_lo)))
-            x = lo * (hi / lo) ** share if lo > 0 else lo + share * (hi - lo)
-            b = min(hi - 1, math.ceil(x + width(math.ceil(x)) / 2))
-            a = max(lo + 1, b - width(b))
-            probes = sorted({k for k in (a, b) if lo < k < hi})
-        else:
-            probes = [(lo + hi) // 2]
-        before, measured = hi - lo, 0
-        for k in probes:
-            f, measured = value(k), measured + 1
-            if f >= threshold:
-                hi, f_hi = k, f
-                break
-            lo, f_lo = k, f
-        bisect = guess and (hi - lo) * 2 ** measured > before
-        misses += bisect
-    return hi
-
-
 def _smallest(fx: Faithfulness, run: Callable[[Sequence[Any]], Results], order: list[Any],
               by_size: dict[int, Results], minimality: int | None, precision: float = 0.0,
               left_out: Callable[[Sequence[Any], Sequence[Any]], list[Results]] | None = None) -> None:
-    """The smallest ``k`` whose ranked circuit keeps the threshold (grid, then :func:`crossing` between the bracketing
+    """The smallest ``k`` whose ranked circuit keeps the threshold (grid, then bisection between the bracketing
     sizes, assuming the fraction grows with ``k`` between them, until the bracket is within ``precision`` of its
     upper end), and the minimality of its first ``minimality`` members."""
 
@@ -568,7 +531,12 @@ def _smallest(fx: Faithfulness, run: Callable[[Sequence[Any]], Results], order: 
         return
     hi = ok[0]
     lo = max((k for k in by_size if k < hi), default=hi)
-    hi = crossing(lo, hi, lambda k: fx.fraction(kept(k)), fx.threshold, precision)
+    while hi - lo > max(1, int(precision * hi)):
+        mid = (lo + hi) // 2
+        if fx.fraction(kept(mid)) >= fx.threshold:
+            hi = mid
+        else:
+            lo = mid
     circuit = order[:hi]
     fx.smallest = circuit
     res = kept(hi)
