@@ -913,9 +913,10 @@ class Model:
                     return x
                 return hook
 
+            hooks_in = [(h, mean(h)) for h in sorted(missing)]
             with torch.no_grad():
-                if self.final_residual(batch, [(h, mean(h)) for h in sorted(missing)]) is None:
-                    self.run(batch, [(h, mean(h)) for h in sorted(missing)])
+                if self.final_residual(batch, hooks_in) is None:
+                    self.run(batch, hooks_in)
             unread = sorted(set(hooks) - set(known))
             if unread:
                 raise UnsupportedArchitectureError(f"{self.name}: the hook {unread[0]!r} never fired in a forward, so "

@@ -7,8 +7,9 @@ channels at the input sites asked of it: one run of the block on the streams sta
 have fired -- or, at layers whose input sites are plain linear projections (:func:`direct_reads`, checked once per
 model), only the asked channels, the projection's rows applied to its input, so that a stream copy computes only the
 projections its receivers read; where that input is the block's pre-norm of the stream (checked on the same pass),
-the norm module alone runs, not the block. :func:`overwrite` is the hook that writes such channels -- or a head's recomputed
-output -- into a run, and :func:`edge_replay` the one replay that runs blocks with such hooks, block by block.
+the norm module alone runs, not the block. :func:`overwrite` is the hook that writes such channels -- or a head's
+recomputed output -- into a run, and :func:`edge_replay` the one replay that runs blocks with such hooks, block by
+block.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from gna_interp.engine.replay import Prefix, replay
 from gna_interp.models.mixer import ChannelSpan, InputSite
 from gna_interp.models.model import Model
 
-__all__ = ["PostMap", "direct_reads", "edge_replay", "input_channels", "overwrite", "post_maps", "read_block",
+__all__ = ["PostMap", "direct_reads", "edge_replay", "flat", "input_channels", "overwrite", "post_maps", "read_block",
            "reproduces"]
 
 DIRECT = "edge_circuit.direct"  # Model.facts key: the layers whose receiver inputs are read as plain projections
@@ -34,7 +35,7 @@ NORMS = "edge_circuit.norms"  # Model.facts key: per such layer, the norm that f
 Direct = dict[str, tuple[str, torch.nn.Linear]]  # input site hook -> (the projection's input hook, the projection)
 
 
-def _flat(x: Tensor) -> Tensor:
+def flat(x: Tensor) -> Tensor:
     """A hook value ``[b, p, h, d]`` or ``[b, p, w]`` as ``[b, p, w]`` (a view when possible)."""
     return x.flatten(2) if x.dim() == 4 else x
 
@@ -64,9 +65,9 @@ def read_block(model: Model, prefix: Prefix, layer: int, names: Sequence[str], c
     def grab(name: str) -> Any:
         def hook(v: Tensor, hook: Any = None) -> Tensor:
             if len(got) + 1 == len(names):  # the last one: the rest of the block is not run, nothing writes it
-                got[name] = _flat(v).detach()
+                got[name] = flat(v).detach()
                 raise _Enough
-            got[name] = _flat(v).detach().clone()
+            got[name] = flat(v).detach().clone()
             return v
         return hook
 
@@ -190,9 +191,9 @@ def overwrite(entries: Sequence[tuple[slice, ChannelSpan, Tensor]]) -> Any:
     :class:`~gna_interp.models.mixer.HeadSite`)."""
     def hook(v: Tensor, hook: Any = None) -> Tensor:
         out = v.clone(memory_format=torch.contiguous_format)
-        flat = _flat(out)
+        chans = flat(out)
         for rows, s, value in entries:
-            flat[rows, :, s.start:s.stop] = value.to(flat.dtype)
+            chans[rows, :, s.start:s.stop] = value.to(chans.dtype)
         return out
     return hook
 

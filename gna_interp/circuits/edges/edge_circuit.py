@@ -375,8 +375,9 @@ class EdgeCircuit:
                record: "_Record | None" = None) -> Tensor:
         """Read log-probs of chunk ``index`` with only the kept wires carrying activations: block by block, each
         receiver input of the block from its own stream (:meth:`_Pass.inputs`), then the block itself
-        (:meth:`_Pass.hooks`, :meth:`_Pass.moved`) through :func:`~gna_interp.circuits.edges.block_io.edge_replay`; from ``start`` (a recorded pass that agrees with ``keep`` before its layer and column),
-        or from the first block, recording the pass into ``record`` where given. From the first block after which every
+        (:meth:`_Pass.hooks`, :meth:`_Pass.moved`) through :func:`~gna_interp.circuits.edges.block_io.edge_replay`;
+        from ``start`` (a recorded pass that agrees with ``keep`` before its layer and column), or from the first
+        block, recording the pass into ``record`` where given. From the first block after which every
         receiver input reads the run's own stream (:meth:`_plain_from`) the rest is the model's own forward, run as is."""
         run = _Pass(self, index, keep, start, record)
         plain = self._plain_from(keep) if record is None else self.model.n_layers
@@ -772,14 +773,15 @@ class _Pass:
             self.record.states[layer] = (self.x, self.base, self.filled)
         zs: dict[HeadRef, Tensor] = {}
         ios: dict[str, Tensor] = {}
-        self._ran = (zs, ios, {})
+        got: dict[str, Tensor] = {}
+        self._ran = (zs, ios, got)
 
         def mid(v: Tensor, hook: Any = None) -> Tensor:
             self.mixed(layer, v, zs, ios)
             return self.stream(mlp_name(layer), self.filled, v).to(v.dtype)
 
         def mlp_out(v: Tensor, hook: Any = None) -> Tensor:
-            self._ran[2]["mlp"] = v.detach()
+            got["mlp"] = v.detach()
             return v
 
         fns = _recording({h: ec._sites[h] for h in ec._layer_heads.get(layer, [])}, zs, ios,

@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from gna_interp.circuits.edges.block_io import flat
 from gna_interp.circuits.edges.paths import PathEffects, PathPatcher, write_of
 from gna_interp.engine.attribution import inputs_only_grad
 from gna_interp.errors import InputError
@@ -400,10 +401,10 @@ def _interpolation(graph: _Graph, means: dict[str, Tensor], alpha: float) -> lis
         def hook(v: Tensor, hook: Any = None) -> Tensor:
             out = v.clone(memory_format=torch.contiguous_format)
             for r in rs:
-                flat = flat_channels(out, r.site)
-                z = flat[..., r.site.columns]
+                chans = flat_channels(out, r.site)
+                z = chans[..., r.site.columns]
                 bar = r.like(z)
-                flat[..., r.site.columns] = bar + alpha * (z - bar)
+                chans[..., r.site.columns] = bar + alpha * (z - bar)
             return out
         return hook
 
@@ -483,7 +484,7 @@ def _through_pack(graph: _Graph, pack: list[HeadRef], sites: dict[HeadRef, list[
         if g is None or not sites[h]:
             continue
         cot = outs.setdefault(site.hook, torch.zeros_like(g))
-        _flat(cot)[..., site.columns] = _flat(g)[..., site.columns]
+        flat(cot)[..., site.columns] = flat(g)[..., site.columns]
     hooks = sorted({x.hook for h in pack for x in sites[h]})
     if not outs or not hooks:
         return {}
@@ -507,10 +508,10 @@ def _stream_cotangents(r: ReceiverInput, grads: dict[str, Tensor | None], linear
             hook, cot = x.hook, g
         elif x.hook in linear:
             hook, proj = linear[x.hook]
-            cot = _flat(g)[..., x.start:x.stop] @ proj.weight[x.start:x.stop].to(g.dtype)
+            cot = flat(g)[..., x.start:x.stop] @ proj.weight[x.start:x.stop].to(g.dtype)
         else:
             hook, cot = x.hook, torch.zeros_like(g)
-            _flat(cot)[..., x.start:x.stop] = _flat(g)[..., x.start:x.stop]
+            flat(cot)[..., x.start:x.stop] = flat(g)[..., x.start:x.stop]
         cots[hook] = cots[hook] + cot if hook in cots else cot
     return cots
 
@@ -531,9 +532,6 @@ def _to_stream(acts: dict[str, Tensor], hooks: tuple[str, ...], cots: list[dict[
     return [torch.autograd.grad(outs, at, [c[k] for k in hooks], retain_graph=True, allow_unused=True)[0]
             for c in cots]
 
-
-def _flat(x: Tensor) -> Tensor:
-    return x.flatten(2) if x.dim() == 4 else x
 
 
 def _writes(graph: _Graph, acts: dict[str, Tensor], real: Tensor) -> dict[str, Tensor]:

@@ -63,8 +63,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from gna_interp.circuits.edges.block_io import (Direct, PostMap, direct_reads, edge_replay, input_channels, overwrite,
-                                                post_maps, read_block, reproduces)
+from gna_interp.circuits.edges.block_io import (Direct, PostMap, direct_reads, edge_replay, flat, input_channels,
+                                                overwrite, post_maps, read_block, reproduces)
 from gna_interp.circuits.scan.result import results_from_json, results_to_json
 from gna_interp.engine.unembed import head_logprobs, output_head
 from gna_interp.engine.replay import KeyValues, PlanRunner, Prefix, replay
@@ -137,11 +137,6 @@ def _less(x: Float[Tensor, "b p d_model"], edges: Sequence[Edge], masks: dict[st
     for e in edges:
         s = s - masks[e.positions][..., None].to(s.dtype) * writes[e.sender].to(s.dtype)
     return s
-
-
-def _flat(x: Tensor) -> Tensor:
-    """A hook value ``[b, p, h, d]`` or ``[b, p, w]`` as ``[b, p, w]`` (a view when possible)."""
-    return x.flatten(2) if x.dim() == 4 else x
 
 
 @dataclass
@@ -328,7 +323,7 @@ class PathPatcher(PlanRunner):
 
         def keep(name: str, key: str | None = None) -> None:
             def hook(x: Tensor, hook: Any = None) -> Tensor:
-                values[key or name] = _flat(x).detach().clone()
+                values[key or name] = flat(x).detach().clone()
                 return x
             hooks.setdefault(name, []).append((key or name, hook))
 
@@ -438,10 +433,10 @@ class PathPatcher(PlanRunner):
         def restore(entries: dict[int, list[InputSite]], name: str) -> Any:
             def hook(v: Tensor, hook: Any = None) -> Tensor:
                 out = v.clone(memory_format=torch.contiguous_format)
-                flat = _flat(out)
-                base = clean.values[name].to(flat.dtype)
+                chans = flat(out)
+                base = clean.values[name].to(chans.dtype)
                 for n, isos in entries.items():
-                    rows = flat[n * b:(n + 1) * b]
+                    rows = chans[n * b:(n + 1) * b]
                     keep = torch.zeros(rows.shape[-1], dtype=torch.bool, device=rows.device)
                     for iso in isos:
                         keep[iso.columns] = True
@@ -623,7 +618,7 @@ class PathPatcher(PlanRunner):
         final = edge_replay(self.model, prefix, min(by_hook), max(by_hook) + 1,
                             lambda layer: [(n, overwrite(e)) for n, e in by_hook.get(layer, {}).items()],
                             len(sets), x, tap)
-        return final, column if tap is not None else 0
+        return final, column
 
     def _read(self, chunk: Chunk, b: int, clean: _Clean, sets: list[list[Edge]],
               final: Float[Tensor, "copies_batch pos d_model"], column: int) -> list[Tensor]:
