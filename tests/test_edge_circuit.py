@@ -367,6 +367,17 @@ def test_leaving_edges_out_from_their_block_equals_the_whole_pass(circuits, fami
     want = ec.run([[w for w in circuit if w != m] for m in members])
     for g, w in zip(got, want):
         assert torch.allclose(results(g)["logit_diff"], results(w)["logit_diff"], atol=1e-5)
+    scores, records = ec.run_recorded(circuit)  # the circuit's own pass, recorded: its members start from it
+    assert torch.allclose(results(scores)["logit_diff"], results(ec.run([circuit])[0])["logit_diff"], atol=1e-6)
+    passes = []
+    real = EdgeCircuit._chunk
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EdgeCircuit, "_chunk", lambda self, *a, **k: passes.append(k.get("record")) or real(self, *a, **k))
+        again = ec.run_left_out(circuit, members, records)
+    assert records is not None and all(r is None for r in passes)  # no pass of the circuit itself this time
+    assert len(passes) == len(members) * len(ec.pp.chunks)
+    for g, w in zip(again, want):
+        assert torch.allclose(results(g)["logit_diff"], results(w)["logit_diff"], atol=1e-5)
 
 
 def test_the_kept_stream_means_follow_the_weights(tiny_dirs):

@@ -75,6 +75,40 @@ def test_smallest_circuit_and_minimality(models):
         assert fx.minimality[h] == pytest.approx(full - alone, abs=1e-5)
 
 
+def test_the_search_starts_inside_its_bracket_and_leaves_members_out_on_the_smallest_circuits_replay(models,
+                                                                                                     monkeypatch):
+    """The bisection keeps each circuit's replay: a step starts on the kept replay of the smallest circuit containing
+    it (never more than two kept), and the smallest circuit's members are left out on its own replay, not a new one;
+    the numbers are those of the search without any of it."""
+    from gna_interp.circuits.search.sufficiency import _Passes
+    from gna_interp.engine.replay import SetAblation
+
+    model = models("llama")
+    starts, bases = [], []
+    real_trail, real_added = SetAblation.run_trail, SetAblation.run_added
+    monkeypatch.setattr(SetAblation, "run_trail", lambda self, heads, start=None: starts.append(start is not None)
+                        or real_trail(self, heads, start))
+    monkeypatch.setattr(SetAblation, "run_added", lambda self, base, extras, trail=None: bases.append(trail)
+                        or real_added(self, base, extras, trail))
+    n = len(model.heads())
+    fx = faithfulness(model, _task(), [], method="zero", sizes=[n], seeds=0, threshold=0.5, minimality=2)
+    assert fx.smallest is not None and 0 < len(fx.smallest) < n  # found by the bisection
+    assert len(starts) >= 2 and not starts[0] and any(starts[1:])
+    assert len(bases) == 1 and bases[0] is not None and bases[0].heads == frozenset(
+        h for h in model.heads() if h not in set(fx.smallest))
+    monkeypatch.undo()
+    plain = faithfulness(model, _task(), [], method="zero", sizes=[n], seeds=0, threshold=0.5, minimality=2)
+    assert plain.smallest == fx.smallest and plain.minimality == pytest.approx(fx.minimality, abs=1e-6)
+    passes = _Passes()  # what is kept: the latest circuit and the smallest kept one around it
+    passes.add("abcd", 1)
+    passes.add("ab", 2)
+    assert set(passes.kept) == {frozenset("ab"), frozenset("abcd")}
+    passes.add("abc", 3)  # a bisection's failed lower end serves nothing after it
+    assert set(passes.kept) == {frozenset("abc"), frozenset("abcd")} and passes.around("ab") == 3
+    passes.add("a", 4)
+    assert passes.of("a") == 4 and passes.around("a") == 4 and passes.of("abcd") is None
+
+
 def test_areas_save_and_load(models, tmp_path):
     model = models("llama")
     fx = faithfulness(model, _task(), model.heads()[:3], method="mean", sizes=[1, 3], seeds=2)

@@ -506,6 +506,35 @@ def test_each_added_head_equals_its_set_replayed_alone(tiny_models, family):
         runner.run_added(base, [heads[0]])
 
 
+@pytest.mark.parametrize("family", ["llama", "bamba"])
+def test_a_kept_trail_starts_the_sets_that_contain_it(tiny_models, family):
+    """run_trail keeps a set's replay block by block: a set containing it replays only from the earliest layer of
+    the heads it adds, and run_added on it reads its scores and streams instead of replaying the base; every number
+    equals the set run alone."""
+    model = tiny_models[family]
+    runner = SetAblation(model, TASK, "mean", TASK, batch_size=2)
+    heads = model.heads()
+    late = [h for h in heads if h.layer == heads[-1].layer]
+    base = [heads[0], heads[len(heads) // 2]]
+    trail = runner.run_trail(base)
+    torch.testing.assert_close(trail.scores.scores, runner.run(base).scores, atol=1e-5, rtol=0)
+    with replayed_blocks() as blocks:
+        more = runner.run_trail([*base, late[0]], start=trail)
+        started = blocks.pop()
+        added = runner.run_added(base, [late[0], heads[1]], trail)
+        on_trail = blocks.pop()
+        alone = runner.run_added(base, [late[0], heads[1]])
+        fresh = blocks.pop()
+    assert started == len(runner.prefixes.chunks) * (model.n_layers - late[0].layer)  # the added head's blocks only
+    assert on_trail < fresh
+    torch.testing.assert_close(more.scores.scores, runner.run([*base, late[0]]).scores, atol=1e-5, rtol=0)
+    for g, w in zip(added, alone):
+        torch.testing.assert_close(g.scores, w.scores, atol=1e-5, rtol=0)
+    assert added[0] is trail.scores
+    other = runner.run_trail([heads[1]], start=trail)  # not a superset of the trail's set: replayed on its own
+    torch.testing.assert_close(other.scores.scores, runner.run([heads[1]]).scores, atol=1e-5, rtol=0)
+
+
 def test_stages_share_one_clean_pass_per_task(tiny_models, monkeypatch):
     """Inside shared_prefixes, a scan, a SetAblation and a path patcher of the same task capture its clean
     prefixes once; outside, each captures its own; another batch layout is another capture."""

@@ -49,8 +49,8 @@ from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_of
 from gna_interp.engine.unembed import read_logprobs
 
 __all__ = ["Interventions", "KeyValues", "PlanRunner", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture",
-           "default_stack", "nested_scores", "prefixes_for", "recording", "replay", "replay_scores", "shared_prefixes",
-           "verify_replay"]
+           "Trail", "default_stack", "nested_scores", "prefixes_for", "recording", "replay", "replay_scores", "shared_prefixes",
+           "trail_scores", "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
 Interventions = Sequence[Intervention] | Callable[[Chunk], Sequence[Intervention]]
@@ -566,40 +566,83 @@ def nested_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, sets: Seq
     return [t.result() for t in tables]
 
 
+@dataclass
+class Trail:
+    """One removed set's replay kept block by block (:func:`trail_scores`): its ``scores`` and, per chunk, the
+    residual stream entering each block from ``first`` on (the blocks before it read the clean stream); ``streams``
+    None where the prefixes are not kept either (:attr:`Prefixes.keep`). A set containing ``heads`` starts from it
+    at the earliest layer of the heads it adds; a set of one head more is a circuit's member left out."""
+
+    heads: frozenset[HeadRef]
+    first: int
+    streams: list[list[Tensor]] | None
+    scores: CandidateScores
+
+    def hidden(self, index: int, prefix: Prefix, layer: int) -> Float[Tensor, "batch pos d_model"]:
+        """The stream entering block ``layer`` of chunk ``index`` (``prefix``: its clean prefix) under this set."""
+        assert self.streams is not None
+        return prefix.hidden(layer) if layer < self.first else self.streams[index][layer - self.first]
+
+
+@torch.no_grad()
+def trail_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, removed: Sequence[Replacement],
+                 start: Trail | None = None) -> Trail:
+    """Scores of ``plan`` with ``removed`` ablated, kept as a :class:`Trail`. From ``start`` (the trail of a set
+    that ``removed`` contains) the replay begins at the earliest layer of the heads ``removed`` adds, on the stream
+    ``start`` holds there; else at the earliest layer of ``removed``. Numbers equal :func:`replay_scores` of the set
+    alone."""
+    n_layers = model.n_layers
+    heads = frozenset(r.site.head for r in removed)
+    if start is not None and (start.streams is None or not start.heads <= heads):
+        start = None
+    begin = min((h.layer for h in heads - (start.heads if start is not None else frozenset())), default=n_layers)
+    if start is not None and begin >= n_layers:
+        return Trail(heads, start.first, start.streams, start.scores)
+    first = begin if start is None else min(begin, start.first)
+    table = ScoreTable(plan)
+    streams: list[list[Tensor]] = []
+    for i, chunk in enumerate(prefixes.chunks):
+        prefix = prefixes.get(i)
+        if begin >= n_layers:  # nothing removed: the intact model
+            table.add(chunk, _clean_logprobs(prefix, chunk))
+            streams.append([])
+            continue
+        kept = start.streams[i][:begin - start.first] if start is not None and start.streams else []
+        x = start.hidden(i, prefix, begin) if start is not None else prefix.hidden(begin)
+        own = []
+        with model.hooks(ablation_hooks(list(removed))):
+            for layer in range(begin, n_layers):
+                own.append(x)
+                x = replay(model, prefix, layer, hidden=x, stop=layer + 1)
+        if prefixes.keep:
+            streams.append(list(kept) + own)
+        rows, pos, inverse = chunk.reads
+        table.add(chunk, head_logprobs(output_head(model), at_reads(x, rows, pos), chunk.read_tok, inverse))
+    return Trail(heads, first, streams if prefixes.keep else None, table.result())
+
+
 @torch.no_grad()
 def added_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, base: Sequence[Replacement],
-                 extras: Sequence[Replacement]) -> list[CandidateScores]:
+                 extras: Sequence[Replacement], trail: Trail | None = None) -> list[CandidateScores]:
     """Scores of ``plan`` with ``base`` removed and then with ``base`` plus each of ``extras`` (one head more each):
-    ``len(extras) + 1`` results, ``base`` alone first. The base replay keeps the residual stream entering each
-    layer an extra sits at, and each extra replays from its own layer only (e.g. a circuit's heads left out one at a
-    time). Numbers equal :func:`replay_scores` of each set alone."""
-    n_layers = model.n_layers
-    starts = sorted({r.site.head.layer for r in extras})
-    base_start = min((r.site.head.layer for r in base), default=n_layers)
-    tables = [ScoreTable(plan) for _ in range(len(extras) + 1)]
+    ``len(extras) + 1`` results, ``base`` alone first. The base's replay is kept block by block (``trail``: its
+    :class:`Trail` from before, else :func:`trail_scores` now) and each extra replays from its own layer only (e.g.
+    a circuit's heads left out one at a time). Numbers equal :func:`replay_scores` of each set alone."""
+    if trail is None or trail.streams is None or trail.heads != frozenset(r.site.head for r in base):
+        trail = trail_scores(model, plan, prefixes, base)
+    tables = [ScoreTable(plan) for _ in extras]
     for i, chunk in enumerate(prefixes.chunks):
         prefix = prefixes.get(i)
         rows, pos, inverse = chunk.reads
-        state: dict[int, Tensor] = {}
-        if base_start < n_layers:
-            cuts = [s for s in starts if s > base_start]
-            x = prefix.hidden(base_start)
-            with model.hooks(ablation_hooks(list(base))):
-                for a, b in zip([base_start] + cuts, cuts + [n_layers]):
-                    x = replay(model, prefix, a, hidden=x, stop=b)
-                    if b < n_layers:
-                        state[b] = x
-            logp = head_logprobs(output_head(model), at_reads(x, rows, pos), chunk.read_tok, inverse)
-        else:
-            logp = _clean_logprobs(prefix, chunk)
-        tables[0].add(chunk, logp)
-        for k, extra in enumerate(extras, start=1):
+        for table, extra in zip(tables, extras):
             start = extra.site.head.layer
-            x = state[start] if start in state else prefix.hidden(start)  # below the base: the clean stream
+            if trail.streams is None:  # (prefixes too large to keep: nor is the base's stream) from the clean one
+                start = min(start, trail.first)
+            x = trail.hidden(i, prefix, start) if trail.streams is not None else None
             with model.hooks(ablation_hooks([*base, extra])):
                 x = replay(model, prefix, start, hidden=x)
-            tables[k].add(chunk, head_logprobs(output_head(model), at_reads(x, rows, pos), chunk.read_tok, inverse))
-    return [t.result() for t in tables]
+            table.add(chunk, head_logprobs(output_head(model), at_reads(x, rows, pos), chunk.read_tok, inverse))
+    return [trail.scores] + [t.result() for t in tables]
 
 
 @dataclass(frozen=True)
@@ -810,10 +853,20 @@ class SetAblation(PlanRunner):
             return nested_scores(self.model, self.plan, self.prefixes, replaced)
         return [self.run(s) for s in sets]
 
-    def run_added(self, base: Sequence[HeadRef | str], extras: Sequence[HeadRef | str]) -> list[CandidateScores]:
+    def run_trail(self, heads: Sequence[HeadRef | str], start: Trail | None = None) -> Trail:
+        """Scores with ``heads`` removed, the replay kept block by block (:func:`trail_scores`; ``start``: the trail
+        of a set ``heads`` contains, replayed on from the earliest layer of the heads added). Without fast replays,
+        :meth:`run`'s scores and no streams."""
+        replaced = self.replaced(heads)
+        if self.prefixes is None:
+            return Trail(frozenset(r.site.head for r in replaced), self.model.n_layers, None, self.run(heads))
+        return trail_scores(self.model, self.plan, self.prefixes, replaced, start)
+
+    def run_added(self, base: Sequence[HeadRef | str], extras: Sequence[HeadRef | str], trail: Trail | None = None
+                  ) -> list[CandidateScores]:
         """Scores with ``base`` removed, then with ``base`` and each of ``extras`` removed (``len(extras) + 1``
         results): each extra replays from its own layer, from the base's residual stream there
-        (:func:`added_scores`)."""
+        (:func:`added_scores`; ``trail``: the base's own from :meth:`run_trail`, read instead of replaying it)."""
         replaced, more = self.replaced(base), self.replaced(extras)
         if len(more) != len(list(extras)):
             raise InputError("run_added takes distinct extra heads")
@@ -822,8 +875,10 @@ class SetAblation(PlanRunner):
             raise InputError(f"run_added's extras must be outside the base set; {sorted(h.name for h in inside)} "
                              f"are in both")
         if self.prefixes is not None:
-            return added_scores(self.model, self.plan, self.prefixes, replaced, more)
-        return [self.run(list(base))] + [self.run([*base, h]) for h in extras]
+            return added_scores(self.model, self.plan, self.prefixes, replaced, more, trail)
+        own = trail is not None and trail.heads == frozenset(r.site.head for r in replaced)
+        return [trail.scores if trail is not None and own else self.run(list(base))] + \
+            [self.run([*base, h]) for h in extras]
 
     def run_many(self, sets: Sequence[Sequence[HeadRef | str]]) -> list[CandidateScores]:
         """Scores with each of ``sets`` removed (each set's heads together), in the order given: the numbers of

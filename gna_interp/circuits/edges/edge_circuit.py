@@ -412,12 +412,17 @@ class EdgeCircuit:
             table.add(chunk, self._chunk(i, keep))
         return table.result()
 
-    def _changed(self, reference: dict[str, Tensor], changes: Sequence[Collection[Edge]], keep: bool
-                 ) -> list[CandidateScores]:
+    def _record(self, index: int) -> "_Record":
+        """An empty record for a pass of chunk ``index`` (keys and values kept where its blocks continue a cache)."""
+        return _Record(kv={} if KeyValues.supported(self.model, self.pp.prefixes.get(index)) else None)
+
+    def _changed(self, reference: dict[str, Tensor], changes: Sequence[Collection[Edge]], keep: bool,
+                 records: "list[_Record] | None" = None) -> list[CandidateScores]:
         """Scores with each of ``changes`` kept (``keep``) or left out on top of the circuit ``reference`` (a
-        :meth:`_keep` map): per batch, one recorded pass of ``reference``, then each change from the first block
-        whose inputs it touches (the blocks before read what the reference's read). Blocks that normalise their
-        mixers' output keep patterns of their own per circuit, so there every change runs from the first block."""
+        :meth:`_keep` map): per batch, one recorded pass of ``reference`` (``records``: those of a pass before,
+        :meth:`run_recorded`), then each change from the first block whose inputs it touches (the blocks before read
+        what the reference's read). Blocks that normalise their mixers' output keep patterns of their own per
+        circuit, so there every change runs from the first block."""
         variants, starts = [], []
         for edges in changes:
             k = {r: reference[r].clone() for r in {w.reads for w in edges} if r in reference}
@@ -429,9 +434,8 @@ class EdgeCircuit:
                                                      default=self.model.n_layers))
         tables = [ScoreTable(self.pp.plan) for _ in variants]
         for i, chunk in enumerate(self.pp.chunks):
-            rec = _Record(kv={} if KeyValues.supported(self.model, self.pp.prefixes.get(i)) else None) \
-                if any(starts) else None
-            if rec is not None:
+            rec = None if not any(starts) else records[i] if records is not None else self._record(i)
+            if rec is not None and records is None:
                 self._chunk(i, reference, record=rec)
             by_class = _classes(self.pp.masks(chunk)) if rec is not None and rec.kv is not None else None
             for table, (k, classes), first in zip(tables, variants, starts):
@@ -457,10 +461,26 @@ class EdgeCircuit:
         return self._changed(every, sets, keep=False)
 
     @torch.no_grad()
-    def run_left_out(self, circuit: Collection[Edge], members: Sequence[Edge]) -> list[CandidateScores]:
+    def run_recorded(self, kept: Collection[Edge]) -> "tuple[CandidateScores, list[_Record] | None]":
+        """Scores of the task with only ``kept`` carrying activations (:meth:`run`), and each batch's pass recorded
+        (None where changes run from the first block anyway): :meth:`run_left_out` of the same circuit starts its
+        members from these instead of a pass of its own."""
+        keep = self._keep(kept)
+        if self._after:
+            return self._scores(keep), None
+        table, records = ScoreTable(self.pp.plan), []
+        for i, chunk in enumerate(self.pp.chunks):
+            records.append(self._record(i))
+            table.add(chunk, self._chunk(i, keep, record=records[-1]))
+        return table.result(), records
+
+    @torch.no_grad()
+    def run_left_out(self, circuit: Collection[Edge], members: Sequence[Edge],
+                     records: "list[_Record] | None" = None) -> list[CandidateScores]:
         """Scores of the task with only ``circuit`` kept, less each of ``members`` in turn (its own contribution
-        to the circuit), each run from the first block that reads the member, on the circuit's pass before it."""
-        return self._changed(self._keep(circuit), [[w] for w in members], keep=False)
+        to the circuit), each run from the first block that reads the member, on the circuit's pass before it
+        (``records``: the circuit's own from :meth:`run_recorded`, else one pass now)."""
+        return self._changed(self._keep(circuit), [[w] for w in members], keep=False, records=records)
 
     def clean(self) -> CandidateScores:
         """Scores of the intact model."""

@@ -421,12 +421,21 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
         got = dict(zip(ks, (results(s) for s in runner.run_nested(complements))))
         return [got[k] for k in sorted(set(ks))]
 
-    def each_left_out(circuit: Sequence[HeadRef], members: Sequence[HeadRef]) -> list[Results]:
-        """``circuit`` with each of ``members`` left out: one more head ablated each, replayed from its layer."""
-        return [results(r) for r in runner.run_added(_outside(every, circuit), members)[1:]]
+    passes = _Passes()
 
-    return _measure(runner.method, "heads", order, every, sizes, cfg, series,
-                    lambda circuit: results(runner.run(_outside(every, circuit))), each_left_out)
+    def kept(circuit: Sequence[HeadRef]) -> Results:
+        """One circuit, its replay kept (:meth:`SetAblation.run_trail`) and started on the smallest kept circuit
+        containing it, from the earliest layer of the heads it ablates beyond that one."""
+        trail = runner.run_trail(_outside(every, circuit), passes.around(circuit))
+        passes.add(circuit, trail)
+        return results(trail.scores)
+
+    def each_left_out(circuit: Sequence[HeadRef], members: Sequence[HeadRef]) -> list[Results]:
+        """``circuit`` with each of ``members`` left out: one more head ablated each, replayed from its layer on the
+        circuit's kept replay."""
+        return [results(r) for r in runner.run_added(_outside(every, circuit), members, passes.of(circuit))[1:]]
+
+    return _measure(runner.method, "heads", order, every, sizes, cfg, series, kept, each_left_out)
 
 
 def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence[Edge] | GraphScores | Any",
@@ -472,14 +481,21 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
     intact = results(ec.clean())
 
     known = {n: intact, **({0: empty} if empty is not None and senders == "heads" else {})}
+    passes = _Passes()
+
+    def kept(circuit: Sequence[Any]) -> Results:
+        """One edge circuit, its pass recorded (:meth:`EdgeCircuit.run_recorded`) for its members' contributions."""
+        scores, records = ec.run_recorded(circuit)
+        passes.add(circuit, records)
+        return results(scores)
 
     def series(wires: Sequence[Any], ks: Sequence[int]) -> list[Results]:
         todo = [k for k in ks if k not in known]
         got = {**known, **dict(zip(todo, (results(r) for r in ec.run([wires[:k] for k in todo]))))}
         return [got[k] for k in ks]
 
-    fx = _measure(cfg.method, "edges", order, every, sizes, cfg, series, lambda c: results(ec.run([c])[0]),
-                  lambda circuit, members: [results(r) for r in ec.run_left_out(circuit, members)])
+    fx = _measure(cfg.method, "edges", order, every, sizes, cfg, series, kept,
+                  lambda circuit, members: [results(r) for r in ec.run_left_out(circuit, members, passes.of(circuit))])
     if isinstance(table, pd.DataFrame):
         ranked_frame = ec.from_screen(table)
         fx.scores = dict(zip(ranked_frame["wire"], ranked_frame["score"]))
@@ -506,6 +522,36 @@ def _measure(method: str, unit: str, order: list[Any], pool: list[Any], sizes: l
             fx.points.append(("random", seed, perm[:k], res))
     _smallest(fx, kept, order, by_size, cfg.minimality, float(cfg.precision), left_out)
     return fx
+
+
+class _Passes:
+    """What a search for the smallest circuit keeps of the circuits it runs (a head set's
+    :class:`~gna_interp.engine.replay.Trail`, an edge circuit's recorded passes): the latest circuit's and the
+    smallest kept one containing it. A bisection's next candidate lies inside its bracket's upper end, which is one
+    of the two, and the smallest circuit's members are left out on its own; no other pass serves either."""
+
+    def __init__(self) -> None:
+        self.kept: dict[frozenset[Any], Any] = {}
+
+    def around(self, circuit: Collection[Any]) -> Any:
+        """The pass of the smallest kept circuit that contains ``circuit`` (None: none)."""
+        c = frozenset(circuit)
+        inside = [k for k in self.kept if c <= k]
+        return self.kept[min(inside, key=len)] if inside else None
+
+    def of(self, circuit: Collection[Any]) -> Any:
+        """The pass of ``circuit`` itself, where kept (else None)."""
+        return self.kept.get(frozenset(circuit))
+
+    def add(self, circuit: Collection[Any], run: Any) -> None:
+        """Keep ``run``, the pass of ``circuit``, and drop every other pass but the smallest kept one containing it."""
+        c = frozenset(circuit)
+        inside = [k for k in self.kept if c < k]
+        keep = {c: run} if run is not None else {}
+        if inside:
+            k = min(inside, key=len)
+            keep[k] = self.kept[k]
+        self.kept = keep
 
 
 def _outside(every: list[HeadRef], circuit: Sequence[HeadRef]) -> list[HeadRef]:
