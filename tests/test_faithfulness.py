@@ -199,7 +199,7 @@ def test_the_edges_stage_takes_the_scans_own_rows_and_measures_the_rest(tiny_mod
 
 
 def test_gna_circuit_quick_takes_the_light_counts_unless_given(tiny_models, tmp_path):
-    """``--quick``: the first 10 prompts, an edge precision of 0.1, one random series, no minimality, the scan's own
+    """``--quick``: the first 10 prompts, one random series, no minimality, the scan's own
     edge table, 20 verified edges, no random edge series; an option given beside it keeps its value; ``--samples N``
     measures on N prompts."""
     import pandas as pd

@@ -96,7 +96,7 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                         "series beside the ranked one, about a third more edge circuits)")
     p.add_argument("--edge-precision", type=_share, default=None,
                    help="stop the search for the smallest edge circuit once it is known to within this share of its "
-                        "size (default 0.05; --quick 0.1)")
+                        "size (default 0.1: finer than the interval of its fraction tells apart)")
     p.add_argument("--edge-minimality", type=at_least(0), default=None,
                    help="measure the own contribution of the smallest edge circuit's first N edges, each run from the "
                         "block that reads it (default 4; --quick 0)")
@@ -111,7 +111,7 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
 IG_STEPS_CAP = 1000  # integrated-gradient points of the screen (EAP-IG converges within tens)
 
 # The options --quick sets when they are not given: (default, quick).
-PRESETS = {"samples": (0, 10), "edge_precision": (0.05, 0.1), "seeds": (1, 1), "minimality": (5, 0), "edges": (5, 0),
+PRESETS = {"samples": (0, 10), "edge_precision": (0.1, 0.1), "seeds": (1, 1), "minimality": (5, 0), "edges": (5, 0),
            "verify": (40, 20), "edge_seeds": (0, 0),
            "edge_minimality": (4, 0)}
 

@@ -62,7 +62,7 @@ class SufficiencySettings:
     verify: int = 40
     ig_steps: int = 0
     edge_seeds: int = 0
-    edge_precision: float = 0.05
+    edge_precision: float = 0.1
     edge_minimality: int = 4
     batch_size: int = 16
     model: str | None = None
