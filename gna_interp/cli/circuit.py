@@ -84,7 +84,7 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                         "default: the scan's own edge table and roles)")
     p.add_argument("--verify", type=at_least(0), default=None,
                    help="screen every edge of the whole graph (embeddings, heads, MLPs -> heads' q/k/v, MLPs, logits) "
-                        "by edge attribution and measure N of them exactly (default 40, --quick 20: the strongest, the "
+                        "by edge attribution and measure N of them exactly (default 30, --quick 20: the strongest, the "
                         "strongest of each edge kind and a random draw; the agreement is read per kind; 0: no screen)")
     p.add_argument("--ig-steps", type=at_least(0, at_most=IG_STEPS_CAP,
                                                why_most="each step is a forward and a backward over every prompt; "
@@ -112,7 +112,7 @@ IG_STEPS_CAP = 1000  # integrated-gradient points of the screen (EAP-IG converge
 
 # The options --quick sets when they are not given: (default, quick).
 PRESETS = {"samples": (0, 10), "edge_precision": (0.1, 0.1), "seeds": (1, 1), "minimality": (5, 0), "edges": (5, 0),
-           "verify": (40, 20), "edge_seeds": (0, 0),
+           "verify": (30, 20), "edge_seeds": (0, 0),
            "edge_minimality": (4, 0)}
 
 

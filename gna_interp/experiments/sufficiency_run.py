@@ -59,7 +59,7 @@ class SufficiencySettings:
     seeds: int = 1
     minimality: int = 5
     edges: int = 5
-    verify: int = 40
+    verify: int = 30
     ig_steps: int = 0
     edge_seeds: int = 0
     edge_precision: float = 0.1
