@@ -533,6 +533,17 @@ def test_a_kept_trail_starts_the_sets_that_contain_it(tiny_models, family):
     assert added[0] is trail.scores
     other = runner.run_trail([heads[1]], start=trail)  # not a superset of the trail's set: replayed on its own
     torch.testing.assert_close(other.scores.scores, runner.run([heads[1]]).scores, atol=1e-5, rtol=0)
+    mid = [h for h in heads if 0 < h.layer < heads[-1].layer][:1]
+    later = runner.run_trail(mid + late)  # a head added below the trail's first layer: the streams from there
+    below = runner.run_trail([*mid, *late, heads[0]], start=later)
+    assert mid and below.first == heads[0].layer and len(below.streams[0]) == model.n_layers - heads[0].layer
+    torch.testing.assert_close(below.scores.scores, runner.run([*mid, *late, heads[0]]).scores, atol=1e-5, rtol=0)
+    twin = next(h for h in heads if h.layer == mid[0].layer and h != mid[0])  # from below's stream at its layer
+    with replayed_blocks() as blocks:
+        deeper = runner.run_trail([*mid, *late, heads[0], twin], start=below)
+        assert blocks.pop() == len(runner.prefixes.chunks) * (model.n_layers - twin.layer)
+    torch.testing.assert_close(deeper.scores.scores, runner.run([*mid, *late, heads[0], twin]).scores, atol=1e-5,
+                               rtol=0)
 
 
 def test_stages_share_one_clean_pass_per_task(tiny_models, monkeypatch):

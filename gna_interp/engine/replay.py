@@ -48,9 +48,9 @@ from gna_interp.engine.layout import Chunk, distinct_reads, layout_chunks
 from gna_interp.engine.plan import CandidateScores, ScoringPlan, plan_of
 from gna_interp.engine.unembed import read_logprobs
 
-__all__ = ["Interventions", "KeyValues", "PlanRunner", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "capture",
-           "Trail", "default_stack", "nested_scores", "prefixes_for", "recording", "replay", "replay_scores", "shared_prefixes",
-           "trail_scores", "verify_replay"]
+__all__ = ["Interventions", "KeyValues", "PlanRunner", "Prefix", "Prefixes", "ReplayMismatch", "SetAblation", "Trail",
+           "capture", "default_stack", "nested_scores", "prefixes_for", "recording", "replay", "replay_scores",
+           "shared_prefixes", "trail_scores", "verify_replay"]
 
 DEFAULT_PREFIX_BYTES = 2 << 30
 Interventions = Sequence[Intervention] | Callable[[Chunk], Sequence[Intervention]]
@@ -607,7 +607,7 @@ def trail_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, removed: S
             table.add(chunk, _clean_logprobs(prefix, chunk))
             streams.append([])
             continue
-        kept = start.streams[i][:begin - start.first] if start is not None and start.streams else []
+        kept = start.streams[i][:max(0, begin - start.first)] if start is not None and start.streams else []
         x = start.hidden(i, prefix, begin) if start is not None else prefix.hidden(begin)
         own = []
         with model.hooks(ablation_hooks(list(removed))):
@@ -628,7 +628,7 @@ def added_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, base: Sequ
     ``len(extras) + 1`` results, ``base`` alone first. The base's replay is kept block by block (``trail``: its
     :class:`Trail` from before, else :func:`trail_scores` now) and each extra replays from its own layer only (e.g.
     a circuit's heads left out one at a time). Numbers equal :func:`replay_scores` of each set alone."""
-    if trail is None or trail.streams is None or trail.heads != frozenset(r.site.head for r in base):
+    if trail is None or trail.heads != frozenset(r.site.head for r in base):
         trail = trail_scores(model, plan, prefixes, base)
     tables = [ScoreTable(plan) for _ in extras]
     for i, chunk in enumerate(prefixes.chunks):
