@@ -378,6 +378,10 @@ def test_leaving_edges_out_from_their_block_equals_the_whole_pass(circuits, fami
     assert len(passes) == len(members) * len(ec.pp.chunks)
     for g, w in zip(again, want):
         assert torch.allclose(results(g)["logit_diff"], results(w)["logit_diff"], atol=1e-5)
+    with pytest.raises(InputError, match="not this circuit's passes"):  # another circuit's records
+        ec.run_left_out(circuit[1:], members[1:], records)
+    with pytest.raises(InputError, match="not this circuit's passes"):
+        ec.run_left_out(circuit, members, records[:-1] if len(records) > 1 else records + records)
 
 
 def test_the_kept_stream_means_follow_the_weights(tiny_dirs):

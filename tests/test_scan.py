@@ -531,6 +531,10 @@ def test_a_kept_trail_starts_the_sets_that_contain_it(tiny_models, family):
     for g, w in zip(added, alone):
         torch.testing.assert_close(g.scores, w.scores, atol=1e-5, rtol=0)
     assert added[0] is trail.scores
+    other_batches = SetAblation(model, TASK, "mean", TASK, batch_size=3)  # another runner's trail is never read
+    for g, w in zip(other_batches.run_added(base, [late[0]], trail), other_batches.run_added(base, [late[0]])):
+        torch.testing.assert_close(g.scores, w.scores, atol=1e-6, rtol=0)
+    assert other_batches.run_trail([*base, late[0]], start=trail).first == min(h.layer for h in [*base, late[0]])
     other = runner.run_trail([heads[1]], start=trail)  # not a superset of the trail's set: replayed on its own
     torch.testing.assert_close(other.scores.scores, runner.run([heads[1]]).scores, atol=1e-5, rtol=0)
     mid = [h for h in heads if 0 < h.layer < heads[-1].layer][:1]

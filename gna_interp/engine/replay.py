@@ -571,12 +571,14 @@ class Trail:
     """One removed set's replay kept block by block (:func:`trail_scores`): its ``scores`` and, per chunk, the
     residual stream entering each block from ``first`` on (the blocks before it read the clean stream); ``streams``
     None where the prefixes are not kept either (:attr:`Prefixes.keep`). A set containing ``heads`` starts from it
-    at the earliest layer of the heads it adds; a set of one head more is a circuit's member left out."""
+    at the earliest layer of the heads it adds; a set of one head more is a circuit's member left out. ``prefixes``:
+    the batches it replayed (a trail of others is never read)."""
 
     heads: frozenset[HeadRef]
     first: int
     streams: list[list[Tensor]] | None
     scores: CandidateScores
+    prefixes: "Prefixes | None" = None
 
     def hidden(self, index: int, prefix: Prefix, layer: int) -> Float[Tensor, "batch pos d_model"]:
         """The stream entering block ``layer`` of chunk ``index`` (``prefix``: its clean prefix) under this set."""
@@ -593,11 +595,11 @@ def trail_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, removed: S
     alone."""
     n_layers = model.n_layers
     heads = frozenset(r.site.head for r in removed)
-    if start is not None and (start.streams is None or not start.heads <= heads):
+    if start is not None and (start.streams is None or start.prefixes is not prefixes or not start.heads <= heads):
         start = None
     begin = min((h.layer for h in heads - (start.heads if start is not None else frozenset())), default=n_layers)
     if start is not None and begin >= n_layers:
-        return Trail(heads, start.first, start.streams, start.scores)
+        return Trail(heads, start.first, start.streams, start.scores, prefixes)
     first = begin if start is None else min(begin, start.first)
     table = ScoreTable(plan)
     streams: list[list[Tensor]] = []
@@ -618,7 +620,7 @@ def trail_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, removed: S
             streams.append(list(kept) + own)
         rows, pos, inverse = chunk.reads
         table.add(chunk, head_logprobs(output_head(model), at_reads(x, rows, pos), chunk.read_tok, inverse))
-    return Trail(heads, first, streams if prefixes.keep else None, table.result())
+    return Trail(heads, first, streams if prefixes.keep else None, table.result(), prefixes)
 
 
 @torch.no_grad()
@@ -628,7 +630,7 @@ def added_scores(model: Model, plan: ScoringPlan, prefixes: Prefixes, base: Sequ
     ``len(extras) + 1`` results, ``base`` alone first. The base's replay is kept block by block (``trail``: its
     :class:`Trail` from before, else :func:`trail_scores` now) and each extra replays from its own layer only (e.g.
     a circuit's heads left out one at a time). Numbers equal :func:`replay_scores` of each set alone."""
-    if trail is None or trail.heads != frozenset(r.site.head for r in base):
+    if trail is None or trail.prefixes is not prefixes or trail.heads != frozenset(r.site.head for r in base):
         trail = trail_scores(model, plan, prefixes, base)
     tables = [ScoreTable(plan) for _ in extras]
     for i, chunk in enumerate(prefixes.chunks):
@@ -866,7 +868,8 @@ class SetAblation(PlanRunner):
                   ) -> list[CandidateScores]:
         """Scores with ``base`` removed, then with ``base`` and each of ``extras`` removed (``len(extras) + 1``
         results): each extra replays from its own layer, from the base's residual stream there
-        (:func:`added_scores`; ``trail``: the base's own from :meth:`run_trail`, read instead of replaying it)."""
+        (:func:`added_scores`; ``trail``: the base's own from :meth:`run_trail` on this runner's batches, read
+        instead of replaying it; without fast replays every set is run)."""
         replaced, more = self.replaced(base), self.replaced(extras)
         if len(more) != len(list(extras)):
             raise InputError("run_added takes distinct extra heads")
@@ -876,9 +879,7 @@ class SetAblation(PlanRunner):
                              f"are in both")
         if self.prefixes is not None:
             return added_scores(self.model, self.plan, self.prefixes, replaced, more, trail)
-        own = trail is not None and trail.heads == frozenset(r.site.head for r in replaced)
-        return [trail.scores if trail is not None and own else self.run(list(base))] + \
-            [self.run([*base, h]) for h in extras]
+        return [self.run(list(base))] + [self.run([*base, h]) for h in extras]
 
     def run_many(self, sets: Sequence[Sequence[HeadRef | str]]) -> list[CandidateScores]:
         """Scores with each of ``sets`` removed (each set's heads together), in the order given: the numbers of

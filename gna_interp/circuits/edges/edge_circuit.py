@@ -471,6 +471,7 @@ class EdgeCircuit:
         table, records = ScoreTable(self.pp.plan), []
         for i, chunk in enumerate(self.pp.chunks):
             records.append(self._record(i))
+            records[-1].keep = keep
             table.add(chunk, self._chunk(i, keep, record=records[-1]))
         return table.result(), records
 
@@ -479,8 +480,15 @@ class EdgeCircuit:
                      records: "list[_Record] | None" = None) -> list[CandidateScores]:
         """Scores of the task with only ``circuit`` kept, less each of ``members`` in turn (its own contribution
         to the circuit), each run from the first block that reads the member, on the circuit's pass before it
-        (``records``: the circuit's own from :meth:`run_recorded`, else one pass now)."""
-        return self._changed(self._keep(circuit), [[w] for w in members], keep=False, records=records)
+        (``records``: the circuit's own from :meth:`run_recorded`, else one pass now; those of another circuit, or
+        of another model's or task's batches, are refused)."""
+        keep = self._keep(circuit)
+        if records is not None and (len(records) != len(self.pp.chunks) or any(
+                r.keep is None or r.keep.keys() != keep.keys() or any(not torch.equal(r.keep[k], v)
+                                                                       for k, v in keep.items()) for r in records)):
+            raise InputError("run_left_out's records are not this circuit's passes on these batches: pass the "
+                             "records run_recorded returned for the same circuit, or none")
+        return self._changed(keep, [[w] for w in members], keep=False, records=records)
 
     def clean(self) -> CandidateScores:
         """Scores of the intact model."""
@@ -539,11 +547,13 @@ class _Record:
     pass started from the record reads the rows before it from here and writes its own from there on); ``kv``
     each attention block's keys and values (``{}`` until the pass records them; None where the model's blocks do not
     continue a cache: :class:`~gna_interp.engine.replay.KeyValues`), so that a pass that agrees with it before some
-    position runs only the positions from there."""
+    position runs only the positions from there; ``keep``: the circuit recorded (its :meth:`EdgeCircuit._keep` map),
+    set by :meth:`EdgeCircuit.run_recorded`."""
 
     states: dict[int, tuple[Tensor, Tensor, int]] = field(default_factory=dict)
     buf: list["_Rows"] | None = None
     kv: dict[int, tuple[Tensor, Tensor]] | None = field(default_factory=dict)
+    keep: dict[str, Tensor] | None = None
 
 
 @dataclass(frozen=True)
