@@ -172,7 +172,8 @@ def test_the_metrics_weights_come_from_the_screens_own_intact_forward(models, fa
     assert straddles == (family == "mamba2") and len(cleans) == int(straddles)
     assert split.intact == pytest.approx(LOGIT_DIFF.value(results(real(pp))), abs=1e-5)
     assert split.intact == pytest.approx(whole.intact, abs=1e-5)
-    assert split.table["score"].to_numpy() == pytest.approx(whole.table["score"].to_numpy(), abs=1e-5)
+    scores = whole.table["score"].to_numpy()  # float32 sums over other batch shapes: rounding at 1e-4 of the largest
+    assert split.table["score"].to_numpy() == pytest.approx(scores, abs=1e-4 * float(abs(scores).max()))
 
 
 def test_the_batched_products_back_to_the_stream_equal_one_product_each(models, monkeypatch):

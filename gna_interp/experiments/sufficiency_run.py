@@ -280,6 +280,9 @@ def _screen_intact(info: dict[str, Any], out: Path) -> float:
     return float(value)
 
 
+EDGE_STAGES = ("edges", "screen", "edge_circuits")  # edge replays: temporaries from the heap (gna_interp.allocator)
+
+
 def run_sufficiency(model: "Model", task: "Task", scan: ScanSnapshot, folder: str | Path,
                     settings: SufficiencySettings, resume: bool = False, say: Callable[[str], Any] = print,
                     stage: Callable[[str], ContextManager[Any]] = lambda label: contextlib.nullcontext()
@@ -289,6 +292,7 @@ def run_sufficiency(model: "Model", task: "Task", scan: ScanSnapshot, folder: st
     same scan run and settings) are read back instead. ``say`` prints a stage's report, ``stage(label)`` wraps each
     stage (the command line's stage lines). Each stage's cost is measured (:class:`~gna_interp.engine.profile.Meter`)
     and recorded beside it in ``circuit_run.json`` (``profile``)."""
+    from gna_interp.allocator import heap_temporaries
     from gna_interp.engine.profile import Meter
     from gna_interp.engine.replay import shared_prefixes
 
@@ -303,7 +307,7 @@ def run_sufficiency(model: "Model", task: "Task", scan: ScanSnapshot, folder: st
             resumed = log.done(name) is not None
             if resumed:
                 res.resumed.append(name)
-            with meter.stage() as cost:
+            with meter.stage() as cost, heap_temporaries() if name in EDGE_STAGES else contextlib.nullcontext():
                 step(ctx, res)
             if not resumed and log.done(name) is not None:  # the stage ran (a stage turned off marks nothing)
                 res.profile[name] = cost

@@ -79,6 +79,7 @@ __all__ = ["EdgeCircuit", "whole_circuit"]
 SCOPES: tuple[str, ...] = ("heads", "all")
 SUPPORTED = "edge_circuit.refusal"  # Model.facts key: why edge circuits cannot run on the model ("" where they can)
 POSTS = "edge_circuit.posts"  # Model.facts key: each block's checked maps from its mixers' and MLP's outputs
+SPARE = 6  # finished passes' sender rows kept for the next pass, one block per shape (_Rows.give_back)
 FEW = 0.25  # a stream sum copies the rows of the senders it reads where they are fewer than this share of them
 
 
@@ -135,6 +136,7 @@ class EdgeCircuit:
         self._reference, self._kept_means = reference, None  # the stream means, computed when first read
         self._bars: dict[str, Tensor] = {}
         self._out_weights: dict[int, Tensor | None] = {}  # per layer: its heads' output weights stacked
+        self._spare: dict[tuple[int, ...], Tensor] = {}  # a finished pass's rows, by shape, for the next pass
         self._layout()
 
     @staticmethod
@@ -317,20 +319,32 @@ class EdgeCircuit:
         means = model.mean_activations(reference, list(names.values()))
         return {k: means[h] for k, h in names.items()}
 
+    def _stacked(self, layer: int) -> Tensor | None:
+        """Block ``layer``'s heads' columns of their output projections, stacked (``[heads, width, d_model]``), or
+        None where its heads have channels of different widths."""
+        if layer not in self._out_weights:
+            heads = self._layer_heads[layer]
+            widths = {self._sites[h].stop - self._sites[h].start for h in heads}
+            self._out_weights[layer] = None if len(widths) != 1 else torch.stack(
+                [self.model.output_projection(h)[:, self._sites[h].columns].T for h in heads])
+        return self._out_weights[layer]
+
+    def _deltas(self, layer: int, zs: dict[HeadRef, Tensor]) -> Float[Tensor, "heads flat width"]:
+        """Each head of block ``layer``'s ``z - z̄``, flat over batch and position, in the stacked weights' dtype."""
+        heads = self._layer_heads[layer]
+        w = self._stacked(layer)
+        b, p = zs[heads[0]].shape[:2]
+        return torch.stack([zs[h] - self.repl[h].like(zs[h]) for h in heads]).to(w.dtype).reshape(len(heads), b * p, -1)
+
     def _head_writes(self, layer: int, zs: dict[HeadRef, Tensor]) -> Float[Tensor, "heads batch pos d_model"]:
         """Each head of block ``layer``'s ``(z - z̄) W_O[:, S]ᵀ`` (:func:`~gna_interp.circuits.edges.paths.linear_write`),
         in one batched product where the block's heads have channels of one width (their weights stacked once)."""
         heads = self._layer_heads[layer]
-        if layer not in self._out_weights:
-            widths = {self._sites[h].stop - self._sites[h].start for h in heads}
-            self._out_weights[layer] = None if len(widths) != 1 else torch.stack(
-                [self.model.output_projection(h)[:, self._sites[h].columns].T for h in heads])
-        w = self._out_weights[layer]
+        w = self._stacked(layer)
         if w is None:
             return torch.stack([linear_write(self.model, self.repl[h], zs[h]) for h in heads])
         b, p = zs[heads[0]].shape[:2]
-        delta = torch.stack([zs[h] - self.repl[h].like(zs[h]) for h in heads]).to(w.dtype)  # [heads, b, p, width]
-        return torch.bmm(delta.reshape(len(heads), b * p, -1), w).view(len(heads), b, p, -1)
+        return torch.bmm(self._deltas(layer, zs), w).view(len(heads), b, p, -1)
 
     def _post(self, sender: str) -> PostMap:
         """The map from an MLP's output to the stream (its block's ``g``); the identity for the embeddings."""
@@ -389,7 +403,11 @@ class EdgeCircuit:
             record.buf = run.buf
             record.kv = run.tap.kv if run.tap is not None and sorted(run.tap.kv) == list(range(self.model.n_layers)) \
                 else None
-        return run.logprobs()
+        out = run.logprobs()
+        if record is None:
+            for part in run.buf:
+                part.give_back(self._spare)
+        return out
 
     def _plain_from(self, keep: dict[str, Tensor]) -> int:
         """The first block from which every receiver input (the logits among them) keeps every edge into it
@@ -602,12 +620,32 @@ class _Rows:
     the rest this pass's own (``own``, zeros until written)."""
 
     def __init__(self, n: int, positions: int, d: int, device: Any, unwritten: Tensor, shared: Tensor | None = None,
-                 split: int = 0) -> None:
+                 split: int = 0, spare: dict[tuple[int, ...], Tensor] | None = None) -> None:
         self.shared, self.split = shared, split
         # every row is written before a product reads it, but those of ``unwritten`` (senders whose write is in ``B``
-        # or in a block's table), which must read zero (a product's zero coefficient times garbage may be NaN)
-        self.own = torch.empty(n - split, positions, d, dtype=torch.float32, device=device)
+        # or in a block's table), which must read zero (a product's zero coefficient times garbage may be NaN); the
+        # rows of a finished pass (``spare``, by shape) are taken over as they are: a fresh block's pages cost their
+        # faults on every pass (gna_interp.allocator)
+        full = (n, positions, d)
+        whole = spare.pop(full, None) if spare is not None else None
+        if whole is None or whole.device != torch.device(device):
+            whole = torch.empty(full, dtype=torch.float32, device=device)
+        self._whole, self.own = whole, whole[:n - split]
         self.own[unwritten[unwritten >= split] - split] = 0.0
+
+    def give_back(self, spare: dict[tuple[int, ...], Tensor]) -> None:
+        """Leave this pass's rows to the next pass (``spare``: one block of each shape, of the :data:`SPARE` shapes
+        given back last -- a batch's three classes, of both batch sizes)."""
+        spare.pop(tuple(self._whole.shape), None)
+        spare[tuple(self._whole.shape)] = self._whole
+        while len(spare) > SPARE:
+            spare.pop(next(iter(spare)))
+
+    def rows(self, first: int, count: int) -> Tensor:
+        """The rows of the senders ``first .. first + count - 1`` (``[count, positions, d]``, contiguous), to be
+        written in place."""
+        assert first >= self.split, "a pass started from a record writes only the senders after it"
+        return self.own[first - self.split:first - self.split + count]
 
     def put(self, row: int, value: Tensor) -> None:
         """Write sender ``row``'s values (``[positions, d]``)."""
@@ -672,11 +710,11 @@ class _Pass:
                           for rows, lo, hi in zip(shared, bounds, bounds[1:])]
                 self.tap = KeyTap({layer: (k[..., :self.column, :], v[..., :self.column, :])
                                    for layer, (k, v) in start.record.kv.items() if layer >= start.layer})
-            self.buf = [_Rows(len(ec.senders), size, d, self.x.device, ec._unwritten, rows, self.filled)
+            self.buf = [_Rows(len(ec.senders), size, d, self.x.device, ec._unwritten, rows, self.filled, ec._spare)
                         for rows, size in zip(shared, sizes)]
             return
         self.x = self.prefix.hidden(0)
-        self.buf = [_Rows(len(ec.senders), size, d, self.x.device, ec._unwritten) for size in sizes]
+        self.buf = [_Rows(len(ec.senders), size, d, self.x.device, ec._unwritten, spare=ec._spare) for size in sizes]
         self.filled = 1
         if 0 in ec._fixed:  # kept by every circuit: part of B
             self.base = self.x
@@ -851,18 +889,39 @@ class _Pass:
         if not heads:
             self.base = self.base + (v - self.x)
             return
-        delta = ec._head_writes(layer, zs)
         if layer not in ec._after:  # f is linear
-            written = f(delta)
-            self._put_rows(rows, written)
-            self.base = self.base + (v - self.x) - written.sum(0).to(v.dtype)
+            self.base = self.base + (v - self.x) - self._linear_writes(layer, rows, zs, f.scale).to(v.dtype)
             return
-        delta = delta.float()
+        delta = ec._head_writes(layer, zs).float()
         y = sum(ios[ec.model.io_hook(path, "out")] for path in ec._projections[layer]).float()
         bar = self._all_ablated(layer, ios)
         f_bar = f(bar).float()
         self.tables.append(self._table(layer, rows, delta, y, bar, f_bar))
         self.base = self.base + f_bar.to(self.base.dtype)
+
+    def _linear_writes(self, layer: int, rows: list[int], zs: dict[HeadRef, Tensor], scale: float
+                       ) -> Float[Tensor, "batch pos d_model"]:
+        """Put block ``layer``'s heads' ``δ_h = s·(z_h - z̄_h) W_O[:, h]ᵀ`` into ``buf`` (its senders ``rows``) and
+        return their sum: where the heads' weights stack in float32 and their rows follow one another, each class's
+        products are written in place into its rows from the heads' channels at its positions (no ``[heads, batch,
+        pos, d_model]`` block is made, gathered and copied), and the sum is one product over every head's channels."""
+        ec = self.ec
+        w = ec._stacked(layer)
+        x = self.x
+        if w is None or w.dtype != torch.float32 or rows != list(range(rows[0], rows[0] + len(rows))):
+            written = ec._head_writes(layer, zs) * scale if scale != 1.0 else ec._head_writes(layer, zs)
+            self._put_rows(rows, written)
+            return written.sum(0)
+        z = ec._deltas(layer, zs)  # [heads, b * p, width]
+        for c, part in enumerate(self.buf):
+            lo, hi = self.bounds[c], self.bounds[c + 1]
+            if hi > lo:
+                out = part.rows(rows[0], len(rows))
+                torch.bmm(z[:, self.order[lo:hi]], w, out=out)
+                if scale != 1.0:
+                    out.mul_(scale)
+        total = z.transpose(0, 1).reshape(z.shape[1], -1) @ w.reshape(-1, w.shape[-1])
+        return (total * scale if scale != 1.0 else total).view(*x.shape[:2], -1)
 
     def _all_ablated(self, layer: int, ios: dict[str, Tensor]) -> Tensor:
         """``ȳ``: block ``layer``'s mixers' summed output with every head ablated -- each output projection run on its
