@@ -9,12 +9,14 @@ tokens on 2,698 rows: the process peaked at 3.4 GB for one pass over the vocabul
 threshold (:func:`pin_mmap_threshold`, ``mallopt(M_MMAP_THRESHOLD, ...)``) turns the raising off: blocks of 4 MiB or
 more come from ``mmap`` and go back when freed, so the heap holds at most a block of each smaller size.
 
-A block served from ``mmap`` costs its pages' faults each time it is made: an edge replay, which makes tens of large
-temporaries per block (stacked receiver streams, per-sender writes, their sums), faulted 2.3 M pages in one pass of an
-edge circuit on SmolLM2 (a third of the pass's 9.1 s). Inside :func:`heap_temporaries` blocks below 32 MiB (glibc's
+A block served from ``mmap`` costs its pages' faults each time it is made: one pass of an edge circuit on SmolLM2,
+which makes tens of large temporaries per block (stacked receiver streams, per-sender writes, their sums), faulted
+2.3 M pages (a third of the pass's 9.1 s). Code that makes the same large blocks over and over keeps them (an edge
+circuit's sender rows, gathers, products and sums). Inside :func:`heap_temporaries` blocks below 32 MiB (glibc's
 largest threshold) come from the heap and the heap keeps its free memory (``M_TRIM_THRESHOLD``), so later blocks
-reuse pages already mapped; on exit the pinned rule returns and the heap is trimmed (``malloc_trim``). The edge
-replay's own loops keep no small result per large temporary, the pattern that grows the heap.
+reuse pages already mapped; on exit the pinned rule returns and the heap is trimmed (``malloc_trim``). ``gna
+circuit`` runs its path patching and its screen so, whose loops keep no small result per large temporary (the pattern
+that grows the heap).
 """
 
 from __future__ import annotations

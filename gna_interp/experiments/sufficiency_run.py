@@ -280,7 +280,9 @@ def _screen_intact(info: dict[str, Any], out: Path) -> float:
     return float(value)
 
 
-EDGE_STAGES = ("edges", "screen", "edge_circuits")  # edge replays: temporaries from the heap (gna_interp.allocator)
+# path patching and the screen's gradient passes: temporaries from a heap that keeps its pages (gna_interp.allocator);
+# not the edge circuits, whose kept passes between the temporaries made that stage slower there (docs/measurements.md)
+HEAP_STAGES = ("edges", "screen")
 
 
 def run_sufficiency(model: "Model", task: "Task", scan: ScanSnapshot, folder: str | Path,
@@ -307,7 +309,7 @@ def run_sufficiency(model: "Model", task: "Task", scan: ScanSnapshot, folder: st
             resumed = log.done(name) is not None
             if resumed:
                 res.resumed.append(name)
-            with meter.stage() as cost, heap_temporaries() if name in EDGE_STAGES else contextlib.nullcontext():
+            with meter.stage() as cost, heap_temporaries() if name in HEAP_STAGES else contextlib.nullcontext():
                 step(ctx, res)
             if not resumed and log.done(name) is not None:  # the stage ran (a stage turned off marks nothing)
                 res.profile[name] = cost

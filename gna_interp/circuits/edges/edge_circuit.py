@@ -137,6 +137,7 @@ class EdgeCircuit:
         self._bars: dict[str, Tensor] = {}
         self._out_weights: dict[int, Tensor | None] = {}  # per layer: its heads' output weights stacked
         self._spare: dict[tuple[int, ...], Tensor] = {}  # a finished pass's rows, by shape, for the next pass
+        self._scratch = _Scratch()  # the passes' gathers, products and stream sums, one block each
         self._layout()
 
     @staticmethod
@@ -404,7 +405,7 @@ class EdgeCircuit:
             record.kv = run.tap.kv if run.tap is not None and sorted(run.tap.kv) == list(range(self.model.n_layers)) \
                 else None
         out = run.logprobs()
-        if record is None:
+        if record is None and not torch.is_grad_enabled():  # a differentiated pass's rows stay its graph's
             for part in run.buf:
                 part.give_back(self._spare)
         return out
@@ -657,23 +658,48 @@ class _Rows:
         assert first >= self.split, "a pass started from a record writes only the senders after it"
         self.own[first - self.split:first - self.split + len(values)] = values
 
-    def product(self, k: Float[Tensor, "streams n"], n: int, used: Tensor | None = None
+    def product(self, k: Float[Tensor, "streams n"], n: int, used: Tensor | None, scratch: "_Scratch"
                 ) -> Float[Tensor, "streams flat"]:
-        """``k @ rows[:n]`` flattened, or over the rows ``used`` alone (``k``'s columns still indexed by sender)."""
+        """``k @ rows[:n]`` flattened, or over the rows ``used`` alone (``k``'s columns still indexed by sender; their
+        rows gathered into ``scratch``), into ``scratch``'s block for it (read it before the next product)."""
         split = min(self.split, n)
         if used is not None:
             mine = used >= split
-            parts = [(k[:, used[~mine]], self.shared[used[~mine]]) if self.shared is not None and (~mine).any()
-                     else None, (k[:, used[mine]], self.own[used[mine] - self.split]) if mine.any() else None]
+            pieces = [(k[:, used[~mine]], self.shared, used[~mine]) if self.shared is not None and (~mine).any()
+                      else None, (k[:, used[mine]], self.own, used[mine] - self.split) if mine.any() else None]
         else:
-            parts = [(k[:, :split], self.shared[:split]) if split else None,
-                     (k[:, split:n], self.own[:n - split]) if n > split else None]
+            pieces = [(k[:, :split], self.shared[:split], None) if split else None,
+                      (k[:, split:n], self.own[:n - split], None) if n > split else None]
+        kept = not torch.is_grad_enabled()  # a differentiated pass makes its own blocks
         out = None
-        for coef, rows in (x for x in parts if x is not None):
-            term = torch.mm(coef, rows.reshape(rows.shape[0], -1))
-            out = term if out is None else out + term
+        for coef, src, idx in (x for x in pieces if x is not None):
+            rows = src if idx is None else torch.index_select(src, 0, idx) if not kept else torch.index_select(
+                src, 0, idx, out=scratch.take("gather", (len(idx), *src.shape[1:]), src.device))
+            rows = rows.reshape(rows.shape[0], -1)
+            if out is None:
+                out = torch.mm(coef, rows) if not kept else torch.mm(
+                    coef, rows, out=scratch.take("product", (coef.shape[0], rows.shape[1]), rows.device))
+            else:
+                out = out + torch.mm(coef, rows) if not kept else out.addmm_(coef, rows)
         assert out is not None
         return out
+
+
+class _Scratch:
+    """Blocks of float32 memory lent by name (a gather of sender rows, a product, a sum of streams), each kept for
+    the next use of that name: a block made afresh costs its page faults every time (:mod:`gna_interp.allocator`).
+    A block's contents last until its name is taken again."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], device: Any) -> Tensor:
+        """A ``shape`` view of block ``name`` (grown where too small)."""
+        n = int(np.prod(shape))
+        block = self.blocks.get(name)
+        if block is None or block.numel() < n or block.device != torch.device(device):
+            block = self.blocks[name] = torch.empty(n, dtype=torch.float32, device=device)
+        return block[:n].view(shape)
 
 
 class _Pass:
@@ -784,17 +810,19 @@ class _Pass:
     def _sums(self, k: Float[Tensor, "streams senders 3"]) -> Float[Tensor, "streams batch pos d"]:
         """``Σ_S (k[r, S] · classes) ⊙ buf[S]`` for each stream ``r``: per position class, one product of the
         streams' coefficients with the first ``n`` senders' rows of ``buf[c]`` (contiguous, read in place), or with a
-        copy of the rows of the senders some stream reads where they are fewer than :data:`FEW` of them (a copy's
-        fresh memory costs more than the product over a few more rows), scattered into the class's positions."""
+        copy of the rows of the senders some stream reads where they are fewer than :data:`FEW` of them, scattered into
+        the class's positions; the copy, the products and the sums are the circuit's kept blocks (:class:`_Scratch`),
+        read before the next call."""
         r, n = k.shape[:2]
         b, p, d = self.x.shape
         used = k.any(dim=2).any(dim=0).nonzero().flatten()
         few = len(used) < n * FEW
-        out = torch.zeros(r, b * p, d, dtype=torch.float32, device=self.x.device)
+        out = self.ec._scratch.take("sums", (r, b * p, d), self.x.device).zero_() if not torch.is_grad_enabled() \
+            else torch.zeros(r, b * p, d, dtype=torch.float32, device=self.x.device)
         for c, part in enumerate(self.buf):
             lo, hi = self.bounds[c], self.bounds[c + 1]
             if hi > lo and bool(k[:, :, c].any()):
-                got = part.product(k[:, :, c], n, used if few else None)
+                got = part.product(k[:, :, c], n, used if few else None, self.ec._scratch)
                 out.index_copy_(1, self.order[lo:hi], got.view(r, hi - lo, d))
         return out.view(r, b, p, d)
 
@@ -908,7 +936,8 @@ class _Pass:
         ec = self.ec
         w = ec._stacked(layer)
         x = self.x
-        if w is None or w.dtype != torch.float32 or rows != list(range(rows[0], rows[0] + len(rows))):
+        if w is None or w.dtype != torch.float32 or rows != list(range(rows[0], rows[0] + len(rows))) \
+                or torch.is_grad_enabled():
             written = ec._head_writes(layer, zs) * scale if scale != 1.0 else ec._head_writes(layer, zs)
             self._put_rows(rows, written)
             return written.sum(0)
