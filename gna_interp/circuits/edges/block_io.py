@@ -7,7 +7,9 @@ channels at the input sites asked of it: one run of the block on the streams sta
 have fired -- or, at layers whose input sites are plain linear projections (:func:`direct_reads`, checked once per
 model), only the asked channels, the projection's rows applied to its input, so that a stream copy computes only the
 projections its receivers read; where that input is the block's pre-norm of the stream (checked on the same pass),
-the norm module alone runs, not the block. :func:`overwrite` is the hook that writes such channels -- or a head's
+the norm module alone runs, not the block, and where that norm is an RMS norm (:class:`RMSFold`, checked too) not even
+the norm: its gain is folded into the projection's rows and its scale applied to the product, so no normed copy of
+a stream is made. :func:`overwrite` is the hook that writes such channels -- or a head's
 recomputed output -- into a run, and :func:`edge_replay` the one replay that runs blocks with such hooks, block by
 block.
 """
@@ -26,11 +28,12 @@ from gna_interp.engine.replay import Prefix, replay
 from gna_interp.models.mixer import ChannelSpan, InputSite
 from gna_interp.models.model import Model
 
-__all__ = ["PostMap", "direct_reads", "edge_replay", "flat", "input_channels", "overwrite", "post_maps", "read_block",
+__all__ = ["PostMap", "RMSFold", "direct_reads", "edge_replay", "flat", "input_channels", "overwrite", "post_maps", "read_block",
            "reproduces"]
 
 DIRECT = "edge_circuit.direct"  # Model.facts key: the layers whose receiver inputs are read as plain projections
 NORMS = "edge_circuit.norms"  # Model.facts key: per such layer, the norm that feeds its projections (or None)
+FOLDS = "edge_circuit.folds"  # Model.facts key: per such layer, that norm as an RMSFold (or None)
 
 Direct = dict[str, tuple[str, torch.nn.Linear]]  # input site hook -> (the projection's input hook, the projection)
 
@@ -129,12 +132,54 @@ def direct_reads(model: Model, prefix: Prefix, sites: dict[int, set[str]]) -> di
             # projection runs
             same = all(torch.equal(got[h], got[ins[0]]) for h in ins)
             passed[layer] = next(h for h in got if h in ins) if same else None
-            model.facts.setdefault(NORMS, {})[layer] = _input_norm(model, prefix.hidden(layer), layer, got[ins[0]]) \
-                if same else None
+            norm = _input_norm(model, prefix.hidden(layer), layer, got[ins[0]]) if same else None
+            model.facts.setdefault(NORMS, {})[layer] = norm
+            model.facts.setdefault(FOLDS, {})[layer] = RMSFold.of(norm, prefix.hidden(layer), got[ins[0]], model.dtype) \
+                if norm is not None else None
         else:
             passed[layer] = False
     return {layer: {h: (passed[layer] or h_in, proj) for h, (h_in, proj) in found.items()}
             for layer, found in out.items() if passed[layer] is not False}
+
+
+@dataclass
+class RMSFold:
+    """A block's input norm as an RMS norm, ``g ⊙ x / sqrt(mean(x²) + eps)``: a projection of its output is then
+    ``r(x) · x (W ⊙ g)ᵀ + b`` with ``r(x) = 1 / sqrt(mean(x²) + eps)``, the gain folded into the projection's rows
+    once (``folded``) -- a stream's channels without a normed copy of the stream."""
+
+    gain: Float[Tensor, " d_model"]
+    eps: float
+    folded: dict[int, Tensor]  # per projection (by id): its weight with the gain folded in
+
+    @classmethod
+    def of(cls, norm: torch.nn.Module, x: Tensor, value: Tensor, dtype: torch.dtype) -> "RMSFold | None":
+        """``norm`` as an RMS norm of gain ``weight`` or ``1 + weight`` (Gemma's) and its ``variance_epsilon`` /
+        ``eps``, where that reproduces ``value`` (the norm's output on ``x``); else None."""
+        weight = getattr(norm, "weight", None)
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        if not isinstance(weight, Tensor) or weight.dim() != 1 or not isinstance(eps, (int, float)):
+            return None
+        for gain in (weight, 1 + weight):
+            fold = cls(gain.detach().float(), float(eps), {})
+            with torch.no_grad():
+                if reproduces(fold.scale(x) * x.float() * fold.gain, value, dtype):
+                    return fold
+        return None
+
+    def scale(self, x: Float[Tensor, "b p d_model"]) -> Float[Tensor, "b p 1"]:
+        """``r(x)`` per position (from ``x``'s norm, no ``x²`` made)."""
+        n = torch.linalg.vector_norm(x.float(), dim=-1, keepdim=True)
+        return torch.rsqrt(n * n / x.shape[-1] + self.eps)
+
+    def project(self, x: Float[Tensor, "b p d_model"], proj: torch.nn.Linear, lo: int, hi: int, r: Tensor
+                ) -> Float[Tensor, "b p w"]:
+        """Rows ``lo:hi`` of ``proj`` applied to the norm of ``x`` (``r``: :meth:`scale` of ``x``)."""
+        w = self.folded.get(id(proj))
+        if w is None:
+            w = self.folded[id(proj)] = (proj.weight.float() * self.gain).to(proj.weight.dtype)
+        out = F.linear(x.to(w.dtype), w[lo:hi]) * r.to(w.dtype)
+        return out if proj.bias is None else out + proj.bias[lo:hi]
 
 
 def _input_norm(model: Model, x: Tensor, layer: int, value: Tensor) -> torch.nn.Module | None:
@@ -163,6 +208,9 @@ def input_channels(model: Model, prefix: Prefix, layer: int, streams: Sequence[F
     hooks = sorted({s.hook for sites in wanted for s in sites})
     names = sorted({direct[h][0] for h in hooks}) if direct else hooks
     norm = model.facts.get(NORMS, {}).get(layer) if direct and len(names) == 1 else None
+    fold = model.facts.get(FOLDS, {}).get(layer) if norm is not None else None
+    if fold is not None:  # an RMS norm: its gain in the projections' rows, its scale on their products
+        return [_folded(fold, x, sites, direct) for x, sites in zip(streams, wanted)]
     if norm is not None:  # the projections' input is the block's norm of the stream: that module alone, no block run
         got = {names[0]: norm(torch.cat(list(streams)))}
     else:
@@ -182,6 +230,19 @@ def input_channels(model: Model, prefix: Prefix, layer: int, streams: Sequence[F
             values.update({k: value[..., s.start - lo:s.stop - lo] for k, s in mine})
         out.append([values[k] for k in range(len(sites))])
     return out
+
+
+def _folded(fold: RMSFold, x: Tensor, sites: Sequence[InputSite], direct: Direct) -> list[Tensor]:
+    """The channels of ``sites`` from stream ``x`` through the block's RMS norm ``fold``: per projection, one product
+    over the span its sites read."""
+    r = fold.scale(x)
+    values: dict[int, Tensor] = {}
+    for hook in dict.fromkeys(s.hook for s in sites):
+        mine = [(k, s) for k, s in enumerate(sites) if s.hook == hook]
+        lo, hi = min(s.start for _, s in mine), max(s.stop for _, s in mine)
+        value = fold.project(x, direct[hook][1], lo, hi, r)
+        values.update({k: value[..., s.start - lo:s.stop - lo] for k, s in mine})
+    return [values[k] for k in range(len(sites))]
 
 
 def overwrite(entries: Sequence[tuple[slice, ChannelSpan, Tensor]]) -> Any:
