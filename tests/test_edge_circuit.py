@@ -423,3 +423,29 @@ def test_mean_replacements_are_kept_per_reference_and_never_under_a_placed_hook(
         hooked = replacements(model, [head], "mean", task)[0]
     assert not torch.allclose(hooked.mean, first.mean)
     assert torch.equal(replacements(model, [head], "mean", task)[0].mean, first.mean)
+
+
+@pytest.mark.parametrize("key", ["llama", "gemma3"])
+def test_an_rms_input_norm_is_folded_into_its_projections_rows(family, key):
+    """Llama's RMS norm (gain ``weight``) and Gemma-3's (gain ``1 + weight``) are found as :class:`RMSFold` by an
+    edge circuit's per-model checks; a fold's rows of a projection applied to a stream equal the projection of the
+    norm's output; a LayerNorm (which subtracts the mean) is no RMS norm."""
+    from gna_interp.circuits.edges.block_io import FOLDS, RMSFold
+
+    model = family(key)
+    ec = EdgeCircuit(model, _task(), "mean", batch_size=1)
+    ec.chunk_logprobs(0, ec.wires()[:5])
+    folds = model.facts[FOLDS]
+    assert folds and all(isinstance(f, RMSFold) for f in folds.values()), folds
+    _, layer = _hf_layer(model, 1)
+    norm, proj = layer.input_layernorm, unwrap(layer.self_attn.q_proj)
+    x = 3 * torch.randn(2, 5, proj.weight.shape[1], generator=torch.Generator().manual_seed(0)) + 0.5
+    with torch.no_grad():
+        fold = RMSFold.of(norm, x, norm(x), model.dtype)
+        assert fold is not None
+        want = F.linear(norm(x), proj.weight[4:12], None if proj.bias is None else proj.bias[4:12])
+        got = fold.project(x, proj, 4, 12, fold.scale(x))
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    ln = torch.nn.LayerNorm(x.shape[-1])
+    with torch.no_grad():
+        assert RMSFold.of(ln, x, ln(x), torch.float32) is None
