@@ -930,9 +930,10 @@ class _Pass:
     def _linear_writes(self, layer: int, rows: list[int], zs: dict[HeadRef, Tensor], scale: float
                        ) -> Float[Tensor, "batch pos d_model"]:
         """Put block ``layer``'s heads' ``δ_h = s·(z_h - z̄_h) W_O[:, h]ᵀ`` into ``buf`` (its senders ``rows``) and
-        return their sum: where the heads' weights stack in float32 and their rows follow one another, each class's
-        products are written in place into its rows from the heads' channels at its positions (no ``[heads, batch,
-        pos, d_model]`` block is made, gathered and copied), and the sum is one product over every head's channels."""
+        return their sum: where the heads' weights stack in float32 and their rows follow one another, one batched
+        product from the heads' channels taken in class order into a block the circuit keeps, copied class by class
+        into the rows (no ``[heads, batch, pos, d_model]`` block made afresh and gathered), and the sum one product
+        over every head's channels."""
         ec = self.ec
         w = ec._stacked(layer)
         x = self.x
@@ -942,13 +943,14 @@ class _Pass:
             self._put_rows(rows, written)
             return written.sum(0)
         z = ec._deltas(layer, zs)  # [heads, b * p, width]
+        y = torch.bmm(z[:, self.order], w, out=ec._scratch.take("writes", (len(rows), len(self.order), w.shape[-1]),
+                                                                 w.device))  # positions in class order
+        if scale != 1.0:
+            y.mul_(scale)
         for c, part in enumerate(self.buf):
             lo, hi = self.bounds[c], self.bounds[c + 1]
             if hi > lo:
-                out = part.rows(rows[0], len(rows))
-                torch.bmm(z[:, self.order[lo:hi]], w, out=out)
-                if scale != 1.0:
-                    out.mul_(scale)
+                part.rows(rows[0], len(rows)).copy_(y[:, lo:hi])
         total = z.transpose(0, 1).reshape(z.shape[1], -1) @ w.reshape(-1, w.shape[-1])
         return (total * scale if scale != 1.0 else total).view(*x.shape[:2], -1)
 
