@@ -220,27 +220,27 @@ def input_channels(model: Model, prefix: Prefix, layer: int, streams: Sequence[F
         if not direct:
             out.append([got[s.hook][j * b:(j + 1) * b, :, s.start:s.stop] for s in sites])
             continue
-        values: dict[int, Tensor] = {}
-        for hook in dict.fromkeys(s.hook for s in sites):  # per projection: one product over the span its sites read
-            mine = [(k, s) for k, s in enumerate(sites) if s.hook == hook]
-            hook_in, proj = direct[hook]
-            lo, hi = min(s.start for _, s in mine), max(s.stop for _, s in mine)
-            bias = proj.bias[lo:hi] if proj.bias is not None else None
-            value = F.linear(got[hook_in][j * b:(j + 1) * b], proj.weight[lo:hi], bias)
-            values.update({k: value[..., s.start - lo:s.stop - lo] for k, s in mine})
-        out.append([values[k] for k in range(len(sites))])
+        x = {h_in: v[j * b:(j + 1) * b] for h_in, v in got.items()}
+        out.append(_spans(sites, lambda hook, lo, hi: F.linear(
+            x[direct[hook][0]], direct[hook][1].weight[lo:hi],
+            direct[hook][1].bias[lo:hi] if direct[hook][1].bias is not None else None)))
     return out
 
 
 def _folded(fold: RMSFold, x: Tensor, sites: Sequence[InputSite], direct: Direct) -> list[Tensor]:
-    """The channels of ``sites`` from stream ``x`` through the block's RMS norm ``fold``: per projection, one product
-    over the span its sites read."""
+    """The channels of ``sites`` from stream ``x`` through the block's RMS norm ``fold`` (:func:`_spans`)."""
     r = fold.scale(x)
+    return _spans(sites, lambda hook, lo, hi: fold.project(x, direct[hook][1], lo, hi, r))
+
+
+def _spans(sites: Sequence[InputSite], project: Callable[[str, int, int], Tensor]) -> list[Tensor]:
+    """The channels of each of ``sites``: per projection (by hook), one product over the span its sites read
+    (``project(hook, lo, hi)``: that projection's rows ``lo:hi`` applied to the stream)."""
     values: dict[int, Tensor] = {}
     for hook in dict.fromkeys(s.hook for s in sites):
         mine = [(k, s) for k, s in enumerate(sites) if s.hook == hook]
         lo, hi = min(s.start for _, s in mine), max(s.stop for _, s in mine)
-        value = fold.project(x, direct[hook][1], lo, hi, r)
+        value = project(hook, lo, hi)
         values.update({k: value[..., s.start - lo:s.stop - lo] for k, s in mine})
     return [values[k] for k in range(len(sites))]
 
