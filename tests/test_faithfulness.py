@@ -122,10 +122,31 @@ def test_areas_save_and_load(models, tmp_path):
     assert back.to_frame().equals(fx.to_frame()) and back.summary() == fx.summary()
 
 
+def test_random_circuits_start_at_their_share_of_the_heads_and_their_curve_spans_the_ends(models):
+    model = models("llama")
+    n = len(model.heads())
+    fx = faithfulness(model, _task(), model.heads()[:3], method="zero", sizes=[1, 2, 3, 4], seeds=2,
+                      random_least=3 / n, minimality=0)
+    frame = fx.to_frame()
+    assert sorted(set(frame[frame.series == "random"]["size"])) == [3, 4]
+    assert sorted(frame[frame.series == "ranked"]["size"]) == [0, 1, 2, 3, 4, n]
+    # the random curve runs from the empty circuit (fraction 0) to the whole model (1), the ends both series share
+    curve = fx.curve("random")
+    assert list(curve["size"]) == [0, 3, 4, n]
+    assert curve.fraction.iloc[0] == pytest.approx(0.0) and curve.fraction.iloc[-1] == pytest.approx(1.0)
+    mid = frame[frame.series == "random"].groupby("size").fraction.median()
+    assert list(curve.fraction.iloc[1:3]) == pytest.approx(list(mid[[3, 4]]))
+    x, y = curve["size"].to_numpy() / n, curve.fraction.to_numpy()
+    assert fx.areas("random")["cpr"] == pytest.approx(float(((y[1:] + y[:-1]) / 2 * (x[1:] - x[:-1])).sum()))
+    every = faithfulness(model, _task(), model.heads()[:3], method="zero", sizes=[1, 2], seeds=1, random_least=0,
+                         minimality=0)
+    assert sorted(every.to_frame().query("series == 'random'")["size"]) == [1, 2]
+
+
 def test_bad_arguments_are_refused(models):
     model = models("llama")
     for bad in (dict(method="resample"), dict(threshold=0), dict(threshold=1.5), dict(n_boot=0), dict(seeds=-1),
-                dict(sizes=[-1])):
+                dict(sizes=[-1]), dict(random_least=1.0), dict(random_least=-0.1), dict(random_least=True)):
         with pytest.raises(GnaError):
             faithfulness(model, _task(), [], **bad)
     with pytest.raises(GnaError):

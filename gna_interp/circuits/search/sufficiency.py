@@ -65,6 +65,9 @@ class FaithfulnessConfig(Options):
         reference: the prompts (or a Task) whose mean activations ``mean`` ablation uses (None: the task's own).
         sizes: circuit sizes of the curve (None: :func:`size_grid`).
         seeds: random circuits drawn at every size (random orders of all heads).
+        random_least: the share of the model's heads below which no random circuit is drawn (default 1/64: on
+            SmolLM2's 270 heads, random circuits of 1-4 heads kept -0.009 to 0.008 of the logit difference, what
+            the empty circuit keeps, at a forward each; 0: every size of the curve).
         threshold: the fraction of the intact logit difference the smallest circuit must keep.
         n_boot: bootstrap resamples of the intervals; level: their coverage.
         minimality: the smallest circuit's heads (first in the ranking) whose own contribution is measured, one run
@@ -79,6 +82,7 @@ class FaithfulnessConfig(Options):
     reference: Any = None
     sizes: Sequence[int] | None = None
     seeds: int = 3
+    random_least: float = 1 / 64
     threshold: float = 0.8
     n_boot: int = N_BOOTSTRAP
     level: float = 0.95
@@ -95,6 +99,8 @@ class FaithfulnessConfig(Options):
         if isinstance(self.threshold, bool) or not (0 < float(self.threshold) <= 1):
             raise InputError(f"threshold must be a fraction in (0, 1], got {self.threshold!r}")
         check_level(self.level)
+        if isinstance(self.random_least, bool) or not (0 <= float(self.random_least) < 1):
+            raise InputError(f"random_least must be a share in [0, 1), got {self.random_least!r}")
         check_int("minimality", self.minimality, 0, allow_none=True)
         if isinstance(self.precision, bool) or not (0 <= float(self.precision) < 1):
             raise InputError(f"precision must be a share in [0, 1), got {self.precision!r}")
@@ -196,9 +202,11 @@ class Faithfulness(Result):
         return frame if self.unit == "heads" else frame.rename(columns={"heads": self.unit})
 
     def curve(self, series: str = "ranked") -> pd.DataFrame:
-        """The points of one series (random: the median fraction over seeds at each size), by size."""
+        """The points of one series (random: the median fraction over seeds at each size, from the empty circuit to
+        the whole model, the ends every series shares), by size."""
         df = self.to_frame()
-        df = df[df.series == series]
+        ends = df[(df.series == "ranked") & df["size"].isin([0, self.n_heads])] if series == "random" else df[:0]
+        df = pd.concat([df[df.series == series], ends[~ends["size"].isin(df[df.series == series]["size"])]])
         return df.groupby("size", as_index=False)[["fraction", "accuracy_fraction"]].median().sort_values("size")
 
     def areas(self, series: str = "ranked") -> dict[str, float]:
@@ -435,7 +443,8 @@ def faithfulness(model: Model, task: Task | SetAblation, ranked: Sequence[HeadRe
         circuit's kept replay."""
         return [results(r) for r in runner.run_added(_outside(every, circuit), members, passes.of(circuit))[1:]]
 
-    return _measure(runner.method, "heads", order, every, sizes, cfg, series, kept, each_left_out)
+    return _measure(runner.method, "heads", order, every, sizes, cfg, series, kept, each_left_out,
+                    least=float(cfg.random_least))
 
 
 def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence[Edge] | GraphScores | Any",
@@ -481,7 +490,7 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
     intact = results(ec.clean())
 
     known = {n: intact, **({0: empty} if empty is not None and senders == "heads" else {})}
-    passes = _Passes()
+    passes = _Passes(ec.release)
 
     def kept(circuit: Sequence[Any]) -> Results:
         """One edge circuit, its pass recorded (:meth:`EdgeCircuit.run_recorded`) for its members' contributions."""
@@ -505,20 +514,22 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
 def _measure(method: str, unit: str, order: list[Any], pool: list[Any], sizes: list[int], cfg: FaithfulnessConfig,
              series: Callable[[Sequence[Any], Sequence[int]], list[Results]],
              kept: Callable[[Sequence[Any]], Results],
-             left_out: Callable[[Sequence[Any], Sequence[Any]], list[Results]] | None = None) -> Faithfulness:
-    """The curve over ``sizes`` of the prefixes of ``order`` and of ``cfg.seeds`` random orders of ``pool``
-    (``series(order, ks)``: the results of ``order[:k]`` kept, everything else ablated; ``kept(members)``: of one
+             left_out: Callable[[Sequence[Any], Sequence[Any]], list[Results]] | None = None,
+             least: float = 0.0) -> Faithfulness:
+    """The curve over ``sizes`` of the prefixes of ``order`` and of ``cfg.seeds`` random orders of ``pool`` (those at
+    the sizes holding at least ``least`` of the pool), the smallest ranked circuit and its minimality.
+    ``series(order, ks)``: the results of ``order[:k]`` kept, everything else ablated; ``kept(members)``: of one
     circuit; ``left_out(circuit, members)``: of ``circuit`` with each of ``members`` left out, where the unit has a
-    quicker way than one ``kept`` each), the smallest ranked circuit and its minimality."""
+    quicker way than one ``kept`` each."""
     n = len(pool)
     by_size = dict(zip(sizes, series(order, sizes)))
     fx = Faithfulness("logit_diff", method, n, by_size[n], by_size[0], [], float(cfg.threshold), n_boot=cfg.n_boot,
                       level=float(cfg.level), unit=unit, order=order if unit != "heads" else None)
     fx.points += [("ranked", 0, order[:k], by_size[k]) for k in sizes]
-    inner = [k for k in sizes if 0 < k < n]
+    drawn = [k for k in sizes if 0 < k < n and k >= least * n]
     for seed in range(cfg.seeds):
         perm = shuffled(pool, seed)
-        for k, res in zip(inner, series(perm, inner)):
+        for k, res in zip(drawn, series(perm, drawn)):
             fx.points.append(("random", seed, perm[:k], res))
     _smallest(fx, kept, order, by_size, cfg.minimality, float(cfg.precision), left_out)
     return fx
@@ -530,8 +541,9 @@ class _Passes:
     smallest kept one containing it. A bisection's next candidate lies inside its bracket's upper end, which is one
     of the two, and the smallest circuit's members are left out on its own; no other pass serves either."""
 
-    def __init__(self) -> None:
+    def __init__(self, release: Callable[[Any], None] | None = None) -> None:
         self.kept: dict[frozenset[Any], Any] = {}
+        self.release = release  # called on each pass dropped (an edge circuit's rows go back to its next passes)
 
     def around(self, circuit: Collection[Any]) -> Any:
         """The pass of the smallest kept circuit that contains ``circuit`` (None: none)."""
@@ -551,6 +563,10 @@ class _Passes:
         if inside:
             k = min(inside, key=len)
             keep[k] = self.kept[k]
+        if self.release is not None:
+            for k, dropped in self.kept.items():
+                if k not in keep and dropped is not None and dropped is not run:
+                    self.release(dropped)
         self.kept = keep
 
 
