@@ -494,14 +494,6 @@ class EdgeCircuit:
             table.add(chunk, self._chunk(i, keep, record=records[-1]))
         return table.result(), records
 
-    def release(self, records: "list[_Record] | None") -> None:
-        """Hand the rows of recorded passes no longer read (:meth:`run_recorded`'s records) to the next passes, and
-        empty the records: their rows become another pass's, so :meth:`run_left_out` refuses them afterwards."""
-        for rec in records or []:
-            for part in rec.buf or []:
-                part.give_back(self._spare)
-            rec.buf, rec.states, rec.kv, rec.keep = None, {}, None, None
-
     @torch.no_grad()
     def run_left_out(self, circuit: Collection[Edge], members: Sequence[Edge],
                      records: "list[_Record] | None" = None) -> list[CandidateScores]:

@@ -262,7 +262,7 @@ class Faithfulness(Result):
         for name in ("ranked", "random"):
             a = sm[name]
             if name == "random" and not any(p[0] == "random" for p in self.points):
-                lines.append("- random circuits: none drawn (seeds 0)")
+                lines.append("- random circuits: none drawn (seeds 0, or no size of the curve reaches random_least)")
                 continue
             lines.append(f"- {name} circuits: CPR {a['cpr']:.3f} (area under the curve, higher is better), CMD "
                          f"{a['cmd']:.3f} (area between the curve and 1, lower is better)")
@@ -490,7 +490,7 @@ def edge_faithfulness(model: Model, task: Task, ranked: "pd.DataFrame | Sequence
     intact = results(ec.clean())
 
     known = {n: intact, **({0: empty} if empty is not None and senders == "heads" else {})}
-    passes = _Passes(ec.release)
+    passes = _Passes()
 
     def kept(circuit: Sequence[Any]) -> Results:
         """One edge circuit, its pass recorded (:meth:`EdgeCircuit.run_recorded`) for its members' contributions."""
@@ -541,9 +541,8 @@ class _Passes:
     smallest kept one containing it. A bisection's next candidate lies inside its bracket's upper end, which is one
     of the two, and the smallest circuit's members are left out on its own; no other pass serves either."""
 
-    def __init__(self, release: Callable[[Any], None] | None = None) -> None:
+    def __init__(self) -> None:
         self.kept: dict[frozenset[Any], Any] = {}
-        self.release = release  # called on each pass dropped (an edge circuit's rows go back to its next passes)
 
     def around(self, circuit: Collection[Any]) -> Any:
         """The pass of the smallest kept circuit that contains ``circuit`` (None: none)."""
@@ -563,10 +562,6 @@ class _Passes:
         if inside:
             k = min(inside, key=len)
             keep[k] = self.kept[k]
-        if self.release is not None:
-            for k, dropped in self.kept.items():
-                if k not in keep and dropped is not None and dropped is not run:
-                    self.release(dropped)
         self.kept = keep
 
 
