@@ -15,8 +15,9 @@ which makes tens of large temporaries per block (stacked receiver streams, per-s
 circuit's sender rows, gathers, products and sums). Inside :func:`heap_temporaries` blocks below 32 MiB (glibc's
 largest threshold) come from the heap and the heap keeps its free memory (``M_TRIM_THRESHOLD``), so later blocks
 reuse pages already mapped; on exit the pinned rule returns and the heap is trimmed (``malloc_trim``). ``gna
-circuit`` runs its path patching and its screen so, whose loops keep no small result per large temporary (the pattern
-that grows the heap).
+circuit`` runs every stage so: its node circuits' replays faulted 12.7 M pages of SmolLM2's run under the pin and 0.2
+M inside, at the same peak memory (its loops keep no small result per large temporary, the pattern that grows the
+heap).
 """
 
 from __future__ import annotations
