@@ -4,6 +4,7 @@ own."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 import gna_interp as gna
+from gna_interp import allocator
 from gna_interp.circuits.search.sufficiency import Faithfulness, faithfulness, size_grid
 from gna_interp.errors import GnaError
 from gna_interp.models.hf import unwrap
@@ -165,8 +167,19 @@ def test_gna_circuit_writes_its_folder(tiny_models, tmp_path):
     model = tiny_models["llama"]
     scan = write_scan_folder(tmp_path / "scan", model, model.heads())
     out = tmp_path / "circuit"
-    assert main(["circuit", str(scan), "--out", str(out), "--sizes", "1,2", "--seeds", "1", "--edges", "3",
-                 "--verify", "5", "--threshold", "0.5"]) == 0
+    entered, real = [], allocator.heap_temporaries
+
+    @contextlib.contextmanager
+    def counted():
+        with real() as applied:
+            entered.append(applied)
+            yield applied
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(allocator, "heap_temporaries", counted)
+        assert main(["circuit", str(scan), "--out", str(out), "--sizes", "1,2", "--seeds", "1", "--edges", "3",
+                     "--verify", "5", "--threshold", "0.5"]) == 0
+    assert len(entered) == 5  # every stage takes its temporaries from the heap: faithfulness to the whole circuit
     fx = Faithfulness.load(out)
     assert fx.n_heads == len(model.heads()) and {s for s, *_ in fx.points} >= {"ranked", "random"}
     screen = pd.read_csv(out / "edge_screen.csv")
