@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import numbers
 from typing import Any, Iterable, TypeVar
 
 from gna_interp.constants import N_BOOT_MAX
@@ -60,6 +61,13 @@ def check_level(value: Any, name: str = "level") -> float:
     """``value`` as an interval's confidence level, strictly between 0 and 1; :class:`OptionError` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
         raise OptionError(f"{name} must be a number strictly between 0 and 1, got {value!r}")
+    return float(value)
+
+
+def check_share(value: Any, name: str) -> float:
+    """``value`` as a share in [0, 1) (a fraction of a size); :class:`OptionError` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
+        raise OptionError(f"{name} must be a share in [0, 1), got {value!r}")
     return float(value)
 
 

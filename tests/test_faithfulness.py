@@ -143,12 +143,15 @@ def test_random_circuits_start_at_their_share_of_the_heads_and_their_curve_spans
     every = faithfulness(model, _task(), model.heads()[:3], method="zero", sizes=[1, 2], seeds=1, random_least=0,
                          minimality=0)
     assert sorted(every.to_frame().query("series == 'random'")["size"]) == [1, 2]
+    none = faithfulness(model, _task(), model.heads()[:3], method="zero", sizes=[1], seeds=0, minimality=0)
+    assert none.curve("random").empty and math.isnan(none.areas("random")["cpr"])  # no random curve of the ends alone
 
 
 def test_bad_arguments_are_refused(models):
     model = models("llama")
     for bad in (dict(method="resample"), dict(threshold=0), dict(threshold=1.5), dict(n_boot=0), dict(seeds=-1),
-                dict(sizes=[-1]), dict(random_least=1.0), dict(random_least=-0.1), dict(random_least=True)):
+                dict(sizes=[-1]), dict(random_least=1.0), dict(random_least=-0.1), dict(random_least=True),
+                dict(random_least="0.1"), dict(precision="x")):
         with pytest.raises(GnaError):
             faithfulness(model, _task(), [], **bad)
     with pytest.raises(GnaError):

@@ -43,7 +43,7 @@ from gna_interp.interventions.ablation import AblationMethod
 from gna_interp.models.graph import Edge
 from gna_interp.models.heads import HeadRef
 from gna_interp.models.model import Model
-from gna_interp.options import Options, check_int, check_level, check_n_boot, options
+from gna_interp.options import Options, check_int, check_level, check_n_boot, check_share, options
 from gna_interp.results import Result
 from gna_interp.store import as_path, atomic_write, file_in, read_json, write_json
 from gna_interp.tasks.base import Task
@@ -99,11 +99,9 @@ class FaithfulnessConfig(Options):
         if isinstance(self.threshold, bool) or not (0 < float(self.threshold) <= 1):
             raise InputError(f"threshold must be a fraction in (0, 1], got {self.threshold!r}")
         check_level(self.level)
-        if isinstance(self.random_least, bool) or not (0 <= float(self.random_least) < 1):
-            raise InputError(f"random_least must be a share in [0, 1), got {self.random_least!r}")
+        check_share(self.random_least, "random_least")
         check_int("minimality", self.minimality, 0, allow_none=True)
-        if isinstance(self.precision, bool) or not (0 <= float(self.precision) < 1):
-            raise InputError(f"precision must be a share in [0, 1), got {self.precision!r}")
+        check_share(self.precision, "precision")
         if self.sizes is not None:
             for k in self.sizes:
                 check_int("each of sizes", k, 0)
@@ -203,11 +201,13 @@ class Faithfulness(Result):
 
     def curve(self, series: str = "ranked") -> pd.DataFrame:
         """The points of one series (random: the median fraction over seeds at each size, from the empty circuit to
-        the whole model, the ends every series shares), by size."""
+        the whole model, the ends every series shares; none where none was drawn), by size."""
         df = self.to_frame()
-        ends = df[(df.series == "ranked") & df["size"].isin([0, self.n_heads])] if series == "random" else df[:0]
-        df = pd.concat([df[df.series == series], ends[~ends["size"].isin(df[df.series == series]["size"])]])
-        return df.groupby("size", as_index=False)[["fraction", "accuracy_fraction"]].median().sort_values("size")
+        own = df[df.series == series]
+        if series == "random" and len(own):  # none drawn: no curve, as before
+            ends = df[(df.series == "ranked") & df["size"].isin([0, self.n_heads]) & ~df["size"].isin(own["size"])]
+            own = pd.concat([own, ends])
+        return own.groupby("size", as_index=False)[["fraction", "accuracy_fraction"]].median().sort_values("size")
 
     def areas(self, series: str = "ranked") -> dict[str, float]:
         """``cpr``: area under the fraction curve over the circuit's share ``k / N``; ``cmd``: area between the
